@@ -1,0 +1,13 @@
+//! Real file formats, read and written. Nothing here knows about terminals or about
+//! how tensors are placed; see `model` for the meaning of what is read.
+
+pub mod config;
+pub mod device_map;
+mod error;
+pub mod hf_index;
+pub mod json;
+pub mod offload;
+pub mod safetensors;
+pub mod size;
+
+pub use error::FormatError;

@@ -1,0 +1,259 @@
+//! accelerate / transformers offload folders, in their three real forms:
+//!
+//! 1. accelerate's `index.json` of `name -> {"dtype", "shape"}` with raw little-endian
+//!    bytes in `<name>.dat` (bfloat16 written as its int16 view; a 0-dim tensor as one
+//!    element);
+//! 2. `index.json` entries `{"safetensors_file", "weight_name", "dtype"}` pointing into a
+//!    safetensors file (transformers writes absolute paths);
+//! 3. transformers 5: one `<name>.safetensors` per tensor and no `index.json` on disk.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::FormatError;
+use super::json::OrderedObject;
+use super::safetensors::HeaderCache;
+use crate::model::dtype::{DType, byte_len};
+
+pub const OFFLOAD_INDEX: &str = "index.json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffloadForm {
+    Dat,
+    IndexedSafetensors,
+    PerTensorSafetensors,
+}
+
+/// One offloaded tensor and where its bytes are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OffloadEntry {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub file: PathBuf,
+    pub offset: u64,
+    pub len: u64,
+    pub form: OffloadForm,
+    /// For form 2: the dtype the index says the model loads the tensor as, when it
+    /// differs from the stored one.
+    pub load_dtype: Option<DType>,
+}
+
+/// Reads an offload folder. `model_dir` resolves relative `safetensors_file` paths
+/// that are not found beside the index.
+pub fn read_offload_folder(
+    folder: &Path,
+    model_dir: &Path,
+    headers: &mut HeaderCache,
+) -> Result<Vec<OffloadEntry>, FormatError> {
+    let index_path = folder.join(OFFLOAD_INDEX);
+    if index_path.is_file() {
+        read_index(folder, &index_path, model_dir, headers)
+    } else {
+        read_per_tensor_files(folder, headers)
+    }
+}
+
+/// A tensor name becomes a file name in form 1 and 3, so it must not leave the folder.
+fn check_file_name(index: &Path, name: &str) -> Result<(), FormatError> {
+    let bad = name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.contains('/')
+        || name.contains('\\')
+        || name.contains('\0');
+    if bad {
+        return Err(FormatError::tensor(
+            index,
+            name,
+            "this name would put its file outside the offload folder (it is empty, `..`, absolute or has a `/`); refusing to read it",
+        ));
+    }
+    Ok(())
+}
+
+fn read_index(
+    folder: &Path,
+    index_path: &Path,
+    model_dir: &Path,
+    headers: &mut HeaderCache,
+) -> Result<Vec<OffloadEntry>, FormatError> {
+    let text = std::fs::read_to_string(index_path).map_err(|e| FormatError::io(index_path, e))?;
+    let object: OrderedObject = serde_json::from_str(&text).map_err(|e| {
+        FormatError::invalid(
+            index_path,
+            format!("an offload index must be a JSON object of tensor name to entry: {e}"),
+        )
+    })?;
+    if let Some(dup) = object.first_duplicate() {
+        return Err(FormatError::tensor(
+            index_path,
+            dup,
+            "appears twice in the offload index",
+        ));
+    }
+    let mut entries = Vec::with_capacity(object.0.len());
+    for (name, info) in object.0 {
+        let bad = |m: &str| FormatError::tensor(index_path, &name, m);
+        if !info.is_object() {
+            return Err(bad("entry is not an object"));
+        }
+        let dtype_field = match info.get("dtype") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(
+                DType::from_torch_name(s).ok_or_else(|| bad(&format!("unknown dtype `{s}`")))?,
+            ),
+            Some(_) => return Err(bad("`dtype` is not a string")),
+        };
+        if let Some(file) = info.get("safetensors_file") {
+            let file = file
+                .as_str()
+                .ok_or_else(|| bad("`safetensors_file` is not a string"))?;
+            let weight_name = match info.get("weight_name") {
+                None | Some(Value::Null) => name.as_str(),
+                Some(Value::String(s)) => s.as_str(),
+                Some(_) => return Err(bad("`weight_name` is not a string")),
+            };
+            let path = resolve(folder, model_dir, file);
+            let header = headers.get(&path).map_err(|e| {
+                FormatError::tensor(
+                    index_path,
+                    &name,
+                    format!("points at a safetensors file that cannot be used: {e}"),
+                )
+            })?;
+            let t = header
+                .tensors
+                .iter()
+                .find(|t| t.name == weight_name)
+                .ok_or_else(|| {
+                    FormatError::tensor(
+                        index_path,
+                        &name,
+                        format!(
+                            "points at tensor `{weight_name}`, which {} does not hold",
+                            path.display()
+                        ),
+                    )
+                })?;
+            entries.push(OffloadEntry {
+                name: name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                file: path,
+                offset: t.offset,
+                len: t.len,
+                form: OffloadForm::IndexedSafetensors,
+                load_dtype: dtype_field.filter(|d| *d != t.dtype),
+            });
+            continue;
+        }
+        let dtype = dtype_field.ok_or_else(|| bad("has neither `safetensors_file` nor `dtype`"))?;
+        let shape = info
+            .get("shape")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("has neither `safetensors_file` nor a `shape` list"))?
+            .iter()
+            .map(Value::as_u64)
+            .collect::<Option<Vec<u64>>>()
+            .ok_or_else(|| bad("`shape` must hold non-negative integers"))?;
+        check_file_name(index_path, &name)?;
+        let len = byte_len(dtype, &shape)
+            .ok_or_else(|| bad(&format!("shape {shape:?} overflows 64 bits")))?;
+        let file = folder.join(format!("{name}.dat"));
+        match std::fs::metadata(&file) {
+            Ok(meta) if meta.len() == len => {}
+            Ok(meta) => {
+                return Err(FormatError::tensor(
+                    &file,
+                    &name,
+                    format!(
+                        "holds {} bytes but the offload index says {} {shape:?}, which is {len} bytes; the offload folder is damaged or from another model",
+                        meta.len(),
+                        dtype.torch_name()
+                    ),
+                ));
+            }
+            // numpy cannot memory-map an empty file, so accelerate never writes one.
+            Err(_) if len == 0 => {}
+            Err(e) => {
+                return Err(FormatError::tensor(
+                    &file,
+                    &name,
+                    format!(
+                        "is listed in {} but cannot be read: {e}",
+                        index_path.display()
+                    ),
+                ));
+            }
+        }
+        entries.push(OffloadEntry {
+            name,
+            dtype,
+            shape,
+            file,
+            offset: 0,
+            len,
+            form: OffloadForm::Dat,
+            load_dtype: None,
+        });
+    }
+    Ok(entries)
+}
+
+fn resolve(folder: &Path, model_dir: &Path, file: &str) -> PathBuf {
+    let given = Path::new(file);
+    if given.is_absolute() {
+        return given.to_path_buf();
+    }
+    let beside = folder.join(given);
+    if beside.exists() {
+        return beside;
+    }
+    let in_model = model_dir.join(given);
+    if in_model.exists() { in_model } else { beside }
+}
+
+fn read_per_tensor_files(
+    folder: &Path,
+    headers: &mut HeaderCache,
+) -> Result<Vec<OffloadEntry>, FormatError> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
+        .map_err(|e| FormatError::io(folder, e))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors") && p.is_file())
+        .collect();
+    files.sort();
+    let mut entries = Vec::with_capacity(files.len());
+    for path in files {
+        let Some(name) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else {
+            continue;
+        };
+        let header = headers.get(&path)?;
+        let t = header
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .or_else(|| (header.tensors.len() == 1).then(|| &header.tensors[0]))
+            .ok_or_else(|| {
+                FormatError::tensor(
+                    &path,
+                    &name,
+                    "an offload file must hold the tensor it is named after",
+                )
+            })?;
+        entries.push(OffloadEntry {
+            name,
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            file: path.clone(),
+            offset: t.offset,
+            len: t.len,
+            form: OffloadForm::PerTensorSafetensors,
+            load_dtype: None,
+        });
+    }
+    Ok(entries)
+}

@@ -1,0 +1,398 @@
+//! The safetensors container: an 8-byte little-endian header length, a JSON header,
+//! then the tensors' bytes. Headers are read from a memory map, so opening a file
+//! touches its header pages and nothing else.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+use serde_json::Value;
+
+use super::FormatError;
+use super::json::OrderedObject;
+use crate::model::dtype::{DType, byte_len};
+
+/// The largest header the reference implementation accepts.
+pub const MAX_HEADER_LEN: u64 = 100_000_000;
+
+/// One tensor as a header describes it. Offsets are absolute positions in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderTensor {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// A parsed and validated header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// Where the data region starts (8 + the header length).
+    pub data_start: u64,
+    pub file_len: u64,
+    /// Tensors in the order their bytes appear in the file.
+    pub tensors: Vec<HeaderTensor>,
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// Reads and validates the header of the safetensors file at `path`.
+pub fn read_header(path: &Path) -> Result<Header, FormatError> {
+    let file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    if file_len < 8 {
+        return Err(FormatError::invalid(
+            path,
+            format!(
+                "{file_len} bytes is too short for a safetensors file (the header length alone is 8 bytes); the file is truncated or not safetensors"
+            ),
+        ));
+    }
+    // SAFETY: the file is opened read-only and only the header bytes are read, after
+    // checking they lie inside the file's length. Another process truncating the file
+    // while we parse could still fault; devmap never writes its inputs.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, e))?;
+    parse_header(path, &map)
+}
+
+/// Headers already read, by path, so files named many times (offload indexes point
+/// into the same checkpoint shard once per tensor) are parsed once.
+#[derive(Debug, Default)]
+pub struct HeaderCache {
+    headers: std::collections::HashMap<std::path::PathBuf, std::sync::Arc<Header>>,
+}
+
+impl HeaderCache {
+    pub fn get(&mut self, path: &Path) -> Result<std::sync::Arc<Header>, FormatError> {
+        if let Some(h) = self.headers.get(path) {
+            return Ok(h.clone());
+        }
+        let header = std::sync::Arc::new(read_header(path)?);
+        self.headers.insert(path.to_path_buf(), header.clone());
+        Ok(header)
+    }
+}
+
+/// Parses a header from the file's bytes (`bytes` must be the whole file; only the
+/// header part is read).
+pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, FormatError> {
+    let file_len = bytes.len() as u64;
+    let mut len_bytes = [0u8; 8];
+    len_bytes.copy_from_slice(
+        bytes
+            .get(..8)
+            .ok_or_else(|| FormatError::invalid(path, "shorter than the 8-byte header length"))?,
+    );
+    let header_len = u64::from_le_bytes(len_bytes);
+    if header_len > MAX_HEADER_LEN {
+        return Err(FormatError::invalid(
+            path,
+            format!(
+                "header length {header_len} is over the 100 MB limit; the file is corrupt or not safetensors"
+            ),
+        ));
+    }
+    let data_start = 8 + header_len;
+    if data_start > file_len {
+        return Err(FormatError::invalid(
+            path,
+            format!(
+                "header length {header_len} runs past the end of the {file_len}-byte file; the file is truncated"
+            ),
+        ));
+    }
+    // Lossless: data_start <= file_len == bytes.len().
+    let header_bytes = &bytes[8..data_start as usize];
+    let text = std::str::from_utf8(header_bytes)
+        .map_err(|e| FormatError::invalid(path, format!("header is not UTF-8 ({e})")))?;
+    let object: OrderedObject = serde_json::from_str(text.trim_end_matches(' '))
+        .map_err(|e| FormatError::invalid(path, format!("header is not a JSON object: {e}")))?;
+    if let Some(key) = object.first_duplicate() {
+        return Err(FormatError::tensor(
+            path,
+            key,
+            "appears twice in the header",
+        ));
+    }
+
+    let mut tensors = Vec::with_capacity(object.0.len());
+    let mut metadata = None;
+    for (name, value) in object.0 {
+        if name == "__metadata__" {
+            metadata = Some(parse_metadata(path, value)?);
+            continue;
+        }
+        tensors.push(parse_entry(path, name, &value, data_start)?);
+    }
+    validate_layout(path, &mut tensors, data_start, file_len)?;
+    Ok(Header {
+        data_start,
+        file_len,
+        tensors,
+        metadata,
+    })
+}
+
+fn parse_metadata(path: &Path, value: Value) -> Result<BTreeMap<String, String>, FormatError> {
+    let Value::Object(map) = value else {
+        return Err(FormatError::invalid(
+            path,
+            "`__metadata__` is not an object of strings",
+        ));
+    };
+    map.into_iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k, s)),
+            _ => Err(FormatError::invalid(
+                path,
+                format!("`__metadata__` value for `{k}` is not a string"),
+            )),
+        })
+        .collect()
+}
+
+fn parse_entry(
+    path: &Path,
+    name: String,
+    value: &Value,
+    data_start: u64,
+) -> Result<HeaderTensor, FormatError> {
+    let bad = |message: String| FormatError::tensor(path, &name, message);
+    let dtype_name = value
+        .get("dtype")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("has no string `dtype`".into()))?;
+    let dtype = DType::from_safetensors_name(dtype_name)
+        .ok_or_else(|| bad(format!("unknown dtype `{dtype_name}`")))?;
+    let shape = value
+        .get("shape")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("has no `shape` list".into()))?
+        .iter()
+        .map(Value::as_u64)
+        .collect::<Option<Vec<u64>>>()
+        .ok_or_else(|| bad("`shape` must hold non-negative integers".into()))?;
+    let offsets = value
+        .get("data_offsets")
+        .and_then(Value::as_array)
+        .filter(|a| a.len() == 2)
+        .and_then(|a| Some((a[0].as_u64()?, a[1].as_u64()?)))
+        .ok_or_else(|| bad("`data_offsets` must be two non-negative integers".into()))?;
+    let (begin, end) = offsets;
+    if end < begin {
+        return Err(bad(format!(
+            "data_offsets [{begin}, {end}] end before they begin"
+        )));
+    }
+    let expected = byte_len(dtype, &shape).ok_or_else(|| {
+        bad(format!(
+            "shape {shape:?} overflows: its element count does not fit in 64 bits"
+        ))
+    })?;
+    if end - begin != expected {
+        return Err(bad(format!(
+            "data_offsets [{begin}, {end}] hold {} bytes but {dtype} {shape:?} needs {expected}",
+            end - begin
+        )));
+    }
+    let offset = data_start
+        .checked_add(begin)
+        .ok_or_else(|| bad("data offset overflows".into()))?;
+    Ok(HeaderTensor {
+        name,
+        dtype,
+        shape,
+        offset,
+        len: expected,
+    })
+}
+
+/// The data region must be covered exactly: offsets contiguous from 0, no overlap, no
+/// hole, no trailing bytes. Sorts `tensors` into file order.
+fn validate_layout(
+    path: &Path,
+    tensors: &mut [HeaderTensor],
+    data_start: u64,
+    file_len: u64,
+) -> Result<(), FormatError> {
+    tensors.sort_by_key(|t| (t.offset, t.len));
+    let mut cursor = data_start;
+    for t in tensors.iter() {
+        let rel = t.offset - data_start;
+        if t.offset < cursor {
+            return Err(FormatError::tensor(
+                path,
+                &t.name,
+                format!(
+                    "bytes from {rel} overlap the previous tensor, which ends at {}",
+                    cursor - data_start
+                ),
+            ));
+        }
+        if t.offset > cursor {
+            return Err(FormatError::tensor(
+                path,
+                &t.name,
+                format!(
+                    "starts at {rel}, leaving a hole after byte {}",
+                    cursor - data_start
+                ),
+            ));
+        }
+        cursor = t.offset + t.len;
+        if cursor > file_len {
+            return Err(FormatError::tensor(
+                path,
+                &t.name,
+                format!(
+                    "ends at byte {} of the data, past the end of the file ({} data bytes); the file is truncated",
+                    cursor - data_start,
+                    file_len - data_start
+                ),
+            ));
+        }
+    }
+    if cursor != file_len {
+        return Err(FormatError::invalid(
+            path,
+            format!(
+                "{} bytes after the last tensor are not described by the header",
+                file_len - cursor
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// One tensor to be written into a header. Offsets are relative to the data region.
+#[derive(Debug, Clone, Copy)]
+pub struct HeaderEntry<'a> {
+    pub name: &'a str,
+    pub dtype: DType,
+    pub shape: &'a [u64],
+    pub begin: u64,
+    pub end: u64,
+}
+
+/// Encodes a header (length prefix, JSON, space padding to a multiple of 8) with
+/// `__metadata__` first and tensors in the order given.
+pub fn encode_header(entries: &[HeaderEntry<'_>], metadata: &BTreeMap<String, String>) -> Vec<u8> {
+    let mut json = String::from("{");
+    let mut first = true;
+    if !metadata.is_empty() {
+        json.push_str("\"__metadata__\":");
+        json.push_str(&serde_json::to_string(metadata).unwrap_or_else(|_| "{}".into()));
+        first = false;
+    }
+    for e in entries {
+        if !first {
+            json.push(',');
+        }
+        first = false;
+        json.push_str(&Value::from(e.name).to_string());
+        json.push_str(":{\"dtype\":\"");
+        json.push_str(e.dtype.safetensors_name());
+        json.push_str("\",\"shape\":");
+        json.push_str(&Value::from(e.shape.to_vec()).to_string());
+        json.push_str(&format!(",\"data_offsets\":[{},{}]}}", e.begin, e.end));
+    }
+    json.push('}');
+    let padded = json.len().div_ceil(8) * 8;
+    let mut out = Vec::with_capacity(8 + padded);
+    out.extend_from_slice(&(padded as u64).to_le_bytes());
+    out.extend_from_slice(json.as_bytes());
+    out.resize(8 + padded, b' ');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(header: &str, data_len: usize) -> Vec<u8> {
+        let mut v = (header.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(header.as_bytes());
+        v.resize(v.len() + data_len, 0);
+        v
+    }
+
+    fn err(bytes: &[u8]) -> String {
+        match parse_header(Path::new("x.safetensors"), bytes) {
+            Ok(h) => panic!("expected an error, got {h:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn round_trip_through_encoder() {
+        let meta = BTreeMap::from([("format".to_owned(), "pt".to_owned())]);
+        let entries = [
+            HeaderEntry {
+                name: "a",
+                dtype: DType::F32,
+                shape: &[2, 2],
+                begin: 0,
+                end: 16,
+            },
+            HeaderEntry {
+                name: "b",
+                dtype: DType::BF16,
+                shape: &[],
+                begin: 16,
+                end: 18,
+            },
+        ];
+        let mut bytes = encode_header(&entries, &meta);
+        assert_eq!((bytes.len() - 8) % 8, 0);
+        bytes.resize(bytes.len() + 18, 7);
+        let h = parse_header(Path::new("x"), &bytes).expect("valid");
+        assert_eq!(h.tensors.len(), 2);
+        assert_eq!(h.tensors[1].name, "b");
+        assert_eq!(h.tensors[1].offset, h.data_start + 16);
+        assert_eq!(h.metadata, Some(meta));
+        // The reference parser agrees.
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("reference parser");
+        assert_eq!(st.tensor("a").expect("a").shape(), &[2, 2]);
+    }
+
+    #[test]
+    fn hostile_headers_are_named() {
+        let mut huge = (MAX_HEADER_LEN + 1).to_le_bytes().to_vec();
+        huge.extend_from_slice(b"{}");
+        assert!(err(&huge).contains("100 MB"));
+        assert!(err(&1000u64.to_le_bytes()).contains("runs past the end"));
+        assert!(err(&file_with("{\"a\":", 0)).contains("not a JSON object"));
+        let mut not_utf8 = 2u64.to_le_bytes().to_vec();
+        not_utf8.extend_from_slice(&[0xff, 0xfe]);
+        assert!(err(&not_utf8).contains("not UTF-8"));
+        let dup = r#"{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#;
+        assert!(err(&file_with(dup, 2)).contains("`w`: appears twice"));
+        let unknown = r#"{"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}}"#;
+        assert!(err(&file_with(unknown, 1)).contains("unknown dtype `Q4`"));
+        let mismatch = r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#;
+        assert!(err(&file_with(mismatch, 8)).contains("needs 12"));
+        let overflow =
+            r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}}"#;
+        assert!(err(&file_with(overflow, 8)).contains("overflows"));
+        let hole = r#"{"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#;
+        assert!(err(&file_with(hole, 2)).contains("hole"));
+        let overlap = r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}"#;
+        assert!(err(&file_with(overlap, 3)).contains("overlap"));
+        let beyond = r#"{"w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#;
+        assert!(err(&file_with(beyond, 2)).contains("truncated"));
+        let trailing = r#"{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
+        assert!(err(&file_with(trailing, 5)).contains("4 bytes after the last tensor"));
+        let negative = r#"{"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}}"#;
+        assert!(err(&file_with(negative, 1)).contains("non-negative"));
+    }
+
+    #[test]
+    fn empty_and_zero_dim_tensors() {
+        let h = r#"{"e":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},"s":{"dtype":"I64","shape":[],"data_offsets":[0,8]}}"#;
+        let parsed = parse_header(Path::new("x"), &file_with(h, 8)).expect("valid");
+        assert_eq!(parsed.tensors.len(), 2);
+        assert_eq!(parsed.tensors[0].name, "e");
+        assert_eq!(parsed.tensors[0].len, 0);
+    }
+}

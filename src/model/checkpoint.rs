@@ -1,0 +1,271 @@
+//! A model directory read into memory: every tensor, where its bytes are, where the
+//! device map puts it, and which tensors are tied.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use super::placement::{DeviceMap, Placement};
+
+/// Index of a file in [`Checkpoint::files`].
+pub type FileId = usize;
+/// Index of a tensor in [`Checkpoint::tensors`].
+pub type TensorId = usize;
+
+/// A file devmap reads tensor bytes from, with what it looked like when opened, so a
+/// save can tell when it changed underneath.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceFile {
+    pub path: PathBuf,
+    pub len: u64,
+    pub modified: Option<SystemTime>,
+}
+
+/// A run of bytes in one source file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteRange {
+    pub file: FileId,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Where a tensor's current value comes from, in the design's order of precedence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// An offload-folder entry: the current value, e.g. after a merge.
+    Offload(ByteRange),
+    /// The checkpoint's own safetensors entry.
+    Checkpoint(ByteRange),
+    /// No bytes of its own: it reads a tie partner's.
+    Tied(TensorId),
+    /// No data anywhere (a `meta` tensor that was never materialised).
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub name: String,
+    pub dtype: super::DType,
+    pub shape: Vec<u64>,
+    pub bytes: u64,
+    pub placement: Placement,
+    /// The device-map key that placed it (`None` when unmapped or there is no map).
+    pub map_key: Option<String>,
+    pub source: Source,
+    /// The checkpoint entry, kept even when the offload value wins, for `explain`.
+    pub checkpoint: Option<ByteRange>,
+    /// The dtype an offload index says the model loads this tensor as, when it differs
+    /// from the stored bytes.
+    pub load_dtype: Option<super::DType>,
+}
+
+impl Tensor {
+    pub fn numel(&self) -> u64 {
+        super::dtype::numel(&self.shape).unwrap_or(0)
+    }
+}
+
+/// Tensors that must hold the same value. `members[0]` is the name written on save
+/// (the one transformers keeps: the embedding, not the `_tied_weights_keys` head).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TieGroup {
+    pub members: Vec<TensorId>,
+}
+
+impl TieGroup {
+    pub fn kept(&self) -> TensorId {
+        self.members[0]
+    }
+}
+
+/// Everything devmap knows about a model directory.
+#[derive(Debug, Clone, Default)]
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub files: Vec<SourceFile>,
+    /// In module order (see [`super::names::module_order`]).
+    pub tensors: Vec<Tensor>,
+    pub ties: Vec<TieGroup>,
+    pub device_map: Option<DeviceMap>,
+    pub device_map_path: Option<PathBuf>,
+    pub offload_dir: Option<PathBuf>,
+    pub config: crate::formats::config::ModelConfig,
+    /// Files in `dir` that hold the checkpoint's weights (shards and index): a save
+    /// does not copy them.
+    pub weight_files: Vec<PathBuf>,
+    pub warnings: Vec<String>,
+    by_name: HashMap<String, TensorId>,
+    tie_of: HashMap<TensorId, usize>,
+}
+
+impl Checkpoint {
+    /// Assembles a checkpoint from parts. Sorts tensors into module order, and maps tie
+    /// groups given by name onto them (the first name of each group is kept on save).
+    pub fn assemble(parts: Parts) -> Checkpoint {
+        let Parts {
+            dir,
+            files,
+            mut tensors,
+            ties,
+            device_map,
+            device_map_path,
+            offload_dir,
+            config,
+            weight_files,
+            warnings,
+        } = parts;
+        // Tied sources refer to names until here; sort and resolve them after.
+        tensors.sort_by(|a, b| super::names::module_order(&a.name, &b.name));
+        let by_name: HashMap<String, TensorId> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        let mut groups = Vec::new();
+        let mut tie_of = HashMap::new();
+        for names in ties {
+            let members: Vec<TensorId> = names
+                .iter()
+                .filter_map(|n| by_name.get(n).copied())
+                .collect();
+            if members.len() < 2 {
+                continue;
+            }
+            for &m in &members {
+                tie_of.insert(m, groups.len());
+            }
+            groups.push(TieGroup { members });
+        }
+        let mut ckpt = Checkpoint {
+            dir,
+            files,
+            tensors,
+            ties: groups,
+            device_map,
+            device_map_path,
+            offload_dir,
+            config,
+            weight_files,
+            warnings,
+            by_name,
+            tie_of,
+        };
+        ckpt.point_tied_sources();
+        ckpt
+    }
+
+    /// A tensor with no bytes of its own reads the group's data.
+    fn point_tied_sources(&mut self) {
+        for g in 0..self.ties.len() {
+            let Some(with_data) = self.group_data_holder(g) else {
+                continue;
+            };
+            for &m in &self.ties[g].members {
+                if matches!(self.tensors[m].source, Source::None | Source::Tied(_))
+                    && m != with_data
+                {
+                    self.tensors[m].source = Source::Tied(with_data);
+                }
+            }
+        }
+    }
+
+    /// The member whose bytes are the group's value: an offload entry wins (it is the
+    /// current value), the kept name before the others.
+    fn group_data_holder(&self, group: usize) -> Option<TensorId> {
+        let members = &self.ties[group].members;
+        let find = |want_offload: bool| {
+            members
+                .iter()
+                .copied()
+                .find(|&m| match self.tensors[m].source {
+                    Source::Offload(_) => true,
+                    Source::Checkpoint(_) => !want_offload,
+                    _ => false,
+                })
+        };
+        find(true).or_else(|| find(false))
+    }
+
+    pub fn index_of(&self, name: &str) -> Option<TensorId> {
+        self.by_name.get(name).copied()
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.index_of(name).map(|i| &self.tensors[i])
+    }
+
+    /// The tie group a tensor belongs to.
+    pub fn tie_group(&self, id: TensorId) -> Option<&TieGroup> {
+        self.tie_of.get(&id).map(|&g| &self.ties[g])
+    }
+
+    /// The bytes that hold a tensor's current value, following ties.
+    pub fn data_range(&self, id: TensorId) -> Option<ByteRange> {
+        if let Some(&g) = self.tie_of.get(&id) {
+            let holder = self.group_data_holder(g)?;
+            return match self.tensors[holder].source {
+                Source::Offload(r) | Source::Checkpoint(r) => Some(r),
+                _ => None,
+            };
+        }
+        match self.tensors[id].source {
+            Source::Offload(r) | Source::Checkpoint(r) => Some(r),
+            Source::Tied(to) if to != id => self.data_range(to),
+            _ => None,
+        }
+    }
+
+    pub fn file_path(&self, id: FileId) -> &Path {
+        &self.files[id].path
+    }
+
+    /// Re-places every tensor with `map` (used when the user edits the map).
+    pub fn apply_device_map(&mut self, map: Option<DeviceMap>) {
+        for t in &mut self.tensors {
+            let (placement, key) = place(map.as_ref(), &t.name);
+            t.placement = placement;
+            t.map_key = key;
+        }
+        self.device_map = map;
+    }
+
+    /// Bytes per device, in display order.
+    pub fn device_totals(&self) -> Vec<(Placement, u64)> {
+        let mut totals: std::collections::BTreeMap<Placement, u64> = Default::default();
+        for t in &self.tensors {
+            *totals.entry(t.placement).or_default() += t.bytes;
+        }
+        totals.into_iter().collect()
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.bytes).sum()
+    }
+}
+
+/// A tensor's placement and the key that decided it. No map: everything is `cpu`.
+pub fn place(map: Option<&DeviceMap>, name: &str) -> (Placement, Option<String>) {
+    match map {
+        None => (Placement::Cpu, None),
+        Some(m) => match m.locate(name) {
+            Some(hit) => (hit.placement, Some(hit.key.to_owned())),
+            None => (Placement::Unmapped, None),
+        },
+    }
+}
+
+/// The pieces [`Checkpoint::assemble`] puts together. Tie groups are given by name.
+#[derive(Debug, Default)]
+pub struct Parts {
+    pub dir: PathBuf,
+    pub files: Vec<SourceFile>,
+    pub tensors: Vec<Tensor>,
+    pub ties: Vec<Vec<String>>,
+    pub device_map: Option<DeviceMap>,
+    pub device_map_path: Option<PathBuf>,
+    pub offload_dir: Option<PathBuf>,
+    pub config: crate::formats::config::ModelConfig,
+    pub weight_files: Vec<PathBuf>,
+    pub warnings: Vec<String>,
+}

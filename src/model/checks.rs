@@ -1,0 +1,184 @@
+//! Checks a user debugging a device map wants to hear about. Each returns plain
+//! sentences that name the tensors and devices involved.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::checkpoint::Checkpoint;
+use super::names::covers;
+use super::placement::Placement;
+
+/// Names listed in a message before "and N more".
+const LIST_LIMIT: usize = 5;
+
+pub fn name_list<S: AsRef<str>>(names: &[S]) -> String {
+    let mut out = names
+        .iter()
+        .take(LIST_LIMIT)
+        .map(|n| format!("`{}`", n.as_ref()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > LIST_LIMIT {
+        out.push_str(&format!(" and {} more", names.len() - LIST_LIMIT));
+    }
+    out
+}
+
+/// All checks. `offloaded` holds the names that have an offload-folder entry.
+pub fn run(ckpt: &Checkpoint, offloaded: &HashSet<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    out.extend(unmapped(ckpt));
+    out.extend(ties_across_devices(ckpt));
+    out.extend(offload_not_on_disk(ckpt, offloaded));
+    out.extend(disk_without_offload(ckpt, offloaded));
+    out.extend(meta_without_data(ckpt));
+    out.extend(unused_map_keys(ckpt));
+    out.extend(transformers_prefix_traps(ckpt));
+    out
+}
+
+pub fn unmapped(ckpt: &Checkpoint) -> Option<String> {
+    let names: Vec<&str> = ckpt
+        .tensors
+        .iter()
+        .filter(|t| t.placement == Placement::Unmapped)
+        .map(|t| t.name.as_str())
+        .collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "{} tensor(s) are covered by no device-map entry (unmapped): {}; accelerate would fail to dispatch them, add a key for their module or \"\"",
+            names.len(),
+            name_list(&names)
+        )
+    })
+}
+
+pub fn ties_across_devices(ckpt: &Checkpoint) -> Vec<String> {
+    ckpt.ties
+        .iter()
+        .filter_map(|g| {
+            let first = ckpt.tensors[g.kept()].placement;
+            if g.members.iter().all(|&m| ckpt.tensors[m].placement == first) {
+                return None;
+            }
+            let parts: Vec<String> = g
+                .members
+                .iter()
+                .map(|&m| format!("`{}` on {}", ckpt.tensors[m].name, ckpt.tensors[m].placement))
+                .collect();
+            Some(format!(
+                "tied weights are on different devices: {}; accelerate warns and copies them, put their modules on one device",
+                parts.join(", ")
+            ))
+        })
+        .collect()
+}
+
+pub fn offload_not_on_disk(ckpt: &Checkpoint, offloaded: &HashSet<String>) -> Option<String> {
+    if ckpt.device_map.is_none() {
+        return None;
+    }
+    let names: Vec<String> = ckpt
+        .tensors
+        .iter()
+        .filter(|t| offloaded.contains(&t.name) && t.placement != Placement::Disk)
+        .map(|t| format!("{} ({})", t.name, t.placement))
+        .collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "{} offload-folder entr(ies) belong to tensors the device map does not put on disk: {}; devmap still treats the offload value as current",
+            names.len(),
+            name_list(&names)
+        )
+    })
+}
+
+pub fn disk_without_offload(ckpt: &Checkpoint, offloaded: &HashSet<String>) -> Option<String> {
+    let names: Vec<&str> = ckpt
+        .tensors
+        .iter()
+        .filter(|t| t.placement == Placement::Disk && !offloaded.contains(&t.name))
+        .map(|t| t.name.as_str())
+        .collect();
+    if names.is_empty() {
+        return None;
+    }
+    let folder = match &ckpt.offload_dir {
+        Some(d) => format!("the offload folder {} has no entry for them", d.display()),
+        None => "there is no offload folder (give --offload-folder)".to_owned(),
+    };
+    Some(format!(
+        "{} tensor(s) are placed on disk but {folder}: {}; their checkpoint bytes are used",
+        names.len(),
+        name_list(&names)
+    ))
+}
+
+pub fn meta_without_data(ckpt: &Checkpoint) -> Option<String> {
+    let names: Vec<&str> = (0..ckpt.tensors.len())
+        .filter(|&i| ckpt.data_range(i).is_none())
+        .map(|i| ckpt.tensors[i].name.as_str())
+        .collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "{} tensor(s) have no data anywhere (meta): {}; they can be inspected but not saved",
+            names.len(),
+            name_list(&names)
+        )
+    })
+}
+
+pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<String> {
+    let map = ckpt.device_map.as_ref()?;
+    let used: HashSet<&str> = ckpt
+        .tensors
+        .iter()
+        .filter_map(|t| t.map_key.as_deref())
+        .collect();
+    let unused: Vec<&str> = map
+        .entries()
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| !used.contains(k) && !ckpt.tensors.iter().any(|t| covers(k, &t.name)))
+        .collect();
+    (!unused.is_empty()).then(|| {
+        format!(
+            "{} device-map key(s) match no tensor: {}; check for typos or a map from another model",
+            unused.len(),
+            name_list(&unused)
+        )
+    })
+}
+
+pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<String> {
+    let Some(map) = ckpt.device_map.as_ref() else {
+        return Vec::new();
+    };
+    let mut traps: BTreeMap<(String, String), (Placement, Placement, usize)> = BTreeMap::new();
+    for t in &ckpt.tensors {
+        for hit in map.string_prefix_traps(&t.name) {
+            let matched = t.map_key.clone().unwrap_or_else(|| "(none)".into());
+            let e = traps.entry((hit.key.to_owned(), matched)).or_insert((
+                hit.placement,
+                t.placement,
+                0,
+            ));
+            e.2 += 1;
+        }
+    }
+    traps
+        .into_iter()
+        .map(|((trap, matched), (theirs, ours, n))| {
+            format!(
+                "key `{trap}` ({theirs}) is a plain string prefix of {n} tensor(s) that key `{matched}` places on {ours}; accelerate matches whole components, but transformers 5 matches prefixes without a dot boundary and may put them on {theirs}"
+            )
+        })
+        .collect()
+}
+
+/// Tensors a save cannot write: no data anywhere.
+pub fn unsaveable(ckpt: &Checkpoint) -> Vec<&str> {
+    (0..ckpt.tensors.len())
+        .filter(|&i| ckpt.data_range(i).is_none())
+        .map(|i| ckpt.tensors[i].name.as_str())
+        .collect()
+}

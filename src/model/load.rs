@@ -1,0 +1,515 @@
+//! Reading a model directory: weights, config, device map, offload folder and ties.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use super::checkpoint::{ByteRange, Checkpoint, FileId, Parts, Source, SourceFile, Tensor, place};
+use super::placement::{DeviceMap, Placement};
+use crate::formats::FormatError;
+use crate::formats::config::{ModelConfig, read_config};
+use crate::formats::device_map::{DEVICE_MAP_FILE, read_device_map};
+use crate::formats::hf_index::{INDEX_FILE, SINGLE_FILE, read_index};
+use crate::formats::offload::{OffloadForm, read_offload_folder};
+use crate::formats::safetensors::{Header, HeaderCache};
+
+/// What the user told devmap beyond the directory.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    pub device_map: Option<PathBuf>,
+    pub offload_folder: Option<PathBuf>,
+    /// `--tie A=B`: `A` is the tied copy, `B` the name kept on save.
+    pub ties: Vec<(String, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error("{} is not a directory", .0.display())]
+    NotADirectory(PathBuf),
+    #[error(
+        "no weights in {}: expected model.safetensors, model.safetensors.index.json or *.safetensors files",
+        .0.display()
+    )]
+    NoWeights(PathBuf),
+    #[error("{}: {message}", path.display())]
+    Conflict { path: PathBuf, message: String },
+    #[error("--tie {tied}={kept}: {message}")]
+    BadTie {
+        tied: String,
+        kept: String,
+        message: String,
+    },
+}
+
+/// Names of output heads that transformers ties to the input embedding.
+const HEAD_NAMES: [&str; 2] = ["lm_head.weight", "embed_out.weight"];
+/// Name endings of input embeddings, most common first.
+const EMBEDDING_SUFFIXES: [&str; 5] = [
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "embed_in.weight",
+    "shared.weight",
+];
+
+/// Where each tensor comes from while the checkpoint is being put together.
+struct Draft {
+    tensors: Vec<Tensor>,
+    by_name: HashMap<String, usize>,
+    files: Vec<SourceFile>,
+    file_ids: HashMap<PathBuf, FileId>,
+}
+
+impl Draft {
+    fn file_id(&mut self, path: &Path, header: &Header) -> FileId {
+        if let Some(&id) = self.file_ids.get(path) {
+            return id;
+        }
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        self.files.push(SourceFile {
+            path: path.to_path_buf(),
+            len: header.file_len,
+            modified,
+        });
+        self.file_ids
+            .insert(path.to_path_buf(), self.files.len() - 1);
+        self.files.len() - 1
+    }
+
+    fn plain_file_id(&mut self, path: &Path) -> FileId {
+        if let Some(&id) = self.file_ids.get(path) {
+            return id;
+        }
+        let meta = std::fs::metadata(path).ok();
+        self.files.push(SourceFile {
+            path: path.to_path_buf(),
+            len: meta.as_ref().map_or(0, |m| m.len()),
+            modified: meta.and_then(|m| m.modified().ok()),
+        });
+        self.file_ids
+            .insert(path.to_path_buf(), self.files.len() - 1);
+        self.files.len() - 1
+    }
+}
+
+/// Reads the model directory `dir`.
+pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> {
+    if !dir.is_dir() {
+        return Err(LoadError::NotADirectory(dir.to_path_buf()));
+    }
+    let mut warnings = Vec::new();
+    let mut headers = HeaderCache::default();
+    let config_path = dir.join("config.json");
+    let config = if config_path.is_file() {
+        read_config(&config_path)?
+    } else {
+        ModelConfig::absent()
+    };
+
+    let mut draft = Draft {
+        tensors: Vec::new(),
+        by_name: HashMap::new(),
+        files: Vec::new(),
+        file_ids: HashMap::new(),
+    };
+    let weight_files = read_weights(dir, &mut draft, &mut headers, &mut warnings)?;
+
+    let offload_dir = match &options.offload_folder {
+        Some(p) => {
+            if !p.is_dir() {
+                return Err(LoadError::NotADirectory(p.clone()));
+            }
+            Some(p.clone())
+        }
+        None => Some(dir.join("offload")).filter(|p| p.is_dir()),
+    };
+    let mut offloaded = HashSet::new();
+    let mut shared_offload: HashMap<(FileId, u64), Vec<String>> = HashMap::new();
+    if let Some(folder) = &offload_dir {
+        for entry in read_offload_folder(folder, dir, &mut headers)? {
+            let file = draft.plain_file_id(&entry.file);
+            let range = ByteRange {
+                file,
+                offset: entry.offset,
+                len: entry.len,
+            };
+            if entry.form == OffloadForm::IndexedSafetensors {
+                shared_offload
+                    .entry((file, entry.offset))
+                    .or_default()
+                    .push(entry.name.clone());
+            }
+            if let Some(load_dtype) = entry.load_dtype {
+                warnings.push(format!(
+                    "offload entry `{}` is stored as {} in {} but the index says the model loads it as {}; devmap saves the stored {}",
+                    entry.name,
+                    entry.dtype,
+                    entry.file.display(),
+                    load_dtype.torch_name(),
+                    entry.dtype
+                ));
+            }
+            offloaded.insert(entry.name.clone());
+            match draft.by_name.get(&entry.name) {
+                Some(&i) => {
+                    let t = &mut draft.tensors[i];
+                    t.dtype = entry.dtype;
+                    t.shape = entry.shape;
+                    t.bytes = entry.len;
+                    t.source = Source::Offload(range);
+                    t.load_dtype = entry.load_dtype;
+                }
+                None => {
+                    draft
+                        .by_name
+                        .insert(entry.name.clone(), draft.tensors.len());
+                    draft.tensors.push(Tensor {
+                        name: entry.name,
+                        dtype: entry.dtype,
+                        shape: entry.shape,
+                        bytes: entry.len,
+                        placement: Placement::Cpu,
+                        map_key: None,
+                        source: Source::Offload(range),
+                        checkpoint: None,
+                        load_dtype: entry.load_dtype,
+                    });
+                }
+            }
+        }
+    }
+    if draft.tensors.is_empty() {
+        return Err(LoadError::NoWeights(dir.to_path_buf()));
+    }
+
+    let device_map_path = options
+        .device_map
+        .clone()
+        .or_else(|| Some(dir.join(DEVICE_MAP_FILE)).filter(|p| p.is_file()));
+    let device_map = match &device_map_path {
+        Some(p) => Some(read_device_map(p)?),
+        None => None,
+    };
+
+    let mut ties = config_ties(&config, &mut draft, device_map.as_ref(), &mut warnings);
+    for (tied, kept) in &options.ties {
+        ties.push(explicit_tie(tied, kept, &mut draft)?);
+    }
+    for names in shared_offload.into_values().filter(|n| n.len() > 1) {
+        ties.push(names);
+    }
+    let ties = merge_groups(ties);
+
+    for t in &mut draft.tensors {
+        let (placement, key) = place(device_map.as_ref(), &t.name);
+        t.placement = placement;
+        t.map_key = key;
+    }
+
+    let mut ckpt = Checkpoint::assemble(Parts {
+        dir: dir.to_path_buf(),
+        files: draft.files,
+        tensors: draft.tensors,
+        ties,
+        device_map,
+        device_map_path,
+        offload_dir,
+        config,
+        weight_files,
+        warnings,
+    });
+    let checks = super::checks::run(&ckpt, &offloaded);
+    ckpt.warnings.extend(checks);
+    Ok(ckpt)
+}
+
+/// Finds and reads the checkpoint's safetensors files. Returns the files that make up
+/// the weights (shards and index).
+fn read_weights(
+    dir: &Path,
+    draft: &mut Draft,
+    headers: &mut HeaderCache,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<PathBuf>, LoadError> {
+    let index_path = dir.join(INDEX_FILE);
+    let single = dir.join(SINGLE_FILE);
+    if index_path.is_file() {
+        let index = read_index(&index_path)?;
+        let mut expected: HashMap<String, HashSet<String>> = HashMap::new();
+        let mut order = Vec::new();
+        for (name, file) in &index.weight_map {
+            if Path::new(file).components().count() != 1 || file == ".." {
+                return Err(FormatError::tensor(
+                    &index_path,
+                    name,
+                    format!("shard `{file}` is not a file name in the model directory"),
+                )
+                .into());
+            }
+            if !expected.contains_key(file) {
+                order.push(file.clone());
+            }
+            expected
+                .entry(file.clone())
+                .or_default()
+                .insert(name.clone());
+        }
+        let mut files = vec![index_path.clone()];
+        for file in order {
+            let path = dir.join(&file);
+            let names = &expected[&file];
+            if !path.is_file() {
+                let mut some: Vec<&String> = names.iter().collect();
+                some.sort();
+                return Err(FormatError::tensor(
+                    &index_path,
+                    some[0].as_str(),
+                    format!(
+                        "is mapped to shard {file}, which is missing ({} tensors point there)",
+                        names.len()
+                    ),
+                )
+                .into());
+            }
+            let header = headers.get(&path)?;
+            let id = draft.file_id(&path, &header);
+            let present: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
+            let mut missing: Vec<&String> = names
+                .iter()
+                .filter(|n| !present.contains(n.as_str()))
+                .collect();
+            if !missing.is_empty() {
+                missing.sort();
+                return Err(FormatError::tensor(
+                    &index_path,
+                    missing[0].as_str(),
+                    format!(
+                        "is mapped to {file}, which does not hold it ({} such tensors)",
+                        missing.len()
+                    ),
+                )
+                .into());
+            }
+            for t in &header.tensors {
+                if !names.contains(&t.name) {
+                    let listed_elsewhere = index.weight_map.iter().any(|(n, _)| n == &t.name);
+                    if listed_elsewhere {
+                        warnings.push(format!(
+                            "{} also holds `{}`, which the index maps to another shard; using the index's",
+                            path.display(),
+                            t.name
+                        ));
+                        continue;
+                    }
+                    warnings.push(format!(
+                        "{} holds `{}`, which {INDEX_FILE} does not list; transformers loads it anyway, so devmap keeps it",
+                        path.display(),
+                        t.name
+                    ));
+                }
+                add_checkpoint_tensor(draft, id, &path, t)?;
+            }
+            files.push(path);
+        }
+        return Ok(files);
+    }
+    let paths = if single.is_file() {
+        vec![single]
+    } else {
+        let mut all: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| FormatError::io(dir, e))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors") && p.is_file())
+            .collect();
+        all.sort();
+        all
+    };
+    for path in &paths {
+        let header = headers.get(path)?;
+        let id = draft.file_id(path, &header);
+        for t in &header.tensors {
+            add_checkpoint_tensor(draft, id, path, t)?;
+        }
+    }
+    Ok(paths)
+}
+
+fn add_checkpoint_tensor(
+    draft: &mut Draft,
+    file: FileId,
+    path: &Path,
+    t: &crate::formats::safetensors::HeaderTensor,
+) -> Result<(), LoadError> {
+    if let Some(&existing) = draft.by_name.get(&t.name) {
+        let other = draft.tensors[existing]
+            .checkpoint
+            .map(|r| draft.files[r.file].path.display().to_string())
+            .unwrap_or_default();
+        return Err(LoadError::Conflict {
+            path: path.to_path_buf(),
+            message: format!(
+                "tensor `{}` is also in {other}; which one is meant is unclear",
+                t.name
+            ),
+        });
+    }
+    let range = ByteRange {
+        file,
+        offset: t.offset,
+        len: t.len,
+    };
+    draft.by_name.insert(t.name.clone(), draft.tensors.len());
+    draft.tensors.push(Tensor {
+        name: t.name.clone(),
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+        bytes: t.len,
+        placement: Placement::Cpu,
+        map_key: None,
+        source: Source::Checkpoint(range),
+        checkpoint: Some(range),
+        load_dtype: None,
+    });
+    Ok(())
+}
+
+/// `tie_word_embeddings`: the output head holds the input embedding. The head is added
+/// when the weights lack it but the device map names it (transformers does not save the
+/// tied side).
+fn config_ties(
+    config: &ModelConfig,
+    draft: &mut Draft,
+    map: Option<&DeviceMap>,
+    warnings: &mut Vec<String>,
+) -> Vec<Vec<String>> {
+    if !config.tie_word_embeddings {
+        return Vec::new();
+    }
+    let mut embeddings: Vec<&str> = draft
+        .tensors
+        .iter()
+        .map(|t| t.name.as_str())
+        .filter(|n| EMBEDDING_SUFFIXES.iter().any(|s| n.ends_with(s)) && !HEAD_NAMES.contains(n))
+        .collect();
+    embeddings.sort_by_key(|n| {
+        (
+            EMBEDDING_SUFFIXES
+                .iter()
+                .position(|s| n.ends_with(s))
+                .unwrap_or(usize::MAX),
+            n.len(),
+        )
+    });
+    let Some(embedding) = embeddings.first().map(|s| (*s).to_owned()) else {
+        return Vec::new();
+    };
+    let emb = draft.by_name[&embedding];
+    let mut ties = Vec::new();
+    for head in HEAD_NAMES {
+        let module = head.trim_end_matches(".weight");
+        match draft.by_name.get(head) {
+            Some(&h) => {
+                if draft.tensors[h].shape == draft.tensors[emb].shape {
+                    ties.push(vec![embedding.clone(), head.to_owned()]);
+                } else {
+                    warnings.push(format!(
+                        "config.json ties word embeddings, but `{head}` {:?} and `{embedding}` {:?} differ in shape; not tied",
+                        draft.tensors[h].shape, draft.tensors[emb].shape
+                    ));
+                }
+            }
+            None => {
+                let named = map.is_some_and(|m| m.get(module).is_some() || m.get(head).is_some());
+                if named {
+                    add_tied_copy(draft, head, emb);
+                    ties.push(vec![embedding.clone(), head.to_owned()]);
+                }
+            }
+        }
+    }
+    ties
+}
+
+fn add_tied_copy(draft: &mut Draft, name: &str, of: usize) {
+    let src = &draft.tensors[of];
+    let copy = Tensor {
+        name: name.to_owned(),
+        dtype: src.dtype,
+        shape: src.shape.clone(),
+        bytes: src.bytes,
+        placement: Placement::Cpu,
+        map_key: None,
+        source: Source::None,
+        checkpoint: None,
+        load_dtype: None,
+    };
+    draft.by_name.insert(name.to_owned(), draft.tensors.len());
+    draft.tensors.push(copy);
+}
+
+fn explicit_tie(tied: &str, kept: &str, draft: &mut Draft) -> Result<Vec<String>, LoadError> {
+    let bad = |message: String| LoadError::BadTie {
+        tied: tied.to_owned(),
+        kept: kept.to_owned(),
+        message,
+    };
+    if tied == kept {
+        return Err(bad("a tensor cannot be tied to itself".into()));
+    }
+    let Some(&k) = draft.by_name.get(kept) else {
+        return Err(bad(format!("no tensor is named `{kept}`")));
+    };
+    match draft.by_name.get(tied) {
+        None => add_tied_copy(draft, tied, k),
+        Some(&t) => {
+            let (a, b) = (&draft.tensors[t], &draft.tensors[k]);
+            if a.shape != b.shape || a.dtype != b.dtype {
+                return Err(bad(format!(
+                    "`{tied}` is {} {:?} but `{kept}` is {} {:?}; tied tensors must match",
+                    a.dtype, a.shape, b.dtype, b.shape
+                )));
+            }
+        }
+    }
+    Ok(vec![kept.to_owned(), tied.to_owned()])
+}
+
+/// Joins groups that share a name; the first group's first name stays first.
+fn merge_groups(groups: Vec<Vec<String>>) -> Vec<Vec<String>> {
+    let mut merged: Vec<Vec<String>> = Vec::new();
+    for group in groups {
+        let hits: Vec<usize> = merged
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| group.iter().any(|n| m.contains(n)))
+            .map(|(i, _)| i)
+            .collect();
+        if hits.is_empty() {
+            let mut g = Vec::new();
+            for n in group {
+                if !g.contains(&n) {
+                    g.push(n);
+                }
+            }
+            merged.push(g);
+            continue;
+        }
+        let first = hits[0];
+        for &i in hits[1..].iter().rev() {
+            let other = merged.remove(i);
+            for n in other {
+                if !merged[first].contains(&n) {
+                    merged[first].push(n);
+                }
+            }
+        }
+        for n in group {
+            if !merged[first].contains(&n) {
+                merged[first].push(n);
+            }
+        }
+    }
+    merged
+}

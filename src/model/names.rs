@@ -1,0 +1,102 @@
+//! Dotted parameter names: component-wise "module order".
+//!
+//! Checkpoints carry no module-definition order (headers and indexes are sorted by
+//! name), so devmap orders names component by component, comparing all-digit
+//! components as numbers: `layers.2` sorts before `layers.10`, and `h.9.attn` before
+//! `h.10.attn`.
+
+use std::cmp::Ordering;
+
+/// Compares two dotted names in module order.
+pub fn module_order(a: &str, b: &str) -> Ordering {
+    let mut left = a.split('.');
+    let mut right = b.split('.');
+    loop {
+        match (left.next(), right.next()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(x), Some(y)) => match compare_component(x, y) {
+                Ordering::Equal => {}
+                other => return other,
+            },
+        }
+    }
+}
+
+fn compare_component(x: &str, y: &str) -> Ordering {
+    match (as_index(x), as_index(y)) {
+        (Some(i), Some(j)) => i.cmp(&j).then_with(|| x.cmp(y)),
+        // Numbered children (layers) come before named siblings at the same level.
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (None, None) => x.cmp(y),
+    }
+}
+
+/// A component made only of ASCII digits, read as a number (`"007"` is 7).
+fn as_index(component: &str) -> Option<u128> {
+    if component.is_empty() || !component.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    component.parse().ok()
+}
+
+/// True when `prefix` is `name` itself or a whole-component prefix of it:
+/// `model.layers.1` covers `model.layers.1.mlp.weight` but not `model.layers.10.mlp`.
+/// The empty prefix covers everything.
+pub fn covers(prefix: &str, name: &str) -> bool {
+    prefix.is_empty()
+        || name == prefix
+        || (name.len() > prefix.len()
+            && name.starts_with(prefix)
+            && name.as_bytes()[prefix.len()] == b'.')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numeric_components_compare_as_numbers() {
+        let mut names = vec![
+            "model.layers.10.mlp.weight",
+            "model.layers.2.mlp.weight",
+            "model.layers.2.attn.weight",
+            "lm_head.weight",
+            "model.norm.weight",
+            "model.embed_tokens.weight",
+            "model.layers.1.mlp.weight",
+        ];
+        names.sort_by(|a, b| module_order(a, b));
+        assert_eq!(
+            names,
+            vec![
+                "lm_head.weight",
+                "model.embed_tokens.weight",
+                "model.layers.1.mlp.weight",
+                "model.layers.2.attn.weight",
+                "model.layers.2.mlp.weight",
+                "model.layers.10.mlp.weight",
+                "model.norm.weight",
+            ]
+        );
+    }
+
+    #[test]
+    fn parent_before_child_and_total_order() {
+        assert_eq!(module_order("a.b", "a.b.c"), Ordering::Less);
+        assert_eq!(module_order("a.01", "a.1"), Ordering::Less);
+        assert_eq!(module_order("a.1", "a.1"), Ordering::Equal);
+    }
+
+    #[test]
+    fn prefix_traps() {
+        assert!(covers("model.layers.1", "model.layers.1.mlp.weight"));
+        assert!(covers("model.layers.1", "model.layers.1"));
+        assert!(!covers("model.layers.1", "model.layers.10.mlp.weight"));
+        assert!(!covers("model.layers.1", "model.layers.1x.weight"));
+        assert!(!covers("lm_head.weight", "lm_head"));
+        assert!(covers("", "anything.at.all"));
+    }
+}

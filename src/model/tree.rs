@@ -1,0 +1,170 @@
+//! The module tree: an arena built from dotted tensor names, in module order.
+//!
+//! Nodes are numbered in pre-order (a parent before its children, siblings in module
+//! order), so a flat walk of the arena is the fully expanded tree.
+
+use std::collections::HashMap;
+
+use super::checkpoint::{Checkpoint, TensorId};
+use super::placement::Placement;
+
+pub type NodeId = usize;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// The last name component (`"up_proj"`); empty for the root.
+    pub name: String,
+    pub parent: Option<NodeId>,
+    pub children: Vec<NodeId>,
+    /// The tensor whose full name ends at this node.
+    pub tensor: Option<TensorId>,
+    pub depth: usize,
+    pub bytes: u64,
+    pub params: u64,
+    pub tensors: usize,
+    /// Bytes per device under this node, sorted by device.
+    pub split: Vec<(Placement, u64)>,
+    /// Whether a tied tensor is at or under this node.
+    pub has_tie: bool,
+}
+
+impl Node {
+    /// The device, when everything under this node is on one.
+    pub fn single_placement(&self) -> Option<Placement> {
+        match self.split.as_slice() {
+            [(p, _)] => Some(*p),
+            [] => None,
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModuleTree {
+    pub nodes: Vec<Node>,
+}
+
+impl ModuleTree {
+    pub const ROOT: NodeId = 0;
+
+    pub fn build(ckpt: &Checkpoint) -> ModuleTree {
+        let mut nodes = vec![Node {
+            name: String::new(),
+            parent: None,
+            children: Vec::new(),
+            tensor: None,
+            depth: 0,
+            bytes: 0,
+            params: 0,
+            tensors: 0,
+            split: Vec::new(),
+            has_tie: false,
+        }];
+        let mut child_of: HashMap<(NodeId, &str), NodeId> = HashMap::new();
+        for (id, tensor) in ckpt.tensors.iter().enumerate() {
+            let mut at = Self::ROOT;
+            for component in tensor.name.split('.') {
+                at = match child_of.get(&(at, component)) {
+                    Some(&c) => c,
+                    None => {
+                        let c = nodes.len();
+                        nodes.push(Node {
+                            name: component.to_owned(),
+                            parent: Some(at),
+                            children: Vec::new(),
+                            tensor: None,
+                            depth: nodes[at].depth + 1,
+                            bytes: 0,
+                            params: 0,
+                            tensors: 0,
+                            split: Vec::new(),
+                            has_tie: false,
+                        });
+                        nodes[at].children.push(c);
+                        child_of.insert((at, component), c);
+                        c
+                    }
+                };
+            }
+            nodes[at].tensor = Some(id);
+        }
+        let mut tree = ModuleTree { nodes };
+        tree.recompute(ckpt);
+        tree
+    }
+
+    /// Recomputes sizes and device splits (after the device map changed).
+    pub fn recompute(&mut self, ckpt: &Checkpoint) {
+        for n in &mut self.nodes {
+            n.bytes = 0;
+            n.params = 0;
+            n.tensors = 0;
+            n.split.clear();
+            n.has_tie = false;
+        }
+        // Pre-order numbering: walking backwards visits children before parents.
+        for id in (0..self.nodes.len()).rev() {
+            if let Some(t) = self.nodes[id].tensor {
+                let tensor = &ckpt.tensors[t];
+                let n = &mut self.nodes[id];
+                n.bytes += tensor.bytes;
+                n.params += tensor.numel();
+                n.tensors += 1;
+                add_split(&mut n.split, tensor.placement, tensor.bytes);
+                n.has_tie |= ckpt.tie_group(t).is_some();
+            }
+            if let Some(parent) = self.nodes[id].parent {
+                let child = self.nodes[id].clone_totals();
+                let p = &mut self.nodes[parent];
+                p.bytes += child.0;
+                p.params += child.1;
+                p.tensors += child.2;
+                p.has_tie |= child.4;
+                for (placement, bytes) in child.3 {
+                    add_split(&mut p.split, placement, bytes);
+                }
+            }
+        }
+    }
+
+    /// The dotted name of a node (`model.layers.0.mlp`).
+    pub fn full_name(&self, id: NodeId) -> String {
+        let mut parts = Vec::new();
+        let mut at = Some(id);
+        while let Some(n) = at {
+            if n != Self::ROOT {
+                parts.push(self.nodes[n].name.as_str());
+            }
+            at = self.nodes[n].parent;
+        }
+        parts.reverse();
+        parts.join(".")
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.len() <= 1
+    }
+}
+
+impl Node {
+    fn clone_totals(&self) -> (u64, u64, usize, Vec<(Placement, u64)>, bool) {
+        (
+            self.bytes,
+            self.params,
+            self.tensors,
+            self.split.clone(),
+            self.has_tie,
+        )
+    }
+}
+
+fn add_split(split: &mut Vec<(Placement, u64)>, placement: Placement, bytes: u64) {
+    match split.binary_search_by_key(&placement, |(p, _)| *p) {
+        Ok(i) => split[i].1 += bytes,
+        Err(i) => split.insert(i, (placement, bytes)),
+    }
+}

@@ -1,0 +1,104 @@
+//! Moving one tensor's bytes from its source range to its place in a shard without
+//! holding them: `copy_file_range` in the kernel where it works, else one fixed buffer.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Size of the fallback buffer, and of the steps between progress reports.
+pub const CHUNK: usize = 8 << 20;
+
+/// How a copy can end early.
+#[derive(Debug)]
+pub enum CopyError {
+    Io(io::Error),
+    /// The source ended before `len` bytes: someone truncated it.
+    ShortSource {
+        copied: u64,
+    },
+    Cancelled,
+}
+
+/// A reusable copier: remembers whether the kernel path works for this pair of file
+/// systems and owns the fallback buffer, allocated on first use.
+#[derive(Default)]
+pub struct Copier {
+    kernel_copy_failed: bool,
+    buffer: Vec<u8>,
+}
+
+impl Copier {
+    /// Copies `len` bytes and calls `progress(n)` after each chunk of `n` bytes.
+    pub fn copy(
+        &mut self,
+        src: &File,
+        src_offset: u64,
+        dst: &File,
+        dst_offset: u64,
+        len: u64,
+        cancel: &AtomicBool,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<(), CopyError> {
+        let mut done = 0u64;
+        while done < len {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(CopyError::Cancelled);
+            }
+            let want = (len - done).min(CHUNK as u64) as usize;
+            let n = self.step(src, src_offset + done, dst, dst_offset + done, want)?;
+            if n == 0 {
+                return Err(CopyError::ShortSource { copied: done });
+            }
+            done += n as u64;
+            progress(n as u64);
+        }
+        crate::sys::drop_from_cache(src, src_offset, len);
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        src: &File,
+        src_offset: u64,
+        dst: &File,
+        dst_offset: u64,
+        want: usize,
+    ) -> Result<usize, CopyError> {
+        if !self.kernel_copy_failed {
+            match crate::sys::copy_file_range(src, src_offset, dst, dst_offset, want) {
+                Ok(n) => return Ok(n),
+                Err(e) if kernel_cannot(&e) => self.kernel_copy_failed = true,
+                Err(e) => return Err(CopyError::Io(e)),
+            }
+        }
+        if self.buffer.len() < CHUNK {
+            self.buffer = vec![0u8; CHUNK];
+        }
+        let buf = &mut self.buffer[..want];
+        let n = src.read_at(buf, src_offset).map_err(CopyError::Io)?;
+        dst.write_all_at(&buf[..n], dst_offset)
+            .map_err(CopyError::Io)?;
+        Ok(n)
+    }
+
+    pub fn used_kernel_copy(&self) -> bool {
+        !self.kernel_copy_failed
+    }
+}
+
+/// Errors that mean "this kernel or file-system pair cannot copy_file_range", not
+/// "the copy failed".
+fn kernel_cannot(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EXDEV
+                | libc::ENOSYS
+                | libc::EINVAL
+                | libc::EOPNOTSUPP
+                | libc::EPERM
+                | libc::EBADF
+        )
+    )
+}

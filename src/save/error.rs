@@ -1,0 +1,34 @@
+use std::io;
+use std::path::PathBuf;
+
+use super::plan::PlanError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// Found before any byte was written.
+    #[error("refusing to save: {}", .0.join("; "))]
+    Refused(Vec<String>),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{}: {message}", path.display())]
+    SourceChanged { path: PathBuf, message: String },
+    #[error("the written checkpoint does not match the plan: {}", .0.join("; "))]
+    Verify(Vec<String>),
+    #[error("cancelled; no shard was left in the output folder")]
+    Cancelled,
+}
+
+impl SaveError {
+    pub fn io(path: impl Into<PathBuf>, source: io::Error) -> SaveError {
+        SaveError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

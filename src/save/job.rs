@@ -1,0 +1,483 @@
+//! Steps 4 and 5: write every shard under a temporary name, verify it, rename
+//! everything into place, index last. Runs on any thread; reports through events.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::SystemTime;
+
+use memmap2::Mmap;
+
+use super::copy::{Copier, CopyError};
+use super::error::SaveError;
+use super::plan::{SaveOptions, SavePlan, ShardPlan};
+use super::preflight::{PARTIAL_SUFFIX, files_to_copy, is_weight_file_name};
+use crate::formats::hf_index::{INDEX_FILE, encode_index};
+use crate::model::checkpoint::{Checkpoint, FileId};
+
+/// What a running save reports.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SaveEvent {
+    ShardStarted {
+        index: usize,
+        count: usize,
+        file_name: String,
+        bytes: u64,
+    },
+    /// Cumulative bytes: within the current shard, and of all tensor data.
+    Progress {
+        index: usize,
+        shard_written: u64,
+        total_written: u64,
+    },
+    ShardFinished {
+        index: usize,
+    },
+    Finished(SaveReport),
+    Failed(String),
+    Cancelled,
+}
+
+/// What a finished save wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SaveReport {
+    pub out: PathBuf,
+    pub shard_files: Vec<String>,
+    pub tensors: usize,
+    pub bytes: u64,
+    pub copied_files: Vec<String>,
+    pub removed_stale: Vec<String>,
+    pub kernel_copy: bool,
+}
+
+/// Sends events without ever blocking the copy on a slow reader: progress is dropped
+/// when the channel is full (the next one carries the totals), lifecycle events wait.
+/// A dropped receiver cancels the save.
+pub struct Reporter<'a> {
+    tx: Option<&'a SyncSender<SaveEvent>>,
+    cancel: &'a AtomicBool,
+}
+
+impl<'a> Reporter<'a> {
+    pub fn new(tx: Option<&'a SyncSender<SaveEvent>>, cancel: &'a AtomicBool) -> Self {
+        Reporter { tx, cancel }
+    }
+
+    fn progress(&self, event: SaveEvent) {
+        if let Some(tx) = self.tx
+            && let Err(TrySendError::Disconnected(_)) = tx.try_send(event)
+        {
+            self.cancel.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn lifecycle(&self, event: SaveEvent) {
+        if let Some(tx) = self.tx
+            && tx.send(event).is_err()
+        {
+            self.cancel.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A save running on its own thread.
+pub struct SaveJob {
+    pub events: Receiver<SaveEvent>,
+    cancel: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Result<SaveReport, SaveError>>>,
+}
+
+impl SaveJob {
+    /// Starts writing `plan`. The last event is `Finished`, `Failed` or `Cancelled`.
+    pub fn spawn(
+        ckpt: Arc<Checkpoint>,
+        plan: SavePlan,
+        options: SaveOptions,
+    ) -> std::io::Result<SaveJob> {
+        let (tx, rx) = sync_channel(256);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let flag = cancel.clone();
+        let handle = std::thread::Builder::new()
+            .name("devmap-save".into())
+            .spawn(move || {
+                let reporter = Reporter::new(Some(&tx), &flag);
+                let result = write(&ckpt, &plan, &options, &flag, &reporter);
+                let last = match &result {
+                    Ok(report) => SaveEvent::Finished(report.clone()),
+                    Err(SaveError::Cancelled) => SaveEvent::Cancelled,
+                    Err(e) => SaveEvent::Failed(e.to_string()),
+                };
+                // The receiver may be gone; the result is returned by join either way.
+                let _ = tx.send(last);
+                result
+            })?;
+        Ok(SaveJob {
+            events: rx,
+            cancel,
+            handle: Some(handle),
+        })
+    }
+
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits for the save to end.
+    pub fn join(mut self) -> Result<SaveReport, SaveError> {
+        match self.handle.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            _ => Err(SaveError::Verify(vec!["the save thread panicked".into()])),
+        }
+    }
+}
+
+/// Temporary files of one save, removed unless the save completes.
+struct Staging {
+    files: Vec<(PathBuf, PathBuf)>,
+    created_out: bool,
+    out: PathBuf,
+    committed: bool,
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        for (tmp, _) in &self.files {
+            let _ = std::fs::remove_file(tmp);
+        }
+        if self.created_out {
+            // Only removes the folder if it is still empty.
+            let _ = std::fs::remove_dir(&self.out);
+        }
+    }
+}
+
+/// Writes the plan (blocking). `write` assumes `preflight::check` passed.
+pub fn write(
+    ckpt: &Checkpoint,
+    plan: &SavePlan,
+    options: &SaveOptions,
+    cancel: &AtomicBool,
+    reporter: &Reporter<'_>,
+) -> Result<SaveReport, SaveError> {
+    let out = &options.out;
+    let created_out = !out.exists();
+    std::fs::create_dir_all(out).map_err(|e| SaveError::io(out, e))?;
+    let mut staging = Staging {
+        files: Vec::new(),
+        created_out,
+        out: out.clone(),
+        committed: false,
+    };
+    let mut sources = Sources::default();
+    let mut copier = Copier::default();
+    let mut total_written = 0u64;
+    let count = plan.shards.len();
+    for (index, shard) in plan.shards.iter().enumerate() {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(SaveError::Cancelled);
+        }
+        reporter.lifecycle(SaveEvent::ShardStarted {
+            index,
+            count,
+            file_name: shard.file_name.clone(),
+            bytes: shard.file_bytes(),
+        });
+        let final_path = out.join(&shard.file_name);
+        let tmp = out.join(format!("{}{PARTIAL_SUFFIX}", shard.file_name));
+        staging.files.push((tmp.clone(), final_path));
+        write_shard(
+            ckpt,
+            shard,
+            &tmp,
+            index,
+            &mut sources,
+            &mut copier,
+            &mut total_written,
+            cancel,
+            reporter,
+        )?;
+        verify_shard(shard, &tmp)?;
+        reporter.lifecycle(SaveEvent::ShardFinished { index });
+    }
+    verify_plan_covered(ckpt, plan)?;
+
+    let mut copied_files = Vec::new();
+    if !options.weights_only {
+        for src in files_to_copy(ckpt) {
+            let Some(name) = src.file_name() else {
+                continue;
+            };
+            let name_text = name.to_string_lossy().into_owned();
+            let tmp = out.join(format!("{name_text}{PARTIAL_SUFFIX}"));
+            staging.files.push((tmp.clone(), out.join(name)));
+            std::fs::copy(&src, &tmp).map_err(|e| SaveError::io(&src, e))?;
+            copied_files.push(name_text);
+        }
+    }
+    if cancel.load(Ordering::Relaxed) {
+        return Err(SaveError::Cancelled);
+    }
+
+    // Commit: from here on, files appear under their real names.
+    let shard_files: Vec<String> = plan.shards.iter().map(|s| s.file_name.clone()).collect();
+    let removed_stale = remove_stale_weights(out, &shard_files)?;
+    for (tmp, dest) in &staging.files {
+        std::fs::rename(tmp, dest).map_err(|e| SaveError::io(dest, e))?;
+    }
+    if count > 1 {
+        let weight_map: BTreeMap<String, String> = plan
+            .shards
+            .iter()
+            .flat_map(|s| {
+                s.tensors
+                    .iter()
+                    .map(move |t| (t.name.clone(), s.file_name.clone()))
+            })
+            .collect();
+        let text = encode_index(plan.total_parameters, plan.total_size, &weight_map);
+        let tmp = out.join(format!("{INDEX_FILE}{PARTIAL_SUFFIX}"));
+        write_synced(&tmp, text.as_bytes())?;
+        std::fs::rename(&tmp, out.join(INDEX_FILE))
+            .map_err(|e| SaveError::io(out.join(INDEX_FILE), e))?;
+    }
+    if let Ok(dir) = File::open(out) {
+        let _ = dir.sync_all();
+    }
+    staging.committed = true;
+    Ok(SaveReport {
+        out: out.clone(),
+        shard_files,
+        tensors: plan.tensor_count(),
+        bytes: plan.total_size,
+        copied_files,
+        removed_stale,
+        kernel_copy: copier.used_kernel_copy(),
+    })
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), SaveError> {
+    use std::io::Write;
+    let mut f = File::create(path).map_err(|e| SaveError::io(path, e))?;
+    f.write_all(bytes).map_err(|e| SaveError::io(path, e))?;
+    f.sync_all().map_err(|e| SaveError::io(path, e))
+}
+
+/// Weight files of an earlier save in the output folder that this save does not
+/// overwrite (a different shard count, or a stale index), so the loader never mixes
+/// them in.
+fn remove_stale_weights(out: &Path, keep: &[String]) -> Result<Vec<String>, SaveError> {
+    let mut removed = Vec::new();
+    let entries = std::fs::read_dir(out).map_err(|e| SaveError::io(out, e))?;
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(PARTIAL_SUFFIX) || keep.contains(&name) || !entry.path().is_file() {
+            continue;
+        }
+        if is_weight_file_name(&name) {
+            std::fs::remove_file(entry.path()).map_err(|e| SaveError::io(entry.path(), e))?;
+            removed.push(name);
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+/// Open input files, checked against what they were when the model was loaded.
+#[derive(Default)]
+struct Sources {
+    open: HashMap<FileId, File>,
+}
+
+impl Sources {
+    fn get(&mut self, ckpt: &Checkpoint, id: FileId) -> Result<&File, SaveError> {
+        if !self.open.contains_key(&id) {
+            let path = ckpt.file_path(id);
+            let file = File::open(path).map_err(|e| SaveError::io(path, e))?;
+            self.open.insert(id, file);
+        }
+        let file = &self.open[&id];
+        check_unchanged(ckpt, id, file)?;
+        Ok(file)
+    }
+}
+
+fn check_unchanged(ckpt: &Checkpoint, id: FileId, file: &File) -> Result<(), SaveError> {
+    let info = &ckpt.files[id];
+    let meta = file.metadata().map_err(|e| SaveError::io(&info.path, e))?;
+    let modified: Option<SystemTime> = meta.modified().ok();
+    if meta.len() != info.len || (info.modified.is_some() && modified != info.modified) {
+        return Err(SaveError::SourceChanged {
+            path: info.path.clone(),
+            message: format!(
+                "changed while devmap was using it (was {} bytes, now {}); the save stopped and wrote nothing; save again once nothing else writes to the model",
+                info.len,
+                meta.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_shard(
+    ckpt: &Checkpoint,
+    shard: &ShardPlan,
+    tmp: &Path,
+    index: usize,
+    sources: &mut Sources,
+    copier: &mut Copier,
+    total_written: &mut u64,
+    cancel: &AtomicBool,
+    reporter: &Reporter<'_>,
+) -> Result<(), SaveError> {
+    let dst = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(tmp)
+        .map_err(|e| SaveError::io(tmp, e))?;
+    use std::os::unix::fs::FileExt;
+    dst.write_all_at(&shard.header, 0)
+        .map_err(|e| SaveError::io(tmp, e))?;
+    let data_start = shard.header.len() as u64;
+    let mut shard_written = 0u64;
+    for t in &shard.tensors {
+        let src = sources.get(ckpt, t.source.file)?;
+        let src_path = ckpt.file_path(t.source.file);
+        let mut report = |n: u64| {
+            shard_written += n;
+            *total_written += n;
+            reporter.progress(SaveEvent::Progress {
+                index,
+                shard_written,
+                total_written: *total_written,
+            });
+        };
+        copier
+            .copy(src, t.source.offset, &dst, data_start + t.begin, t.source.len, cancel, &mut report)
+            .map_err(|e| match e {
+                CopyError::Cancelled => SaveError::Cancelled,
+                CopyError::ShortSource { copied } => SaveError::SourceChanged {
+                    path: src_path.to_path_buf(),
+                    message: format!(
+                        "ended after {copied} of the {} bytes of tensor `{}`; it was truncated while devmap read it",
+                        t.source.len, t.name
+                    ),
+                },
+                CopyError::Io(io) => SaveError::Io {
+                    path: if io.raw_os_error() == Some(libc::ENOSPC) || io.raw_os_error() == Some(libc::EFBIG) {
+                        tmp.to_path_buf()
+                    } else {
+                        src_path.to_path_buf()
+                    },
+                    source: io,
+                },
+            })?;
+        check_unchanged(ckpt, t.source.file, src)?;
+    }
+    // A trailing empty tensor leaves the file short of its planned length.
+    dst.set_len(shard.file_bytes())
+        .map_err(|e| SaveError::io(tmp, e))?;
+    dst.sync_all().map_err(|e| SaveError::io(tmp, e))?;
+    Ok(())
+}
+
+/// Re-reads the written header with the reference safetensors parser and compares it
+/// with the plan: names, dtypes, shapes, offsets and file length.
+fn verify_shard(shard: &ShardPlan, path: &Path) -> Result<(), SaveError> {
+    let file = File::open(path).map_err(|e| SaveError::io(path, e))?;
+    let len = file.metadata().map_err(|e| SaveError::io(path, e))?.len();
+    if len != shard.file_bytes() {
+        return Err(SaveError::Verify(vec![format!(
+            "{} is {len} bytes, the plan says {}",
+            path.display(),
+            shard.file_bytes()
+        )]));
+    }
+    // SAFETY: the file is ours, complete, synced and not written again; only its
+    // header pages are read.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| SaveError::io(path, e))?;
+    let (_, metadata) = safetensors::SafeTensors::read_metadata(&map).map_err(|e| {
+        SaveError::Verify(vec![format!(
+            "{} does not parse as safetensors: {e}",
+            path.display()
+        )])
+    })?;
+    let written = metadata.tensors();
+    let mut problems = Vec::new();
+    for t in &shard.tensors {
+        match written.get(&t.name) {
+            None => problems.push(format!("`{}` is missing from {}", t.name, shard.file_name)),
+            Some(info) => {
+                let shape: Vec<u64> = info.shape.iter().map(|&d| d as u64).collect();
+                let offsets = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
+                if shape != t.shape
+                    || info.dtype.to_string() != t.dtype.safetensors_name()
+                    || offsets != (t.begin, t.begin + t.source.len)
+                {
+                    problems.push(format!(
+                        "`{}` in {} differs from the plan",
+                        t.name, shard.file_name
+                    ));
+                }
+            }
+        }
+    }
+    if written.len() != shard.tensors.len() {
+        problems.push(format!(
+            "{} holds {} tensors, the plan {}",
+            shard.file_name,
+            written.len(),
+            shard.tensors.len()
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(SaveError::Verify(problems))
+    }
+}
+
+/// Every tensor of the model is written once, or dropped as a tied copy.
+fn verify_plan_covered(ckpt: &Checkpoint, plan: &SavePlan) -> Result<(), SaveError> {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for s in &plan.shards {
+        for t in &s.tensors {
+            *seen.entry(t.name.as_str()).or_default() += 1;
+        }
+    }
+    let dropped: HashMap<&str, &str> = plan
+        .dropped_ties
+        .iter()
+        .map(|(d, k)| (d.as_str(), k.as_str()))
+        .collect();
+    let mut problems = Vec::new();
+    for t in &ckpt.tensors {
+        match (seen.get(t.name.as_str()), dropped.get(t.name.as_str())) {
+            (Some(1), None) => {}
+            (None, Some(kept)) if seen.get(kept) == Some(&1) => {}
+            (Some(n), _) => problems.push(format!("`{}` is written {n} times", t.name)),
+            (None, _) => problems.push(format!("`{}` is not written", t.name)),
+        }
+    }
+    let written_bytes: u64 = plan.shards.iter().map(|s| s.data_bytes).sum();
+    if written_bytes != plan.total_size {
+        problems.push(format!(
+            "{written_bytes} tensor bytes written but {} planned",
+            plan.total_size
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(SaveError::Verify(problems))
+    }
+}

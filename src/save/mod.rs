@@ -1,0 +1,25 @@
+//! The saver: plan shards, check before writing, stream bytes into place, verify,
+//! commit. Reports through [`SaveEvent`]s and knows nothing of terminals.
+
+mod copy;
+mod error;
+mod job;
+pub mod plan;
+pub mod preflight;
+
+pub use error::SaveError;
+pub use job::{Reporter, SaveEvent, SaveJob, SaveReport, write};
+pub use plan::{DEFAULT_MAX_SHARD_SIZE, PlanError, SaveOptions, SavePlan, ShardPlan, plan};
+
+use crate::model::Checkpoint;
+
+/// Plans and pre-flights a save: every refusal that can be known before writing.
+pub fn prepare(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveError> {
+    let plan = plan::plan(ckpt, options)?;
+    let problems = preflight::check(ckpt, &plan, options);
+    if problems.is_empty() {
+        Ok(plan)
+    } else {
+        Err(SaveError::Refused(problems))
+    }
+}

@@ -1,0 +1,250 @@
+//! Step 1 and 2 of a save: resolve every tensor to its bytes, collapse ties, and cut
+//! the list into shards. Pure: nothing is read or written, so the TUI can preview it.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::PathBuf;
+
+use crate::formats::hf_index::{SINGLE_FILE, shard_file_name};
+use crate::formats::safetensors::{HeaderEntry, encode_header};
+use crate::model::checkpoint::{ByteRange, Checkpoint, TensorId};
+use crate::model::dtype::DType;
+
+/// What the user asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SaveOptions {
+    pub out: PathBuf,
+    pub max_shard_size: u64,
+    /// Write every name of a tie group instead of once under the kept name.
+    pub keep_tied: bool,
+    /// Write into a non-empty output folder.
+    pub force: bool,
+    /// Do not copy config, tokenizer and other files beside the weights.
+    pub weights_only: bool,
+}
+
+pub const DEFAULT_MAX_SHARD_SIZE: u64 = 5_000_000_000;
+
+/// One tensor's place in a shard.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedTensor {
+    pub tensor: TensorId,
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub source: ByteRange,
+    /// Offset in the shard's data region.
+    pub begin: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardPlan {
+    pub file_name: String,
+    /// In the order their bytes are written.
+    pub tensors: Vec<PlannedTensor>,
+    pub header: Vec<u8>,
+    pub data_bytes: u64,
+}
+
+impl ShardPlan {
+    pub fn file_bytes(&self) -> u64 {
+        self.header.len() as u64 + self.data_bytes
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SavePlan {
+    pub shards: Vec<ShardPlan>,
+    pub total_size: u64,
+    pub total_parameters: u64,
+    /// `(dropped, kept)`: tied names not written because their group's kept name is.
+    pub dropped_ties: Vec<(String, String)>,
+    pub largest_tensor: Option<(String, u64)>,
+}
+
+impl SavePlan {
+    pub fn tensor_count(&self) -> usize {
+        self.shards.iter().map(|s| s.tensors.len()).sum()
+    }
+
+    /// Bytes the shard files take, headers included.
+    pub fn file_bytes(&self) -> u64 {
+        self.shards.iter().map(ShardPlan::file_bytes).sum()
+    }
+}
+
+/// Why a plan cannot be made. Each problem names a tensor.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("cannot save: {}", problems.join("; "))]
+pub struct PlanError {
+    pub problems: Vec<String>,
+}
+
+/// Splits consecutive items into shards as huggingface_hub does: start a new shard when
+/// the next item would pass `max`; an item larger than `max` gets a shard to itself.
+pub fn split_into_shards(sizes: &[u64], max: u64) -> Vec<Range<usize>> {
+    let mut shards = Vec::new();
+    let mut start = 0;
+    let mut current = 0u64;
+    for (i, &size) in sizes.iter().enumerate() {
+        if size > max {
+            if i > start {
+                shards.push(start..i);
+            }
+            shards.push(i..i + 1);
+            start = i + 1;
+            current = 0;
+            continue;
+        }
+        if i > start && current + size > max {
+            shards.push(start..i);
+            start = i;
+            current = 0;
+        }
+        current += size;
+    }
+    if start < sizes.len() {
+        shards.push(start..sizes.len());
+    }
+    shards
+}
+
+pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, PlanError> {
+    let mut problems = Vec::new();
+    let mut dropped_ties = Vec::new();
+    let mut chosen: Vec<(TensorId, ByteRange)> = Vec::new();
+    for (id, tensor) in ckpt.tensors.iter().enumerate() {
+        if let Some(group) = ckpt.tie_group(id)
+            && !options.keep_tied
+            && group.kept() != id
+        {
+            dropped_ties.push((tensor.name.clone(), ckpt.tensors[group.kept()].name.clone()));
+            continue;
+        }
+        match ckpt.data_range(id) {
+            Some(range) if range.len == tensor.bytes => chosen.push((id, range)),
+            Some(range) => problems.push(format!(
+                "tensor `{}` needs {} bytes but its source {} holds {}",
+                tensor.name,
+                tensor.bytes,
+                ckpt.file_path(range.file).display(),
+                range.len
+            )),
+            None => problems.push(format!(
+                "tensor `{}` (placed on {}) has no data: not in the checkpoint, the offload folder or a tie partner",
+                tensor.name, tensor.placement
+            )),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(PlanError { problems });
+    }
+    let sizes: Vec<u64> = chosen
+        .iter()
+        .map(|(id, _)| ckpt.tensors[*id].bytes)
+        .collect();
+    let ranges = split_into_shards(&sizes, options.max_shard_size);
+    let count = ranges.len();
+    let metadata = BTreeMap::from([("format".to_owned(), "pt".to_owned())]);
+    let shards = ranges
+        .into_iter()
+        .enumerate()
+        .map(|(k, range)| {
+            let file_name = if count == 1 {
+                SINGLE_FILE.to_owned()
+            } else {
+                shard_file_name(k + 1, count)
+            };
+            let mut members: Vec<(TensorId, ByteRange)> = chosen[range].to_vec();
+            // Widest elements first keeps every tensor aligned to its element size,
+            // as the safetensors library lays files out; module order otherwise.
+            members.sort_by_key(|(id, _)| std::cmp::Reverse(ckpt.tensors[*id].dtype.size()));
+            let mut begin = 0;
+            let tensors: Vec<PlannedTensor> = members
+                .into_iter()
+                .map(|(id, source)| {
+                    let t = &ckpt.tensors[id];
+                    let planned = PlannedTensor {
+                        tensor: id,
+                        name: t.name.clone(),
+                        dtype: t.dtype,
+                        shape: t.shape.clone(),
+                        source,
+                        begin,
+                    };
+                    begin += t.bytes;
+                    planned
+                })
+                .collect();
+            let entries: Vec<HeaderEntry<'_>> = tensors
+                .iter()
+                .map(|p| HeaderEntry {
+                    name: &p.name,
+                    dtype: p.dtype,
+                    shape: &p.shape,
+                    begin: p.begin,
+                    end: p.begin + p.source.len,
+                })
+                .collect();
+            let header = encode_header(&entries, &metadata);
+            ShardPlan {
+                file_name,
+                tensors,
+                header,
+                data_bytes: begin,
+            }
+        })
+        .collect();
+    let total_size = sizes.iter().sum();
+    let total_parameters = chosen.iter().map(|(id, _)| ckpt.tensors[*id].numel()).sum();
+    let largest_tensor = chosen
+        .iter()
+        .map(|(id, _)| &ckpt.tensors[*id])
+        .max_by_key(|t| t.bytes)
+        .map(|t| (t.name.clone(), t.bytes));
+    Ok(SavePlan {
+        shards,
+        total_size,
+        total_parameters,
+        dropped_ties,
+        largest_tensor,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn oversized_tensor_gets_its_own_shard() {
+        assert_eq!(split_into_shards(&[3, 3, 10, 3], 6), vec![0..2, 2..3, 3..4]);
+        assert_eq!(split_into_shards(&[3, 4], 6), vec![0..1, 1..2]);
+        assert_eq!(split_into_shards(&[3, 3], 6), vec![0..2]);
+        assert_eq!(split_into_shards(&[], 6), Vec::<Range<usize>>::new());
+        assert_eq!(split_into_shards(&[0, 0, 7], 6), vec![0..2, 2..3]);
+    }
+
+    proptest! {
+        #[test]
+        fn every_item_once_in_order_and_under_the_limit(
+            sizes in proptest::collection::vec(0u64..1000, 0..60),
+            max in 1u64..2000,
+        ) {
+            let shards = split_into_shards(&sizes, max);
+            let flat: Vec<usize> = shards.iter().flat_map(|r| r.clone()).collect();
+            prop_assert_eq!(flat, (0..sizes.len()).collect::<Vec<_>>());
+            for r in &shards {
+                prop_assert!(!r.is_empty());
+                let total: u64 = sizes[r.clone()].iter().sum();
+                prop_assert!(total <= max || r.len() == 1, "shard {:?} holds {} > {}", r, total, max);
+            }
+            // Greedy: a shard could not have taken the next item without passing the limit.
+            for pair in shards.windows(2) {
+                let total: u64 = sizes[pair[0].clone()].iter().sum();
+                let next = sizes[pair[1].start];
+                prop_assert!(total + next > max || next > max || total > max);
+            }
+        }
+    }
+}
