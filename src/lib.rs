@@ -4,9 +4,11 @@
 //! Layers, top to bottom: `save` (and later `tui`) use `model`, which reads through
 //! `formats`. Nothing here needs a terminal.
 
+pub mod fixtures;
 pub mod formats;
 pub mod inspect;
 pub mod model;
+pub mod monitor;
 pub mod save;
 mod sys;
 

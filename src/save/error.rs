@@ -8,7 +8,7 @@ pub enum SaveError {
     #[error(transparent)]
     Plan(#[from] PlanError),
     /// Found before any byte was written.
-    #[error("refusing to save: {}", .0.join("; "))]
+    #[error("refusing to save; nothing was written:{}", bullets(.0))]
     Refused(Vec<String>),
     #[error("{}: {source}", path.display())]
     Io {
@@ -18,7 +18,7 @@ pub enum SaveError {
     },
     #[error("{}: {message}", path.display())]
     SourceChanged { path: PathBuf, message: String },
-    #[error("the written checkpoint does not match the plan: {}", .0.join("; "))]
+    #[error("the written checkpoint does not match the plan, so it was discarded:{}", bullets(.0))]
     Verify(Vec<String>),
     #[error("cancelled; no shard was left in the output folder")]
     Cancelled,
@@ -31,4 +31,9 @@ impl SaveError {
             source,
         }
     }
+}
+
+/// Problems one per line, for messages that list several.
+pub fn bullets(items: &[String]) -> String {
+    items.iter().map(|i| format!("\n  - {i}")).collect()
 }

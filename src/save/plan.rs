@@ -75,7 +75,7 @@ impl SavePlan {
 
 /// Why a plan cannot be made. Each problem names a tensor.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("cannot save: {}", problems.join("; "))]
+#[error("cannot save; nothing was written:{}", super::error::bullets(problems))]
 pub struct PlanError {
     pub problems: Vec<String>,
 }

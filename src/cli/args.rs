@@ -1,0 +1,96 @@
+//! Command-line arguments. Every user-facing flag and its help text lives here.
+
+use std::path::PathBuf;
+
+use clap::{Args as ClapArgs, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "devmap",
+    args_conflicts_with_subcommands = true,
+    version,
+    about = "See where every weight of a Hugging Face model lives (GPU, CPU, disk, meta), and re-save offloaded models as clean sharded safetensors.",
+    long_about = "devmap reads a Hugging Face model directory — safetensors weights, config.json, an accelerate \
+device_map.json and an offload folder — and shows where every parameter is placed and where its bytes come from.\n\n\
+With no subcommand it prints the inspect report for DIR (or for the bundled demo model when DIR is omitted).",
+    after_help = "Examples:\n  devmap inspect ./llama --offload-folder ./offload\n  devmap inspect ./llama --json > placement.json\n  devmap save ./llama --out ./llama-merged --max-shard-size 2GB"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Model directory to open (default: the bundled demo model).
+    pub dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the module tree, placements, device totals, ties and warnings.
+    Inspect(InspectArgs),
+    /// Write the model's current weights as a sharded safetensors checkpoint.
+    Save(SaveArgs),
+}
+
+/// How to read the model directory; shared by every subcommand.
+#[derive(Debug, Clone, ClapArgs)]
+pub struct ModelArgs {
+    /// Device map JSON (module prefix -> GPU index, "cpu", "disk", ...). Default: DIR/device_map.json.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub device_map: Option<PathBuf>,
+    /// accelerate/transformers offload folder. Default: DIR/offload when it exists.
+    #[arg(long, value_name = "DIR", global = true)]
+    pub offload_folder: Option<PathBuf>,
+    /// Tie two tensors: TIED=KEPT (KEPT is the name written on save). Repeatable.
+    #[arg(long = "tie", value_name = "TIED=KEPT", global = true, value_parser = parse_tie)]
+    pub ties: Vec<(String, String)>,
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct InspectArgs {
+    /// Model directory.
+    pub dir: PathBuf,
+    /// Print the stable JSON report instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Module levels always opened in the text tree (mixed modules open further).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub depth: usize,
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct SaveArgs {
+    /// Model directory.
+    pub dir: PathBuf,
+    /// Output folder (created if missing; must be empty unless --force).
+    #[arg(long, short, value_name = "OUT")]
+    pub out: PathBuf,
+    /// Largest shard: 5GB = 5·10^9 bytes, 5GiB = 5·2^30, 500MB, 800KB, or bytes.
+    #[arg(long, default_value = "5GB", value_name = "SIZE", value_parser = parse_shard_size)]
+    pub max_shard_size: u64,
+    /// Write every name of each tie group instead of once under the embedding's name.
+    #[arg(long)]
+    pub keep_tied: bool,
+    /// Write into a non-empty output folder, replacing earlier weight files there.
+    #[arg(long)]
+    pub force: bool,
+    /// Only write weights; do not copy config.json, tokenizer and other files.
+    #[arg(long)]
+    pub weights_only: bool,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+fn parse_tie(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a.to_owned(), b.to_owned())),
+        _ => Err(format!(
+            "`{text}` is not TIED=KEPT, e.g. lm_head.weight=model.embed_tokens.weight"
+        )),
+    }
+}
+
+fn parse_shard_size(text: &str) -> Result<u64, String> {
+    devmap::formats::size::parse_size(text)
+}

@@ -1,0 +1,123 @@
+//! What each subcommand does with the library.
+
+mod args;
+mod progress;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use args::Args;
+use args::{Command, ModelArgs, SaveArgs};
+use color_eyre::eyre::{Result, WrapErr, eyre};
+use devmap::model::{Checkpoint, LoadOptions, load};
+use devmap::save::{SaveEvent, SaveJob, SaveOptions, prepare};
+use devmap::{human_bytes, inspect};
+
+/// The demo model shipped in the repository.
+pub fn demo_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("assets")
+        .join("demo")
+}
+
+pub fn run(args: Args) -> Result<()> {
+    match args.command {
+        Some(Command::Inspect(a)) => {
+            let ckpt = open(&a.dir, &args.model)?;
+            if a.json {
+                print!("{}", inspect::to_json_string(&ckpt));
+            } else {
+                print!(
+                    "{}",
+                    inspect::to_text(&ckpt, inspect::TextOptions { depth: a.depth })
+                );
+            }
+            Ok(())
+        }
+        Some(Command::Save(a)) => save(&a, &args.model),
+        None => {
+            let dir = args.dir.unwrap_or_else(demo_dir);
+            let ckpt = open(&dir, &args.model)?;
+            print!(
+                "{}",
+                inspect::to_text(&ckpt, inspect::TextOptions::default())
+            );
+            Ok(())
+        }
+    }
+}
+
+fn open(dir: &std::path::Path, model: &ModelArgs) -> Result<Checkpoint> {
+    let options = LoadOptions {
+        device_map: model.device_map.clone(),
+        offload_folder: model.offload_folder.clone(),
+        ties: model.ties.clone(),
+    };
+    load(dir, &options).wrap_err_with(|| format!("cannot open the model in {}", dir.display()))
+}
+
+fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
+    let ckpt = open(&a.dir, model)?;
+    let options = SaveOptions {
+        out: a.out.clone(),
+        max_shard_size: a.max_shard_size,
+        keep_tied: a.keep_tied,
+        force: a.force,
+        weights_only: a.weights_only,
+    };
+    let plan = prepare(&ckpt, &options)?;
+    if !a.quiet {
+        for w in &ckpt.warnings {
+            eprintln!("warning: {w}");
+        }
+        eprintln!(
+            "saving {} tensors ({}) into {} shard(s) in {}",
+            plan.tensor_count(),
+            human_bytes(plan.total_size),
+            plan.shards.len(),
+            a.out.display()
+        );
+        for (dropped, kept) in &plan.dropped_ties {
+            eprintln!(
+                "  `{dropped}` is tied to `{kept}`: written once as `{kept}` (--keep-tied writes both)"
+            );
+        }
+    }
+    let total = plan.total_size;
+    let job =
+        SaveJob::spawn(Arc::new(ckpt), plan, options).wrap_err("cannot start the save thread")?;
+    let mut bar = progress::Progress::new(total);
+    for event in job.events.iter() {
+        if !a.quiet {
+            bar.handle(&event);
+        }
+        if matches!(
+            event,
+            SaveEvent::Finished(_) | SaveEvent::Failed(_) | SaveEvent::Cancelled
+        ) {
+            break;
+        }
+    }
+    let report = job.join().map_err(|e| eyre!(e))?;
+    if !a.quiet {
+        eprintln!(
+            "done: {} tensors, {} in {} ({}){}",
+            report.tensors,
+            human_bytes(report.bytes),
+            report.out.display(),
+            report.shard_files.join(", "),
+            if report.copied_files.is_empty() {
+                String::new()
+            } else {
+                format!("; copied {}", report.copied_files.join(", "))
+            }
+        );
+        if !report.removed_stale.is_empty() {
+            eprintln!(
+                "removed earlier weight files: {}",
+                report.removed_stale.join(", ")
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! The `--json` schema (documented in the README; keep it stable).
+
+use serde::Serialize;
+use serde::ser::SerializeMap;
+
+use crate::model::checkpoint::{Checkpoint, Source};
+use crate::model::placement::Placement;
+
+#[derive(Serialize)]
+struct Report<'a> {
+    model: String,
+    tensors: Vec<TensorOut<'a>>,
+    ties: Vec<Vec<&'a str>>,
+    devices: Devices,
+    total_bytes: u64,
+    warnings: &'a [String],
+}
+
+#[derive(Serialize)]
+struct TensorOut<'a> {
+    name: &'a str,
+    dtype: &'static str,
+    shape: &'a [u64],
+    bytes: u64,
+    placement: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    map_key: Option<&'a str>,
+    source: SourceOut<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum SourceOut<'a> {
+    Safetensors { file: String, offset: u64 },
+    Offload { file: String, offset: u64 },
+    Tied { to: &'a str },
+    None,
+}
+
+/// Devices in display order (GPUs by index, then cpu, disk, meta, unmapped).
+struct Devices(Vec<(Placement, u64)>);
+
+impl Serialize for Devices {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (p, bytes) in &self.0 {
+            map.serialize_entry(&p.to_string(), bytes)?;
+        }
+        map.end()
+    }
+}
+
+pub fn to_json(ckpt: &Checkpoint) -> serde_json::Value {
+    serde_json::to_value(report(ckpt)).unwrap_or(serde_json::Value::Null)
+}
+
+/// Pretty JSON with the keys in schema order.
+pub fn to_json_string(ckpt: &Checkpoint) -> String {
+    let mut text = serde_json::to_string_pretty(&report(ckpt)).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+fn report(ckpt: &Checkpoint) -> Report<'_> {
+    let file = |id: usize| ckpt.file_path(id).display().to_string();
+    let tensors = ckpt
+        .tensors
+        .iter()
+        .map(|t| TensorOut {
+            name: &t.name,
+            dtype: t.dtype.safetensors_name(),
+            shape: &t.shape,
+            bytes: t.bytes,
+            placement: t.placement.to_string(),
+            map_key: t.map_key.as_deref(),
+            source: match t.source {
+                Source::Checkpoint(r) => SourceOut::Safetensors {
+                    file: file(r.file),
+                    offset: r.offset,
+                },
+                Source::Offload(r) => SourceOut::Offload {
+                    file: file(r.file),
+                    offset: r.offset,
+                },
+                Source::Tied(to) => SourceOut::Tied {
+                    to: &ckpt.tensors[to].name,
+                },
+                Source::None => SourceOut::None,
+            },
+        })
+        .collect();
+    Report {
+        model: ckpt.dir.display().to_string(),
+        tensors,
+        ties: ckpt
+            .ties
+            .iter()
+            .map(|g| {
+                g.members
+                    .iter()
+                    .map(|&m| ckpt.tensors[m].name.as_str())
+                    .collect()
+            })
+            .collect(),
+        devices: Devices(ckpt.device_totals()),
+        total_bytes: ckpt.total_bytes(),
+        warnings: &ckpt.warnings,
+    }
+}

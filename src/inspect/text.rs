@@ -1,0 +1,234 @@
+//! The human `inspect` report: a compact module tree, device totals, ties, warnings.
+//!
+//! Compact means: modules are opened to `depth` levels, deeper only where devices are
+//! mixed (that is where a map needs explaining), and runs of numbered siblings that
+//! are alike (same size, same device) print as one line (`layers.0–15 ×16`).
+
+use std::fmt::Write;
+
+use super::human_count;
+use crate::human_bytes;
+use crate::model::checkpoint::Checkpoint;
+use crate::model::tree::{ModuleTree, Node, NodeId};
+
+#[derive(Debug, Clone, Copy)]
+pub struct TextOptions {
+    /// Levels always opened.
+    pub depth: usize,
+}
+
+impl Default for TextOptions {
+    fn default() -> Self {
+        TextOptions { depth: 2 }
+    }
+}
+
+struct Row {
+    label: String,
+    size: String,
+    params: String,
+    placement: String,
+    note: String,
+}
+
+pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
+    let tree = ModuleTree::build(ckpt);
+    let mut out = String::new();
+    let root = &tree.nodes[ModuleTree::ROOT];
+    let _ = writeln!(out, "{}", ckpt.dir.display());
+    let _ = writeln!(
+        out,
+        "  {} tensors · {} · {} parameters",
+        root.tensors,
+        human_bytes(root.bytes),
+        human_count(root.params)
+    );
+    let _ = writeln!(
+        out,
+        "  device map: {}",
+        ckpt.device_map_path
+            .as_ref()
+            .map_or("none (everything on cpu)".to_owned(), |p| p
+                .display()
+                .to_string())
+    );
+    if let Some(dir) = &ckpt.offload_dir {
+        let _ = writeln!(out, "  offload folder: {}", dir.display());
+    }
+    out.push('\n');
+
+    let mut rows = vec![Row {
+        label: "MODULE".into(),
+        size: "SIZE".into(),
+        params: "PARAMS".into(),
+        placement: "PLACEMENT".into(),
+        note: String::new(),
+    }];
+    for &child in &root.children {
+        collect_rows(ckpt, &tree, child, 0, options, &mut rows);
+    }
+    let width =
+        |f: fn(&Row) -> &String| rows.iter().map(|r| f(r).chars().count()).max().unwrap_or(0);
+    let (wl, ws, wp, wd) = (
+        width(|r| &r.label),
+        width(|r| &r.size),
+        width(|r| &r.params),
+        width(|r| &r.placement),
+    );
+    for r in &rows {
+        let line = format!(
+            "{:<wl$}  {:>ws$}  {:>wp$}  {:<wd$}  {}",
+            r.label, r.size, r.params, r.placement, r.note
+        );
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+
+    out.push_str("\nDEVICES\n");
+    let total = ckpt.total_bytes().max(1);
+    for (placement, bytes) in ckpt.device_totals() {
+        let _ = writeln!(
+            out,
+            "  {:<9} {:>11}  {:>5.1}%",
+            placement.to_string(),
+            human_bytes(bytes),
+            bytes as f64 * 100.0 / total as f64
+        );
+    }
+    if !ckpt.ties.is_empty() {
+        out.push_str("\nTIES (saved once, under the first name)\n");
+        for g in &ckpt.ties {
+            let names: Vec<String> = g
+                .members
+                .iter()
+                .map(|&m| format!("{} [{}]", ckpt.tensors[m].name, ckpt.tensors[m].placement))
+                .collect();
+            let _ = writeln!(out, "  {}", names.join(" = "));
+        }
+    }
+    if !ckpt.warnings.is_empty() {
+        out.push_str("\nWARNINGS\n");
+        for w in &ckpt.warnings {
+            let _ = writeln!(out, "  ! {w}");
+        }
+    }
+    out
+}
+
+fn placement_label(node: &Node) -> String {
+    match node.split.as_slice() {
+        [(p, _)] => p.to_string(),
+        split => {
+            let total = node.bytes.max(1) as f64;
+            let parts: Vec<String> = split
+                .iter()
+                .map(|(p, b)| format!("{p} {:.0}%", *b as f64 * 100.0 / total))
+                .collect();
+            format!("mixed ({})", parts.join(", "))
+        }
+    }
+}
+
+fn is_mixed(node: &Node) -> bool {
+    node.split.len() > 1
+}
+
+fn collect_rows(
+    ckpt: &Checkpoint,
+    tree: &ModuleTree,
+    id: NodeId,
+    level: usize,
+    options: TextOptions,
+    rows: &mut Vec<Row>,
+) {
+    // A module holding a single child and nothing else prints as one dotted line
+    // (`lm_head.weight`, `rotary_emb.inv_freq`).
+    let mut id = id;
+    let mut name = tree.nodes[id].name.clone();
+    while tree.nodes[id].tensor.is_none() && tree.nodes[id].children.len() == 1 {
+        id = tree.nodes[id].children[0];
+        name = format!("{name}.{}", tree.nodes[id].name);
+    }
+    let node = &tree.nodes[id];
+    let indent = "  ".repeat(level);
+    let label = format!("{indent}{name}");
+    rows.push(node_row(ckpt, node, label));
+    let open = level + 1 < options.depth || is_mixed(node);
+    if !open {
+        return;
+    }
+    let children = &node.children;
+    let mut i = 0;
+    while i < children.len() {
+        let first = &tree.nodes[children[i]];
+        let run = run_length(tree, children, i, options, level + 1);
+        if run > 1 {
+            let last = &tree.nodes[children[i + run - 1]];
+            let mut row = node_row(
+                ckpt,
+                first,
+                format!("{indent}  {}–{} ×{run}", first.name, last.name),
+            );
+            row.size = format!("{} each", human_bytes(first.bytes));
+            rows.push(row);
+            i += run;
+        } else {
+            collect_rows(ckpt, tree, children[i], level + 1, options, rows);
+            i += 1;
+        }
+    }
+}
+
+/// How many numbered siblings from `start` look alike and stay closed.
+fn run_length(
+    tree: &ModuleTree,
+    children: &[NodeId],
+    start: usize,
+    options: TextOptions,
+    level: usize,
+) -> usize {
+    let first = &tree.nodes[children[start]];
+    let numbered = |n: &Node| n.name.bytes().all(|b| b.is_ascii_digit()) && !n.name.is_empty();
+    let closed = |n: &Node| !(level + 1 < options.depth || is_mixed(n));
+    if !numbered(first) || !closed(first) || first.tensor.is_some() {
+        return 1;
+    }
+    children[start..]
+        .iter()
+        .take_while(|&&c| {
+            let n = &tree.nodes[c];
+            numbered(n)
+                && closed(n)
+                && n.tensor.is_none()
+                && n.bytes == first.bytes
+                && n.split.first().map(|s| s.0) == first.split.first().map(|s| s.0)
+                && !n.has_tie
+        })
+        .count()
+        .max(1)
+}
+
+fn node_row(ckpt: &Checkpoint, node: &Node, label: String) -> Row {
+    let mut note = String::new();
+    if let Some(t) = node.tensor {
+        let tensor = &ckpt.tensors[t];
+        note = format!("{} {:?}", tensor.dtype, tensor.shape);
+        if let Some(group) = ckpt.tie_group(t) {
+            let partners: Vec<&str> = group
+                .members
+                .iter()
+                .filter(|&&m| m != t)
+                .map(|&m| ckpt.tensors[m].name.as_str())
+                .collect();
+            let _ = write!(note, "  ⇄ tied to {}", partners.join(", "));
+        }
+    } else if node.has_tie {
+        note = "⇄ holds tied weights".into();
+    }
+    Row {
+        label,
+        size: human_bytes(node.bytes),
+        params: human_count(node.params),
+        placement: placement_label(node),
+        note,
+    }
+}
