@@ -1,0 +1,207 @@
+//! Shared helpers for the integration tests: generated model directories, reading a
+//! saved checkpoint back with the `safetensors` crate, running the binary.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use devmap::fixtures::{FixtureTensor, write_json, write_offload_dat, write_sharded};
+use devmap::model::DType;
+
+/// A tensor as read back from a saved checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+impl Stored {
+    pub fn of(t: &FixtureTensor) -> Stored {
+        Stored {
+            dtype: t.dtype.safetensors_name().to_owned(),
+            shape: t.shape.iter().map(|&d| d as usize).collect(),
+            data: t.data.clone(),
+        }
+    }
+}
+
+/// A generated model directory and the value every tensor should have after a save.
+pub struct Model {
+    pub tmp: tempfile::TempDir,
+    pub dir: PathBuf,
+    pub expected: BTreeMap<String, Stored>,
+}
+
+impl Model {
+    pub fn out(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(name)
+    }
+}
+
+/// The mixed fixture of the core issue: three shards with names dealt out of order,
+/// BF16/F16/F32/I64/BOOL/U8, a 0-dim and an empty tensor, an accelerate `.dat` offload
+/// folder whose values differ from the checkpoint's, and a tied `lm_head` absent from
+/// the weights but named by the device map.
+pub fn mixed_model() -> Model {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("model");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let mut tensors = vec![FixtureTensor::patterned("model.embed_tokens.weight", DType::BF16, &[64, 16], 1)];
+    let mut seed = 10;
+    for l in 0..12 {
+        let mut add = |suffix: &str, dtype: DType, shape: &[u64]| {
+            tensors.push(FixtureTensor::patterned(&format!("model.layers.{l}.{suffix}"), dtype, shape, seed));
+            seed += 1;
+        };
+        add("proj.weight", DType::F16, &[16, 16]);
+        add("norm.weight", DType::F32, &[16]);
+        add("mask", DType::Bool, &[7]);
+        add("position_ids", DType::I64, &[3]);
+        add("codes", DType::U8, &[5]);
+    }
+    tensors.push(FixtureTensor::patterned("model.scale", DType::F32, &[], 500));
+    tensors.push(FixtureTensor::patterned("model.empty", DType::F32, &[0, 4], 501));
+    tensors.push(FixtureTensor::patterned("model.norm.weight", DType::F32, &[16], 502));
+    write_sharded(&dir, &tensors, 3).expect("shards");
+    write_json(
+        &dir.join("config.json"),
+        &serde_json::json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}),
+    )
+    .expect("config");
+    std::fs::write(dir.join("tokenizer.json"), b"{\"version\": \"1.0\"}").expect("tokenizer");
+    let mut map = serde_json::Map::new();
+    map.insert("model.embed_tokens".into(), 0.into());
+    for l in 0..12 {
+        let device: serde_json::Value = match l {
+            0..=3 => 0.into(),
+            4..=7 => "cpu".into(),
+            _ => "disk".into(),
+        };
+        map.insert(format!("model.layers.{l}"), device);
+    }
+    map.insert("model.scale".into(), "disk".into());
+    map.insert("model.empty".into(), "cpu".into());
+    map.insert("model.norm".into(), "disk".into());
+    map.insert("lm_head".into(), 0.into());
+    write_json(&dir.join("device_map.json"), &serde_json::Value::Object(map)).expect("map");
+
+    let offloaded: Vec<FixtureTensor> = tensors
+        .iter()
+        .filter(|t| {
+            ["model.layers.8.", "model.layers.9.", "model.layers.10.", "model.layers.11."]
+                .iter()
+                .any(|p| t.name.starts_with(p))
+                || t.name == "model.scale"
+                || t.name == "model.norm.weight"
+        })
+        .map(|t| FixtureTensor::patterned(&t.name, t.dtype, &t.shape, 9000 + t.data.len() as u64 + t.name.len() as u64))
+        .collect();
+    write_offload_dat(&dir.join("offload"), &offloaded).expect("offload");
+
+    let mut expected: BTreeMap<String, Stored> = tensors.iter().map(|t| (t.name.clone(), Stored::of(t))).collect();
+    for t in &offloaded {
+        assert_ne!(expected[&t.name].data, t.data, "fixture: offload values must differ");
+        expected.insert(t.name.clone(), Stored::of(t));
+    }
+    Model { tmp, dir, expected }
+}
+
+/// Reads every tensor of a saved checkpoint with the `safetensors` crate, through its
+/// index when there is one. Also checks the index's `weight_map` against the shards.
+pub fn read_saved(out: &Path) -> BTreeMap<String, Stored> {
+    let index = out.join("model.safetensors.index.json");
+    let files: Vec<PathBuf> = if index.exists() {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index).expect("index")).expect("json");
+        let map = v["weight_map"].as_object().expect("weight_map");
+        let mut files: Vec<String> = map.values().map(|f| f.as_str().expect("file").to_owned()).collect();
+        files.sort();
+        files.dedup();
+        files.into_iter().map(|f| out.join(f)).collect()
+    } else {
+        vec![out.join("model.safetensors")]
+    };
+    let mut all = BTreeMap::new();
+    for f in files {
+        let bytes = std::fs::read(&f).expect("shard");
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("meta");
+        assert_eq!(
+            meta.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str),
+            Some("pt"),
+            "{} lacks format=pt",
+            f.display()
+        );
+        for (name, view) in st.tensors() {
+            let prev = all.insert(
+                name.clone(),
+                Stored {
+                    dtype: view.dtype().to_string(),
+                    shape: view.shape().to_vec(),
+                    data: view.data().to_vec(),
+                },
+            );
+            assert!(prev.is_none(), "{name} written twice");
+        }
+    }
+    all
+}
+
+pub fn devmap(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_devmap"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("run devmap")
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Every file under `dir` with its length and modification time, to prove a run did
+/// not touch its inputs.
+pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u64, std::time::SystemTime, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let m = std::fs::metadata(&p).expect("meta");
+                out.insert(p.clone(), (m.len(), m.modified().expect("mtime"), std::fs::read(&p).expect("read")));
+            }
+        }
+    }
+    out
+}
+
+/// The Python interpreter with the `safetensors` library: `DEVMAP_PYTHON`, the repo's
+/// `.venv`, or `python3`.
+pub fn python_with(module: &str) -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = std::env::var_os("DEVMAP_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"),
+            PathBuf::from("python3"),
+        ])
+        .collect();
+    for py in candidates {
+        let ok = Command::new(&py)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Ok(py);
+        }
+    }
+    Err(format!("no Python with `{module}` (set DEVMAP_PYTHON or run .ci/run to make .venv)"))
+}
