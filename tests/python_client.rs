@@ -1,0 +1,48 @@
+//! The saved checkpoint read by Python's `safetensors` library, a real client.
+//! In CI (`CI` set) a missing library is a failure; elsewhere the test says why it
+//! skipped.
+
+mod common;
+
+use std::process::Command;
+
+use common::{devmap, mixed_model, python_with, stderr};
+
+#[test]
+fn python_safetensors_reads_every_tensor_back() {
+    let python = match python_with("safetensors") {
+        Ok(p) => p,
+        Err(why) if std::env::var_os("CI").is_none() => {
+            eprintln!("SKIPPED python_safetensors_reads_every_tensor_back: {why}");
+            return;
+        }
+        Err(why) => panic!("{why}"),
+    };
+    let m = mixed_model();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/read_checkpoint.py");
+    for size in ["700", "5GB"] {
+        let out = m.out(&format!("py-{size}"));
+        let o = devmap(&["save", m.dir.to_str().expect("p"), "-o", out.to_str().expect("p"), "--max-shard-size", size, "-q"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let py = Command::new(&python).arg(script).arg(&out).output().expect("python");
+        assert!(py.status.success(), "python failed: {}", String::from_utf8_lossy(&py.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&py.stdout).expect("json");
+        let tensors = v["tensors"].as_object().expect("tensors");
+        assert_eq!(tensors.len(), m.expected.len(), "size {size}");
+        for (name, want) in &m.expected {
+            let got = &tensors[name];
+            assert_eq!(got["dtype"], want.dtype.as_str(), "{name}");
+            let shape: Vec<usize> = got["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("d") as usize).collect();
+            assert_eq!(shape, want.shape, "{name}");
+            let hex: String = want.data.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(got["hex"], hex.as_str(), "{name} bytes (size {size})");
+        }
+        if size == "700" {
+            let index = &v["index"];
+            assert!(index["metadata"]["total_size"].is_u64(), "{index}");
+            assert!(index["metadata"]["total_parameters"].is_u64(), "{index}");
+        } else {
+            assert!(v["index"].is_null());
+        }
+    }
+}
