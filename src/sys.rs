@@ -55,6 +55,8 @@ pub fn free_space(path: &Path) -> io::Result<u64> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
+    // The field types are u32 on some 32-bit targets, u64 here.
+    #[allow(clippy::useless_conversion)]
     Ok(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
 }
 

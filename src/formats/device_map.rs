@@ -96,17 +96,17 @@ mod tests {
     fn bad_values_name_the_key() {
         assert!(
             parse(r#"{"model.layers.3": -1}"#)
-                .unwrap_err()
+                .expect_err("must be refused")
                 .contains("key `model.layers.3`")
         );
         assert!(
             parse(r#"{"lm_head": "tpu"}"#)
-                .unwrap_err()
+                .expect_err("must be refused")
                 .contains("key `lm_head`")
         );
-        assert!(parse(r#"{"a": 1.5}"#).unwrap_err().contains("key `a`"));
-        assert!(parse(r#"["cpu"]"#).unwrap_err().contains("JSON object"));
-        assert!(parse(r#"{"a": 0, "a": 1}"#).unwrap_err().contains("twice"));
+        assert!(parse(r#"{"a": 1.5}"#).expect_err("must be refused").contains("key `a`"));
+        assert!(parse(r#"["cpu"]"#).expect_err("must be refused").contains("JSON object"));
+        assert!(parse(r#"{"a": 0, "a": 1}"#).expect_err("must be refused").contains("twice"));
     }
 
     #[test]

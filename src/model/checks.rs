@@ -74,9 +74,7 @@ pub fn ties_across_devices(ckpt: &Checkpoint) -> Vec<String> {
 }
 
 pub fn offload_not_on_disk(ckpt: &Checkpoint, offloaded: &HashSet<String>) -> Option<String> {
-    if ckpt.device_map.is_none() {
-        return None;
-    }
+    ckpt.device_map.as_ref()?;
     let names: Vec<String> = ckpt
         .tensors
         .iter()

@@ -29,13 +29,12 @@ pub struct Copier {
 }
 
 impl Copier {
-    /// Copies `len` bytes and calls `progress(n)` after each chunk of `n` bytes.
+    /// Copies `len` bytes from `(src, src_offset)` to `(dst, dst_offset)` and calls
+    /// `progress(n)` after each chunk of `n` bytes.
     pub fn copy(
         &mut self,
-        src: &File,
-        src_offset: u64,
-        dst: &File,
-        dst_offset: u64,
+        (src, src_offset): (&File, u64),
+        (dst, dst_offset): (&File, u64),
         len: u64,
         cancel: &AtomicBool,
         progress: &mut dyn FnMut(u64),

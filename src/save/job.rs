@@ -175,9 +175,14 @@ pub fn write(
         out: out.clone(),
         committed: false,
     };
-    let mut sources = Sources::default();
-    let mut copier = Copier::default();
-    let mut total_written = 0u64;
+    let mut writer = ShardWriter {
+        ckpt,
+        sources: Sources::default(),
+        copier: Copier::default(),
+        total_written: 0,
+        cancel,
+        reporter,
+    };
     let count = plan.shards.len();
     for (index, shard) in plan.shards.iter().enumerate() {
         if cancel.load(Ordering::Relaxed) {
@@ -192,17 +197,7 @@ pub fn write(
         let final_path = out.join(&shard.file_name);
         let tmp = out.join(format!("{}{PARTIAL_SUFFIX}", shard.file_name));
         staging.files.push((tmp.clone(), final_path));
-        write_shard(
-            ckpt,
-            shard,
-            &tmp,
-            index,
-            &mut sources,
-            &mut copier,
-            &mut total_written,
-            cancel,
-            reporter,
-        )?;
+        writer.write_shard(shard, &tmp, index)?;
         verify_shard(shard, &tmp)?;
         reporter.lifecycle(SaveEvent::ShardFinished { index });
     }
@@ -258,7 +253,7 @@ pub fn write(
         bytes: plan.total_size,
         copied_files,
         removed_stale,
-        kernel_copy: copier.used_kernel_copy(),
+        kernel_copy: writer.copier.used_kernel_copy(),
     })
 }
 
@@ -297,12 +292,13 @@ struct Sources {
 
 impl Sources {
     fn get(&mut self, ckpt: &Checkpoint, id: FileId) -> Result<&File, SaveError> {
-        if !self.open.contains_key(&id) {
-            let path = ckpt.file_path(id);
-            let file = File::open(path).map_err(|e| SaveError::io(path, e))?;
-            self.open.insert(id, file);
-        }
-        let file = &self.open[&id];
+        let file = match self.open.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let path = ckpt.file_path(id);
+                e.insert(File::open(path).map_err(|err| SaveError::io(path, err))?)
+            }
+        };
         check_unchanged(ckpt, id, file)?;
         Ok(file)
     }
@@ -325,69 +321,76 @@ fn check_unchanged(ckpt: &Checkpoint, id: FileId, file: &File) -> Result<(), Sav
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn write_shard(
-    ckpt: &Checkpoint,
-    shard: &ShardPlan,
-    tmp: &Path,
-    index: usize,
-    sources: &mut Sources,
-    copier: &mut Copier,
-    total_written: &mut u64,
-    cancel: &AtomicBool,
-    reporter: &Reporter<'_>,
-) -> Result<(), SaveError> {
-    let dst = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(tmp)
-        .map_err(|e| SaveError::io(tmp, e))?;
-    use std::os::unix::fs::FileExt;
-    dst.write_all_at(&shard.header, 0)
-        .map_err(|e| SaveError::io(tmp, e))?;
-    let data_start = shard.header.len() as u64;
-    let mut shard_written = 0u64;
-    for t in &shard.tensors {
-        let src = sources.get(ckpt, t.source.file)?;
-        let src_path = ckpt.file_path(t.source.file);
-        let mut report = |n: u64| {
-            shard_written += n;
-            *total_written += n;
-            reporter.progress(SaveEvent::Progress {
-                index,
-                shard_written,
-                total_written: *total_written,
-            });
-        };
-        copier
-            .copy(src, t.source.offset, &dst, data_start + t.begin, t.source.len, cancel, &mut report)
-            .map_err(|e| match e {
-                CopyError::Cancelled => SaveError::Cancelled,
-                CopyError::ShortSource { copied } => SaveError::SourceChanged {
-                    path: src_path.to_path_buf(),
-                    message: format!(
-                        "ended after {copied} of the {} bytes of tensor `{}`; it was truncated while devmap read it",
-                        t.source.len, t.name
-                    ),
-                },
-                CopyError::Io(io) => SaveError::Io {
-                    path: if io.raw_os_error() == Some(libc::ENOSPC) || io.raw_os_error() == Some(libc::EFBIG) {
-                        tmp.to_path_buf()
-                    } else {
-                        src_path.to_path_buf()
+/// Streams tensors into shard files, reusing open inputs and the copy buffer.
+struct ShardWriter<'a> {
+    ckpt: &'a Checkpoint,
+    sources: Sources,
+    copier: Copier,
+    total_written: u64,
+    cancel: &'a AtomicBool,
+    reporter: &'a Reporter<'a>,
+}
+
+impl ShardWriter<'_> {
+    fn write_shard(&mut self, shard: &ShardPlan, tmp: &Path, index: usize) -> Result<(), SaveError> {
+        use std::os::unix::fs::FileExt;
+        let dst = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(tmp)
+            .map_err(|e| SaveError::io(tmp, e))?;
+        dst.write_all_at(&shard.header, 0)
+            .map_err(|e| SaveError::io(tmp, e))?;
+        let data_start = shard.header.len() as u64;
+        let mut shard_written = 0u64;
+        for t in &shard.tensors {
+            let src = self.sources.get(self.ckpt, t.source.file)?;
+            let src_path = self.ckpt.file_path(t.source.file);
+            let (reporter, total_written) = (self.reporter, &mut self.total_written);
+            let mut report = |n: u64| {
+                shard_written += n;
+                *total_written += n;
+                reporter.progress(SaveEvent::Progress {
+                    index,
+                    shard_written,
+                    total_written: *total_written,
+                });
+            };
+            self.copier
+                .copy(
+                    (src, t.source.offset),
+                    (&dst, data_start + t.begin),
+                    t.source.len,
+                    self.cancel,
+                    &mut report,
+                )
+                .map_err(|e| match e {
+                    CopyError::Cancelled => SaveError::Cancelled,
+                    CopyError::ShortSource { copied } => SaveError::SourceChanged {
+                        path: src_path.to_path_buf(),
+                        message: format!(
+                            "ended after {copied} of the {} bytes of tensor `{}`; it was truncated while devmap read it",
+                            t.source.len, t.name
+                        ),
                     },
-                    source: io,
-                },
-            })?;
-        check_unchanged(ckpt, t.source.file, src)?;
+                    // Out of space or over a file-size limit is about the output.
+                    CopyError::Io(io)
+                        if matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)) =>
+                    {
+                        SaveError::io(tmp, io)
+                    }
+                    CopyError::Io(io) => SaveError::io(src_path, io),
+                })?;
+            check_unchanged(self.ckpt, t.source.file, src)?;
+        }
+        // A trailing empty tensor leaves the file short of its planned length.
+        dst.set_len(shard.file_bytes())
+            .map_err(|e| SaveError::io(tmp, e))?;
+        dst.sync_all().map_err(|e| SaveError::io(tmp, e))?;
+        Ok(())
     }
-    // A trailing empty tensor leaves the file short of its planned length.
-    dst.set_len(shard.file_bytes())
-        .map_err(|e| SaveError::io(tmp, e))?;
-    dst.sync_all().map_err(|e| SaveError::io(tmp, e))?;
-    Ok(())
 }
 
 /// Re-reads the written header with the reference safetensors parser and compares it
