@@ -9,7 +9,8 @@
 use std::path::PathBuf;
 
 use devmap::fixtures::{
-    FixtureTensor, LlamaShape, llama_config, llama_like, write_json, write_offload_dat, write_sharded,
+    FixtureTensor, LlamaShape, llama_config, llama_like, write_json, write_offload_dat,
+    write_sharded,
 };
 use devmap::model::DType;
 
@@ -43,7 +44,10 @@ fn main() -> std::io::Result<()> {
     }
     map.insert("model.norm".into(), "cpu".into());
     map.insert("lm_head".into(), "cpu".into());
-    write_json(&dir.join("device_map.json"), &serde_json::Value::Object(map))?;
+    write_json(
+        &dir.join("device_map.json"),
+        &serde_json::Value::Object(map),
+    )?;
     let offloaded: Vec<FixtureTensor> = tensors
         .iter()
         .filter(|t| {
@@ -57,6 +61,12 @@ fn main() -> std::io::Result<()> {
         .collect();
     write_offload_dat(&dir.join("offload"), &offloaded)?;
     let bytes: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
-    println!("{} tensors, {} layers, {} MiB in {}", tensors.len(), layers, bytes >> 20, dir.display());
+    println!(
+        "{} tensors, {} layers, {} MiB in {}",
+        tensors.len(),
+        layers,
+        bytes >> 20,
+        dir.display()
+    );
     Ok(())
 }

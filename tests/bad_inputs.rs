@@ -14,11 +14,25 @@ use devmap::save::{SaveOptions, prepare};
 /// writing or changing anything. Returns stderr.
 fn refused(dir: &Path, out: &Path, extra: &[&str]) -> String {
     let before = snapshot(dir);
-    let mut args = vec!["save", dir.to_str().expect("p"), "--out", out.to_str().expect("p"), "-q"];
+    let mut args = vec![
+        "save",
+        dir.to_str().expect("p"),
+        "--out",
+        out.to_str().expect("p"),
+        "-q",
+    ];
     args.extend_from_slice(extra);
     let o = devmap(&args);
-    assert!(!o.status.success(), "save should fail; stderr: {}", stderr(&o));
-    assert!(!out.exists(), "a refused save must not create {}", out.display());
+    assert!(
+        !o.status.success(),
+        "save should fail; stderr: {}",
+        stderr(&o)
+    );
+    assert!(
+        !out.exists(),
+        "a refused save must not create {}",
+        out.display()
+    );
     assert_eq!(snapshot(dir), before, "inputs changed");
     stderr(&o)
 }
@@ -40,7 +54,10 @@ fn missing_shard() {
     std::fs::remove_file(shard(&m.dir, 2)).expect("rm");
     let err = refused(&m.dir, &m.out("o"), &[]);
     assert!(err.contains("model.safetensors.index.json"), "{err}");
-    assert!(err.contains("model-00002-of-00003.safetensors, which is missing"), "{err}");
+    assert!(
+        err.contains("model-00002-of-00003.safetensors, which is missing"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -48,10 +65,16 @@ fn truncated_shard() {
     let m = mixed_model();
     let p = shard(&m.dir, 1);
     let len = std::fs::metadata(&p).expect("m").len();
-    let f = std::fs::OpenOptions::new().write(true).open(&p).expect("open");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .expect("open");
     f.set_len(len - 3).expect("truncate");
     let err = refused(&m.dir, &m.out("o"), &[]);
-    assert!(err.contains("model-00001-of-00003.safetensors") && err.contains("truncated"), "{err}");
+    assert!(
+        err.contains("model-00001-of-00003.safetensors") && err.contains("truncated"),
+        "{err}"
+    );
     assert!(err.contains("tensor `"), "names the tensor: {err}");
 }
 
@@ -60,7 +83,10 @@ fn header_not_json() {
     let m = mixed_model();
     raw_safetensors(&shard(&m.dir, 3), "{\"oops\": ", 0);
     let err = refused(&m.dir, &m.out("o"), &[]);
-    assert!(err.contains("model-00003-of-00003.safetensors") && err.contains("not a JSON object"), "{err}");
+    assert!(
+        err.contains("model-00003-of-00003.safetensors") && err.contains("not a JSON object"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -71,10 +97,26 @@ fn overlapping_offsets_and_size_mismatch_and_unknown_dtype() {
             12,
             "`b.w`: bytes from 4 overlap",
         ),
-        (r#"{"a.w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, 8, "`a.w`: data_offsets [0, 8] hold 8 bytes but F32 [3] needs 12"),
-        (r#"{"a.w":{"dtype":"Q4_K","shape":[3],"data_offsets":[0,3]}}"#, 3, "`a.w`: unknown dtype `Q4_K`"),
-        (r#"{"a.w":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},"a.w":{"dtype":"U8","shape":[3],"data_offsets":[3,6]}}"#, 6, "`a.w`: appears twice"),
-        (r#"{"a.w":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}}"#, 9, "6 bytes after the last tensor"),
+        (
+            r#"{"a.w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+            8,
+            "`a.w`: data_offsets [0, 8] hold 8 bytes but F32 [3] needs 12",
+        ),
+        (
+            r#"{"a.w":{"dtype":"Q4_K","shape":[3],"data_offsets":[0,3]}}"#,
+            3,
+            "`a.w`: unknown dtype `Q4_K`",
+        ),
+        (
+            r#"{"a.w":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},"a.w":{"dtype":"U8","shape":[3],"data_offsets":[3,6]}}"#,
+            6,
+            "`a.w`: appears twice",
+        ),
+        (
+            r#"{"a.w":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}}"#,
+            9,
+            "6 bytes after the last tensor",
+        ),
     ];
     for (header, data, want) in cases {
         let tmp = tempfile::tempdir().expect("tmp");
@@ -82,7 +124,10 @@ fn overlapping_offsets_and_size_mismatch_and_unknown_dtype() {
         std::fs::create_dir(&dir).expect("mkdir");
         raw_safetensors(&dir.join("model.safetensors"), header, data);
         let err = refused(&dir, &tmp.path().join("o"), &[]);
-        assert!(err.contains("model.safetensors") && err.contains(want), "want {want:?} in: {err}");
+        assert!(
+            err.contains("model.safetensors") && err.contains(want),
+            "want {want:?} in: {err}"
+        );
     }
 }
 
@@ -90,11 +135,15 @@ fn overlapping_offsets_and_size_mismatch_and_unknown_dtype() {
 fn index_maps_a_tensor_its_shard_lacks() {
     let m = mixed_model();
     let p = m.dir.join("model.safetensors.index.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).expect("r")).expect("j");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("r")).expect("j");
     v["weight_map"]["model.ghost.weight"] = "model-00001-of-00003.safetensors".into();
     std::fs::write(&p, v.to_string()).expect("w");
     let err = refused(&m.dir, &m.out("o"), &[]);
-    assert!(err.contains("`model.ghost.weight`") && err.contains("does not hold it"), "{err}");
+    assert!(
+        err.contains("`model.ghost.weight`") && err.contains("does not hold it"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -105,8 +154,15 @@ fn offload_dat_of_the_wrong_size() {
     bytes.push(0);
     std::fs::write(&p, bytes).expect("w");
     let err = refused(&m.dir, &m.out("o"), &[]);
-    assert!(err.contains("model.layers.9.proj.weight.dat") && err.contains("`model.layers.9.proj.weight`"), "{err}");
-    assert!(err.contains("513 bytes") && err.contains("512 bytes"), "{err}");
+    assert!(
+        err.contains("model.layers.9.proj.weight.dat")
+            && err.contains("`model.layers.9.proj.weight`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("513 bytes") && err.contains("512 bytes"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -114,11 +170,15 @@ fn offload_names_that_leave_the_folder() {
     for evil in ["../evil", "/etc/passwd", "a/b", ".."] {
         let m = mixed_model();
         let p = m.dir.join("offload").join("index.json");
-        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).expect("r")).expect("j");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).expect("r")).expect("j");
         v[evil] = serde_json::json!({"dtype": "float32", "shape": [1]});
         std::fs::write(&p, v.to_string()).expect("w");
         let err = refused(&m.dir, &m.out("o"), &[]);
-        assert!(err.contains(&format!("`{evil}`")) && err.contains("outside the offload folder"), "{evil}: {err}");
+        assert!(
+            err.contains(&format!("`{evil}`")) && err.contains("outside the offload folder"),
+            "{evil}: {err}"
+        );
     }
 }
 
@@ -127,20 +187,29 @@ fn offload_index_malformed() {
     let m = mixed_model();
     std::fs::write(m.dir.join("offload").join("index.json"), "[1, 2]").expect("w");
     let err = refused(&m.dir, &m.out("o"), &[]);
-    assert!(err.contains("offload/index.json") && err.contains("JSON object"), "{err}");
+    assert!(
+        err.contains("offload/index.json") && err.contains("JSON object"),
+        "{err}"
+    );
 }
 
 #[test]
 fn device_map_values_name_the_key() {
     for (value, key) in [
-        (serde_json::json!({"model.layers.3": "tpu:0"}), "model.layers.3"),
+        (
+            serde_json::json!({"model.layers.3": "tpu:0"}),
+            "model.layers.3",
+        ),
         (serde_json::json!({"lm_head": -1}), "lm_head"),
         (serde_json::json!({"model": true}), "model"),
     ] {
         let m = mixed_model();
         std::fs::write(m.dir.join("device_map.json"), value.to_string()).expect("w");
         let err = refused(&m.dir, &m.out("o"), &[]);
-        assert!(err.contains("device_map.json") && err.contains(&format!("key `{key}`")), "{err}");
+        assert!(
+            err.contains("device_map.json") && err.contains(&format!("key `{key}`")),
+            "{err}"
+        );
     }
     let m = mixed_model();
     std::fs::write(m.dir.join("device_map.json"), "[\"cpu\"]").expect("w");
@@ -163,7 +232,10 @@ fn a_folder_without_weights() {
     std::fs::create_dir(&dir).expect("mkdir");
     std::fs::write(dir.join("config.json"), "{}").expect("w");
     let err = refused(&dir, &tmp.path().join("o"), &[]);
-    assert!(err.contains("no weights in") && err.contains("empty"), "{err}");
+    assert!(
+        err.contains("no weights in") && err.contains("empty"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -171,11 +243,25 @@ fn leftovers_of_an_interrupted_save_are_named() {
     let m = mixed_model();
     let out = m.out("o");
     std::fs::create_dir(&out).expect("mkdir");
-    std::fs::write(out.join("model-00001-of-00002.safetensors.devmap-partial"), b"half").expect("w");
-    let o = devmap(&["save", m.dir.to_str().expect("p"), "--out", out.to_str().expect("p"), "--force", "-q"]);
+    std::fs::write(
+        out.join("model-00001-of-00002.safetensors.devmap-partial"),
+        b"half",
+    )
+    .expect("w");
+    let o = devmap(&[
+        "save",
+        m.dir.to_str().expect("p"),
+        "--out",
+        out.to_str().expect("p"),
+        "--force",
+        "-q",
+    ]);
     assert!(!o.status.success());
     let err = stderr(&o);
-    assert!(err.contains("interrupted save") && err.contains("delete them"), "{err}");
+    assert!(
+        err.contains("interrupted save") && err.contains("delete them"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -204,15 +290,27 @@ fn meta_tensor_without_data_is_refused_by_name() {
         force: false,
         weights_only: true,
     };
-    let err = prepare(&ckpt, &options).expect_err("must refuse").to_string();
-    assert!(err.contains("`model.layers.0.mlp.weight` (placed on meta) has no data"), "{err}");
+    let err = prepare(&ckpt, &options)
+        .expect_err("must refuse")
+        .to_string();
+    assert!(
+        err.contains("`model.layers.0.mlp.weight` (placed on meta) has no data"),
+        "{err}"
+    );
     assert!(!tmp.path().join("out").exists());
 }
 
 #[test]
 fn bad_shard_size_is_a_usage_error() {
     let m = mixed_model();
-    let o = devmap(&["save", m.dir.to_str().expect("p"), "--out", m.out("o").to_str().expect("p"), "--max-shard-size", "5XB"]);
+    let o = devmap(&[
+        "save",
+        m.dir.to_str().expect("p"),
+        "--out",
+        m.out("o").to_str().expect("p"),
+        "--max-shard-size",
+        "5XB",
+    ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("`5XB` is not a size"), "{}", stderr(&o));
     assert!(!m.out("o").exists());

@@ -20,12 +20,26 @@ fn json_schema_order_placements_and_sources() {
     let m = mixed_model();
     let v = json_of(&m.dir, &[]);
     let tensors = v["tensors"].as_array().expect("tensors");
-    let names: Vec<&str> = tensors.iter().map(|t| t["name"].as_str().expect("name")).collect();
+    let names: Vec<&str> = tensors
+        .iter()
+        .map(|t| t["name"].as_str().expect("name"))
+        .collect();
     // Module order, numbers compared as numbers.
-    let l2 = names.iter().position(|n| n.starts_with("model.layers.2.")).expect("l2");
-    let l10 = names.iter().position(|n| n.starts_with("model.layers.10.")).expect("l10");
+    let l2 = names
+        .iter()
+        .position(|n| n.starts_with("model.layers.2."))
+        .expect("l2");
+    let l10 = names
+        .iter()
+        .position(|n| n.starts_with("model.layers.10."))
+        .expect("l10");
     assert!(l2 < l10, "layers.2 must come before layers.10");
-    let by_name = |n: &str| tensors.iter().find(|t| t["name"] == n).unwrap_or_else(|| panic!("{n} missing"));
+    let by_name = |n: &str| {
+        tensors
+            .iter()
+            .find(|t| t["name"] == n)
+            .unwrap_or_else(|| panic!("{n} missing"))
+    };
 
     let head = by_name("lm_head.weight");
     assert_eq!(head["placement"], "gpu:0");
@@ -36,7 +50,12 @@ fn json_schema_order_placements_and_sources() {
     let on_disk = by_name("model.layers.9.proj.weight");
     assert_eq!(on_disk["placement"], "disk");
     assert_eq!(on_disk["source"]["kind"], "offload");
-    assert!(on_disk["source"]["file"].as_str().expect("file").ends_with("offload/model.layers.9.proj.weight.dat"));
+    assert!(
+        on_disk["source"]["file"]
+            .as_str()
+            .expect("file")
+            .ends_with("offload/model.layers.9.proj.weight.dat")
+    );
 
     let on_cpu = by_name("model.layers.5.codes");
     assert_eq!(on_cpu["placement"], "cpu");
@@ -49,12 +68,22 @@ fn json_schema_order_placements_and_sources() {
     assert_eq!(scalar["shape"], serde_json::json!([]));
     assert_eq!(scalar["bytes"], 4);
 
-    assert_eq!(v["ties"], serde_json::json!([["model.embed_tokens.weight", "lm_head.weight"]]));
+    assert_eq!(
+        v["ties"],
+        serde_json::json!([["model.embed_tokens.weight", "lm_head.weight"]])
+    );
     let devices = v["devices"].as_object().expect("devices");
     let sum: u64 = devices.values().map(|b| b.as_u64().expect("u64")).sum();
-    let all: u64 = tensors.iter().map(|t| t["bytes"].as_u64().expect("b")).sum();
+    let all: u64 = tensors
+        .iter()
+        .map(|t| t["bytes"].as_u64().expect("b"))
+        .sum();
     assert_eq!(sum, all);
-    assert!(devices.contains_key("gpu:0") && devices.contains_key("cpu") && devices.contains_key("disk"));
+    assert!(
+        devices.contains_key("gpu:0")
+            && devices.contains_key("cpu")
+            && devices.contains_key("disk")
+    );
 }
 
 fn tiny_dir(names: &[&str]) -> tempfile::TempDir {
@@ -71,7 +100,12 @@ fn tiny_dir(names: &[&str]) -> tempfile::TempDir {
 
 #[test]
 fn placement_matches_whole_components() {
-    let tmp = tiny_dir(&["model.layers.1.w", "model.layers.10.w", "model.layers.1x.w", "other.w"]);
+    let tmp = tiny_dir(&[
+        "model.layers.1.w",
+        "model.layers.10.w",
+        "model.layers.1x.w",
+        "other.w",
+    ]);
     write_json(
         &tmp.path().join("device_map.json"),
         &serde_json::json!({"model.layers.1": 1, "model.layers": "cpu"}),
@@ -80,13 +114,29 @@ fn placement_matches_whole_components() {
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     let at = |n: &str| ckpt.tensor(n).expect(n).placement;
     assert_eq!(at("model.layers.1.w"), Placement::Gpu(1));
-    assert_eq!(at("model.layers.10.w"), Placement::Cpu, "layers.1 must not cover layers.10");
+    assert_eq!(
+        at("model.layers.10.w"),
+        Placement::Cpu,
+        "layers.1 must not cover layers.10"
+    );
     assert_eq!(at("model.layers.1x.w"), Placement::Cpu);
     assert_eq!(at("other.w"), Placement::Unmapped);
-    assert_eq!(ckpt.tensor("model.layers.10.w").expect("t").map_key.as_deref(), Some("model.layers"));
+    assert_eq!(
+        ckpt.tensor("model.layers.10.w")
+            .expect("t")
+            .map_key
+            .as_deref(),
+        Some("model.layers")
+    );
     let all = ckpt.warnings.join("\n");
-    assert!(all.contains("unmapped") && all.contains("`other.w`"), "{all}");
-    assert!(all.contains("transformers 5") && all.contains("`model.layers.1`"), "{all}");
+    assert!(
+        all.contains("unmapped") && all.contains("`other.w`"),
+        "{all}"
+    );
+    assert!(
+        all.contains("transformers 5") && all.contains("`model.layers.1`"),
+        "{all}"
+    );
 }
 
 #[test]
@@ -103,11 +153,22 @@ fn config_without_tie_key_ties_and_false_does_not() {
     let emb = FixtureTensor::patterned("transformer.wte.weight", DType::F16, &[8, 4], 1);
     let head = FixtureTensor::patterned("lm_head.weight", DType::F16, &[8, 4], 2);
     write_safetensors(&tmp.path().join("model.safetensors"), &[&emb, &head]).expect("w");
-    write_json(&tmp.path().join("config.json"), &serde_json::json!({"architectures": ["GPT2LMHeadModel"]})).expect("c");
+    write_json(
+        &tmp.path().join("config.json"),
+        &serde_json::json!({"architectures": ["GPT2LMHeadModel"]}),
+    )
+    .expect("c");
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     assert_eq!(ckpt.ties.len(), 1);
-    assert_eq!(ckpt.tensors[ckpt.ties[0].kept()].name, "transformer.wte.weight");
-    write_json(&tmp.path().join("config.json"), &serde_json::json!({"tie_word_embeddings": false})).expect("c");
+    assert_eq!(
+        ckpt.tensors[ckpt.ties[0].kept()].name,
+        "transformer.wte.weight"
+    );
+    write_json(
+        &tmp.path().join("config.json"),
+        &serde_json::json!({"tie_word_embeddings": false}),
+    )
+    .expect("c");
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     assert!(ckpt.ties.is_empty());
 }
@@ -117,13 +178,24 @@ fn tied_head_on_another_device_is_a_warning() {
     let m = mixed_model();
     let map_path = m.tmp.path().join("map.json");
     let mut map: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(m.dir.join("device_map.json")).expect("r")).expect("j");
+        serde_json::from_str(&std::fs::read_to_string(m.dir.join("device_map.json")).expect("r"))
+            .expect("j");
     map["lm_head"] = "cpu".into();
     write_json(&map_path, &map).expect("w");
-    let ckpt = load(&m.dir, &LoadOptions { device_map: Some(map_path), ..Default::default() }).expect("load");
+    let ckpt = load(
+        &m.dir,
+        &LoadOptions {
+            device_map: Some(map_path),
+            ..Default::default()
+        },
+    )
+    .expect("load");
     let w = ckpt.warnings.join("\n");
     assert!(w.contains("tied weights are on different devices"), "{w}");
-    assert!(w.contains("`lm_head.weight` on cpu") && w.contains("`model.embed_tokens.weight` on gpu:0"), "{w}");
+    assert!(
+        w.contains("`lm_head.weight` on cpu") && w.contains("`model.embed_tokens.weight` on gpu:0"),
+        "{w}"
+    );
 }
 
 #[test]
@@ -131,14 +203,28 @@ fn offload_entries_off_disk_and_disk_without_offload_are_reported() {
     let m = mixed_model();
     let map_path = m.tmp.path().join("map.json");
     let mut map: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(m.dir.join("device_map.json")).expect("r")).expect("j");
+        serde_json::from_str(&std::fs::read_to_string(m.dir.join("device_map.json")).expect("r"))
+            .expect("j");
     map["model.layers.8"] = 1.into();
     map["model.layers.3"] = "disk".into();
     write_json(&map_path, &map).expect("w");
-    let ckpt = load(&m.dir, &LoadOptions { device_map: Some(map_path), ..Default::default() }).expect("load");
+    let ckpt = load(
+        &m.dir,
+        &LoadOptions {
+            device_map: Some(map_path),
+            ..Default::default()
+        },
+    )
+    .expect("load");
     let w = ckpt.warnings.join("\n");
-    assert!(w.contains("does not put on disk") && w.contains("model.layers.8.proj.weight (gpu:1)"), "{w}");
-    assert!(w.contains("placed on disk but the offload folder") && w.contains("`model.layers.3."), "{w}");
+    assert!(
+        w.contains("does not put on disk") && w.contains("model.layers.8.proj.weight (gpu:1)"),
+        "{w}"
+    );
+    assert!(
+        w.contains("placed on disk but the offload folder") && w.contains("`model.layers.3."),
+        "{w}"
+    );
     // The offload value is still the current one.
     let t = ckpt.tensor("model.layers.8.proj.weight").expect("t");
     assert!(matches!(t.source, Source::Offload(_)));
@@ -151,16 +237,26 @@ fn text_report_shows_tree_devices_ties_and_warnings() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("lm_head.weight"), "{text}");
-    assert!(text.contains("⇄ tied to model.embed_tokens.weight"), "{text}");
+    assert!(
+        text.contains("⇄ tied to model.embed_tokens.weight"),
+        "{text}"
+    );
     assert!(text.contains("mixed ("), "{text}");
     assert!(text.contains("0–3 ×4"), "numbered runs collapse: {text}");
-    assert!(text.contains("DEVICES") && text.contains("gpu:0") && text.contains("disk"), "{text}");
+    assert!(
+        text.contains("DEVICES") && text.contains("gpu:0") && text.contains("disk"),
+        "{text}"
+    );
     assert!(text.contains("TIES"), "{text}");
 }
 
 #[test]
 fn demo_model_opens() {
-    let o = devmap(&["inspect", concat!(env!("CARGO_MANIFEST_DIR"), "/assets/demo"), "--json"]);
+    let o = devmap(&[
+        "inspect",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/assets/demo"),
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
     let devices = v["devices"].as_object().expect("devices");

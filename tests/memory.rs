@@ -49,7 +49,15 @@ fn one_big_shard_stays_under_64_mib() {
 
     let out = tmp.path().join("out");
     let o = Command::new(env!("CARGO_BIN_EXE_devmap"))
-        .args(["save", dir.to_str().expect("p"), "--out", out.to_str().expect("p"), "--max-shard-size", "100GB", "--quiet"])
+        .args([
+            "save",
+            dir.to_str().expect("p"),
+            "--out",
+            out.to_str().expect("p"),
+            "--max-shard-size",
+            "100GB",
+            "--quiet",
+        ])
         .env("DEVMAP_REPORT_PEAK_RSS", "1")
         .output()
         .expect("run");
@@ -60,8 +68,17 @@ fn one_big_shard_stays_under_64_mib() {
         .find_map(|l| l.strip_prefix("devmap-peak-rss-bytes="))
         .and_then(|v| v.parse().ok())
         .expect("peak RSS line");
-    let written = std::fs::metadata(out.join("model.safetensors")).expect("shard").len();
+    let written = std::fs::metadata(out.join("model.safetensors"))
+        .expect("shard")
+        .len();
     assert!(written > total, "one shard holding everything");
-    eprintln!("peak RSS {} MiB for a {} MiB shard", peak >> 20, written >> 20);
-    assert!(peak < LIMIT, "peak RSS {peak} bytes >= 64 MiB while writing a {written}-byte shard");
+    eprintln!(
+        "peak RSS {} MiB for a {} MiB shard",
+        peak >> 20,
+        written >> 20
+    );
+    assert!(
+        peak < LIMIT,
+        "peak RSS {peak} bytes >= 64 MiB while writing a {written}-byte shard"
+    );
 }

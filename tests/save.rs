@@ -19,11 +19,26 @@ fn saves_current_values_at_several_shard_sizes() {
     let total: u64 = m.expected.values().map(|s| s.data.len() as u64).sum();
     for (i, size) in ["1", "600", "2KB", "3KiB", "5GB"].iter().enumerate() {
         let out = m.out(&format!("out{i}"));
-        let o = devmap(&["save", m.dir.to_str().expect("utf8"), "--out", out.to_str().expect("utf8"), "--max-shard-size", size, "--quiet"]);
+        let o = devmap(&[
+            "save",
+            m.dir.to_str().expect("utf8"),
+            "--out",
+            out.to_str().expect("utf8"),
+            "--max-shard-size",
+            size,
+            "--quiet",
+        ]);
         assert!(o.status.success(), "save at {size} failed: {}", stderr(&o));
         let saved = read_saved(&out);
-        assert_eq!(saved, expected_without_head(&m), "values differ at shard size {size}");
-        assert!(!saved.contains_key("lm_head.weight"), "the tied head is written once, as the embedding");
+        assert_eq!(
+            saved,
+            expected_without_head(&m),
+            "values differ at shard size {size}"
+        );
+        assert!(
+            !saved.contains_key("lm_head.weight"),
+            "the tied head is written once, as the embedding"
+        );
 
         let limit = devmap::formats::size::parse_size(size).expect("size");
         let shards: Vec<_> = std::fs::read_dir(&out)
@@ -44,7 +59,10 @@ fn saves_current_values_at_several_shard_sizes() {
             assert_eq!(map.len(), m.expected.len());
             for (name, file) in map {
                 let f = file.as_str().expect("str");
-                assert!(f.ends_with(&format!("-of-{:05}.safetensors", shards.len())), "{f}");
+                assert!(
+                    f.ends_with(&format!("-of-{:05}.safetensors", shards.len())),
+                    "{f}"
+                );
                 assert!(m.expected.contains_key(name));
             }
             // Keys sorted, as transformers writes them.
@@ -55,8 +73,16 @@ fn saves_current_values_at_several_shard_sizes() {
             for s in &shards {
                 let bytes = std::fs::read(s).expect("shard");
                 let st = safetensors::SafeTensors::deserialize(&bytes).expect("parse");
-                let data: u64 = st.tensors().iter().map(|(_, v)| v.data().len() as u64).sum();
-                assert!(data <= limit || st.len() == 1, "{} holds {data} bytes > {limit}", s.display());
+                let data: u64 = st
+                    .tensors()
+                    .iter()
+                    .map(|(_, v)| v.data().len() as u64)
+                    .sum();
+                assert!(
+                    data <= limit || st.len() == 1,
+                    "{} holds {data} bytes > {limit}",
+                    s.display()
+                );
             }
         }
         // The other files come along; the input's map and offload folder do not.
@@ -85,18 +111,38 @@ fn shard_count_follows_the_limit() {
         force: false,
         weights_only: false,
     };
-    assert_eq!(prepare(&ckpt, &opts(1)).expect("plan").shards.len(), m.expected.len(), "every tensor alone");
-    assert_eq!(prepare(&ckpt, &opts(u64::MAX / 4)).expect("plan").shards.len(), 1);
+    assert_eq!(
+        prepare(&ckpt, &opts(1)).expect("plan").shards.len(),
+        m.expected.len(),
+        "every tensor alone"
+    );
+    assert_eq!(
+        prepare(&ckpt, &opts(u64::MAX / 4))
+            .expect("plan")
+            .shards
+            .len(),
+        1
+    );
 }
 
 #[test]
 fn keep_tied_writes_the_head_with_the_embedding_bytes() {
     let m = mixed_model();
     let out = m.out("tied");
-    let o = devmap(&["save", m.dir.to_str().expect("p"), "-o", out.to_str().expect("p"), "--keep-tied", "-q"]);
+    let o = devmap(&[
+        "save",
+        m.dir.to_str().expect("p"),
+        "-o",
+        out.to_str().expect("p"),
+        "--keep-tied",
+        "-q",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let saved = read_saved(&out);
-    assert_eq!(saved["lm_head.weight"], m.expected["model.embed_tokens.weight"]);
+    assert_eq!(
+        saved["lm_head.weight"],
+        m.expected["model.embed_tokens.weight"]
+    );
     assert_eq!(saved.len(), m.expected.len() + 1);
 }
 
@@ -105,11 +151,23 @@ fn force_replaces_an_earlier_save_and_removes_stale_shards() {
     let m = mixed_model();
     let out = m.out("again");
     let p = |x: &std::path::Path| x.to_str().expect("p").to_owned();
-    let first = devmap(&["save", &p(&m.dir), "-o", &p(&out), "--max-shard-size", "1KB", "-q"]);
+    let first = devmap(&[
+        "save",
+        &p(&m.dir),
+        "-o",
+        &p(&out),
+        "--max-shard-size",
+        "1KB",
+        "-q",
+    ]);
     assert!(first.status.success(), "{}", stderr(&first));
     let refused = devmap(&["save", &p(&m.dir), "-o", &p(&out), "-q"]);
     assert!(!refused.status.success());
-    assert!(stderr(&refused).contains("not empty"), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("not empty"),
+        "{}",
+        stderr(&refused)
+    );
     std::fs::write(out.join("README.md"), "keep me").expect("write");
     let forced = devmap(&["save", &p(&m.dir), "-o", &p(&out), "--force", "-q"]);
     assert!(forced.status.success(), "{}", stderr(&forced));
@@ -118,9 +176,15 @@ fn force_replaces_an_earlier_save_and_removes_stale_shards() {
         .map(|e| e.expect("e").file_name().to_string_lossy().into_owned())
         .collect();
     assert!(names.contains(&"model.safetensors".to_owned()));
-    assert!(!names.iter().any(|n| n.starts_with("model-0")), "stale shards left: {names:?}");
+    assert!(
+        !names.iter().any(|n| n.starts_with("model-0")),
+        "stale shards left: {names:?}"
+    );
     assert!(!names.contains(&"model.safetensors.index.json".to_owned()));
-    assert!(names.contains(&"README.md".to_owned()), "unrelated files stay");
+    assert!(
+        names.contains(&"README.md".to_owned()),
+        "unrelated files stay"
+    );
     assert_eq!(read_saved(&out), m.expected);
 }
 
@@ -128,7 +192,14 @@ fn force_replaces_an_earlier_save_and_removes_stale_shards() {
 fn weights_only_copies_nothing_else() {
     let m = mixed_model();
     let out = m.out("w");
-    let o = devmap(&["save", m.dir.to_str().expect("p"), "-o", out.to_str().expect("p"), "--weights-only", "-q"]);
+    let o = devmap(&[
+        "save",
+        m.dir.to_str().expect("p"),
+        "-o",
+        out.to_str().expect("p"),
+        "--weights-only",
+        "-q",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!out.join("config.json").exists());
     assert_eq!(read_saved(&out), m.expected);
@@ -141,7 +212,9 @@ fn other_offload_forms_give_the_same_result() {
         let m = mixed_model();
         // Replace the .dat folder with the same tensors in another form, new values.
         let folder = m.dir.join("offload");
-        let index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(folder.join("index.json")).expect("i")).expect("j");
+        let index: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(folder.join("index.json")).expect("i"))
+                .expect("j");
         std::fs::remove_dir_all(&folder).expect("rm");
         let mut expected = m.expected.clone();
         let tensors: Vec<FixtureTensor> = index
@@ -196,5 +269,8 @@ fn explicit_tie_reads_the_partner() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let saved = read_saved(&out);
-    assert_eq!(saved["model.output.weight"], m.expected["model.norm.weight"], "offload value of the partner");
+    assert_eq!(
+        saved["model.output.weight"], m.expected["model.norm.weight"],
+        "offload value of the partner"
+    );
 }

@@ -104,9 +104,21 @@ mod tests {
                 .expect_err("must be refused")
                 .contains("key `lm_head`")
         );
-        assert!(parse(r#"{"a": 1.5}"#).expect_err("must be refused").contains("key `a`"));
-        assert!(parse(r#"["cpu"]"#).expect_err("must be refused").contains("JSON object"));
-        assert!(parse(r#"{"a": 0, "a": 1}"#).expect_err("must be refused").contains("twice"));
+        assert!(
+            parse(r#"{"a": 1.5}"#)
+                .expect_err("must be refused")
+                .contains("key `a`")
+        );
+        assert!(
+            parse(r#"["cpu"]"#)
+                .expect_err("must be refused")
+                .contains("JSON object")
+        );
+        assert!(
+            parse(r#"{"a": 0, "a": 1}"#)
+                .expect_err("must be refused")
+                .contains("twice")
+        );
     }
 
     #[test]

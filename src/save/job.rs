@@ -332,7 +332,12 @@ struct ShardWriter<'a> {
 }
 
 impl ShardWriter<'_> {
-    fn write_shard(&mut self, shard: &ShardPlan, tmp: &Path, index: usize) -> Result<(), SaveError> {
+    fn write_shard(
+        &mut self,
+        shard: &ShardPlan,
+        tmp: &Path,
+        index: usize,
+    ) -> Result<(), SaveError> {
         use std::os::unix::fs::FileExt;
         let dst = OpenOptions::new()
             .read(true)

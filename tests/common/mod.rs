@@ -48,11 +48,21 @@ pub fn mixed_model() -> Model {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("model");
     std::fs::create_dir_all(&dir).expect("mkdir");
-    let mut tensors = vec![FixtureTensor::patterned("model.embed_tokens.weight", DType::BF16, &[64, 16], 1)];
+    let mut tensors = vec![FixtureTensor::patterned(
+        "model.embed_tokens.weight",
+        DType::BF16,
+        &[64, 16],
+        1,
+    )];
     let mut seed = 10;
     for l in 0..12 {
         let mut add = |suffix: &str, dtype: DType, shape: &[u64]| {
-            tensors.push(FixtureTensor::patterned(&format!("model.layers.{l}.{suffix}"), dtype, shape, seed));
+            tensors.push(FixtureTensor::patterned(
+                &format!("model.layers.{l}.{suffix}"),
+                dtype,
+                shape,
+                seed,
+            ));
             seed += 1;
         };
         add("proj.weight", DType::F16, &[16, 16]);
@@ -61,9 +71,24 @@ pub fn mixed_model() -> Model {
         add("position_ids", DType::I64, &[3]);
         add("codes", DType::U8, &[5]);
     }
-    tensors.push(FixtureTensor::patterned("model.scale", DType::F32, &[], 500));
-    tensors.push(FixtureTensor::patterned("model.empty", DType::F32, &[0, 4], 501));
-    tensors.push(FixtureTensor::patterned("model.norm.weight", DType::F32, &[16], 502));
+    tensors.push(FixtureTensor::patterned(
+        "model.scale",
+        DType::F32,
+        &[],
+        500,
+    ));
+    tensors.push(FixtureTensor::patterned(
+        "model.empty",
+        DType::F32,
+        &[0, 4],
+        501,
+    ));
+    tensors.push(FixtureTensor::patterned(
+        "model.norm.weight",
+        DType::F32,
+        &[16],
+        502,
+    ));
     write_sharded(&dir, &tensors, 3).expect("shards");
     write_json(
         &dir.join("config.json"),
@@ -85,24 +110,46 @@ pub fn mixed_model() -> Model {
     map.insert("model.empty".into(), "cpu".into());
     map.insert("model.norm".into(), "disk".into());
     map.insert("lm_head".into(), 0.into());
-    write_json(&dir.join("device_map.json"), &serde_json::Value::Object(map)).expect("map");
+    write_json(
+        &dir.join("device_map.json"),
+        &serde_json::Value::Object(map),
+    )
+    .expect("map");
 
     let offloaded: Vec<FixtureTensor> = tensors
         .iter()
         .filter(|t| {
-            ["model.layers.8.", "model.layers.9.", "model.layers.10.", "model.layers.11."]
-                .iter()
-                .any(|p| t.name.starts_with(p))
+            [
+                "model.layers.8.",
+                "model.layers.9.",
+                "model.layers.10.",
+                "model.layers.11.",
+            ]
+            .iter()
+            .any(|p| t.name.starts_with(p))
                 || t.name == "model.scale"
                 || t.name == "model.norm.weight"
         })
-        .map(|t| FixtureTensor::patterned(&t.name, t.dtype, &t.shape, 9000 + t.data.len() as u64 + t.name.len() as u64))
+        .map(|t| {
+            FixtureTensor::patterned(
+                &t.name,
+                t.dtype,
+                &t.shape,
+                9000 + t.data.len() as u64 + t.name.len() as u64,
+            )
+        })
         .collect();
     write_offload_dat(&dir.join("offload"), &offloaded).expect("offload");
 
-    let mut expected: BTreeMap<String, Stored> = tensors.iter().map(|t| (t.name.clone(), Stored::of(t))).collect();
+    let mut expected: BTreeMap<String, Stored> = tensors
+        .iter()
+        .map(|t| (t.name.clone(), Stored::of(t)))
+        .collect();
     for t in &offloaded {
-        assert_ne!(expected[&t.name].data, t.data, "fixture: offload values must differ");
+        assert_ne!(
+            expected[&t.name].data, t.data,
+            "fixture: offload values must differ"
+        );
         expected.insert(t.name.clone(), Stored::of(t));
     }
     Model { tmp, dir, expected }
@@ -113,9 +160,13 @@ pub fn mixed_model() -> Model {
 pub fn read_saved(out: &Path) -> BTreeMap<String, Stored> {
     let index = out.join("model.safetensors.index.json");
     let files: Vec<PathBuf> = if index.exists() {
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index).expect("index")).expect("json");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&index).expect("index")).expect("json");
         let map = v["weight_map"].as_object().expect("weight_map");
-        let mut files: Vec<String> = map.values().map(|f| f.as_str().expect("file").to_owned()).collect();
+        let mut files: Vec<String> = map
+            .values()
+            .map(|f| f.as_str().expect("file").to_owned())
+            .collect();
         files.sort();
         files.dedup();
         files.into_iter().map(|f| out.join(f)).collect()
@@ -128,7 +179,10 @@ pub fn read_saved(out: &Path) -> BTreeMap<String, Stored> {
         let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("meta");
         assert_eq!(
-            meta.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str),
+            meta.metadata()
+                .as_ref()
+                .and_then(|m| m.get("format"))
+                .map(String::as_str),
             Some("pt"),
             "{} lacks format=pt",
             f.display()
@@ -176,7 +230,14 @@ pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u64, std::time::SystemTime, Ve
                 stack.push(p);
             } else {
                 let m = std::fs::metadata(&p).expect("meta");
-                out.insert(p.clone(), (m.len(), m.modified().expect("mtime"), std::fs::read(&p).expect("read")));
+                out.insert(
+                    p.clone(),
+                    (
+                        m.len(),
+                        m.modified().expect("mtime"),
+                        std::fs::read(&p).expect("read"),
+                    ),
+                );
             }
         }
     }
@@ -203,5 +264,7 @@ pub fn python_with(module: &str) -> Result<PathBuf, String> {
             return Ok(py);
         }
     }
-    Err(format!("no Python with `{module}` (set DEVMAP_PYTHON or run .ci/run to make .venv)"))
+    Err(format!(
+        "no Python with `{module}` (set DEVMAP_PYTHON or run .ci/run to make .venv)"
+    ))
 }
