@@ -11,6 +11,7 @@ pub mod model;
 pub mod monitor;
 pub mod save;
 mod sys;
+pub mod tui;
 
 /// Formats a byte count the way every devmap screen and message does (`1.50 GiB`).
 pub fn human_bytes(bytes: u64) -> String {

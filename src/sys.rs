@@ -11,7 +11,7 @@ use std::path::Path;
 /// Copies up to `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` in the
 /// kernel, without moving either file's cursor. Returns the bytes copied (0 at the
 /// source's end), or the OS error (`EXDEV`, `ENOSYS`, `EINVAL` mean "use a buffer").
-pub fn copy_file_range(
+pub(crate) fn copy_file_range(
     src: &File,
     src_offset: u64,
     dst: &File,
@@ -44,7 +44,7 @@ pub fn copy_file_range(
 }
 
 /// Bytes available to an unprivileged user on the file system holding `path`.
-pub fn free_space(path: &Path) -> io::Result<u64> {
+pub(crate) fn free_space(path: &Path) -> io::Result<u64> {
     let c_path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
@@ -62,7 +62,7 @@ pub fn free_space(path: &Path) -> io::Result<u64> {
 
 /// Tells the kernel a range of `file` will not be read again, so copied input does not
 /// crowd the page cache. Advice only: errors are ignored.
-pub fn drop_from_cache(file: &File, offset: u64, len: u64) {
+pub(crate) fn drop_from_cache(file: &File, offset: u64, len: u64) {
     let (Ok(off), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
         return;
     };

@@ -128,7 +128,7 @@ fn placement_matches_whole_components() {
             .as_deref(),
         Some("model.layers")
     );
-    let all = ckpt.warnings.join("\n");
+    let all = ckpt.all_warnings().join("\n");
     assert!(
         all.contains("unmapped") && all.contains("`other.w`"),
         "{all}"
@@ -144,7 +144,7 @@ fn no_map_means_cpu_and_no_warnings() {
     let tmp = tiny_dir(&["a.w", "b.w"]);
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     assert!(ckpt.tensors.iter().all(|t| t.placement == Placement::Cpu));
-    assert!(ckpt.warnings.is_empty(), "{:?}", ckpt.warnings);
+    assert!(ckpt.all_warnings().is_empty(), "{:?}", ckpt.all_warnings());
 }
 
 #[test]
@@ -190,7 +190,7 @@ fn tied_head_on_another_device_is_a_warning() {
         },
     )
     .expect("load");
-    let w = ckpt.warnings.join("\n");
+    let w = ckpt.all_warnings().join("\n");
     assert!(w.contains("tied weights are on different devices"), "{w}");
     assert!(
         w.contains("`lm_head.weight` on cpu") && w.contains("`model.embed_tokens.weight` on gpu:0"),
@@ -216,7 +216,7 @@ fn offload_entries_off_disk_and_disk_without_offload_are_reported() {
         },
     )
     .expect("load");
-    let w = ckpt.warnings.join("\n");
+    let w = ckpt.all_warnings().join("\n");
     assert!(
         w.contains("does not put on disk") && w.contains("model.layers.8.proj.weight (gpu:1)"),
         "{w}"

@@ -12,13 +12,14 @@ use clap::{Args as ClapArgs, Parser, Subcommand};
     about = "See where every weight of a Hugging Face model lives (GPU, CPU, disk, meta), and re-save offloaded models as clean sharded safetensors.",
     long_about = "devmap reads a Hugging Face model directory — safetensors weights, config.json, an accelerate \
 device_map.json and an offload folder — and shows where every parameter is placed and where its bytes come from.\n\n\
-With no subcommand it prints the inspect report for DIR (or for the bundled demo model when DIR is omitted).",
+With no subcommand it opens the interactive inspector on DIR (the bundled demo model when DIR is omitted); \
+when standard output is not a terminal it prints the inspect report instead. Press ? inside for the keys.",
     after_help = "Examples:\n  devmap inspect ./llama --offload-folder ./offload\n  devmap inspect ./llama --json > placement.json\n  devmap save ./llama --out ./llama-merged --max-shard-size 2GB"
 )]
 pub struct Args {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Model directory to open (default: the bundled demo model).
+    /// Model directory to open in the inspector (default: the bundled demo model).
     pub dir: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,

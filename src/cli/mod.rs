@@ -3,6 +3,7 @@
 mod args;
 mod progress;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -38,11 +39,13 @@ pub fn run(args: Args) -> Result<()> {
         None => {
             let dir = args.dir.unwrap_or_else(demo_dir);
             let ckpt = open(&dir, &args.model)?;
-            print!(
-                "{}",
-                inspect::to_text(&ckpt, inspect::TextOptions::default())
-            );
-            Ok(())
+            if std::io::stdout().is_terminal() {
+                devmap::tui::run(ckpt).wrap_err("the terminal interface failed")
+            } else {
+                // Not a terminal (piped, redirected): the same picture as text.
+                print!("{}", inspect::to_text(&ckpt, inspect::TextOptions::default()));
+                Ok(())
+            }
         }
     }
 }
@@ -67,7 +70,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
     };
     let plan = prepare(&ckpt, &options)?;
     if !a.quiet {
-        for w in &ckpt.warnings {
+        for w in &ckpt.all_warnings() {
             eprintln!("warning: {w}");
         }
         eprintln!(

@@ -13,7 +13,7 @@ struct Report<'a> {
     ties: Vec<Vec<&'a str>>,
     devices: Devices,
     total_bytes: u64,
-    warnings: &'a [String],
+    warnings: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -104,6 +104,6 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
             .collect(),
         devices: Devices(ckpt.device_totals()),
         total_bytes: ckpt.total_bytes(),
-        warnings: &ckpt.warnings,
+        warnings: ckpt.all_warnings(),
     }
 }

@@ -105,9 +105,10 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
             let _ = writeln!(out, "  {}", names.join(" = "));
         }
     }
-    if !ckpt.warnings.is_empty() {
+    let warnings = ckpt.all_warnings();
+    if !warnings.is_empty() {
         out.push_str("\nWARNINGS\n");
-        for w in &ckpt.warnings {
+        for w in &warnings {
             let _ = writeln!(out, "  ! {w}");
         }
     }

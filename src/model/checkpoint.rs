@@ -93,6 +93,8 @@ pub struct Checkpoint {
     /// Files in `dir` that hold the checkpoint's weights (shards and index): a save
     /// does not copy them.
     pub weight_files: Vec<PathBuf>,
+    /// What loading noticed (index omissions, dtype differences). The placement checks
+    /// depend on the device map and are computed by [`Checkpoint::all_warnings`].
     pub warnings: Vec<String>,
     by_name: HashMap<String, TensorId>,
     tie_of: HashMap<TensorId, usize>,
@@ -237,6 +239,13 @@ impl Checkpoint {
             *totals.entry(t.placement).or_default() += t.bytes;
         }
         totals.into_iter().collect()
+    }
+
+    /// Loader warnings followed by every placement check.
+    pub fn all_warnings(&self) -> Vec<String> {
+        let mut all = self.warnings.clone();
+        all.extend(super::checks::run(self));
+        all
     }
 
     pub fn total_bytes(&self) -> u64 {

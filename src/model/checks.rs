@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::checkpoint::Checkpoint;
+use super::checkpoint::{Checkpoint, Source};
 use super::names::covers;
 use super::placement::Placement;
 
@@ -23,8 +23,15 @@ pub fn name_list<S: AsRef<str>>(names: &[S]) -> String {
     out
 }
 
-/// All checks. `offloaded` holds the names that have an offload-folder entry.
-pub fn run(ckpt: &Checkpoint, offloaded: &HashSet<String>) -> Vec<String> {
+/// All checks, in the order a report lists them.
+pub fn run(ckpt: &Checkpoint) -> Vec<String> {
+    let offloaded: HashSet<&str> = ckpt
+        .tensors
+        .iter()
+        .filter(|t| matches!(t.source, Source::Offload(_)))
+        .map(|t| t.name.as_str())
+        .collect();
+    let offloaded = &offloaded;
     let mut out = Vec::new();
     out.extend(unmapped(ckpt));
     out.extend(ties_across_devices(ckpt));
@@ -73,12 +80,12 @@ pub fn ties_across_devices(ckpt: &Checkpoint) -> Vec<String> {
         .collect()
 }
 
-pub fn offload_not_on_disk(ckpt: &Checkpoint, offloaded: &HashSet<String>) -> Option<String> {
+pub fn offload_not_on_disk(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Option<String> {
     ckpt.device_map.as_ref()?;
     let names: Vec<String> = ckpt
         .tensors
         .iter()
-        .filter(|t| offloaded.contains(&t.name) && t.placement != Placement::Disk)
+        .filter(|t| offloaded.contains(t.name.as_str()) && t.placement != Placement::Disk)
         .map(|t| format!("{} ({})", t.name, t.placement))
         .collect();
     (!names.is_empty()).then(|| {
@@ -90,11 +97,11 @@ pub fn offload_not_on_disk(ckpt: &Checkpoint, offloaded: &HashSet<String>) -> Op
     })
 }
 
-pub fn disk_without_offload(ckpt: &Checkpoint, offloaded: &HashSet<String>) -> Option<String> {
+pub fn disk_without_offload(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Option<String> {
     let names: Vec<&str> = ckpt
         .tensors
         .iter()
-        .filter(|t| t.placement == Placement::Disk && !offloaded.contains(&t.name))
+        .filter(|t| t.placement == Placement::Disk && !offloaded.contains(t.name.as_str()))
         .map(|t| t.name.as_str())
         .collect();
     if names.is_empty() {

@@ -124,7 +124,6 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         }
         None => Some(dir.join("offload")).filter(|p| p.is_dir()),
     };
-    let mut offloaded = HashSet::new();
     let mut shared_offload: HashMap<(FileId, u64), Vec<String>> = HashMap::new();
     if let Some(folder) = &offload_dir {
         for entry in read_offload_folder(folder, dir, &mut headers)? {
@@ -150,7 +149,6 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
                     entry.dtype
                 ));
             }
-            offloaded.insert(entry.name.clone());
             match draft.by_name.get(&entry.name) {
                 Some(&i) => {
                     let t = &mut draft.tensors[i];
@@ -207,7 +205,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         t.map_key = key;
     }
 
-    let mut ckpt = Checkpoint::assemble(Parts {
+    Ok(Checkpoint::assemble(Parts {
         dir: dir.to_path_buf(),
         files: draft.files,
         tensors: draft.tensors,
@@ -218,10 +216,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         config,
         weight_files,
         warnings,
-    });
-    let checks = super::checks::run(&ckpt, &offloaded);
-    ckpt.warnings.extend(checks);
-    Ok(ckpt)
+    }))
 }
 
 /// Finds and reads the checkpoint's safetensors files. Returns the files that make up

@@ -31,10 +31,10 @@ pub struct Node {
 impl Node {
     /// The device, when everything under this node is on one.
     pub fn single_placement(&self) -> Option<Placement> {
-        match self.split.as_slice() {
-            [(p, _)] => Some(*p),
-            [] => None,
-            _ => None,
+        if let [(p, _)] = self.split.as_slice() {
+            Some(*p)
+        } else {
+            None
         }
     }
 }
@@ -42,6 +42,8 @@ impl Node {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModuleTree {
     pub nodes: Vec<Node>,
+    /// The node of each tensor, by tensor id.
+    pub tensor_node: Vec<NodeId>,
 }
 
 impl ModuleTree {
@@ -61,6 +63,7 @@ impl ModuleTree {
             has_tie: false,
         }];
         let mut child_of: HashMap<(NodeId, &str), NodeId> = HashMap::new();
+        let mut tensor_node = Vec::with_capacity(ckpt.tensors.len());
         for (id, tensor) in ckpt.tensors.iter().enumerate() {
             let mut at = Self::ROOT;
             for component in tensor.name.split('.') {
@@ -87,8 +90,9 @@ impl ModuleTree {
                 };
             }
             nodes[at].tensor = Some(id);
+            tensor_node.push(at);
         }
-        let mut tree = ModuleTree { nodes };
+        let mut tree = ModuleTree { nodes, tensor_node };
         tree.recompute(ckpt);
         tree
     }

@@ -1,4 +1,59 @@
-//! Memory readings: the process's own resident set, and (with the TUI) system RAM.
+//! Memory readings: system RAM and this process's resident set, sampled a few times a
+//! second for the TUI's gauge; and the peak resident set for benchmarks.
+//!
+//! The TUI gets readings through [`MemorySource`], so tests feed it fixed numbers.
+
+use std::time::Duration;
+
+/// One reading, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemorySample {
+    pub total: u64,
+    pub used: u64,
+    pub available: u64,
+    /// devmap's own resident set.
+    pub rss: u64,
+}
+
+/// Something that can be asked for memory readings.
+pub trait MemorySource: Send {
+    fn sample(&mut self) -> MemorySample;
+}
+
+/// The real machine, through sysinfo (system RAM) and `/proc/self/status` (RSS).
+pub struct SystemMemory {
+    system: sysinfo::System,
+}
+
+impl SystemMemory {
+    pub fn new() -> SystemMemory {
+        SystemMemory {
+            system: sysinfo::System::new(),
+        }
+    }
+}
+
+impl Default for SystemMemory {
+    fn default() -> Self {
+        SystemMemory::new()
+    }
+}
+
+impl MemorySource for SystemMemory {
+    fn sample(&mut self) -> MemorySample {
+        self.system
+            .refresh_memory_specifics(sysinfo::MemoryRefreshKind::nothing().with_ram());
+        MemorySample {
+            total: self.system.total_memory(),
+            used: self.system.used_memory(),
+            available: self.system.available_memory(),
+            rss: rss_bytes().unwrap_or(0),
+        }
+    }
+}
+
+/// How often the TUI samples memory.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// A field of `/proc/self/status` in bytes (`VmHWM`, `VmRSS`), on Linux.
 fn proc_status_bytes(field: &str) -> Option<u64> {
@@ -16,4 +71,17 @@ pub fn peak_rss_bytes() -> Option<u64> {
 /// Current resident set size of this process (`VmRSS`).
 pub fn rss_bytes() -> Option<u64> {
     proc_status_bytes("VmRSS:")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_readings_are_plausible() {
+        let s = SystemMemory::new().sample();
+        assert!(s.total > 0 && s.used <= s.total && s.available <= s.total);
+        assert!(s.rss > 0 && s.rss < s.total);
+        assert!(peak_rss_bytes().unwrap_or(0) >= s.rss / 2);
+    }
 }

@@ -126,6 +126,11 @@ impl SaveJob {
         self.cancel.store(true, Ordering::Relaxed);
     }
 
+    /// The flag that cancels this save, for a holder that gives the job away.
+    pub fn cancel_flag(&self) -> Arc<AtomicBool> {
+        self.cancel.clone()
+    }
+
     /// Waits for the save to end.
     pub fn join(mut self) -> Result<SaveReport, SaveError> {
         match self.handle.take().map(JoinHandle::join) {

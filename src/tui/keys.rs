@@ -1,0 +1,105 @@
+//! Every key binding, in one place: key events become [`Action`]s here and nowhere
+//! else, and the help overlay and status line are drawn from the same table.
+
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKind};
+
+use super::app::{Action, Mode};
+
+/// What the help overlay lists: (keys, what they do).
+pub const HELP: &[(&str, &str)] = &[
+    ("↑/↓  j/k", "move"),
+    ("PgUp/PgDn", "move a page"),
+    ("g / G", "top / bottom"),
+    ("→/l/Enter", "expand"),
+    ("←/h", "collapse, or go to parent"),
+    ("/", "search names; n / N next / previous match"),
+    ("t", "jump to the tie partner"),
+    ("d", "cycle the selected module's device (edits the map)"),
+    ("w", "export the edited device map as JSON"),
+    ("s", "save dialog: shard size, output folder, preview"),
+    ("?", "this help"),
+    ("q  Ctrl-C", "quit (asks while a save runs)"),
+];
+
+/// The short hint on the status line for each mode.
+pub fn hint(mode: &Mode) -> &'static str {
+    match mode {
+        Mode::Browse => "↑↓ move  →← open/close  / search  t tie  d device  w export  s save  ? help  q quit",
+        Mode::Search(_) => "type to search  Enter keep  Esc cancel",
+        Mode::SaveDialog(_) => "Tab field  ←→ preset  Ctrl-U clear  Ctrl-O overwrite  Enter start  Esc close",
+        Mode::Export(_) => "Enter write  Ctrl-U clear  Esc cancel",
+        Mode::Help => "Esc or ? close",
+        Mode::Confirm(_) => "y yes  n no",
+    }
+}
+
+pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
+    let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+    if ctrl && key.code == KeyCode::Char('c') {
+        return Some(Action::Quit);
+    }
+    match mode {
+        Mode::Browse => browse(key),
+        Mode::Search(_) => match key.code {
+            KeyCode::Enter => Some(Action::Submit),
+            KeyCode::Esc => Some(Action::Close),
+            KeyCode::Backspace => Some(Action::Backspace),
+            KeyCode::Char('u') if ctrl => Some(Action::ClearField),
+            KeyCode::Char(c) => Some(Action::Input(c)),
+            _ => None,
+        },
+        Mode::SaveDialog(_) | Mode::Export(_) => match key.code {
+            KeyCode::Enter => Some(Action::Submit),
+            KeyCode::Esc => Some(Action::Close),
+            KeyCode::Tab | KeyCode::BackTab => Some(Action::NextField),
+            KeyCode::Left => Some(Action::PrevPreset),
+            KeyCode::Right => Some(Action::NextPreset),
+            KeyCode::Backspace => Some(Action::Backspace),
+            KeyCode::Char('u') if ctrl => Some(Action::ClearField),
+            KeyCode::Char('o') if ctrl => Some(Action::ToggleOverwrite),
+            KeyCode::Char(c) if !ctrl => Some(Action::Input(c)),
+            _ => None,
+        },
+        Mode::Help => match key.code {
+            KeyCode::Esc | KeyCode::Char('?') | KeyCode::Char('q') | KeyCode::Enter => Some(Action::Close),
+            _ => None,
+        },
+        Mode::Confirm(_) => match key.code {
+            KeyCode::Char('y') | KeyCode::Char('Y') | KeyCode::Enter => Some(Action::Yes),
+            KeyCode::Char('n') | KeyCode::Char('N') | KeyCode::Esc => Some(Action::No),
+            _ => None,
+        },
+    }
+}
+
+fn browse(key: KeyEvent) -> Option<Action> {
+    Some(match key.code {
+        KeyCode::Up | KeyCode::Char('k') => Action::Up,
+        KeyCode::Down | KeyCode::Char('j') => Action::Down,
+        KeyCode::PageUp => Action::PageUp,
+        KeyCode::PageDown => Action::PageDown,
+        KeyCode::Home | KeyCode::Char('g') => Action::Top,
+        KeyCode::End | KeyCode::Char('G') => Action::Bottom,
+        KeyCode::Right | KeyCode::Char('l') | KeyCode::Enter => Action::Expand,
+        KeyCode::Left | KeyCode::Char('h') => Action::Collapse,
+        KeyCode::Char('/') => Action::StartSearch,
+        KeyCode::Char('n') => Action::NextMatch,
+        KeyCode::Char('N') => Action::PrevMatch,
+        KeyCode::Char('t') => Action::JumpTie,
+        KeyCode::Char('d') => Action::CycleDevice,
+        KeyCode::Char('w') => Action::StartExport,
+        KeyCode::Char('s') => Action::OpenSave,
+        KeyCode::Char('?') => Action::Help,
+        KeyCode::Char('q') => Action::Quit,
+        KeyCode::Esc => Action::Close,
+        _ => return None,
+    })
+}
+
+pub fn mouse_action(mouse: MouseEvent) -> Option<Action> {
+    match mouse.kind {
+        MouseEventKind::ScrollUp => Some(Action::ScrollUp),
+        MouseEventKind::ScrollDown => Some(Action::ScrollDown),
+        _ => None,
+    }
+}

@@ -1,0 +1,239 @@
+//! The interactive inspector. `App` (state, `handle(Action) -> Vec<Effect>`) and `ui`
+//! (drawing over `&App`) know nothing of the terminal; this module owns it: set-up and
+//! restore (also on panic), the one event channel, and carrying out effects.
+
+pub mod app;
+pub mod keys;
+pub mod rows;
+pub mod ui;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Once};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ratatui::Terminal;
+use ratatui::backend::CrosstermBackend;
+use ratatui::crossterm::event::{self, DisableMouseCapture, EnableMouseCapture, Event as TermEvent, KeyEventKind};
+use ratatui::crossterm::execute;
+use ratatui::crossterm::terminal::{EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode};
+
+use crate::model::Checkpoint;
+use crate::monitor::{MemorySample, MemorySource, SAMPLE_INTERVAL, SystemMemory};
+use crate::save::{SaveEvent, SaveJob};
+use app::{Action, App, Budgets, Effect};
+
+/// Everything the loop waits on, merged into one channel.
+enum Event {
+    Terminal(TermEvent),
+    Memory(MemorySample),
+    Save(SaveEvent),
+}
+
+/// How often the screen may redraw for input, and for background progress alone.
+const FRAME: Duration = Duration::from_millis(16);
+const PROGRESS_FRAME: Duration = Duration::from_millis(250);
+
+/// Whether colours are wanted: `NO_COLOR` set to anything non-empty turns them off.
+pub fn color_wanted() -> bool {
+    std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Budgets known from the system: free disk where offloaded weights live.
+pub fn system_budgets(ckpt: &Checkpoint) -> Budgets {
+    let place = ckpt.offload_dir.as_deref().unwrap_or(&ckpt.dir);
+    Budgets {
+        disk_free: crate::sys::free_space(place).ok(),
+        gpu_total: Vec::new(),
+    }
+}
+
+/// Runs the inspector until the user quits.
+pub fn run(ckpt: Checkpoint) -> io::Result<()> {
+    install_panic_restore();
+    let mut terminal = enter()?;
+    let result = event_loop(&mut terminal, ckpt);
+    leave();
+    result
+}
+
+fn enter() -> io::Result<Terminal<CrosstermBackend<io::Stdout>>> {
+    enable_raw_mode()?;
+    let mut stdout = io::stdout();
+    if let Err(e) = execute!(stdout, EnterAlternateScreen, EnableMouseCapture) {
+        leave();
+        return Err(e);
+    }
+    Terminal::new(CrosstermBackend::new(stdout))
+}
+
+/// Restores the terminal. Safe to call more than once, and from the panic hook.
+fn leave() {
+    let _ = disable_raw_mode();
+    let _ = execute!(io::stdout(), LeaveAlternateScreen, DisableMouseCapture, ratatui::crossterm::cursor::Show);
+}
+
+/// Restores the terminal before the panic report is printed, so it is readable.
+fn install_panic_restore() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            leave();
+            previous(info);
+        }));
+    });
+}
+
+struct Runtime {
+    tx: Sender<Event>,
+    cancel: Option<Arc<AtomicBool>>,
+    save_thread: Option<JoinHandle<()>>,
+    quit: bool,
+}
+
+impl Runtime {
+    fn apply(&mut self, app: &mut App, effects: Vec<Effect>) {
+        let mut queue: std::collections::VecDeque<Effect> = effects.into();
+        while let Some(effect) = queue.pop_front() {
+            let follow = match effect {
+                Effect::StartSave { ckpt, plan, options } => match SaveJob::spawn(ckpt, plan, options) {
+                    Ok(job) => {
+                        self.cancel = Some(job.cancel_flag());
+                        let tx = self.tx.clone();
+                        self.save_thread = std::thread::Builder::new()
+                            .name("devmap-save-events".into())
+                            .spawn(move || {
+                                for ev in job.events.iter() {
+                                    let last = matches!(ev, SaveEvent::Finished(_) | SaveEvent::Failed(_) | SaveEvent::Cancelled);
+                                    if tx.send(Event::Save(ev)).is_err() || last {
+                                        break;
+                                    }
+                                }
+                                let _ = job.join();
+                            })
+                            .ok();
+                        Vec::new()
+                    }
+                    Err(e) => app.handle(Action::SaveNotStarted(e.to_string())),
+                },
+                Effect::CancelSave => {
+                    if let Some(c) = &self.cancel {
+                        c.store(true, Ordering::Relaxed);
+                    }
+                    Vec::new()
+                }
+                Effect::WriteFile { path, contents } => {
+                    let error = std::fs::write(&path, contents).err().map(|e| e.to_string());
+                    app.handle(Action::Written { path, error })
+                }
+                Effect::Quit => {
+                    self.quit = true;
+                    Vec::new()
+                }
+            };
+            queue.extend(follow);
+        }
+    }
+}
+
+fn event_loop(terminal: &mut Terminal<CrosstermBackend<io::Stdout>>, ckpt: Checkpoint) -> io::Result<()> {
+    let (tx, rx) = mpsc::channel::<Event>();
+    spawn_input(tx.clone());
+    spawn_memory(tx.clone(), SystemMemory::new());
+    let budgets = system_budgets(&ckpt);
+    let mut app = App::new(ckpt);
+    app.color = color_wanted();
+    app.budgets = budgets;
+    let size = terminal.size()?;
+    app.handle(Action::Resize { width: size.width, height: size.height });
+    let mut runtime = Runtime {
+        tx,
+        cancel: None,
+        save_thread: None,
+        quit: false,
+    };
+    let start = Instant::now();
+    let mut last_draw: Option<Instant> = None;
+    terminal.draw(|f| ui::draw(&app, f))?;
+    loop {
+        let (urgent, any) = drain(&rx, &mut app, &mut runtime, start)?;
+        if runtime.quit {
+            break;
+        }
+        let due = last_draw.is_none_or(|t| t.elapsed() >= if urgent { FRAME } else { PROGRESS_FRAME });
+        if any && due {
+            terminal.draw(|f| ui::draw(&app, f))?;
+            last_draw = Some(Instant::now());
+        }
+    }
+    // A cancelled save removes its files before its thread ends: wait for that.
+    if let Some(t) = runtime.save_thread.take() {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+/// Waits for the next event, then takes every pending one. Returns whether any was
+/// input (redraw now) and whether anything changed at all.
+fn drain(rx: &Receiver<Event>, app: &mut App, runtime: &mut Runtime, start: Instant) -> io::Result<(bool, bool)> {
+    let first = match rx.recv_timeout(PROGRESS_FRAME) {
+        Ok(e) => Some(e),
+        Err(RecvTimeoutError::Timeout) => None,
+        Err(RecvTimeoutError::Disconnected) => return Err(io::Error::other("event channel closed")),
+    };
+    let mut urgent = false;
+    let mut any = first.is_some() || app.save_running();
+    app.handle(Action::Tick(start.elapsed()));
+    for event in first.into_iter().chain(rx.try_iter()) {
+        let action = match event {
+            Event::Terminal(TermEvent::Key(k)) if k.kind != KeyEventKind::Release => {
+                urgent = true;
+                keys::key_action(&app.mode, k)
+            }
+            Event::Terminal(TermEvent::Mouse(m)) => {
+                urgent = true;
+                keys::mouse_action(m)
+            }
+            Event::Terminal(TermEvent::Resize(width, height)) => {
+                urgent = true;
+                Some(Action::Resize { width, height })
+            }
+            Event::Terminal(_) => None,
+            Event::Memory(s) => Some(Action::Memory(s)),
+            Event::Save(e) => {
+                urgent |= matches!(e, SaveEvent::Finished(_) | SaveEvent::Failed(_) | SaveEvent::Cancelled);
+                Some(Action::Save(e))
+            }
+        };
+        if let Some(action) = action {
+            any = true;
+            let effects = app.handle(action);
+            runtime.apply(app, effects);
+        }
+    }
+    Ok((urgent, any))
+}
+
+fn spawn_input(tx: Sender<Event>) {
+    let _ = std::thread::Builder::new().name("devmap-input".into()).spawn(move || {
+        while let Ok(ev) = event::read() {
+            if tx.send(Event::Terminal(ev)).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+fn spawn_memory(tx: Sender<Event>, mut source: impl MemorySource + 'static) {
+    let _ = std::thread::Builder::new().name("devmap-memory".into()).spawn(move || {
+        loop {
+            if tx.send(Event::Memory(source.sample())).is_err() {
+                break;
+            }
+            std::thread::sleep(SAMPLE_INTERVAL);
+        }
+    });
+}

@@ -1,0 +1,113 @@
+//! The details panel, which doubles as "explain": why the selected node is where it
+//! is and where its bytes come from.
+
+use std::path::Path;
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Paragraph, Wrap};
+
+use super::theme::Theme;
+use super::{bar, panel};
+use crate::human_bytes;
+use crate::inspect::human_count;
+use crate::model::checkpoint::{ByteRange, Source};
+use crate::tui::app::App;
+
+pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let block = panel("Details");
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let Some(id) = app.selected() else {
+        return;
+    };
+    let node = &app.tree.nodes[id];
+    let name = app.tree.full_name(id);
+    let mut lines = vec![Line::from(Span::styled(name.clone(), theme.title()))];
+    let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<10}"), theme.dim()), Span::raw(v)]);
+    if let Some(t) = node.tensor {
+        let tensor = &app.ckpt.tensors[t];
+        lines.push(kv("dtype", tensor.dtype.to_string()));
+        lines.push(kv("shape", format!("{:?}", tensor.shape)));
+        lines.push(kv("size", format!("{} ({} B, {} params)", human_bytes(tensor.bytes), tensor.bytes, human_count(tensor.numel()))));
+        lines.push(Line::from(vec![
+            Span::styled(format!("{:<10}", "device"), theme.dim()),
+            Span::styled(tensor.placement.to_string(), theme.device(tensor.placement)),
+        ]));
+        lines.push(kv("because", because(app, tensor.map_key.as_deref())));
+        lines.push(kv("bytes in", source_text(app, tensor.source)));
+        if let (Source::Offload(_), Some(old)) = (tensor.source, tensor.checkpoint) {
+            lines.push(kv("replaces", format!("{} (older value)", range_text(app, old))));
+        }
+        if let Some(load) = tensor.load_dtype {
+            lines.push(kv("loads as", format!("{} (stored {})", load.torch_name(), tensor.dtype)));
+        }
+        if let Some(group) = app.ckpt.tie_group(t) {
+            let members: Vec<String> = group
+                .members
+                .iter()
+                .enumerate()
+                .map(|(i, &m)| {
+                    let mark = if i == 0 { " (kept on save)" } else { "" };
+                    format!("{} [{}]{mark}", app.ckpt.tensors[m].name, app.ckpt.tensors[m].placement)
+                })
+                .collect();
+            lines.push(Line::from(vec![
+                Span::styled(format!("{:<10}", "tied"), theme.dim()),
+                Span::styled(members.join(" = "), theme.tie()),
+            ]));
+        }
+    } else {
+        lines.push(kv("module", format!("{} tensors, {} params", node.tensors, human_count(node.params))));
+        lines.push(kv("size", human_bytes(node.bytes)));
+        if let Some(map) = &app.ckpt.device_map
+            && let Some(p) = map.get(&name)
+        {
+            lines.push(kv("map key", format!("`{name}` → {p}")));
+        }
+        if node.has_tie {
+            lines.push(Line::from(Span::styled("holds tied weights (t on a tensor jumps)", theme.tie())));
+        }
+        lines.push(Line::from(Span::styled("split", theme.dim())));
+        let total = node.bytes.max(1) as f64;
+        let bar_w = (inner.width as usize).saturating_sub(28).clamp(4, 20);
+        for (p, b) in &node.split {
+            lines.push(Line::from(vec![
+                Span::styled(format!("  {:<9}", p.to_string()), theme.device(*p)),
+                Span::styled(bar(*b as f64 / total, bar_w), theme.device(*p)),
+                Span::raw(format!(" {:>10} {:>3.0}%", human_bytes(*b), *b as f64 * 100.0 / total)),
+            ]));
+        }
+    }
+    frame.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
+}
+
+fn because(app: &App, key: Option<&str>) -> String {
+    match (&app.ckpt.device_map, key) {
+        (None, _) => "no device map: everything is on cpu".into(),
+        (Some(_), Some("")) => "the map's \"\" entry covers the whole model".into(),
+        (Some(_), Some(k)) => format!("device-map key `{k}`"),
+        (Some(_), None) => "no device-map key covers it (unmapped)".into(),
+    }
+}
+
+fn source_text(app: &App, source: Source) -> String {
+    match source {
+        Source::Checkpoint(r) => range_text(app, r),
+        Source::Offload(r) => format!("offload {}", range_text(app, r)),
+        Source::Tied(to) => format!("tie partner {}", app.ckpt.tensors[to].name),
+        Source::None => "nowhere (meta: cannot be saved)".into(),
+    }
+}
+
+fn range_text(app: &App, r: ByteRange) -> String {
+    let path = app.ckpt.file_path(r.file);
+    format!("{} @ {}", relative(path, &app.ckpt.dir), r.offset)
+}
+
+/// Paths inside the model directory are shown relative to it.
+fn relative(path: &Path, dir: &Path) -> String {
+    path.strip_prefix(dir)
+        .map_or_else(|_| path.display().to_string(), |p| p.display().to_string())
+}

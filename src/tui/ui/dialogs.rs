@@ -1,0 +1,132 @@
+//! Popups over the main screen: the save dialog with its live preview, the export
+//! path, confirmations, and the help overlay.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Clear, Paragraph, Wrap};
+
+use super::theme::Theme;
+use super::{centered, panel};
+use crate::human_bytes;
+use crate::tui::app::{App, Confirm, ExportDialog, Field, SHARD_PRESETS, SaveDialog};
+use crate::tui::keys;
+
+pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let rect = centered(area, 84, 22);
+    frame.render_widget(Clear, rect);
+    let block = panel("Save as sharded safetensors");
+    let inner = block.inner(rect);
+    frame.render_widget(block, rect);
+    let field = |label: &str, value: &str, active: bool| {
+        let style = if active { theme.selected() } else { ratatui::style::Style::default() };
+        Line::from(vec![
+            Span::styled(format!("{label:<13}"), theme.dim()),
+            Span::styled(format!("{value}{}", if active { "▏" } else { "" }), style),
+        ])
+    };
+    let p = &d.preview;
+    let mut lines = vec![
+        field("shard size", &d.size, d.field == Field::ShardSize),
+        Line::from(Span::styled(format!("{:13}presets: {}  (←/→)", "", SHARD_PRESETS.join(" ")), theme.dim())),
+        field("output", &d.out, d.field == Field::Output),
+        Line::from(""),
+    ];
+    if p.plan.is_some() {
+        let sizes = summarize_sizes(&p.shard_sizes);
+        lines.push(Line::from(format!(
+            "{} tensors → {} shard(s) ({sizes}), {} to write",
+            p.tensors,
+            p.shard_sizes.len(),
+            human_bytes(p.bytes)
+        )));
+        if let Some((name, bytes)) = &p.largest {
+            lines.push(Line::from(format!("largest tensor: {name} ({})", human_bytes(*bytes))));
+        }
+        for (dropped, kept) in &p.ties_once {
+            lines.push(Line::from(Span::styled(format!("tied: {dropped} written once, as {kept}"), theme.tie())));
+        }
+        lines.push(Line::from(format!(
+            "memory: about {} (one copy buffer; no shard is held in RAM)",
+            human_bytes(p.memory)
+        )));
+        if d.overwrite {
+            lines.push(Line::from(Span::styled("overwrite: on (earlier weight files in the folder are replaced)", theme.warn())));
+        }
+    }
+    for w in &p.warnings {
+        lines.push(Line::from(Span::styled(format!("warning: {w}"), theme.warn())));
+    }
+    for e in &p.errors {
+        lines.push(Line::from(Span::styled(format!("cannot start: {e}"), theme.bad())));
+    }
+    if p.offer_overwrite {
+        lines.push(Line::from(Span::styled("Ctrl-O overwrites the folder's weight files", theme.warn())));
+    }
+    if app.save_running() {
+        lines.push(Line::from(Span::styled("a save is already running", theme.bad())));
+    }
+    lines.push(Line::from(""));
+    lines.push(Line::from(Span::styled(keys::hint(&app.mode), theme.dim())));
+    frame.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
+}
+
+/// `3 × 4.66 GiB + 1.20 GiB`-style summary of shard sizes.
+fn summarize_sizes(sizes: &[u64]) -> String {
+    match sizes {
+        [] => "nothing".into(),
+        [one] => human_bytes(*one),
+        [.., last] => {
+            let max = sizes.iter().copied().max().unwrap_or(0);
+            format!("largest {}, last {}", human_bytes(max), human_bytes(*last))
+        }
+    }
+}
+
+pub fn export(d: &ExportDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let rect = centered(area, 80, 7);
+    frame.render_widget(Clear, rect);
+    let block = panel("Export device map (hf_device_map JSON)");
+    let inner = block.inner(rect);
+    frame.render_widget(block, rect);
+    let mut lines = vec![Line::from(vec![
+        Span::styled("path ", theme.dim()),
+        Span::styled(format!("{}▏", d.path), theme.selected()),
+    ])];
+    if let Some(e) = &d.error {
+        lines.push(Line::from(Span::styled(e.clone(), theme.bad())));
+    }
+    lines.push(Line::from(Span::styled("Enter write  Ctrl-U clear  Esc cancel", theme.dim())));
+    frame.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
+}
+
+pub fn confirm(c: &Confirm, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let text = match c {
+        Confirm::QuitDuringSave => "A save is running. Cancel it and quit? (y/n)".to_owned(),
+        Confirm::CancelSave => "Cancel the running save? Nothing it wrote is kept. (y/n)".to_owned(),
+        Confirm::OverwriteExport(p) => format!("{} exists. Overwrite it? (y/n)", p.display()),
+    };
+    let rect = centered(area, 64, 5);
+    frame.render_widget(Clear, rect);
+    let block = panel("Confirm");
+    let inner = block.inner(rect);
+    frame.render_widget(block, rect);
+    frame.render_widget(
+        Paragraph::new(Line::from(Span::styled(text, theme.warn()))).wrap(Wrap { trim: true }),
+        inner,
+    );
+}
+
+pub fn help(frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let rect = centered(area, 66, keys::HELP.len() as u16 + 4);
+    frame.render_widget(Clear, rect);
+    let block = panel("Keys");
+    let inner = block.inner(rect);
+    frame.render_widget(block, rect);
+    let mut lines: Vec<Line> = keys::HELP
+        .iter()
+        .map(|(k, what)| Line::from(vec![Span::styled(format!("{k:<12}"), theme.title()), Span::raw(*what)]))
+        .collect();
+    lines.push(Line::from(Span::styled("mouse wheel scrolls · Esc closes", theme.dim())));
+    frame.render_widget(Paragraph::new(lines), inner);
+}

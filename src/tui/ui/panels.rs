@@ -1,0 +1,162 @@
+//! The lower panels: per-device totals against budgets, the live memory gauge, and
+//! the save progress.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Direction, Layout, Rect};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Paragraph, Sparkline};
+
+use super::theme::Theme;
+use super::{bar, panel};
+use crate::human_bytes;
+use crate::model::placement::Placement;
+use crate::tui::app::{App, Outcome};
+
+pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let block = panel("Devices");
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let total = app.tree.nodes[0].bytes.max(1);
+    let ram_total = app.memory.back().map(|s| s.total);
+    let bar_w = (inner.width as usize).saturating_sub(42).min(24);
+    let lines: Vec<Line> = app
+        .ckpt
+        .device_totals()
+        .into_iter()
+        .map(|(p, bytes)| {
+            let budget = match p {
+                Placement::Gpu(i) => app.budgets.gpu_total.iter().find(|(g, _)| *g == i).map(|(_, b)| *b),
+                Placement::Cpu => ram_total,
+                Placement::Disk => app.budgets.disk_free,
+                _ => None,
+            };
+            let (fraction, of) = match budget {
+                Some(b) if b > 0 => (bytes as f64 / b as f64, format!(" of {}", human_bytes(b))),
+                _ => (bytes as f64 / total as f64, " of model".to_owned()),
+            };
+            let over = budget.is_some_and(|b| bytes > b);
+            let mut spans = vec![
+                Span::styled(format!("{:<9}", p.to_string()), theme.device(p)),
+                Span::raw(format!("{:>11} ", human_bytes(bytes))),
+            ];
+            if bar_w >= 4 {
+                spans.push(Span::styled(bar(fraction, bar_w), if over { theme.bad() } else { theme.device(p) }));
+            }
+            spans.push(Span::styled(format!(" {:>3.0}%{of}", fraction * 100.0), theme.dim()));
+            if over {
+                spans.push(Span::styled(" OVER", theme.bad()));
+            }
+            Line::from(spans)
+        })
+        .collect();
+    frame.render_widget(Paragraph::new(lines), inner);
+}
+
+pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let block = panel("Memory");
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let Some(latest) = app.memory.back() else {
+        frame.render_widget(Paragraph::new(Span::styled("waiting for a reading…", theme.dim())), inner);
+        return;
+    };
+    let rows = Layout::default()
+        .direction(Direction::Vertical)
+        .constraints([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)])
+        .split(inner);
+    let fraction = latest.used as f64 / latest.total.max(1) as f64;
+    let numbers = format!("{}/{}", human_bytes(latest.used), human_bytes(latest.total));
+    // Narrow panels drop the bar first, then the label.
+    let room = inner.width as usize;
+    let gauge = if room >= numbers.len() + 12 {
+        let w = room - numbers.len() - 7;
+        Line::from(vec![
+            Span::raw("RAM "),
+            Span::styled(bar(fraction, w), theme.gauge()),
+            Span::raw(format!(" {numbers}")),
+        ])
+    } else if room >= numbers.len() + 4 {
+        Line::from(format!("RAM {numbers}"))
+    } else {
+        Line::from(numbers)
+    };
+    frame.render_widget(Paragraph::new(gauge), rows[0]);
+    frame.render_widget(
+        Paragraph::new(Line::from(vec![
+            Span::styled("devmap ", theme.dim()),
+            Span::raw(human_bytes(latest.rss)),
+            Span::styled(format!("   free {}", human_bytes(latest.available)), theme.dim()),
+        ])),
+        rows[1],
+    );
+    let history: Vec<u64> = app.memory.iter().map(|s| s.used).collect();
+    let width = rows[2].width as usize;
+    let tail = &history[history.len().saturating_sub(width)..];
+    let spark = Sparkline::default()
+        .data(tail)
+        .max(latest.total.max(1))
+        .style(theme.gauge());
+    frame.render_widget(spark, rows[2]);
+}
+
+pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let Some(save) = &app.save else { return };
+    let title = match &save.outcome {
+        None if save.cancel_requested => "Save — cancelling",
+        None => "Save — running (Esc cancels)",
+        Some(Outcome::Done(_)) => "Save — done",
+        Some(Outcome::Failed(_)) => "Save — failed",
+        Some(Outcome::Cancelled) => "Save — cancelled",
+    };
+    let block = panel(title);
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let width = inner.width as usize;
+    let overall = save.written as f64 / save.total.max(1) as f64;
+    let rate = app
+        .save_rate()
+        .map(|(r, eta)| {
+            let eta = if eta.is_finite() { format!("{eta:.0}s") } else { "?".into() };
+            format!("  {}/s  ETA {eta}", human_bytes(r as u64))
+        })
+        .unwrap_or_default();
+    let head = format!(
+        "→ {}  {} / {}{rate}",
+        save.out.display(),
+        human_bytes(save.written),
+        human_bytes(save.total)
+    );
+    let mut lines = vec![Line::from(head)];
+    let bar_w = width.saturating_sub(12).max(4);
+    lines.push(Line::from(vec![
+        Span::raw("all     "),
+        Span::styled(bar(overall, bar_w), theme.gauge()),
+        Span::raw(format!(" {:>3.0}%", overall * 100.0)),
+    ]));
+    match &save.outcome {
+        Some(Outcome::Done(r)) => lines.push(Line::from(Span::styled(
+            format!("{} shard(s) in {}: {}", r.shard_files.len(), r.out.display(), r.shard_files.join(", ")),
+            theme.good(),
+        ))),
+        Some(Outcome::Failed(why)) => lines.push(Line::from(Span::styled(why.clone(), theme.bad()))),
+        Some(Outcome::Cancelled) => lines.push(Line::from("no shard was left behind")),
+        None => {
+            // A window of shards around the current one.
+            let room = inner.height.saturating_sub(2) as usize;
+            let current = save.current.unwrap_or(0);
+            let first = current.saturating_sub(room / 2).min(save.shards.len().saturating_sub(room));
+            let name_w = 34.min(width / 2);
+            for s in save.shards.iter().skip(first).take(room) {
+                let f = s.written as f64 / s.bytes.max(1) as f64;
+                let w = width.saturating_sub(name_w + 8).max(4);
+                let mark = if s.done { "✓" } else { " " };
+                lines.push(Line::from(vec![
+                    Span::raw(format!("{mark}{:<name_w$} ", s.file_name.chars().take(name_w).collect::<String>())),
+                    Span::styled(bar(f, w), if s.done { theme.good() } else { theme.gauge() }),
+                    Span::raw(format!(" {:>3.0}%", f * 100.0)),
+                ]));
+            }
+        }
+    }
+    frame.render_widget(Paragraph::new(lines), inner);
+}
