@@ -32,11 +32,16 @@ fn transformers_loads_what_devmap_saved_from_an_offloaded_model() {
     let py = match python() {
         Ok(p) => p,
         Err(why) => {
-            eprintln!("SKIPPED transformers_loads_what_devmap_saved_from_an_offloaded_model: {why}");
+            eprintln!(
+                "SKIPPED transformers_loads_what_devmap_saved_from_an_offloaded_model: {why}"
+            );
             return;
         }
     };
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/real_transformers.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/real_transformers.py"
+    );
     let o = Command::new(py)
         .arg(script)
         .arg(env!("CARGO_BIN_EXE_devmap"))

@@ -43,7 +43,10 @@ pub fn run(args: Args) -> Result<()> {
                 devmap::tui::run(ckpt).wrap_err("the terminal interface failed")
             } else {
                 // Not a terminal (piped, redirected): the same picture as text.
-                print!("{}", inspect::to_text(&ckpt, inspect::TextOptions::default()));
+                print!(
+                    "{}",
+                    inspect::to_text(&ckpt, inspect::TextOptions::default())
+                );
                 Ok(())
             }
         }

@@ -58,7 +58,10 @@ pub enum Action {
     ToggleOverwrite,
     Yes,
     No,
-    Resize { width: u16, height: u16 },
+    Resize {
+        width: u16,
+        height: u16,
+    },
     /// Time since the app started (the runtime's clock; tests pass fixed values).
     Tick(Duration),
     Memory(MemorySample),
@@ -66,7 +69,10 @@ pub enum Action {
     /// The runtime could not start the save thread.
     SaveNotStarted(String),
     /// Result of an `Effect::WriteFile`.
-    Written { path: PathBuf, error: Option<String> },
+    Written {
+        path: PathBuf,
+        error: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -77,7 +83,10 @@ pub enum Effect {
         options: SaveOptions,
     },
     CancelSave,
-    WriteFile { path: PathBuf, contents: String },
+    WriteFile {
+        path: PathBuf,
+        contents: String,
+    },
     Quit,
 }
 
@@ -292,9 +301,15 @@ impl App {
                 match error {
                     None => {
                         self.map_edited = false;
-                        self.say(format!("device map written to {}", path.display()), Tone::Good);
+                        self.say(
+                            format!("device map written to {}", path.display()),
+                            Tone::Good,
+                        );
                     }
-                    Some(e) => self.say(format!("could not write {}: {e}", path.display()), Tone::Bad),
+                    Some(e) => self.say(
+                        format!("could not write {}: {e}", path.display()),
+                        Tone::Bad,
+                    ),
                 }
                 Vec::new()
             }
@@ -405,9 +420,15 @@ impl App {
                 }
                 let n = self.matches.len();
                 if n > 0 {
-                    self.say(format!("{n} match(es) for `{}`: n / N to step", self.last_search), Tone::Info);
+                    self.say(
+                        format!("{n} match(es) for `{}`: n / N to step", self.last_search),
+                        Tone::Info,
+                    );
                 } else if !self.last_search.is_empty() {
-                    self.say(format!("no name contains `{}`", self.last_search), Tone::Bad);
+                    self.say(
+                        format!("no name contains `{}`", self.last_search),
+                        Tone::Bad,
+                    );
                 }
                 return;
             }
@@ -419,7 +440,12 @@ impl App {
         }
         let q = query.clone();
         self.find_matches(&q);
-        if let Some(&first) = self.matches.iter().find(|&&m| Some(m) >= self.selected()).or(self.matches.first()) {
+        if let Some(&first) = self
+            .matches
+            .iter()
+            .find(|&&m| Some(m) >= self.selected())
+            .or(self.matches.first())
+        {
             self.rows.reveal(&self.tree, first);
         }
     }
@@ -435,7 +461,9 @@ impl App {
         let needle = query.to_lowercase();
         for (id, t) in self.ckpt.tensors.iter().enumerate() {
             let name = t.name.to_lowercase();
-            let Some(at) = name.find(&needle) else { continue };
+            let Some(at) = name.find(&needle) else {
+                continue;
+            };
             let end = at + needle.len();
             // Components after the one the match ends in.
             let below = name[end..].matches('.').count();
@@ -462,9 +490,16 @@ impl App {
         }
         let current = self.selected().unwrap_or(0);
         let next = if dir > 0 {
-            self.matches.iter().find(|&&m| m > current).or(self.matches.first())
+            self.matches
+                .iter()
+                .find(|&&m| m > current)
+                .or(self.matches.first())
         } else {
-            self.matches.iter().rev().find(|&&m| m < current).or(self.matches.last())
+            self.matches
+                .iter()
+                .rev()
+                .find(|&&m| m < current)
+                .or(self.matches.last())
         };
         if let Some(&n) = next {
             self.rows.reveal(&self.tree, n);
@@ -480,7 +515,10 @@ impl App {
             return;
         };
         let Some(group) = self.ckpt.tie_group(tensor) else {
-            self.say(format!("`{}` is not tied", self.ckpt.tensors[tensor].name), Tone::Info);
+            self.say(
+                format!("`{}` is not tied", self.ckpt.tensors[tensor].name),
+                Tone::Info,
+            );
             return;
         };
         let pos = group.members.iter().position(|&m| m == tensor).unwrap_or(0);
@@ -496,7 +534,12 @@ impl App {
             .ckpt
             .device_map
             .as_ref()
-            .map(|m| m.devices().into_iter().filter(|p| matches!(p, Placement::Gpu(_))).collect())
+            .map(|m| {
+                m.devices()
+                    .into_iter()
+                    .filter(|p| matches!(p, Placement::Gpu(_)))
+                    .collect()
+            })
             .unwrap_or_default();
         if cycle.is_empty() {
             cycle.push(Placement::Gpu(0));
@@ -533,8 +576,15 @@ impl App {
         self.tree.recompute(&self.ckpt);
         self.warnings = self.ckpt.all_warnings();
         self.map_edited = true;
-        let shown = if key.is_empty() { "the whole model".to_owned() } else { format!("`{key}`") };
-        self.say(format!("{shown} → {next}; w exports the edited map"), Tone::Info);
+        let shown = if key.is_empty() {
+            "the whole model".to_owned()
+        } else {
+            format!("`{key}`")
+        };
+        self.say(
+            format!("{shown} → {next}; w exports the edited map"),
+            Tone::Info,
+        );
     }
 
     // ----- export -----
@@ -800,7 +850,10 @@ impl App {
             outcome: None,
             cancel_requested: false,
         });
-        self.say(format!("saving to {}… (Esc cancels)", options.out.display()), Tone::Info);
+        self.say(
+            format!("saving to {}… (Esc cancels)", options.out.display()),
+            Tone::Info,
+        );
         vec![Effect::StartSave {
             ckpt: Arc::new(self.ckpt.clone()),
             plan,
@@ -847,11 +900,17 @@ impl App {
             }
             SaveEvent::Failed(why) => {
                 save.outcome = Some(Outcome::Failed(why.clone()));
-                self.say(format!("save failed, nothing left behind: {why}"), Tone::Bad);
+                self.say(
+                    format!("save failed, nothing left behind: {why}"),
+                    Tone::Bad,
+                );
             }
             SaveEvent::Cancelled => {
                 save.outcome = Some(Outcome::Cancelled);
-                self.say("save cancelled; no shard was left in the output folder", Tone::Info);
+                self.say(
+                    "save cancelled; no shard was left in the output folder",
+                    Tone::Info,
+                );
             }
         }
     }
@@ -875,7 +934,10 @@ impl App {
 
 /// The preset after (or before) `current`; from a typed value, the nearest one.
 fn step_preset(current: &str, forward: bool) -> String {
-    let sizes: Vec<u64> = SHARD_PRESETS.iter().filter_map(|p| parse_size(p).ok()).collect();
+    let sizes: Vec<u64> = SHARD_PRESETS
+        .iter()
+        .filter_map(|p| parse_size(p).ok())
+        .collect();
     let value = parse_size(current).ok();
     let index = match value {
         Some(v) => {

@@ -24,9 +24,13 @@ pub const HELP: &[(&str, &str)] = &[
 /// The short hint on the status line for each mode.
 pub fn hint(mode: &Mode) -> &'static str {
     match mode {
-        Mode::Browse => "↑↓ move  →← open/close  / search  t tie  d device  w export  s save  ? help  q quit",
+        Mode::Browse => {
+            "↑↓ move  →← open/close  / search  t tie  d device  w export  s save  ? help  q quit"
+        }
         Mode::Search(_) => "type to search  Enter keep  Esc cancel",
-        Mode::SaveDialog(_) => "Tab field  ←→ preset  Ctrl-U clear  Ctrl-O overwrite  Enter start  Esc close",
+        Mode::SaveDialog(_) => {
+            "Tab field  ←→ preset  Ctrl-U clear  Ctrl-O overwrite  Enter start  Esc close"
+        }
         Mode::Export(_) => "Enter write  Ctrl-U clear  Esc cancel",
         Mode::Help => "Esc or ? close",
         Mode::Confirm(_) => "y yes  n no",
@@ -61,7 +65,9 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
             _ => None,
         },
         Mode::Help => match key.code {
-            KeyCode::Esc | KeyCode::Char('?') | KeyCode::Char('q') | KeyCode::Enter => Some(Action::Close),
+            KeyCode::Esc | KeyCode::Char('?') | KeyCode::Char('q') | KeyCode::Enter => {
+                Some(Action::Close)
+            }
             _ => None,
         },
         Mode::Confirm(_) => match key.code {

@@ -16,9 +16,13 @@ use std::time::{Duration, Instant};
 
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
-use ratatui::crossterm::event::{self, DisableMouseCapture, EnableMouseCapture, Event as TermEvent, KeyEventKind};
+use ratatui::crossterm::event::{
+    self, DisableMouseCapture, EnableMouseCapture, Event as TermEvent, KeyEventKind,
+};
 use ratatui::crossterm::execute;
-use ratatui::crossterm::terminal::{EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode};
+use ratatui::crossterm::terminal::{
+    EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
+};
 
 use crate::model::Checkpoint;
 use crate::monitor::{MemorySample, MemorySource, SAMPLE_INTERVAL, SystemMemory};
@@ -72,7 +76,12 @@ fn enter() -> io::Result<Terminal<CrosstermBackend<io::Stdout>>> {
 /// Restores the terminal. Safe to call more than once, and from the panic hook.
 fn leave() {
     let _ = disable_raw_mode();
-    let _ = execute!(io::stdout(), LeaveAlternateScreen, DisableMouseCapture, ratatui::crossterm::cursor::Show);
+    let _ = execute!(
+        io::stdout(),
+        LeaveAlternateScreen,
+        DisableMouseCapture,
+        ratatui::crossterm::cursor::Show
+    );
 }
 
 /// Restores the terminal before the panic report is printed, so it is readable.
@@ -99,7 +108,11 @@ impl Runtime {
         let mut queue: std::collections::VecDeque<Effect> = effects.into();
         while let Some(effect) = queue.pop_front() {
             let follow = match effect {
-                Effect::StartSave { ckpt, plan, options } => match SaveJob::spawn(ckpt, plan, options) {
+                Effect::StartSave {
+                    ckpt,
+                    plan,
+                    options,
+                } => match SaveJob::spawn(ckpt, plan, options) {
                     Ok(job) => {
                         self.cancel = Some(job.cancel_flag());
                         let tx = self.tx.clone();
@@ -107,7 +120,12 @@ impl Runtime {
                             .name("devmap-save-events".into())
                             .spawn(move || {
                                 for ev in job.events.iter() {
-                                    let last = matches!(ev, SaveEvent::Finished(_) | SaveEvent::Failed(_) | SaveEvent::Cancelled);
+                                    let last = matches!(
+                                        ev,
+                                        SaveEvent::Finished(_)
+                                            | SaveEvent::Failed(_)
+                                            | SaveEvent::Cancelled
+                                    );
                                     if tx.send(Event::Save(ev)).is_err() || last {
                                         break;
                                     }
@@ -139,7 +157,10 @@ impl Runtime {
     }
 }
 
-fn event_loop(terminal: &mut Terminal<CrosstermBackend<io::Stdout>>, ckpt: Checkpoint) -> io::Result<()> {
+fn event_loop(
+    terminal: &mut Terminal<CrosstermBackend<io::Stdout>>,
+    ckpt: Checkpoint,
+) -> io::Result<()> {
     let (tx, rx) = mpsc::channel::<Event>();
     spawn_input(tx.clone());
     spawn_memory(tx.clone(), SystemMemory::new());
@@ -148,7 +169,10 @@ fn event_loop(terminal: &mut Terminal<CrosstermBackend<io::Stdout>>, ckpt: Check
     app.color = color_wanted();
     app.budgets = budgets;
     let size = terminal.size()?;
-    app.handle(Action::Resize { width: size.width, height: size.height });
+    app.handle(Action::Resize {
+        width: size.width,
+        height: size.height,
+    });
     let mut runtime = Runtime {
         tx,
         cancel: None,
@@ -163,7 +187,8 @@ fn event_loop(terminal: &mut Terminal<CrosstermBackend<io::Stdout>>, ckpt: Check
         if runtime.quit {
             break;
         }
-        let due = last_draw.is_none_or(|t| t.elapsed() >= if urgent { FRAME } else { PROGRESS_FRAME });
+        let due =
+            last_draw.is_none_or(|t| t.elapsed() >= if urgent { FRAME } else { PROGRESS_FRAME });
         if any && due {
             terminal.draw(|f| ui::draw(&app, f))?;
             last_draw = Some(Instant::now());
@@ -178,11 +203,18 @@ fn event_loop(terminal: &mut Terminal<CrosstermBackend<io::Stdout>>, ckpt: Check
 
 /// Waits for the next event, then takes every pending one. Returns whether any was
 /// input (redraw now) and whether anything changed at all.
-fn drain(rx: &Receiver<Event>, app: &mut App, runtime: &mut Runtime, start: Instant) -> io::Result<(bool, bool)> {
+fn drain(
+    rx: &Receiver<Event>,
+    app: &mut App,
+    runtime: &mut Runtime,
+    start: Instant,
+) -> io::Result<(bool, bool)> {
     let first = match rx.recv_timeout(PROGRESS_FRAME) {
         Ok(e) => Some(e),
         Err(RecvTimeoutError::Timeout) => None,
-        Err(RecvTimeoutError::Disconnected) => return Err(io::Error::other("event channel closed")),
+        Err(RecvTimeoutError::Disconnected) => {
+            return Err(io::Error::other("event channel closed"));
+        }
     };
     let mut urgent = false;
     let mut any = first.is_some() || app.save_running();
@@ -204,7 +236,10 @@ fn drain(rx: &Receiver<Event>, app: &mut App, runtime: &mut Runtime, start: Inst
             Event::Terminal(_) => None,
             Event::Memory(s) => Some(Action::Memory(s)),
             Event::Save(e) => {
-                urgent |= matches!(e, SaveEvent::Finished(_) | SaveEvent::Failed(_) | SaveEvent::Cancelled);
+                urgent |= matches!(
+                    e,
+                    SaveEvent::Finished(_) | SaveEvent::Failed(_) | SaveEvent::Cancelled
+                );
                 Some(Action::Save(e))
             }
         };
@@ -218,22 +253,26 @@ fn drain(rx: &Receiver<Event>, app: &mut App, runtime: &mut Runtime, start: Inst
 }
 
 fn spawn_input(tx: Sender<Event>) {
-    let _ = std::thread::Builder::new().name("devmap-input".into()).spawn(move || {
-        while let Ok(ev) = event::read() {
-            if tx.send(Event::Terminal(ev)).is_err() {
-                break;
+    let _ = std::thread::Builder::new()
+        .name("devmap-input".into())
+        .spawn(move || {
+            while let Ok(ev) = event::read() {
+                if tx.send(Event::Terminal(ev)).is_err() {
+                    break;
+                }
             }
-        }
-    });
+        });
 }
 
 fn spawn_memory(tx: Sender<Event>, mut source: impl MemorySource + 'static) {
-    let _ = std::thread::Builder::new().name("devmap-memory".into()).spawn(move || {
-        loop {
-            if tx.send(Event::Memory(source.sample())).is_err() {
-                break;
+    let _ = std::thread::Builder::new()
+        .name("devmap-memory".into())
+        .spawn(move || {
+            loop {
+                if tx.send(Event::Memory(source.sample())).is_err() {
+                    break;
+                }
+                std::thread::sleep(SAMPLE_INTERVAL);
             }
-            std::thread::sleep(SAMPLE_INTERVAL);
-        }
-    });
+        });
 }

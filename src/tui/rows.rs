@@ -44,7 +44,11 @@ impl TreeRows {
         let mut id = 1;
         while id < self.expanded.len() {
             self.visible.push(id);
-            id = if self.expanded[id] { id + 1 } else { self.subtree_end[id] };
+            id = if self.expanded[id] {
+                id + 1
+            } else {
+                self.subtree_end[id]
+            };
         }
         self.selected = self.selected.min(self.visible.len().saturating_sub(1));
     }

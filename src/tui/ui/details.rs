@@ -25,12 +25,25 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let node = &app.tree.nodes[id];
     let name = app.tree.full_name(id);
     let mut lines = vec![Line::from(Span::styled(name.clone(), theme.title()))];
-    let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<10}"), theme.dim()), Span::raw(v)]);
+    let kv = |k: &str, v: String| {
+        Line::from(vec![
+            Span::styled(format!("{k:<10}"), theme.dim()),
+            Span::raw(v),
+        ])
+    };
     if let Some(t) = node.tensor {
         let tensor = &app.ckpt.tensors[t];
         lines.push(kv("dtype", tensor.dtype.to_string()));
         lines.push(kv("shape", format!("{:?}", tensor.shape)));
-        lines.push(kv("size", format!("{} ({} B, {} params)", human_bytes(tensor.bytes), tensor.bytes, human_count(tensor.numel()))));
+        lines.push(kv(
+            "size",
+            format!(
+                "{} ({} B, {} params)",
+                human_bytes(tensor.bytes),
+                tensor.bytes,
+                human_count(tensor.numel())
+            ),
+        ));
         lines.push(Line::from(vec![
             Span::styled(format!("{:<10}", "device"), theme.dim()),
             Span::styled(tensor.placement.to_string(), theme.device(tensor.placement)),
@@ -38,10 +51,16 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         lines.push(kv("because", because(app, tensor.map_key.as_deref())));
         lines.push(kv("bytes in", source_text(app, tensor.source)));
         if let (Source::Offload(_), Some(old)) = (tensor.source, tensor.checkpoint) {
-            lines.push(kv("replaces", format!("{} (older value)", range_text(app, old))));
+            lines.push(kv(
+                "replaces",
+                format!("{} (older value)", range_text(app, old)),
+            ));
         }
         if let Some(load) = tensor.load_dtype {
-            lines.push(kv("loads as", format!("{} (stored {})", load.torch_name(), tensor.dtype)));
+            lines.push(kv(
+                "loads as",
+                format!("{} (stored {})", load.torch_name(), tensor.dtype),
+            ));
         }
         if let Some(group) = app.ckpt.tie_group(t) {
             let members: Vec<String> = group
@@ -50,7 +69,10 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 .enumerate()
                 .map(|(i, &m)| {
                     let mark = if i == 0 { " (kept on save)" } else { "" };
-                    format!("{} [{}]{mark}", app.ckpt.tensors[m].name, app.ckpt.tensors[m].placement)
+                    format!(
+                        "{} [{}]{mark}",
+                        app.ckpt.tensors[m].name, app.ckpt.tensors[m].placement
+                    )
                 })
                 .collect();
             lines.push(Line::from(vec![
@@ -59,7 +81,14 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             ]));
         }
     } else {
-        lines.push(kv("module", format!("{} tensors, {} params", node.tensors, human_count(node.params))));
+        lines.push(kv(
+            "module",
+            format!(
+                "{} tensors, {} params",
+                node.tensors,
+                human_count(node.params)
+            ),
+        ));
         lines.push(kv("size", human_bytes(node.bytes)));
         if let Some(map) = &app.ckpt.device_map
             && let Some(p) = map.get(&name)
@@ -67,7 +96,10 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             lines.push(kv("map key", format!("`{name}` → {p}")));
         }
         if node.has_tie {
-            lines.push(Line::from(Span::styled("holds tied weights (t on a tensor jumps)", theme.tie())));
+            lines.push(Line::from(Span::styled(
+                "holds tied weights (t on a tensor jumps)",
+                theme.tie(),
+            )));
         }
         lines.push(Line::from(Span::styled("split", theme.dim())));
         let total = node.bytes.max(1) as f64;
@@ -76,7 +108,11 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             lines.push(Line::from(vec![
                 Span::styled(format!("  {:<9}", p.to_string()), theme.device(*p)),
                 Span::styled(bar(*b as f64 / total, bar_w), theme.device(*p)),
-                Span::raw(format!(" {:>10} {:>3.0}%", human_bytes(*b), *b as f64 * 100.0 / total)),
+                Span::raw(format!(
+                    " {:>10} {:>3.0}%",
+                    human_bytes(*b),
+                    *b as f64 * 100.0 / total
+                )),
             ]));
         }
     }

@@ -13,13 +13,12 @@ use crate::tui::app::{App, Confirm, ExportDialog, Field, SHARD_PRESETS, SaveDial
 use crate::tui::keys;
 
 pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let rect = centered(area, 84, 22);
-    frame.render_widget(Clear, rect);
-    let block = panel("Save as sharded safetensors");
-    let inner = block.inner(rect);
-    frame.render_widget(block, rect);
     let field = |label: &str, value: &str, active: bool| {
-        let style = if active { theme.selected() } else { ratatui::style::Style::default() };
+        let style = if active {
+            theme.selected()
+        } else {
+            ratatui::style::Style::default()
+        };
         Line::from(vec![
             Span::styled(format!("{label:<13}"), theme.dim()),
             Span::styled(format!("{value}{}", if active { "▏" } else { "" }), style),
@@ -28,7 +27,10 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
     let p = &d.preview;
     let mut lines = vec![
         field("shard size", &d.size, d.field == Field::ShardSize),
-        Line::from(Span::styled(format!("{:13}presets: {}  (←/→)", "", SHARD_PRESETS.join(" ")), theme.dim())),
+        Line::from(Span::styled(
+            format!("{:13}presets: {}  (←/→)", "", SHARD_PRESETS.join(" ")),
+            theme.dim(),
+        )),
         field("output", &d.out, d.field == Field::Output),
         Line::from(""),
     ];
@@ -41,33 +43,59 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
             human_bytes(p.bytes)
         )));
         if let Some((name, bytes)) = &p.largest {
-            lines.push(Line::from(format!("largest tensor: {name} ({})", human_bytes(*bytes))));
+            lines.push(Line::from(format!(
+                "largest tensor: {name} ({})",
+                human_bytes(*bytes)
+            )));
         }
         for (dropped, kept) in &p.ties_once {
-            lines.push(Line::from(Span::styled(format!("tied: {dropped} written once, as {kept}"), theme.tie())));
+            lines.push(Line::from(Span::styled(
+                format!("tied: {dropped} written once, as {kept}"),
+                theme.tie(),
+            )));
         }
         lines.push(Line::from(format!(
             "memory: about {} (one copy buffer; no shard is held in RAM)",
             human_bytes(p.memory)
         )));
         if d.overwrite {
-            lines.push(Line::from(Span::styled("overwrite: on (earlier weight files in the folder are replaced)", theme.warn())));
+            lines.push(Line::from(Span::styled(
+                "overwrite: on (earlier weight files in the folder are replaced)",
+                theme.warn(),
+            )));
         }
     }
     for w in &p.warnings {
-        lines.push(Line::from(Span::styled(format!("warning: {w}"), theme.warn())));
+        lines.push(Line::from(Span::styled(
+            format!("warning: {w}"),
+            theme.warn(),
+        )));
     }
     for e in &p.errors {
-        lines.push(Line::from(Span::styled(format!("cannot start: {e}"), theme.bad())));
+        lines.push(Line::from(Span::styled(
+            format!("cannot start: {e}"),
+            theme.bad(),
+        )));
     }
     if p.offer_overwrite {
-        lines.push(Line::from(Span::styled("Ctrl-O overwrites the folder's weight files", theme.warn())));
+        lines.push(Line::from(Span::styled(
+            "Ctrl-O overwrites the folder's weight files",
+            theme.warn(),
+        )));
     }
     if app.save_running() {
-        lines.push(Line::from(Span::styled("a save is already running", theme.bad())));
+        lines.push(Line::from(Span::styled(
+            "a save is already running",
+            theme.bad(),
+        )));
     }
     lines.push(Line::from(""));
     lines.push(Line::from(Span::styled(keys::hint(&app.mode), theme.dim())));
+    let rect = centered(area, 84, lines.len() as u16 + 2);
+    frame.render_widget(Clear, rect);
+    let block = panel("Save as sharded safetensors");
+    let inner = block.inner(rect);
+    frame.render_widget(block, rect);
     frame.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
 }
 
@@ -96,14 +124,19 @@ pub fn export(d: &ExportDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme)
     if let Some(e) = &d.error {
         lines.push(Line::from(Span::styled(e.clone(), theme.bad())));
     }
-    lines.push(Line::from(Span::styled("Enter write  Ctrl-U clear  Esc cancel", theme.dim())));
+    lines.push(Line::from(Span::styled(
+        "Enter write  Ctrl-U clear  Esc cancel",
+        theme.dim(),
+    )));
     frame.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
 }
 
 pub fn confirm(c: &Confirm, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let text = match c {
         Confirm::QuitDuringSave => "A save is running. Cancel it and quit? (y/n)".to_owned(),
-        Confirm::CancelSave => "Cancel the running save? Nothing it wrote is kept. (y/n)".to_owned(),
+        Confirm::CancelSave => {
+            "Cancel the running save? Nothing it wrote is kept. (y/n)".to_owned()
+        }
         Confirm::OverwriteExport(p) => format!("{} exists. Overwrite it? (y/n)", p.display()),
     };
     let rect = centered(area, 64, 5);
@@ -118,15 +151,23 @@ pub fn confirm(c: &Confirm, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
 }
 
 pub fn help(frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let rect = centered(area, 66, keys::HELP.len() as u16 + 4);
+    let rect = centered(area, 66, keys::HELP.len() as u16 + 3);
     frame.render_widget(Clear, rect);
     let block = panel("Keys");
     let inner = block.inner(rect);
     frame.render_widget(block, rect);
     let mut lines: Vec<Line> = keys::HELP
         .iter()
-        .map(|(k, what)| Line::from(vec![Span::styled(format!("{k:<12}"), theme.title()), Span::raw(*what)]))
+        .map(|(k, what)| {
+            Line::from(vec![
+                Span::styled(format!("{k:<12}"), theme.title()),
+                Span::raw(*what),
+            ])
+        })
         .collect();
-    lines.push(Line::from(Span::styled("mouse wheel scrolls · Esc closes", theme.dim())));
+    lines.push(Line::from(Span::styled(
+        "mouse wheel scrolls · Esc closes",
+        theme.dim(),
+    )));
     frame.render_widget(Paragraph::new(lines), inner);
 }

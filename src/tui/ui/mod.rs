@@ -108,11 +108,10 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
 
 fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let root = &app.tree.nodes[0];
-    let name = app
-        .ckpt
-        .dir
-        .file_name()
-        .map_or_else(|| app.ckpt.dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let name = app.ckpt.dir.file_name().map_or_else(
+        || app.ckpt.dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
     let mut spans = vec![
         Span::styled(" devmap ", theme.title()),
         Span::raw(format!(
@@ -126,7 +125,10 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         spans.push(Span::styled("  [map edited]", theme.warn()));
     }
     if !app.warnings.is_empty() {
-        spans.push(Span::styled(format!("  ! {} warning(s)", app.warnings.len()), theme.warn()));
+        spans.push(Span::styled(
+            format!("  ! {} warning(s)", app.warnings.len()),
+            theme.warn(),
+        ));
     }
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
 }
@@ -137,7 +139,14 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             Span::styled("/", theme.title()),
             Span::raw(q.clone()),
             Span::styled("▏", theme.dim()),
-            Span::styled(format!("   {} match(es)   {}", app.matches.len(), keys::hint(&app.mode)), theme.dim()),
+            Span::styled(
+                format!(
+                    "   {} match(es)   {}",
+                    app.matches.len(),
+                    keys::hint(&app.mode)
+                ),
+                theme.dim(),
+            ),
         ]),
         (Mode::Browse, Some(m)) => {
             let style = match m.tone {
@@ -154,7 +163,9 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
 
 /// A bordered block with a title.
 fn panel(title: &str) -> Block<'_> {
-    Block::default().borders(Borders::ALL).title(format!(" {title} "))
+    Block::default()
+        .borders(Borders::ALL)
+        .title(format!(" {title} "))
 }
 
 /// `[||||||    ]` of `width` cells filled to `fraction`.
@@ -167,5 +178,10 @@ fn bar(fraction: f64, width: usize) -> String {
 fn centered(area: Rect, w: u16, h: u16) -> Rect {
     let w = w.min(area.width.saturating_sub(2));
     let h = h.min(area.height.saturating_sub(2));
-    Rect::new(area.x + (area.width - w) / 2, area.y + (area.height - h) / 2, w, h)
+    Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    )
 }

@@ -25,7 +25,12 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         .into_iter()
         .map(|(p, bytes)| {
             let budget = match p {
-                Placement::Gpu(i) => app.budgets.gpu_total.iter().find(|(g, _)| *g == i).map(|(_, b)| *b),
+                Placement::Gpu(i) => app
+                    .budgets
+                    .gpu_total
+                    .iter()
+                    .find(|(g, _)| *g == i)
+                    .map(|(_, b)| *b),
                 Placement::Cpu => ram_total,
                 Placement::Disk => app.budgets.disk_free,
                 _ => None,
@@ -40,9 +45,15 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 Span::raw(format!("{:>11} ", human_bytes(bytes))),
             ];
             if bar_w >= 4 {
-                spans.push(Span::styled(bar(fraction, bar_w), if over { theme.bad() } else { theme.device(p) }));
+                spans.push(Span::styled(
+                    bar(fraction, bar_w),
+                    if over { theme.bad() } else { theme.device(p) },
+                ));
             }
-            spans.push(Span::styled(format!(" {:>3.0}%{of}", fraction * 100.0), theme.dim()));
+            spans.push(Span::styled(
+                format!(" {:>3.0}%{of}", fraction * 100.0),
+                theme.dim(),
+            ));
             if over {
                 spans.push(Span::styled(" OVER", theme.bad()));
             }
@@ -57,12 +68,19 @@ pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let Some(latest) = app.memory.back() else {
-        frame.render_widget(Paragraph::new(Span::styled("waiting for a reading…", theme.dim())), inner);
+        frame.render_widget(
+            Paragraph::new(Span::styled("waiting for a reading…", theme.dim())),
+            inner,
+        );
         return;
     };
     let rows = Layout::default()
         .direction(Direction::Vertical)
-        .constraints([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)])
+        .constraints([
+            Constraint::Length(1),
+            Constraint::Length(1),
+            Constraint::Min(1),
+        ])
         .split(inner);
     let fraction = latest.used as f64 / latest.total.max(1) as f64;
     let numbers = format!("{}/{}", human_bytes(latest.used), human_bytes(latest.total));
@@ -85,16 +103,33 @@ pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         Paragraph::new(Line::from(vec![
             Span::styled("devmap ", theme.dim()),
             Span::raw(human_bytes(latest.rss)),
-            Span::styled(format!("   free {}", human_bytes(latest.available)), theme.dim()),
+            Span::styled(
+                format!("   free {}", human_bytes(latest.available)),
+                theme.dim(),
+            ),
         ])),
         rows[1],
     );
-    let history: Vec<u64> = app.memory.iter().map(|s| s.used).collect();
+    // The last minute of used RAM, drawn above its own low point so that the change a
+    // save makes is visible next to gigabytes that do not move.
     let width = rows[2].width as usize;
-    let tail = &history[history.len().saturating_sub(width)..];
+    let history: Vec<u64> = app
+        .memory
+        .iter()
+        .rev()
+        .take(width)
+        .map(|s| s.used)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let low = history.iter().copied().min().unwrap_or(0);
+    let high = history.iter().copied().max().unwrap_or(0);
+    let floor = low.saturating_sub((high - low) / 4 + latest.total / 200);
+    let lifted: Vec<u64> = history.iter().map(|u| u - floor).collect();
     let spark = Sparkline::default()
-        .data(tail)
-        .max(latest.total.max(1))
+        .data(&lifted)
+        .max((high - floor).max(1))
         .style(theme.gauge());
     frame.render_widget(spark, rows[2]);
 }
@@ -116,7 +151,11 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let rate = app
         .save_rate()
         .map(|(r, eta)| {
-            let eta = if eta.is_finite() { format!("{eta:.0}s") } else { "?".into() };
+            let eta = if eta.is_finite() {
+                format!("{eta:.0}s")
+            } else {
+                "?".into()
+            };
             format!("  {}/s  ETA {eta}", human_bytes(r as u64))
         })
         .unwrap_or_default();
@@ -127,7 +166,7 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         human_bytes(save.total)
     );
     let mut lines = vec![Line::from(head)];
-    let bar_w = width.saturating_sub(12).max(4);
+    let bar_w = width.saturating_sub(14).max(4);
     lines.push(Line::from(vec![
         Span::raw("all     "),
         Span::styled(bar(overall, bar_w), theme.gauge()),
@@ -135,23 +174,35 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     ]));
     match &save.outcome {
         Some(Outcome::Done(r)) => lines.push(Line::from(Span::styled(
-            format!("{} shard(s) in {}: {}", r.shard_files.len(), r.out.display(), r.shard_files.join(", ")),
+            format!(
+                "{} shard(s) in {}: {}",
+                r.shard_files.len(),
+                r.out.display(),
+                r.shard_files.join(", ")
+            ),
             theme.good(),
         ))),
-        Some(Outcome::Failed(why)) => lines.push(Line::from(Span::styled(why.clone(), theme.bad()))),
+        Some(Outcome::Failed(why)) => {
+            lines.push(Line::from(Span::styled(why.clone(), theme.bad())))
+        }
         Some(Outcome::Cancelled) => lines.push(Line::from("no shard was left behind")),
         None => {
             // A window of shards around the current one.
             let room = inner.height.saturating_sub(2) as usize;
             let current = save.current.unwrap_or(0);
-            let first = current.saturating_sub(room / 2).min(save.shards.len().saturating_sub(room));
+            let first = current
+                .saturating_sub(room / 2)
+                .min(save.shards.len().saturating_sub(room));
             let name_w = 34.min(width / 2);
             for s in save.shards.iter().skip(first).take(room) {
                 let f = s.written as f64 / s.bytes.max(1) as f64;
                 let w = width.saturating_sub(name_w + 8).max(4);
                 let mark = if s.done { "✓" } else { " " };
                 lines.push(Line::from(vec![
-                    Span::raw(format!("{mark}{:<name_w$} ", s.file_name.chars().take(name_w).collect::<String>())),
+                    Span::raw(format!(
+                        "{mark}{:<name_w$} ",
+                        s.file_name.chars().take(name_w).collect::<String>()
+                    )),
                     Span::styled(bar(f, w), if s.done { theme.good() } else { theme.gauge() }),
                     Span::raw(format!(" {:>3.0}%", f * 100.0)),
                 ]));

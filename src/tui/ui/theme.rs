@@ -58,7 +58,12 @@ impl Theme {
 
 fn device_color(p: Placement) -> Color {
     match p {
-        Placement::Gpu(i) => [Color::Green, Color::LightGreen, Color::Cyan, Color::LightCyan][i as usize % 4],
+        Placement::Gpu(i) => [
+            Color::Green,
+            Color::LightGreen,
+            Color::Cyan,
+            Color::LightCyan,
+        ][i as usize % 4],
         Placement::Mps => Color::Green,
         Placement::Cpu => Color::Yellow,
         Placement::Disk => Color::Magenta,

@@ -49,7 +49,11 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         let indent = "  ".repeat(node.depth.saturating_sub(1));
         let mut label = format!("{indent}{marker}{}", node.name);
         if label.chars().count() > name_w {
-            label = label.chars().take(name_w.saturating_sub(1)).collect::<String>() + "…";
+            label = label
+                .chars()
+                .take(name_w.saturating_sub(1))
+                .collect::<String>()
+                + "…";
         }
         let (badge, badge_style) = badge(node, theme);
         let tie = if node.tensor.is_some_and(|t| app.ckpt.tie_group(t).is_some()) {
@@ -64,9 +68,18 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         };
         let line = Line::from(vec![
             Span::styled(format!("{label:<name_w$} "), row_style),
-            Span::styled(format!("{:>SIZE_W$} ", crate::human_bytes(node.bytes)), row_style),
-            Span::styled(format!("{} ", bar(node.bytes as f64 / total, SHARE_W)), theme.gauge()),
-            Span::styled(format!("{:>PARAMS_W$} ", human_count(node.params)), row_style),
+            Span::styled(
+                format!("{:>SIZE_W$} ", crate::human_bytes(node.bytes)),
+                row_style,
+            ),
+            Span::styled(
+                format!("{} ", bar(node.bytes as f64 / total, SHARE_W)),
+                theme.gauge(),
+            ),
+            Span::styled(
+                format!("{:>PARAMS_W$} ", human_count(node.params)),
+                row_style,
+            ),
             Span::styled(format!("{badge:<BADGE_W$}"), badge_style),
             Span::styled(tie, theme.tie()),
             Span::styled(split_note(node), theme.dim()),

@@ -1,0 +1,575 @@
+//! The TUI without a terminal: journeys (scripted keys into the App, state asserted
+//! after each step) and frames drawn on ratatui's TestBackend, snapshotted with insta.
+//! Clock, memory readings, budgets and the save job are injected or run in-process.
+
+mod common;
+
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use common::{mixed_model, read_saved};
+use devmap::model::{LoadOptions, Placement, load};
+use devmap::monitor::MemorySample;
+use devmap::save::{Reporter, SaveEvent};
+use devmap::tui::app::{Action, App, Budgets, Confirm, Effect, Field, Mode, Outcome};
+use devmap::tui::keys::{key_action, mouse_action};
+use devmap::tui::ui;
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKind};
+
+const GIB: u64 = 1 << 30;
+
+fn sample(used_gib: f64, available_gib: f64) -> MemorySample {
+    MemorySample {
+        total: 16 * GIB,
+        used: (used_gib * GIB as f64) as u64,
+        available: (available_gib * GIB as f64) as u64,
+        rss: 12 << 20,
+    }
+}
+
+/// An App over the mixed fixture with fixed readings.
+fn app_for(model: &common::Model) -> App {
+    let ckpt = load(&model.dir, &LoadOptions::default()).expect("load");
+    let mut app = App::new(ckpt);
+    app.budgets = Budgets {
+        disk_free: Some(100 * GIB),
+        gpu_total: vec![(0, 24 * GIB)],
+    };
+    for i in 0..40 {
+        app.handle(Action::Memory(sample(4.0 + (i % 7) as f64 * 0.1, 11.0)));
+    }
+    app.handle(Action::Resize {
+        width: 120,
+        height: 40,
+    });
+    app
+}
+
+/// Presses keys through the real key map, collecting the effects.
+fn press(app: &mut App, keys: &[KeyEvent]) -> Vec<Effect> {
+    let mut effects = Vec::new();
+    for &k in keys {
+        if let Some(action) = key_action(&app.mode, k) {
+            effects.extend(app.handle(action));
+        }
+    }
+    effects
+}
+
+fn key(code: KeyCode) -> KeyEvent {
+    KeyEvent::new(code, KeyModifiers::NONE)
+}
+
+fn ch(c: char) -> KeyEvent {
+    key(KeyCode::Char(c))
+}
+
+fn ctrl(c: char) -> KeyEvent {
+    KeyEvent::new(KeyCode::Char(c), KeyModifiers::CONTROL)
+}
+
+fn text(s: &str) -> Vec<KeyEvent> {
+    s.chars().map(ch).collect()
+}
+
+fn selected_name(app: &App) -> String {
+    app.tree.full_name(app.selected().expect("a selection"))
+}
+
+fn frame(app: &App, width: u16, height: u16) -> String {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("terminal");
+    terminal.draw(|f| ui::draw(app, f)).expect("draw");
+    let buffer = terminal.backend().buffer().clone();
+    let mut out = String::new();
+    for y in 0..height {
+        let line: String = (0..width)
+            .map(|x| buffer[(x, y)].symbol().to_owned())
+            .collect();
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn navigation_keys() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    assert_eq!(selected_name(&app), "lm_head");
+    press(&mut app, &[ch('j')]);
+    assert_eq!(selected_name(&app), "model");
+    press(&mut app, &[key(KeyCode::Down), key(KeyCode::Down)]);
+    assert_eq!(
+        selected_name(&app),
+        "model.empty",
+        "named children sort by name"
+    );
+    press(&mut app, &[key(KeyCode::Down)]);
+    assert_eq!(selected_name(&app), "model.layers");
+    press(&mut app, &[key(KeyCode::Right)]);
+    assert!(app.rows.is_expanded(app.selected().expect("sel")));
+    press(&mut app, &[ch('l')]);
+    assert_eq!(
+        selected_name(&app),
+        "model.layers.0",
+        "→ on an open module steps into it"
+    );
+    press(&mut app, &[ch('G')]);
+    assert_eq!(selected_name(&app), "model.scale");
+    press(&mut app, &[ch('g')]);
+    assert_eq!(selected_name(&app), "lm_head");
+    press(&mut app, &[key(KeyCode::PageDown)]);
+    let after_page = app.rows.selected;
+    assert!(after_page > 3, "a page moves many rows: {after_page}");
+    press(&mut app, &[key(KeyCode::PageUp)]);
+    assert_eq!(app.rows.selected, 0);
+    // ← on a closed node goes to its parent; on an open one it closes.
+    press(&mut app, &[ch('j'), ch('j'), ch('j'), ch('j'), ch('j')]);
+    assert_eq!(selected_name(&app), "model.layers.0");
+    press(&mut app, &[ch('h')]);
+    assert_eq!(selected_name(&app), "model.layers");
+    press(&mut app, &[key(KeyCode::Left)]);
+    assert!(!app.rows.is_expanded(app.selected().expect("sel")));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(
+        app.rows.is_expanded(app.selected().expect("sel")),
+        "Enter expands"
+    );
+    // Mouse wheel.
+    let wheel = |kind| MouseEvent {
+        kind,
+        column: 0,
+        row: 0,
+        modifiers: KeyModifiers::NONE,
+    };
+    let before = app.rows.selected;
+    let action = mouse_action(wheel(MouseEventKind::ScrollDown)).expect("wheel");
+    app.handle(action);
+    assert_eq!(app.rows.selected, before + 3);
+    app.handle(mouse_action(wheel(MouseEventKind::ScrollUp)).expect("wheel"));
+    assert_eq!(app.rows.selected, before);
+}
+
+#[test]
+fn search_and_step_through_matches() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('/')]);
+    assert!(matches!(app.mode, Mode::Search(_)));
+    press(&mut app, &text("layers.5.mask"));
+    assert_eq!(
+        selected_name(&app),
+        "model.layers.5.mask",
+        "incremental search selects as you type"
+    );
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(app.mode, Mode::Browse);
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("norm.weight"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    let first = selected_name(&app);
+    assert!(first.ends_with("norm.weight"), "{first}");
+    let count = app.matches.len();
+    assert_eq!(count, 13, "12 layer norms and the final norm");
+    press(&mut app, &[ch('n')]);
+    let second = selected_name(&app);
+    assert_ne!(first, second);
+    press(&mut app, &[ch('N')]);
+    assert_eq!(selected_name(&app), first);
+    // Esc leaves search without moving.
+    press(&mut app, &[ch('/'), ch('x'), key(KeyCode::Esc)]);
+    assert_eq!(app.mode, Mode::Browse);
+}
+
+#[test]
+fn jump_to_tie_partner() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[key(KeyCode::Right), ch('j')]);
+    assert_eq!(selected_name(&app), "lm_head.weight");
+    press(&mut app, &[ch('t')]);
+    assert_eq!(selected_name(&app), "model.embed_tokens.weight");
+    press(&mut app, &[ch('t')]);
+    assert_eq!(selected_name(&app), "lm_head.weight");
+}
+
+#[test]
+fn cycle_device_updates_totals_and_export_writes_the_map() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let disk_before = app
+        .ckpt
+        .device_totals()
+        .into_iter()
+        .find(|(p, _)| *p == Placement::Disk)
+        .map(|x| x.1)
+        .unwrap_or(0);
+    // model.layers.4 is on cpu; d moves it to disk.
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("layers.4"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(selected_name(&app), "model.layers.4");
+    press(&mut app, &[ch('d')]);
+    let node = &app.tree.nodes[app.selected().expect("sel")];
+    assert_eq!(node.single_placement(), Some(Placement::Disk));
+    let disk_after = app
+        .ckpt
+        .device_totals()
+        .into_iter()
+        .find(|(p, _)| *p == Placement::Disk)
+        .map(|x| x.1)
+        .unwrap_or(0);
+    assert_eq!(disk_after, disk_before + node.bytes);
+    assert!(app.map_edited);
+    assert!(
+        app.warnings
+            .iter()
+            .any(|w| w.contains("placed on disk") && w.contains("model.layers.4.")),
+        "{:?}",
+        app.warnings
+    );
+    // d again: disk → the first GPU.
+    press(&mut app, &[ch('d')]);
+    assert_eq!(
+        app.tree.nodes[app.selected().expect("sel")].single_placement(),
+        Some(Placement::Gpu(0))
+    );
+
+    // Export: the input map is refused, a new path is written.
+    press(&mut app, &[ch('w')]);
+    assert!(matches!(app.mode, Mode::Export(_)));
+    press(&mut app, &[ctrl('u')]);
+    press(
+        &mut app,
+        &text(m.dir.join("device_map.json").to_str().expect("p")),
+    );
+    assert!(press(&mut app, &[key(KeyCode::Enter)]).is_empty());
+    let Mode::Export(d) = &app.mode else {
+        panic!("still exporting")
+    };
+    assert!(
+        d.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("input device map")
+    );
+    let target = m.tmp.path().join("edited.json");
+    press(&mut app, &[ctrl('u')]);
+    press(&mut app, &text(target.to_str().expect("p")));
+    let effects = press(&mut app, &[key(KeyCode::Enter)]);
+    let [Effect::WriteFile { path, contents }] = effects.as_slice() else {
+        panic!("one write: {effects:?}")
+    };
+    assert_eq!(path, &target);
+    std::fs::write(path, contents).expect("write");
+    app.handle(Action::Written {
+        path: path.clone(),
+        error: None,
+    });
+    assert!(!app.map_edited);
+    // What was written is a device map devmap (and accelerate) reads back.
+    let reread = devmap::formats::device_map::read_device_map(&target).expect("valid map");
+    assert_eq!(reread.get("model.layers.4"), Some(Placement::Gpu(0)));
+    // A second export to the same path asks first.
+    press(&mut app, &[ch('w'), ctrl('u')]);
+    press(&mut app, &text(target.to_str().expect("p")));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(matches!(
+        app.mode,
+        Mode::Confirm(Confirm::OverwriteExport(_))
+    ));
+    let effects = press(&mut app, &[ch('y')]);
+    assert!(matches!(effects.as_slice(), [Effect::WriteFile { .. }]));
+}
+
+/// Runs a save the App asked for on this thread, feeding its events back.
+fn run_save(app: &mut App, effect: Effect) {
+    let Effect::StartSave {
+        ckpt,
+        plan,
+        options,
+    } = effect
+    else {
+        panic!("not a save: {effect:?}")
+    };
+    let (tx, rx) = std::sync::mpsc::sync_channel(100_000);
+    let cancel = AtomicBool::new(false);
+    let result = devmap::save::write(
+        &ckpt,
+        &plan,
+        &options,
+        &cancel,
+        &Reporter::new(Some(&tx), &cancel),
+    );
+    drop(tx);
+    for (i, e) in rx.iter().enumerate() {
+        app.handle(Action::Tick(Duration::from_millis(100 * i as u64 + 100)));
+        app.handle(Action::Save(e));
+    }
+    let last = match result {
+        Ok(report) => SaveEvent::Finished(report),
+        Err(e) => SaveEvent::Failed(e.to_string()),
+    };
+    app.handle(Action::Save(last));
+}
+
+#[test]
+fn save_dialog_preview_and_a_real_save() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('s')]);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert_eq!(d.size, "5GB");
+    assert!(d.out.ends_with("model-saved"), "{}", d.out);
+    assert_eq!(d.preview.shard_sizes.len(), 1);
+    assert!(d.preview.errors.is_empty(), "{:?}", d.preview.errors);
+    assert_eq!(
+        d.preview.ties_once,
+        vec![(
+            "lm_head.weight".to_owned(),
+            "model.embed_tokens.weight".to_owned()
+        )]
+    );
+    // Presets.
+    press(&mut app, &[key(KeyCode::Right)]);
+    assert!(matches!(&app.mode, Mode::SaveDialog(d) if d.size == "10GB"));
+    press(&mut app, &[key(KeyCode::Left), key(KeyCode::Left)]);
+    assert!(matches!(&app.mode, Mode::SaveDialog(d) if d.size == "2GB"));
+    // Typing an invalid size refuses; a small one makes several shards.
+    press(&mut app, &[ctrl('u')]);
+    press(&mut app, &text("12XB"));
+    assert!(
+        press(&mut app, &[key(KeyCode::Enter)]).is_empty(),
+        "invalid size must not start"
+    );
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog stays")
+    };
+    assert!(
+        d.preview
+            .errors
+            .iter()
+            .any(|e| e.contains("`12XB` is not a size")),
+        "{:?}",
+        d.preview.errors
+    );
+    press(
+        &mut app,
+        &[
+            key(KeyCode::Backspace),
+            key(KeyCode::Backspace),
+            key(KeyCode::Backspace),
+        ],
+    );
+    press(&mut app, &text("KB"));
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert_eq!(d.size, "1KB");
+    let shards = d.preview.shard_sizes.len();
+    assert!(shards > 3, "{shards}");
+    // The output folder: a non-empty one is refused until Ctrl-O.
+    let out = m.out("tui-out");
+    std::fs::create_dir(&out).expect("mkdir");
+    std::fs::write(out.join("notes.txt"), "x").expect("w");
+    press(&mut app, &[key(KeyCode::Tab)]);
+    assert!(matches!(&app.mode, Mode::SaveDialog(d) if d.field == Field::Output));
+    press(&mut app, &[ctrl('u')]);
+    press(&mut app, &text(out.to_str().expect("p")));
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(
+        d.preview.errors.iter().any(|e| e.contains("not empty")),
+        "{:?}",
+        d.preview.errors
+    );
+    assert!(d.preview.offer_overwrite);
+    assert!(press(&mut app, &[key(KeyCode::Enter)]).is_empty());
+    press(&mut app, &[ctrl('o')]);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(d.preview.errors.is_empty(), "{:?}", d.preview.errors);
+    let mut effects = press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(app.mode, Mode::Browse);
+    assert!(app.save_running());
+    assert_eq!(effects.len(), 1);
+    // Navigation keeps working while the save runs.
+    press(&mut app, &[ch('j')]);
+    assert_eq!(selected_name(&app), "model");
+    run_save(&mut app, effects.remove(0));
+    let save = app.save.as_ref().expect("progress");
+    assert!(
+        matches!(save.outcome, Some(Outcome::Done(_))),
+        "{:?}",
+        save.outcome
+    );
+    assert_eq!(save.written, save.total);
+    assert!(save.shards.iter().all(|s| s.done));
+    assert_eq!(read_saved(&out), m.expected);
+    assert!(out.join("notes.txt").exists(), "unrelated files stay");
+    // Esc closes the dialog without starting anything.
+    press(&mut app, &[ch('s')]);
+    assert!(press(&mut app, &[key(KeyCode::Esc)]).is_empty());
+    assert_eq!(app.mode, Mode::Browse);
+}
+
+fn start_fake_save(app: &mut App, out: &std::path::Path) -> Effect {
+    press(app, &[ch('s'), ctrl('u')]);
+    press(app, &text("2KB"));
+    press(app, &[key(KeyCode::Tab), ctrl('u')]);
+    press(app, &text(out.to_str().expect("p")));
+    let mut effects = press(app, &[key(KeyCode::Enter)]);
+    assert_eq!(effects.len(), 1, "{:?}", app.mode);
+    effects.remove(0)
+}
+
+#[test]
+fn cancel_and_quit_ask_while_a_save_runs() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    start_fake_save(&mut app, &m.out("x"));
+    // Esc asks to cancel; n keeps it running.
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert_eq!(app.mode, Mode::Confirm(Confirm::CancelSave));
+    assert!(press(&mut app, &[ch('n')]).is_empty());
+    assert!(app.save_running());
+    press(&mut app, &[key(KeyCode::Esc)]);
+    let effects = press(&mut app, &[ch('y')]);
+    assert!(matches!(effects.as_slice(), [Effect::CancelSave]));
+    app.handle(Action::Save(SaveEvent::Cancelled));
+    assert!(matches!(
+        app.save.as_ref().and_then(|s| s.outcome.clone()),
+        Some(Outcome::Cancelled)
+    ));
+    assert!(!app.save_running());
+
+    start_fake_save(&mut app, &m.out("y"));
+    press(&mut app, &[ch('q')]);
+    assert_eq!(app.mode, Mode::Confirm(Confirm::QuitDuringSave));
+    let effects = press(&mut app, &[ch('y')]);
+    assert!(matches!(
+        effects.as_slice(),
+        [Effect::CancelSave, Effect::Quit]
+    ));
+}
+
+#[test]
+fn quit_help_and_ctrl_c() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('?')]);
+    assert_eq!(app.mode, Mode::Help);
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert_eq!(app.mode, Mode::Browse);
+    assert!(matches!(
+        press(&mut app, &[ch('q')]).as_slice(),
+        [Effect::Quit]
+    ));
+    let mut app = app_for(&m);
+    assert!(matches!(
+        press(&mut app, &[ctrl('c')]).as_slice(),
+        [Effect::Quit]
+    ));
+}
+
+#[test]
+fn main_screen_at_three_sizes() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    press(
+        &mut app,
+        &[
+            ch('j'),
+            ch('j'),
+            ch('j'),
+            ch('j'),
+            key(KeyCode::Right),
+            ch('j'),
+        ],
+    );
+    for (w, h) in [(80, 24), (120, 40), (160, 50)] {
+        app.handle(Action::Resize {
+            width: w,
+            height: h,
+        });
+        insta::assert_snapshot!(format!("main_{w}x{h}"), frame(&app, w, h));
+    }
+    app.handle(Action::Resize {
+        width: 50,
+        height: 12,
+    });
+    let small = frame(&app, 50, 12);
+    assert!(small.contains("needs at least 60×16"), "{small}");
+}
+
+#[test]
+fn save_dialog_with_preview_and_warning_snapshot() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    // Little free RAM: the preview warns.
+    app.handle(Action::Memory(sample(15.99, 0.01)));
+    press(&mut app, &[ch('s'), ctrl('u')]);
+    press(&mut app, &text("1KB"));
+    press(&mut app, &[key(KeyCode::Tab), ctrl('u')]);
+    press(&mut app, &text("saved-model"));
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(!d.preview.warnings.is_empty());
+    insta::assert_snapshot!("save_dialog", frame(&app, 120, 40));
+}
+
+#[test]
+fn progress_panel_snapshot() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    let Effect::StartSave { plan, .. } =
+        start_fake_save(&mut app, std::path::Path::new("saved-model"))
+    else {
+        panic!("save")
+    };
+    // Half way through shard 2, at t = 2 s.
+    app.handle(Action::Save(SaveEvent::ShardStarted {
+        index: 0,
+        count: plan.shards.len(),
+        file_name: plan.shards[0].file_name.clone(),
+        bytes: 0,
+    }));
+    app.handle(Action::Save(SaveEvent::ShardFinished { index: 0 }));
+    let first = plan.shards[0].data_bytes;
+    let half = plan.shards[1].data_bytes / 2;
+    app.handle(Action::Save(SaveEvent::ShardStarted {
+        index: 1,
+        count: plan.shards.len(),
+        file_name: plan.shards[1].file_name.clone(),
+        bytes: 0,
+    }));
+    app.handle(Action::Save(SaveEvent::Progress {
+        index: 1,
+        shard_written: half,
+        total_written: first + half,
+    }));
+    app.handle(Action::Tick(Duration::from_secs(2)));
+    let (rate, eta) = app.save_rate().expect("rate");
+    assert!((rate - (first + half) as f64 / 2.0).abs() < 1.0);
+    assert!(eta > 0.0);
+    insta::assert_snapshot!("progress", frame(&app, 120, 40));
+}
+
+#[test]
+fn help_overlay_snapshot() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    press(&mut app, &[ch('?')]);
+    insta::assert_snapshot!("help", frame(&app, 100, 30));
+}
