@@ -1,0 +1,113 @@
+//! devmap in a real terminal: tmux runs it on a generated model, keys go in with
+//! `send-keys`, the screen comes back with `capture-pane`. CI installs tmux; without
+//! it (outside CI) the test says why it skipped.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{mixed_model, read_saved};
+
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn run(&self, args: &[&str]) -> String {
+        let o = Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("tmux");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn screen(&self) -> String {
+        self.run(&["capture-pane", "-p", "-t", "e2e"])
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "e2e"];
+        args.extend_from_slice(keys);
+        self.run(&args);
+    }
+
+    /// Types text literally.
+    fn type_text(&self, text: &str) {
+        self.run(&["send-keys", "-t", "e2e", "-l", text]);
+    }
+
+    fn wait_for(&self, what: &str, within: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let s = self.screen();
+            if s.contains(what) {
+                return s;
+            }
+            assert!(start.elapsed() < within, "`{what}` did not appear within {within:?}; screen:\n{s}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        self.run(&["kill-server"]);
+    }
+}
+
+fn tmux_available() -> bool {
+    Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn inspect_save_and_quit_in_a_real_terminal() {
+    if !tmux_available() {
+        assert!(std::env::var_os("CI").is_none(), "CI must have tmux (.ci/run installs it)");
+        eprintln!("SKIPPED inspect_save_and_quit_in_a_real_terminal: tmux is not installed");
+        return;
+    }
+    let m = mixed_model();
+    let out = m.out("from-tui");
+    let tmux = Tmux {
+        socket: format!("devmap-e2e-{}", std::process::id()),
+    };
+    let script = format!(
+        "'{}' '{}'; echo DEVMAP-EXIT=$?; stty -a | tr ' ' '\\n' | grep -x -- '-\\?icanon'; sleep 60",
+        env!("CARGO_BIN_EXE_devmap"),
+        m.dir.display()
+    );
+    tmux.run(&["new-session", "-d", "-s", "e2e", "-x", "140", "-y", "45", "sh", "-c", &script]);
+
+    // The tree, placements and the RAM gauge are on screen.
+    let screen = tmux.wait_for("Modules", Duration::from_secs(20));
+    for want in ["lm_head", "model", "mixed", "gpu:0", "Devices", "disk", "RAM ", "devmap"] {
+        assert!(screen.contains(want), "`{want}` missing:\n{screen}");
+    }
+    tmux.wait_for("free ", Duration::from_secs(5));
+
+    // Open the save dialog, pick a shard size and an output folder, start.
+    tmux.keys(&["s"]);
+    tmux.wait_for("Save as sharded safetensors", Duration::from_secs(5));
+    tmux.keys(&["C-u"]);
+    tmux.type_text("2KB");
+    tmux.keys(&["Tab", "C-u"]);
+    tmux.type_text(out.to_str().expect("utf8"));
+    tmux.wait_for("shard(s)", Duration::from_secs(5));
+    tmux.keys(&["Enter"]);
+    let done = tmux.wait_for("Save — done", Duration::from_secs(30));
+    assert!(done.contains("saved") && done.contains("shard(s)"), "{done}");
+
+    // Byte for byte.
+    assert_eq!(read_saved(&out), m.expected);
+    assert!(Path::new(&out).join("model.safetensors.index.json").exists());
+
+    // Quit; the terminal comes back cooked (icanon, not -icanon) and off the
+    // alternate screen.
+    tmux.keys(&["q"]);
+    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
+    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
+    std::thread::sleep(Duration::from_millis(300));
+    let after = tmux.screen();
+    let mode = after.lines().find(|l| l.trim().ends_with("icanon")).map(str::trim).unwrap_or("");
+    assert_eq!(mode, "icanon", "raw mode was not restored:\n{after}");
+    assert!(!after.contains("┌ Modules"), "still on the alternate screen:\n{after}");
+}
