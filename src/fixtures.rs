@@ -236,3 +236,109 @@ pub fn llama_config(shape: LlamaShape) -> serde_json::Value {
         "torch_dtype": shape.dtype.torch_name(),
     })
 }
+
+/// Shape of a header-realistic giant mixture-of-experts checkpoint.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeShape {
+    pub layers: usize,
+    pub experts: usize,
+    pub hidden: u64,
+    pub expert_intermediate: u64,
+    pub shards: usize,
+}
+
+/// Writes a giant MoE checkpoint whose data regions are holes (sparse files): every
+/// header is real, every tensor reads as zeros, and a "1 TB" model costs a few MB of
+/// disk. FP8 expert weights with F32 block scales, BF16 attention, F32 norms.
+/// Returns the number of tensors and the bytes they describe.
+pub fn write_sparse_moe(dir: &Path, shape: MoeShape) -> io::Result<(usize, u64)> {
+    use crate::formats::safetensors::{HeaderEntry, encode_header};
+    std::fs::create_dir_all(dir)?;
+    let h = shape.hidden;
+    let i = shape.expert_intermediate;
+    let mut names: Vec<(String, DType, Vec<u64>)> = vec![(
+        "model.embed_tokens.weight".into(),
+        DType::BF16,
+        vec![129_280, h],
+    )];
+    for l in 0..shape.layers {
+        let p = format!("model.layers.{l}");
+        for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            names.push((
+                format!("{p}.self_attn.{proj}.weight"),
+                DType::BF16,
+                vec![h, h],
+            ));
+        }
+        names.push((format!("{p}.input_layernorm.weight"), DType::F32, vec![h]));
+        names.push((
+            format!("{p}.post_attention_layernorm.weight"),
+            DType::F32,
+            vec![h],
+        ));
+        names.push((
+            format!("{p}.mlp.gate.weight"),
+            DType::BF16,
+            vec![shape.experts as u64, h],
+        ));
+        for e in 0..shape.experts {
+            for (proj, dims) in [
+                ("gate_proj", [i, h]),
+                ("up_proj", [i, h]),
+                ("down_proj", [h, i]),
+            ] {
+                names.push((
+                    format!("{p}.mlp.experts.{e}.{proj}.weight"),
+                    DType::F8E4M3,
+                    dims.to_vec(),
+                ));
+                names.push((
+                    format!("{p}.mlp.experts.{e}.{proj}.weight_scale_inv"),
+                    DType::F32,
+                    vec![dims[0].div_ceil(128), dims[1].div_ceil(128)],
+                ));
+            }
+        }
+    }
+    names.push(("model.norm.weight".into(), DType::F32, vec![h]));
+    names.push(("lm_head.weight".into(), DType::BF16, vec![129_280, h]));
+    let count = names.len();
+    let per_shard = count.div_ceil(shape.shards.max(1));
+    let shards = count.div_ceil(per_shard);
+    let mut weight_map = BTreeMap::new();
+    let mut total = 0u64;
+    let metadata = BTreeMap::from([("format".to_owned(), "pt".to_owned())]);
+    for (k, chunk) in names.chunks(per_shard).enumerate() {
+        let file = shard_file_name(k + 1, shards);
+        let mut begin = 0u64;
+        let entries: Vec<HeaderEntry<'_>> = chunk
+            .iter()
+            .map(|(name, dtype, dims)| {
+                let len = byte_len(*dtype, dims).unwrap_or(0);
+                let e = HeaderEntry {
+                    name,
+                    dtype: *dtype,
+                    shape: dims,
+                    begin,
+                    end: begin + len,
+                };
+                begin += len;
+                weight_map.insert(name.clone(), file.clone());
+                e
+            })
+            .collect();
+        total += begin;
+        let header = encode_header(&entries, &metadata);
+        let f = std::fs::File::create(dir.join(&file))?;
+        use std::io::Write;
+        (&f).write_all(&header)?;
+        f.set_len(header.len() as u64 + begin)?;
+    }
+    let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+    write_json(&dir.join(INDEX_FILE), &index)?;
+    write_json(
+        &dir.join("config.json"),
+        &serde_json::json!({"architectures": ["DeepseekV3ForCausalLM"], "tie_word_embeddings": false}),
+    )?;
+    Ok((count, total))
+}

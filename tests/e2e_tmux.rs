@@ -16,7 +16,12 @@ struct Tmux {
 
 impl Tmux {
     fn run(&self, args: &[&str]) -> String {
-        let o = Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("tmux");
+        let o = Command::new("tmux")
+            .arg("-L")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("tmux");
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
@@ -42,7 +47,10 @@ impl Tmux {
             if s.contains(what) {
                 return s;
             }
-            assert!(start.elapsed() < within, "`{what}` did not appear within {within:?}; screen:\n{s}");
+            assert!(
+                start.elapsed() < within,
+                "`{what}` did not appear within {within:?}; screen:\n{s}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -55,13 +63,19 @@ impl Drop for Tmux {
 }
 
 fn tmux_available() -> bool {
-    Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success())
+    Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 #[test]
 fn inspect_save_and_quit_in_a_real_terminal() {
     if !tmux_available() {
-        assert!(std::env::var_os("CI").is_none(), "CI must have tmux (.ci/run installs it)");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must have tmux (.ci/run installs it)"
+        );
         eprintln!("SKIPPED inspect_save_and_quit_in_a_real_terminal: tmux is not installed");
         return;
     }
@@ -75,11 +89,25 @@ fn inspect_save_and_quit_in_a_real_terminal() {
         env!("CARGO_BIN_EXE_devmap"),
         m.dir.display()
     );
-    tmux.run(&["new-session", "-d", "-s", "e2e", "-x", "140", "-y", "45", "sh", "-c", &script]);
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "e2e",
+        "-x",
+        "140",
+        "-y",
+        "45",
+        "sh",
+        "-c",
+        &script,
+    ]);
 
     // The tree, placements and the RAM gauge are on screen.
     let screen = tmux.wait_for("Modules", Duration::from_secs(20));
-    for want in ["lm_head", "model", "mixed", "gpu:0", "Devices", "disk", "RAM ", "devmap"] {
+    for want in [
+        "lm_head", "model", "mixed", "gpu:0", "Devices", "disk", "RAM ", "devmap",
+    ] {
         assert!(screen.contains(want), "`{want}` missing:\n{screen}");
     }
     tmux.wait_for("free ", Duration::from_secs(5));
@@ -94,11 +122,18 @@ fn inspect_save_and_quit_in_a_real_terminal() {
     tmux.wait_for("shard(s)", Duration::from_secs(5));
     tmux.keys(&["Enter"]);
     let done = tmux.wait_for("Save — done", Duration::from_secs(30));
-    assert!(done.contains("saved") && done.contains("shard(s)"), "{done}");
+    assert!(
+        done.contains("saved") && done.contains("shard(s)"),
+        "{done}"
+    );
 
     // Byte for byte.
     assert_eq!(read_saved(&out), m.expected);
-    assert!(Path::new(&out).join("model.safetensors.index.json").exists());
+    assert!(
+        Path::new(&out)
+            .join("model.safetensors.index.json")
+            .exists()
+    );
 
     // Quit; the terminal comes back cooked (icanon, not -icanon) and off the
     // alternate screen.
@@ -107,7 +142,14 @@ fn inspect_save_and_quit_in_a_real_terminal() {
     assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
     std::thread::sleep(Duration::from_millis(300));
     let after = tmux.screen();
-    let mode = after.lines().find(|l| l.trim().ends_with("icanon")).map(str::trim).unwrap_or("");
+    let mode = after
+        .lines()
+        .find(|l| l.trim().ends_with("icanon"))
+        .map(str::trim)
+        .unwrap_or("");
     assert_eq!(mode, "icanon", "raw mode was not restored:\n{after}");
-    assert!(!after.contains("┌ Modules"), "still on the alternate screen:\n{after}");
+    assert!(
+        !after.contains("┌ Modules"),
+        "still on the alternate screen:\n{after}"
+    );
 }
