@@ -104,13 +104,14 @@ fn inspect_save_and_quit_in_a_real_terminal() {
     ]);
 
     // The tree, placements and the RAM gauge are on screen.
-    let screen = tmux.wait_for("Modules", Duration::from_secs(20));
+    // The first memory reading arrives a moment after the first frame.
+    tmux.wait_for("Modules", Duration::from_secs(20));
+    let screen = tmux.wait_for("free ", Duration::from_secs(5));
     for want in [
         "lm_head", "model", "mixed", "gpu:0", "Devices", "disk", "RAM ", "devmap",
     ] {
         assert!(screen.contains(want), "`{want}` missing:\n{screen}");
     }
-    tmux.wait_for("free ", Duration::from_secs(5));
 
     // Open the save dialog, pick a shard size and an output folder, start.
     tmux.keys(&["s"]);
