@@ -10,7 +10,6 @@ use memmap2::Mmap;
 use serde_json::Value;
 
 use super::FormatError;
-use super::json::OrderedObject;
 use crate::model::dtype::{DType, byte_len};
 
 /// The largest header the reference implementation accepts.
@@ -106,24 +105,15 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, FormatError> {
     let header_bytes = &bytes[8..data_start as usize];
     let text = std::str::from_utf8(header_bytes)
         .map_err(|e| FormatError::invalid(path, format!("header is not UTF-8 ({e})")))?;
-    let object: OrderedObject = serde_json::from_str(text.trim_end_matches(' '))
-        .map_err(|e| FormatError::invalid(path, format!("header is not a JSON object: {e}")))?;
-    if let Some(key) = object.first_duplicate() {
-        return Err(FormatError::tensor(
-            path,
-            key,
-            "appears twice in the header",
-        ));
+    let raw: RawHeader = serde_json::from_str(text.trim_end_matches(' '))
+        .map_err(|e| FormatError::invalid(path, format!("header is not a JSON object of tensors: {e}")))?;
+    if let Some(dup) = first_duplicate(&raw.entries) {
+        return Err(FormatError::tensor(path, dup, "appears twice in the header"));
     }
-
-    let mut tensors = Vec::with_capacity(object.0.len());
-    let mut metadata = None;
-    for (name, value) in object.0 {
-        if name == "__metadata__" {
-            metadata = Some(parse_metadata(path, value)?);
-            continue;
-        }
-        tensors.push(parse_entry(path, name, &value, data_start)?);
+    let metadata = raw.metadata;
+    let mut tensors = Vec::with_capacity(raw.entries.len());
+    for (name, entry) in raw.entries {
+        tensors.push(check_entry(path, name, entry, data_start)?);
     }
     validate_layout(path, &mut tensors, data_start, file_len)?;
     Ok(Header {
@@ -134,61 +124,72 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, FormatError> {
     })
 }
 
-fn parse_metadata(path: &Path, value: Value) -> Result<BTreeMap<String, String>, FormatError> {
-    let Value::Object(map) = value else {
-        return Err(FormatError::invalid(
-            path,
-            "`__metadata__` is not an object of strings",
-        ));
-    };
-    map.into_iter()
-        .map(|(k, v)| match v {
-            Value::String(s) => Ok((k, s)),
-            _ => Err(FormatError::invalid(
-                path,
-                format!("`__metadata__` value for `{k}` is not a string"),
-            )),
-        })
-        .collect()
+/// A header as written: tensor entries in file order (duplicates kept, so they can be
+/// refused by name) and the optional `__metadata__`. Entries are typed, so parsing a
+/// 100,000-tensor header allocates little beyond the names.
+struct RawHeader {
+    entries: Vec<(String, RawEntry)>,
+    metadata: Option<BTreeMap<String, String>>,
 }
 
-fn parse_entry(
-    path: &Path,
-    name: String,
-    value: &Value,
-    data_start: u64,
-) -> Result<HeaderTensor, FormatError> {
+#[derive(serde::Deserialize)]
+struct RawEntry {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: (u64, u64),
+}
+
+impl<'de> serde::Deserialize<'de> for RawHeader {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct HeaderVisitor;
+        impl<'de> serde::de::Visitor<'de> for HeaderVisitor {
+            type Value = RawHeader;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of tensor entries")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawHeader, A::Error> {
+                use serde::de::Error;
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                let mut metadata = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "__metadata__" {
+                        let m = map.next_value::<BTreeMap<String, String>>().map_err(|e| {
+                            A::Error::custom(format!("`__metadata__` must be an object of strings ({e})"))
+                        })?;
+                        metadata = Some(m);
+                        continue;
+                    }
+                    let entry = map.next_value::<RawEntry>().map_err(|e| {
+                        A::Error::custom(format!(
+                            "tensor `{key}`: {e}; an entry is {{\"dtype\": name, \"shape\": [non-negative integers], \"data_offsets\": [begin, end]}}"
+                        ))
+                    })?;
+                    entries.push((key, entry));
+                }
+                Ok(RawHeader { entries, metadata })
+            }
+        }
+        deserializer.deserialize_map(HeaderVisitor)
+    }
+}
+
+fn first_duplicate(entries: &[(String, RawEntry)]) -> Option<&str> {
+    let mut names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+}
+
+fn check_entry(path: &Path, name: String, entry: RawEntry, data_start: u64) -> Result<HeaderTensor, FormatError> {
     let bad = |message: String| FormatError::tensor(path, &name, message);
-    let dtype_name = value
-        .get("dtype")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("has no string `dtype`".into()))?;
-    let dtype = DType::from_safetensors_name(dtype_name)
-        .ok_or_else(|| bad(format!("unknown dtype `{dtype_name}`")))?;
-    let shape = value
-        .get("shape")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad("has no `shape` list".into()))?
-        .iter()
-        .map(Value::as_u64)
-        .collect::<Option<Vec<u64>>>()
-        .ok_or_else(|| bad("`shape` must hold non-negative integers".into()))?;
-    let offsets = value
-        .get("data_offsets")
-        .and_then(Value::as_array)
-        .filter(|a| a.len() == 2)
-        .and_then(|a| Some((a[0].as_u64()?, a[1].as_u64()?)))
-        .ok_or_else(|| bad("`data_offsets` must be two non-negative integers".into()))?;
-    let (begin, end) = offsets;
+    let dtype = DType::from_safetensors_name(&entry.dtype)
+        .ok_or_else(|| bad(format!("unknown dtype `{}`", entry.dtype)))?;
+    let shape = entry.shape;
+    let (begin, end) = entry.data_offsets;
     if end < begin {
-        return Err(bad(format!(
-            "data_offsets [{begin}, {end}] end before they begin"
-        )));
+        return Err(bad(format!("data_offsets [{begin}, {end}] end before they begin")));
     }
     let expected = byte_len(dtype, &shape).ok_or_else(|| {
-        bad(format!(
-            "shape {shape:?} overflows: its element count does not fit in 64 bits"
-        ))
+        bad(format!("shape {shape:?} overflows: its element count does not fit in 64 bits"))
     })?;
     if end - begin != expected {
         return Err(bad(format!(

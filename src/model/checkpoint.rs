@@ -117,7 +117,7 @@ impl Checkpoint {
             warnings,
         } = parts;
         // Tied sources refer to names until here; sort and resolve them after.
-        tensors.sort_by(|a, b| super::names::module_order(&a.name, &b.name));
+        sort_in_module_order(&mut tensors);
         let by_name: HashMap<String, TensorId> = tensors
             .iter()
             .enumerate()
@@ -277,4 +277,16 @@ pub struct Parts {
     pub config: crate::formats::config::ModelConfig,
     pub weight_files: Vec<PathBuf>,
     pub warnings: Vec<String>,
+}
+
+/// Sorts tensors into module order, computing each name's key once.
+fn sort_in_module_order(tensors: &mut Vec<Tensor>) {
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    {
+        let keys: Vec<super::names::OrderKey<'_>> =
+            tensors.iter().map(|t| super::names::order_key(&t.name)).collect();
+        order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
+    }
+    let mut slots: Vec<Option<Tensor>> = std::mem::take(tensors).into_iter().map(Some).collect();
+    tensors.extend(order.into_iter().filter_map(|i| slots[i].take()));
 }

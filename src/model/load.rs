@@ -231,7 +231,8 @@ fn read_weights(
     let single = dir.join(SINGLE_FILE);
     if index_path.is_file() {
         let index = read_index(&index_path)?;
-        let mut expected: HashMap<String, HashSet<String>> = HashMap::new();
+        // Names per shard file, in the index's order of first mention.
+        let mut by_file: HashMap<&str, Vec<&str>> = HashMap::new();
         let mut order = Vec::new();
         for (name, file) in &index.weight_map {
             if Path::new(file).components().count() != 1 || file == ".." {
@@ -242,24 +243,27 @@ fn read_weights(
                 )
                 .into());
             }
-            if !expected.contains_key(file) {
-                order.push(file.clone());
-            }
-            expected
-                .entry(file.clone())
-                .or_default()
-                .insert(name.clone());
+            by_file
+                .entry(file.as_str())
+                .or_insert_with(|| {
+                    order.push(file.as_str());
+                    Vec::new()
+                })
+                .push(name.as_str());
         }
+        let file_of: HashMap<&str, &str> = index
+            .weight_map
+            .iter()
+            .map(|(n, f)| (n.as_str(), f.as_str()))
+            .collect();
         let mut files = vec![index_path.clone()];
         for file in order {
-            let path = dir.join(&file);
-            let names = &expected[&file];
+            let path = dir.join(file);
+            let names = &by_file[file];
             if !path.is_file() {
-                let mut some: Vec<&String> = names.iter().collect();
-                some.sort();
                 return Err(FormatError::tensor(
                     &index_path,
-                    some[0].as_str(),
+                    names[0],
                     format!(
                         "is mapped to shard {file}, which is missing ({} tensors point there)",
                         names.len()
@@ -270,26 +274,19 @@ fn read_weights(
             let header = headers.get(&path)?;
             let id = draft.file_id(&path, &header);
             let present: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
-            let mut missing: Vec<&String> = names
-                .iter()
-                .filter(|n| !present.contains(n.as_str()))
-                .collect();
-            if !missing.is_empty() {
-                missing.sort();
+            let missing: Vec<&str> = names.iter().copied().filter(|n| !present.contains(n)).collect();
+            if let Some(first) = missing.first() {
                 return Err(FormatError::tensor(
                     &index_path,
-                    missing[0].as_str(),
-                    format!(
-                        "is mapped to {file}, which does not hold it ({} such tensors)",
-                        missing.len()
-                    ),
+                    *first,
+                    format!("is mapped to {file}, which does not hold it ({} such tensors)", missing.len()),
                 )
                 .into());
             }
             for t in &header.tensors {
-                if !names.contains(&t.name) {
-                    let listed_elsewhere = index.weight_map.iter().any(|(n, _)| n == &t.name);
-                    if listed_elsewhere {
+                match file_of.get(t.name.as_str()) {
+                    Some(&f) if f == file => {}
+                    Some(_) => {
                         warnings.push(format!(
                             "{} also holds `{}`, which the index maps to another shard; using the index's",
                             path.display(),
@@ -297,11 +294,11 @@ fn read_weights(
                         ));
                         continue;
                     }
-                    warnings.push(format!(
+                    None => warnings.push(format!(
                         "{} holds `{}`, which {INDEX_FILE} does not list; transformers loads it anyway, so devmap keeps it",
                         path.display(),
                         t.name
-                    ));
+                    )),
                 }
                 add_checkpoint_tensor(draft, id, &path, t)?;
             }

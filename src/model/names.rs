@@ -24,6 +24,29 @@ pub fn module_order(a: &str, b: &str) -> Ordering {
     }
 }
 
+/// A precomputed sort key for [`module_order`]: sorting 100,000 names with cached keys
+/// splits each name once instead of once per comparison.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct OrderKey<'a>(Vec<Component<'a>>);
+
+/// Numbered components sort before named ones, numbers by value, then by text.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Component<'a> {
+    Index(u128, &'a str),
+    Name(&'a str),
+}
+
+pub fn order_key(name: &str) -> OrderKey<'_> {
+    OrderKey(
+        name.split('.')
+            .map(|c| match as_index(c) {
+                Some(i) => Component::Index(i, c),
+                None => Component::Name(c),
+            })
+            .collect(),
+    )
+}
+
 fn compare_component(x: &str, y: &str) -> Ordering {
     match (as_index(x), as_index(y)) {
         (Some(i), Some(j)) => i.cmp(&j).then_with(|| x.cmp(y)),
@@ -81,6 +104,16 @@ mod tests {
                 "model.norm.weight",
             ]
         );
+    }
+
+    #[test]
+    fn cached_keys_agree_with_the_comparator() {
+        let names = ["a.10.b", "a.2.b", "a.b", "a", "a.01", "a.1", "b.0", "a.2", "a.2.a"];
+        for x in names {
+            for y in names {
+                assert_eq!(order_key(x).cmp(&order_key(y)), module_order(x, y), "{x} vs {y}");
+            }
+        }
     }
 
     #[test]

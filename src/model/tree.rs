@@ -3,8 +3,6 @@
 //! Nodes are numbered in pre-order (a parent before its children, siblings in module
 //! order), so a flat walk of the arena is the fully expanded tree.
 
-use std::collections::HashMap;
-
 use super::checkpoint::{Checkpoint, TensorId};
 use super::placement::Placement;
 
@@ -62,33 +60,38 @@ impl ModuleTree {
             split: Vec::new(),
             has_tie: false,
         }];
-        let mut child_of: HashMap<(NodeId, &str), NodeId> = HashMap::new();
+        // Tensors are in module order, so names that share their first k components
+        // are contiguous: a stack of the current path replaces a (parent, name) map.
         let mut tensor_node = Vec::with_capacity(ckpt.tensors.len());
+        let mut path: Vec<(&str, NodeId)> = Vec::new();
         for (id, tensor) in ckpt.tensors.iter().enumerate() {
-            let mut at = Self::ROOT;
+            let mut depth = 0;
             for component in tensor.name.split('.') {
-                at = match child_of.get(&(at, component)) {
-                    Some(&c) => c,
-                    None => {
-                        let c = nodes.len();
-                        nodes.push(Node {
-                            name: component.to_owned(),
-                            parent: Some(at),
-                            children: Vec::new(),
-                            tensor: None,
-                            depth: nodes[at].depth + 1,
-                            bytes: 0,
-                            params: 0,
-                            tensors: 0,
-                            split: Vec::new(),
-                            has_tie: false,
-                        });
-                        nodes[at].children.push(c);
-                        child_of.insert((at, component), c);
-                        c
-                    }
-                };
+                if depth < path.len() && path[depth].0 == component {
+                    depth += 1;
+                    continue;
+                }
+                path.truncate(depth);
+                let parent = path.last().map_or(Self::ROOT, |&(_, n)| n);
+                let c = nodes.len();
+                nodes.push(Node {
+                    name: component.to_owned(),
+                    parent: Some(parent),
+                    children: Vec::new(),
+                    tensor: None,
+                    depth: depth + 1,
+                    bytes: 0,
+                    params: 0,
+                    tensors: 0,
+                    split: Vec::new(),
+                    has_tie: false,
+                });
+                nodes[parent].children.push(c);
+                path.push((component, c));
+                depth += 1;
             }
+            path.truncate(depth);
+            let at = path.last().map_or(Self::ROOT, |&(_, n)| n);
             nodes[at].tensor = Some(id);
             tensor_node.push(at);
         }
