@@ -3,10 +3,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_json::Value;
-
 use super::FormatError;
-use super::json::{OrderedObject, to_python_pretty};
+use super::json::to_python_pretty;
 
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -19,33 +17,47 @@ pub struct WeightIndex {
 
 pub fn read_index(path: &Path) -> Result<WeightIndex, FormatError> {
     let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
-    let root: Value = serde_json::from_str(&text)
-        .map_err(|e| FormatError::invalid(path, format!("not valid JSON: {e}")))?;
-    let raw = root
-        .get("weight_map")
-        .ok_or_else(|| FormatError::invalid(path, "has no `weight_map` object"))?;
-    let object: OrderedObject = serde_json::from_value(raw.clone())
-        .map_err(|_| FormatError::invalid(path, "`weight_map` is not a JSON object"))?;
-    if let Some(dup) = object.first_duplicate() {
-        return Err(FormatError::tensor(
-            path,
-            dup,
-            "appears twice in `weight_map`",
-        ));
+    let root: RawIndex = serde_json::from_str(&text).map_err(|e| {
+        FormatError::invalid(path, format!("not an index ({{\"weight_map\": {{tensor: file}}}}): {e}"))
+    })?;
+    let weight_map = root
+        .weight_map
+        .ok_or_else(|| FormatError::invalid(path, "has no `weight_map` object"))?
+        .0;
+    let mut names: Vec<&str> = weight_map.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    if let Some(dup) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(FormatError::tensor(path, dup[0], "appears twice in `weight_map`"));
     }
-    let weight_map = object
-        .0
-        .into_iter()
-        .map(|(name, file)| match file {
-            Value::String(f) => Ok((name, f)),
-            _ => Err(FormatError::tensor(
-                path,
-                &name,
-                "`weight_map` value is not a file name",
-            )),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     Ok(WeightIndex { weight_map })
+}
+
+#[derive(serde::Deserialize)]
+struct RawIndex {
+    weight_map: Option<StringPairs>,
+}
+
+/// A JSON object of strings read in file order with duplicates kept.
+struct StringPairs(Vec<(String, String)>);
+
+impl<'de> serde::Deserialize<'de> for StringPairs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PairsVisitor;
+        impl<'de> serde::de::Visitor<'de> for PairsVisitor {
+            type Value = StringPairs;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object of tensor name to shard file name")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<StringPairs, A::Error> {
+                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some(pair) = map.next_entry::<String, String>()? {
+                    pairs.push(pair);
+                }
+                Ok(StringPairs(pairs))
+            }
+        }
+        deserializer.deserialize_map(PairsVisitor)
+    }
 }
 
 /// The file name transformers gives shard `k` (1-based) of `n`.
