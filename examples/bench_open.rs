@@ -15,7 +15,24 @@ fn main() -> std::io::Result<()> {
         .nth(1)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("target/bench/moe"));
+    // Memory first, in a fresh process: what one loaded model and its tree hold.
     let rss_before = devmap::monitor::rss_bytes().unwrap_or(0);
+    let ckpt = load(&dir, &LoadOptions::default()).map_err(std::io::Error::other)?;
+    let rss_model = devmap::monitor::rss_bytes().unwrap_or(0);
+    let tree = ModuleTree::build(&ckpt);
+    let rss_tree = devmap::monitor::rss_bytes().unwrap_or(0);
+    let names: usize = ckpt.tensors.iter().map(|t| t.name.len()).sum();
+    let n = ckpt.tensors.len();
+    let model_bytes = rss_model.saturating_sub(rss_before) as f64;
+    println!(
+        "resident: model {} ({:.0} bytes per tensor beyond its {:.0}-byte name), tree {} ({:.0} bytes per tensor)",
+        devmap::human_bytes(rss_model.saturating_sub(rss_before)),
+        (model_bytes - names as f64) / n as f64,
+        names as f64 / n as f64,
+        devmap::human_bytes(rss_tree.saturating_sub(rss_model)),
+        rss_tree.saturating_sub(rss_model) as f64 / n as f64,
+    );
+    drop((ckpt, tree));
     let mut times: Vec<Duration> = Vec::new();
     let mut kept = None;
     for _ in 0..7 {
@@ -29,21 +46,11 @@ fn main() -> std::io::Result<()> {
     }
     let (ckpt, tree) = kept.ok_or_else(|| std::io::Error::other("no run"))?;
     times.sort();
-    let rss_after = devmap::monitor::rss_bytes().unwrap_or(0);
-    let names: usize = ckpt.tensors.iter().map(|t| t.name.len()).sum();
-    let n = ckpt.tensors.len();
     println!(
         "{n} tensors in {} files: open + tree median {:.1} ms, worst {:.1} ms",
         ckpt.files.len(),
         times[times.len() / 2].as_secs_f64() * 1e3,
         times[times.len() - 1].as_secs_f64() * 1e3
-    );
-    let held = rss_after.saturating_sub(rss_before);
-    println!(
-        "resident after loading: {} for the model and its tree; names {}; {:.0} bytes per tensor beyond its name",
-        devmap::human_bytes(held),
-        devmap::human_bytes(names as u64),
-        (held as f64 - names as f64) / n as f64
     );
     std::hint::black_box((&ckpt, &tree));
     Ok(())

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Save throughput and peak memory, side by side in one run:
-#   devmap save (one big shard, and 500MB shards)  vs  cp -r of the same input.
+# Save throughput and peak memory, side by side in one run, on the same generated
+# model (F16, a quarter of its layers in an accelerate .dat offload folder):
+#   cp -r of the input (with and without a final sync), devmap save in several
+#   configurations, and a Python peer that saves the way transformers does for
+#   offloaded models (one whole shard in RAM at a time, safetensors library).
 # Usage: scripts/bench.sh [SIZE_MB=1200] [WORKDIR=target/bench]
-# Prints a Markdown table. Peak RSS comes from /usr/bin/time -v (GNU time).
+# Prints a Markdown table. Peak RSS comes from GNU time (/usr/bin/time -f %M).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE_MB=${1:-1200}
@@ -10,42 +13,61 @@ WORK=${2:-target/bench}
 RUNS=${RUNS:-3}
 command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)"; exit 1; }
 
+# The Python peer's dependencies, installed here if missing.
+if ! .venv/bin/python -c "import safetensors, numpy" 2>/dev/null; then
+    python3 -m venv .venv
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check "safetensors>=0.4" numpy
+fi
+
 cargo build --release --quiet --example gen_model
 cargo build --release --quiet
 DEVMAP=target/release/devmap
-MODEL="$WORK/model"
+MODEL="$WORK/model-f16"
+mkdir -p "$WORK"
 if [ ! -d "$MODEL" ]; then
-    target/release/examples/gen_model "$MODEL" "$SIZE_MB" 4
+    target/release/examples/gen_model "$MODEL" "$SIZE_MB" 4 f16
 fi
 INPUT_BYTES=$(du -sb "$MODEL" | cut -f1)
+SHARD=500000000
 
 warm() { cat "$MODEL"/*.safetensors "$MODEL"/offload/* > /dev/null; }
 
-# run NAME CMD...: prints "seconds max_rss_kib" of the median run.
+# measure CMD...: prints "seconds max_rss_kib" of the median run (warm cache).
 measure() {
-    local out="$WORK/out"
     local results=()
     for _ in $(seq "$RUNS"); do
-        rm -rf "$out"; sync; warm
+        rm -rf "$WORK/out"; sync; warm
         /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$@" > /dev/null 2>&1
         results+=("$(cat "$WORK/time.txt")")
-        rm -rf "$out"
+        rm -rf "$WORK/out"
     done
     printf '%s\n' "${results[@]}" | sort -n | sed -n "$(( (RUNS + 1) / 2 ))p"
 }
 
-read -r cp_s cp_kib < <(measure cp -r "$MODEL" "$WORK/out")
-read -r cps_s cps_kib < <(measure sh -c "cp -r '$MODEL' '$WORK/out' && sync")
-read -r big_s big_kib < <(measure "$DEVMAP" save "$MODEL" --out "$WORK/out" --max-shard-size 100GB --quiet)
-read -r small_s small_kib < <(measure "$DEVMAP" save "$MODEL" --out "$WORK/out" --max-shard-size 500MB --quiet)
+declare -a ROWS
+row() {
+    local name=$1; shift
+    read -r s kib < <(measure "$@")
+    ROWS+=("$name|$s|$kib")
+}
+row "cp -r" cp -r "$MODEL" "$WORK/out"
+row "cp -r && sync" sh -c "cp -r '$MODEL' '$WORK/out' && sync"
+row "devmap save, 1 shard, --no-fsync, -j1" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size 100GB --no-fsync -j 1 -q
+row "devmap save, 500MB shards, --no-fsync, -j1" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size $SHARD --no-fsync -j 1 -q
+row "devmap save, 500MB shards, --no-fsync, -j2" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size $SHARD --no-fsync -j 2 -q
+row "devmap save, 500MB shards, fsync, -j1" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size $SHARD -j 1 -q
+row "devmap save, 500MB shards, fsync, -j2 (default)" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size $SHARD -q
+row "devmap save, 1 shard, fsync (default)" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size 100GB -q
+row "Python peer, 500MB shards" .venv/bin/python benches/python_peer.py "$MODEL" "$WORK/out" $SHARD
+row "Python peer, 1 shard" .venv/bin/python benches/python_peer.py "$MODEL" "$WORK/out" 100000000000
 
-ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
+cp_s=$(echo "${ROWS[0]}" | cut -d'|' -f2)
 echo
 echo "input: $(( INPUT_BYTES >> 20 )) MiB on $(df -T "$WORK" | awk 'NR==2{print $2}'), $(nproc) cores, median of $RUNS warm-cache runs"
 echo
-echo "| run | time (s) | vs cp | peak RSS (MiB) |"
+echo "| run | time (s) | vs cp -r | peak RSS (MiB) |"
 echo "| --- | ---: | ---: | ---: |"
-echo "| cp -r | $cp_s | 1.00 | $(( cp_kib / 1024 )) |"
-echo "| cp -r && sync | $cps_s | $(ratio "$cps_s" "$cp_s") | $(( cps_kib / 1024 )) |"
-echo "| devmap save, one shard | $big_s | $(ratio "$big_s" "$cp_s") | $(( big_kib / 1024 )) |"
-echo "| devmap save, 500MB shards | $small_s | $(ratio "$small_s" "$cp_s") | $(( small_kib / 1024 )) |"
+for r in "${ROWS[@]}"; do
+    IFS='|' read -r name s kib <<< "$r"
+    echo "| $name | $s | $(python3 -c "print(f'{$s/$cp_s:.2f}')") | $(( kib / 1024 )) |"
+done

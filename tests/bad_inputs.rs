@@ -284,11 +284,9 @@ fn meta_tensor_without_data_is_refused_by_name() {
         ..Default::default()
     });
     let options = SaveOptions {
-        out: tmp.path().join("out"),
         max_shard_size: 1000,
-        keep_tied: false,
-        force: false,
         weights_only: true,
+        ..SaveOptions::new(tmp.path().join("out"))
     };
     let err = prepare(&ckpt, &options)
         .expect_err("must refuse")

@@ -105,11 +105,8 @@ fn shard_count_follows_the_limit() {
     let m = mixed_model();
     let ckpt = load(&m.dir, &LoadOptions::default()).expect("load");
     let opts = |size: u64| SaveOptions {
-        out: m.out("x"),
         max_shard_size: size,
-        keep_tied: false,
-        force: false,
-        weights_only: false,
+        ..SaveOptions::new(m.out("x"))
     };
     assert_eq!(
         prepare(&ckpt, &opts(1)).expect("plan").shards.len(),

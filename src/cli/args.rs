@@ -78,6 +78,13 @@ pub struct SaveArgs {
     /// Only write weights; do not copy config.json, tokenizer and other files.
     #[arg(long)]
     pub weights_only: bool,
+    /// Shards written at the same time.
+    #[arg(long, short, default_value_t = devmap::save::plan::DEFAULT_JOBS, value_name = "N")]
+    pub jobs: usize,
+    /// Skip the fsync of each shard before it is renamed into place: faster, like cp,
+    /// but a power loss right after the save can leave shards incomplete.
+    #[arg(long)]
+    pub no_fsync: bool,
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,

@@ -65,11 +65,13 @@ fn open(dir: &std::path::Path, model: &ModelArgs) -> Result<Checkpoint> {
 fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
     let ckpt = open(&a.dir, model)?;
     let options = SaveOptions {
-        out: a.out.clone(),
         max_shard_size: a.max_shard_size,
         keep_tied: a.keep_tied,
         force: a.force,
         weights_only: a.weights_only,
+        jobs: a.jobs.max(1),
+        fsync: !a.no_fsync,
+        ..SaveOptions::new(&a.out)
     };
     let plan = prepare(&ckpt, &options)?;
     if !a.quiet {

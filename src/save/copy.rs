@@ -9,6 +9,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Size of the fallback buffer, and of the steps between progress reports.
 pub const CHUNK: usize = 8 << 20;
 
+/// Asked between chunks whether to stop.
+pub trait Stop {
+    fn stop(&self) -> bool;
+}
+
+impl Stop for AtomicBool {
+    fn stop(&self) -> bool {
+        self.load(Ordering::Relaxed)
+    }
+}
+
 /// How a copy can end early.
 #[derive(Debug)]
 pub enum CopyError {
@@ -36,12 +47,12 @@ impl Copier {
         (src, src_offset): (&File, u64),
         (dst, dst_offset): (&File, u64),
         len: u64,
-        cancel: &AtomicBool,
+        cancel: &dyn Stop,
         progress: &mut dyn FnMut(u64),
     ) -> Result<(), CopyError> {
         let mut done = 0u64;
         while done < len {
-            if cancel.load(Ordering::Relaxed) {
+            if cancel.stop() {
                 return Err(CopyError::Cancelled);
             }
             let want = (len - done).min(CHUNK as u64) as usize;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::SystemTime;
@@ -180,31 +180,44 @@ pub fn write(
         out: out.clone(),
         committed: false,
     };
-    let mut writer = ShardWriter {
+    // Every temporary name is known up front, so a failure anywhere removes them all.
+    for shard in &plan.shards {
+        staging.files.push((
+            out.join(format!("{}{PARTIAL_SUFFIX}", shard.file_name)),
+            out.join(&shard.file_name),
+        ));
+    }
+    let shared = Shared {
         ckpt,
-        sources: Sources::default(),
-        copier: Copier::default(),
-        total_written: 0,
+        plan,
+        out,
+        fsync: options.fsync,
         cancel,
         reporter,
+        next: AtomicUsize::new(0),
+        total_written: AtomicU64::new(0),
+        failed: AtomicBool::new(false),
+        used_kernel_copy: AtomicBool::new(true),
     };
-    let count = plan.shards.len();
-    for (index, shard) in plan.shards.iter().enumerate() {
-        if cancel.load(Ordering::Relaxed) {
-            return Err(SaveError::Cancelled);
+    let workers = options.jobs.clamp(1, plan.shards.len().max(1));
+    let results: Vec<Result<(), SaveError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers).map(|_| scope.spawn(|| shared.work())).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(SaveError::Verify(vec!["a writer thread panicked".into()]))))
+            .collect()
+    });
+    // The first real error wins over the cancellations it caused in other workers.
+    let mut cancelled = false;
+    for r in results {
+        match r {
+            Ok(()) => {}
+            Err(SaveError::Cancelled) => cancelled = true,
+            Err(e) => return Err(e),
         }
-        reporter.lifecycle(SaveEvent::ShardStarted {
-            index,
-            count,
-            file_name: shard.file_name.clone(),
-            bytes: shard.file_bytes(),
-        });
-        let final_path = out.join(&shard.file_name);
-        let tmp = out.join(format!("{}{PARTIAL_SUFFIX}", shard.file_name));
-        staging.files.push((tmp.clone(), final_path));
-        writer.write_shard(shard, &tmp, index)?;
-        verify_shard(shard, &tmp)?;
-        reporter.lifecycle(SaveEvent::ShardFinished { index });
+    }
+    if cancelled || cancel.load(Ordering::Relaxed) {
+        return Err(SaveError::Cancelled);
     }
     verify_plan_covered(ckpt, plan)?;
 
@@ -231,7 +244,7 @@ pub fn write(
     for (tmp, dest) in &staging.files {
         std::fs::rename(tmp, dest).map_err(|e| SaveError::io(dest, e))?;
     }
-    if count > 1 {
+    if plan.shards.len() > 1 {
         let weight_map: BTreeMap<String, String> = plan
             .shards
             .iter()
@@ -258,7 +271,7 @@ pub fn write(
         bytes: plan.total_size,
         copied_files,
         removed_stale,
-        kernel_copy: writer.copier.used_kernel_copy(),
+        kernel_copy: shared.used_kernel_copy.load(Ordering::Relaxed),
     })
 }
 
@@ -326,14 +339,71 @@ fn check_unchanged(ckpt: &Checkpoint, id: FileId, file: &File) -> Result<(), Sav
     Ok(())
 }
 
-/// Streams tensors into shard files, reusing open inputs and the copy buffer.
-struct ShardWriter<'a> {
+/// What the writer threads share: the plan, a queue position, totals, flags.
+struct Shared<'a> {
     ckpt: &'a Checkpoint,
-    sources: Sources,
-    copier: Copier,
-    total_written: u64,
+    plan: &'a SavePlan,
+    out: &'a Path,
+    fsync: bool,
     cancel: &'a AtomicBool,
     reporter: &'a Reporter<'a>,
+    next: AtomicUsize,
+    total_written: AtomicU64,
+    /// Set by a worker that failed, so the others stop early.
+    failed: AtomicBool,
+    used_kernel_copy: AtomicBool,
+}
+
+impl Shared<'_> {
+    /// One writer thread: takes shards off the queue until none is left.
+    fn work(&self) -> Result<(), SaveError> {
+        let mut writer = ShardWriter {
+            shared: self,
+            sources: Sources::default(),
+            copier: Copier::default(),
+        };
+        let result = (|| {
+            let count = self.plan.shards.len();
+            loop {
+                if self.cancel.load(Ordering::Relaxed) || self.failed.load(Ordering::Relaxed) {
+                    return Err(SaveError::Cancelled);
+                }
+                let index = self.next.fetch_add(1, Ordering::Relaxed);
+                let Some(shard) = self.plan.shards.get(index) else {
+                    return Ok(());
+                };
+                self.reporter.lifecycle(SaveEvent::ShardStarted {
+                    index,
+                    count,
+                    file_name: shard.file_name.clone(),
+                    bytes: shard.file_bytes(),
+                });
+                let tmp = self.out.join(format!("{}{PARTIAL_SUFFIX}", shard.file_name));
+                writer.write_shard(shard, &tmp, index)?;
+                verify_shard(shard, &tmp)?;
+                self.reporter.lifecycle(SaveEvent::ShardFinished { index });
+            }
+        })();
+        if !writer.copier.used_kernel_copy() {
+            self.used_kernel_copy.store(false, Ordering::Relaxed);
+        }
+        if matches!(result, Err(ref e) if !matches!(e, SaveError::Cancelled)) {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Stop copying: the user cancelled or another worker failed.
+    fn stop_flag(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// Streams tensors into shard files, reusing open inputs and the copy buffer.
+struct ShardWriter<'a> {
+    shared: &'a Shared<'a>,
+    sources: Sources,
+    copier: Copier,
 }
 
 impl ShardWriter<'_> {
@@ -355,17 +425,19 @@ impl ShardWriter<'_> {
             .map_err(|e| SaveError::io(tmp, e))?;
         let data_start = shard.header.len() as u64;
         let mut shard_written = 0u64;
+        let shared = self.shared;
+        let ckpt = shared.ckpt;
+        let stop = StopFlag(shared);
         for t in &shard.tensors {
-            let src = self.sources.get(self.ckpt, t.source.file)?;
-            let src_path = self.ckpt.file_path(t.source.file);
-            let (reporter, total_written) = (self.reporter, &mut self.total_written);
+            let src = self.sources.get(ckpt, t.source.file)?;
+            let src_path = ckpt.file_path(t.source.file);
             let mut report = |n: u64| {
                 shard_written += n;
-                *total_written += n;
-                reporter.progress(SaveEvent::Progress {
+                let total = shared.total_written.fetch_add(n, Ordering::Relaxed) + n;
+                shared.reporter.progress(SaveEvent::Progress {
                     index,
                     shard_written,
-                    total_written: *total_written,
+                    total_written: total,
                 });
             };
             self.copier
@@ -373,7 +445,7 @@ impl ShardWriter<'_> {
                     (src, t.source.offset),
                     (&dst, data_start + t.begin),
                     t.source.len,
-                    self.cancel,
+                    &stop,
                     &mut report,
                 )
                 .map_err(|e| match e {
@@ -393,13 +465,24 @@ impl ShardWriter<'_> {
                     }
                     CopyError::Io(io) => SaveError::io(src_path, io),
                 })?;
-            check_unchanged(self.ckpt, t.source.file, src)?;
+            check_unchanged(ckpt, t.source.file, src)?;
         }
         // A trailing empty tensor leaves the file short of its planned length.
         dst.set_len(shard.file_bytes())
             .map_err(|e| SaveError::io(tmp, e))?;
-        dst.sync_all().map_err(|e| SaveError::io(tmp, e))?;
+        if shared.fsync {
+            dst.sync_all().map_err(|e| SaveError::io(tmp, e))?;
+        }
         Ok(())
+    }
+}
+
+/// Lets the copy loop see both the user's cancel and another worker's failure.
+struct StopFlag<'a>(&'a Shared<'a>);
+
+impl super::copy::Stop for StopFlag<'_> {
+    fn stop(&self) -> bool {
+        self.0.stop_flag()
     }
 }
 

@@ -21,7 +21,31 @@ pub struct SaveOptions {
     pub force: bool,
     /// Do not copy config, tokenizer and other files beside the weights.
     pub weights_only: bool,
+    /// Shards written at the same time (at least 1).
+    pub jobs: usize,
+    /// fsync every shard before it is renamed into place (the default). Off trades
+    /// durability after a power loss for speed, as `cp` does.
+    pub fsync: bool,
 }
+
+impl SaveOptions {
+    /// The defaults of `devmap save`: 5GB shards, ties collapsed, config files copied,
+    /// two shards at a time, fsync on.
+    pub fn new(out: impl Into<PathBuf>) -> SaveOptions {
+        SaveOptions {
+            out: out.into(),
+            max_shard_size: DEFAULT_MAX_SHARD_SIZE,
+            keep_tied: false,
+            force: false,
+            weights_only: false,
+            jobs: DEFAULT_JOBS,
+            fsync: true,
+        }
+    }
+}
+
+/// Shards written in parallel by default (see the README's Performance section).
+pub const DEFAULT_JOBS: usize = 2;
 
 pub const DEFAULT_MAX_SHARD_SIZE: u64 = 5_000_000_000;
 

@@ -755,11 +755,9 @@ impl App {
             return Err("type an output folder".into());
         }
         Ok(SaveOptions {
-            out: PathBuf::from(dialog.out.trim()),
             max_shard_size: max,
-            keep_tied: false,
             force: dialog.overwrite,
-            weights_only: false,
+            ..SaveOptions::new(dialog.out.trim())
         })
     }
 
