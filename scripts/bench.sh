@@ -32,13 +32,18 @@ SHARD=500000000
 
 warm() { cat "$MODEL"/*.safetensors "$MODEL"/offload/* > /dev/null; }
 
-# measure CMD...: prints "seconds max_rss_kib" of the median run (warm cache).
+cached_kib() { awk '/^Cached:/ {print $2}' /proc/meminfo; }
+
+# measure CMD...: prints "seconds max_rss_kib page_cache_growth_kib" of the median
+# run (warm cache: the input is read once before each run).
 measure() {
     local results=()
     for _ in $(seq "$RUNS"); do
         rm -rf "$WORK/out"; sync; warm
+        local before; before=$(cached_kib)
         /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$@" > /dev/null 2>&1
-        results+=("$(cat "$WORK/time.txt")")
+        local after; after=$(cached_kib)
+        results+=("$(cat "$WORK/time.txt") $(( after - before ))")
         rm -rf "$WORK/out"
     done
     printf '%s\n' "${results[@]}" | sort -n | sed -n "$(( (RUNS + 1) / 2 ))p"
@@ -47,12 +52,13 @@ measure() {
 declare -a ROWS
 row() {
     local name=$1; shift
-    read -r s kib < <(measure "$@")
-    ROWS+=("$name|$s|$kib")
+    read -r s kib cache < <(measure "$@")
+    ROWS+=("$name|$s|$kib|$cache")
 }
 row "cp -r" cp -r "$MODEL" "$WORK/out"
 row "cp -r && sync" sh -c "cp -r '$MODEL' '$WORK/out' && sync"
-row "devmap save, 1 shard, --no-fsync, -j1" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size 100GB --no-fsync -j 1 -q
+row "devmap save, 1 shard, --no-fsync, -j1, --cache keep" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size 100GB --no-fsync -j 1 --cache keep -q
+row "devmap save, 1 shard, --no-fsync, -j1, --cache drop" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size 100GB --no-fsync -j 1 --cache drop -q
 row "devmap save, 500MB shards, --no-fsync, -j1" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size $SHARD --no-fsync -j 1 -q
 row "devmap save, 500MB shards, --no-fsync, -j2" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size $SHARD --no-fsync -j 2 -q
 row "devmap save, 500MB shards, fsync, -j1" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size $SHARD -j 1 -q
@@ -65,9 +71,9 @@ cp_s=$(echo "${ROWS[0]}" | cut -d'|' -f2)
 echo
 echo "input: $(( INPUT_BYTES >> 20 )) MiB on $(df -T "$WORK" | awk 'NR==2{print $2}'), $(nproc) cores, median of $RUNS warm-cache runs"
 echo
-echo "| run | time (s) | vs cp -r | peak RSS (MiB) |"
-echo "| --- | ---: | ---: | ---: |"
+echo "| run | time (s) | vs cp -r | peak RSS (MiB) | page cache growth (MiB) |"
+echo "| --- | ---: | ---: | ---: | ---: |"
 for r in "${ROWS[@]}"; do
-    IFS='|' read -r name s kib <<< "$r"
-    echo "| $name | $s | $(python3 -c "print(f'{$s/$cp_s:.2f}')") | $(( kib / 1024 )) |"
+    IFS='|' read -r name s kib cache <<< "$r"
+    echo "| $name | $s | $(python3 -c "print(f'{$s/$cp_s:.2f}')") | $(( kib / 1024 )) | $(( cache / 1024 )) |"
 done

@@ -85,6 +85,10 @@ pub struct SaveArgs {
     /// but a power loss right after the save can leave shards incomplete.
     #[arg(long)]
     pub no_fsync: bool,
+    /// Page cache of copied input: drop it when the model is over half the available
+    /// RAM (auto), always (drop), or leave it to the kernel (keep).
+    #[arg(long, value_enum, default_value_t = Cache::Auto)]
+    pub cache: Cache,
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,
@@ -101,4 +105,21 @@ fn parse_tie(text: &str) -> Result<(String, String), String> {
 
 fn parse_shard_size(text: &str) -> Result<u64, String> {
     devmap::formats::size::parse_size(text)
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Cache {
+    Auto,
+    Drop,
+    Keep,
+}
+
+impl From<Cache> for devmap::save::plan::CachePolicy {
+    fn from(c: Cache) -> Self {
+        match c {
+            Cache::Auto => Self::Auto,
+            Cache::Drop => Self::Drop,
+            Cache::Keep => Self::Keep,
+        }
+    }
 }

@@ -71,6 +71,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
         weights_only: a.weights_only,
         jobs: a.jobs.max(1),
         fsync: !a.no_fsync,
+        cache: a.cache.into(),
         ..SaveOptions::new(&a.out)
     };
     let plan = prepare(&ckpt, &options)?;

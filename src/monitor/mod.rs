@@ -63,6 +63,23 @@ fn proc_status_bytes(field: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// `MemAvailable` from `/proc/meminfo`: what can be had without swapping.
+pub fn available_ram() -> Option<u64> {
+    meminfo_bytes("MemAvailable:")
+}
+
+/// `Cached` from `/proc/meminfo`: the page cache.
+pub fn page_cache() -> Option<u64> {
+    meminfo_bytes("Cached:")
+}
+
+fn meminfo_bytes(field: &str) -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Peak resident set size of this process so far (`VmHWM`).
 pub fn peak_rss_bytes() -> Option<u64> {
     proc_status_bytes("VmHWM:")

@@ -37,9 +37,18 @@ pub enum CopyError {
 pub struct Copier {
     kernel_copy_failed: bool,
     buffer: Vec<u8>,
+    /// Tell the kernel each copied source range will not be read again.
+    drop_source_cache: bool,
 }
 
 impl Copier {
+    pub fn new(drop_source_cache: bool) -> Copier {
+        Copier {
+            drop_source_cache,
+            ..Copier::default()
+        }
+    }
+
     /// Copies `len` bytes from `(src, src_offset)` to `(dst, dst_offset)` and calls
     /// `progress(n)` after each chunk of `n` bytes.
     pub fn copy(
@@ -63,7 +72,9 @@ impl Copier {
             done += n as u64;
             progress(n as u64);
         }
-        crate::sys::drop_from_cache(src, src_offset, len);
+        if self.drop_source_cache {
+            crate::sys::drop_from_cache(src, src_offset, len);
+        }
         Ok(())
     }
 

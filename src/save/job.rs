@@ -14,7 +14,7 @@ use memmap2::Mmap;
 
 use super::copy::{Copier, CopyError};
 use super::error::SaveError;
-use super::plan::{SaveOptions, SavePlan, ShardPlan};
+use super::plan::{CachePolicy, SaveOptions, SavePlan, ShardPlan};
 use super::preflight::{PARTIAL_SUFFIX, files_to_copy, is_weight_file_name};
 use crate::formats::hf_index::{INDEX_FILE, encode_index};
 use crate::model::checkpoint::{Checkpoint, FileId};
@@ -52,6 +52,8 @@ pub struct SaveReport {
     pub copied_files: Vec<String>,
     pub removed_stale: Vec<String>,
     pub kernel_copy: bool,
+    /// Whether copied input was dropped from the page cache.
+    pub dropped_cache: bool,
 }
 
 /// Sends events without ever blocking the copy on a slow reader: progress is dropped
@@ -187,11 +189,17 @@ pub fn write(
             out.join(&shard.file_name),
         ));
     }
+    let drop_cache = match options.cache {
+        CachePolicy::Drop => true,
+        CachePolicy::Keep => false,
+        CachePolicy::Auto => crate::monitor::available_ram().is_some_and(|free| plan.file_bytes() > free / 2),
+    };
     let shared = Shared {
         ckpt,
         plan,
         out,
         fsync: options.fsync,
+        drop_cache,
         cancel,
         reporter,
         next: AtomicUsize::new(0),
@@ -272,6 +280,7 @@ pub fn write(
         copied_files,
         removed_stale,
         kernel_copy: shared.used_kernel_copy.load(Ordering::Relaxed),
+        dropped_cache: shared.drop_cache,
     })
 }
 
@@ -345,6 +354,7 @@ struct Shared<'a> {
     plan: &'a SavePlan,
     out: &'a Path,
     fsync: bool,
+    drop_cache: bool,
     cancel: &'a AtomicBool,
     reporter: &'a Reporter<'a>,
     next: AtomicUsize,
@@ -360,7 +370,7 @@ impl Shared<'_> {
         let mut writer = ShardWriter {
             shared: self,
             sources: Sources::default(),
-            copier: Copier::default(),
+            copier: Copier::new(self.drop_cache),
         };
         let result = (|| {
             let count = self.plan.shards.len();

@@ -26,6 +26,20 @@ pub struct SaveOptions {
     /// fsync every shard before it is renamed into place (the default). Off trades
     /// durability after a power loss for speed, as `cp` does.
     pub fsync: bool,
+    /// What to do with the page cache of copied input.
+    pub cache: CachePolicy,
+}
+
+/// Whether copied input stays in the page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CachePolicy {
+    /// Drop it when the model is larger than half the available RAM, where keeping it
+    /// would push out everything else; keep it otherwise (dropping costs time).
+    Auto,
+    /// Always advise the kernel to drop copied ranges.
+    Drop,
+    /// Leave the page cache to the kernel, as `cp` does.
+    Keep,
 }
 
 impl SaveOptions {
@@ -40,6 +54,7 @@ impl SaveOptions {
             weights_only: false,
             jobs: DEFAULT_JOBS,
             fsync: true,
+            cache: CachePolicy::Auto,
         }
     }
 }
