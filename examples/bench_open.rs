@@ -41,7 +41,11 @@ fn main() -> std::io::Result<()> {
         let load_time = t.elapsed();
         let tree = ModuleTree::build(&ckpt);
         times.push(t.elapsed());
-        eprintln!("load {:.1} ms, load+tree {:.1} ms", load_time.as_secs_f64() * 1e3, t.elapsed().as_secs_f64() * 1e3);
+        eprintln!(
+            "load {:.1} ms, load+tree {:.1} ms",
+            load_time.as_secs_f64() * 1e3,
+            t.elapsed().as_secs_f64() * 1e3
+        );
         kept = Some((ckpt, tree));
     }
     let (ckpt, tree) = kept.ok_or_else(|| std::io::Error::other("no run"))?;

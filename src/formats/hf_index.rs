@@ -18,7 +18,10 @@ pub struct WeightIndex {
 pub fn read_index(path: &Path) -> Result<WeightIndex, FormatError> {
     let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
     let root: RawIndex = serde_json::from_str(&text).map_err(|e| {
-        FormatError::invalid(path, format!("not an index ({{\"weight_map\": {{tensor: file}}}}): {e}"))
+        FormatError::invalid(
+            path,
+            format!("not an index ({{\"weight_map\": {{tensor: file}}}}): {e}"),
+        )
     })?;
     let weight_map = root
         .weight_map
@@ -27,7 +30,11 @@ pub fn read_index(path: &Path) -> Result<WeightIndex, FormatError> {
     let mut names: Vec<&str> = weight_map.iter().map(|(n, _)| n.as_str()).collect();
     names.sort_unstable();
     if let Some(dup) = names.windows(2).find(|w| w[0] == w[1]) {
-        return Err(FormatError::tensor(path, dup[0], "appears twice in `weight_map`"));
+        return Err(FormatError::tensor(
+            path,
+            dup[0],
+            "appears twice in `weight_map`",
+        ));
     }
     Ok(WeightIndex { weight_map })
 }
@@ -48,7 +55,10 @@ impl<'de> serde::Deserialize<'de> for StringPairs {
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("an object of tensor name to shard file name")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<StringPairs, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<StringPairs, A::Error> {
                 let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0));
                 while let Some(pair) = map.next_entry::<String, String>()? {
                     pairs.push(pair);

@@ -105,10 +105,15 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, FormatError> {
     let header_bytes = &bytes[8..data_start as usize];
     let text = std::str::from_utf8(header_bytes)
         .map_err(|e| FormatError::invalid(path, format!("header is not UTF-8 ({e})")))?;
-    let raw: RawHeader = serde_json::from_str(text.trim_end_matches(' '))
-        .map_err(|e| FormatError::invalid(path, format!("header is not a JSON object of tensors: {e}")))?;
+    let raw: RawHeader = serde_json::from_str(text.trim_end_matches(' ')).map_err(|e| {
+        FormatError::invalid(path, format!("header is not a JSON object of tensors: {e}"))
+    })?;
     if let Some(dup) = first_duplicate(&raw.entries) {
-        return Err(FormatError::tensor(path, dup, "appears twice in the header"));
+        return Err(FormatError::tensor(
+            path,
+            dup,
+            "appears twice in the header",
+        ));
     }
     let metadata = raw.metadata;
     let mut tensors = Vec::with_capacity(raw.entries.len());
@@ -147,14 +152,19 @@ impl<'de> serde::Deserialize<'de> for RawHeader {
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a JSON object of tensor entries")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawHeader, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RawHeader, A::Error> {
                 use serde::de::Error;
                 let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
                 let mut metadata = None;
                 while let Some(key) = map.next_key::<String>()? {
                     if key == "__metadata__" {
                         let m = map.next_value::<BTreeMap<String, String>>().map_err(|e| {
-                            A::Error::custom(format!("`__metadata__` must be an object of strings ({e})"))
+                            A::Error::custom(format!(
+                                "`__metadata__` must be an object of strings ({e})"
+                            ))
                         })?;
                         metadata = Some(m);
                         continue;
@@ -179,17 +189,26 @@ fn first_duplicate(entries: &[(String, RawEntry)]) -> Option<&str> {
     names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
-fn check_entry(path: &Path, name: String, entry: RawEntry, data_start: u64) -> Result<HeaderTensor, FormatError> {
+fn check_entry(
+    path: &Path,
+    name: String,
+    entry: RawEntry,
+    data_start: u64,
+) -> Result<HeaderTensor, FormatError> {
     let bad = |message: String| FormatError::tensor(path, &name, message);
     let dtype = DType::from_safetensors_name(&entry.dtype)
         .ok_or_else(|| bad(format!("unknown dtype `{}`", entry.dtype)))?;
     let shape = entry.shape;
     let (begin, end) = entry.data_offsets;
     if end < begin {
-        return Err(bad(format!("data_offsets [{begin}, {end}] end before they begin")));
+        return Err(bad(format!(
+            "data_offsets [{begin}, {end}] end before they begin"
+        )));
     }
     let expected = byte_len(dtype, &shape).ok_or_else(|| {
-        bad(format!("shape {shape:?} overflows: its element count does not fit in 64 bits"))
+        bad(format!(
+            "shape {shape:?} overflows: its element count does not fit in 64 bits"
+        ))
     })?;
     if end - begin != expected {
         return Err(bad(format!(

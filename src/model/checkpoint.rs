@@ -283,8 +283,10 @@ pub struct Parts {
 fn sort_in_module_order(tensors: &mut Vec<Tensor>) {
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     {
-        let keys: Vec<super::names::OrderKey<'_>> =
-            tensors.iter().map(|t| super::names::order_key(&t.name)).collect();
+        let keys: Vec<super::names::OrderKey<'_>> = tensors
+            .iter()
+            .map(|t| super::names::order_key(&t.name))
+            .collect();
         order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
     }
     let mut slots: Vec<Option<Tensor>> = std::mem::take(tensors).into_iter().map(Some).collect();

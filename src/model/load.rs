@@ -274,12 +274,19 @@ fn read_weights(
             let header = headers.get(&path)?;
             let id = draft.file_id(&path, &header);
             let present: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
-            let missing: Vec<&str> = names.iter().copied().filter(|n| !present.contains(n)).collect();
+            let missing: Vec<&str> = names
+                .iter()
+                .copied()
+                .filter(|n| !present.contains(n))
+                .collect();
             if let Some(first) = missing.first() {
                 return Err(FormatError::tensor(
                     &index_path,
                     *first,
-                    format!("is mapped to {file}, which does not hold it ({} such tensors)", missing.len()),
+                    format!(
+                        "is mapped to {file}, which does not hold it ({} such tensors)",
+                        missing.len()
+                    ),
                 )
                 .into());
             }

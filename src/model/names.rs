@@ -108,10 +108,16 @@ mod tests {
 
     #[test]
     fn cached_keys_agree_with_the_comparator() {
-        let names = ["a.10.b", "a.2.b", "a.b", "a", "a.01", "a.1", "b.0", "a.2", "a.2.a"];
+        let names = [
+            "a.10.b", "a.2.b", "a.b", "a", "a.01", "a.1", "b.0", "a.2", "a.2.a",
+        ];
         for x in names {
             for y in names {
-                assert_eq!(order_key(x).cmp(&order_key(y)), module_order(x, y), "{x} vs {y}");
+                assert_eq!(
+                    order_key(x).cmp(&order_key(y)),
+                    module_order(x, y),
+                    "{x} vs {y}"
+                );
             }
         }
     }

@@ -192,7 +192,9 @@ pub fn write(
     let drop_cache = match options.cache {
         CachePolicy::Drop => true,
         CachePolicy::Keep => false,
-        CachePolicy::Auto => crate::monitor::available_ram().is_some_and(|free| plan.file_bytes() > free / 2),
+        CachePolicy::Auto => {
+            crate::monitor::available_ram().is_some_and(|free| plan.file_bytes() > free / 2)
+        }
     };
     let shared = Shared {
         ckpt,
@@ -209,10 +211,16 @@ pub fn write(
     };
     let workers = options.jobs.clamp(1, plan.shards.len().max(1));
     let results: Vec<Result<(), SaveError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers).map(|_| scope.spawn(|| shared.work())).collect();
+        let handles: Vec<_> = (0..workers)
+            .map(|_| scope.spawn(|| shared.work()))
+            .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(SaveError::Verify(vec!["a writer thread panicked".into()]))))
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(SaveError::Verify(vec!["a writer thread panicked".into()]))
+                })
+            })
             .collect()
     });
     // The first real error wins over the cancellations it caused in other workers.
@@ -388,7 +396,9 @@ impl Shared<'_> {
                     file_name: shard.file_name.clone(),
                     bytes: shard.file_bytes(),
                 });
-                let tmp = self.out.join(format!("{}{PARTIAL_SUFFIX}", shard.file_name));
+                let tmp = self
+                    .out
+                    .join(format!("{}{PARTIAL_SUFFIX}", shard.file_name));
                 writer.write_shard(shard, &tmp, index)?;
                 verify_shard(shard, &tmp)?;
                 self.reporter.lifecycle(SaveEvent::ShardFinished { index });
