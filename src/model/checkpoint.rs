@@ -1,7 +1,6 @@
 //! A model directory read into memory: every tensor, where its bytes are, where the
 //! device map puts it, and which tensors are tied.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -96,9 +95,11 @@ pub struct Checkpoint {
     /// What loading noticed (index omissions, dtype differences). The placement checks
     /// depend on the device map and are computed by [`Checkpoint::all_warnings`].
     pub warnings: Vec<String>,
-    by_name: HashMap<String, TensorId>,
-    tie_of: HashMap<TensorId, usize>,
+    /// The tie group of each tensor, by tensor id (`NO_TIE` for none).
+    tie_of: Vec<u32>,
 }
+
+const NO_TIE: u32 = u32::MAX;
 
 impl Checkpoint {
     /// Assembles a checkpoint from parts. Sorts tensors into module order, and maps tie
@@ -118,23 +119,20 @@ impl Checkpoint {
         } = parts;
         // Tied sources refer to names until here; sort and resolve them after.
         sort_in_module_order(&mut tensors);
-        let by_name: HashMap<String, TensorId> = tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
+        let find = |name: &str| {
+            tensors
+                .binary_search_by(|t| super::names::module_order(&t.name, name))
+                .ok()
+        };
         let mut groups = Vec::new();
-        let mut tie_of = HashMap::new();
+        let mut tie_of = vec![NO_TIE; tensors.len()];
         for names in ties {
-            let members: Vec<TensorId> = names
-                .iter()
-                .filter_map(|n| by_name.get(n).copied())
-                .collect();
+            let members: Vec<TensorId> = names.iter().filter_map(|n| find(n)).collect();
             if members.len() < 2 {
                 continue;
             }
             for &m in &members {
-                tie_of.insert(m, groups.len());
+                tie_of[m] = groups.len() as u32;
             }
             groups.push(TieGroup { members });
         }
@@ -149,7 +147,6 @@ impl Checkpoint {
             config,
             weight_files,
             warnings,
-            by_name,
             tie_of,
         };
         ckpt.point_tied_sources();
@@ -189,8 +186,11 @@ impl Checkpoint {
         find(true).or_else(|| find(false))
     }
 
+    /// Finds a tensor by name (binary search: tensors are in module order).
     pub fn index_of(&self, name: &str) -> Option<TensorId> {
-        self.by_name.get(name).copied()
+        self.tensors
+            .binary_search_by(|t| super::names::module_order(&t.name, name))
+            .ok()
     }
 
     pub fn tensor(&self, name: &str) -> Option<&Tensor> {
@@ -199,13 +199,18 @@ impl Checkpoint {
 
     /// The tie group a tensor belongs to.
     pub fn tie_group(&self, id: TensorId) -> Option<&TieGroup> {
-        self.tie_of.get(&id).map(|&g| &self.ties[g])
+        match self.tie_of.get(id) {
+            Some(&g) if g != NO_TIE => Some(&self.ties[g as usize]),
+            _ => None,
+        }
     }
 
     /// The bytes that hold a tensor's current value, following ties.
     pub fn data_range(&self, id: TensorId) -> Option<ByteRange> {
-        if let Some(&g) = self.tie_of.get(&id) {
-            let holder = self.group_data_holder(g)?;
+        if let Some(&g) = self.tie_of.get(id)
+            && g != NO_TIE
+        {
+            let holder = self.group_data_holder(g as usize)?;
             return match self.tensors[holder].source {
                 Source::Offload(r) | Source::Checkpoint(r) => Some(r),
                 _ => None,
@@ -280,7 +285,10 @@ pub struct Parts {
 }
 
 /// Sorts tensors into module order, computing each name's key once.
-fn sort_in_module_order(tensors: &mut Vec<Tensor>) {
+pub(crate) fn sort_in_module_order(tensors: &mut Vec<Tensor>) {
+    if tensors.is_sorted_by(|a, b| super::names::module_order(&a.name, &b.name).is_le()) {
+        return;
+    }
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     {
         let keys: Vec<super::names::OrderKey<'_>> = tensors

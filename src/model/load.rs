@@ -10,7 +10,7 @@ use crate::formats::config::{ModelConfig, read_config};
 use crate::formats::device_map::{DEVICE_MAP_FILE, read_device_map};
 use crate::formats::hf_index::{INDEX_FILE, SINGLE_FILE, read_index};
 use crate::formats::offload::{OffloadForm, read_offload_folder};
-use crate::formats::safetensors::{Header, HeaderCache};
+use crate::formats::safetensors::{Header, HeaderCache, read_header};
 
 /// What the user told devmap beyond the directory.
 #[derive(Debug, Clone, Default)]
@@ -55,13 +55,47 @@ const EMBEDDING_SUFFIXES: [&str; 5] = [
 
 /// Where each tensor comes from while the checkpoint is being put together.
 struct Draft {
+    /// Kept in module order once the weights are read, so names are found by binary
+    /// search and merged with sorted offload entries in one pass: no name map, no
+    /// copy of every name.
     tensors: Vec<Tensor>,
-    by_name: HashMap<String, usize>,
     files: Vec<SourceFile>,
     file_ids: HashMap<PathBuf, FileId>,
 }
 
 impl Draft {
+    fn find(&self, name: &str) -> Option<usize> {
+        self.tensors
+            .binary_search_by(|t| super::names::module_order(&t.name, name))
+            .ok()
+    }
+
+    /// Restores module order after tensors were appended, and refuses a name that
+    /// now appears twice.
+    fn resort(&mut self) -> Result<(), LoadError> {
+        super::checkpoint::sort_in_module_order(&mut self.tensors);
+        if let Some(w) = self.tensors.windows(2).find(|w| w[0].name == w[1].name) {
+            let file = |t: &Tensor| {
+                t.checkpoint
+                    .or(match t.source {
+                        Source::Offload(r) | Source::Checkpoint(r) => Some(r),
+                        _ => None,
+                    })
+                    .map(|r| self.files[r.file].path.clone())
+                    .unwrap_or_default()
+            };
+            return Err(LoadError::Conflict {
+                path: file(&w[1]),
+                message: format!(
+                    "tensor `{}` is also in {}; which one is meant is unclear",
+                    w[0].name,
+                    file(&w[0]).display()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     fn file_id(&mut self, path: &Path, header: &Header) -> FileId {
         if let Some(&id) = self.file_ids.get(path) {
             return id;
@@ -109,11 +143,11 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
 
     let mut draft = Draft {
         tensors: Vec::new(),
-        by_name: HashMap::new(),
         files: Vec::new(),
         file_ids: HashMap::new(),
     };
-    let weight_files = read_weights(dir, &mut draft, &mut headers, &mut warnings)?;
+    let weight_files = read_weights(dir, &mut draft, &mut warnings)?;
+    draft.resort()?;
 
     let offload_dir = match &options.offload_folder {
         Some(p) => {
@@ -126,7 +160,17 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
     };
     let mut shared_offload: HashMap<(FileId, u64), Vec<String>> = HashMap::new();
     if let Some(folder) = &offload_dir {
-        for entry in read_offload_folder(folder, dir, &mut headers)? {
+        let mut entries = read_offload_folder(folder, dir, &mut headers)?;
+        let keys: Vec<_> = entries.iter().map(|e| super::names::order_key(&e.name)).collect();
+        let mut order: Vec<usize> = (0..entries.len()).collect();
+        order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
+        drop(keys);
+        let mut slots: Vec<Option<_>> = entries.drain(..).map(Some).collect();
+        let sorted: Vec<_> = order.into_iter().filter_map(|i| slots[i].take()).collect();
+        // Both lists are in module order: walk them together.
+        let mut at = 0;
+        let mut added = Vec::new();
+        for entry in sorted {
             let file = draft.plain_file_id(&entry.file);
             let range = ByteRange {
                 file,
@@ -149,32 +193,35 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
                     entry.dtype
                 ));
             }
-            match draft.by_name.get(&entry.name) {
-                Some(&i) => {
-                    let t = &mut draft.tensors[i];
-                    t.dtype = entry.dtype;
-                    t.shape = entry.shape;
-                    t.bytes = entry.len;
-                    t.source = Source::Offload(range);
-                    t.load_dtype = entry.load_dtype;
-                }
-                None => {
-                    draft
-                        .by_name
-                        .insert(entry.name.clone(), draft.tensors.len());
-                    draft.tensors.push(Tensor {
-                        name: entry.name,
-                        dtype: entry.dtype,
-                        shape: entry.shape,
-                        bytes: entry.len,
-                        placement: Placement::Cpu,
-                        map_key: None,
-                        source: Source::Offload(range),
-                        checkpoint: None,
-                        load_dtype: entry.load_dtype,
-                    });
-                }
+            while at < draft.tensors.len()
+                && super::names::module_order(&draft.tensors[at].name, &entry.name).is_lt()
+            {
+                at += 1;
             }
+            if at < draft.tensors.len() && draft.tensors[at].name == entry.name {
+                let t = &mut draft.tensors[at];
+                t.dtype = entry.dtype;
+                t.shape = entry.shape;
+                t.bytes = entry.len;
+                t.source = Source::Offload(range);
+                t.load_dtype = entry.load_dtype;
+            } else {
+                added.push(Tensor {
+                    name: entry.name,
+                    dtype: entry.dtype,
+                    shape: entry.shape,
+                    bytes: entry.len,
+                    placement: Placement::Cpu,
+                    map_key: None,
+                    source: Source::Offload(range),
+                    checkpoint: None,
+                    load_dtype: entry.load_dtype,
+                });
+            }
+        }
+        if !added.is_empty() {
+            draft.tensors.append(&mut added);
+            draft.resort()?;
         }
     }
     if draft.tensors.is_empty() {
@@ -221,12 +268,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
 
 /// Finds and reads the checkpoint's safetensors files. Returns the files that make up
 /// the weights (shards and index).
-fn read_weights(
-    dir: &Path,
-    draft: &mut Draft,
-    headers: &mut HeaderCache,
-    warnings: &mut Vec<String>,
-) -> Result<Vec<PathBuf>, LoadError> {
+fn read_weights(dir: &Path, draft: &mut Draft, warnings: &mut Vec<String>) -> Result<Vec<PathBuf>, LoadError> {
     let index_path = dir.join(INDEX_FILE);
     let single = dir.join(SINGLE_FILE);
     if index_path.is_file() {
@@ -271,7 +313,7 @@ fn read_weights(
                 )
                 .into());
             }
-            let header = headers.get(&path)?;
+            let header = read_header(&path)?;
             let id = draft.file_id(&path, &header);
             let present: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
             let missing: Vec<&str> = names
@@ -290,7 +332,7 @@ fn read_weights(
                 )
                 .into());
             }
-            for t in &header.tensors {
+            for t in header.tensors {
                 match file_of.get(t.name.as_str()) {
                     Some(&f) if f == file => {}
                     Some(_) => {
@@ -307,7 +349,7 @@ fn read_weights(
                         t.name
                     )),
                 }
-                add_checkpoint_tensor(draft, id, &path, t)?;
+                add_checkpoint_tensor(draft, id, t);
             }
             files.push(path);
         }
@@ -326,44 +368,25 @@ fn read_weights(
         all
     };
     for path in &paths {
-        let header = headers.get(path)?;
+        let header = read_header(path)?;
         let id = draft.file_id(path, &header);
-        for t in &header.tensors {
-            add_checkpoint_tensor(draft, id, path, t)?;
+        for t in header.tensors {
+            add_checkpoint_tensor(draft, id, t);
         }
     }
     Ok(paths)
 }
 
-fn add_checkpoint_tensor(
-    draft: &mut Draft,
-    file: FileId,
-    path: &Path,
-    t: &crate::formats::safetensors::HeaderTensor,
-) -> Result<(), LoadError> {
-    if let Some(&existing) = draft.by_name.get(&t.name) {
-        let other = draft.tensors[existing]
-            .checkpoint
-            .map(|r| draft.files[r.file].path.display().to_string())
-            .unwrap_or_default();
-        return Err(LoadError::Conflict {
-            path: path.to_path_buf(),
-            message: format!(
-                "tensor `{}` is also in {other}; which one is meant is unclear",
-                t.name
-            ),
-        });
-    }
+fn add_checkpoint_tensor(draft: &mut Draft, file: FileId, t: crate::formats::safetensors::HeaderTensor) {
     let range = ByteRange {
         file,
         offset: t.offset,
         len: t.len,
     };
-    draft.by_name.insert(t.name.clone(), draft.tensors.len());
     draft.tensors.push(Tensor {
-        name: t.name.clone(),
+        name: t.name,
         dtype: t.dtype,
-        shape: t.shape.clone(),
+        shape: t.shape,
         bytes: t.len,
         placement: Placement::Cpu,
         map_key: None,
@@ -371,7 +394,6 @@ fn add_checkpoint_tensor(
         checkpoint: Some(range),
         load_dtype: None,
     });
-    Ok(())
 }
 
 /// `tie_word_embeddings`: the output head holds the input embedding. The head is added
@@ -404,12 +426,14 @@ fn config_ties(
     let Some(embedding) = embeddings.first().map(|s| (*s).to_owned()) else {
         return Vec::new();
     };
-    let emb = draft.by_name[&embedding];
     let mut ties = Vec::new();
     for head in HEAD_NAMES {
         let module = head.trim_end_matches(".weight");
-        match draft.by_name.get(head) {
-            Some(&h) => {
+        let Some(emb) = draft.find(&embedding) else {
+            break;
+        };
+        match draft.find(head) {
+            Some(h) => {
                 if draft.tensors[h].shape == draft.tensors[emb].shape {
                     ties.push(vec![embedding.clone(), head.to_owned()]);
                 } else {
@@ -444,8 +468,12 @@ fn add_tied_copy(draft: &mut Draft, name: &str, of: usize) {
         checkpoint: None,
         load_dtype: None,
     };
-    draft.by_name.insert(name.to_owned(), draft.tensors.len());
-    draft.tensors.push(copy);
+    // Inserted where module order puts it; the caller knows the name is new.
+    let at = draft
+        .tensors
+        .binary_search_by(|t| super::names::module_order(&t.name, name))
+        .unwrap_or_else(|pos| pos);
+    draft.tensors.insert(at, copy);
 }
 
 fn explicit_tie(tied: &str, kept: &str, draft: &mut Draft) -> Result<Vec<String>, LoadError> {
@@ -457,12 +485,12 @@ fn explicit_tie(tied: &str, kept: &str, draft: &mut Draft) -> Result<Vec<String>
     if tied == kept {
         return Err(bad("a tensor cannot be tied to itself".into()));
     }
-    let Some(&k) = draft.by_name.get(kept) else {
+    let Some(k) = draft.find(kept) else {
         return Err(bad(format!("no tensor is named `{kept}`")));
     };
-    match draft.by_name.get(tied) {
+    match draft.find(tied) {
         None => add_tied_copy(draft, tied, k),
-        Some(&t) => {
+        Some(t) => {
             let (a, b) = (&draft.tensors[t], &draft.tensors[k]);
             if a.shape != b.shape || a.dtype != b.dtype {
                 return Err(bad(format!(
