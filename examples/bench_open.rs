@@ -32,6 +32,18 @@ fn main() -> std::io::Result<()> {
         devmap::human_bytes(rss_tree.saturating_sub(rss_model)),
         rss_tree.saturating_sub(rss_model) as f64 / n as f64,
     );
+    // What the structures themselves take, without the allocator's retained garbage
+    // from parsing: the Tensor record and its shape allocation.
+    let structural: usize = ckpt
+        .tensors
+        .iter()
+        .map(|t| std::mem::size_of::<devmap::model::Tensor>() + t.shape.capacity() * 8)
+        .sum();
+    println!(
+        "structural: {:.0} bytes per tensor beyond its name ({}-byte Tensor record + shape)",
+        structural as f64 / n as f64,
+        std::mem::size_of::<devmap::model::Tensor>()
+    );
     drop((ckpt, tree));
     let mut times: Vec<Duration> = Vec::new();
     let mut kept = None;

@@ -273,7 +273,7 @@ fn meta_tensor_without_data_is_refused_by_name() {
         shape: vec![4, 4],
         bytes: 32,
         placement: Placement::Meta,
-        map_key: Some("model.layers.0".into()),
+        map_key: None,
         source: Source::None,
         checkpoint: None,
         load_dtype: None,
@@ -312,4 +312,23 @@ fn bad_shard_size_is_a_usage_error() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("`5XB` is not a size"), "{}", stderr(&o));
     assert!(!m.out("o").exists());
+}
+
+#[test]
+fn the_same_tensor_in_two_files_without_an_index() {
+    use devmap::fixtures::{FixtureTensor, write_safetensors};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("m");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let a = FixtureTensor::patterned("model.w", DType::F32, &[2], 1);
+    let b = FixtureTensor::patterned("model.v", DType::F32, &[2], 2);
+    write_safetensors(&dir.join("part-a.safetensors"), &[&a, &b]).expect("w");
+    write_safetensors(&dir.join("part-b.safetensors"), &[&a]).expect("w");
+    let err = refused(&dir, &tmp.path().join("o"), &[]);
+    assert!(
+        err.contains("`model.w`")
+            && err.contains("part-a.safetensors")
+            && err.contains("part-b.safetensors"),
+        "{err}"
+    );
 }

@@ -122,10 +122,7 @@ fn placement_matches_whole_components() {
     assert_eq!(at("model.layers.1x.w"), Placement::Cpu);
     assert_eq!(at("other.w"), Placement::Unmapped);
     assert_eq!(
-        ckpt.tensor("model.layers.10.w")
-            .expect("t")
-            .map_key
-            .as_deref(),
+        ckpt.map_key(ckpt.tensor("model.layers.10.w").expect("t")),
         Some("model.layers")
     );
     let all = ckpt.all_warnings().join("\n");

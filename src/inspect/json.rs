@@ -72,7 +72,7 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
             shape: &t.shape,
             bytes: t.bytes,
             placement: t.placement.to_string(),
-            map_key: t.map_key.as_deref(),
+            map_key: ckpt.map_key(t),
             source: match t.source {
                 Source::Checkpoint(r) => SourceOut::Safetensors {
                     file: file(r.file),

@@ -48,8 +48,9 @@ pub struct Tensor {
     pub shape: Vec<u64>,
     pub bytes: u64,
     pub placement: Placement,
-    /// The device-map key that placed it (`None` when unmapped or there is no map).
-    pub map_key: Option<String>,
+    /// Which device-map entry placed it (its position in the map; `None` when
+    /// unmapped or there is no map). [`Checkpoint::map_key`] gives the key.
+    pub map_key: Option<u32>,
     pub source: Source,
     /// The checkpoint entry, kept even when the offload value wins, for `explain`.
     pub checkpoint: Option<ByteRange>,
@@ -227,6 +228,14 @@ impl Checkpoint {
         &self.files[id].path
     }
 
+    /// The device-map key that placed a tensor.
+    pub fn map_key(&self, tensor: &Tensor) -> Option<&str> {
+        let map = self.device_map.as_ref()?;
+        map.entries()
+            .get(tensor.map_key? as usize)
+            .map(|(k, _)| k.as_str())
+    }
+
     /// Re-places every tensor with `map` (used when the user edits the map).
     pub fn apply_device_map(&mut self, map: Option<DeviceMap>) {
         for t in &mut self.tensors {
@@ -258,12 +267,12 @@ impl Checkpoint {
     }
 }
 
-/// A tensor's placement and the key that decided it. No map: everything is `cpu`.
-pub fn place(map: Option<&DeviceMap>, name: &str) -> (Placement, Option<String>) {
+/// A tensor's placement and the entry that decided it. No map: everything is `cpu`.
+pub fn place(map: Option<&DeviceMap>, name: &str) -> (Placement, Option<u32>) {
     match map {
         None => (Placement::Cpu, None),
         Some(m) => match m.locate(name) {
-            Some(hit) => (hit.placement, Some(hit.key.to_owned())),
+            Some(hit) => (hit.placement, Some(hit.index as u32)),
             None => (Placement::Unmapped, None),
         },
     }

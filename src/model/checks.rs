@@ -137,7 +137,7 @@ pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<String> {
     let used: HashSet<&str> = ckpt
         .tensors
         .iter()
-        .filter_map(|t| t.map_key.as_deref())
+        .filter_map(|t| ckpt.map_key(t))
         .collect();
     let unused: Vec<&str> = map
         .entries()
@@ -161,7 +161,7 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<String> {
     let mut traps: BTreeMap<(String, String), (Placement, Placement, usize)> = BTreeMap::new();
     for t in &ckpt.tensors {
         for hit in map.string_prefix_traps(&t.name) {
-            let matched = t.map_key.clone().unwrap_or_else(|| "(none)".into());
+            let matched = ckpt.map_key(t).unwrap_or("(none)").to_owned();
             let e = traps.entry((hit.key.to_owned(), matched)).or_insert((
                 hit.placement,
                 t.placement,

@@ -161,7 +161,10 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
     let mut shared_offload: HashMap<(FileId, u64), Vec<String>> = HashMap::new();
     if let Some(folder) = &offload_dir {
         let mut entries = read_offload_folder(folder, dir, &mut headers)?;
-        let keys: Vec<_> = entries.iter().map(|e| super::names::order_key(&e.name)).collect();
+        let keys: Vec<_> = entries
+            .iter()
+            .map(|e| super::names::order_key(&e.name))
+            .collect();
         let mut order: Vec<usize> = (0..entries.len()).collect();
         order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
         drop(keys);
@@ -268,7 +271,11 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
 
 /// Finds and reads the checkpoint's safetensors files. Returns the files that make up
 /// the weights (shards and index).
-fn read_weights(dir: &Path, draft: &mut Draft, warnings: &mut Vec<String>) -> Result<Vec<PathBuf>, LoadError> {
+fn read_weights(
+    dir: &Path,
+    draft: &mut Draft,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<PathBuf>, LoadError> {
     let index_path = dir.join(INDEX_FILE);
     let single = dir.join(SINGLE_FILE);
     if index_path.is_file() {
@@ -377,7 +384,11 @@ fn read_weights(dir: &Path, draft: &mut Draft, warnings: &mut Vec<String>) -> Re
     Ok(paths)
 }
 
-fn add_checkpoint_tensor(draft: &mut Draft, file: FileId, t: crate::formats::safetensors::HeaderTensor) {
+fn add_checkpoint_tensor(
+    draft: &mut Draft,
+    file: FileId,
+    t: crate::formats::safetensors::HeaderTensor,
+) {
     let range = ByteRange {
         file,
         offset: t.offset,

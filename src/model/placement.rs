@@ -70,6 +70,8 @@ pub struct DeviceMap {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Match<'a> {
     pub key: &'a str,
+    /// Position of the key in [`DeviceMap::entries`].
+    pub index: usize,
     pub placement: Placement,
 }
 
@@ -112,6 +114,7 @@ impl DeviceMap {
                 let (key, placement) = &self.entries[i];
                 return Some(Match {
                     key,
+                    index: i,
                     placement: *placement,
                 });
             }
@@ -135,14 +138,16 @@ impl DeviceMap {
         let matched_placement = matched.map(|m| m.placement);
         self.entries
             .iter()
-            .filter(move |(key, placement)| {
+            .enumerate()
+            .filter(move |(_, (key, placement))| {
                 key.len() > matched_len
                     && name.starts_with(key.as_str())
                     && !covers(key, name)
                     && Some(*placement) != matched_placement
             })
-            .map(|(key, placement)| Match {
+            .map(|(index, (key, placement))| Match {
                 key,
+                index,
                 placement: *placement,
             })
     }

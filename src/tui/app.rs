@@ -458,10 +458,16 @@ impl App {
         if query.is_empty() {
             return;
         }
-        let needle = query.to_lowercase();
+        let needle = query.as_bytes();
         for (id, t) in self.ckpt.tensors.iter().enumerate() {
-            let name = t.name.to_lowercase();
-            let Some(at) = name.find(&needle) else {
+            let name = t.name.as_str();
+            // ASCII case-insensitive, without allocating per name: 100k names are
+            // searched on every keystroke.
+            let Some(at) = name
+                .as_bytes()
+                .windows(needle.len())
+                .position(|w| w.eq_ignore_ascii_case(needle))
+            else {
                 continue;
             };
             let end = at + needle.len();

@@ -48,7 +48,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             Span::styled(format!("{:<10}", "device"), theme.dim()),
             Span::styled(tensor.placement.to_string(), theme.device(tensor.placement)),
         ]));
-        lines.push(kv("because", because(app, tensor.map_key.as_deref())));
+        lines.push(kv("because", because(app, app.ckpt.map_key(tensor))));
         lines.push(kv("bytes in", source_text(app, tensor.source)));
         if let (Source::Offload(_), Some(old)) = (tensor.source, tensor.checkpoint) {
             lines.push(kv(
