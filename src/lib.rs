@@ -10,7 +10,7 @@ pub mod inspect;
 pub mod model;
 pub mod monitor;
 pub mod save;
-mod sys;
+pub mod sys;
 pub mod tui;
 
 /// Formats a byte count the way every devmap screen and message does (`1.50 GiB`).

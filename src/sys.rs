@@ -71,3 +71,31 @@ pub(crate) fn drop_from_cache(file: &File, offset: u64, len: u64) {
         libc::posix_fadvise(file.as_raw_fd(), off, len, libc::POSIX_FADV_DONTNEED);
     }
 }
+
+/// Set when SIGTERM, SIGHUP or SIGINT arrives, once [`catch_termination`] ran.
+static TERMINATION: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_termination(_signal: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    TERMINATION.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Turns SIGTERM, SIGHUP and SIGINT into a flag the program polls, so a save can be
+/// cancelled cleanly (temporary files removed) and the terminal restored instead of
+/// the process dying mid-write.
+pub fn catch_termination() -> &'static std::sync::atomic::AtomicBool {
+    for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
+        // SAFETY: an all-zero sigaction is valid; we set a handler that only performs
+        // an atomic store (async-signal-safe) and an empty mask, then install it with
+        // a valid pointer to that struct.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction =
+                on_termination as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            libc::sigemptyset(&mut action.sa_mask);
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+    &TERMINATION
+}

@@ -96,15 +96,30 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
     let job =
         SaveJob::spawn(Arc::new(ckpt), plan, options).wrap_err("cannot start the save thread")?;
     let mut bar = progress::Progress::new(total);
-    for event in job.events.iter() {
-        if !a.quiet {
-            bar.handle(&event);
+    // Ctrl-C, SIGTERM and SIGHUP cancel the save cleanly instead of killing it
+    // mid-write: the job removes its partial files before it returns.
+    let terminated = devmap::sys::catch_termination();
+    loop {
+        match job
+            .events
+            .recv_timeout(std::time::Duration::from_millis(100))
+        {
+            Ok(event) => {
+                if !a.quiet {
+                    bar.handle(&event);
+                }
+                if matches!(
+                    event,
+                    SaveEvent::Finished(_) | SaveEvent::Failed(_) | SaveEvent::Cancelled
+                ) {
+                    break;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         }
-        if matches!(
-            event,
-            SaveEvent::Finished(_) | SaveEvent::Failed(_) | SaveEvent::Cancelled
-        ) {
-            break;
+        if terminated.load(std::sync::atomic::Ordering::SeqCst) {
+            job.cancel();
         }
     }
     let report = job.join().map_err(|e| eyre!(e))?;

@@ -255,6 +255,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         t.map_key = key;
     }
 
+    note_symlinks(dir, &draft.files, offload_dir.as_deref(), &mut warnings);
     Ok(Checkpoint::assemble(Parts {
         dir: dir.to_path_buf(),
         files: draft.files,
@@ -267,6 +268,42 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         weight_files,
         warnings,
     }))
+}
+
+/// Inputs reached through a symlink that leads outside the model directory are
+/// followed (that is how HF caches lay models out) but named, so a user knows which
+/// files the save reads.
+fn note_symlinks(
+    dir: &Path,
+    files: &[SourceFile],
+    offload: Option<&Path>,
+    warnings: &mut Vec<String>,
+) {
+    let Ok(root) = dir.canonicalize() else { return };
+    let mut outside = Vec::new();
+    let candidates = files.iter().map(|f| f.path.as_path()).chain(offload);
+    for path in candidates {
+        let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+        let parent_link = path.parent().is_some_and(|p| {
+            p.canonicalize().is_ok_and(|c| !c.starts_with(&root)) && p.starts_with(dir)
+        });
+        if !(is_link || parent_link) {
+            continue;
+        }
+        if let Ok(target) = path.canonicalize()
+            && !target.starts_with(&root)
+        {
+            outside.push(format!("{} -> {}", path.display(), target.display()));
+        }
+    }
+    if !outside.is_empty() {
+        warnings.push(format!(
+            "{} input(s) are symlinks to files outside {} and are read from there: {}",
+            outside.len(),
+            dir.display(),
+            super::checks::name_list(&outside)
+        ));
+    }
 }
 
 /// Finds and reads the checkpoint's safetensors files. Returns the files that make up

@@ -181,9 +181,22 @@ fn event_loop(
     };
     let start = Instant::now();
     let mut last_draw: Option<Instant> = None;
+    let terminated = crate::sys::catch_termination();
     terminal.draw(|f| ui::draw(&app, f))?;
+    // A deliberate panic, for the test that the terminal is restored on panic.
+    if std::env::var_os("DEVMAP_DEBUG_PANIC").is_some() {
+        panic!("DEVMAP_DEBUG_PANIC is set: panicking on purpose after the first frame");
+    }
     loop {
         let (urgent, any) = drain(&rx, &mut app, &mut runtime, start)?;
+        if terminated.load(Ordering::SeqCst) {
+            // SIGTERM / SIGHUP: cancel a running save (its files are removed when its
+            // thread ends, awaited below) and leave through the normal restore path.
+            if let Some(s) = &mut app.save {
+                s.cancel_requested = true;
+            }
+            runtime.apply(&mut app, vec![Effect::CancelSave, Effect::Quit]);
+        }
         if runtime.quit {
             break;
         }
