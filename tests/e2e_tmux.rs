@@ -14,6 +14,52 @@ struct Tmux {
     socket: String,
 }
 
+/// Starts `script` under `sh -c` in a fresh tmux server of its own.
+fn start(tag: &str, script: &str) -> Tmux {
+    let tmux = Tmux {
+        socket: format!("devmap-{tag}-{}", std::process::id()),
+    };
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "e2e",
+        "-x",
+        "140",
+        "-y",
+        "45",
+        "sh",
+        "-c",
+        script,
+    ]);
+    tmux
+}
+
+/// The shell line that runs devmap, then reports its exit code and the tty mode.
+fn wrapped(env: &str, args: &str) -> String {
+    format!(
+        "{env} '{}' {args}; echo DEVMAP-EXIT=$?; stty -a | tr ' ' '\\n' | grep -x -- '-\\?icanon'; sleep 60",
+        env!("CARGO_BIN_EXE_devmap")
+    )
+}
+
+/// After devmap exited: the tty is back in cooked mode and off the alternate screen.
+fn assert_restored(tmux: &Tmux) -> String {
+    std::thread::sleep(Duration::from_millis(300));
+    let after = tmux.screen();
+    let mode = after
+        .lines()
+        .find(|l| l.trim().ends_with("icanon"))
+        .map(str::trim)
+        .unwrap_or("");
+    assert_eq!(mode, "icanon", "raw mode was not restored:\n{after}");
+    assert!(
+        !after.contains("┌ Modules"),
+        "still on the alternate screen:\n{after}"
+    );
+    after
+}
+
 impl Tmux {
     fn run(&self, args: &[&str]) -> String {
         let o = Command::new("tmux")
@@ -152,5 +198,116 @@ fn inspect_save_and_quit_in_a_real_terminal() {
     assert!(
         !after.contains("┌ Modules"),
         "still on the alternate screen:\n{after}"
+    );
+}
+
+fn skip_without_tmux(test: &str) -> bool {
+    if tmux_available() {
+        return false;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must have tmux (.ci/run installs it)"
+    );
+    eprintln!("SKIPPED {test}: tmux is not installed");
+    true
+}
+
+#[test]
+fn sigterm_and_sighup_restore_the_terminal_and_cancel_the_save() {
+    if skip_without_tmux("sigterm_and_sighup_restore_the_terminal_and_cancel_the_save") {
+        return;
+    }
+    for signal in ["TERM", "HUP"] {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = tmp.path().join("big");
+        std::fs::create_dir(&dir).expect("mkdir");
+        // 2 GiB of holes (a sparse file: no disk until copied) in 64 MiB tensors and
+        // 256MB shards: seconds of work, so the signal lands mid-save.
+        let names: Vec<String> = (0..32)
+            .map(|i| format!("model.layers.{i}.weight"))
+            .collect();
+        let shape = [16u64 << 20];
+        let entries: Vec<devmap::formats::safetensors::HeaderEntry<'_>> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| devmap::formats::safetensors::HeaderEntry {
+                name: n,
+                dtype: devmap::model::DType::F32,
+                shape: &shape,
+                begin: (i as u64) << 26,
+                end: (i as u64 + 1) << 26,
+            })
+            .collect();
+        let header = devmap::formats::safetensors::encode_header(&entries, &Default::default());
+        let path = dir.join("model.safetensors");
+        std::fs::write(&path, &header).expect("write");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open")
+            .set_len(header.len() as u64 + (32u64 << 26))
+            .expect("sparse");
+        let out = tmp.path().join("out");
+        let tmux = start(
+            &format!("sig{signal}"),
+            &wrapped("", &format!("'{}'", dir.display())),
+        );
+        tmux.wait_for("Modules", Duration::from_secs(20));
+        tmux.keys(&["s", "C-u"]);
+        tmux.type_text("256MB");
+        tmux.keys(&["Tab", "C-u"]);
+        tmux.type_text(out.to_str().expect("utf8"));
+        tmux.wait_for("shard(s)", Duration::from_secs(5));
+        tmux.keys(&["Enter"]);
+        tmux.wait_for("Save — running", Duration::from_secs(10));
+        let pid = tmux.run(&["list-panes", "-t", "e2e", "-F", "#{pane_pid}"]);
+        // The pane runs sh, which runs devmap: signal the child.
+        let children = Command::new("pgrep")
+            .args(["-P", pid.trim()])
+            .output()
+            .expect("pgrep");
+        let child = String::from_utf8_lossy(&children.stdout)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_owned();
+        assert!(!child.is_empty(), "devmap's pid not found");
+        Command::new("kill")
+            .args([&format!("-{signal}"), &child])
+            .status()
+            .expect("kill");
+        let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(20));
+        assert!(after.contains("DEVMAP-EXIT=0"), "{signal}: {after}");
+        assert_restored(&tmux);
+        let left: Vec<String> = std::fs::read_dir(&out)
+            .map(|r| {
+                r.map(|e| e.expect("e").file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(left.is_empty(), "SIG{signal} left {left:?}");
+    }
+}
+
+#[test]
+fn a_panic_restores_the_terminal_and_prints_the_report() {
+    if skip_without_tmux("a_panic_restores_the_terminal_and_prints_the_report") {
+        return;
+    }
+    let m = mixed_model();
+    let tmux = start(
+        "panic",
+        &wrapped("DEVMAP_DEBUG_PANIC=1", &format!("'{}'", m.dir.display())),
+    );
+    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(20));
+    assert!(
+        !after.contains("DEVMAP-EXIT=0"),
+        "a panic must exit non-zero: {after}"
+    );
+    let after = assert_restored(&tmux);
+    assert!(
+        after.contains("panicking on purpose"),
+        "the report is readable after restore:\n{after}"
     );
 }
