@@ -173,12 +173,8 @@ fn cancel_from_the_tui_at_many_points() {
         let mut app = App::new(ckpt);
         let out = m.out(&format!("cancel-{cancel_after}"));
         app.handle(Action::OpenSave);
-        for a in [Action::ClearField] {
-            app.handle(a);
-        }
-        for c in "1".chars() {
-            app.handle(Action::Input(c));
-        }
+        app.handle(Action::ClearField);
+        app.handle(Action::Input('1'));
         app.handle(Action::NextField);
         app.handle(Action::ClearField);
         for c in out.to_str().expect("p").chars() {
