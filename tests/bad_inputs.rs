@@ -332,3 +332,21 @@ fn the_same_tensor_in_two_files_without_an_index() {
         "{err}"
     );
 }
+
+#[test]
+fn offload_dat_too_short() {
+    let m = mixed_model();
+    let p = m
+        .dir
+        .join("offload")
+        .join("model.layers.10.norm.weight.dat");
+    let bytes = std::fs::read(&p).expect("r");
+    std::fs::write(&p, &bytes[..bytes.len() - 4]).expect("w");
+    let err = refused(&m.dir, &m.out("o"), &[]);
+    assert!(
+        err.contains("model.layers.10.norm.weight.dat")
+            && err.contains("holds 60 bytes")
+            && err.contains("64 bytes"),
+        "{err}"
+    );
+}

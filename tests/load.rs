@@ -262,3 +262,33 @@ fn demo_model_opens() {
     }
     assert_eq!(v["ties"][0][1], "lm_head.weight");
 }
+
+#[test]
+fn symlinked_inputs_outside_the_directory_are_followed_and_named() {
+    let m = mixed_model();
+    // Move a shard out of the model directory and link it back, as HF caches do.
+    let blobs = m.tmp.path().join("blobs");
+    std::fs::create_dir(&blobs).expect("mkdir");
+    let shard = m.dir.join("model-00001-of-00003.safetensors");
+    let blob = blobs.join("abc123");
+    std::fs::rename(&shard, &blob).expect("mv");
+    std::os::unix::fs::symlink(&blob, &shard).expect("ln");
+    let o = devmap(&["inspect", m.dir.to_str().expect("p")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("symlinks to files outside") && text.contains("blobs/abc123"),
+        "{text}"
+    );
+    // And a save still reads through the link.
+    let out = m.out("saved");
+    let o = devmap(&[
+        "save",
+        m.dir.to_str().expect("p"),
+        "-o",
+        out.to_str().expect("p"),
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(common::read_saved(&out), m.expected);
+}

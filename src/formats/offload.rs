@@ -80,7 +80,18 @@ fn read_index(
     headers: &mut HeaderCache,
 ) -> Result<Vec<OffloadEntry>, FormatError> {
     let text = std::fs::read_to_string(index_path).map_err(|e| FormatError::io(index_path, e))?;
-    let object: OrderedObject = serde_json::from_str(&text).map_err(|e| {
+    parse_index(folder, index_path, &text, model_dir, headers)
+}
+
+/// Parses an offload `index.json` given as text (`index_path` names it in errors).
+pub fn parse_index(
+    folder: &Path,
+    index_path: &Path,
+    text: &str,
+    model_dir: &Path,
+    headers: &mut HeaderCache,
+) -> Result<Vec<OffloadEntry>, FormatError> {
+    let object: OrderedObject = serde_json::from_str(text).map_err(|e| {
         FormatError::invalid(
             index_path,
             format!("an offload index must be a JSON object of tensor name to entry: {e}"),
