@@ -9,6 +9,7 @@ pub mod formats;
 pub mod inspect;
 pub mod model;
 pub mod monitor;
+pub mod plan;
 pub mod save;
 pub mod sys;
 pub mod tui;

@@ -31,6 +31,29 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Write the model's current weights as a sharded safetensors checkpoint.
     Save(SaveArgs),
+    /// Compute the device map accelerate's infer_auto_device_map gives for budgets.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct PlanArgs {
+    /// Model directory.
+    pub dir: PathBuf,
+    /// Budgets: DEVICE=SIZE pairs, e.g. 0=22GiB,1=22GiB,cpu=64GiB (disk takes the
+    /// rest). Default: the free memory of each GPU found and the available RAM.
+    #[arg(long, value_name = "SPEC", value_parser = parse_max_memory)]
+    pub max_memory: Option<Budgets>,
+    /// A module never split across devices; `*` matches one name component
+    /// (e.g. model.layers.*). Repeatable. Default: the repeated decoder block;
+    /// `none` lets every module be split.
+    #[arg(long, value_name = "PATTERN")]
+    pub no_split: Vec<String>,
+    /// Write the map to FILE instead of standard output (never over the input map).
+    #[arg(long, short, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Also print, on standard error, why each module was split or moved on.
+    #[arg(long)]
+    pub explain: bool,
 }
 
 /// How to read the model directory; shared by every subcommand.
@@ -57,6 +80,9 @@ pub struct InspectArgs {
     /// Module levels always opened in the text tree (mixed modules open further).
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub depth: usize,
+    /// Budgets to check the map against, e.g. 0=22GiB,cpu=64GiB.
+    #[arg(long, value_name = "SPEC", value_parser = parse_max_memory)]
+    pub max_memory: Option<Budgets>,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -101,6 +127,14 @@ fn parse_tie(text: &str) -> Result<(String, String), String> {
             "`{text}` is not TIED=KEPT, e.g. lm_head.weight=model.embed_tokens.weight"
         )),
     }
+}
+
+/// Parsed `--max-memory`: one value holding every device's budget.
+#[derive(Debug, Clone)]
+pub struct Budgets(pub Vec<(devmap::model::Placement, u64)>);
+
+fn parse_max_memory(text: &str) -> Result<Budgets, String> {
+    devmap::plan::parse_max_memory(text).map(Budgets)
 }
 
 fn parse_shard_size(text: &str) -> Result<u64, String> {

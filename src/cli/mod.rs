@@ -24,7 +24,11 @@ pub fn demo_dir() -> PathBuf {
 pub fn run(args: Args) -> Result<()> {
     match args.command {
         Some(Command::Inspect(a)) => {
-            let ckpt = open(&a.dir, &args.model)?;
+            let mut ckpt = open(&a.dir, &args.model)?;
+            if let Some(budgets) = &a.max_memory {
+                ckpt.warnings
+                    .extend(devmap::plan::budget_warnings(&ckpt, &budgets.0));
+            }
             if a.json {
                 print!("{}", inspect::to_json_string(&ckpt));
             } else {
@@ -35,6 +39,7 @@ pub fn run(args: Args) -> Result<()> {
             }
             Ok(())
         }
+        Some(Command::Plan(a)) => plan(&a, &args.model),
         Some(Command::Save(a)) => save(&a, &args.model),
         None => {
             let dir = args.dir.unwrap_or_else(demo_dir);
@@ -60,6 +65,62 @@ fn open(dir: &std::path::Path, model: &ModelArgs) -> Result<Checkpoint> {
         ties: model.ties.clone(),
     };
     load(dir, &options).wrap_err_with(|| format!("cannot open the model in {}", dir.display()))
+}
+
+fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
+    let mut ckpt = open(&a.dir, model)?;
+    let max_memory = match &a.max_memory {
+        Some(m) => m.0.clone(),
+        None => {
+            let detected = devmap::monitor::detected_budgets();
+            eprintln!(
+                "budgets (detected; give --max-memory to choose): {}",
+                detected
+                    .iter()
+                    .map(|(p, b)| format!("{p}={}", human_bytes(*b)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            detected
+        }
+    };
+    let options = devmap::plan::PlanOptions {
+        max_memory,
+        no_split: a.no_split.clone(),
+    };
+    let planned = devmap::plan::plan(&ckpt, &options)?;
+    if a.explain {
+        for line in &planned.explain {
+            eprintln!("{line}");
+        }
+    }
+    let text = devmap::formats::device_map::encode_device_map(&planned.map);
+    match &a.out {
+        Some(path) => {
+            let same = |p: &std::path::Path| p.canonicalize().ok();
+            if ckpt
+                .device_map_path
+                .as_deref()
+                .and_then(same)
+                .is_some_and(|input| same(path) == Some(input))
+            {
+                return Err(eyre!(
+                    "{} is the input device map; devmap never writes its inputs: choose another --out",
+                    path.display()
+                ));
+            }
+            std::fs::write(path, &text)
+                .wrap_err_with(|| format!("cannot write {}", path.display()))?;
+            eprintln!("device map written to {}", path.display());
+        }
+        None => print!("{text}"),
+    }
+    // What the planned map implies: ties split across devices and the like.
+    ckpt.apply_device_map(Some(planned.map));
+    for w in devmap::model::checks::ties_across_devices(&ckpt) {
+        eprintln!("warning: {w}");
+    }
+    Ok(())
 }
 
 fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {

@@ -492,8 +492,15 @@ fn config_ties(
                 }
             }
             None => {
+                // A causal LM has its head even when the checkpoint leaves the tied
+                // copy out; a device map naming it says so too.
                 let named = map.is_some_and(|m| m.get(module).is_some() || m.get(head).is_some());
-                if named {
+                let lm = head == "lm_head.weight"
+                    && config
+                        .architectures
+                        .iter()
+                        .any(|a| a.ends_with("ForCausalLM") || a.ends_with("LMHeadModel"));
+                if named || lm {
                     add_tied_copy(draft, head, emb);
                     ties.push(vec![embedding.clone(), head.to_owned()]);
                 }

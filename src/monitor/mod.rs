@@ -3,6 +3,8 @@
 //!
 //! The TUI gets readings through [`MemorySource`], so tests feed it fixed numbers.
 
+pub mod gpu;
+
 use std::time::Duration;
 
 /// One reading, in bytes.
@@ -78,6 +80,17 @@ fn meminfo_bytes(field: &str) -> Option<u64> {
     let line = info.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// The budgets accelerate would detect: each GPU's free memory (none without a
+/// driver) and the available RAM.
+pub fn detected_budgets() -> Vec<(crate::model::Placement, u64)> {
+    let mut out: Vec<(crate::model::Placement, u64)> = gpu::detect()
+        .into_iter()
+        .map(|g| (crate::model::Placement::Gpu(g.index), g.free))
+        .collect();
+    out.push((crate::model::Placement::Cpu, available_ram().unwrap_or(0)));
+    out
 }
 
 /// Peak resident set size of this process so far (`VmHWM`).

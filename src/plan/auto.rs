@@ -1,0 +1,280 @@
+//! accelerate's `infer_auto_device_map`, re-expressed over a checkpoint's module tree.
+//!
+//! The walk, as accelerate does it: modules are treated in definition order, GPU 0
+//! first, then 1, …, then cpu, then disk; a module that does not fit is split into its
+//! parameters and children unless it is a no-split layer; once a device is passed, later
+//! modules never go back to it; on the main devices (the first GPU and the cpu) room
+//! for the largest no-split layer stays reserved; tied parameters are placed with the
+//! module that reaches them first. The result is cleaned the way accelerate cleans it:
+//! keys whose children all share a device collapse into their parent.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::order::{PlanNode, PlanTree};
+use crate::model::checkpoint::Checkpoint;
+use crate::model::placement::{DeviceMap, Placement};
+
+/// What the planner is asked to do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanOptions {
+    /// Budgets in accelerate's `max_memory` sense. GPUs, `mps` and `cpu`; `disk` is
+    /// always available after them.
+    pub max_memory: Vec<(Placement, u64)>,
+    /// Module names (with `*` matching one name component) that are never split.
+    /// Empty: the repeated decoder block (`…layers.N`, `…h.N`, `…blocks.N`);
+    /// `["none"]`: every module may be split.
+    pub no_split: Vec<String>,
+}
+
+/// A device map and the reasons behind it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub map: DeviceMap,
+    /// Every split and every move to the next device, in the order they happened.
+    pub explain: Vec<String>,
+    /// Bytes each device received (plus the reservation on main devices it was left
+    /// with), as accelerate counts them.
+    pub used: Vec<(Placement, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error("--max-memory names no device; give e.g. 0=22GiB,cpu=64GiB")]
+    NoDevices,
+    #[error("the model has no tensors to place")]
+    Empty,
+}
+
+/// accelerate's device order: GPUs by index, then mps, then cpu, then disk.
+fn device_order(max_memory: &[(Placement, u64)]) -> Vec<Placement> {
+    let mut gpus: Vec<Placement> = max_memory
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| matches!(p, Placement::Gpu(_)))
+        .collect();
+    gpus.sort();
+    gpus.dedup();
+    for p in [Placement::Mps, Placement::Cpu] {
+        if max_memory.iter().any(|(d, _)| *d == p) {
+            gpus.push(p);
+        }
+    }
+    gpus.push(Placement::Disk);
+    gpus
+}
+
+pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, PlanError> {
+    if ckpt.tensors.is_empty() {
+        return Err(PlanError::Empty);
+    }
+    if options.max_memory.is_empty() {
+        return Err(PlanError::NoDevices);
+    }
+    let tree = PlanTree::build(ckpt, &options.no_split);
+    let devices = device_order(&options.max_memory);
+    let budget: HashMap<Placement, u64> = options.max_memory.iter().copied().collect();
+    let gpus: Vec<Placement> = devices
+        .iter()
+        .copied()
+        .filter(|p| matches!(p, Placement::Gpu(_) | Placement::Mps))
+        .collect();
+    let main_devices: Vec<Placement> = if gpus.contains(&Placement::Mps) {
+        vec![Placement::Mps]
+    } else if let Some(&first) = gpus.first() {
+        vec![first, Placement::Cpu]
+    } else {
+        vec![Placement::Cpu]
+    };
+    let ties: Vec<Vec<String>> = ckpt
+        .ties
+        .iter()
+        .map(|g| {
+            g.members
+                .iter()
+                .map(|&m| ckpt.tensors[m].name.clone())
+                .collect()
+        })
+        .collect();
+
+    let mut queue: VecDeque<usize> = tree.children_in_order(PlanTree::ROOT).into();
+    let mut used: HashMap<Placement, i128> = devices.iter().map(|d| (*d, 0)).collect();
+    let mut assigned: Vec<(String, Placement)> = Vec::new();
+    let mut explain = Vec::new();
+    let mut current = 0usize;
+    let (mut max_layer, mut max_layer_names) = tree.max_layer(queue.iter().copied());
+
+    while let Some(id) = queue.pop_front() {
+        let node: &PlanNode = &tree.nodes[id];
+        let name = node.name.as_str();
+        max_layer_names.retain(|n| n != name && !n.starts_with(&format!("{name}.")));
+        if max_layer_names.is_empty() {
+            (max_layer, max_layer_names) =
+                tree.max_layer(queue.iter().copied().filter(|&q| !tree.nodes[q].is_param));
+        }
+        let size = node.size as i128;
+        // Tie groups reaching outside this module, as accelerate finds them (a
+        // substring test on dotted names).
+        let inside = |k: &str| format!("{k}.").contains(&format!("{name}."));
+        let tied_params: Vec<&str> = ties
+            .iter()
+            .filter(|g| g.iter().any(|k| inside(k)) && !g.iter().all(|k| inside(k)))
+            .flat_map(|g| g.iter().filter(|k| !inside(k)).map(String::as_str))
+            .collect();
+        let device = devices[current];
+        let mut max_size: Option<i128> = budget.get(&device).map(|&b| b as i128);
+        if device == Placement::Disk {
+            max_size = None;
+        }
+        let mut reserved = 0i128;
+        if main_devices.contains(&device) {
+            max_size = max_size.map(|m| m - max_layer as i128);
+            reserved = max_layer as i128;
+        }
+        // The modules in the queue that hold the tied parameters.
+        let mut tied_modules: Vec<usize> = Vec::new();
+        let mut size_with_ties = size;
+        for p in &tied_params {
+            if let Some(&q) = queue.iter().find(|&&q| {
+                tree.nodes[q].name == *p || p.starts_with(&format!("{}.", tree.nodes[q].name))
+            }) {
+                tied_modules.push(q);
+                size_with_ties += tree.nodes[q].size as i128 - tree.size_of(p) as i128;
+            }
+        }
+        let used_here = used[&device];
+        let fits = max_size.is_none_or(|m| used_here + size_with_ties <= m);
+        if fits {
+            *used.entry(device).or_default() += size_with_ties;
+            assigned.push((name.to_owned(), device));
+            for q in tied_modules {
+                if let Some(pos) = queue.iter().position(|&x| x == q) {
+                    queue.remove(pos);
+                }
+                assigned.push((tree.nodes[q].name.clone(), device));
+                explain.push(format!(
+                    "{} goes with {name} to {device}: they hold tied weights",
+                    tree.nodes[q].name
+                ));
+            }
+            continue;
+        }
+        let max = max_size.unwrap_or(i128::MAX);
+        if !tied_params.is_empty() && used_here + size <= max {
+            // It would fit without its tied partners: split a partner instead.
+            let splittable = tied_modules
+                .iter()
+                .copied()
+                .find(|&q| !tree.nodes[q].is_param && tree.splittable(q));
+            if let Some(q) = splittable {
+                let pos = queue.iter().position(|&x| x == q).unwrap_or(0);
+                let mut rest: Vec<usize> = queue.drain(..).collect();
+                rest.splice(pos..=pos, tree.children_in_order(q));
+                queue = std::iter::once(id).chain(rest).collect();
+                (max_layer, max_layer_names) =
+                    tree.max_layer(queue.iter().copied().filter(|&x| !tree.nodes[x].is_param));
+                explain.push(format!(
+                    "{name} fits on {device} but not with its tied partner {}: splitting {}",
+                    tree.nodes[q].name, tree.nodes[q].name
+                ));
+                continue;
+            }
+        }
+        if used_here + size >= max && !node.is_param && tree.splittable(id) {
+            explain.push(format!(
+                "{name} ({}) does not fit in the {} left on {device}{}: split into its children",
+                crate::human_bytes(node.size),
+                crate::human_bytes((max - used_here).max(0) as u64),
+                reserve_note(reserved, &max_layer_names)
+            ));
+            let children = tree.children_in_order(id);
+            for c in children.into_iter().rev() {
+                queue.push_front(c);
+            }
+            (max_layer, max_layer_names) =
+                tree.max_layer(queue.iter().copied().filter(|&x| !tree.nodes[x].is_param));
+            continue;
+        }
+
+        let next = devices.get(current + 1).copied().unwrap_or(Placement::Disk);
+        explain.push(format!(
+            "{name} ({}) does not fit in the {} left on {device}{}{}: moving on to {next}",
+            crate::human_bytes(size_with_ties as u64),
+            crate::human_bytes((max - used_here).max(0) as u64),
+            reserve_note(reserved, &max_layer_names),
+            if node.is_param || !tree.splittable(id) {
+                if node.is_param {
+                    ""
+                } else {
+                    " and it is not split"
+                }
+            } else {
+                ""
+            }
+        ));
+        *used.entry(device).or_default() += reserved;
+        current += 1;
+        queue.push_front(id);
+    }
+    let cleaned = clean(assigned);
+    let used = devices
+        .iter()
+        .filter_map(|d| used.get(d).filter(|&&u| u > 0).map(|&u| (*d, u as u64)))
+        .collect();
+    Ok(Planned {
+        map: DeviceMap::new(cleaned),
+        explain,
+        used,
+    })
+}
+
+fn reserve_note(reserved: i128, names: &[String]) -> String {
+    if reserved > 0 {
+        let largest = names.first().map(String::as_str).unwrap_or("?");
+        format!(
+            " ({} kept free for the largest layer, {largest})",
+            crate::human_bytes(reserved as u64)
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// accelerate's `clean_device_map`: where every key under a module maps to one device
+/// (and there is more than one key), they become one key for the module, appended at
+/// the end as a Python dict would.
+pub fn clean(mut map: Vec<(String, Placement)>) -> Vec<(String, Placement)> {
+    clean_under(&mut map, "");
+    map
+}
+
+fn clean_under(map: &mut Vec<(String, Placement)>, module: &str) {
+    let prefix = if module.is_empty() {
+        String::new()
+    } else {
+        format!("{module}.")
+    };
+    let values: Vec<Placement> = map
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .map(|(_, v)| *v)
+        .collect();
+    if values.len() > 1 && values.iter().all(|v| *v == values[0]) {
+        map.retain(|(k, _)| !k.starts_with(&prefix));
+        map.push((module.to_owned(), values[0]));
+    }
+    let depth = if module.is_empty() {
+        1
+    } else {
+        module.split('.').count() + 1
+    };
+    let mut children: Vec<String> = map
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix) && k.len() > module.len())
+        .map(|(k, _)| k.split('.').take(depth).collect::<Vec<_>>().join("."))
+        .collect();
+    children.sort();
+    children.dedup();
+    for child in children {
+        clean_under(map, &child);
+    }
+}

@@ -1,0 +1,97 @@
+//! Device-map planning: accelerate's automatic placement over a checkpoint's module
+//! tree, budgets, and the checks that compare a map with them.
+
+pub mod auto;
+pub mod order;
+
+pub use auto::{PlanError, PlanOptions, Planned, plan};
+
+use crate::model::checkpoint::Checkpoint;
+use crate::model::placement::Placement;
+
+/// Parses `--max-memory 0=22GiB,1=22GiB,cpu=64GiB` (device=size pairs; GPU indexes,
+/// `cuda:N`, `mps`, `cpu`; sizes as `formats::size` reads them).
+pub fn parse_max_memory(text: &str) -> Result<Vec<(Placement, u64)>, String> {
+    let mut out: Vec<(Placement, u64)> = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (device, size) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{part}` is not DEVICE=SIZE (e.g. 0=22GiB or cpu=64GiB)"))?;
+        let device = device.trim();
+        let placement = match device.parse::<u32>() {
+            Ok(i) => Placement::Gpu(i),
+            Err(_) => match Placement::parse_device(device) {
+                Some(p @ (Placement::Gpu(_) | Placement::Mps | Placement::Cpu)) => p,
+                Some(Placement::Disk) => {
+                    return Err("disk needs no budget: it takes whatever is left".into());
+                }
+                _ => {
+                    return Err(format!(
+                        "`{device}` is not a device: use a GPU index, cuda:N, mps or cpu"
+                    ));
+                }
+            },
+        };
+        let bytes = crate::formats::size::parse_size(size)?;
+        if out.iter().any(|(p, _)| *p == placement) {
+            return Err(format!("{placement} is given twice"));
+        }
+        out.push((placement, bytes));
+    }
+    if out.is_empty() {
+        return Err("give at least one device, e.g. 0=22GiB,cpu=64GiB".into());
+    }
+    Ok(out)
+}
+
+/// Devices whose placed bytes exceed their budget: `(device, placed, budget)`.
+pub fn over_budget(ckpt: &Checkpoint, budgets: &[(Placement, u64)]) -> Vec<(Placement, u64, u64)> {
+    ckpt.device_totals()
+        .into_iter()
+        .filter_map(|(p, bytes)| {
+            let budget = budgets.iter().find(|(b, _)| *b == p)?.1;
+            (bytes > budget).then_some((p, bytes, budget))
+        })
+        .collect()
+}
+
+/// The over-budget check as sentences naming the device.
+pub fn budget_warnings(ckpt: &Checkpoint, budgets: &[(Placement, u64)]) -> Vec<String> {
+    over_budget(ckpt, budgets)
+        .into_iter()
+        .map(|(p, bytes, budget)| {
+            format!(
+                "{p} holds {} but its budget is {}: {} over; move modules off it (d in the TUI) or re-plan",
+                crate::human_bytes(bytes),
+                crate::human_bytes(budget),
+                crate::human_bytes(bytes - budget)
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_memory_strings() {
+        assert_eq!(
+            parse_max_memory("0=22GiB, 1=20GB,cpu=64GiB"),
+            Ok(vec![
+                (Placement::Gpu(0), 22 << 30),
+                (Placement::Gpu(1), 20_000_000_000),
+                (Placement::Cpu, 64 << 30)
+            ])
+        );
+        assert_eq!(
+            parse_max_memory("cuda:2=1GB"),
+            Ok(vec![(Placement::Gpu(2), 1_000_000_000)])
+        );
+        assert!(parse_max_memory("disk=1GB").is_err());
+        assert!(parse_max_memory("tpu=1GB").is_err());
+        assert!(parse_max_memory("0=1GB,0=2GB").is_err());
+        assert!(parse_max_memory("0").is_err());
+        assert!(parse_max_memory("").is_err());
+    }
+}

@@ -1,0 +1,281 @@
+//! The module tree as accelerate walks it: children in definition order, parameters
+//! before submodules, tied parameters counted once, and which modules are never split.
+//!
+//! A checkpoint records no definition order (headers and indexes are sorted by name),
+//! so children are ordered by role, the way Hugging Face models define them:
+//! embeddings, then the repeated blocks, then other modules by name, then the final
+//! norm, then output heads. Inside a block (split only when the user lifts the no-split
+//! rule) attention comes before the MLP.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::model::checkpoint::Checkpoint;
+use crate::model::tree::{ModuleTree, NodeId};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanNode {
+    pub name: String,
+    pub is_param: bool,
+    /// Bytes, counting each tie group once (where the walk meets it first).
+    pub size: u64,
+    /// Parameters first, then submodules, in definition order.
+    pub children: Vec<usize>,
+    pub no_split: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanTree {
+    pub nodes: Vec<PlanNode>,
+    by_name: HashMap<String, usize>,
+}
+
+const EMBEDDINGS: [&str; 6] = [
+    "wte",
+    "wpe",
+    "word_embeddings",
+    "position_embeddings",
+    "token_type_embeddings",
+    "shared",
+];
+const FINAL_NORMS: [&str; 6] = [
+    "norm",
+    "ln_f",
+    "final_layernorm",
+    "norm_f",
+    "final_layer_norm",
+    "ln_out",
+];
+const HEADS: [&str; 6] = [
+    "lm_head",
+    "embed_out",
+    "output",
+    "score",
+    "classifier",
+    "head",
+];
+const BLOCK_CONTAINERS: [&str; 5] = ["layers", "h", "blocks", "layer", "block"];
+const ATTENTION: [&str; 3] = ["self_attn", "attn", "attention"];
+const MLP: [&str; 3] = ["mlp", "feed_forward", "ffn"];
+
+/// Projections in the order Llama-, Mistral- and Qwen-style blocks define them; a
+/// child named here sorts by its position among its siblings that are.
+const DEFINITION_ORDER: [&str; 10] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "rotary_emb",
+];
+
+/// Where a child goes among its siblings: a role, then a known definition position.
+fn rank(tree: &ModuleTree, id: NodeId) -> (u8, usize) {
+    let name = tree.nodes[id].name.as_str();
+    let known = DEFINITION_ORDER
+        .iter()
+        .position(|k| *k == name)
+        .unwrap_or(usize::MAX);
+    (role(tree, id), known)
+}
+
+fn role(tree: &ModuleTree, id: NodeId) -> u8 {
+    let node = &tree.nodes[id];
+    let name = node.name.as_str();
+    let numbered = !node.children.is_empty()
+        && node
+            .children
+            .iter()
+            .all(|&c| tree.nodes[c].name.bytes().all(|b| b.is_ascii_digit()));
+    if HEADS.contains(&name) {
+        6
+    } else if EMBEDDINGS.contains(&name) || (name.contains("embed") && name != "embed_out") {
+        0
+    } else if numbered {
+        1
+    } else if ATTENTION.contains(&name) {
+        2
+    } else if MLP.contains(&name) {
+        3
+    } else if FINAL_NORMS.contains(&name) {
+        5
+    } else {
+        4
+    }
+}
+
+/// `*` matches one whole name component (`model.layers.*`), or any text inside one
+/// (`*.experts.*`, `layers.1*`).
+pub fn pattern_matches(pattern: &str, name: &str) -> bool {
+    let p: Vec<&str> = pattern.split('.').collect();
+    let n: Vec<&str> = name.split('.').collect();
+    p.len() == n.len() && p.iter().zip(&n).all(|(p, n)| glob(p, n))
+}
+
+fn glob(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, tail)) => {
+            let Some(rest) = text.strip_prefix(head) else {
+                return false;
+            };
+            (0..=rest.len()).any(|i| rest.is_char_boundary(i) && glob(tail, &rest[i..]))
+        }
+    }
+}
+
+/// The default no-split rule: the repeated decoder block, `…layers.N`, `…h.N`,
+/// `…blocks.N`.
+fn is_repeated_block(tree: &ModuleTree, id: NodeId) -> bool {
+    let node = &tree.nodes[id];
+    node.tensor.is_none()
+        && node.name.bytes().all(|b| b.is_ascii_digit())
+        && node
+            .parent
+            .is_some_and(|p| BLOCK_CONTAINERS.contains(&tree.nodes[p].name.as_str()))
+}
+
+impl PlanTree {
+    pub const ROOT: usize = 0;
+
+    pub fn build(ckpt: &Checkpoint, no_split: &[String]) -> PlanTree {
+        let tree = ModuleTree::build(ckpt);
+        let mut nodes = Vec::with_capacity(tree.len());
+        let mut by_name = HashMap::with_capacity(tree.len());
+        let mut counted_ties = HashSet::new();
+        // Depth-first in definition order, so tie dedup meets members in the order
+        // `named_parameters` would.
+        fn visit(
+            tree: &ModuleTree,
+            ckpt: &Checkpoint,
+            id: NodeId,
+            no_split: &[String],
+            nodes: &mut Vec<PlanNode>,
+            by_name: &mut HashMap<String, usize>,
+            counted_ties: &mut HashSet<usize>,
+        ) -> usize {
+            let name = tree.full_name(id);
+            let is_param = tree.nodes[id].tensor.is_some();
+            let index = nodes.len();
+            let split_rule = match no_split {
+                [] => is_repeated_block(tree, id),
+                [only] if only == "none" => false,
+                patterns => patterns.iter().any(|p| pattern_matches(p, &name)),
+            };
+            nodes.push(PlanNode {
+                name: name.clone(),
+                is_param,
+                size: 0,
+                children: Vec::new(),
+                no_split: split_rule && !is_param,
+            });
+            by_name.insert(name, index);
+            if let Some(t) = tree.nodes[id].tensor {
+                let first_of_group = match ckpt.tie_group(t) {
+                    Some(g) => counted_ties.insert(g.kept()),
+                    None => true,
+                };
+                nodes[index].size = if first_of_group {
+                    ckpt.tensors[t].bytes
+                } else {
+                    0
+                };
+                return index;
+            }
+            let mut kids: Vec<NodeId> = tree.nodes[id].children.clone();
+            // Parameters first (weight before bias), then modules by role; the sort is
+            // stable, so module order breaks ties within a role.
+            kids.sort_by_key(|&c| {
+                let n = &tree.nodes[c];
+                if n.tensor.is_some() {
+                    (0u8, (u8::from(n.name != "weight"), 0))
+                } else {
+                    (1, rank(tree, c))
+                }
+            });
+            let mut children = Vec::with_capacity(kids.len());
+            let mut size = 0;
+            for c in kids {
+                let ci = visit(tree, ckpt, c, no_split, nodes, by_name, counted_ties);
+                size += nodes[ci].size;
+                children.push(ci);
+            }
+            nodes[index].children = children;
+            nodes[index].size = size;
+            index
+        }
+        visit(
+            &tree,
+            ckpt,
+            ModuleTree::ROOT,
+            no_split,
+            &mut nodes,
+            &mut by_name,
+            &mut counted_ties,
+        );
+        PlanTree { nodes, by_name }
+    }
+
+    pub fn children_in_order(&self, id: usize) -> Vec<usize> {
+        self.nodes[id].children.clone()
+    }
+
+    /// The size accelerate's `module_sizes` gives a name (0 for unknown names).
+    pub fn size_of(&self, name: &str) -> u64 {
+        self.by_name.get(name).map_or(0, |&i| self.nodes[i].size)
+    }
+
+    /// A module accelerate would split: it has submodules and is not no-split.
+    pub fn splittable(&self, id: usize) -> bool {
+        let n = &self.nodes[id];
+        !n.is_param && !n.no_split && n.children.iter().any(|&c| !self.nodes[c].is_param)
+    }
+
+    /// accelerate's `get_max_layer_size`: the largest "layer" (a module without
+    /// submodules, a no-split module, or a bare parameter) among `start` and below.
+    pub fn max_layer(&self, start: impl Iterator<Item = usize>) -> (u64, Vec<String>) {
+        let mut stack: Vec<usize> = start.collect();
+        stack.reverse();
+        let mut best = 0u64;
+        let mut names = Vec::new();
+        while let Some(id) = stack.pop() {
+            let n = &self.nodes[id];
+            let submodules: Vec<usize> = n
+                .children
+                .iter()
+                .copied()
+                .filter(|&c| !self.nodes[c].is_param)
+                .collect();
+            if n.is_param || submodules.is_empty() || n.no_split {
+                if n.size > best {
+                    best = n.size;
+                    names = vec![n.name.clone()];
+                } else if n.size == best {
+                    names.push(n.name.clone());
+                }
+            } else {
+                for c in submodules.into_iter().rev() {
+                    stack.push(c);
+                }
+            }
+        }
+        (best, names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(pattern_matches("model.layers.*", "model.layers.12"));
+        assert!(!pattern_matches("model.layers.*", "model.layers.12.mlp"));
+        assert!(pattern_matches("*.experts.*", "mlp.experts.3"));
+        assert!(pattern_matches("layers.1*", "layers.17"));
+        assert!(!pattern_matches("layers.1*", "layers.27"));
+    }
+}

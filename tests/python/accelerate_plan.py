@@ -1,0 +1,99 @@
+"""Acceptance test of `devmap plan`: accelerate's `infer_auto_device_map` (under
+`init_empty_weights`, from a transformers config) and devmap must place every tensor
+on the same device, for cpu/disk budgets and for GPU budgets (accelerate only warns
+about GPUs it cannot see).
+
+Usage: python accelerate_plan.py PATH/TO/devmap
+Prints one line per case and exits non-zero on any difference.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import accelerate
+import torch
+import transformers
+from accelerate import init_empty_weights
+from accelerate.utils import infer_auto_device_map
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+
+def placement(device_map, name):
+    """accelerate's rule: strip components until a key matches."""
+    parts = name.split(".")
+    while True:
+        key = ".".join(parts)
+        if key in device_map:
+            return str(device_map[key])
+        if not parts:
+            return "unmapped"
+        parts = parts[:-1]
+
+
+def main(devmap):
+    work = tempfile.mkdtemp(prefix="devmap-plan-")
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    src = os.path.join(work, "src")
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(src)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    model.tie_weights()
+    names = list(model.state_dict().keys())
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    kb = total // 1000
+    cases = {
+        "cpu holds all": {"cpu": f"{2 * kb}KB"},
+        "cpu 50%": {"cpu": f"{kb // 2}KB"},
+        "cpu 30% (GiB units)": {"cpu": f"{int(total * 0.3 / 1024)}KiB"},
+        "gpu 30% + cpu 40%": {0: f"{int(kb * 0.3)}KB", "cpu": f"{int(kb * 0.4)}KB"},
+        "two gpus 25% + cpu 30%": {0: f"{kb // 4}KB", 1: f"{kb // 4}KB", "cpu": f"{int(kb * 0.3)}KB"},
+        "gpu 60% + cpu 60%": {0: f"{int(kb * 0.6)}KB", "cpu": f"{int(kb * 0.6)}KB"},
+        "tiny gpu + cpu 45%": {0: "20KB", "cpu": f"{int(kb * 0.45)}KB"},
+    }
+    # The same budgets with nothing protected from splitting.
+    splittable = {
+        "no no-split, cpu 50%": {"cpu": f"{kb // 2}KB"},
+        "no no-split, gpu 30% + cpu 40%": {0: f"{int(kb * 0.3)}KB", "cpu": f"{int(kb * 0.4)}KB"},
+        "no no-split, two gpus 25% + cpu 30%": {0: f"{kb // 4}KB", 1: f"{kb // 4}KB", "cpu": f"{int(kb * 0.3)}KB"},
+    }
+    failures = 0
+    runs = [(label, b, True) for label, b in cases.items()] + [(label, b, False) for label, b in splittable.items()]
+    for label, budgets, protect in runs:
+        theirs = infer_auto_device_map(
+            model, max_memory=dict(budgets), no_split_module_classes=model._no_split_modules if protect else []
+        )
+        spec = ",".join(f"{k}={v}" for k, v in budgets.items())
+        extra = [] if protect else ["--no-split", "none"]
+        out = subprocess.run(
+            [devmap, "plan", src, "--max-memory", spec] + extra, check=True, capture_output=True, text=True
+        ).stdout
+        ours = json.loads(out)
+        diff = [
+            (n, placement(theirs, n), placement(ours, n))
+            for n in names
+            if placement(theirs, n) != placement(ours, n)
+        ]
+        status = "same" if not diff else f"{len(diff)} tensors differ, e.g. {diff[:3]}"
+        print(f"{label} [{spec}]: {len(names)} tensors: {status}")
+        if diff:
+            print(f"  accelerate: {dict(theirs)}\n  devmap:     {ours}")
+            failures += 1
+    print(f"accelerate {accelerate.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
