@@ -119,13 +119,13 @@ pub fn disk_without_offload(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Opt
 }
 
 pub fn meta_without_data(ckpt: &Checkpoint) -> Option<String> {
-    let names: Vec<&str> = (0..ckpt.tensors.len())
+    let names: Vec<String> = (0..ckpt.tensors.len())
         .filter(|&i| ckpt.data_range(i).is_none())
-        .map(|i| ckpt.tensors[i].name.as_str())
+        .map(|i| format!("{} ({})", ckpt.tensors[i].name, ckpt.tensors[i].placement))
         .collect();
     (!names.is_empty()).then(|| {
         format!(
-            "{} tensor(s) have no data anywhere (meta): {}; they can be inspected but not saved",
+            "{} tensor(s) have no data anywhere, neither in the checkpoint, the offload folder nor a tie partner: {}; they can be inspected but not loaded or saved",
             names.len(),
             name_list(&names)
         )
