@@ -39,7 +39,9 @@ fn planned(dir: &Path, spec: &str, no_split: &[&str]) -> devmap::model::Checkpoi
 }
 
 fn device_of(ckpt: &devmap::model::Checkpoint, name: &str) -> Placement {
-    ckpt.tensor(name).unwrap_or_else(|| panic!("{name}")).placement
+    ckpt.tensor(name)
+        .unwrap_or_else(|| panic!("{name}"))
+        .placement
 }
 
 #[test]
@@ -49,14 +51,22 @@ fn a_model_that_fits_on_one_gpu_goes_there_whole() {
     let ckpt = planned(tmp.path(), &format!("0={}", total * 3), &[]);
     let map = ckpt.device_map.as_ref().expect("map");
     assert_eq!(map.entries(), &[(String::new(), Placement::Gpu(0))]);
-    assert!(ckpt.tensors.iter().all(|t| t.placement == Placement::Gpu(0)));
+    assert!(
+        ckpt.tensors
+            .iter()
+            .all(|t| t.placement == Placement::Gpu(0))
+    );
 }
 
 #[test]
 fn spills_in_device_order_and_never_goes_back() {
     let tmp = tempfile::tempdir().expect("tmp");
     let total = llama(tmp.path(), 8);
-    let ckpt = planned(tmp.path(), &format!("0={},cpu={}", total / 3, total / 3), &[]);
+    let ckpt = planned(
+        tmp.path(),
+        &format!("0={},cpu={}", total / 3, total / 3),
+        &[],
+    );
     let order = |p: Placement| match p {
         Placement::Gpu(_) => 0,
         Placement::Cpu => 1,
@@ -64,11 +74,26 @@ fn spills_in_device_order_and_never_goes_back() {
         _ => 9,
     };
     let devices: Vec<u8> = (0..8)
-        .map(|l| order(device_of(&ckpt, &format!("model.layers.{l}.mlp.up_proj.weight"))))
+        .map(|l| {
+            order(device_of(
+                &ckpt,
+                &format!("model.layers.{l}.mlp.up_proj.weight"),
+            ))
+        })
         .collect();
-    assert!(devices.windows(2).all(|w| w[0] <= w[1]), "layers went back to an earlier device: {devices:?}");
-    assert!(devices.contains(&0) && devices.contains(&1) && devices.contains(&2), "{devices:?}");
-    assert!(ckpt.tensors.iter().all(|t| t.placement != Placement::Unmapped));
+    assert!(
+        devices.windows(2).all(|w| w[0] <= w[1]),
+        "layers went back to an earlier device: {devices:?}"
+    );
+    assert!(
+        devices.contains(&0) && devices.contains(&1) && devices.contains(&2),
+        "{devices:?}"
+    );
+    assert!(
+        ckpt.tensors
+            .iter()
+            .all(|t| t.placement != Placement::Unmapped)
+    );
 }
 
 #[test]
@@ -77,7 +102,11 @@ fn tied_embeddings_stay_together() {
     let total = llama(tmp.path(), 6);
     for fraction in [5, 10, 20, 30, 50, 80] {
         let budget = total * fraction / 100;
-        let ckpt = planned(tmp.path(), &format!("0={budget},1={budget},cpu={budget}"), &[]);
+        let ckpt = planned(
+            tmp.path(),
+            &format!("0={budget},1={budget},cpu={budget}"),
+            &[],
+        );
         assert_eq!(
             device_of(&ckpt, "lm_head.weight"),
             device_of(&ckpt, "model.embed_tokens.weight"),
@@ -101,13 +130,27 @@ fn no_split_blocks_are_kept_whole_unless_lifted() {
             .filter(|(k, _)| k.split('.').count() > 3)
             .count()
     };
-    assert_eq!(deep(&whole), 0, "a decoder layer was split: {:?}", whole.device_map);
+    assert_eq!(
+        deep(&whole),
+        0,
+        "a decoder layer was split: {:?}",
+        whole.device_map
+    );
     let split = planned(tmp.path(), &spec, &["none"]);
-    assert!(deep(&split) > 0, "with nothing protected, a layer boundary should split: {:?}", split.device_map);
+    assert!(
+        deep(&split) > 0,
+        "with nothing protected, a layer boundary should split: {:?}",
+        split.device_map
+    );
     // A pattern of the user's: the MLPs may not be split, everything else may.
     let mlp = planned(tmp.path(), &spec, &["model.layers.*.mlp"]);
     assert!(
-        mlp.device_map.as_ref().expect("map").entries().iter().all(|(k, _)| !k.contains(".mlp.")),
+        mlp.device_map
+            .as_ref()
+            .expect("map")
+            .entries()
+            .iter()
+            .all(|(k, _)| !k.contains(".mlp.")),
         "{:?}",
         mlp.device_map
     );
@@ -116,11 +159,20 @@ fn no_split_blocks_are_kept_whole_unless_lifted() {
 #[test]
 fn a_module_larger_than_every_budget_goes_to_disk() {
     let tmp = tempfile::tempdir().expect("tmp");
-    let big = devmap::fixtures::FixtureTensor::patterned("model.embed_tokens.weight", DType::F32, &[1024, 256], 1);
-    let small = devmap::fixtures::FixtureTensor::patterned("model.norm.weight", DType::F32, &[16], 2);
+    let big = devmap::fixtures::FixtureTensor::patterned(
+        "model.embed_tokens.weight",
+        DType::F32,
+        &[1024, 256],
+        1,
+    );
+    let small =
+        devmap::fixtures::FixtureTensor::patterned("model.norm.weight", DType::F32, &[16], 2);
     write_safetensors(&tmp.path().join("model.safetensors"), &[&big, &small]).expect("write");
     let ckpt = planned(tmp.path(), "0=100KB,cpu=100KB", &[]);
-    assert_eq!(device_of(&ckpt, "model.embed_tokens.weight"), Placement::Disk);
+    assert_eq!(
+        device_of(&ckpt, "model.embed_tokens.weight"),
+        Placement::Disk
+    );
 }
 
 #[test]
@@ -130,7 +182,10 @@ fn gb_and_gib_budgets_differ_like_transformers_says() {
     // 300KB = 300,000 bytes; 300KiB = 307,200: the extra 7 KiB moves a boundary.
     let count_on = |spec: &str| {
         let ckpt = planned(tmp.path(), spec, &["none"]);
-        ckpt.tensors.iter().filter(|t| t.placement == Placement::Gpu(0)).count()
+        ckpt.tensors
+            .iter()
+            .filter(|t| t.placement == Placement::Gpu(0))
+            .count()
     };
     assert!(count_on("0=300KiB,cpu=10MB") >= count_on("0=300KB,cpu=10MB"));
     assert_ne!(
@@ -146,22 +201,62 @@ fn cli_plan_explains_writes_and_never_overwrites_the_input_map() {
     let dir = tmp.path().join("m");
     std::fs::write(dir.join("device_map.json"), "{\"\": \"cpu\"}").expect("w");
     let spec = format!("0={},cpu={}", total / 3, total / 3);
-    let o = devmap(&["plan", dir.to_str().expect("p"), "--max-memory", &spec, "--explain"]);
+    let o = devmap(&[
+        "plan",
+        dir.to_str().expect("p"),
+        "--max-memory",
+        &spec,
+        "--explain",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let map: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json map");
-    assert!(map.as_object().expect("object").values().any(|v| v == 0), "{map}");
+    assert!(
+        map.as_object().expect("object").values().any(|v| v == 0),
+        "{map}"
+    );
     let why = stderr(&o);
-    assert!(why.contains("split into its children") && why.contains("moving on to cpu"), "{why}");
+    assert!(
+        why.contains("split into its children") && why.contains("moving on to cpu"),
+        "{why}"
+    );
     // --out onto the input map is refused.
-    let o = devmap(&["plan", dir.to_str().expect("p"), "--max-memory", &spec, "--out", dir.join("device_map.json").to_str().expect("p")]);
+    let o = devmap(&[
+        "plan",
+        dir.to_str().expect("p"),
+        "--max-memory",
+        &spec,
+        "--out",
+        dir.join("device_map.json").to_str().expect("p"),
+    ]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("never writes its inputs"), "{}", stderr(&o));
-    assert_eq!(std::fs::read_to_string(dir.join("device_map.json")).expect("r"), "{\"\": \"cpu\"}");
+    assert!(
+        stderr(&o).contains("never writes its inputs"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("device_map.json")).expect("r"),
+        "{\"\": \"cpu\"}"
+    );
     // Elsewhere it is written, and devmap reads it back as the same placements.
     let out = tmp.path().join("planned.json");
-    let o = devmap(&["plan", dir.to_str().expect("p"), "--max-memory", &spec, "--out", out.to_str().expect("p")]);
+    let o = devmap(&[
+        "plan",
+        dir.to_str().expect("p"),
+        "--max-memory",
+        &spec,
+        "--out",
+        out.to_str().expect("p"),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let reread = load(&dir, &LoadOptions { device_map: Some(out), ..Default::default() }).expect("load");
+    let reread = load(
+        &dir,
+        &LoadOptions {
+            device_map: Some(out),
+            ..Default::default()
+        },
+    )
+    .expect("load");
     let expected = planned(&dir, &spec, &[]);
     for (a, b) in reread.tensors.iter().zip(&expected.tensors) {
         assert_eq!(a.placement, b.placement, "{}", a.name);
@@ -171,9 +266,20 @@ fn cli_plan_explains_writes_and_never_overwrites_the_input_map() {
 #[test]
 fn inspect_reports_a_device_over_its_budget() {
     let m = common::mixed_model();
-    let o = devmap(&["inspect", m.dir.to_str().expect("p"), "--max-memory", "0=1KB,cpu=1MB"]);
+    let o = devmap(&[
+        "inspect",
+        m.dir.to_str().expect("p"),
+        "--max-memory",
+        "0=1KB,cpu=1MB",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
-    assert!(text.contains("gpu:0 holds") && text.contains("its budget is 1000 B"), "{text}");
-    assert!(!text.contains("cpu holds"), "cpu is within its budget: {text}");
+    assert!(
+        text.contains("gpu:0 holds") && text.contains("its budget is 1000 B"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("cpu holds"),
+        "cpu is within its budget: {text}"
+    );
 }

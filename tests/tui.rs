@@ -573,3 +573,123 @@ fn help_overlay_snapshot() {
     press(&mut app, &[ch('?')]);
     insta::assert_snapshot!("help", frame(&app, 100, 30));
 }
+
+fn fixed_gpus() -> Vec<devmap::monitor::gpu::GpuInfo> {
+    use devmap::monitor::gpu::{FixedGpus, GpuInfo, GpuSource};
+    let mut source = FixedGpus(vec![
+        GpuInfo {
+            index: 0,
+            name: "Test GPU".into(),
+            total: 24 * GIB,
+            free: 20 * GIB,
+        },
+        GpuInfo {
+            index: 1,
+            name: "Test GPU".into(),
+            total: 24 * GIB,
+            free: 6 * GIB,
+        },
+    ]);
+    assert!(source.note().is_none());
+    source.gpus()
+}
+
+#[test]
+fn gpu_gauges_and_budgets_come_from_the_gpu_source() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    app.budgets.gpu_total.clear();
+    app.handle(Action::Gpus(fixed_gpus(), None));
+    // GPU budgets are the free memory; cpu's is the available RAM.
+    assert_eq!(app.device_budget(Placement::Gpu(1)), Some(6 * GIB));
+    assert_eq!(app.device_budget(Placement::Cpu), Some(11 * GIB));
+    let screen = frame(&app, 120, 40);
+    assert!(
+        screen.contains("GPU0") && screen.contains("4 GiB/24 GiB"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("GPU1") && screen.contains("18 GiB/24 GiB"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("of 20 GiB"),
+        "gpu:0 measured against its free memory: {screen}"
+    );
+    insta::assert_snapshot!("gpus", screen);
+    // No GPU: one line saying so, no gauge, no error.
+    app.handle(Action::Gpus(
+        Vec::new(),
+        Some("no GPU gauges: no NVIDIA driver found".into()),
+    ));
+    let screen = frame(&app, 120, 40);
+    assert!(
+        screen.contains("no GPU gauges: no NVIDIA driver found") && !screen.contains("GPU0"),
+        "{screen}"
+    );
+}
+
+#[test]
+fn plan_key_replans_shows_the_diff_and_exports() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.handle(Action::Gpus(fixed_gpus(), None));
+    press(&mut app, &[ch('p')]);
+    let Mode::Plan(d) = &app.mode else {
+        panic!("plan dialog")
+    };
+    assert_eq!(
+        d.budgets, "0=20GiB,1=6144MiB,cpu=11GiB",
+        "prefilled with what the devices have free"
+    );
+    // A budget string that does not parse is refused in place.
+    press(&mut app, &[ctrl('u')]);
+    press(&mut app, &text("0=lots"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    let Mode::Plan(d) = &app.mode else {
+        panic!("still planning")
+    };
+    assert!(
+        d.error.as_deref().unwrap_or("").contains("not a size"),
+        "{:?}",
+        d.error
+    );
+    // Tight budgets: the plan moves tensors, and says how many.
+    press(&mut app, &[ctrl('u')]);
+    press(&mut app, &text("0=3KB,cpu=3KB"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    let Mode::PlanResult(lines) = &app.mode else {
+        panic!("result: {:?}", app.mode)
+    };
+    assert!(lines[0].contains("tensors move"), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("→ disk")), "{lines:?}");
+    assert!(app.map_edited);
+    let planned = devmap::plan::plan(
+        &load(&m.dir, &LoadOptions::default()).expect("load"),
+        &devmap::plan::PlanOptions {
+            max_memory: devmap::plan::parse_max_memory("0=3KB,cpu=3KB").expect("spec"),
+            no_split: vec![],
+        },
+    )
+    .expect("plan");
+    assert_eq!(
+        app.ckpt.device_map.as_ref(),
+        Some(&planned.map),
+        "the TUI applies the same plan as devmap plan"
+    );
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert_eq!(app.mode, Mode::Browse);
+    // w exports the planned map.
+    let target = m.tmp.path().join("planned.json");
+    press(&mut app, &[ch('w'), ctrl('u')]);
+    press(&mut app, &text(target.to_str().expect("p")));
+    let effects = press(&mut app, &[key(KeyCode::Enter)]);
+    let [Effect::WriteFile { contents, .. }] = effects.as_slice() else {
+        panic!("{effects:?}")
+    };
+    assert_eq!(
+        contents,
+        &devmap::formats::device_map::encode_device_map(&planned.map)
+    );
+}

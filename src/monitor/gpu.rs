@@ -32,9 +32,13 @@ impl Nvml {
                 nvml: Some(nvml),
                 why_not: None,
             },
+            Err(nvml_wrapper::error::NvmlError::LibloadingError(_)) => Nvml {
+                nvml: None,
+                why_not: Some("no GPU gauges: no NVIDIA driver found".into()),
+            },
             Err(e) => Nvml {
                 nvml: None,
-                why_not: Some(format!("no NVIDIA GPU found (NVML: {e})")),
+                why_not: Some(format!("no GPU gauges: NVML says {e}")),
             },
         }
     }

@@ -14,6 +14,7 @@ use crate::model::names::covers;
 use crate::model::placement::{DeviceMap, Placement};
 use crate::model::tree::{ModuleTree, NodeId};
 use crate::monitor::MemorySample;
+use crate::monitor::gpu::GpuInfo;
 use crate::save::{SaveEvent, SaveOptions, SavePlan, SaveReport};
 
 use super::rows::TreeRows;
@@ -65,6 +66,9 @@ pub enum Action {
     /// Time since the app started (the runtime's clock; tests pass fixed values).
     Tick(Duration),
     Memory(MemorySample),
+    /// GPUs as NVML (or a test double) reports them, and why there are none.
+    Gpus(Vec<GpuInfo>, Option<String>),
+    StartPlan,
     Save(SaveEvent),
     /// The runtime could not start the save thread.
     SaveNotStarted(String),
@@ -98,6 +102,16 @@ pub enum Mode {
     Export(ExportDialog),
     Help,
     Confirm(Confirm),
+    Plan(PlanDialog),
+    /// What the last plan changed, until closed.
+    PlanResult(Vec<String>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanDialog {
+    /// `--max-memory` syntax: `0=22GiB,cpu=64GiB`.
+    pub budgets: String,
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -208,6 +222,8 @@ pub struct App {
     pub quitting: bool,
     pub color: bool,
     pub budgets: Budgets,
+    pub gpus: Vec<GpuInfo>,
+    pub gpu_note: Option<String>,
 }
 
 /// What each device can hold, where known. Filled by the runtime (free disk is a
@@ -249,6 +265,8 @@ impl App {
             quitting: false,
             color: true,
             budgets: Budgets::default(),
+            gpus: Vec::new(),
+            gpu_note: None,
         }
     }
 
@@ -286,6 +304,11 @@ impl App {
                     self.memory.pop_front();
                 }
                 self.memory.push_back(sample);
+                Vec::new()
+            }
+            Action::Gpus(gpus, note) => {
+                self.gpus = gpus;
+                self.gpu_note = note;
                 Vec::new()
             }
             Action::Save(event) => {
@@ -336,6 +359,16 @@ impl App {
                 Vec::new()
             }
             Mode::Confirm(_) => self.confirm(action),
+            Mode::Plan(_) => {
+                self.plan_dialog(action);
+                Vec::new()
+            }
+            Mode::PlanResult(_) => {
+                if matches!(action, Action::Close | Action::Submit | Action::Quit) {
+                    self.mode = Mode::Browse;
+                }
+                Vec::new()
+            }
         }
     }
 
@@ -378,6 +411,7 @@ impl App {
             Action::JumpTie => self.jump_tie(),
             Action::CycleDevice => self.cycle_device(),
             Action::StartExport => self.open_export(),
+            Action::StartPlan => self.open_plan(),
             Action::OpenSave => self.open_save(),
             Action::Help => self.mode = Mode::Help,
             Action::Quit => {
@@ -591,6 +625,133 @@ impl App {
             format!("{shown} → {next}; w exports the edited map"),
             Tone::Info,
         );
+    }
+
+    // ----- planning -----
+
+    /// What each device can hold now: GPU free memory, available RAM (the defaults of
+    /// the plan dialog and the budgets of the Devices panel).
+    pub fn device_budget(&self, p: Placement) -> Option<u64> {
+        match p {
+            Placement::Gpu(i) => self
+                .gpus
+                .iter()
+                .find(|g| g.index == i)
+                .map(|g| g.free)
+                .or_else(|| {
+                    self.budgets
+                        .gpu_total
+                        .iter()
+                        .find(|(g, _)| *g == i)
+                        .map(|(_, b)| *b)
+                }),
+            Placement::Cpu => self.memory.back().map(|s| s.available),
+            Placement::Disk => self.budgets.disk_free,
+            _ => None,
+        }
+    }
+
+    fn open_plan(&mut self) {
+        let mut parts: Vec<String> = Vec::new();
+        let mut gpus: Vec<u32> = self.gpus.iter().map(|g| g.index).collect();
+        gpus.extend(self.budgets.gpu_total.iter().map(|(i, _)| *i));
+        gpus.sort_unstable();
+        gpus.dedup();
+        for i in gpus {
+            if let Some(b) = self.device_budget(Placement::Gpu(i)) {
+                parts.push(format!("{i}={}", short_size(b)));
+            }
+        }
+        if let Some(b) = self.device_budget(Placement::Cpu) {
+            parts.push(format!("cpu={}", short_size(b)));
+        }
+        self.mode = Mode::Plan(PlanDialog {
+            budgets: parts.join(","),
+            error: None,
+        });
+    }
+
+    fn plan_dialog(&mut self, action: Action) {
+        let Mode::Plan(dialog) = &mut self.mode else {
+            return;
+        };
+        match action {
+            Action::Input(c) => dialog.budgets.push(c),
+            Action::Backspace => {
+                dialog.budgets.pop();
+            }
+            Action::ClearField => dialog.budgets.clear(),
+            Action::Close => self.mode = Mode::Browse,
+            Action::Submit => {
+                let spec = dialog.budgets.clone();
+                match crate::plan::parse_max_memory(&spec) {
+                    Err(e) => dialog.error = Some(e),
+                    Ok(max_memory) => {
+                        let options = crate::plan::PlanOptions {
+                            max_memory,
+                            no_split: Vec::new(),
+                        };
+                        match crate::plan::plan(&self.ckpt, &options) {
+                            Err(e) => dialog.error = Some(e.to_string()),
+                            Ok(planned) => self.apply_plan(planned, &spec),
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Replaces the map with a plan and lists what moved.
+    fn apply_plan(&mut self, planned: crate::plan::Planned, spec: &str) {
+        let before: Vec<Placement> = self.ckpt.tensors.iter().map(|t| t.placement).collect();
+        let totals_before = self.ckpt.device_totals();
+        self.ckpt.apply_device_map(Some(planned.map));
+        self.tree.recompute(&self.ckpt);
+        self.warnings = self.ckpt.all_warnings();
+        self.map_edited = true;
+        let moved = self
+            .ckpt
+            .tensors
+            .iter()
+            .zip(&before)
+            .filter(|(t, b)| t.placement != **b)
+            .count();
+        let mut lines = vec![format!(
+            "accelerate's plan for {spec}: {moved} of {} tensors move",
+            self.ckpt.tensors.len()
+        )];
+        let totals_after = self.ckpt.device_totals();
+        let mut devices: Vec<Placement> = totals_before
+            .iter()
+            .chain(&totals_after)
+            .map(|(p, _)| *p)
+            .collect();
+        devices.sort();
+        devices.dedup();
+        for d in devices {
+            let get =
+                |v: &[(Placement, u64)]| v.iter().find(|(p, _)| *p == d).map_or(0, |(_, b)| *b);
+            lines.push(format!(
+                "  {d:<9} {:>11} → {:>11}",
+                crate::human_bytes(get(&totals_before)),
+                crate::human_bytes(get(&totals_after))
+            ));
+        }
+        lines.push("new map:".into());
+        if let Some(map) = &self.ckpt.device_map {
+            for (k, p) in map.entries() {
+                let k = if k.is_empty() {
+                    "\"\" (everything)"
+                } else {
+                    k.as_str()
+                };
+                lines.push(format!("  {k} → {p}"));
+            }
+        }
+        lines.extend(planned.explain.iter().take(12).map(|e| format!("· {e}")));
+        lines.push("w exports this map; Esc closes".into());
+        self.mode = Mode::PlanResult(lines);
     }
 
     // ----- export -----
@@ -954,4 +1115,13 @@ fn step_preset(current: &str, forward: bool) -> String {
         None => 4,
     };
     SHARD_PRESETS[index].to_owned()
+}
+
+/// A budget as `--max-memory` takes it, rounded down to whole MiB or GiB.
+fn short_size(bytes: u64) -> String {
+    if bytes >= 10 << 30 {
+        format!("{}GiB", bytes >> 30)
+    } else {
+        format!("{}MiB", (bytes >> 20).max(1))
+    }
 }

@@ -15,6 +15,10 @@ pub const HELP: &[(&str, &str)] = &[
     ("/", "search names; n / N next / previous match"),
     ("t", "jump to the tie partner"),
     ("d", "cycle the selected module's device (edits the map)"),
+    (
+        "p",
+        "plan: accelerate's device map for budgets you edit, with the diff",
+    ),
     ("w", "export the edited device map as JSON"),
     ("s", "save dialog: shard size, output folder, preview"),
     ("?", "this help"),
@@ -25,7 +29,7 @@ pub const HELP: &[(&str, &str)] = &[
 pub fn hint(mode: &Mode) -> &'static str {
     match mode {
         Mode::Browse => {
-            "↑↓ move  →← open/close  / search  t tie  d device  w export  s save  ? help  q quit"
+            "↑↓ move  →← open/close  / search  t tie  d device  p plan  w export  s save  ? help  q quit"
         }
         Mode::Search(_) => "type to search  Enter keep  Esc cancel",
         Mode::SaveDialog(_) => {
@@ -34,6 +38,8 @@ pub fn hint(mode: &Mode) -> &'static str {
         Mode::Export(_) => "Enter write  Ctrl-U clear  Esc cancel",
         Mode::Help => "Esc or ? close",
         Mode::Confirm(_) => "y yes  n no",
+        Mode::Plan(_) => "edit budgets (0=22GiB,cpu=64GiB)  Enter plan  Ctrl-U clear  Esc cancel",
+        Mode::PlanResult(_) => "w export (after closing)  Esc close",
     }
 }
 
@@ -62,6 +68,18 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
             KeyCode::Char('u') if ctrl => Some(Action::ClearField),
             KeyCode::Char('o') if ctrl => Some(Action::ToggleOverwrite),
             KeyCode::Char(c) if !ctrl => Some(Action::Input(c)),
+            _ => None,
+        },
+        Mode::Plan(_) => match key.code {
+            KeyCode::Enter => Some(Action::Submit),
+            KeyCode::Esc => Some(Action::Close),
+            KeyCode::Backspace => Some(Action::Backspace),
+            KeyCode::Char('u') if ctrl => Some(Action::ClearField),
+            KeyCode::Char(c) if !ctrl => Some(Action::Input(c)),
+            _ => None,
+        },
+        Mode::PlanResult(_) => match key.code {
+            KeyCode::Esc | KeyCode::Enter | KeyCode::Char('q') => Some(Action::Close),
             _ => None,
         },
         Mode::Help => match key.code {
@@ -94,6 +112,7 @@ fn browse(key: KeyEvent) -> Option<Action> {
         KeyCode::Char('t') => Action::JumpTie,
         KeyCode::Char('d') => Action::CycleDevice,
         KeyCode::Char('w') => Action::StartExport,
+        KeyCode::Char('p') => Action::StartPlan,
         KeyCode::Char('s') => Action::OpenSave,
         KeyCode::Char('?') => Action::Help,
         KeyCode::Char('q') => Action::Quit,

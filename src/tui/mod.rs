@@ -25,6 +25,7 @@ use ratatui::crossterm::terminal::{
 };
 
 use crate::model::Checkpoint;
+use crate::monitor::gpu::{GpuInfo, GpuSource, Nvml};
 use crate::monitor::{MemorySample, MemorySource, SAMPLE_INTERVAL, SystemMemory};
 use crate::save::{SaveEvent, SaveJob};
 use app::{Action, App, Budgets, Effect};
@@ -33,6 +34,7 @@ use app::{Action, App, Budgets, Effect};
 enum Event {
     Terminal(TermEvent),
     Memory(MemorySample),
+    Gpus(Vec<GpuInfo>, Option<String>),
     Save(SaveEvent),
 }
 
@@ -164,6 +166,7 @@ fn event_loop(
     let (tx, rx) = mpsc::channel::<Event>();
     spawn_input(tx.clone());
     spawn_memory(tx.clone(), SystemMemory::new());
+    spawn_gpus(tx.clone());
     let budgets = system_budgets(&ckpt);
     let mut app = App::new(ckpt);
     app.color = color_wanted();
@@ -248,6 +251,7 @@ fn drain(
             }
             Event::Terminal(_) => None,
             Event::Memory(s) => Some(Action::Memory(s)),
+            Event::Gpus(g, note) => Some(Action::Gpus(g, note)),
             Event::Save(e) => {
                 urgent |= matches!(
                     e,
@@ -286,6 +290,24 @@ fn spawn_memory(tx: Sender<Event>, mut source: impl MemorySource + 'static) {
                     break;
                 }
                 std::thread::sleep(SAMPLE_INTERVAL);
+            }
+        });
+}
+
+/// GPU memory once a second. NVML is opened on this thread, so a slow or missing
+/// driver never delays the first frame.
+fn spawn_gpus(tx: Sender<Event>) {
+    let _ = std::thread::Builder::new()
+        .name("devmap-gpus".into())
+        .spawn(move || {
+            let mut source = Nvml::open();
+            loop {
+                let gpus = source.gpus();
+                let note = source.note();
+                if tx.send(Event::Gpus(gpus, note)).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_secs(1));
             }
         });
 }

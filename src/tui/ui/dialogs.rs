@@ -9,7 +9,7 @@ use ratatui::widgets::{Clear, Paragraph, Wrap};
 use super::theme::Theme;
 use super::{centered, panel};
 use crate::human_bytes;
-use crate::tui::app::{App, Confirm, ExportDialog, Field, SHARD_PRESETS, SaveDialog};
+use crate::tui::app::{App, Confirm, ExportDialog, Field, PlanDialog, SHARD_PRESETS, SaveDialog};
 use crate::tui::keys;
 
 pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
@@ -169,5 +169,53 @@ pub fn help(frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         "mouse wheel scrolls · Esc closes",
         theme.dim(),
     )));
+    frame.render_widget(Paragraph::new(lines), inner);
+}
+
+pub fn plan(d: &PlanDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let rect = centered(area, 84, 8);
+    frame.render_widget(Clear, rect);
+    let block = panel("Plan a device map (accelerate's infer_auto_device_map)");
+    let inner = block.inner(rect);
+    frame.render_widget(block, rect);
+    let mut lines = vec![
+        Line::from(vec![
+            Span::styled("budgets ", theme.dim()),
+            Span::styled(format!("{}▏", d.budgets), theme.selected()),
+        ]),
+        Line::from(Span::styled(
+            "GPU index, mps or cpu = size (5GB = 5·10^9, 5GiB = 5·2^30); disk takes the rest",
+            theme.dim(),
+        )),
+    ];
+    if let Some(e) = &d.error {
+        lines.push(Line::from(Span::styled(e.clone(), theme.bad())));
+    }
+    lines.push(Line::from(Span::styled(
+        "Enter plan  Ctrl-U clear  Esc cancel",
+        theme.dim(),
+    )));
+    frame.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
+}
+
+pub fn plan_result(text: &[String], frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let rect = centered(area, 96, text.len() as u16 + 2);
+    frame.render_widget(Clear, rect);
+    let block = panel("Planned map (applied; compare with the loaded one)");
+    let inner = block.inner(rect);
+    frame.render_widget(block, rect);
+    let lines: Vec<Line> = text
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            if i == 0 {
+                Line::from(Span::styled(l.clone(), theme.title()))
+            } else if l.starts_with('·') {
+                Line::from(Span::styled(l.clone(), theme.dim()))
+            } else {
+                Line::from(l.clone())
+            }
+        })
+        .collect();
     frame.render_widget(Paragraph::new(lines), inner);
 }

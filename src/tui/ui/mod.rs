@@ -102,6 +102,8 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
         Mode::Export(d) => dialogs::export(d, frame, area, theme),
         Mode::Help => dialogs::help(frame, area, theme),
         Mode::Confirm(c) => dialogs::confirm(c, frame, area, theme),
+        Mode::Plan(d) => dialogs::plan(d, frame, area, theme),
+        Mode::PlanResult(lines) => dialogs::plan_result(lines, frame, area, theme),
         Mode::Browse | Mode::Search(_) => {}
     }
 }

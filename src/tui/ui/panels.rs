@@ -17,24 +17,13 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let total = app.tree.nodes[0].bytes.max(1);
-    let ram_total = app.memory.back().map(|s| s.total);
     let bar_w = (inner.width as usize).saturating_sub(42).min(24);
     let lines: Vec<Line> = app
         .ckpt
         .device_totals()
         .into_iter()
         .map(|(p, bytes)| {
-            let budget = match p {
-                Placement::Gpu(i) => app
-                    .budgets
-                    .gpu_total
-                    .iter()
-                    .find(|(g, _)| *g == i)
-                    .map(|(_, b)| *b),
-                Placement::Cpu => ram_total,
-                Placement::Disk => app.budgets.disk_free,
-                _ => None,
-            };
+            let budget = app.device_budget(p);
             let (fraction, of) = match budget {
                 Some(b) if b > 0 => (bytes as f64 / b as f64, format!(" of {}", human_bytes(b))),
                 _ => (bytes as f64 / total as f64, " of model".to_owned()),
@@ -74,11 +63,17 @@ pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         );
         return;
     };
+    let gpu_rows = if app.gpus.is_empty() {
+        u16::from(app.gpu_note.is_some())
+    } else {
+        app.gpus.len() as u16
+    };
     let rows = Layout::default()
         .direction(Direction::Vertical)
         .constraints([
             Constraint::Length(1),
             Constraint::Length(1),
+            Constraint::Length(gpu_rows),
             Constraint::Min(1),
         ])
         .split(inner);
@@ -110,6 +105,35 @@ pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         ])),
         rows[1],
     );
+    let gpu_lines: Vec<Line> = if app.gpus.is_empty() {
+        app.gpu_note
+            .iter()
+            .map(|n| Line::from(Span::styled(n.clone(), theme.dim())))
+            .collect()
+    } else {
+        app.gpus
+            .iter()
+            .map(|g| {
+                let used = g.total.saturating_sub(g.free);
+                let numbers = format!("{}/{}", human_bytes(used), human_bytes(g.total));
+                let label = format!("GPU{} ", g.index);
+                let style = theme.device(Placement::Gpu(g.index));
+                let w = room.saturating_sub(numbers.len() + label.len() + 1);
+                let mut spans = vec![Span::styled(label, style)];
+                // Narrow panels drop the bar first, as the RAM gauge does.
+                if w >= 6 {
+                    spans.push(Span::styled(
+                        bar(used as f64 / g.total.max(1) as f64, w),
+                        style,
+                    ));
+                }
+                spans.push(Span::raw(format!(" {numbers}")));
+                Line::from(spans)
+            })
+            .collect()
+    };
+    frame.render_widget(Paragraph::new(gpu_lines), rows[2]);
+    let rows = [rows[0], rows[1], rows[3]];
     // The last minute of used RAM, drawn above its own low point so that the change a
     // save makes is visible next to gigabytes that do not move.
     let width = rows[2].width as usize;
