@@ -292,3 +292,32 @@ fn symlinked_inputs_outside_the_directory_are_followed_and_named() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(common::read_saved(&out), m.expected);
 }
+
+#[test]
+fn map_keys_that_match_nothing_and_tensors_without_data_are_named() {
+    use devmap::model::checkpoint::{Checkpoint, Parts, Source, Tensor};
+    let tmp = tiny_dir(&["model.a.w", "model.b.w"]);
+    write_json(
+        &tmp.path().join("device_map.json"),
+        &serde_json::json!({"model.a": 0, "model.b": "cpu", "model.c": "disk", "model.a.w.extra": 1}),
+    )
+    .expect("map");
+    let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
+    let w = ckpt.all_warnings().join("\n");
+    assert!(w.contains("2 device-map key(s) match no tensor") && w.contains("`model.c`") && w.contains("`model.a.w.extra`"), "{w}");
+
+    let ghost = Tensor {
+        name: "model.layers.0.w".into(),
+        dtype: DType::F16,
+        shape: vec![2],
+        bytes: 4,
+        placement: Placement::Disk,
+        map_key: None,
+        source: Source::None,
+        checkpoint: None,
+        load_dtype: None,
+    };
+    let ckpt = Checkpoint::assemble(Parts { tensors: vec![ghost], ..Default::default() });
+    let w = ckpt.all_warnings().join("\n");
+    assert!(w.contains("no data anywhere") && w.contains("model.layers.0.w (disk)"), "{w}");
+}
