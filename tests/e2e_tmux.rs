@@ -127,27 +127,7 @@ fn inspect_save_and_quit_in_a_real_terminal() {
     }
     let m = mixed_model();
     let out = m.out("from-tui");
-    let tmux = Tmux {
-        socket: format!("devmap-e2e-{}", std::process::id()),
-    };
-    let script = format!(
-        "'{}' '{}'; echo DEVMAP-EXIT=$?; stty -a | tr ' ' '\\n' | grep -x -- '-\\?icanon'; sleep 60",
-        env!("CARGO_BIN_EXE_devmap"),
-        m.dir.display()
-    );
-    tmux.run(&[
-        "new-session",
-        "-d",
-        "-s",
-        "e2e",
-        "-x",
-        "140",
-        "-y",
-        "45",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let tmux = start("e2e", &wrapped("", &format!("'{}'", m.dir.display())));
 
     // The tree, placements and the RAM gauge are on screen.
     // The first memory reading arrives a moment after the first frame.
@@ -187,18 +167,7 @@ fn inspect_save_and_quit_in_a_real_terminal() {
     tmux.keys(&["q"]);
     let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
     assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
-    std::thread::sleep(Duration::from_millis(300));
-    let after = tmux.screen();
-    let mode = after
-        .lines()
-        .find(|l| l.trim().ends_with("icanon"))
-        .map(str::trim)
-        .unwrap_or("");
-    assert_eq!(mode, "icanon", "raw mode was not restored:\n{after}");
-    assert!(
-        !after.contains("┌ Modules"),
-        "still on the alternate screen:\n{after}"
-    );
+    assert_restored(&tmux);
 }
 
 fn skip_without_tmux(test: &str) -> bool {

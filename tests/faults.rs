@@ -46,6 +46,22 @@ fn big_model(dir: &Path, files: usize, per_file: usize, mib: usize) {
     }
 }
 
+/// Waits until a running save has a shard half written.
+fn wait_for_partial_file(child: &mut std::process::Child, out: &Path) {
+    let start = Instant::now();
+    while !names_in(out).iter().any(|n| n.ends_with(".devmap-partial")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no partial file appeared"
+        );
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "the save finished too early to be interrupted"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn disk_full_mid_shard_removes_partial_files_and_keeps_earlier_content() {
     let m = mixed_model();
@@ -105,24 +121,7 @@ fn killed_mid_save_leaves_only_marked_partial_files_and_the_next_run_says_so() {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn");
-    let start = Instant::now();
-    loop {
-        let partial = names_in(&out)
-            .iter()
-            .any(|n| n.ends_with(".devmap-partial"));
-        if partial {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no partial file appeared"
-        );
-        assert!(
-            child.try_wait().expect("wait").is_none(),
-            "the save finished before it could be killed"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for_partial_file(&mut child, &out);
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
     let left = names_in(&out);
@@ -328,21 +327,7 @@ fn sigterm_cancels_a_cli_save_cleanly() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let start = Instant::now();
-    while !names_in(&out)
-        .iter()
-        .any(|n| n.ends_with(".devmap-partial"))
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no partial file appeared"
-        );
-        assert!(
-            child.try_wait().expect("wait").is_none(),
-            "finished before the signal"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for_partial_file(&mut child, &out);
     let pid = child.id().to_string();
     Command::new("kill")
         .args(["-TERM", &pid])

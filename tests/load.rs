@@ -304,7 +304,12 @@ fn map_keys_that_match_nothing_and_tensors_without_data_are_named() {
     .expect("map");
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     let w = ckpt.all_warnings().join("\n");
-    assert!(w.contains("2 device-map key(s) match no tensor") && w.contains("`model.c`") && w.contains("`model.a.w.extra`"), "{w}");
+    assert!(
+        w.contains("2 device-map key(s) match no tensor")
+            && w.contains("`model.c`")
+            && w.contains("`model.a.w.extra`"),
+        "{w}"
+    );
 
     let ghost = Tensor {
         name: "model.layers.0.w".into(),
@@ -317,7 +322,13 @@ fn map_keys_that_match_nothing_and_tensors_without_data_are_named() {
         checkpoint: None,
         load_dtype: None,
     };
-    let ckpt = Checkpoint::assemble(Parts { tensors: vec![ghost], ..Default::default() });
+    let ckpt = Checkpoint::assemble(Parts {
+        tensors: vec![ghost],
+        ..Default::default()
+    });
     let w = ckpt.all_warnings().join("\n");
-    assert!(w.contains("no data anywhere") && w.contains("model.layers.0.w (disk)"), "{w}");
+    assert!(
+        w.contains("no data anywhere") && w.contains("model.layers.0.w (disk)"),
+        "{w}"
+    );
 }

@@ -120,11 +120,7 @@ impl Checkpoint {
         } = parts;
         // Tied sources refer to names until here; sort and resolve them after.
         sort_in_module_order(&mut tensors);
-        let find = |name: &str| {
-            tensors
-                .binary_search_by(|t| super::names::module_order(&t.name, name))
-                .ok()
-        };
+        let find = |name: &str| search(&tensors, name).ok();
         let mut groups = Vec::new();
         let mut tie_of = vec![NO_TIE; tensors.len()];
         for names in ties {
@@ -189,9 +185,7 @@ impl Checkpoint {
 
     /// Finds a tensor by name (binary search: tensors are in module order).
     pub fn index_of(&self, name: &str) -> Option<TensorId> {
-        self.tensors
-            .binary_search_by(|t| super::names::module_order(&t.name, name))
-            .ok()
+        search(&self.tensors, name).ok()
     }
 
     pub fn tensor(&self, name: &str) -> Option<&Tensor> {
@@ -291,6 +285,11 @@ pub struct Parts {
     pub config: crate::formats::config::ModelConfig,
     pub weight_files: Vec<PathBuf>,
     pub warnings: Vec<String>,
+}
+
+/// Binary search of tensors kept in module order: where `name` is, or would go.
+pub(crate) fn search(tensors: &[Tensor], name: &str) -> Result<TensorId, TensorId> {
+    tensors.binary_search_by(|t| super::names::module_order(&t.name, name))
 }
 
 /// Sorts tensors into module order, computing each name's key once.

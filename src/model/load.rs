@@ -65,9 +65,7 @@ struct Draft {
 
 impl Draft {
     fn find(&self, name: &str) -> Option<usize> {
-        self.tensors
-            .binary_search_by(|t| super::names::module_order(&t.name, name))
-            .ok()
+        super::checkpoint::search(&self.tensors, name).ok()
     }
 
     /// Restores module order after tensors were appended, and refuses a name that
@@ -524,10 +522,7 @@ fn add_tied_copy(draft: &mut Draft, name: &str, of: usize) {
         load_dtype: None,
     };
     // Inserted where module order puts it; the caller knows the name is new.
-    let at = draft
-        .tensors
-        .binary_search_by(|t| super::names::module_order(&t.name, name))
-        .unwrap_or_else(|pos| pos);
+    let at = super::checkpoint::search(&draft.tensors, name).unwrap_or_else(|pos| pos);
     draft.tensors.insert(at, copy);
 }
 

@@ -268,3 +268,54 @@ pub fn python_with(module: &str) -> Result<PathBuf, String> {
         "no Python with `{module}` (set DEVMAP_PYTHON or run .ci/run to make .venv)"
     ))
 }
+
+/// A Python with torch, transformers and accelerate: `DEVMAP_HF_PYTHON`, the repo's
+/// `.venv-hf`, or `python3`. CI installs none of them (about 3 GB), so callers skip.
+pub fn hf_python() -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = std::env::var_os("DEVMAP_HF_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv-hf/bin/python"),
+            PathBuf::from("python3"),
+        ])
+        .collect();
+    for py in candidates {
+        let ok = Command::new(&py)
+            .args(["-c", "import torch, transformers, accelerate, safetensors"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Ok(py);
+        }
+    }
+    Err("torch, transformers and accelerate are not importable (pip install torch transformers accelerate into .venv-hf to run it)".into())
+}
+
+/// Runs one of the tests/python scripts with the devmap binary as its argument;
+/// returns its stdout, or why it was skipped.
+pub fn run_hf_script(script: &str) -> Option<(bool, String, String)> {
+    let py = match hf_python() {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("SKIPPED {script}: {why}");
+            return None;
+        }
+    };
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let o = Command::new(py)
+        .arg(path)
+        .arg(env!("CARGO_BIN_EXE_devmap"))
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .expect("python");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    eprintln!("{out}");
+    Some((
+        o.status.success(),
+        out,
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    ))
+}
