@@ -693,3 +693,14 @@ fn plan_key_replans_shows_the_diff_and_exports() {
         &devmap::formats::device_map::encode_device_map(&planned.map)
     );
 }
+
+#[test]
+fn export_defaults_to_a_path_beside_the_model_not_inside_it() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('w')]);
+    let Mode::Export(d) = &app.mode else { panic!("export dialog") };
+    let path = std::path::PathBuf::from(&d.path);
+    assert!(!path.starts_with(&m.dir), "{} is inside the model directory", path.display());
+    assert_eq!(path.parent(), m.dir.parent());
+}

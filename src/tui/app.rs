@@ -757,7 +757,10 @@ impl App {
     // ----- export -----
 
     fn open_export(&mut self) {
-        let path = self.ckpt.dir.join("device_map.edited.json");
+        // Beside the model directory, not in it: devmap adds nothing to its inputs
+        // (and a later save would copy a stray map into the output).
+        let dir = self.ckpt.dir.display().to_string();
+        let path = PathBuf::from(format!("{}-device_map.json", dir.trim_end_matches('/')));
         self.mode = Mode::Export(ExportDialog {
             path: path.display().to_string(),
             error: None,
