@@ -33,14 +33,20 @@ fn main() -> std::io::Result<()> {
         rss_tree.saturating_sub(rss_model) as f64 / n as f64,
     );
     // What the structures themselves take, without the allocator's retained garbage
-    // from parsing: the Tensor record and its shape allocation.
+    // from parsing: the Tensor record, plus any shape too big to sit inline.
     let structural: usize = ckpt
         .tensors
         .iter()
-        .map(|t| std::mem::size_of::<devmap::model::Tensor>() + t.shape.capacity() * 8)
+        .map(|t| {
+            let heap = match &t.shape {
+                devmap::model::shape::Shape::Heap(d) => d.len() * 8,
+                devmap::model::shape::Shape::Inline { .. } => 0,
+            };
+            std::mem::size_of::<devmap::model::Tensor>() + heap
+        })
         .sum();
     println!(
-        "structural: {:.0} bytes per tensor beyond its name ({}-byte Tensor record + shape)",
+        "structural: {:.0} bytes per tensor beyond its name ({}-byte Tensor record, shapes inline)",
         structural as f64 / n as f64,
         std::mem::size_of::<devmap::model::Tensor>()
     );

@@ -270,12 +270,10 @@ fn meta_tensor_without_data_is_refused_by_name() {
     let ghost = Tensor {
         name: "model.layers.0.mlp.weight".into(),
         dtype: DType::F16,
-        shape: vec![4, 4],
-        bytes: 32,
+        shape: vec![4, 4].into(),
         placement: Placement::Meta,
-        map_key: None,
+        map_key: devmap::model::checkpoint::NO_KEY,
         source: Source::None,
-        checkpoint: None,
         load_dtype: None,
     };
     let ckpt = Checkpoint::assemble(Parts {

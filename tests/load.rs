@@ -314,12 +314,10 @@ fn map_keys_that_match_nothing_and_tensors_without_data_are_named() {
     let ghost = Tensor {
         name: "model.layers.0.w".into(),
         dtype: DType::F16,
-        shape: vec![2],
-        bytes: 4,
+        shape: vec![2].into(),
         placement: Placement::Disk,
-        map_key: None,
+        map_key: devmap::model::checkpoint::NO_KEY,
         source: Source::None,
-        checkpoint: None,
         load_dtype: None,
     };
     let ckpt = Checkpoint::assemble(Parts {

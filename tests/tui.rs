@@ -699,8 +699,14 @@ fn export_defaults_to_a_path_beside_the_model_not_inside_it() {
     let m = mixed_model();
     let mut app = app_for(&m);
     press(&mut app, &[ch('w')]);
-    let Mode::Export(d) = &app.mode else { panic!("export dialog") };
+    let Mode::Export(d) = &app.mode else {
+        panic!("export dialog")
+    };
     let path = std::path::PathBuf::from(&d.path);
-    assert!(!path.starts_with(&m.dir), "{} is inside the model directory", path.display());
+    assert!(
+        !path.starts_with(&m.dir),
+        "{} is inside the model directory",
+        path.display()
+    );
     assert_eq!(path.parent(), m.dir.parent());
 }

@@ -20,7 +20,7 @@ struct Report<'a> {
 struct TensorOut<'a> {
     name: &'a str,
     dtype: &'static str,
-    shape: &'a [u64],
+    shape: &'a crate::model::shape::Shape,
     bytes: u64,
     placement: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -70,7 +70,7 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
             name: &t.name,
             dtype: t.dtype.safetensors_name(),
             shape: &t.shape,
-            bytes: t.bytes,
+            bytes: t.bytes(),
             placement: t.placement.to_string(),
             map_key: ckpt.map_key(t),
             source: match t.source {

@@ -41,27 +41,37 @@ pub enum Source {
     None,
 }
 
+/// One tensor. Kept small (96 bytes and no heap but the name): a checkpoint may hold
+/// 100,000 of them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
     pub name: String,
-    pub dtype: super::DType,
-    pub shape: Vec<u64>,
-    pub bytes: u64,
-    pub placement: Placement,
-    /// Which device-map entry placed it (its position in the map; `None` when
-    /// unmapped or there is no map). [`Checkpoint::map_key`] gives the key.
-    pub map_key: Option<u32>,
+    pub shape: super::shape::Shape,
     pub source: Source,
-    /// The checkpoint entry, kept even when the offload value wins, for `explain`.
-    pub checkpoint: Option<ByteRange>,
+    pub placement: Placement,
+    /// Which device-map entry placed it: its position in the map, or [`NO_KEY`].
+    /// [`Checkpoint::map_key`] gives the key itself.
+    pub map_key: u32,
+    pub dtype: super::DType,
     /// The dtype an offload index says the model loads this tensor as, when it differs
     /// from the stored bytes.
     pub load_dtype: Option<super::DType>,
 }
 
+/// `Tensor::map_key` when no device-map entry placed the tensor.
+pub const NO_KEY: u32 = u32::MAX;
+
 impl Tensor {
     pub fn numel(&self) -> u64 {
-        super::dtype::numel(&self.shape).unwrap_or(0)
+        self.shape
+            .iter()
+            .try_fold(1u64, |acc, d| acc.checked_mul(d))
+            .unwrap_or(0)
+    }
+
+    /// Bytes of the tensor (validated against its source when it was read).
+    pub fn bytes(&self) -> u64 {
+        self.numel().saturating_mul(self.dtype.size())
     }
 }
 
@@ -98,6 +108,8 @@ pub struct Checkpoint {
     pub warnings: Vec<String>,
     /// The tie group of each tensor, by tensor id (`NO_TIE` for none).
     tie_of: Vec<u32>,
+    /// Checkpoint entries whose value an offload entry replaced, for `explain`.
+    replaced: std::collections::HashMap<TensorId, ByteRange>,
 }
 
 const NO_TIE: u32 = u32::MAX;
@@ -117,6 +129,7 @@ impl Checkpoint {
             config,
             weight_files,
             warnings,
+            replaced,
         } = parts;
         // Tied sources refer to names until here; sort and resolve them after.
         sort_in_module_order(&mut tensors);
@@ -133,6 +146,10 @@ impl Checkpoint {
             }
             groups.push(TieGroup { members });
         }
+        let replaced = replaced
+            .into_iter()
+            .filter_map(|(name, r)| Some((search(&tensors, &name).ok()?, r)))
+            .collect();
         let mut ckpt = Checkpoint {
             dir,
             files,
@@ -144,6 +161,7 @@ impl Checkpoint {
             config,
             weight_files,
             warnings,
+            replaced,
             tie_of,
         };
         ckpt.point_tied_sources();
@@ -222,11 +240,23 @@ impl Checkpoint {
         &self.files[id].path
     }
 
+    /// The checkpoint entry of a tensor: its source, or the entry an offload value
+    /// replaced.
+    pub fn checkpoint_range(&self, id: TensorId) -> Option<ByteRange> {
+        match self.tensors[id].source {
+            Source::Checkpoint(r) => Some(r),
+            _ => self.replaced.get(&id).copied(),
+        }
+    }
+
     /// The device-map key that placed a tensor.
     pub fn map_key(&self, tensor: &Tensor) -> Option<&str> {
         let map = self.device_map.as_ref()?;
+        if tensor.map_key == NO_KEY {
+            return None;
+        }
         map.entries()
-            .get(tensor.map_key? as usize)
+            .get(tensor.map_key as usize)
             .map(|(k, _)| k.as_str())
     }
 
@@ -244,7 +274,7 @@ impl Checkpoint {
     pub fn device_totals(&self) -> Vec<(Placement, u64)> {
         let mut totals: std::collections::BTreeMap<Placement, u64> = Default::default();
         for t in &self.tensors {
-            *totals.entry(t.placement).or_default() += t.bytes;
+            *totals.entry(t.placement).or_default() += t.bytes();
         }
         totals.into_iter().collect()
     }
@@ -257,17 +287,17 @@ impl Checkpoint {
     }
 
     pub fn total_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.bytes).sum()
+        self.tensors.iter().map(Tensor::bytes).sum()
     }
 }
 
 /// A tensor's placement and the entry that decided it. No map: everything is `cpu`.
-pub fn place(map: Option<&DeviceMap>, name: &str) -> (Placement, Option<u32>) {
+pub fn place(map: Option<&DeviceMap>, name: &str) -> (Placement, u32) {
     match map {
-        None => (Placement::Cpu, None),
+        None => (Placement::Cpu, NO_KEY),
         Some(m) => match m.locate(name) {
-            Some(hit) => (hit.placement, Some(hit.index as u32)),
-            None => (Placement::Unmapped, None),
+            Some(hit) => (hit.placement, hit.index as u32),
+            None => (Placement::Unmapped, NO_KEY),
         },
     }
 }
@@ -285,6 +315,8 @@ pub struct Parts {
     pub config: crate::formats::config::ModelConfig,
     pub weight_files: Vec<PathBuf>,
     pub warnings: Vec<String>,
+    /// `(name, checkpoint range)` of tensors whose offload value replaced it.
+    pub replaced: Vec<(String, ByteRange)>,
 }
 
 /// Binary search of tensors kept in module order: where `name` is, or would go.

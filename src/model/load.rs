@@ -3,7 +3,9 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use super::checkpoint::{ByteRange, Checkpoint, FileId, Parts, Source, SourceFile, Tensor, place};
+use super::checkpoint::{
+    ByteRange, Checkpoint, FileId, NO_KEY, Parts, Source, SourceFile, Tensor, place,
+};
 use super::placement::{DeviceMap, Placement};
 use crate::formats::FormatError;
 use crate::formats::config::{ModelConfig, read_config};
@@ -55,6 +57,8 @@ const EMBEDDING_SUFFIXES: [&str; 5] = [
 
 /// Where each tensor comes from while the checkpoint is being put together.
 struct Draft {
+    /// Checkpoint entries replaced by offload values: `(name, range)`.
+    replaced: Vec<(String, ByteRange)>,
     /// Kept in module order once the weights are read, so names are found by binary
     /// search and merged with sorted offload entries in one pass: no name map, no
     /// copy of every name.
@@ -73,14 +77,9 @@ impl Draft {
     fn resort(&mut self) -> Result<(), LoadError> {
         super::checkpoint::sort_in_module_order(&mut self.tensors);
         if let Some(w) = self.tensors.windows(2).find(|w| w[0].name == w[1].name) {
-            let file = |t: &Tensor| {
-                t.checkpoint
-                    .or(match t.source {
-                        Source::Offload(r) | Source::Checkpoint(r) => Some(r),
-                        _ => None,
-                    })
-                    .map(|r| self.files[r.file].path.clone())
-                    .unwrap_or_default()
+            let file = |t: &Tensor| match t.source {
+                Source::Offload(r) | Source::Checkpoint(r) => self.files[r.file].path.clone(),
+                _ => PathBuf::new(),
             };
             return Err(LoadError::Conflict {
                 path: file(&w[1]),
@@ -140,6 +139,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
     };
 
     let mut draft = Draft {
+        replaced: Vec::new(),
         tensors: Vec::new(),
         files: Vec::new(),
         file_ids: HashMap::new(),
@@ -201,21 +201,21 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
             }
             if at < draft.tensors.len() && draft.tensors[at].name == entry.name {
                 let t = &mut draft.tensors[at];
+                if let Source::Checkpoint(old) = t.source {
+                    draft.replaced.push((t.name.clone(), old));
+                }
                 t.dtype = entry.dtype;
-                t.shape = entry.shape;
-                t.bytes = entry.len;
+                t.shape = entry.shape.into();
                 t.source = Source::Offload(range);
                 t.load_dtype = entry.load_dtype;
             } else {
                 added.push(Tensor {
                     name: entry.name,
                     dtype: entry.dtype,
-                    shape: entry.shape,
-                    bytes: entry.len,
+                    shape: entry.shape.into(),
                     placement: Placement::Cpu,
-                    map_key: None,
+                    map_key: NO_KEY,
                     source: Source::Offload(range),
-                    checkpoint: None,
                     load_dtype: entry.load_dtype,
                 });
             }
@@ -265,6 +265,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         config,
         weight_files,
         warnings,
+        replaced: draft.replaced,
     }))
 }
 
@@ -432,12 +433,10 @@ fn add_checkpoint_tensor(
     draft.tensors.push(Tensor {
         name: t.name,
         dtype: t.dtype,
-        shape: t.shape,
-        bytes: t.len,
+        shape: t.shape.into(),
         placement: Placement::Cpu,
-        map_key: None,
+        map_key: NO_KEY,
         source: Source::Checkpoint(range),
-        checkpoint: Some(range),
         load_dtype: None,
     });
 }
@@ -514,11 +513,9 @@ fn add_tied_copy(draft: &mut Draft, name: &str, of: usize) {
         name: name.to_owned(),
         dtype: src.dtype,
         shape: src.shape.clone(),
-        bytes: src.bytes,
         placement: Placement::Cpu,
-        map_key: None,
+        map_key: NO_KEY,
         source: Source::None,
-        checkpoint: None,
         load_dtype: None,
     };
     // Inserted where module order puts it; the caller knows the name is new.

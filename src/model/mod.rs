@@ -7,6 +7,7 @@ pub mod dtype;
 pub mod load;
 pub mod names;
 pub mod placement;
+pub mod shape;
 pub mod tree;
 
 pub use checkpoint::{ByteRange, Checkpoint, Source, Tensor, TensorId, TieGroup};

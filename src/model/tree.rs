@@ -114,10 +114,10 @@ impl ModuleTree {
             if let Some(t) = self.nodes[id].tensor {
                 let tensor = &ckpt.tensors[t];
                 let n = &mut self.nodes[id];
-                n.bytes += tensor.bytes;
+                n.bytes += tensor.bytes();
                 n.params += tensor.numel();
                 n.tensors += 1;
-                add_split(&mut n.split, tensor.placement, tensor.bytes);
+                add_split(&mut n.split, tensor.placement, tensor.bytes());
                 n.has_tie |= ckpt.tie_group(t).is_some();
             }
             if let Some(parent) = self.nodes[id].parent {

@@ -179,7 +179,7 @@ impl PlanTree {
                     None => true,
                 };
                 nodes[index].size = if first_of_group {
-                    ckpt.tensors[t].bytes
+                    ckpt.tensors[t].bytes()
                 } else {
                     0
                 };

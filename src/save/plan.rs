@@ -161,11 +161,11 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, PlanEr
             continue;
         }
         match ckpt.data_range(id) {
-            Some(range) if range.len == tensor.bytes => chosen.push((id, range)),
+            Some(range) if range.len == tensor.bytes() => chosen.push((id, range)),
             Some(range) => problems.push(format!(
                 "tensor `{}` needs {} bytes but its source {} holds {}",
                 tensor.name,
-                tensor.bytes,
+                tensor.bytes(),
                 ckpt.file_path(range.file).display(),
                 range.len
             )),
@@ -180,7 +180,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, PlanEr
     }
     let sizes: Vec<u64> = chosen
         .iter()
-        .map(|(id, _)| ckpt.tensors[*id].bytes)
+        .map(|(id, _)| ckpt.tensors[*id].bytes())
         .collect();
     let ranges = split_into_shards(&sizes, options.max_shard_size);
     let count = ranges.len();
@@ -207,11 +207,11 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, PlanEr
                         tensor: id,
                         name: t.name.clone(),
                         dtype: t.dtype,
-                        shape: t.shape.clone(),
+                        shape: t.shape.to_vec(),
                         source,
                         begin,
                     };
-                    begin += t.bytes;
+                    begin += t.bytes();
                     planned
                 })
                 .collect();
@@ -239,8 +239,8 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, PlanEr
     let largest_tensor = chosen
         .iter()
         .map(|(id, _)| &ckpt.tensors[*id])
-        .max_by_key(|t| t.bytes)
-        .map(|t| (t.name.clone(), t.bytes));
+        .max_by_key(|t| t.bytes())
+        .map(|t| (t.name.clone(), t.bytes()));
     Ok(SavePlan {
         shards,
         total_size,

@@ -39,8 +39,8 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             "size",
             format!(
                 "{} ({} B, {} params)",
-                human_bytes(tensor.bytes),
-                tensor.bytes,
+                human_bytes(tensor.bytes()),
+                tensor.bytes(),
                 human_count(tensor.numel())
             ),
         ));
@@ -50,7 +50,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         ]));
         lines.push(kv("because", because(app, app.ckpt.map_key(tensor))));
         lines.push(kv("bytes in", source_text(app, tensor.source)));
-        if let (Source::Offload(_), Some(old)) = (tensor.source, tensor.checkpoint) {
+        if let (Source::Offload(_), Some(old)) = (tensor.source, app.ckpt.checkpoint_range(t)) {
             lines.push(kv(
                 "replaces",
                 format!("{} (older value)", range_text(app, old)),
