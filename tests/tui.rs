@@ -26,6 +26,7 @@ fn sample(used_gib: f64, available_gib: f64) -> MemorySample {
         used: (used_gib * GIB as f64) as u64,
         available: (available_gib * GIB as f64) as u64,
         rss: 12 << 20,
+        cached: 2 * GIB,
     }
 }
 

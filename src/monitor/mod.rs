@@ -15,6 +15,9 @@ pub struct MemorySample {
     pub available: u64,
     /// devmap's own resident set.
     pub rss: u64,
+    /// The page cache (`Cached` in /proc/meminfo): what a save's copying fills unless
+    /// copied input is dropped.
+    pub cached: u64,
 }
 
 /// Something that can be asked for memory readings.
@@ -50,6 +53,7 @@ impl MemorySource for SystemMemory {
             used: self.system.used_memory(),
             available: self.system.available_memory(),
             rss: rss_bytes().unwrap_or(0),
+            cached: page_cache().unwrap_or(0),
         }
     }
 }

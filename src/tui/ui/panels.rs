@@ -102,6 +102,10 @@ pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 format!("   free {}", human_bytes(latest.available)),
                 theme.dim(),
             ),
+            Span::styled(
+                format!("   cache {}", human_bytes(latest.cached)),
+                theme.dim(),
+            ),
         ])),
         rows[1],
     );
