@@ -46,6 +46,26 @@ fn big_model(dir: &Path, files: usize, per_file: usize, mib: usize) {
     }
 }
 
+/// `devmap save` of a big model in 4 MB shards, one at a time: slow enough to be
+/// interrupted.
+fn spawn_slow_save(dir: &Path, out: &Path, stderr: Stdio) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_devmap"))
+        .args([
+            "save",
+            dir.to_str().expect("p"),
+            "--out",
+            out.to_str().expect("p"),
+            "--max-shard-size",
+            "4MB",
+            "-j",
+            "1",
+            "-q",
+        ])
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn")
+}
+
 /// Waits until a running save has a shard half written.
 fn wait_for_partial_file(child: &mut std::process::Child, out: &Path) {
     let start = Instant::now();
@@ -106,21 +126,7 @@ fn killed_mid_save_leaves_only_marked_partial_files_and_the_next_run_says_so() {
     let dir = tmp.path().join("big");
     big_model(&dir, 4, 8, 4); // 128 MiB
     let out = tmp.path().join("out");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_devmap"))
-        .args([
-            "save",
-            dir.to_str().expect("p"),
-            "--out",
-            out.to_str().expect("p"),
-            "--max-shard-size",
-            "4MB",
-            "-j",
-            "1",
-            "-q",
-        ])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
+    let mut child = spawn_slow_save(&dir, &out, Stdio::null());
     wait_for_partial_file(&mut child, &out);
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
@@ -312,21 +318,7 @@ fn sigterm_cancels_a_cli_save_cleanly() {
     let dir = tmp.path().join("big");
     big_model(&dir, 4, 8, 4);
     let out = tmp.path().join("out");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_devmap"))
-        .args([
-            "save",
-            dir.to_str().expect("p"),
-            "--out",
-            out.to_str().expect("p"),
-            "--max-shard-size",
-            "4MB",
-            "-j",
-            "1",
-            "-q",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+    let mut child = spawn_slow_save(&dir, &out, Stdio::piped());
     wait_for_partial_file(&mut child, &out);
     let pid = child.id().to_string();
     Command::new("kill")

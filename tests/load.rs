@@ -86,6 +86,27 @@ fn json_schema_order_placements_and_sources() {
     );
 }
 
+/// Loads the mixed model with its device map changed by `edit` (written beside it,
+/// so the model directory stays as generated).
+fn with_edited_map(
+    m: &common::Model,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> devmap::model::Checkpoint {
+    let map_path = m.tmp.path().join("map.json");
+    let text = std::fs::read_to_string(m.dir.join("device_map.json")).expect("read map");
+    let mut map: serde_json::Value = serde_json::from_str(&text).expect("map is JSON");
+    edit(&mut map);
+    write_json(&map_path, &map).expect("write map");
+    load(
+        &m.dir,
+        &LoadOptions {
+            device_map: Some(map_path),
+            ..Default::default()
+        },
+    )
+    .expect("load")
+}
+
 fn tiny_dir(names: &[&str]) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().expect("tmp");
     let tensors: Vec<FixtureTensor> = names
@@ -173,20 +194,9 @@ fn config_without_tie_key_ties_and_false_does_not() {
 #[test]
 fn tied_head_on_another_device_is_a_warning() {
     let m = mixed_model();
-    let map_path = m.tmp.path().join("map.json");
-    let mut map: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(m.dir.join("device_map.json")).expect("r"))
-            .expect("j");
-    map["lm_head"] = "cpu".into();
-    write_json(&map_path, &map).expect("w");
-    let ckpt = load(
-        &m.dir,
-        &LoadOptions {
-            device_map: Some(map_path),
-            ..Default::default()
-        },
-    )
-    .expect("load");
+    let ckpt = with_edited_map(&m, |map| {
+        map["lm_head"] = "cpu".into();
+    });
     let w = ckpt.all_warnings().join("\n");
     assert!(w.contains("tied weights are on different devices"), "{w}");
     assert!(
@@ -198,21 +208,10 @@ fn tied_head_on_another_device_is_a_warning() {
 #[test]
 fn offload_entries_off_disk_and_disk_without_offload_are_reported() {
     let m = mixed_model();
-    let map_path = m.tmp.path().join("map.json");
-    let mut map: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(m.dir.join("device_map.json")).expect("r"))
-            .expect("j");
-    map["model.layers.8"] = 1.into();
-    map["model.layers.3"] = "disk".into();
-    write_json(&map_path, &map).expect("w");
-    let ckpt = load(
-        &m.dir,
-        &LoadOptions {
-            device_map: Some(map_path),
-            ..Default::default()
-        },
-    )
-    .expect("load");
+    let ckpt = with_edited_map(&m, |map| {
+        map["model.layers.8"] = 1.into();
+        map["model.layers.3"] = "disk".into();
+    });
     let w = ckpt.all_warnings().join("\n");
     assert!(
         w.contains("does not put on disk") && w.contains("model.layers.8.proj.weight (gpu:1)"),
