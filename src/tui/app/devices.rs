@@ -1,0 +1,220 @@
+//! Ties, device edits (`d`) and re-planning (`p`).
+
+use super::*;
+
+impl App {
+    pub(super) fn jump_tie(&mut self) {
+        let Some(node) = self.selected() else { return };
+        let Some(tensor) = self.tree.nodes[node].tensor else {
+            self.say("t jumps between tied tensors: select a tensor", Tone::Info);
+            return;
+        };
+        let Some(group) = self.ckpt.tie_group(tensor) else {
+            self.say(
+                format!("`{}` is not tied", self.ckpt.tensors[tensor].name),
+                Tone::Info,
+            );
+            return;
+        };
+        let pos = group.members.iter().position(|&m| m == tensor).unwrap_or(0);
+        let partner = group.members[(pos + 1) % group.members.len()];
+        let target = self.tree.tensor_node[partner];
+        self.rows.reveal(&self.tree, target);
+    }
+
+    /// The devices `d` cycles through: the GPUs the map uses (GPU 0 when it names
+    /// none), then cpu and disk.
+    pub fn device_cycle(&self) -> Vec<Placement> {
+        let mut cycle: Vec<Placement> = self
+            .ckpt
+            .device_map
+            .as_ref()
+            .map(|m| {
+                m.devices()
+                    .into_iter()
+                    .filter(|p| matches!(p, Placement::Gpu(_)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if cycle.is_empty() {
+            cycle.push(Placement::Gpu(0));
+        }
+        cycle.extend([Placement::Cpu, Placement::Disk]);
+        cycle
+    }
+
+    pub(super) fn cycle_device(&mut self) {
+        let Some(node) = self.selected() else { return };
+        let n = &self.tree.nodes[node];
+        let current = n.split.iter().max_by_key(|(_, b)| *b).map(|(p, _)| *p);
+        let cycle = self.device_cycle();
+        let next = match current.and_then(|c| cycle.iter().position(|&p| p == c)) {
+            Some(i) if n.split.len() == 1 => cycle[(i + 1) % cycle.len()],
+            Some(i) => cycle[i],
+            None => cycle[0],
+        };
+        let key = self.tree.full_name(node);
+        let mut map = self.ckpt.device_map.clone().unwrap_or_else(|| {
+            // No map means everything on cpu; make that explicit before editing.
+            DeviceMap::new(vec![(String::new(), Placement::Cpu)])
+        });
+        // The new entry moves the whole module: drop keys inside it.
+        let kept: Vec<(String, Placement)> = map
+            .entries()
+            .iter()
+            .filter(|(k, _)| k == &key || !covers(&key, k) || key.is_empty())
+            .cloned()
+            .collect();
+        map = DeviceMap::new(kept);
+        map.set(key.clone(), next);
+        self.ckpt.apply_device_map(Some(map));
+        self.tree.recompute(&self.ckpt);
+        self.warnings = self.ckpt.all_warnings();
+        self.map_edited = true;
+        let shown = if key.is_empty() {
+            "the whole model".to_owned()
+        } else {
+            format!("`{key}`")
+        };
+        self.say(
+            format!("{shown} → {next}; w exports the edited map"),
+            Tone::Info,
+        );
+    }
+
+    // ----- planning -----
+
+    /// What each device can hold now: GPU free memory, available RAM (the defaults of
+    /// the plan dialog and the budgets of the Devices panel).
+    pub fn device_budget(&self, p: Placement) -> Option<u64> {
+        match p {
+            Placement::Gpu(i) => self
+                .gpus
+                .iter()
+                .find(|g| g.index == i)
+                .map(|g| g.free)
+                .or_else(|| {
+                    self.budgets
+                        .gpu_total
+                        .iter()
+                        .find(|(g, _)| *g == i)
+                        .map(|(_, b)| *b)
+                }),
+            Placement::Cpu => self.memory.back().map(|s| s.available),
+            Placement::Disk => self.budgets.disk_free,
+            _ => None,
+        }
+    }
+
+    pub(super) fn open_plan(&mut self) {
+        let mut parts: Vec<String> = Vec::new();
+        let mut gpus: Vec<u32> = self.gpus.iter().map(|g| g.index).collect();
+        gpus.extend(self.budgets.gpu_total.iter().map(|(i, _)| *i));
+        gpus.sort_unstable();
+        gpus.dedup();
+        for i in gpus {
+            if let Some(b) = self.device_budget(Placement::Gpu(i)) {
+                parts.push(format!("{i}={}", short_size(b)));
+            }
+        }
+        if let Some(b) = self.device_budget(Placement::Cpu) {
+            parts.push(format!("cpu={}", short_size(b)));
+        }
+        self.mode = Mode::Plan(PlanDialog {
+            budgets: parts.join(","),
+            error: None,
+        });
+    }
+
+    pub(super) fn plan_dialog(&mut self, action: Action) {
+        let Mode::Plan(dialog) = &mut self.mode else {
+            return;
+        };
+        match action {
+            Action::Input(c) => dialog.budgets.push(c),
+            Action::Backspace => {
+                dialog.budgets.pop();
+            }
+            Action::ClearField => dialog.budgets.clear(),
+            Action::Close => self.mode = Mode::Browse,
+            Action::Submit => {
+                let spec = dialog.budgets.clone();
+                match crate::plan::parse_max_memory(&spec) {
+                    Err(e) => dialog.error = Some(e),
+                    Ok(max_memory) => {
+                        let options = crate::plan::PlanOptions {
+                            max_memory,
+                            no_split: Vec::new(),
+                        };
+                        match crate::plan::plan(&self.ckpt, &options) {
+                            Err(e) => dialog.error = Some(e.to_string()),
+                            Ok(planned) => self.apply_plan(planned, &spec),
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Replaces the map with a plan and lists what moved.
+    pub(super) fn apply_plan(&mut self, planned: crate::plan::Planned, spec: &str) {
+        let before: Vec<Placement> = self.ckpt.tensors.iter().map(|t| t.placement).collect();
+        let totals_before = self.ckpt.device_totals();
+        self.ckpt.apply_device_map(Some(planned.map));
+        self.tree.recompute(&self.ckpt);
+        self.warnings = self.ckpt.all_warnings();
+        self.map_edited = true;
+        let moved = self
+            .ckpt
+            .tensors
+            .iter()
+            .zip(&before)
+            .filter(|(t, b)| t.placement != **b)
+            .count();
+        let mut lines = vec![format!(
+            "accelerate's plan for {spec}: {moved} of {} tensors move",
+            self.ckpt.tensors.len()
+        )];
+        let totals_after = self.ckpt.device_totals();
+        let mut devices: Vec<Placement> = totals_before
+            .iter()
+            .chain(&totals_after)
+            .map(|(p, _)| *p)
+            .collect();
+        devices.sort();
+        devices.dedup();
+        for d in devices {
+            let get =
+                |v: &[(Placement, u64)]| v.iter().find(|(p, _)| *p == d).map_or(0, |(_, b)| *b);
+            lines.push(format!(
+                "  {d:<9} {:>11} → {:>11}",
+                crate::human_bytes(get(&totals_before)),
+                crate::human_bytes(get(&totals_after))
+            ));
+        }
+        lines.push("new map:".into());
+        if let Some(map) = &self.ckpt.device_map {
+            for (k, p) in map.entries() {
+                let k = if k.is_empty() {
+                    "\"\" (everything)"
+                } else {
+                    k.as_str()
+                };
+                lines.push(format!("  {k} → {p}"));
+            }
+        }
+        lines.extend(planned.explain.iter().take(12).map(|e| format!("· {e}")));
+        lines.push("w exports this map; Esc closes".into());
+        self.mode = Mode::PlanResult(lines);
+    }
+}
+
+/// A budget as `--max-memory` takes it, rounded down to whole MiB or GiB.
+fn short_size(bytes: u64) -> String {
+    if bytes >= 10 << 30 {
+        format!("{}GiB", bytes >> 30)
+    } else {
+        format!("{}MiB", (bytes >> 20).max(1))
+    }
+}

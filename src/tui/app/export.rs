@@ -1,0 +1,110 @@
+//! Exporting the edited device map (`w`), never over the input map.
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+impl App {
+    pub(super) fn open_export(&mut self) {
+        // Beside the model directory, not in it: devmap adds nothing to its inputs
+        // (and a later save would copy a stray map into the output).
+        let dir = self.ckpt.dir.display().to_string();
+        let path = PathBuf::from(format!("{}-device_map.json", dir.trim_end_matches('/')));
+        self.mode = Mode::Export(ExportDialog {
+            path: path.display().to_string(),
+            error: None,
+        });
+    }
+
+    pub(super) fn export_dialog(&mut self, action: Action) -> Vec<Effect> {
+        let Mode::Export(dialog) = &mut self.mode else {
+            return Vec::new();
+        };
+        match action {
+            Action::Input(c) => dialog.path.push(c),
+            Action::Backspace => {
+                dialog.path.pop();
+            }
+            Action::ClearField => dialog.path.clear(),
+            Action::Close => self.mode = Mode::Browse,
+            Action::Submit => {
+                let path = PathBuf::from(dialog.path.trim());
+                let problem = if path.as_os_str().is_empty() {
+                    Some("type a file path")
+                } else if path.is_dir() {
+                    Some("that is a folder; type a file path")
+                } else {
+                    None
+                };
+                if let Some(p) = problem {
+                    dialog.error = Some(p.into());
+                    return Vec::new();
+                }
+                if self.is_input_map(&path) {
+                    if let Mode::Export(dialog) = &mut self.mode {
+                        dialog.error = Some(
+                            "that is the input device map; devmap never writes its inputs: choose another path".into(),
+                        );
+                    }
+                } else if path.exists() {
+                    self.mode = Mode::Confirm(Confirm::OverwriteExport(path));
+                } else {
+                    self.mode = Mode::Browse;
+                    return vec![self.export_effect(path)];
+                }
+            }
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    pub(super) fn is_input_map(&self, path: &Path) -> bool {
+        let Some(input) = &self.ckpt.device_map_path else {
+            return false;
+        };
+        let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        canon(path) == canon(input)
+    }
+
+    pub(super) fn export_effect(&self, path: PathBuf) -> Effect {
+        let contents = self
+            .ckpt
+            .device_map
+            .as_ref()
+            .map(encode_device_map)
+            .unwrap_or_else(|| "{\n  \"\": \"cpu\"\n}\n".to_owned());
+        Effect::WriteFile { path, contents }
+    }
+
+    pub(super) fn confirm(&mut self, action: Action) -> Vec<Effect> {
+        let Mode::Confirm(question) = self.mode.clone() else {
+            return Vec::new();
+        };
+        let yes = match action {
+            Action::Yes => true,
+            Action::No | Action::Close => false,
+            _ => return Vec::new(),
+        };
+        self.mode = Mode::Browse;
+        if !yes {
+            return Vec::new();
+        }
+        match question {
+            Confirm::QuitDuringSave => {
+                self.quitting = true;
+                if let Some(s) = &mut self.save {
+                    s.cancel_requested = true;
+                }
+                vec![Effect::CancelSave, Effect::Quit]
+            }
+            Confirm::CancelSave => {
+                if let Some(s) = &mut self.save {
+                    s.cancel_requested = true;
+                }
+                self.say("cancelling the save…", Tone::Info);
+                vec![Effect::CancelSave]
+            }
+            Confirm::OverwriteExport(path) => vec![self.export_effect(path)],
+        }
+    }
+}

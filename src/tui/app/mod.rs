@@ -1,0 +1,441 @@
+//! The App: all TUI state, changed only by [`App::handle`]. It never touches the
+//! terminal; work it cannot do itself (start a save, write a file, quit) comes back as
+//! [`Effect`]s for the runtime, and results come in again as [`Action`]s.
+
+mod devices;
+mod export;
+mod save;
+mod search;
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::formats::device_map::encode_device_map;
+use crate::formats::size::parse_size;
+use crate::model::checkpoint::Checkpoint;
+use crate::model::names::covers;
+use crate::model::placement::{DeviceMap, Placement};
+use crate::model::tree::{ModuleTree, NodeId};
+use crate::monitor::MemorySample;
+use crate::monitor::gpu::GpuInfo;
+use crate::save::{SaveEvent, SaveOptions, SavePlan, SaveReport};
+
+use super::rows::TreeRows;
+
+/// Shard sizes `←/→` step through in the save dialog.
+pub const SHARD_PRESETS: [&str; 7] = ["100MB", "500MB", "1GB", "2GB", "5GB", "10GB", "20GB"];
+/// Memory samples kept for the sparkline: one minute at four a second.
+pub const MEMORY_HISTORY: usize = 240;
+/// What a save itself needs in memory: the copy buffer (see `save::copy`).
+pub const SAVE_MEMORY: u64 = 8 << 20;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Up,
+    Down,
+    PageUp,
+    PageDown,
+    Top,
+    Bottom,
+    Expand,
+    Collapse,
+    ScrollUp,
+    ScrollDown,
+    StartSearch,
+    NextMatch,
+    PrevMatch,
+    JumpTie,
+    CycleDevice,
+    StartExport,
+    OpenSave,
+    Help,
+    Quit,
+    /// Esc: close what is open, or ask to cancel a running save.
+    Close,
+    Submit,
+    NextField,
+    PrevPreset,
+    NextPreset,
+    Input(char),
+    Backspace,
+    ClearField,
+    ToggleOverwrite,
+    Yes,
+    No,
+    Resize {
+        width: u16,
+        height: u16,
+    },
+    /// Time since the app started (the runtime's clock; tests pass fixed values).
+    Tick(Duration),
+    Memory(MemorySample),
+    /// GPUs as NVML (or a test double) reports them, and why there are none.
+    Gpus(Vec<GpuInfo>, Option<String>),
+    StartPlan,
+    Save(SaveEvent),
+    /// The runtime could not start the save thread.
+    SaveNotStarted(String),
+    /// Result of an `Effect::WriteFile`.
+    Written {
+        path: PathBuf,
+        error: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub enum Effect {
+    StartSave {
+        ckpt: Arc<Checkpoint>,
+        plan: SavePlan,
+        options: SaveOptions,
+    },
+    CancelSave,
+    WriteFile {
+        path: PathBuf,
+        contents: String,
+    },
+    Quit,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mode {
+    Browse,
+    Search(String),
+    SaveDialog(Box<SaveDialog>),
+    Export(ExportDialog),
+    Help,
+    Confirm(Confirm),
+    Plan(PlanDialog),
+    /// What the last plan changed, until closed.
+    PlanResult(Vec<String>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanDialog {
+    /// `--max-memory` syntax: `0=22GiB,cpu=64GiB`.
+    pub budgets: String,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Confirm {
+    QuitDuringSave,
+    CancelSave,
+    OverwriteExport(PathBuf),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    ShardSize,
+    Output,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SaveDialog {
+    pub size: String,
+    pub out: String,
+    pub field: Field,
+    pub overwrite: bool,
+    pub preview: Preview,
+}
+
+/// What the save would do with the dialog's values, recomputed on every edit.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Preview {
+    pub shard_sizes: Vec<u64>,
+    pub largest: Option<(String, u64)>,
+    pub bytes: u64,
+    pub tensors: usize,
+    pub ties_once: Vec<(String, String)>,
+    pub memory: u64,
+    pub warnings: Vec<String>,
+    /// Reasons the save cannot start; empty when it can.
+    pub errors: Vec<String>,
+    /// The output folder is not empty, so Ctrl-O would help.
+    pub offer_overwrite: bool,
+    pub plan: Option<SavePlan>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportDialog {
+    pub path: String,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardProgress {
+    pub file_name: String,
+    pub bytes: u64,
+    pub written: u64,
+    pub done: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Done(SaveReport),
+    Failed(String),
+    Cancelled,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SaveProgress {
+    pub out: PathBuf,
+    pub started: Duration,
+    pub shards: Vec<ShardProgress>,
+    pub current: Option<usize>,
+    pub total: u64,
+    pub written: u64,
+    pub outcome: Option<Outcome>,
+    pub cancel_requested: bool,
+}
+
+impl SaveProgress {
+    pub fn running(&self) -> bool {
+        self.outcome.is_none()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tone {
+    Info,
+    Good,
+    Bad,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub text: String,
+    pub tone: Tone,
+}
+
+pub struct App {
+    pub ckpt: Checkpoint,
+    pub tree: ModuleTree,
+    pub rows: TreeRows,
+    pub mode: Mode,
+    pub warnings: Vec<String>,
+    pub memory: VecDeque<MemorySample>,
+    pub save: Option<SaveProgress>,
+    pub message: Option<Message>,
+    pub last_search: String,
+    pub matches: Vec<NodeId>,
+    pub clock: Duration,
+    pub size: (u16, u16),
+    pub map_edited: bool,
+    pub quitting: bool,
+    pub color: bool,
+    pub budgets: Budgets,
+    pub gpus: Vec<GpuInfo>,
+    pub gpu_note: Option<String>,
+}
+
+/// What each device can hold, where known. Filled by the runtime (free disk is a
+/// system call, GPU memory comes from the driver); fixed in tests.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Budgets {
+    /// Free bytes on the file system of the offload folder (or the model).
+    pub disk_free: Option<u64>,
+    /// Total memory per GPU index.
+    pub gpu_total: Vec<(u32, u64)>,
+}
+
+impl App {
+    pub fn new(ckpt: Checkpoint) -> App {
+        let tree = ModuleTree::build(&ckpt);
+        let mut rows = TreeRows::new(&tree);
+        // A model with one top-level module (`model`) opens it, like the text report.
+        let top = &tree.nodes[ModuleTree::ROOT].children;
+        for &child in top {
+            if top.len() == 1 || tree.nodes[child].children.len() > 1 {
+                rows.set_expanded(child, true);
+            }
+        }
+        let warnings = ckpt.all_warnings();
+        App {
+            ckpt,
+            tree,
+            rows,
+            mode: Mode::Browse,
+            warnings,
+            memory: VecDeque::with_capacity(MEMORY_HISTORY),
+            save: None,
+            message: None,
+            last_search: String::new(),
+            matches: Vec::new(),
+            clock: Duration::ZERO,
+            size: (120, 40),
+            map_edited: false,
+            quitting: false,
+            color: true,
+            budgets: Budgets::default(),
+            gpus: Vec::new(),
+            gpu_note: None,
+        }
+    }
+
+    pub fn selected(&self) -> Option<NodeId> {
+        self.rows.selected_node()
+    }
+
+    pub fn save_running(&self) -> bool {
+        self.save.as_ref().is_some_and(SaveProgress::running)
+    }
+
+    fn tree_height(&self) -> usize {
+        super::ui::layout_for(self.size.0, self.size.1).tree_rows
+    }
+
+    fn say(&mut self, text: impl Into<String>, tone: Tone) {
+        self.message = Some(Message {
+            text: text.into(),
+            tone,
+        });
+    }
+
+    pub fn handle(&mut self, action: Action) -> Vec<Effect> {
+        let effects = match action {
+            Action::Tick(now) => {
+                self.clock = now;
+                Vec::new()
+            }
+            Action::Resize { width, height } => {
+                self.size = (width, height);
+                Vec::new()
+            }
+            Action::Memory(sample) => {
+                if self.memory.len() == MEMORY_HISTORY {
+                    self.memory.pop_front();
+                }
+                self.memory.push_back(sample);
+                Vec::new()
+            }
+            Action::Gpus(gpus, note) => {
+                self.gpus = gpus;
+                self.gpu_note = note;
+                Vec::new()
+            }
+            Action::Save(event) => {
+                self.on_save_event(event);
+                Vec::new()
+            }
+            Action::SaveNotStarted(why) => {
+                self.save = None;
+                self.say(format!("could not start the save: {why}"), Tone::Bad);
+                Vec::new()
+            }
+            Action::Written { path, error } => {
+                match error {
+                    None => {
+                        self.map_edited = false;
+                        self.say(
+                            format!("device map written to {}", path.display()),
+                            Tone::Good,
+                        );
+                    }
+                    Some(e) => self.say(
+                        format!("could not write {}: {e}", path.display()),
+                        Tone::Bad,
+                    ),
+                }
+                Vec::new()
+            }
+            other => self.handle_in_mode(other),
+        };
+        let height = self.tree_height();
+        self.rows.scroll_into_view(height);
+        effects
+    }
+
+    fn handle_in_mode(&mut self, action: Action) -> Vec<Effect> {
+        match &self.mode {
+            Mode::Browse => self.browse(action),
+            Mode::Search(_) => {
+                self.search_input(action);
+                Vec::new()
+            }
+            Mode::SaveDialog(_) => self.save_dialog(action),
+            Mode::Export(_) => self.export_dialog(action),
+            Mode::Help => {
+                if matches!(action, Action::Close | Action::Help | Action::Quit) {
+                    self.mode = Mode::Browse;
+                }
+                Vec::new()
+            }
+            Mode::Confirm(_) => self.confirm(action),
+            Mode::Plan(_) => {
+                self.plan_dialog(action);
+                Vec::new()
+            }
+            Mode::PlanResult(_) => {
+                if matches!(action, Action::Close | Action::Submit | Action::Quit) {
+                    self.mode = Mode::Browse;
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    fn browse(&mut self, action: Action) -> Vec<Effect> {
+        let page = self.tree_height().max(1) as isize;
+        match action {
+            Action::Up => self.rows.move_by(-1),
+            Action::Down => self.rows.move_by(1),
+            Action::ScrollUp => self.rows.move_by(-3),
+            Action::ScrollDown => self.rows.move_by(3),
+            Action::PageUp => self.rows.move_by(-page),
+            Action::PageDown => self.rows.move_by(page),
+            Action::Top => self.rows.selected = 0,
+            Action::Bottom => self.rows.select_last(),
+            Action::Expand => {
+                if let Some(id) = self.selected()
+                    && self.rows.has_children(id)
+                {
+                    if self.rows.is_expanded(id) {
+                        self.rows.move_by(1);
+                    } else {
+                        self.rows.set_expanded(id, true);
+                    }
+                }
+            }
+            Action::Collapse => {
+                if let Some(id) = self.selected() {
+                    if self.rows.is_expanded(id) && self.rows.has_children(id) {
+                        self.rows.set_expanded(id, false);
+                    } else if let Some(parent) = self.tree.nodes[id].parent
+                        && parent != ModuleTree::ROOT
+                    {
+                        self.rows.select_node(parent);
+                    }
+                }
+            }
+            Action::StartSearch => self.mode = Mode::Search(String::new()),
+            Action::NextMatch => self.step_match(1),
+            Action::PrevMatch => self.step_match(-1),
+            Action::JumpTie => self.jump_tie(),
+            Action::CycleDevice => self.cycle_device(),
+            Action::StartExport => self.open_export(),
+            Action::StartPlan => self.open_plan(),
+            Action::OpenSave => self.open_save(),
+            Action::Help => self.mode = Mode::Help,
+            Action::Quit => {
+                if self.save_running() {
+                    self.mode = Mode::Confirm(Confirm::QuitDuringSave);
+                } else {
+                    self.quitting = true;
+                    return vec![Effect::Quit];
+                }
+            }
+            Action::Close => {
+                if self.save_running() {
+                    self.mode = Mode::Confirm(Confirm::CancelSave);
+                } else {
+                    self.message = None;
+                }
+            }
+            _ => {}
+        }
+        Vec::new()
+    }
+}

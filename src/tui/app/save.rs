@@ -1,0 +1,265 @@
+//! The save dialog, its live preview, and progress of the running save.
+
+use std::sync::Arc;
+
+use super::*;
+
+impl App {
+    pub(super) fn open_save(&mut self) {
+        if self.save_running() {
+            self.say("a save is already running", Tone::Info);
+            return;
+        }
+        let dir = self.ckpt.dir.display().to_string();
+        let out = format!("{}-saved", dir.trim_end_matches('/'));
+        let mut dialog = SaveDialog {
+            size: "5GB".into(),
+            out,
+            field: Field::ShardSize,
+            overwrite: false,
+            preview: Preview::default(),
+        };
+        dialog.preview = self.preview(&dialog);
+        self.mode = Mode::SaveDialog(Box::new(dialog));
+    }
+
+    pub(super) fn save_dialog(&mut self, action: Action) -> Vec<Effect> {
+        let Mode::SaveDialog(dialog) = &mut self.mode else {
+            return Vec::new();
+        };
+        let field = match dialog.field {
+            Field::ShardSize => &mut dialog.size,
+            Field::Output => &mut dialog.out,
+        };
+        match action {
+            Action::Close => {
+                self.mode = Mode::Browse;
+                return Vec::new();
+            }
+            Action::NextField => {
+                dialog.field = match dialog.field {
+                    Field::ShardSize => Field::Output,
+                    Field::Output => Field::ShardSize,
+                };
+                return Vec::new();
+            }
+            Action::Input(c) => field.push(c),
+            Action::Backspace => {
+                field.pop();
+            }
+            Action::ClearField => field.clear(),
+            Action::ToggleOverwrite => dialog.overwrite = !dialog.overwrite,
+            Action::PrevPreset | Action::NextPreset if dialog.field == Field::ShardSize => {
+                dialog.size = step_preset(&dialog.size, action == Action::NextPreset);
+            }
+            Action::Submit => return self.start_save(),
+            _ => return Vec::new(),
+        }
+        let snapshot = (**dialog).clone();
+        let preview = self.preview(&snapshot);
+        if let Mode::SaveDialog(dialog) = &mut self.mode {
+            dialog.preview = preview;
+        }
+        Vec::new()
+    }
+
+    pub(super) fn options_for(&self, dialog: &SaveDialog) -> Result<SaveOptions, String> {
+        let max = parse_size(&dialog.size)?;
+        if dialog.out.trim().is_empty() {
+            return Err("type an output folder".into());
+        }
+        Ok(SaveOptions {
+            max_shard_size: max,
+            force: dialog.overwrite,
+            ..SaveOptions::new(dialog.out.trim())
+        })
+    }
+
+    /// Plans the save for the dialog's values: what it would write, and every reason
+    /// it would be refused (the same checks `devmap save` makes).
+    pub fn preview(&self, dialog: &SaveDialog) -> Preview {
+        let mut preview = Preview {
+            memory: SAVE_MEMORY,
+            ..Preview::default()
+        };
+        let options = match self.options_for(dialog) {
+            Ok(o) => o,
+            Err(e) => {
+                preview.errors.push(e);
+                return preview;
+            }
+        };
+        let plan = match crate::save::plan(&self.ckpt, &options) {
+            Ok(p) => p,
+            Err(e) => {
+                preview.errors = e.problems;
+                return preview;
+            }
+        };
+        preview.errors = crate::save::preflight::check(&self.ckpt, &plan, &options);
+        preview.offer_overwrite = !dialog.overwrite
+            && std::fs::read_dir(&options.out).is_ok_and(|mut r| r.next().is_some());
+        preview.shard_sizes = plan.shards.iter().map(|s| s.file_bytes()).collect();
+        preview.largest = plan.largest_tensor.clone();
+        preview.bytes = plan.file_bytes();
+        preview.tensors = plan.tensor_count();
+        preview.ties_once = plan.dropped_ties.clone();
+        if let Some(sample) = self.memory.back()
+            && sample.available < SAVE_MEMORY * 4
+        {
+            preview.warnings.push(format!(
+                "only {} of RAM is free; the save needs about {}",
+                crate::human_bytes(sample.available),
+                crate::human_bytes(SAVE_MEMORY)
+            ));
+        }
+        if let Some(&largest) = preview.shard_sizes.iter().max()
+            && let Some(sample) = self.memory.back()
+            && sample.available < largest
+        {
+            preview.warnings.push(format!(
+                "a shard-at-a-time save (transformers) would need {} of RAM, more than the {} free; devmap streams and does not",
+                crate::human_bytes(largest),
+                crate::human_bytes(sample.available)
+            ));
+        }
+        preview.plan = Some(plan);
+        preview
+    }
+
+    pub(super) fn start_save(&mut self) -> Vec<Effect> {
+        let Mode::SaveDialog(dialog) = &self.mode else {
+            return Vec::new();
+        };
+        let dialog = (**dialog).clone();
+        // Re-check now: the folder may have changed since the last keystroke.
+        let preview = self.preview(&dialog);
+        let (Ok(options), Some(plan)) = (self.options_for(&dialog), preview.plan.clone()) else {
+            self.set_preview(preview);
+            return Vec::new();
+        };
+        if !preview.errors.is_empty() {
+            self.set_preview(preview);
+            return Vec::new();
+        }
+        self.mode = Mode::Browse;
+        self.save = Some(SaveProgress {
+            out: options.out.clone(),
+            started: self.clock,
+            shards: plan
+                .shards
+                .iter()
+                .map(|s| ShardProgress {
+                    file_name: s.file_name.clone(),
+                    bytes: s.data_bytes,
+                    written: 0,
+                    done: false,
+                })
+                .collect(),
+            current: None,
+            total: plan.total_size,
+            written: 0,
+            outcome: None,
+            cancel_requested: false,
+        });
+        self.say(
+            format!("saving to {}… (Esc cancels)", options.out.display()),
+            Tone::Info,
+        );
+        vec![Effect::StartSave {
+            ckpt: Arc::new(self.ckpt.clone()),
+            plan,
+            options,
+        }]
+    }
+
+    pub(super) fn set_preview(&mut self, preview: Preview) {
+        if let Mode::SaveDialog(d) = &mut self.mode {
+            d.preview = preview;
+        }
+    }
+
+    pub(super) fn on_save_event(&mut self, event: SaveEvent) {
+        let Some(save) = &mut self.save else { return };
+        match event {
+            SaveEvent::ShardStarted { index, .. } => save.current = Some(index),
+            SaveEvent::Progress {
+                index,
+                shard_written,
+                total_written,
+            } => {
+                if let Some(s) = save.shards.get_mut(index) {
+                    s.written = shard_written;
+                }
+                save.written = total_written;
+            }
+            SaveEvent::ShardFinished { index } => {
+                if let Some(s) = save.shards.get_mut(index) {
+                    s.written = s.bytes;
+                    s.done = true;
+                }
+            }
+            SaveEvent::Finished(report) => {
+                save.written = save.total;
+                let text = format!(
+                    "saved {} tensors in {} shard(s) to {}",
+                    report.tensors,
+                    report.shard_files.len(),
+                    report.out.display()
+                );
+                save.outcome = Some(Outcome::Done(report));
+                self.say(text, Tone::Good);
+            }
+            SaveEvent::Failed(why) => {
+                save.outcome = Some(Outcome::Failed(why.clone()));
+                self.say(
+                    format!("save failed, nothing left behind: {why}"),
+                    Tone::Bad,
+                );
+            }
+            SaveEvent::Cancelled => {
+                save.outcome = Some(Outcome::Cancelled);
+                self.say(
+                    "save cancelled; no shard was left in the output folder",
+                    Tone::Info,
+                );
+            }
+        }
+    }
+
+    /// Bytes per second and seconds left of the running save.
+    pub fn save_rate(&self) -> Option<(f64, f64)> {
+        let save = self.save.as_ref()?;
+        let secs = self.clock.saturating_sub(save.started).as_secs_f64();
+        if secs <= 0.0 {
+            return None;
+        }
+        let rate = save.written as f64 / secs;
+        let eta = if rate > 0.0 {
+            save.total.saturating_sub(save.written) as f64 / rate
+        } else {
+            f64::INFINITY
+        };
+        Some((rate, eta))
+    }
+}
+
+/// The preset after (or before) `current`; from a typed value, the nearest one.
+fn step_preset(current: &str, forward: bool) -> String {
+    let sizes: Vec<u64> = SHARD_PRESETS
+        .iter()
+        .filter_map(|p| parse_size(p).ok())
+        .collect();
+    let value = parse_size(current).ok();
+    let index = match value {
+        Some(v) => {
+            if forward {
+                sizes.iter().position(|&s| s > v).unwrap_or(sizes.len() - 1)
+            } else {
+                sizes.iter().rposition(|&s| s < v).unwrap_or(0)
+            }
+        }
+        None => 4,
+    };
+    SHARD_PRESETS[index].to_owned()
+}

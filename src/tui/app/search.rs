@@ -1,0 +1,115 @@
+//! Search by name: matches as you type, n / N to step through them.
+
+use super::*;
+
+impl App {
+    pub(super) fn search_input(&mut self, action: Action) {
+        let Mode::Search(query) = &mut self.mode else {
+            return;
+        };
+        match action {
+            Action::Input(c) => query.push(c),
+            Action::Backspace => {
+                query.pop();
+            }
+            Action::ClearField => query.clear(),
+            Action::Submit => {
+                let q = std::mem::take(query);
+                self.mode = Mode::Browse;
+                if !q.is_empty() {
+                    self.last_search = q;
+                }
+                let n = self.matches.len();
+                if n > 0 {
+                    self.say(
+                        format!("{n} match(es) for `{}`: n / N to step", self.last_search),
+                        Tone::Info,
+                    );
+                } else if !self.last_search.is_empty() {
+                    self.say(
+                        format!("no name contains `{}`", self.last_search),
+                        Tone::Bad,
+                    );
+                }
+                return;
+            }
+            Action::Close => {
+                self.mode = Mode::Browse;
+                return;
+            }
+            _ => return,
+        }
+        let q = query.clone();
+        self.find_matches(&q);
+        if let Some(&first) = self
+            .matches
+            .iter()
+            .find(|&&m| Some(m) >= self.selected())
+            .or(self.matches.first())
+        {
+            self.rows.reveal(&self.tree, first);
+        }
+    }
+
+    /// Nodes whose dotted name contains `query` (case-insensitive), in tree order. A
+    /// match inside a name selects the module that ends with the matched part
+    /// (`layers.5.mlp` selects `model.layers.5.mlp`).
+    pub(super) fn find_matches(&mut self, query: &str) {
+        self.matches.clear();
+        if query.is_empty() {
+            return;
+        }
+        let needle = query.as_bytes();
+        for (id, t) in self.ckpt.tensors.iter().enumerate() {
+            let name = t.name.as_str();
+            // ASCII case-insensitive, without allocating per name: 100k names are
+            // searched on every keystroke.
+            let Some(at) = name
+                .as_bytes()
+                .windows(needle.len())
+                .position(|w| w.eq_ignore_ascii_case(needle))
+            else {
+                continue;
+            };
+            let end = at + needle.len();
+            // Components after the one the match ends in.
+            let below = name[end..].matches('.').count();
+            let mut node = self.tree.tensor_node[id];
+            for _ in 0..below {
+                node = self.tree.nodes[node].parent.unwrap_or(node);
+            }
+            self.matches.push(node);
+        }
+        self.matches.sort_unstable();
+        self.matches.dedup();
+    }
+
+    pub(super) fn step_match(&mut self, dir: isize) {
+        if self.matches.is_empty() {
+            if !self.last_search.is_empty() {
+                let q = self.last_search.clone();
+                self.find_matches(&q);
+            }
+            if self.matches.is_empty() {
+                self.say("no search yet: press / to search", Tone::Info);
+                return;
+            }
+        }
+        let current = self.selected().unwrap_or(0);
+        let next = if dir > 0 {
+            self.matches
+                .iter()
+                .find(|&&m| m > current)
+                .or(self.matches.first())
+        } else {
+            self.matches
+                .iter()
+                .rev()
+                .find(|&&m| m < current)
+                .or(self.matches.last())
+        };
+        if let Some(&n) = next {
+            self.rows.reveal(&self.tree, n);
+        }
+    }
+}
