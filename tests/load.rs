@@ -329,3 +329,17 @@ fn map_keys_that_match_nothing_and_tensors_without_data_are_named() {
         "{w}"
     );
 }
+
+#[test]
+fn devmap_without_arguments_reports_on_the_demo_when_not_in_a_terminal() {
+    // The README's first command: outside a terminal (as here, stdout is a pipe) it
+    // prints the same picture as text instead of opening the inspector.
+    let o = devmap(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("assets/demo") && text.contains("57 tensors") && text.contains("DEVICES"), "{text}");
+    let help = stdout(&devmap(&["--help"]));
+    for sub in ["inspect", "save", "plan"] {
+        assert!(help.contains(sub), "--help lists {sub}: {help}");
+    }
+}
