@@ -337,7 +337,10 @@ fn devmap_without_arguments_reports_on_the_demo_when_not_in_a_terminal() {
     let o = devmap(&[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
-    assert!(text.contains("assets/demo") && text.contains("57 tensors") && text.contains("DEVICES"), "{text}");
+    assert!(
+        text.contains("assets/demo") && text.contains("57 tensors") && text.contains("DEVICES"),
+        "{text}"
+    );
     let help = stdout(&devmap(&["--help"]));
     for sub in ["inspect", "save", "plan"] {
         assert!(help.contains(sub), "--help lists {sub}: {help}");
