@@ -85,10 +85,14 @@ fn saves_current_values_at_several_shard_sizes() {
                 );
             }
         }
-        // The other files come along; the input's map and offload folder do not.
+        // The other files come along; the input's map, offload folder and weights of
+        // other frameworks do not.
         assert!(out.join("config.json").exists());
         assert!(out.join("tokenizer.json").exists());
         assert!(!out.join("device_map.json").exists());
+        assert!(
+            !out.join("pytorch_model.bin").exists() && !out.join("flax_model.msgpack").exists()
+        );
         assert!(!out.join("offload").exists());
         let leftovers: Vec<_> = std::fs::read_dir(&out)
             .expect("out")
@@ -166,6 +170,7 @@ fn force_replaces_an_earlier_save_and_removes_stale_shards() {
         stderr(&refused)
     );
     std::fs::write(out.join("README.md"), "keep me").expect("write");
+    std::fs::write(out.join("tf_model.h5"), "not ours").expect("write");
     let forced = devmap(&["save", &p(&m.dir), "-o", &p(&out), "--force", "-q"]);
     assert!(forced.status.success(), "{}", stderr(&forced));
     let names: Vec<String> = std::fs::read_dir(&out)

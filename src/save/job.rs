@@ -15,7 +15,7 @@ use memmap2::Mmap;
 use super::copy::{Copier, CopyError};
 use super::error::SaveError;
 use super::plan::{CachePolicy, SaveOptions, SavePlan, ShardPlan};
-use super::preflight::{PARTIAL_SUFFIX, files_to_copy, is_weight_file_name};
+use super::preflight::{PARTIAL_SUFFIX, files_to_copy, is_saved_weights_name};
 use crate::formats::hf_index::{INDEX_FILE, encode_index};
 use crate::model::checkpoint::{Checkpoint, FileId};
 
@@ -310,7 +310,7 @@ fn remove_stale_weights(out: &Path, keep: &[String]) -> Result<Vec<String>, Save
         if name.ends_with(PARTIAL_SUFFIX) || keep.contains(&name) || !entry.path().is_file() {
             continue;
         }
-        if is_weight_file_name(&name) {
+        if is_saved_weights_name(&name) {
             std::fs::remove_file(entry.path()).map_err(|e| SaveError::io(entry.path(), e))?;
             removed.push(name);
         }

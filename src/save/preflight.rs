@@ -34,11 +34,31 @@ pub fn files_to_copy(ckpt: &Checkpoint) -> Vec<PathBuf> {
 /// Names of weight files a loader would pick up: never copied from the input, and
 /// removed from the output when a forced save replaces them.
 pub fn is_weight_file_name(name: &str) -> bool {
-    name.ends_with(".safetensors")
+    // Weights of any framework and their indexes: OUT gets the model's current values
+    // from devmap and nothing a loader could mistake for them.
+    const WEIGHTS: [&str; 11] = [
+        ".safetensors",
+        ".bin",
+        ".h5",
+        ".msgpack",
+        ".gguf",
+        ".pt",
+        ".pth",
+        ".ckpt",
+        ".onnx",
+        ".dat",
+        ".index.json",
+    ];
+    WEIGHTS.iter().any(|ext| name.ends_with(ext))
+}
+
+/// Files a save of its own writes: `model.safetensors`, `model-0000K-of-0000N.safetensors`
+/// and the index. With `--force`, earlier ones that the new save does not overwrite
+/// are removed so a loader never mixes old and new shards; nothing else is touched.
+pub fn is_saved_weights_name(name: &str) -> bool {
+    name == crate::formats::hf_index::SINGLE_FILE
         || name == crate::formats::hf_index::INDEX_FILE
-        || (name.starts_with("pytorch_model")
-            && (name.ends_with(".bin") || name.ends_with(".bin.index.json")))
-        || name.ends_with(".dat")
+        || (name.starts_with("model-") && name.contains("-of-") && name.ends_with(".safetensors"))
 }
 
 /// Resolves `path` as far as it exists, so `out/../x` and symlinks compare truly.

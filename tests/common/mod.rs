@@ -96,6 +96,9 @@ pub fn mixed_model() -> Model {
     )
     .expect("config");
     std::fs::write(dir.join("tokenizer.json"), b"{\"version\": \"1.0\"}").expect("tokenizer");
+    // Stale weights of other frameworks beside the safetensors ones.
+    std::fs::write(dir.join("pytorch_model.bin"), b"old pickle").expect("bin");
+    std::fs::write(dir.join("flax_model.msgpack"), b"old flax").expect("msgpack");
     let mut map = serde_json::Map::new();
     map.insert("model.embed_tokens".into(), 0.into());
     for l in 0..12 {
