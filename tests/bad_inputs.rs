@@ -348,3 +348,40 @@ fn offload_dat_too_short() {
         "{err}"
     );
 }
+
+#[test]
+fn ties_that_cannot_hold_are_refused_by_name() {
+    let m = mixed_model();
+    let err = refused(
+        &m.dir,
+        &m.out("o"),
+        &["--tie", "model.scale=model.norm.weight"],
+    );
+    assert!(
+        err.contains("--tie model.scale=model.norm.weight")
+            && err.contains("F32 []")
+            && err.contains("F32 [16]"),
+        "{err}"
+    );
+    let err = refused(
+        &m.dir,
+        &m.out("o"),
+        &["--tie", "lm_head.bias=model.nothing"],
+    );
+    assert!(err.contains("no tensor is named `model.nothing`"), "{err}");
+    let err = refused(&m.dir, &m.out("o"), &["--tie", "model.scale=model.scale"]);
+    assert!(err.contains("cannot be tied to itself"), "{err}");
+    let o = devmap(&[
+        "save",
+        m.dir.to_str().expect("p"),
+        "--out",
+        m.out("o").to_str().expect("p"),
+        "--tie",
+        "nonsense",
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("is not TIED=KEPT"),
+        "{}",
+        stderr(&o)
+    );
+}
