@@ -91,11 +91,13 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
     }
     lines.push(Line::from(""));
     lines.push(Line::from(Span::styled(keys::hint(&app.mode), theme.dim())));
-    let rect = centered(area, 84, lines.len() as u16 + 2);
-    frame.render_widget(Clear, rect);
-    let block = panel("Save as sharded safetensors");
-    let inner = block.inner(rect);
-    frame.render_widget(block, rect);
+    let inner = popup(
+        frame,
+        area,
+        84,
+        lines.len() as u16 + 2,
+        "Save as sharded safetensors",
+    );
     frame.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
 }
 
@@ -111,12 +113,19 @@ fn summarize_sizes(sizes: &[u64]) -> String {
     }
 }
 
-pub fn export(d: &ExportDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let rect = centered(area, 80, 7);
+/// Clears a centered `w`×`h` box over the screen, frames it with `title`, and
+/// returns the space inside.
+fn popup(frame: &mut Frame<'_>, area: Rect, w: u16, h: u16, title: &str) -> Rect {
+    let rect = centered(area, w, h);
     frame.render_widget(Clear, rect);
-    let block = panel("Export device map (hf_device_map JSON)");
+    let block = panel(title);
     let inner = block.inner(rect);
     frame.render_widget(block, rect);
+    inner
+}
+
+pub fn export(d: &ExportDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let inner = popup(frame, area, 80, 7, "Export device map (hf_device_map JSON)");
     let mut lines = vec![Line::from(vec![
         Span::styled("path ", theme.dim()),
         Span::styled(format!("{}▏", d.path), theme.selected()),
@@ -139,11 +148,7 @@ pub fn confirm(c: &Confirm, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         }
         Confirm::OverwriteExport(p) => format!("{} exists. Overwrite it? (y/n)", p.display()),
     };
-    let rect = centered(area, 64, 5);
-    frame.render_widget(Clear, rect);
-    let block = panel("Confirm");
-    let inner = block.inner(rect);
-    frame.render_widget(block, rect);
+    let inner = popup(frame, area, 64, 5, "Confirm");
     frame.render_widget(
         Paragraph::new(Line::from(Span::styled(text, theme.warn()))).wrap(Wrap { trim: true }),
         inner,
@@ -151,11 +156,7 @@ pub fn confirm(c: &Confirm, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
 }
 
 pub fn help(frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let rect = centered(area, 66, keys::HELP.len() as u16 + 3);
-    frame.render_widget(Clear, rect);
-    let block = panel("Keys");
-    let inner = block.inner(rect);
-    frame.render_widget(block, rect);
+    let inner = popup(frame, area, 66, keys::HELP.len() as u16 + 3, "Keys");
     let mut lines: Vec<Line> = keys::HELP
         .iter()
         .map(|(k, what)| {
@@ -173,11 +174,13 @@ pub fn help(frame: &mut Frame<'_>, area: Rect, theme: Theme) {
 }
 
 pub fn plan(d: &PlanDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let rect = centered(area, 84, 8);
-    frame.render_widget(Clear, rect);
-    let block = panel("Plan a device map (accelerate's infer_auto_device_map)");
-    let inner = block.inner(rect);
-    frame.render_widget(block, rect);
+    let inner = popup(
+        frame,
+        area,
+        84,
+        8,
+        "Plan a device map (accelerate's infer_auto_device_map)",
+    );
     let mut lines = vec![
         Line::from(vec![
             Span::styled("budgets ", theme.dim()),
@@ -199,11 +202,13 @@ pub fn plan(d: &PlanDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
 }
 
 pub fn plan_result(text: &[String], frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let rect = centered(area, 96, text.len() as u16 + 2);
-    frame.render_widget(Clear, rect);
-    let block = panel("Planned map (applied; compare with the loaded one)");
-    let inner = block.inner(rect);
-    frame.render_widget(block, rect);
+    let inner = popup(
+        frame,
+        area,
+        96,
+        text.len() as u16 + 2,
+        "Planned map (applied; compare with the loaded one)",
+    );
     let lines: Vec<Line> = text
         .iter()
         .enumerate()
