@@ -54,31 +54,57 @@ const HEADS: [&str; 6] = [
     "head",
 ];
 const BLOCK_CONTAINERS: [&str; 5] = ["layers", "h", "blocks", "layer", "block"];
-const ATTENTION: [&str; 3] = ["self_attn", "attn", "attention"];
-const MLP: [&str; 3] = ["mlp", "feed_forward", "ffn"];
 
-/// Projections in the order Llama-, Mistral- and Qwen-style blocks define them; a
-/// child named here sorts by its position among its siblings that are.
-const DEFINITION_ORDER: [&str; 10] = [
+/// Names in the order each model family defines them, at every level that can be
+/// split: the block's members, and the projections inside attention and MLP. The
+/// family comes from `config.json`'s `architectures`; Llama's order (shared by Mistral,
+/// Qwen2 and most decoders since) is the default. Checked against accelerate in
+/// tests/python/accelerate_plan.py.
+const LLAMA_ORDER: &[&str] = &[
+    "embed_tokens",
+    "self_attn",
     "q_proj",
     "k_proj",
     "v_proj",
     "o_proj",
+    "mlp",
     "gate_proj",
     "up_proj",
     "down_proj",
     "input_layernorm",
     "post_attention_layernorm",
-    "rotary_emb",
+];
+const GPT2_ORDER: &[&str] = &[
+    "wte", "wpe", "ln_1", "attn", "c_attn", "ln_2", "mlp", "c_fc", "c_proj",
+];
+const GPT_NEOX_ORDER: &[&str] = &[
+    "embed_in",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "attention",
+    "query_key_value",
+    "dense",
+    "mlp",
+    "dense_h_to_4h",
+    "dense_4h_to_h",
 ];
 
-/// Where a child goes among its siblings: a role, then a known definition position.
-fn rank(tree: &ModuleTree, id: NodeId) -> (u8, usize) {
+/// The definition order for a model's architecture names.
+pub fn family_order(architectures: &[String]) -> &'static [&'static str] {
+    if architectures.iter().any(|a| a.starts_with("GPT2")) {
+        GPT2_ORDER
+    } else if architectures.iter().any(|a| a.starts_with("GPTNeoX")) {
+        GPT_NEOX_ORDER
+    } else {
+        LLAMA_ORDER
+    }
+}
+
+/// Where a child goes among its siblings: its role, then its place in the family's
+/// definition order (names it does not list come last, by name).
+fn rank(tree: &ModuleTree, id: NodeId, order: &[&str]) -> (u8, usize) {
     let name = tree.nodes[id].name.as_str();
-    let known = DEFINITION_ORDER
-        .iter()
-        .position(|k| *k == name)
-        .unwrap_or(usize::MAX);
+    let known = order.iter().position(|k| *k == name).unwrap_or(usize::MAX);
     (role(tree, id), known)
 }
 
@@ -96,10 +122,6 @@ fn role(tree: &ModuleTree, id: NodeId) -> u8 {
         0
     } else if numbered {
         1
-    } else if ATTENTION.contains(&name) {
-        2
-    } else if MLP.contains(&name) {
-        3
     } else if FINAL_NORMS.contains(&name) {
         5
     } else {
@@ -143,14 +165,17 @@ impl PlanTree {
 
     pub fn build(ckpt: &Checkpoint, no_split: &[String]) -> PlanTree {
         let tree = ModuleTree::build(ckpt);
+        let order = family_order(&ckpt.config.architectures);
         let mut nodes = Vec::with_capacity(tree.len());
         let mut by_name = HashMap::with_capacity(tree.len());
         let mut counted_ties = HashSet::new();
         // Depth-first in definition order, so tie dedup meets members in the order
         // `named_parameters` would.
+        #[allow(clippy::too_many_arguments)]
         fn visit(
             tree: &ModuleTree,
             ckpt: &Checkpoint,
+            order: &[&str],
             id: NodeId,
             no_split: &[String],
             nodes: &mut Vec<PlanNode>,
@@ -193,13 +218,13 @@ impl PlanTree {
                 if n.tensor.is_some() {
                     (0u8, (u8::from(n.name != "weight"), 0))
                 } else {
-                    (1, rank(tree, c))
+                    (1, rank(tree, c, order))
                 }
             });
             let mut children = Vec::with_capacity(kids.len());
             let mut size = 0;
             for c in kids {
-                let ci = visit(tree, ckpt, c, no_split, nodes, by_name, counted_ties);
+                let ci = visit(tree, ckpt, order, c, no_split, nodes, by_name, counted_ties);
                 size += nodes[ci].size;
                 children.push(ci);
             }
@@ -210,6 +235,7 @@ impl PlanTree {
         visit(
             &tree,
             ckpt,
+            order,
             ModuleTree::ROOT,
             no_split,
             &mut nodes,

@@ -18,7 +18,7 @@ import torch
 import transformers
 from accelerate import init_empty_weights
 from accelerate.utils import infer_auto_device_map
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 
 def placement(device_map, name):
@@ -33,9 +33,19 @@ def placement(device_map, name):
         parts = parts[:-1]
 
 
-def main(devmap):
-    work = tempfile.mkdtemp(prefix="devmap-plan-")
-    config = LlamaConfig(
+def checkpoint_name(family, name):
+    """The name a tensor has in the checkpoint devmap reads: transformers 5 saves
+    GPT-NeoX's `lm_head` under its historical name `embed_out`."""
+    if family == "gpt_neox" and name.startswith("lm_head."):
+        return "embed_out." + name[len("lm_head."):]
+    return name
+
+
+def families():
+    """Small configs of several architectures, each with tied or untied heads."""
+    from transformers import GPT2Config, GPTNeoXConfig, MistralConfig, Qwen2Config
+
+    yield "llama", LlamaConfig(
         vocab_size=512,
         hidden_size=64,
         intermediate_size=176,
@@ -45,9 +55,56 @@ def main(devmap):
         max_position_embeddings=64,
         tie_word_embeddings=True,
     )
+    yield "gpt2", GPT2Config(vocab_size=512, n_embd=64, n_layer=6, n_head=4, n_positions=64)
+    yield "qwen2", Qwen2Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    yield "mistral", MistralConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    yield "gpt_neox", GPTNeoXConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+    )
+
+
+def main(devmap):
+    only = os.environ.get("DEVMAP_PLAN_FAMILY")
+    failures = 0
+    total_cases = 0
+    for family, config in families():
+        if only and family != only:
+            continue
+        f, n = check_family(devmap, family, config)
+        failures += f
+        total_cases += n
+    print(f"accelerate {accelerate.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
+    print(f"{total_cases - failures} of {total_cases} cases identical")
+    sys.exit(1 if failures else 0)
+
+
+def check_family(devmap, family, config):
+    work = tempfile.mkdtemp(prefix=f"devmap-plan-{family}-")
     torch.manual_seed(0)
     src = os.path.join(work, "src")
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(src)
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(src)
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
     model.tie_weights()
@@ -82,17 +139,16 @@ def main(devmap):
         ).stdout
         ours = json.loads(out)
         diff = [
-            (n, placement(theirs, n), placement(ours, n))
+            (n, placement(theirs, n), placement(ours, checkpoint_name(family, n)))
             for n in names
-            if placement(theirs, n) != placement(ours, n)
+            if placement(theirs, n) != placement(ours, checkpoint_name(family, n))
         ]
         status = "same" if not diff else f"{len(diff)} tensors differ, e.g. {diff[:3]}"
-        print(f"{label} [{spec}]: {len(names)} tensors: {status}")
+        print(f"{family}, {label} [{spec}]: {len(names)} tensors: {status}")
         if diff:
             print(f"  accelerate: {dict(theirs)}\n  devmap:     {ours}")
             failures += 1
-    print(f"accelerate {accelerate.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
-    sys.exit(1 if failures else 0)
+    return failures, len(runs)
 
 
 if __name__ == "__main__":
