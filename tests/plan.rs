@@ -32,6 +32,7 @@ fn planned(dir: &Path, spec: &str, no_split: &[&str]) -> devmap::model::Checkpoi
     let options = PlanOptions {
         max_memory: parse_max_memory(spec).expect("spec"),
         no_split: no_split.iter().map(|s| (*s).to_owned()).collect(),
+        dtype: None,
     };
     let p = plan(&ckpt, &options).expect("plan");
     ckpt.apply_device_map(Some(p.map));
@@ -281,5 +282,65 @@ fn inspect_reports_a_device_over_its_budget() {
     assert!(
         !text.contains("cpu holds"),
         "cpu is within its budget: {text}"
+    );
+}
+
+#[test]
+fn a_load_dtype_plans_like_the_model_stored_in_it() {
+    // An F32 checkpoint loaded as bfloat16 takes the room of the BF16 checkpoint.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let bf16 = tmp.path().join("bf16");
+    let total = llama(&bf16, 6);
+    let f32_dir = tmp.path().join("f32");
+    let shape = LlamaShape {
+        layers: 6,
+        hidden: 64,
+        intermediate: 176,
+        vocab: 512,
+        dtype: DType::F32,
+    };
+    std::fs::create_dir_all(&f32_dir).expect("mkdir");
+    let tensors = llama_like(shape);
+    let refs: Vec<_> = tensors.iter().collect();
+    write_safetensors(&f32_dir.join("model.safetensors"), &refs).expect("write");
+    write_json(&f32_dir.join("config.json"), &llama_config(shape)).expect("config");
+    let spec = format!("0={},cpu={}", total / 3, total / 3);
+    let as_bf16 = |dir: &Path, dtype: Option<DType>| {
+        let ckpt = load(dir, &LoadOptions::default()).expect("load");
+        let options = PlanOptions {
+            max_memory: parse_max_memory(&spec).expect("spec"),
+            no_split: vec![],
+            dtype,
+        };
+        plan(&ckpt, &options).expect("plan").map
+    };
+    assert_eq!(as_bf16(&f32_dir, Some(DType::BF16)), as_bf16(&bf16, None));
+    assert_ne!(
+        as_bf16(&f32_dir, None),
+        as_bf16(&bf16, None),
+        "stored F32 needs twice the room"
+    );
+    // The CLI takes torch's names.
+    let o = devmap(&[
+        "plan",
+        f32_dir.to_str().expect("p"),
+        "--max-memory",
+        &spec,
+        "--dtype",
+        "bfloat16",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = devmap(&[
+        "plan",
+        f32_dir.to_str().expect("p"),
+        "--max-memory",
+        &spec,
+        "--dtype",
+        "float7",
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("not a dtype"),
+        "{}",
+        stderr(&o)
     );
 }

@@ -48,6 +48,11 @@ pub struct PlanArgs {
     /// `none` lets every module be split.
     #[arg(long, value_name = "PATTERN")]
     pub no_split: Vec<String>,
+    /// The dtype the model will be loaded as (from_pretrained's torch_dtype, e.g.
+    /// bfloat16): floating-point tensors wider than it count at its size, as in
+    /// accelerate. Default: as stored.
+    #[arg(long, value_name = "DTYPE", value_parser = parse_dtype)]
+    pub dtype: Option<devmap::model::DType>,
     /// Write the map to FILE instead of standard output (never over the input map).
     #[arg(long, short, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -135,6 +140,12 @@ pub struct Budgets(pub Vec<(devmap::model::Placement, u64)>);
 
 fn parse_max_memory(text: &str) -> Result<Budgets, String> {
     devmap::plan::parse_max_memory(text).map(Budgets)
+}
+
+fn parse_dtype(text: &str) -> Result<devmap::model::DType, String> {
+    devmap::model::DType::from_torch_name(text)
+        .or_else(|| devmap::model::DType::from_safetensors_name(text))
+        .ok_or_else(|| format!("`{text}` is not a dtype: use e.g. bfloat16, float16, float32"))
 }
 
 fn parse_shard_size(text: &str) -> Result<u64, String> {

@@ -87,6 +87,7 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
     let options = devmap::plan::PlanOptions {
         max_memory,
         no_split: a.no_split.clone(),
+        dtype: a.dtype,
     };
     let planned = devmap::plan::plan(&ckpt, &options)?;
     if a.explain {

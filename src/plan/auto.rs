@@ -24,6 +24,8 @@ pub struct PlanOptions {
     /// Empty: the repeated decoder block (`…layers.N`, `…h.N`, `…blocks.N`);
     /// `["none"]`: every module may be split.
     pub no_split: Vec<String>,
+    /// The dtype the model will be loaded as (`torch_dtype`); `None`: as stored.
+    pub dtype: Option<crate::model::DType>,
 }
 
 /// A device map and the reasons behind it.
@@ -70,7 +72,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, PlanErr
     if options.max_memory.is_empty() {
         return Err(PlanError::NoDevices);
     }
-    let tree = PlanTree::build(ckpt, &options.no_split);
+    let tree = PlanTree::build(ckpt, &options.no_split, options.dtype);
     let devices = device_order(&options.max_memory);
     let budget: HashMap<Placement, u64> = options.max_memory.iter().copied().collect();
     let gpus: Vec<Placement> = devices

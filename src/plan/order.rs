@@ -9,7 +9,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::model::checkpoint::Checkpoint;
+use crate::model::DType;
+use crate::model::checkpoint::{Checkpoint, Tensor};
 use crate::model::tree::{ModuleTree, NodeId};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -163,7 +164,9 @@ fn is_repeated_block(tree: &ModuleTree, id: NodeId) -> bool {
 impl PlanTree {
     pub const ROOT: usize = 0;
 
-    pub fn build(ckpt: &Checkpoint, no_split: &[String]) -> PlanTree {
+    /// `dtype`: the type the model will be loaded as (`torch_dtype`), which shrinks
+    /// wider floating-point tensors to it as accelerate counts them.
+    pub fn build(ckpt: &Checkpoint, no_split: &[String], dtype: Option<DType>) -> PlanTree {
         let tree = ModuleTree::build(ckpt);
         let order = family_order(&ckpt.config.architectures);
         let mut nodes = Vec::with_capacity(tree.len());
@@ -176,6 +179,7 @@ impl PlanTree {
             tree: &ModuleTree,
             ckpt: &Checkpoint,
             order: &[&str],
+            dtype: Option<DType>,
             id: NodeId,
             no_split: &[String],
             nodes: &mut Vec<PlanNode>,
@@ -204,7 +208,7 @@ impl PlanTree {
                     None => true,
                 };
                 nodes[index].size = if first_of_group {
-                    ckpt.tensors[t].bytes()
+                    loaded_bytes(&ckpt.tensors[t], dtype)
                 } else {
                     0
                 };
@@ -224,7 +228,17 @@ impl PlanTree {
             let mut children = Vec::with_capacity(kids.len());
             let mut size = 0;
             for c in kids {
-                let ci = visit(tree, ckpt, order, c, no_split, nodes, by_name, counted_ties);
+                let ci = visit(
+                    tree,
+                    ckpt,
+                    order,
+                    dtype,
+                    c,
+                    no_split,
+                    nodes,
+                    by_name,
+                    counted_ties,
+                );
                 size += nodes[ci].size;
                 children.push(ci);
             }
@@ -236,6 +250,7 @@ impl PlanTree {
             &tree,
             ckpt,
             order,
+            dtype,
             ModuleTree::ROOT,
             no_split,
             &mut nodes,
@@ -303,5 +318,31 @@ mod tests {
         assert!(pattern_matches("*.experts.*", "mlp.experts.3"));
         assert!(pattern_matches("layers.1*", "layers.17"));
         assert!(!pattern_matches("layers.1*", "layers.27"));
+    }
+}
+
+/// A tensor's size as accelerate's `compute_module_sizes` counts it when the model is
+/// loaded as `dtype`: integers and booleans keep their size, floating-point tensors take
+/// the smaller of theirs and `dtype`'s.
+pub fn loaded_bytes(t: &Tensor, dtype: Option<DType>) -> u64 {
+    let Some(target) = dtype else {
+        return t.bytes();
+    };
+    let integral = matches!(
+        t.dtype,
+        DType::Bool
+            | DType::U8
+            | DType::I8
+            | DType::I16
+            | DType::U16
+            | DType::I32
+            | DType::U32
+            | DType::I64
+            | DType::U64
+    );
+    if integral {
+        t.bytes()
+    } else {
+        t.numel().saturating_mul(t.dtype.size().min(target.size()))
     }
 }

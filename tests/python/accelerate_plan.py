@@ -95,21 +95,29 @@ def main(devmap):
         f, n = check_family(devmap, family, config)
         failures += f
         total_cases += n
+    # Stored in float32, loaded as bfloat16: `dtype=` in accelerate, `--dtype` in devmap.
+    if not only or only == "llama-f32":
+        _, llama = next(families())
+        f, n = check_family(devmap, "llama-f32", llama, store=torch.float32, load=torch.bfloat16)
+        failures += f
+        total_cases += n
     print(f"accelerate {accelerate.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
     print(f"{total_cases - failures} of {total_cases} cases identical")
     sys.exit(1 if failures else 0)
 
 
-def check_family(devmap, family, config):
+def check_family(devmap, family, config, store=torch.bfloat16, load=None):
     work = tempfile.mkdtemp(prefix=f"devmap-plan-{family}-")
     torch.manual_seed(0)
     src = os.path.join(work, "src")
-    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(src)
+    AutoModelForCausalLM.from_config(config).to(store).save_pretrained(src)
     with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=store)
     model.tie_weights()
     names = list(model.state_dict().keys())
     total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if load is not None:
+        total //= 2
     kb = total // 1000
     cases = {
         "cpu holds all": {"cpu": f"{2 * kb}KB"},
@@ -130,10 +138,15 @@ def check_family(devmap, family, config):
     runs = [(label, b, True) for label, b in cases.items()] + [(label, b, False) for label, b in splittable.items()]
     for label, budgets, protect in runs:
         theirs = infer_auto_device_map(
-            model, max_memory=dict(budgets), no_split_module_classes=model._no_split_modules if protect else []
+            model,
+            max_memory=dict(budgets),
+            no_split_module_classes=model._no_split_modules if protect else [],
+            dtype=load,
         )
         spec = ",".join(f"{k}={v}" for k, v in budgets.items())
         extra = [] if protect else ["--no-split", "none"]
+        if load is not None:
+            extra += ["--dtype", str(load).replace("torch.", "")]
         out = subprocess.run(
             [devmap, "plan", src, "--max-memory", spec] + extra, check=True, capture_output=True, text=True
         ).stdout

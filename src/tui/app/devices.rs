@@ -145,6 +145,7 @@ impl App {
                         let options = crate::plan::PlanOptions {
                             max_memory,
                             no_split: Vec::new(),
+                            dtype: None,
                         };
                         match crate::plan::plan(&self.ckpt, &options) {
                             Err(e) => dialog.error = Some(e.to_string()),
