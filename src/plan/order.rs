@@ -307,20 +307,6 @@ impl PlanTree {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn globs() {
-        assert!(pattern_matches("model.layers.*", "model.layers.12"));
-        assert!(!pattern_matches("model.layers.*", "model.layers.12.mlp"));
-        assert!(pattern_matches("*.experts.*", "mlp.experts.3"));
-        assert!(pattern_matches("layers.1*", "layers.17"));
-        assert!(!pattern_matches("layers.1*", "layers.27"));
-    }
-}
-
 /// A tensor's size as accelerate's `compute_module_sizes` counts it when the model is
 /// loaded as `dtype`: integers and booleans keep their size, floating-point tensors take
 /// the smaller of theirs and `dtype`'s.
@@ -344,5 +330,19 @@ pub fn loaded_bytes(t: &Tensor, dtype: Option<DType>) -> u64 {
         t.bytes()
     } else {
         t.numel().saturating_mul(t.dtype.size().min(target.size()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(pattern_matches("model.layers.*", "model.layers.12"));
+        assert!(!pattern_matches("model.layers.*", "model.layers.12.mlp"));
+        assert!(pattern_matches("*.experts.*", "mlp.experts.3"));
+        assert!(pattern_matches("layers.1*", "layers.17"));
+        assert!(!pattern_matches("layers.1*", "layers.27"));
     }
 }
