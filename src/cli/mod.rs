@@ -42,7 +42,19 @@ pub fn run(args: Args) -> Result<()> {
         Some(Command::Plan(a)) => plan(&a, &args.model),
         Some(Command::Save(a)) => save(&a, &args.model),
         None => {
-            let dir = args.dir.unwrap_or_else(demo_dir);
+            let dir = match args.dir {
+                Some(d) => d,
+                None => {
+                    let demo = demo_dir();
+                    if !demo.is_dir() {
+                        return Err(eyre!(
+                            "give a model directory: devmap DIR (the bundled demo lives in the source tree, and {} is not there)",
+                            demo.display()
+                        ));
+                    }
+                    demo
+                }
+            };
             let ckpt = open(&dir, &args.model)?;
             if std::io::stdout().is_terminal() {
                 devmap::tui::run(ckpt).wrap_err("the terminal interface failed")
