@@ -250,16 +250,9 @@ pub fn write(
             copied_files.push(name_text);
         }
     }
-    if cancel.load(Ordering::Relaxed) {
-        return Err(SaveError::Cancelled);
-    }
-
-    // Commit: from here on, files appear under their real names.
-    let shard_files: Vec<String> = plan.shards.iter().map(|s| s.file_name.clone()).collect();
-    let removed_stale = remove_stale_weights(out, &shard_files)?;
-    for (tmp, dest) in &staging.files {
-        std::fs::rename(tmp, dest).map_err(|e| SaveError::io(dest, e))?;
-    }
+    // The index is written now, under its temporary name, and renamed last: after
+    // this point only renames remain, so nothing that can fail for lack of space or a
+    // broken input happens once files carry their real names.
     if plan.shards.len() > 1 {
         let weight_map: BTreeMap<String, String> = plan
             .shards
@@ -272,9 +265,18 @@ pub fn write(
             .collect();
         let text = encode_index(plan.total_parameters, plan.total_size, &weight_map);
         let tmp = out.join(format!("{INDEX_FILE}{PARTIAL_SUFFIX}"));
+        staging.files.push((tmp.clone(), out.join(INDEX_FILE)));
         write_synced(&tmp, text.as_bytes())?;
-        std::fs::rename(&tmp, out.join(INDEX_FILE))
-            .map_err(|e| SaveError::io(out.join(INDEX_FILE), e))?;
+    }
+    if cancel.load(Ordering::Relaxed) {
+        return Err(SaveError::Cancelled);
+    }
+
+    // Commit: from here on, files appear under their real names, the index last.
+    let shard_files: Vec<String> = plan.shards.iter().map(|s| s.file_name.clone()).collect();
+    let removed_stale = remove_stale_weights(out, &shard_files)?;
+    for (tmp, dest) in &staging.files {
+        std::fs::rename(tmp, dest).map_err(|e| SaveError::io(dest, e))?;
     }
     if let Ok(dir) = File::open(out) {
         let _ = dir.sync_all();
