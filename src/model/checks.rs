@@ -154,27 +154,36 @@ pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<String> {
     })
 }
 
+/// Tensors transformers 5 would put on another device than accelerate does: it reads
+/// device-map keys as unescaped regex prefixes, trying keys with the most dots first,
+/// so `model.layers.1` also captures `model.layers.10.*`.
 pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<String> {
     let Some(map) = ckpt.device_map.as_ref() else {
         return Vec::new();
     };
+    let order = map.transformers5_order();
+    let fallback = map.get("").unwrap_or(Placement::Cpu);
     let mut traps: BTreeMap<(String, String), (Placement, Placement, usize)> = BTreeMap::new();
     for t in &ckpt.tensors {
-        for hit in map.string_prefix_traps(&t.name) {
-            let matched = ckpt.map_key(t).unwrap_or("(none)").to_owned();
-            let e = traps.entry((hit.key.to_owned(), matched)).or_insert((
-                hit.placement,
-                t.placement,
-                0,
-            ));
-            e.2 += 1;
+        let (their_key, theirs) = match map.locate_transformers5(&order, &t.name) {
+            Some(hit) => (hit.key.to_owned(), hit.placement),
+            None => ("(none)".to_owned(), fallback),
+        };
+        let ours = t.placement;
+        if theirs == ours || ours == Placement::Unmapped && their_key == "(none)" {
+            continue;
         }
+        let matched = ckpt.map_key(t).unwrap_or("(none)").to_owned();
+        let e = traps
+            .entry((their_key, matched))
+            .or_insert((theirs, ours, 0));
+        e.2 += 1;
     }
     traps
         .into_iter()
         .map(|((trap, matched), (theirs, ours, n))| {
             format!(
-                "key `{trap}` ({theirs}) is a plain string prefix of {n} tensor(s) that key `{matched}` places on {ours}; accelerate matches whole components, but transformers 5 matches prefixes without a dot boundary and may put them on {theirs}"
+                "transformers 5 puts {n} tensor(s) that key `{matched}` places on {ours} on {theirs} instead, by key `{trap}`: it matches keys as regex prefixes with no dot boundary; rename or add keys so both agree"
             )
         })
         .collect()

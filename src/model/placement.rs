@@ -3,8 +3,6 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use super::names::covers;
-
 /// A tensor's device, as accelerate's `hf_device_map` states it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Placement {
@@ -128,28 +126,31 @@ impl DeviceMap {
         }
     }
 
-    /// Keys that are a plain string prefix of `name` without a dot boundary and longer
-    /// than the key accelerate matched (`model.layers.1` against `model.layers.10.x`),
-    /// whose device differs. transformers 5 matches keys that way and may place the
-    /// tensor there instead.
-    pub fn string_prefix_traps<'a>(&'a self, name: &str) -> impl Iterator<Item = Match<'a>> {
-        let matched = self.locate(name);
-        let matched_len = matched.map_or(0, |m| m.key.len());
-        let matched_placement = matched.map(|m| m.placement);
-        self.entries
-            .iter()
-            .enumerate()
-            .filter(move |(_, (key, placement))| {
-                key.len() > matched_len
-                    && name.starts_with(key.as_str())
-                    && !covers(key, name)
-                    && Some(*placement) != matched_placement
-            })
-            .map(|(index, (key, placement))| Match {
+    /// The order transformers 5 tries keys in: most dots first, then longest (its
+    /// `expand_device_map`).
+    pub fn transformers5_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.entries.len()).collect();
+        order.sort_by_key(|&i| {
+            let k = &self.entries[i].0;
+            std::cmp::Reverse((k.matches('.').count(), k.len()))
+        });
+        order
+    }
+
+    /// The entry transformers 5 places `name` by: the first key, in
+    /// [`DeviceMap::transformers5_order`], that matches the start of the name as an
+    /// unescaped regular expression (so `.` matches any character and no dot boundary
+    /// is needed: `model.layers.1` captures `model.layers.10.mlp.weight`). `None`:
+    /// it falls back to `""` or cpu.
+    pub fn locate_transformers5(&self, order: &[usize], name: &str) -> Option<Match<'_>> {
+        order.iter().copied().find_map(|i| {
+            let (key, placement) = &self.entries[i];
+            regex_prefix_matches(key, name).then_some(Match {
                 key,
-                index,
+                index: i,
                 placement: *placement,
             })
+        })
     }
 
     /// The devices the map uses, in display order.
@@ -159,6 +160,17 @@ impl DeviceMap {
         devices.dedup();
         devices
     }
+}
+
+/// Whether `key`, read as a regular expression made of name characters and `.`,
+/// matches the start of `name`. Keys with other regex syntax never occur in module
+/// names; they are compared literally.
+fn regex_prefix_matches(key: &str, name: &str) -> bool {
+    let (k, n) = (key.as_bytes(), name.as_bytes());
+    n.len() >= k.len()
+        && k.iter()
+            .zip(n)
+            .all(|(&a, &b)| (a == b'.' && b != b'\n') || a == b)
 }
 
 #[cfg(test)]
@@ -219,14 +231,21 @@ mod tests {
             ("model.layers.1", Placement::Gpu(1)),
             ("model.layers", Placement::Cpu),
         ]);
-        let traps: Vec<_> = m
-            .string_prefix_traps("model.layers.10.mlp.weight")
-            .map(|t| t.key.to_owned())
-            .collect();
-        assert_eq!(traps, vec!["model.layers.1".to_owned()]);
+        let order = m.transformers5_order();
+        let t5 = |n: &str| m.locate_transformers5(&order, n).map(|x| x.key.to_owned());
         assert_eq!(
-            m.string_prefix_traps("model.layers.1.mlp.weight").count(),
-            0
+            t5("model.layers.10.mlp.weight").as_deref(),
+            Some("model.layers.1")
         );
+        assert_eq!(
+            t5("model.layers.1.mlp.weight").as_deref(),
+            Some("model.layers.1")
+        );
+        assert_eq!(
+            t5("model.layersX2.w").as_deref(),
+            Some("model.layers"),
+            "`.` matches any character"
+        );
+        assert_eq!(t5("lm_head.weight"), None);
     }
 }
