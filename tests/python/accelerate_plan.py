@@ -101,9 +101,48 @@ def main(devmap):
         f, n = check_family(devmap, "llama-f32", llama, store=torch.float32, load=torch.bfloat16)
         failures += f
         total_cases += n
+    if not only:
+        f, n = check_transformers5_rule(devmap)
+        failures += f
+        total_cases += n
     print(f"accelerate {accelerate.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
     print(f"{total_cases - failures} of {total_cases} cases identical")
     sys.exit(1 if failures else 0)
+
+
+def check_transformers5_rule(devmap):
+    """devmap's warning about transformers 5's device-map matching must count exactly
+    the tensors where transformers' own expand_device_map disagrees with accelerate."""
+    import re
+
+    from transformers.integrations.accelerate import expand_device_map
+
+    _, config = next(families())
+    config.num_hidden_layers = 12
+    work = tempfile.mkdtemp(prefix="devmap-t5rule-")
+    src = os.path.join(work, "src")
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(src)
+    device_map = {"model.embed_tokens": 0, "model.layers.1": 1, "model.layers": "cpu", "model.norm": "cpu", "lm_head": 0}
+    path = os.path.join(work, "map.json")
+    with open(path, "w") as f:
+        json.dump(device_map, f)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    names = list(model.state_dict().keys())
+    theirs = expand_device_map(device_map, names)
+    expected = sum(1 for n in names if str(theirs[n]) != placement(device_map, n))
+    out = subprocess.run(
+        [devmap, "inspect", src, "--json", "--device-map", path], check=True, capture_output=True, text=True
+    ).stdout
+    warned = sum(
+        int(m.group(1))
+        for w in json.loads(out)["warnings"]
+        for m in [re.match(r"transformers 5 puts (\d+) tensor", w)]
+        if m
+    )
+    status = "same" if warned == expected and expected > 0 else f"devmap warns of {warned}, transformers differs on {expected}"
+    print(f"transformers 5 device-map rule [{device_map}]: {len(names)} tensors: {status}")
+    return (0 if status == "same" else 1), 1
 
 
 def check_family(devmap, family, config, store=torch.bfloat16, load=None):
