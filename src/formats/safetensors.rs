@@ -139,9 +139,32 @@ struct RawHeader {
 
 #[derive(serde::Deserialize)]
 struct RawEntry {
-    dtype: String,
+    dtype: DTypeName,
     shape: Vec<u64>,
     data_offsets: (u64, u64),
+}
+
+/// A dtype name read without allocating when it is one devmap knows.
+enum DTypeName {
+    Known(DType),
+    Unknown(String),
+}
+
+impl<'de> serde::Deserialize<'de> for DTypeName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NameVisitor;
+        impl serde::de::Visitor<'_> for NameVisitor {
+            type Value = DTypeName;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a dtype name such as \"BF16\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DTypeName, E> {
+                Ok(DType::from_safetensors_name(v)
+                    .map_or_else(|| DTypeName::Unknown(v.to_owned()), DTypeName::Known))
+            }
+        }
+        deserializer.deserialize_str(NameVisitor)
+    }
 }
 
 impl<'de> serde::Deserialize<'de> for RawHeader {
@@ -196,8 +219,10 @@ fn check_entry(
     data_start: u64,
 ) -> Result<HeaderTensor, FormatError> {
     let bad = |message: String| FormatError::tensor(path, &name, message);
-    let dtype = DType::from_safetensors_name(&entry.dtype)
-        .ok_or_else(|| bad(format!("unknown dtype `{}`", entry.dtype)))?;
+    let dtype = match entry.dtype {
+        DTypeName::Known(d) => d,
+        DTypeName::Unknown(name) => return Err(bad(format!("unknown dtype `{name}`"))),
+    };
     let shape = entry.shape;
     let (begin, end) = entry.data_offsets;
     if end < begin {
