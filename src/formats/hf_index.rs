@@ -1,5 +1,6 @@
 //! `model.safetensors.index.json`, as transformers reads and writes it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -9,15 +10,21 @@ use super::json::to_python_pretty;
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 pub const SINGLE_FILE: &str = "model.safetensors";
 
-/// The weight map of an index: tensor name to shard file name, in file order.
+/// The weight map of an index: tensor name to shard file name, in file order. The
+/// names borrow from the index text: a 100,000-tensor index allocates no strings.
 #[derive(Debug, Clone, PartialEq)]
-pub struct WeightIndex {
-    pub weight_map: Vec<(String, String)>,
+pub struct WeightIndex<'a> {
+    pub weight_map: Vec<(Cow<'a, str>, Cow<'a, str>)>,
 }
 
-pub fn read_index(path: &Path) -> Result<WeightIndex, FormatError> {
-    let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
-    let root: RawIndex = serde_json::from_str(&text).map_err(|e| {
+/// Reads the index file's text (parse it with [`parse_index`]).
+pub fn read_index_text(path: &Path) -> Result<String, FormatError> {
+    std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))
+}
+
+/// Parses an index; `path` names it in errors.
+pub fn parse_index<'a>(path: &Path, text: &'a str) -> Result<WeightIndex<'a>, FormatError> {
+    let root: RawIndex<'a> = serde_json::from_str(text).map_err(|e| {
         FormatError::invalid(
             path,
             format!("not an index ({{\"weight_map\": {{tensor: file}}}}): {e}"),
@@ -27,7 +34,7 @@ pub fn read_index(path: &Path) -> Result<WeightIndex, FormatError> {
         .weight_map
         .ok_or_else(|| FormatError::invalid(path, "has no `weight_map` object"))?
         .0;
-    let mut names: Vec<&str> = weight_map.iter().map(|(n, _)| n.as_str()).collect();
+    let mut names: Vec<&str> = weight_map.iter().map(|(n, _)| n.as_ref()).collect();
     names.sort_unstable();
     if let Some(dup) = names.windows(2).find(|w| w[0] == w[1]) {
         return Err(FormatError::tensor(
@@ -40,33 +47,57 @@ pub fn read_index(path: &Path) -> Result<WeightIndex, FormatError> {
 }
 
 #[derive(serde::Deserialize)]
-struct RawIndex {
-    weight_map: Option<StringPairs>,
+struct RawIndex<'a> {
+    #[serde(borrow)]
+    weight_map: Option<StringPairs<'a>>,
 }
 
-/// A JSON object of strings read in file order with duplicates kept.
-struct StringPairs(Vec<(String, String)>);
+/// A JSON object of strings read in file order with duplicates kept, borrowing each
+/// string from the text unless it holds escapes.
+struct StringPairs<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
 
-impl<'de> serde::Deserialize<'de> for StringPairs {
+/// A string that borrows from the JSON text when it can.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Text<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct PairsVisitor;
-        impl<'de> serde::de::Visitor<'de> for PairsVisitor {
-            type Value = StringPairs;
+        struct TextVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for TextVisitor<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(TextVisitor(std::marker::PhantomData))
+    }
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for StringPairs<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PairsVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for PairsVisitor<'a> {
+            type Value = StringPairs<'a>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("an object of tensor name to shard file name")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
-            ) -> Result<StringPairs, A::Error> {
+            ) -> Result<StringPairs<'a>, A::Error> {
                 let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0));
-                while let Some(pair) = map.next_entry::<String, String>()? {
-                    pairs.push(pair);
+                while let Some((name, file)) = map.next_entry::<Text<'a>, Text<'a>>()? {
+                    pairs.push((name.0, file.0));
                 }
                 Ok(StringPairs(pairs))
             }
         }
-        deserializer.deserialize_map(PairsVisitor)
+        deserializer.deserialize_map(PairsVisitor(std::marker::PhantomData))
     }
 }
 
@@ -102,6 +133,19 @@ pub fn encode_index(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_borrow_unless_escaped_and_duplicates_are_refused() {
+        let text = r#"{"metadata": {"total_size": 4}, "weight_map": {"a.w": "s1.safetensors", "b\u0041.w": "s2.safetensors"}}"#;
+        let index = parse_index(Path::new("i.json"), text).expect("valid");
+        assert!(matches!(index.weight_map[0].0, Cow::Borrowed("a.w")));
+        assert_eq!(index.weight_map[1].0, "bA.w");
+        let dup = r#"{"weight_map": {"a": "x", "a": "y"}}"#;
+        let err = parse_index(Path::new("i.json"), dup).expect_err("duplicate");
+        assert!(err.to_string().contains("`a`: appears twice"), "{err}");
+        let none = parse_index(Path::new("i.json"), "{}").expect_err("no map");
+        assert!(none.to_string().contains("no `weight_map`"), "{none}");
+    }
 
     #[test]
     fn index_text_matches_transformers() {

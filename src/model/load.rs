@@ -10,7 +10,7 @@ use super::placement::{DeviceMap, Placement};
 use crate::formats::FormatError;
 use crate::formats::config::{ModelConfig, read_config};
 use crate::formats::device_map::{DEVICE_MAP_FILE, read_device_map};
-use crate::formats::hf_index::{INDEX_FILE, SINGLE_FILE, read_index};
+use crate::formats::hf_index::{INDEX_FILE, SINGLE_FILE, parse_index, read_index_text};
 use crate::formats::offload::{OffloadForm, read_offload_folder};
 use crate::formats::safetensors::{Header, HeaderCache, read_header};
 
@@ -315,11 +315,13 @@ fn read_weights(
     let index_path = dir.join(INDEX_FILE);
     let single = dir.join(SINGLE_FILE);
     if index_path.is_file() {
-        let index = read_index(&index_path)?;
+        let index_text = read_index_text(&index_path)?;
+        let index = parse_index(&index_path, &index_text)?;
         // Names per shard file, in the index's order of first mention.
         let mut by_file: HashMap<&str, Vec<&str>> = HashMap::new();
         let mut order = Vec::new();
         for (name, file) in &index.weight_map {
+            let (name, file): (&str, &str) = (name, file);
             if Path::new(file).components().count() != 1 || file == ".." {
                 return Err(FormatError::tensor(
                     &index_path,
@@ -329,17 +331,17 @@ fn read_weights(
                 .into());
             }
             by_file
-                .entry(file.as_str())
+                .entry(file)
                 .or_insert_with(|| {
-                    order.push(file.as_str());
+                    order.push(file);
                     Vec::new()
                 })
-                .push(name.as_str());
+                .push(name);
         }
         let file_of: HashMap<&str, &str> = index
             .weight_map
             .iter()
-            .map(|(n, f)| (n.as_str(), f.as_str()))
+            .map(|(n, f)| (n.as_ref(), f.as_ref()))
             .collect();
         let mut files = vec![index_path.clone()];
         for file in order {
