@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{devmap, mixed_model, read_saved, snapshot, stderr};
-use devmap::fixtures::{FixtureTensor, write_safetensors};
-use devmap::model::{DType, LoadOptions, load};
+use devmap::model::{LoadOptions, load};
 use devmap::save::{Reporter, SaveError, SaveEvent, SaveJob, SaveOptions, prepare, write};
 
 fn names_in(dir: &Path) -> Vec<String> {
@@ -23,27 +22,6 @@ fn names_in(dir: &Path) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
-}
-
-/// A model of `files` x `per_file` F32 tensors of `mib` MiB each.
-fn big_model(dir: &Path, files: usize, per_file: usize, mib: usize) {
-    std::fs::create_dir_all(dir).expect("mkdir");
-    for f in 0..files {
-        let tensors: Vec<FixtureTensor> = (0..per_file)
-            .map(|i| {
-                let mut data = vec![0u8; mib << 20];
-                data[..8].copy_from_slice(&((f * 1000 + i) as u64).to_le_bytes());
-                FixtureTensor {
-                    name: format!("model.layers.{f}.w{i}"),
-                    dtype: DType::F32,
-                    shape: vec![(mib as u64) << 18],
-                    data,
-                }
-            })
-            .collect();
-        let refs: Vec<&FixtureTensor> = tensors.iter().collect();
-        write_safetensors(&dir.join(format!("part{f}.safetensors")), &refs).expect("write");
-    }
 }
 
 /// `devmap save` of a big model in 4 MB shards, one at a time: slow enough to be
@@ -124,7 +102,7 @@ fn disk_full_mid_shard_removes_partial_files_and_keeps_earlier_content() {
 fn killed_mid_save_leaves_only_marked_partial_files_and_the_next_run_says_so() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("big");
-    big_model(&dir, 4, 8, 4); // 128 MiB
+    common::big_model(&dir, 4, 8, 4); // 128 MiB
     let out = tmp.path().join("out");
     let mut child = spawn_slow_save(&dir, &out, Stdio::null());
     wait_for_partial_file(&mut child, &out);
@@ -316,7 +294,7 @@ fn a_read_only_output_folder_is_refused_before_writing() {
 fn sigterm_cancels_a_cli_save_cleanly() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("big");
-    big_model(&dir, 4, 8, 4);
+    common::big_model(&dir, 4, 8, 4);
     let out = tmp.path().join("out");
     let mut child = spawn_slow_save(&dir, &out, Stdio::piped());
     wait_for_partial_file(&mut child, &out);

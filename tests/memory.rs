@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use devmap::fixtures::{FixtureTensor, write_offload_dat, write_safetensors};
+use devmap::fixtures::{FixtureTensor, write_offload_dat};
 use devmap::model::DType;
 
 const LIMIT: u64 = 64 << 20;
@@ -15,37 +15,18 @@ const LIMIT: u64 = 64 << 20;
 fn one_big_shard_stays_under_64_mib() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("big");
-    std::fs::create_dir(&dir).expect("mkdir");
     // 4 files x 9 tensors x 8 MiB = 288 MiB, plus 32 MiB offloaded.
-    let mib8 = [1024u64, 2048];
-    let mut total = 0u64;
-    for f in 0..4 {
-        let tensors: Vec<FixtureTensor> = (0..9)
-            .map(|i| {
-                let mut t = FixtureTensor {
-                    name: format!("model.layers.{}.w{i}", f),
-                    dtype: DType::F32,
-                    shape: mib8.to_vec(),
-                    data: vec![0u8; 8 << 20],
-                };
-                t.data[..8].copy_from_slice(&(f * 100 + i as u64).to_le_bytes());
-                t
-            })
-            .collect();
-        total += tensors.iter().map(|t| t.data.len() as u64).sum::<u64>();
-        let refs: Vec<&FixtureTensor> = tensors.iter().collect();
-        write_safetensors(&dir.join(format!("part{f}.safetensors")), &refs).expect("write");
-    }
+    common::big_model(&dir, 4, 9, 8);
+    let total: u64 = 4 * 9 * (8 << 20);
     let offloaded: Vec<FixtureTensor> = (0..4)
         .map(|i| FixtureTensor {
             name: format!("model.layers.3.w{i}"),
             dtype: DType::F32,
-            shape: mib8.to_vec(),
+            shape: vec![2 << 20],
             data: vec![7u8; 8 << 20],
         })
         .collect();
     write_offload_dat(&dir.join("offload"), &offloaded).expect("offload");
-    assert!(total >= 280 << 20);
 
     let out = tmp.path().join("out");
     let o = Command::new(env!("CARGO_BIN_EXE_devmap"))

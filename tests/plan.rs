@@ -12,12 +12,17 @@ use devmap::model::{DType, LoadOptions, Placement, load};
 use devmap::plan::{PlanOptions, parse_max_memory, plan};
 
 fn llama(dir: &Path, layers: usize) -> u64 {
+    llama_stored_as(dir, layers, DType::BF16)
+}
+
+/// A small Llama checkpoint stored in `dtype`; returns its bytes.
+fn llama_stored_as(dir: &Path, layers: usize, dtype: DType) -> u64 {
     let shape = LlamaShape {
         layers,
         hidden: 64,
         intermediate: 176,
         vocab: 512,
-        dtype: DType::BF16,
+        dtype,
     };
     std::fs::create_dir_all(dir).expect("mkdir");
     let tensors = llama_like(shape);
@@ -28,11 +33,21 @@ fn llama(dir: &Path, layers: usize) -> u64 {
 }
 
 fn planned(dir: &Path, spec: &str, no_split: &[&str]) -> devmap::model::Checkpoint {
+    planned_as(dir, spec, no_split, None)
+}
+
+/// The checkpoint placed by the plan for budgets `spec`, loaded as `dtype`.
+fn planned_as(
+    dir: &Path,
+    spec: &str,
+    no_split: &[&str],
+    dtype: Option<DType>,
+) -> devmap::model::Checkpoint {
     let mut ckpt = load(dir, &LoadOptions::default()).expect("load");
     let options = PlanOptions {
         max_memory: parse_max_memory(spec).expect("spec"),
         no_split: no_split.iter().map(|s| (*s).to_owned()).collect(),
-        dtype: None,
+        dtype,
     };
     let p = plan(&ckpt, &options).expect("plan");
     ckpt.apply_device_map(Some(p.map));
@@ -292,28 +307,9 @@ fn a_load_dtype_plans_like_the_model_stored_in_it() {
     let bf16 = tmp.path().join("bf16");
     let total = llama(&bf16, 6);
     let f32_dir = tmp.path().join("f32");
-    let shape = LlamaShape {
-        layers: 6,
-        hidden: 64,
-        intermediate: 176,
-        vocab: 512,
-        dtype: DType::F32,
-    };
-    std::fs::create_dir_all(&f32_dir).expect("mkdir");
-    let tensors = llama_like(shape);
-    let refs: Vec<_> = tensors.iter().collect();
-    write_safetensors(&f32_dir.join("model.safetensors"), &refs).expect("write");
-    write_json(&f32_dir.join("config.json"), &llama_config(shape)).expect("config");
+    llama_stored_as(&f32_dir, 6, DType::F32);
     let spec = format!("0={},cpu={}", total / 3, total / 3);
-    let as_bf16 = |dir: &Path, dtype: Option<DType>| {
-        let ckpt = load(dir, &LoadOptions::default()).expect("load");
-        let options = PlanOptions {
-            max_memory: parse_max_memory(&spec).expect("spec"),
-            no_split: vec![],
-            dtype,
-        };
-        plan(&ckpt, &options).expect("plan").map
-    };
+    let as_bf16 = |dir: &Path, dtype: Option<DType>| planned_as(dir, &spec, &[], dtype).device_map;
     assert_eq!(as_bf16(&f32_dir, Some(DType::BF16)), as_bf16(&bf16, None));
     assert_ne!(
         as_bf16(&f32_dir, None),

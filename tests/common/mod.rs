@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use devmap::fixtures::{FixtureTensor, write_json, write_offload_dat, write_sharded};
+use devmap::fixtures::{
+    FixtureTensor, write_json, write_offload_dat, write_safetensors, write_sharded,
+};
 use devmap::model::DType;
 
 /// A tensor as read back from a saved checkpoint.
@@ -156,6 +158,27 @@ pub fn mixed_model() -> Model {
         expected.insert(t.name.clone(), Stored::of(t));
     }
     Model { tmp, dir, expected }
+}
+
+/// A model of `files` x `per_file` F32 tensors of `mib` MiB each.
+pub fn big_model(dir: &Path, files: usize, per_file: usize, mib: usize) {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    for f in 0..files {
+        let tensors: Vec<FixtureTensor> = (0..per_file)
+            .map(|i| {
+                let mut data = vec![0u8; mib << 20];
+                data[..8].copy_from_slice(&((f * 1000 + i) as u64).to_le_bytes());
+                FixtureTensor {
+                    name: format!("model.layers.{f}.w{i}"),
+                    dtype: DType::F32,
+                    shape: vec![(mib as u64) << 18],
+                    data,
+                }
+            })
+            .collect();
+        let refs: Vec<&FixtureTensor> = tensors.iter().collect();
+        write_safetensors(&dir.join(format!("part{f}.safetensors")), &refs).expect("write");
+    }
 }
 
 /// Reads every tensor of a saved checkpoint with the `safetensors` crate, through its
