@@ -131,11 +131,9 @@ impl App {
             return;
         };
         match action {
-            Action::Input(c) => dialog.budgets.push(c),
-            Action::Backspace => {
-                dialog.budgets.pop();
+            Action::Input(_) | Action::Backspace | Action::ClearField => {
+                edit_text(&mut dialog.budgets, &action)
             }
-            Action::ClearField => dialog.budgets.clear(),
             Action::Close => self.mode = Mode::Browse,
             Action::Submit => {
                 let spec = dialog.budgets.clone();

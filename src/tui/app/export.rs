@@ -21,11 +21,9 @@ impl App {
             return Vec::new();
         };
         match action {
-            Action::Input(c) => dialog.path.push(c),
-            Action::Backspace => {
-                dialog.path.pop();
+            Action::Input(_) | Action::Backspace | Action::ClearField => {
+                edit_text(&mut dialog.path, &action)
             }
-            Action::ClearField => dialog.path.clear(),
             Action::Close => self.mode = Mode::Browse,
             Action::Submit => {
                 let path = PathBuf::from(dialog.path.trim());

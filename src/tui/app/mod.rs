@@ -439,3 +439,15 @@ impl App {
         Vec::new()
     }
 }
+
+/// The editing every text field shares: type, Backspace, Ctrl-U.
+fn edit_text(text: &mut String, action: &Action) {
+    match action {
+        Action::Input(c) => text.push(*c),
+        Action::Backspace => {
+            text.pop();
+        }
+        Action::ClearField => text.clear(),
+        _ => {}
+    }
+}

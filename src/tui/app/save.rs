@@ -43,11 +43,7 @@ impl App {
                 };
                 return Vec::new();
             }
-            Action::Input(c) => field.push(c),
-            Action::Backspace => {
-                field.pop();
-            }
-            Action::ClearField => field.clear(),
+            Action::Input(_) | Action::Backspace | Action::ClearField => edit_text(field, &action),
             Action::ToggleOverwrite => dialog.overwrite = !dialog.overwrite,
             Action::PrevPreset | Action::NextPreset if dialog.field == Field::ShardSize => {
                 dialog.size = step_preset(&dialog.size, action == Action::NextPreset);

@@ -8,11 +8,7 @@ impl App {
             return;
         };
         match action {
-            Action::Input(c) => query.push(c),
-            Action::Backspace => {
-                query.pop();
-            }
-            Action::ClearField => query.clear(),
+            Action::Input(_) | Action::Backspace | Action::ClearField => edit_text(query, &action),
             Action::Submit => {
                 let q = std::mem::take(query);
                 self.mode = Mode::Browse;
