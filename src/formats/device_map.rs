@@ -94,31 +94,16 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_key() {
-        assert!(
-            parse(r#"{"model.layers.3": -1}"#)
-                .expect_err("must be refused")
-                .contains("key `model.layers.3`")
-        );
-        assert!(
-            parse(r#"{"lm_head": "tpu"}"#)
-                .expect_err("must be refused")
-                .contains("key `lm_head`")
-        );
-        assert!(
-            parse(r#"{"a": 1.5}"#)
-                .expect_err("must be refused")
-                .contains("key `a`")
-        );
-        assert!(
-            parse(r#"["cpu"]"#)
-                .expect_err("must be refused")
-                .contains("JSON object")
-        );
-        assert!(
-            parse(r#"{"a": 0, "a": 1}"#)
-                .expect_err("must be refused")
-                .contains("twice")
-        );
+        for (text, want) in [
+            (r#"{"model.layers.3": -1}"#, "key `model.layers.3`"),
+            (r#"{"lm_head": "tpu"}"#, "key `lm_head`"),
+            (r#"{"a": 1.5}"#, "key `a`"),
+            (r#"["cpu"]"#, "JSON object"),
+            (r#"{"a": 0, "a": 1}"#, "twice"),
+        ] {
+            let err = parse(text).expect_err("must be refused");
+            assert!(err.contains(want), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -121,13 +121,15 @@ impl ModuleTree {
                 n.has_tie |= ckpt.tie_group(t).is_some();
             }
             if let Some(parent) = self.nodes[id].parent {
-                let child = self.nodes[id].clone_totals();
-                let p = &mut self.nodes[parent];
-                p.bytes += child.0;
-                p.params += child.1;
-                p.tensors += child.2;
-                p.has_tie |= child.4;
-                for (placement, bytes) in child.3 {
+                // A parent comes before its children in pre-order, so the two can be
+                // borrowed apart without copying the child's split.
+                let (before, from_child) = self.nodes.split_at_mut(id);
+                let (p, child) = (&mut before[parent], &from_child[0]);
+                p.bytes += child.bytes;
+                p.params += child.params;
+                p.tensors += child.tensors;
+                p.has_tie |= child.has_tie;
+                for &(placement, bytes) in &child.split {
                     add_split(&mut p.split, placement, bytes);
                 }
             }
@@ -154,18 +156,6 @@ impl ModuleTree {
 
     pub fn is_empty(&self) -> bool {
         self.nodes.len() <= 1
-    }
-}
-
-impl Node {
-    fn clone_totals(&self) -> (u64, u64, usize, Vec<(Placement, u64)>, bool) {
-        (
-            self.bytes,
-            self.params,
-            self.tensors,
-            self.split.clone(),
-            self.has_tie,
-        )
     }
 }
 
