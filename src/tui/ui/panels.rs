@@ -16,13 +16,15 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let block = panel("Devices");
     let inner = block.inner(area);
     frame.render_widget(block, area);
-    let total = app.tree.nodes[0].bytes.max(1);
+    let root = &app.tree.nodes[crate::model::tree::ModuleTree::ROOT];
+    let total = root.bytes.max(1);
     let bar_w = (inner.width as usize).saturating_sub(42).min(24);
-    let lines: Vec<Line> = app
-        .ckpt
-        .device_totals()
-        .into_iter()
-        .map(|(p, bytes)| {
+    // The root's split is the per-device total, kept current by `recompute`: no walk
+    // over every tensor per frame.
+    let lines: Vec<Line> = root
+        .split
+        .iter()
+        .map(|&(p, bytes)| {
             let budget = app.device_budget(p);
             let (fraction, of) = match budget {
                 Some(b) if b > 0 => (bytes as f64 / b as f64, format!(" of {}", human_bytes(b))),
