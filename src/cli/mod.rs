@@ -146,6 +146,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
         jobs: a.jobs.max(1),
         fsync: !a.no_fsync,
         cache: a.cache.into(),
+        available_ram: devmap::monitor::available_ram(),
         ..SaveOptions::new(&a.out)
     };
     let plan = prepare(&ckpt, &options)?;

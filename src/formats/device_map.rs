@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::FormatError;
 use super::json::OrderedObject;
-use crate::model::placement::{DeviceMap, Placement};
+use crate::types::placement::{DeviceMap, Placement};
 
 pub const DEVICE_MAP_FILE: &str = "device_map.json";
 

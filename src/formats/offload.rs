@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::FormatError;
 use super::json::OrderedObject;
 use super::safetensors::HeaderCache;
-use crate::model::dtype::{DType, byte_len};
+use crate::types::dtype::{DType, byte_len};
 
 pub const OFFLOAD_INDEX: &str = "index.json";
 

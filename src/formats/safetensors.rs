@@ -10,7 +10,7 @@ use memmap2::Mmap;
 use serde_json::Value;
 
 use super::FormatError;
-use crate::model::dtype::{DType, byte_len};
+use crate::types::dtype::{DType, byte_len};
 
 /// The largest header the reference implementation accepts.
 pub const MAX_HEADER_LEN: u64 = 100_000_000;

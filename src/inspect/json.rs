@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde::ser::SerializeMap;
 
 use crate::model::checkpoint::{Checkpoint, Source};
-use crate::model::placement::Placement;
+use crate::types::placement::Placement;
 
 #[derive(Serialize)]
 struct Report<'a> {

@@ -4,10 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::placement::{DeviceMap, Placement};
+use crate::types::placement::{DeviceMap, Placement};
 
-/// Index of a file in [`Checkpoint::files`].
-pub type FileId = usize;
+pub use crate::types::range::{ByteRange, FileId};
 /// Index of a tensor in [`Checkpoint::tensors`].
 pub type TensorId = usize;
 
@@ -18,14 +17,6 @@ pub struct SourceFile {
     pub path: PathBuf,
     pub len: u64,
     pub modified: Option<SystemTime>,
-}
-
-/// A run of bytes in one source file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ByteRange {
-    pub file: FileId,
-    pub offset: u64,
-    pub len: u64,
 }
 
 /// Where a tensor's current value comes from, in the design's order of precedence.

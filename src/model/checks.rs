@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::checkpoint::{Checkpoint, Source};
 use super::names::covers;
-use super::placement::Placement;
+use crate::types::placement::Placement;
 
 /// Names listed in a message before "and N more".
 const LIST_LIMIT: usize = 5;

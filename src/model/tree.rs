@@ -4,7 +4,7 @@
 //! order), so a flat walk of the arena is the fully expanded tree.
 
 use super::checkpoint::{Checkpoint, TensorId};
-use super::placement::Placement;
+use crate::types::placement::Placement;
 
 pub type NodeId = usize;
 

@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::order::{PlanNode, PlanTree};
 use crate::model::checkpoint::Checkpoint;
-use crate::model::placement::{DeviceMap, Placement};
+use crate::types::placement::{DeviceMap, Placement};
 
 /// What the planner is asked to do.
 #[derive(Debug, Clone, PartialEq)]

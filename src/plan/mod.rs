@@ -7,7 +7,7 @@ pub mod order;
 pub use auto::{PlanError, PlanOptions, Planned, plan};
 
 use crate::model::checkpoint::Checkpoint;
-use crate::model::placement::Placement;
+use crate::types::placement::Placement;
 
 /// Parses `--max-memory 0=22GiB,1=22GiB,cpu=64GiB` (device=size pairs; GPU indexes,
 /// `cuda:N`, `mps`, `cpu`; sizes as `formats::size` reads them).

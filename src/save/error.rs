@@ -20,6 +20,11 @@ pub enum SaveError {
     SourceChanged { path: PathBuf, message: String },
     #[error("the written checkpoint does not match the plan, so it was discarded:{}", bullets(.0))]
     Verify(Vec<String>),
+    /// A bug: a save thread panicked. Its files were removed like any failed save's.
+    #[error(
+        "{0} stopped unexpectedly (a bug in devmap; please report it); nothing was left in the output folder"
+    )]
+    Panicked(String),
     #[error("cancelled; no shard was left in the output folder")]
     Cancelled,
 }

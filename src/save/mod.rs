@@ -1,15 +1,22 @@
 //! The saver: plan shards, check before writing, stream bytes into place, verify,
 //! commit. Reports through [`SaveEvent`]s and knows nothing of terminals.
 
+mod commit;
 mod copy;
 mod error;
+mod event;
 mod job;
 pub mod plan;
 pub mod preflight;
+pub mod recipe;
+pub mod verify;
+mod writer;
 
 pub use error::SaveError;
-pub use job::{Reporter, SaveEvent, SaveJob, SaveReport, write};
+pub use event::{Reporter, SaveEvent, SaveReport};
+pub use job::{SaveJob, write};
 pub use plan::{DEFAULT_MAX_SHARD_SIZE, PlanError, SaveOptions, SavePlan, ShardPlan, plan};
+pub use recipe::Recipe;
 
 use crate::model::Checkpoint;
 

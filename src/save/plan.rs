@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
 
+use super::recipe::Recipe;
 use crate::formats::hf_index::{SINGLE_FILE, shard_file_name};
 use crate::formats::safetensors::{HeaderEntry, encode_header};
 use crate::model::checkpoint::{ByteRange, Checkpoint, TensorId};
-use crate::model::dtype::DType;
+use crate::types::dtype::DType;
 
 /// What the user asked for.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +29,9 @@ pub struct SaveOptions {
     pub fsync: bool,
     /// What to do with the page cache of copied input.
     pub cache: CachePolicy,
+    /// RAM free for the page cache, as the caller's monitor read it; `None` when
+    /// unknown. [`CachePolicy::Auto`] compares the model against it.
+    pub available_ram: Option<u64>,
 }
 
 /// Whether copied input stays in the page cache.
@@ -55,6 +59,7 @@ impl SaveOptions {
             jobs: DEFAULT_JOBS,
             fsync: true,
             cache: CachePolicy::Auto,
+            available_ram: None,
         }
     }
 }
@@ -71,9 +76,17 @@ pub struct PlannedTensor {
     pub name: String,
     pub dtype: DType,
     pub shape: Vec<u64>,
-    pub source: ByteRange,
+    /// How the bytes are made.
+    pub recipe: Recipe,
     /// Offset in the shard's data region.
     pub begin: u64,
+}
+
+impl PlannedTensor {
+    /// Where the tensor's bytes end in the shard's data region.
+    pub fn end(&self) -> u64 {
+        self.begin + self.recipe.output_len()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -208,10 +221,10 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, PlanEr
                         name: t.name.clone(),
                         dtype: t.dtype,
                         shape: t.shape.to_vec(),
-                        source,
+                        recipe: Recipe::Copy(source),
                         begin,
                     };
-                    begin += t.bytes();
+                    begin += planned.recipe.output_len();
                     planned
                 })
                 .collect();
@@ -222,7 +235,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, PlanEr
                     dtype: p.dtype,
                     shape: &p.shape,
                     begin: p.begin,
-                    end: p.begin + p.source.len,
+                    end: p.end(),
                 })
                 .collect();
             let header = encode_header(&entries, &metadata);

@@ -4,6 +4,7 @@
 
 pub mod app;
 pub mod keys;
+pub mod layout;
 pub mod rows;
 pub mod ui;
 

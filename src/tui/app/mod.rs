@@ -16,11 +16,11 @@ use crate::formats::device_map::encode_device_map;
 use crate::formats::size::parse_size;
 use crate::model::checkpoint::Checkpoint;
 use crate::model::names::covers;
-use crate::model::placement::{DeviceMap, Placement};
 use crate::model::tree::{ModuleTree, NodeId};
 use crate::monitor::MemorySample;
 use crate::monitor::gpu::GpuInfo;
 use crate::save::{SaveEvent, SaveOptions, SavePlan, SaveReport};
+use crate::types::placement::{DeviceMap, Placement};
 
 use super::rows::TreeRows;
 
@@ -284,7 +284,8 @@ impl App {
     }
 
     fn tree_height(&self) -> usize {
-        super::ui::layout_for(self.size.0, self.size.1).tree_rows
+        let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
+        super::layout::areas(screen, self.save.is_some()).tree_rows
     }
 
     fn say(&mut self, text: impl Into<String>, tone: Tone) {

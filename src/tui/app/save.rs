@@ -67,6 +67,7 @@ impl App {
         Ok(SaveOptions {
             max_shard_size: max,
             force: dialog.overwrite,
+            available_ram: self.memory.back().map(|m| m.available),
             ..SaveOptions::new(dialog.out.trim())
         })
     }

@@ -6,69 +6,17 @@ mod panels;
 pub mod theme;
 mod tree;
 
+pub use super::layout::{MIN_HEIGHT, MIN_WIDTH};
+
 use ratatui::Frame;
-use ratatui::layout::{Constraint, Direction, Layout, Rect};
+use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
 
 use super::app::{App, Mode, Tone};
 use super::keys;
+use super::layout::{Areas, areas};
 use theme::Theme;
-
-/// Below this the screen shows a message instead of a squeezed layout.
-pub const MIN_WIDTH: u16 = 60;
-pub const MIN_HEIGHT: u16 = 16;
-
-/// Where everything goes on a screen of a given size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Areas {
-    pub title: Rect,
-    pub tree: Rect,
-    pub details: Rect,
-    pub progress: Option<Rect>,
-    pub devices: Rect,
-    pub memory: Rect,
-    pub status: Rect,
-    /// Tree rows that fit (inside the border, below the header).
-    pub tree_rows: usize,
-}
-
-pub fn layout_for(width: u16, height: u16) -> Areas {
-    areas(Rect::new(0, 0, width, height), false)
-}
-
-fn areas(area: Rect, with_progress: bool) -> Areas {
-    let bottom = if area.height >= 30 { 8 } else { 6 };
-    let progress = if with_progress { 6 } else { 0 };
-    let rows = Layout::default()
-        .direction(Direction::Vertical)
-        .constraints([
-            Constraint::Length(1),
-            Constraint::Min(5),
-            Constraint::Length(progress),
-            Constraint::Length(bottom),
-            Constraint::Length(1),
-        ])
-        .split(area);
-    let middle = Layout::default()
-        .direction(Direction::Horizontal)
-        .constraints([Constraint::Percentage(62), Constraint::Percentage(38)])
-        .split(rows[1]);
-    let lower = Layout::default()
-        .direction(Direction::Horizontal)
-        .constraints([Constraint::Percentage(55), Constraint::Percentage(45)])
-        .split(rows[3]);
-    Areas {
-        title: rows[0],
-        tree: middle[0],
-        details: middle[1],
-        progress: with_progress.then_some(rows[2]),
-        devices: lower[0],
-        memory: lower[1],
-        status: rows[4],
-        tree_rows: middle[0].height.saturating_sub(3) as usize,
-    }
-}
 
 /// The layout the app is drawn with (the progress panel takes room while a save is
 /// shown).

@@ -9,8 +9,8 @@ use ratatui::widgets::{Paragraph, Sparkline};
 use super::theme::Theme;
 use super::{bar, panel};
 use crate::human_bytes;
-use crate::model::placement::Placement;
 use crate::tui::app::{App, Outcome};
+use crate::types::placement::Placement;
 
 pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let block = panel("Devices");

@@ -1,18 +1,23 @@
 //! Reading a model directory: weights, config, device map, offload folder and ties.
 
+mod draft;
+mod ties;
+
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use super::checkpoint::{
-    ByteRange, Checkpoint, FileId, NO_KEY, Parts, Source, SourceFile, Tensor, place,
-};
-use super::placement::{DeviceMap, Placement};
 use crate::formats::FormatError;
 use crate::formats::config::{ModelConfig, read_config};
 use crate::formats::device_map::{DEVICE_MAP_FILE, read_device_map};
 use crate::formats::hf_index::{INDEX_FILE, SINGLE_FILE, parse_index, read_index_text};
 use crate::formats::offload::{OffloadForm, read_offload_folder};
-use crate::formats::safetensors::{Header, HeaderCache, read_header};
+use crate::formats::safetensors::{HeaderCache, read_header};
+use crate::model::checkpoint::{
+    ByteRange, Checkpoint, FileId, NO_KEY, Parts, Source, SourceFile, Tensor, place,
+};
+use crate::types::placement::Placement;
+use draft::Draft;
+use ties::{config_ties, explicit_tie, merge_groups};
 
 /// What the user told devmap beyond the directory.
 #[derive(Debug, Clone, Default)]
@@ -42,86 +47,6 @@ pub enum LoadError {
         kept: String,
         message: String,
     },
-}
-
-/// Names of output heads that transformers ties to the input embedding.
-const HEAD_NAMES: [&str; 2] = ["lm_head.weight", "embed_out.weight"];
-/// Name endings of input embeddings, most common first.
-const EMBEDDING_SUFFIXES: [&str; 5] = [
-    "embed_tokens.weight",
-    "wte.weight",
-    "word_embeddings.weight",
-    "embed_in.weight",
-    "shared.weight",
-];
-
-/// Where each tensor comes from while the checkpoint is being put together.
-struct Draft {
-    /// Checkpoint entries replaced by offload values: `(name, range)`.
-    replaced: Vec<(String, ByteRange)>,
-    /// Kept in module order once the weights are read, so names are found by binary
-    /// search and merged with sorted offload entries in one pass: no name map, no
-    /// copy of every name.
-    tensors: Vec<Tensor>,
-    files: Vec<SourceFile>,
-    file_ids: HashMap<PathBuf, FileId>,
-}
-
-impl Draft {
-    fn find(&self, name: &str) -> Option<usize> {
-        super::checkpoint::search(&self.tensors, name).ok()
-    }
-
-    /// Restores module order after tensors were appended, and refuses a name that
-    /// now appears twice.
-    fn resort(&mut self) -> Result<(), LoadError> {
-        super::checkpoint::sort_in_module_order(&mut self.tensors);
-        if let Some(w) = self.tensors.windows(2).find(|w| w[0].name == w[1].name) {
-            let file = |t: &Tensor| match t.source {
-                Source::Offload(r) | Source::Checkpoint(r) => self.files[r.file].path.clone(),
-                _ => PathBuf::new(),
-            };
-            return Err(LoadError::Conflict {
-                path: file(&w[1]),
-                message: format!(
-                    "tensor `{}` is also in {}; which one is meant is unclear",
-                    w[0].name,
-                    file(&w[0]).display()
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    fn file_id(&mut self, path: &Path, header: &Header) -> FileId {
-        if let Some(&id) = self.file_ids.get(path) {
-            return id;
-        }
-        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        self.files.push(SourceFile {
-            path: path.to_path_buf(),
-            len: header.file_len,
-            modified,
-        });
-        self.file_ids
-            .insert(path.to_path_buf(), self.files.len() - 1);
-        self.files.len() - 1
-    }
-
-    fn plain_file_id(&mut self, path: &Path) -> FileId {
-        if let Some(&id) = self.file_ids.get(path) {
-            return id;
-        }
-        let meta = std::fs::metadata(path).ok();
-        self.files.push(SourceFile {
-            path: path.to_path_buf(),
-            len: meta.as_ref().map_or(0, |m| m.len()),
-            modified: meta.and_then(|m| m.modified().ok()),
-        });
-        self.file_ids
-            .insert(path.to_path_buf(), self.files.len() - 1);
-        self.files.len() - 1
-    }
 }
 
 /// Reads the model directory `dir`.
@@ -441,151 +366,4 @@ fn add_checkpoint_tensor(
         source: Source::Checkpoint(range),
         load_dtype: None,
     });
-}
-
-/// `tie_word_embeddings`: the output head holds the input embedding. The head is added
-/// when the weights lack it but the device map names it (transformers does not save the
-/// tied side).
-fn config_ties(
-    config: &ModelConfig,
-    draft: &mut Draft,
-    map: Option<&DeviceMap>,
-    warnings: &mut Vec<String>,
-) -> Vec<Vec<String>> {
-    if !config.tie_word_embeddings {
-        return Vec::new();
-    }
-    let mut embeddings: Vec<&str> = draft
-        .tensors
-        .iter()
-        .map(|t| t.name.as_str())
-        .filter(|n| EMBEDDING_SUFFIXES.iter().any(|s| n.ends_with(s)) && !HEAD_NAMES.contains(n))
-        .collect();
-    embeddings.sort_by_key(|n| {
-        (
-            EMBEDDING_SUFFIXES
-                .iter()
-                .position(|s| n.ends_with(s))
-                .unwrap_or(usize::MAX),
-            n.len(),
-        )
-    });
-    let Some(embedding) = embeddings.first().map(|s| (*s).to_owned()) else {
-        return Vec::new();
-    };
-    let mut ties = Vec::new();
-    for head in HEAD_NAMES {
-        let module = head.trim_end_matches(".weight");
-        let Some(emb) = draft.find(&embedding) else {
-            break;
-        };
-        match draft.find(head) {
-            Some(h) => {
-                if draft.tensors[h].shape == draft.tensors[emb].shape {
-                    ties.push(vec![embedding.clone(), head.to_owned()]);
-                } else {
-                    warnings.push(format!(
-                        "config.json ties word embeddings, but `{head}` {:?} and `{embedding}` {:?} differ in shape; not tied",
-                        draft.tensors[h].shape, draft.tensors[emb].shape
-                    ));
-                }
-            }
-            None => {
-                // A causal LM has its head even when the checkpoint leaves the tied
-                // copy out; a device map naming it says so too.
-                let named = map.is_some_and(|m| m.get(module).is_some() || m.get(head).is_some());
-                let lm = head == "lm_head.weight"
-                    && config
-                        .architectures
-                        .iter()
-                        .any(|a| a.ends_with("ForCausalLM") || a.ends_with("LMHeadModel"));
-                if named || lm {
-                    add_tied_copy(draft, head, emb);
-                    ties.push(vec![embedding.clone(), head.to_owned()]);
-                }
-            }
-        }
-    }
-    ties
-}
-
-fn add_tied_copy(draft: &mut Draft, name: &str, of: usize) {
-    let src = &draft.tensors[of];
-    let copy = Tensor {
-        name: name.to_owned(),
-        dtype: src.dtype,
-        shape: src.shape.clone(),
-        placement: Placement::Cpu,
-        map_key: NO_KEY,
-        source: Source::None,
-        load_dtype: None,
-    };
-    // Inserted where module order puts it; the caller knows the name is new.
-    let at = super::checkpoint::search(&draft.tensors, name).unwrap_or_else(|pos| pos);
-    draft.tensors.insert(at, copy);
-}
-
-fn explicit_tie(tied: &str, kept: &str, draft: &mut Draft) -> Result<Vec<String>, LoadError> {
-    let bad = |message: String| LoadError::BadTie {
-        tied: tied.to_owned(),
-        kept: kept.to_owned(),
-        message,
-    };
-    if tied == kept {
-        return Err(bad("a tensor cannot be tied to itself".into()));
-    }
-    let Some(k) = draft.find(kept) else {
-        return Err(bad(format!("no tensor is named `{kept}`")));
-    };
-    match draft.find(tied) {
-        None => add_tied_copy(draft, tied, k),
-        Some(t) => {
-            let (a, b) = (&draft.tensors[t], &draft.tensors[k]);
-            if a.shape != b.shape || a.dtype != b.dtype {
-                return Err(bad(format!(
-                    "`{tied}` is {} {:?} but `{kept}` is {} {:?}; tied tensors must match",
-                    a.dtype, a.shape, b.dtype, b.shape
-                )));
-            }
-        }
-    }
-    Ok(vec![kept.to_owned(), tied.to_owned()])
-}
-
-/// Joins groups that share a name; the first group's first name stays first.
-fn merge_groups(groups: Vec<Vec<String>>) -> Vec<Vec<String>> {
-    let mut merged: Vec<Vec<String>> = Vec::new();
-    for group in groups {
-        let hits: Vec<usize> = merged
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| group.iter().any(|n| m.contains(n)))
-            .map(|(i, _)| i)
-            .collect();
-        if hits.is_empty() {
-            let mut g = Vec::new();
-            for n in group {
-                if !g.contains(&n) {
-                    g.push(n);
-                }
-            }
-            merged.push(g);
-            continue;
-        }
-        let first = hits[0];
-        for &i in hits[1..].iter().rev() {
-            let other = merged.remove(i);
-            for n in other {
-                if !merged[first].contains(&n) {
-                    merged[first].push(n);
-                }
-            }
-        }
-        for n in group {
-            if !merged[first].contains(&n) {
-                merged[first].push(n);
-            }
-        }
-    }
-    merged
 }

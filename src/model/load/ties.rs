@@ -1,0 +1,170 @@
+//! Tie inference: which tensors hold the same value, from the config, the device map
+//! and the user's `--tie`.
+
+use super::LoadError;
+use super::draft::Draft;
+use crate::formats::config::ModelConfig;
+use crate::model::checkpoint::{NO_KEY, Source, Tensor};
+use crate::types::placement::{DeviceMap, Placement};
+
+/// Names of output heads that transformers ties to the input embedding.
+const HEAD_NAMES: [&str; 2] = ["lm_head.weight", "embed_out.weight"];
+/// Name endings of input embeddings, most common first.
+const EMBEDDING_SUFFIXES: [&str; 5] = [
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "embed_in.weight",
+    "shared.weight",
+];
+
+/// `tie_word_embeddings`: the output head holds the input embedding. The head is added
+/// when the weights lack it but the device map names it (transformers does not save the
+/// tied side).
+pub(super) fn config_ties(
+    config: &ModelConfig,
+    draft: &mut Draft,
+    map: Option<&DeviceMap>,
+    warnings: &mut Vec<String>,
+) -> Vec<Vec<String>> {
+    if !config.tie_word_embeddings {
+        return Vec::new();
+    }
+    let mut embeddings: Vec<&str> = draft
+        .tensors
+        .iter()
+        .map(|t| t.name.as_str())
+        .filter(|n| EMBEDDING_SUFFIXES.iter().any(|s| n.ends_with(s)) && !HEAD_NAMES.contains(n))
+        .collect();
+    embeddings.sort_by_key(|n| {
+        (
+            EMBEDDING_SUFFIXES
+                .iter()
+                .position(|s| n.ends_with(s))
+                .unwrap_or(usize::MAX),
+            n.len(),
+        )
+    });
+    let Some(embedding) = embeddings.first().map(|s| (*s).to_owned()) else {
+        return Vec::new();
+    };
+    let mut ties = Vec::new();
+    for head in HEAD_NAMES {
+        let module = head.trim_end_matches(".weight");
+        let Some(emb) = draft.find(&embedding) else {
+            break;
+        };
+        match draft.find(head) {
+            Some(h) => {
+                if draft.tensors[h].shape == draft.tensors[emb].shape {
+                    ties.push(vec![embedding.clone(), head.to_owned()]);
+                } else {
+                    warnings.push(format!(
+                        "config.json ties word embeddings, but `{head}` {:?} and `{embedding}` {:?} differ in shape; not tied",
+                        draft.tensors[h].shape, draft.tensors[emb].shape
+                    ));
+                }
+            }
+            None => {
+                // A causal LM has its head even when the checkpoint leaves the tied
+                // copy out; a device map naming it says so too.
+                let named = map.is_some_and(|m| m.get(module).is_some() || m.get(head).is_some());
+                let lm = head == "lm_head.weight"
+                    && config
+                        .architectures
+                        .iter()
+                        .any(|a| a.ends_with("ForCausalLM") || a.ends_with("LMHeadModel"));
+                if named || lm {
+                    add_tied_copy(draft, head, emb);
+                    ties.push(vec![embedding.clone(), head.to_owned()]);
+                }
+            }
+        }
+    }
+    ties
+}
+
+fn add_tied_copy(draft: &mut Draft, name: &str, of: usize) {
+    let src = &draft.tensors[of];
+    let copy = Tensor {
+        name: name.to_owned(),
+        dtype: src.dtype,
+        shape: src.shape.clone(),
+        placement: Placement::Cpu,
+        map_key: NO_KEY,
+        source: Source::None,
+        load_dtype: None,
+    };
+    // Inserted where module order puts it; the caller knows the name is new.
+    let at = crate::model::checkpoint::search(&draft.tensors, name).unwrap_or_else(|pos| pos);
+    draft.tensors.insert(at, copy);
+}
+
+pub(super) fn explicit_tie(
+    tied: &str,
+    kept: &str,
+    draft: &mut Draft,
+) -> Result<Vec<String>, LoadError> {
+    let bad = |message: String| LoadError::BadTie {
+        tied: tied.to_owned(),
+        kept: kept.to_owned(),
+        message,
+    };
+    if tied == kept {
+        return Err(bad("a tensor cannot be tied to itself".into()));
+    }
+    let Some(k) = draft.find(kept) else {
+        return Err(bad(format!("no tensor is named `{kept}`")));
+    };
+    match draft.find(tied) {
+        None => add_tied_copy(draft, tied, k),
+        Some(t) => {
+            let (a, b) = (&draft.tensors[t], &draft.tensors[k]);
+            if a.shape != b.shape || a.dtype != b.dtype {
+                return Err(bad(format!(
+                    "`{tied}` is {} {:?} but `{kept}` is {} {:?}; tied tensors must match",
+                    a.dtype, a.shape, b.dtype, b.shape
+                )));
+            }
+        }
+    }
+    Ok(vec![kept.to_owned(), tied.to_owned()])
+}
+
+/// Joins groups that share a name; the first group's first name stays first.
+pub(super) fn merge_groups(groups: Vec<Vec<String>>) -> Vec<Vec<String>> {
+    let mut merged: Vec<Vec<String>> = Vec::new();
+    for group in groups {
+        let hits: Vec<usize> = merged
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| group.iter().any(|n| m.contains(n)))
+            .map(|(i, _)| i)
+            .collect();
+        if hits.is_empty() {
+            let mut g = Vec::new();
+            for n in group {
+                if !g.contains(&n) {
+                    g.push(n);
+                }
+            }
+            merged.push(g);
+            continue;
+        }
+        let first = hits[0];
+        for &i in hits[1..].iter().rev() {
+            let other = merged.remove(i);
+            for n in other {
+                if !merged[first].contains(&n) {
+                    merged[first].push(n);
+                }
+            }
+        }
+        for n in group {
+            if !merged[first].contains(&n) {
+                merged[first].push(n);
+            }
+        }
+    }
+    merged
+}

@@ -1,0 +1,203 @@
+//! The writer threads: each takes shards off a shared queue and streams every tensor's
+//! recipe into its temporary file.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::SystemTime;
+
+use super::copy::{Copier, CopyError};
+use super::error::SaveError;
+use super::event::{Reporter, SaveEvent};
+use super::plan::{SavePlan, ShardPlan};
+use super::recipe::Recipe;
+use super::verify::verify_shard;
+use crate::model::checkpoint::{Checkpoint, FileId};
+
+/// Open input files, checked against what they were when the model was loaded.
+#[derive(Default)]
+struct Sources {
+    open: HashMap<FileId, File>,
+}
+
+impl Sources {
+    fn get(&mut self, ckpt: &Checkpoint, id: FileId) -> Result<&File, SaveError> {
+        let file = match self.open.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let path = ckpt.file_path(id);
+                e.insert(File::open(path).map_err(|err| SaveError::io(path, err))?)
+            }
+        };
+        check_unchanged(ckpt, id, file)?;
+        Ok(file)
+    }
+}
+
+fn check_unchanged(ckpt: &Checkpoint, id: FileId, file: &File) -> Result<(), SaveError> {
+    let info = &ckpt.files[id];
+    let meta = file.metadata().map_err(|e| SaveError::io(&info.path, e))?;
+    let modified: Option<SystemTime> = meta.modified().ok();
+    if meta.len() != info.len || (info.modified.is_some() && modified != info.modified) {
+        return Err(SaveError::SourceChanged {
+            path: info.path.clone(),
+            message: format!(
+                "changed while devmap was using it (was {} bytes, now {}); the save stopped and wrote nothing; save again once nothing else writes to the model",
+                info.len,
+                meta.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// What the writer threads share: the plan, a queue position, totals, flags.
+pub(super) struct Shared<'a> {
+    pub(super) ckpt: &'a Checkpoint,
+    pub(super) plan: &'a SavePlan,
+    /// Each shard's temporary file, by shard index.
+    pub(super) shard_tmps: &'a [PathBuf],
+    pub(super) fsync: bool,
+    pub(super) drop_cache: bool,
+    pub(super) cancel: &'a AtomicBool,
+    pub(super) reporter: &'a Reporter<'a>,
+    pub(super) next: AtomicUsize,
+    pub(super) total_written: AtomicU64,
+    /// Set by a worker that failed, so the others stop early.
+    pub(super) failed: AtomicBool,
+    pub(super) used_kernel_copy: AtomicBool,
+}
+
+impl Shared<'_> {
+    /// One writer thread: takes shards off the queue until none is left.
+    pub(super) fn work(&self) -> Result<(), SaveError> {
+        let mut writer = ShardWriter {
+            shared: self,
+            sources: Sources::default(),
+            copier: Copier::new(self.drop_cache),
+        };
+        let result = (|| {
+            let count = self.plan.shards.len();
+            loop {
+                if self.cancel.load(Ordering::Relaxed) || self.failed.load(Ordering::Relaxed) {
+                    return Err(SaveError::Cancelled);
+                }
+                let index = self.next.fetch_add(1, Ordering::Relaxed);
+                let Some(shard) = self.plan.shards.get(index) else {
+                    return Ok(());
+                };
+                self.reporter.lifecycle(SaveEvent::ShardStarted {
+                    index,
+                    count,
+                    file_name: shard.file_name.clone(),
+                    bytes: shard.file_bytes(),
+                });
+                let tmp = &self.shard_tmps[index];
+                writer.write_shard(shard, tmp, index)?;
+                verify_shard(shard, tmp)?;
+                self.reporter.lifecycle(SaveEvent::ShardFinished { index });
+            }
+        })();
+        if !writer.copier.used_kernel_copy() {
+            self.used_kernel_copy.store(false, Ordering::Relaxed);
+        }
+        if matches!(result, Err(ref e) if !matches!(e, SaveError::Cancelled)) {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Stop copying: the user cancelled or another worker failed.
+    fn stop_flag(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// Streams tensors into shard files, reusing open inputs and the copy buffer.
+struct ShardWriter<'a> {
+    shared: &'a Shared<'a>,
+    sources: Sources,
+    copier: Copier,
+}
+
+impl ShardWriter<'_> {
+    fn write_shard(
+        &mut self,
+        shard: &ShardPlan,
+        tmp: &Path,
+        index: usize,
+    ) -> Result<(), SaveError> {
+        use std::os::unix::fs::FileExt;
+        let dst = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(tmp)
+            .map_err(|e| SaveError::io(tmp, e))?;
+        dst.write_all_at(&shard.header, 0)
+            .map_err(|e| SaveError::io(tmp, e))?;
+        let data_start = shard.header.len() as u64;
+        let mut shard_written = 0u64;
+        let shared = self.shared;
+        let ckpt = shared.ckpt;
+        let stop = StopFlag(shared);
+        for t in &shard.tensors {
+            let Recipe::Copy(source) = t.recipe;
+            let src = self.sources.get(ckpt, source.file)?;
+            let src_path = ckpt.file_path(source.file);
+            let mut report = |n: u64| {
+                shard_written += n;
+                let total = shared.total_written.fetch_add(n, Ordering::Relaxed) + n;
+                shared.reporter.progress(SaveEvent::Progress {
+                    index,
+                    shard_written,
+                    total_written: total,
+                });
+            };
+            self.copier
+                .copy(
+                    (src, source.offset),
+                    (&dst, data_start + t.begin),
+                    source.len,
+                    &stop,
+                    &mut report,
+                )
+                .map_err(|e| match e {
+                    CopyError::Cancelled => SaveError::Cancelled,
+                    CopyError::ShortSource { copied } => SaveError::SourceChanged {
+                        path: src_path.to_path_buf(),
+                        message: format!(
+                            "ended after {copied} of the {} bytes of tensor `{}`; it was truncated while devmap read it",
+                            source.len, t.name
+                        ),
+                    },
+                    // Out of space or over a file-size limit is about the output.
+                    CopyError::Io(io)
+                        if matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)) =>
+                    {
+                        SaveError::io(tmp, io)
+                    }
+                    CopyError::Io(io) => SaveError::io(src_path, io),
+                })?;
+            check_unchanged(ckpt, source.file, src)?;
+        }
+        // A trailing empty tensor leaves the file short of its planned length.
+        dst.set_len(shard.file_bytes())
+            .map_err(|e| SaveError::io(tmp, e))?;
+        if shared.fsync {
+            dst.sync_all().map_err(|e| SaveError::io(tmp, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Lets the copy loop see both the user's cancel and another worker's failure.
+struct StopFlag<'a>(&'a Shared<'a>);
+
+impl super::copy::Stop for StopFlag<'_> {
+    fn stop(&self) -> bool {
+        self.0.stop_flag()
+    }
+}
