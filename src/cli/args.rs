@@ -138,7 +138,7 @@ fn parse_tie(text: &str) -> Result<(String, String), String> {
 #[derive(Debug, Clone)]
 pub struct Budgets(pub Vec<(devmap::model::Placement, u64)>);
 
-fn parse_max_memory(text: &str) -> Result<Budgets, String> {
+fn parse_max_memory(text: &str) -> Result<Budgets, devmap::plan::BudgetError> {
     devmap::plan::parse_max_memory(text).map(Budgets)
 }
 
@@ -148,7 +148,7 @@ fn parse_dtype(text: &str) -> Result<devmap::model::DType, String> {
         .ok_or_else(|| format!("`{text}` is not a dtype: use e.g. bfloat16, float16, float32"))
 }
 
-fn parse_shard_size(text: &str) -> Result<u64, String> {
+fn parse_shard_size(text: &str) -> Result<u64, devmap::formats::size::SizeError> {
     devmap::formats::size::parse_size(text)
 }
 

@@ -1,9 +1,29 @@
 //! Byte sizes as users type them: `5GB` (decimal, as huggingface_hub and transformers
 //! read it), `5GiB` (binary, as accelerate also accepts), or a plain byte count.
 
+/// Why a size string was refused. Each variant keeps the text as typed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error(
+        "`{0}` is not a size: use a number of bytes or a unit KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024), e.g. 5GB"
+    )]
+    UnknownUnit(String),
+    #[error("`{0}` is not a size: it has no number (e.g. 5GB)")]
+    NoNumber(String),
+    #[error("`{0}` is not a size: malformed number")]
+    Malformed(String),
+    #[error("`{0}` is too large")]
+    TooLarge(String),
+    #[error("`{0}`: too many decimals")]
+    TooManyDecimals(String),
+    #[error("`{0}`: the size must be more than zero")]
+    Zero(String),
+}
+
 /// Parses a size. Units are case-insensitive; spaces between number and unit are
 /// allowed; fractions are allowed with a unit (`1.5GB`).
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
+    let owned = || text.to_owned();
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -20,36 +40,28 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "mib" => 1 << 20,
         "gib" => 1 << 30,
         "tib" => 1 << 40,
-        _ => {
-            return Err(format!(
-                "`{text}` is not a size: use a number of bytes or a unit KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024), e.g. 5GB"
-            ));
-        }
+        _ => return Err(SizeError::UnknownUnit(owned())),
     };
     if number.is_empty() {
-        return Err(format!(
-            "`{text}` is not a size: it has no number (e.g. 5GB)"
-        ));
+        return Err(SizeError::NoNumber(owned()));
     }
     let value = if let Some((whole, frac)) = number.split_once('.') {
         if frac.contains('.') || (whole.is_empty() && frac.is_empty()) {
-            return Err(format!("`{text}` is not a size: malformed number"));
+            return Err(SizeError::Malformed(owned()));
         }
         let whole: u64 = if whole.is_empty() {
             0
         } else {
-            whole
-                .parse()
-                .map_err(|_| format!("`{text}` is too large"))?
+            whole.parse().map_err(|_| SizeError::TooLarge(owned()))?
         };
         let scale = 10u64
             .checked_pow(frac.len() as u32)
-            .ok_or_else(|| format!("`{text}`: too many decimals"))?;
+            .ok_or_else(|| SizeError::TooManyDecimals(owned()))?;
         let frac_value: u64 = if frac.is_empty() {
             0
         } else {
             frac.parse()
-                .map_err(|_| format!("`{text}`: too many decimals"))?
+                .map_err(|_| SizeError::TooManyDecimals(owned()))?
         };
         let whole_bytes = whole.checked_mul(multiplier);
         let frac_bytes =
@@ -61,9 +73,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
             .ok()
             .and_then(|n| n.checked_mul(multiplier))
     }
-    .ok_or_else(|| format!("`{text}` is too large"))?;
+    .ok_or_else(|| SizeError::TooLarge(owned()))?;
     if value == 0 {
-        return Err(format!("`{text}`: the size must be more than zero"));
+        return Err(SizeError::Zero(owned()));
     }
     Ok(value)
 }
@@ -99,5 +111,8 @@ mod tests {
         ] {
             assert!(parse_size(bad).is_err(), "{bad:?} should be refused");
         }
+        assert_eq!(parse_size("5XB"), Err(SizeError::UnknownUnit("5XB".into())));
+        assert_eq!(parse_size("GB"), Err(SizeError::NoNumber("GB".into())));
+        assert_eq!(parse_size("0"), Err(SizeError::Zero("0".into())));
     }
 }

@@ -40,7 +40,7 @@ pub struct Planned {
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum PlanError {
+pub enum PlanningError {
     #[error("--max-memory names no device; give e.g. 0=22GiB,cpu=64GiB")]
     NoDevices,
     #[error("the model has no tensors to place")]
@@ -65,12 +65,12 @@ fn device_order(max_memory: &[(Placement, u64)]) -> Vec<Placement> {
     gpus
 }
 
-pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, PlanError> {
+pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, PlanningError> {
     if ckpt.tensors.is_empty() {
-        return Err(PlanError::Empty);
+        return Err(PlanningError::Empty);
     }
     if options.max_memory.is_empty() {
-        return Err(PlanError::NoDevices);
+        return Err(PlanningError::NoDevices);
     }
     let tree = PlanTree::build(ckpt, &options.no_split, options.dtype);
     let devices = device_order(&options.max_memory);

@@ -4,42 +4,54 @@
 pub mod auto;
 pub mod order;
 
-pub use auto::{PlanError, PlanOptions, Planned, plan};
+pub use auto::{PlanOptions, Planned, PlanningError, plan};
 
+use crate::formats::size::{SizeError, parse_size};
 use crate::model::checkpoint::Checkpoint;
 use crate::types::placement::Placement;
 
+/// Why a `--max-memory` spec was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    #[error("`{0}` is not DEVICE=SIZE (e.g. 0=22GiB or cpu=64GiB)")]
+    NotAPair(String),
+    #[error("disk needs no budget: it takes whatever is left")]
+    DiskBudget,
+    #[error("`{0}` is not a device: use a GPU index, cuda:N, mps or cpu")]
+    UnknownDevice(String),
+    #[error(transparent)]
+    Size(#[from] SizeError),
+    #[error("{0} is given twice")]
+    Repeated(Placement),
+    #[error("give at least one device, e.g. 0=22GiB,cpu=64GiB")]
+    Empty,
+}
+
 /// Parses `--max-memory 0=22GiB,1=22GiB,cpu=64GiB` (device=size pairs; GPU indexes,
 /// `cuda:N`, `mps`, `cpu`; sizes as `formats::size` reads them).
-pub fn parse_max_memory(text: &str) -> Result<Vec<(Placement, u64)>, String> {
+pub fn parse_max_memory(text: &str) -> Result<Vec<(Placement, u64)>, BudgetError> {
     let mut out: Vec<(Placement, u64)> = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (device, size) = part
             .split_once('=')
-            .ok_or_else(|| format!("`{part}` is not DEVICE=SIZE (e.g. 0=22GiB or cpu=64GiB)"))?;
+            .ok_or_else(|| BudgetError::NotAPair(part.to_owned()))?;
         let device = device.trim();
         let placement = match device.parse::<u32>() {
             Ok(i) => Placement::Gpu(i),
             Err(_) => match Placement::parse_device(device) {
                 Some(p @ (Placement::Gpu(_) | Placement::Mps | Placement::Cpu)) => p,
-                Some(Placement::Disk) => {
-                    return Err("disk needs no budget: it takes whatever is left".into());
-                }
-                _ => {
-                    return Err(format!(
-                        "`{device}` is not a device: use a GPU index, cuda:N, mps or cpu"
-                    ));
-                }
+                Some(Placement::Disk) => return Err(BudgetError::DiskBudget),
+                _ => return Err(BudgetError::UnknownDevice(device.to_owned())),
             },
         };
-        let bytes = crate::formats::size::parse_size(size)?;
+        let bytes = parse_size(size)?;
         if out.iter().any(|(p, _)| *p == placement) {
-            return Err(format!("{placement} is given twice"));
+            return Err(BudgetError::Repeated(placement));
         }
         out.push((placement, bytes));
     }
     if out.is_empty() {
-        return Err("give at least one device, e.g. 0=22GiB,cpu=64GiB".into());
+        return Err(BudgetError::Empty);
     }
     Ok(out)
 }
@@ -88,7 +100,7 @@ mod tests {
             parse_max_memory("cuda:2=1GB"),
             Ok(vec![(Placement::Gpu(2), 1_000_000_000)])
         );
-        assert!(parse_max_memory("disk=1GB").is_err());
+        assert_eq!(parse_max_memory("disk=1GB"), Err(BudgetError::DiskBudget));
         assert!(parse_max_memory("tpu=1GB").is_err());
         assert!(parse_max_memory("0=1GB,0=2GB").is_err());
         assert!(parse_max_memory("0").is_err());

@@ -1,12 +1,12 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::plan::PlanError;
-
 #[derive(Debug, thiserror::Error)]
 pub enum SaveError {
-    #[error(transparent)]
-    Plan(#[from] PlanError),
+    /// Tensors that cannot be written (no data, a source of the wrong size), found
+    /// while planning. Each problem names a tensor.
+    #[error("cannot save; nothing was written:{}", bullets(.0))]
+    Unsaveable(Vec<String>),
     /// Found before any byte was written.
     #[error("refusing to save; nothing was written:{}", bullets(.0))]
     Refused(Vec<String>),

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
 
+use super::error::SaveError;
 use super::recipe::Recipe;
 use crate::formats::hf_index::{SINGLE_FILE, shard_file_name};
 use crate::formats::safetensors::{HeaderEntry, encode_header};
@@ -125,13 +126,6 @@ impl SavePlan {
     }
 }
 
-/// Why a plan cannot be made. Each problem names a tensor.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("cannot save; nothing was written:{}", super::error::bullets(problems))]
-pub struct PlanError {
-    pub problems: Vec<String>,
-}
-
 /// Splits consecutive items into shards as huggingface_hub does: start a new shard when
 /// the next item would pass `max`; an item larger than `max` gets a shard to itself.
 pub fn split_into_shards(sizes: &[u64], max: u64) -> Vec<Range<usize>> {
@@ -161,7 +155,7 @@ pub fn split_into_shards(sizes: &[u64], max: u64) -> Vec<Range<usize>> {
     shards
 }
 
-pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, PlanError> {
+pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveError> {
     let mut problems = Vec::new();
     let mut dropped_ties = Vec::new();
     let mut chosen: Vec<(TensorId, ByteRange)> = Vec::new();
@@ -189,7 +183,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, PlanEr
         }
     }
     if !problems.is_empty() {
-        return Err(PlanError { problems });
+        return Err(SaveError::Unsaveable(problems));
     }
     let sizes: Vec<u64> = chosen
         .iter()

@@ -138,7 +138,7 @@ impl App {
             Action::Submit => {
                 let spec = dialog.budgets.clone();
                 match crate::plan::parse_max_memory(&spec) {
-                    Err(e) => dialog.error = Some(e),
+                    Err(e) => dialog.error = Some(e.to_string()),
                     Ok(max_memory) => {
                         let options = crate::plan::PlanOptions {
                             max_memory,

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::save::SaveError;
 
 impl App {
     pub(super) fn open_save(&mut self) {
@@ -60,7 +61,7 @@ impl App {
     }
 
     pub(super) fn options_for(&self, dialog: &SaveDialog) -> Result<SaveOptions, String> {
-        let max = parse_size(&dialog.size)?;
+        let max = parse_size(&dialog.size).map_err(|e| e.to_string())?;
         if dialog.out.trim().is_empty() {
             return Err("type an output folder".into());
         }
@@ -88,8 +89,12 @@ impl App {
         };
         let plan = match crate::save::plan(&self.ckpt, &options) {
             Ok(p) => p,
+            Err(SaveError::Unsaveable(problems)) => {
+                preview.errors = problems;
+                return preview;
+            }
             Err(e) => {
-                preview.errors = e.problems;
+                preview.errors = vec![e.to_string()];
                 return preview;
             }
         };
