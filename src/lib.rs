@@ -1,8 +1,21 @@
 //! devmap: inspect Hugging Face device maps and offloaded checkpoints, and re-save
 //! them as sharded safetensors with flat memory.
 //!
-//! Layers, top to bottom: `save` (and later `tui`) use `model`, which reads through
-//! `formats`. Nothing here needs a terminal.
+//! Layers, bottom to top; each uses only the ones below it, nothing points up:
+//!
+//! ```text
+//! types      DType, Placement, DeviceMap, ByteRange: the shared vocabulary
+//! formats    safetensors headers, HF index, config.json, device_map.json, offload folders
+//! model      Checkpoint (tensors, sources, placement, ties), ModuleTree, checks
+//! save  plan  inspect  monitor
+//!            save: shard plan of per-tensor recipes, writers, commit, verify;
+//!            plan: accelerate's auto placement; inspect: text and JSON reports;
+//!            monitor: RAM and GPU memory readings (save gets free RAM passed in)
+//! tui        App (state, actions, no I/O of its own), layout, views; cli in main.rs
+//! ```
+//!
+//! `sys` holds the few system calls std lacks and is the only module with `unsafe`.
+//! Nothing below `tui` needs a terminal.
 
 #[cfg(feature = "fixtures")]
 pub mod fixtures;

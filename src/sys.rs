@@ -1,5 +1,7 @@
 //! The few system calls std does not offer: positioned `copy_file_range`, `statvfs`
-//! and `posix_fadvise`. This is the only module besides the header mmap with `unsafe`.
+//! and `posix_fadvise`. This is the only module of devmap with `unsafe` code: the
+//! crate denies it everywhere else.
+#![allow(unsafe_code)]
 
 use std::ffi::CString;
 use std::fs::File;
@@ -7,6 +9,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
 
 /// Copies up to `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` in the
 /// kernel, without moving either file's cursor. Returns the bytes copied (0 at the
@@ -73,29 +77,23 @@ pub(crate) fn drop_from_cache(file: &File, offset: u64, len: u64) {
 }
 
 /// Set when SIGTERM, SIGHUP or SIGINT arrives, once [`catch_termination`] ran.
-static TERMINATION: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-extern "C" fn on_termination(_signal: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    TERMINATION.store(true, std::sync::atomic::Ordering::SeqCst);
-}
+static TERMINATION: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 
 /// Turns SIGTERM, SIGHUP and SIGINT into a flag the program polls, so a save can be
 /// cancelled cleanly (temporary files removed) and the terminal restored instead of
-/// the process dying mid-write.
-pub fn catch_termination() -> &'static std::sync::atomic::AtomicBool {
-    for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
-        // SAFETY: an all-zero sigaction is valid; we set a handler that only performs
-        // an atomic store (async-signal-safe) and an empty mask, then install it with
-        // a valid pointer to that struct.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction =
-                on_termination as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            libc::sigemptyset(&mut action.sa_mask);
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigaction(signal, &action, std::ptr::null_mut());
+/// the process dying mid-write. The handlers (signal-hook's) only store to the flag.
+pub fn catch_termination() -> &'static AtomicBool {
+    TERMINATION.get_or_init(|| {
+        let flag = Arc::new(AtomicBool::new(false));
+        for signal in [
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGHUP,
+            signal_hook::consts::SIGINT,
+        ] {
+            // Fails only for signals that cannot be caught (SIGKILL, SIGSTOP); without
+            // the handler the default action (exit) still stops devmap.
+            let _ = signal_hook::flag::register(signal, Arc::clone(&flag));
         }
-    }
-    &TERMINATION
+        flag
+    })
 }

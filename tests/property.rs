@@ -151,7 +151,7 @@ proptest! {
 
     #[test]
     fn the_header_reader_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
-        let _ = devmap::formats::safetensors::parse_header(std::path::Path::new("x"), &bytes);
+        let _ = devmap::formats::safetensors::parse_header(std::path::Path::new("x"), &bytes, bytes.len() as u64);
     }
 
     #[test]
@@ -173,7 +173,7 @@ proptest! {
         let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
         bytes.extend_from_slice(header.as_bytes());
         bytes.resize(bytes.len() + extra, 0);
-        if let Ok(h) = devmap::formats::safetensors::parse_header(std::path::Path::new("x"), &bytes) {
+        if let Ok(h) = devmap::formats::safetensors::parse_header(std::path::Path::new("x"), &bytes, bytes.len() as u64) {
             let covered: u64 = h.tensors.iter().map(|t| t.len).sum();
             prop_assert_eq!(covered, extra as u64, "accepted a layout that does not cover the data");
         }

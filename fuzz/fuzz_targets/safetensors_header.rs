@@ -6,7 +6,7 @@ use devmap::formats::safetensors::parse_header;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(header) = parse_header(std::path::Path::new("fuzz.safetensors"), data) {
+    if let Ok(header) = parse_header(std::path::Path::new("fuzz.safetensors"), data, data.len() as u64) {
         let mut cursor = header.data_start;
         for t in &header.tensors {
             assert_eq!(t.offset, cursor, "accepted a hole or an overlap");

@@ -1,12 +1,12 @@
 //! The safetensors container: an 8-byte little-endian header length, a JSON header,
-//! then the tensors' bytes. Headers are read from a memory map, so opening a file
-//! touches its header pages and nothing else.
+//! then the tensors' bytes. Opening a file reads its first 8 bytes and its header with
+//! ordinary reads and nothing else; the parser itself works from a prefix of the file
+//! and the file's length, so a header can come from anywhere (a range read, say).
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 
-use memmap2::Mmap;
 use serde_json::Value;
 
 use super::FormatError;
@@ -48,11 +48,41 @@ pub fn read_header(path: &Path) -> Result<Header, FormatError> {
             ),
         ));
     }
-    // SAFETY: the file is opened read-only and only the header bytes are read, after
-    // checking they lie inside the file's length. Another process truncating the file
-    // while we parse could still fault; devmap never writes its inputs.
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, e))?;
-    parse_header(path, &map)
+    let mut prefix = vec![0u8; 8];
+    read_exact_at(&file, &mut prefix, 0).map_err(|e| FormatError::io(path, e))?;
+    let header_len = u64::from_le_bytes(prefix[..8].try_into().unwrap_or([0; 8]));
+    // Checked before anything is allocated for it.
+    check_header_len(path, header_len, file_len)?;
+    // Lossless: header_len <= MAX_HEADER_LEN, far below usize::MAX.
+    prefix.resize(8 + header_len as usize, 0);
+    read_exact_at(&file, &mut prefix[8..], 8).map_err(|e| FormatError::io(path, e))?;
+    parse_header(path, &prefix, file_len)
+}
+
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.read_exact_at(buf, offset)
+}
+
+/// The declared header length must fit the 100 MB limit and the file.
+fn check_header_len(path: &Path, header_len: u64, file_len: u64) -> Result<(), FormatError> {
+    if header_len > MAX_HEADER_LEN {
+        return Err(FormatError::invalid(
+            path,
+            format!(
+                "header length {header_len} is over the 100 MB limit; the file is corrupt or not safetensors"
+            ),
+        ));
+    }
+    if 8 + header_len > file_len {
+        return Err(FormatError::invalid(
+            path,
+            format!(
+                "header length {header_len} runs past the end of the {file_len}-byte file; the file is truncated"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Headers already read, by path, so files named many times (offload indexes point
@@ -73,36 +103,31 @@ impl HeaderCache {
     }
 }
 
-/// Parses a header from the file's bytes (`bytes` must be the whole file; only the
-/// header part is read).
-pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, FormatError> {
-    let file_len = bytes.len() as u64;
+/// Parses a header from a prefix of a `file_len`-byte file. `prefix` must hold at
+/// least the 8-byte length and the header (the whole file will do); tensor data in it
+/// is not read.
+pub fn parse_header(path: &Path, prefix: &[u8], file_len: u64) -> Result<Header, FormatError> {
     let mut len_bytes = [0u8; 8];
     len_bytes.copy_from_slice(
-        bytes
+        prefix
             .get(..8)
             .ok_or_else(|| FormatError::invalid(path, "shorter than the 8-byte header length"))?,
     );
     let header_len = u64::from_le_bytes(len_bytes);
-    if header_len > MAX_HEADER_LEN {
-        return Err(FormatError::invalid(
-            path,
-            format!(
-                "header length {header_len} is over the 100 MB limit; the file is corrupt or not safetensors"
-            ),
-        ));
-    }
+    check_header_len(path, header_len, file_len)?;
     let data_start = 8 + header_len;
-    if data_start > file_len {
-        return Err(FormatError::invalid(
-            path,
-            format!(
-                "header length {header_len} runs past the end of the {file_len}-byte file; the file is truncated"
-            ),
-        ));
-    }
-    // Lossless: data_start <= file_len == bytes.len().
-    let header_bytes = &bytes[8..data_start as usize];
+    let header_bytes = usize::try_from(data_start)
+        .ok()
+        .and_then(|end| prefix.get(8..end))
+        .ok_or_else(|| {
+            FormatError::invalid(
+                path,
+                format!(
+                    "only {} bytes of the {data_start}-byte header were given; the header is cut short",
+                    prefix.len()
+                ),
+            )
+        })?;
     let text = std::str::from_utf8(header_bytes)
         .map_err(|e| FormatError::invalid(path, format!("header is not UTF-8 ({e})")))?;
     let raw: RawHeader = serde_json::from_str(text.trim_end_matches(' ')).map_err(|e| {
@@ -363,7 +388,7 @@ mod tests {
     }
 
     fn err(bytes: &[u8]) -> String {
-        match parse_header(Path::new("x.safetensors"), bytes) {
+        match parse_header(Path::new("x.safetensors"), bytes, bytes.len() as u64) {
             Ok(h) => panic!("expected an error, got {h:?}"),
             Err(e) => e.to_string(),
         }
@@ -391,7 +416,7 @@ mod tests {
         let mut bytes = encode_header(&entries, &meta);
         assert_eq!((bytes.len() - 8) % 8, 0);
         bytes.resize(bytes.len() + 18, 7);
-        let h = parse_header(Path::new("x"), &bytes).expect("valid");
+        let h = parse_header(Path::new("x"), &bytes, bytes.len() as u64).expect("valid");
         assert_eq!(h.tensors.len(), 2);
         assert_eq!(h.tensors[1].name, "b");
         assert_eq!(h.tensors[1].offset, h.data_start + 16);
@@ -435,9 +460,30 @@ mod tests {
     #[test]
     fn empty_and_zero_dim_tensors() {
         let h = r#"{"e":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},"s":{"dtype":"I64","shape":[],"data_offsets":[0,8]}}"#;
-        let parsed = parse_header(Path::new("x"), &file_with(h, 8)).expect("valid");
+        let bytes = file_with(h, 8);
+        let parsed = parse_header(Path::new("x"), &bytes, bytes.len() as u64).expect("valid");
         assert_eq!(parsed.tensors.len(), 2);
         assert_eq!(parsed.tensors[0].name, "e");
         assert_eq!(parsed.tensors[0].len, 0);
+    }
+
+    #[test]
+    fn a_prefix_and_the_file_length_are_enough() {
+        let h = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[3],"data_offsets":[8,11]}}"#;
+        let whole = file_with(h, 11);
+        let len = whole.len() as u64;
+        let from_whole = parse_header(Path::new("x"), &whole, len).expect("whole file");
+        let header_end = from_whole.data_start as usize;
+        let from_prefix = parse_header(Path::new("x"), &whole[..header_end], len).expect("prefix");
+        assert_eq!(from_prefix, from_whole);
+        // A prefix that stops inside the header says so; a wrong length is still caught.
+        let cut = parse_header(Path::new("x"), &whole[..header_end - 1], len)
+            .expect_err("cut header")
+            .to_string();
+        assert!(cut.contains("cut short"), "{cut}");
+        let short = parse_header(Path::new("x"), &whole[..header_end], len - 1)
+            .expect_err("file shorter than the data")
+            .to_string();
+        assert!(short.contains("truncated"), "{short}");
     }
 }
