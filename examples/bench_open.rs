@@ -13,8 +13,7 @@ use devmap::model::{LoadOptions, ModuleTree, load};
 fn main() -> std::io::Result<()> {
     let dir = std::env::args()
         .nth(1)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target/bench/moe"));
+        .map_or_else(|| PathBuf::from("target/bench/moe"), PathBuf::from);
     // Memory first, in a fresh process: what one loaded model and its tree hold.
     let rss_before = devmap::monitor::rss_bytes().unwrap_or(0);
     let ckpt = load(&dir, &LoadOptions::default()).map_err(std::io::Error::other)?;

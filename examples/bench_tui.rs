@@ -29,8 +29,7 @@ fn ms(d: Duration) -> String {
 fn main() -> std::io::Result<()> {
     let dir = std::env::args()
         .nth(1)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target/bench/moe"));
+        .map_or_else(|| PathBuf::from("target/bench/moe"), PathBuf::from);
     if !dir.join("model.safetensors.index.json").exists() {
         let (n, bytes) = write_sparse_moe(
             &dir,

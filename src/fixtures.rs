@@ -26,7 +26,9 @@ impl FixtureTensor {
         let len = byte_len(dtype, shape).unwrap_or(0) as usize;
         let mut data = pattern_bytes(seed, len);
         if dtype == DType::Bool {
-            data.iter_mut().for_each(|b| *b &= 1);
+            for b in &mut data {
+                *b &= 1;
+            }
         }
         FixtureTensor {
             name: name.to_owned(),

@@ -32,9 +32,9 @@ pub(crate) fn copy_file_range(
     let n = unsafe {
         libc::copy_file_range(
             src.as_raw_fd(),
-            &mut off_in,
+            &raw mut off_in,
             dst.as_raw_fd(),
-            &mut off_out,
+            &raw mut off_out,
             len,
             0,
         )
@@ -55,7 +55,7 @@ pub(crate) fn free_space(path: &Path) -> io::Result<u64> {
     let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c_path` is a NUL-terminated string that outlives the call and `stat`
     // is a valid, writable statvfs.
-    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &raw mut stat) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }

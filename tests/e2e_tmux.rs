@@ -50,8 +50,7 @@ fn assert_restored(tmux: &Tmux) -> String {
     let mode = after
         .lines()
         .find(|l| l.trim().ends_with("icanon"))
-        .map(str::trim)
-        .unwrap_or("");
+        .map_or("", str::trim);
     assert_eq!(mode, "icanon", "raw mode was not restored:\n{after}");
     assert!(
         !after.contains("┌ Modules"),
@@ -208,7 +207,10 @@ fn sigterm_and_sighup_restore_the_terminal_and_cancel_the_save() {
                 end: (i as u64 + 1) << 26,
             })
             .collect();
-        let header = devmap::formats::safetensors::encode_header(&entries, &Default::default());
+        let header = devmap::formats::safetensors::encode_header(
+            &entries,
+            &std::collections::BTreeMap::new(),
+        );
         let path = dir.join("model.safetensors");
         std::fs::write(&path, &header).expect("write");
         std::fs::OpenOptions::new()

@@ -235,18 +235,17 @@ fn an_input_truncated_or_rewritten_during_the_save_stops_it() {
         // Another process changes a shard after devmap opened the model.
         let victim = m.dir.join("model-00002-of-00003.safetensors");
         let len = std::fs::metadata(&victim).expect("m").len();
-        match how {
-            "truncate" => std::fs::OpenOptions::new()
+        if how == "truncate" {
+            std::fs::OpenOptions::new()
                 .write(true)
                 .open(&victim)
                 .expect("o")
                 .set_len(len / 2)
-                .expect("t"),
-            _ => {
-                std::thread::sleep(Duration::from_millis(20));
-                let bytes = std::fs::read(&victim).expect("r");
-                std::fs::write(&victim, bytes).expect("w");
-            }
+                .expect("t");
+        } else {
+            std::thread::sleep(Duration::from_millis(20));
+            let bytes = std::fs::read(&victim).expect("r");
+            std::fs::write(&victim, bytes).expect("w");
         }
         let cancel = std::sync::atomic::AtomicBool::new(false);
         let err = write(

@@ -167,7 +167,7 @@ proptest! {
     ) {
         let body: Vec<String> = entries
             .iter()
-            .map(|(n, d, s, a, b)| format!("{:?}:{{\"dtype\":{:?},\"shape\":{:?},\"data_offsets\":[{a},{b}]}}", n, d, s))
+            .map(|(n, d, s, a, b)| format!("{n:?}:{{\"dtype\":{d:?},\"shape\":{s:?},\"data_offsets\":[{a},{b}]}}"))
             .collect();
         let header = format!("{{{}}}", body.join(","));
         let mut bytes = (header.len() as u64).to_le_bytes().to_vec();

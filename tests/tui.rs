@@ -39,7 +39,7 @@ fn app_for(model: &common::Model) -> App {
         gpu_total: vec![(0, 24 * GIB)],
     };
     for i in 0..40 {
-        app.handle(Action::Memory(sample(4.0 + (i % 7) as f64 * 0.1, 11.0)));
+        app.handle(Action::Memory(sample(4.0 + f64::from(i % 7) * 0.1, 11.0)));
     }
     app.handle(Action::Resize {
         width: 120,
@@ -205,8 +205,7 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
         .device_totals()
         .into_iter()
         .find(|(p, _)| *p == Placement::Disk)
-        .map(|x| x.1)
-        .unwrap_or(0);
+        .map_or(0, |x| x.1);
     // model.layers.4 is on cpu; d moves it to disk.
     press(&mut app, &[ch('/')]);
     press(&mut app, &text("layers.4"));
@@ -220,8 +219,7 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
         .device_totals()
         .into_iter()
         .find(|(p, _)| *p == Placement::Disk)
-        .map(|x| x.1)
-        .unwrap_or(0);
+        .map_or(0, |x| x.1);
     assert_eq!(disk_after, disk_before + node.bytes);
     assert!(app.map_edited);
     assert!(

@@ -42,18 +42,17 @@ pub fn run(args: Args) -> Result<()> {
         Some(Command::Plan(a)) => plan(&a, &args.model),
         Some(Command::Save(a)) => save(&a, &args.model),
         None => {
-            let dir = match args.dir {
-                Some(d) => d,
-                None => {
-                    let demo = demo_dir();
-                    if !demo.is_dir() {
-                        return Err(eyre!(
-                            "give a model directory: devmap DIR (the bundled demo lives in the source tree, and {} is not there)",
-                            demo.display()
-                        ));
-                    }
-                    demo
+            let dir = if let Some(d) = args.dir {
+                d
+            } else {
+                let demo = demo_dir();
+                if !demo.is_dir() {
+                    return Err(eyre!(
+                        "give a model directory: devmap DIR (the bundled demo lives in the source tree, and {} is not there)",
+                        demo.display()
+                    ));
                 }
+                demo
             };
             let ckpt = open(&dir, &args.model)?;
             if std::io::stdout().is_terminal() {
@@ -81,20 +80,19 @@ fn open(dir: &std::path::Path, model: &ModelArgs) -> Result<Checkpoint> {
 
 fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
     let mut ckpt = open(&a.dir, model)?;
-    let max_memory = match &a.max_memory {
-        Some(m) => m.0.clone(),
-        None => {
-            let detected = devmap::monitor::detected_budgets();
-            eprintln!(
-                "budgets (detected; give --max-memory to choose): {}",
-                detected
-                    .iter()
-                    .map(|(p, b)| format!("{p}={}", human_bytes(*b)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+    let max_memory = if let Some(m) = &a.max_memory {
+        m.0.clone()
+    } else {
+        let detected = devmap::monitor::detected_budgets();
+        eprintln!(
+            "budgets (detected; give --max-memory to choose): {}",
             detected
-        }
+                .iter()
+                .map(|(p, b)| format!("{p}={}", human_bytes(*b)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        detected
     };
     let options = devmap::plan::PlanOptions {
         max_memory,

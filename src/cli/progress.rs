@@ -39,7 +39,7 @@ impl Progress {
                 file_name,
                 ..
             } => {
-                self.shard = file_name.clone();
+                self.shard.clone_from(file_name);
                 self.shard_index = *index;
                 self.shard_count = *count;
             }

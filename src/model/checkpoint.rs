@@ -56,7 +56,7 @@ impl Tensor {
     pub fn numel(&self) -> u64 {
         self.shape
             .iter()
-            .try_fold(1u64, |acc, d| acc.checked_mul(d))
+            .try_fold(1u64, u64::checked_mul)
             .unwrap_or(0)
     }
 
@@ -263,7 +263,7 @@ impl Checkpoint {
 
     /// Bytes per device, in display order.
     pub fn device_totals(&self) -> Vec<(Placement, u64)> {
-        let mut totals: std::collections::BTreeMap<Placement, u64> = Default::default();
+        let mut totals = std::collections::BTreeMap::<Placement, u64>::new();
         for t in &self.tensors {
             *totals.entry(t.placement).or_default() += t.bytes();
         }

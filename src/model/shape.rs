@@ -12,7 +12,7 @@ pub enum Shape {
 
 impl Shape {
     pub fn new(dims: &[u64]) -> Shape {
-        if dims.len() <= 4 && dims.iter().all(|&d| d <= u64::from(u32::MAX)) {
+        if dims.len() <= 4 && dims.iter().all(|&d| u32::try_from(d).is_ok()) {
             let mut inline = [0u32; 4];
             for (slot, &d) in inline.iter_mut().zip(dims) {
                 // Checked above: every dim fits.

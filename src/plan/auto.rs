@@ -113,7 +113,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
             (max_layer, max_layer_names) =
                 tree.max_layer(queue.iter().copied().filter(|&q| !tree.nodes[q].is_param));
         }
-        let size = node.size as i128;
+        let size = i128::from(node.size);
         // Tie groups reaching outside this module, as accelerate finds them (a
         // substring test on dotted names).
         let inside = |k: &str| format!("{k}.").contains(&format!("{name}."));
@@ -123,14 +123,14 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
             .flat_map(|g| g.iter().filter(|k| !inside(k)).map(String::as_str))
             .collect();
         let device = devices[current];
-        let mut max_size: Option<i128> = budget.get(&device).map(|&b| b as i128);
+        let mut max_size: Option<i128> = budget.get(&device).map(|&b| i128::from(b));
         if device == Placement::Disk {
             max_size = None;
         }
         let mut reserved = 0i128;
         if main_devices.contains(&device) {
-            max_size = max_size.map(|m| m - max_layer as i128);
-            reserved = max_layer as i128;
+            max_size = max_size.map(|m| m - i128::from(max_layer));
+            reserved = i128::from(max_layer);
         }
         // The modules in the queue that hold the tied parameters.
         let mut tied_modules: Vec<usize> = Vec::new();
@@ -140,7 +140,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
                 tree.nodes[q].name == *p || p.starts_with(&format!("{}.", tree.nodes[q].name))
             }) {
                 tied_modules.push(q);
-                size_with_ties += tree.nodes[q].size as i128 - tree.size_of(p) as i128;
+                size_with_ties += i128::from(tree.nodes[q].size) - i128::from(tree.size_of(p));
             }
         }
         let used_here = used[&device];
@@ -231,7 +231,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
 
 fn reserve_note(reserved: i128, names: &[String]) -> String {
     if reserved > 0 {
-        let largest = names.first().map(String::as_str).unwrap_or("?");
+        let largest = names.first().map_or("?", String::as_str);
         format!(
             " ({} kept free for the largest layer, {largest})",
             crate::human_bytes(reserved as u64)

@@ -278,7 +278,7 @@ mod tests {
             max in 1u64..2000,
         ) {
             let shards = split_into_shards(&sizes, max);
-            let flat: Vec<usize> = shards.iter().flat_map(|r| r.clone()).collect();
+            let flat: Vec<usize> = shards.iter().flat_map(std::clone::Clone::clone).collect();
             prop_assert_eq!(flat, (0..sizes.len()).collect::<Vec<_>>());
             for r in &shards {
                 prop_assert!(!r.is_empty());

@@ -67,7 +67,7 @@ fn canonical_or_self(path: &Path) -> PathBuf {
     let mut rest = Vec::new();
     while !existing.exists() {
         match (
-            existing.file_name().map(|n| n.to_owned()),
+            existing.file_name().map(std::borrow::ToOwned::to_owned),
             existing.parent(),
         ) {
             (Some(name), Some(parent)) => {

@@ -83,14 +83,12 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
             _ => None,
         },
         Mode::Help => match key.code {
-            KeyCode::Esc | KeyCode::Char('?') | KeyCode::Char('q') | KeyCode::Enter => {
-                Some(Action::Close)
-            }
+            KeyCode::Esc | KeyCode::Char('?' | 'q') | KeyCode::Enter => Some(Action::Close),
             _ => None,
         },
         Mode::Confirm(_) => match key.code {
-            KeyCode::Char('y') | KeyCode::Char('Y') | KeyCode::Enter => Some(Action::Yes),
-            KeyCode::Char('n') | KeyCode::Char('N') | KeyCode::Esc => Some(Action::No),
+            KeyCode::Char('y' | 'Y') | KeyCode::Enter => Some(Action::Yes),
+            KeyCode::Char('n' | 'N') | KeyCode::Esc => Some(Action::No),
             _ => None,
         },
     }

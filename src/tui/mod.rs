@@ -122,7 +122,7 @@ impl Runtime {
                         self.save_thread = std::thread::Builder::new()
                             .name("devmap-save-events".into())
                             .spawn(move || {
-                                for ev in job.events.iter() {
+                                for ev in &job.events {
                                     let last = matches!(
                                         ev,
                                         SaveEvent::Finished(_)
@@ -188,9 +188,10 @@ fn event_loop(
     let terminated = crate::sys::catch_termination();
     terminal.draw(|f| ui::draw(&app, f))?;
     // A deliberate panic, for the test that the terminal is restored on panic.
-    if std::env::var_os("DEVMAP_DEBUG_PANIC").is_some() {
-        panic!("DEVMAP_DEBUG_PANIC is set: panicking on purpose after the first frame");
-    }
+    assert!(
+        std::env::var_os("DEVMAP_DEBUG_PANIC").is_none(),
+        "DEVMAP_DEBUG_PANIC is set: panicking on purpose after the first frame"
+    );
     loop {
         let (urgent, any) = drain(&rx, &mut app, &mut runtime, start)?;
         if terminated.load(Ordering::SeqCst) {

@@ -94,12 +94,11 @@ impl DeviceMap {
 
     /// Sets (or adds) the entry for `key`.
     pub fn set(&mut self, key: String, placement: Placement) {
-        match self.lookup.get(&key) {
-            Some(&i) => self.entries[i].1 = placement,
-            None => {
-                self.lookup.insert(key.clone(), self.entries.len());
-                self.entries.push((key, placement));
-            }
+        if let Some(&i) = self.lookup.get(&key) {
+            self.entries[i].1 = placement
+        } else {
+            self.lookup.insert(key.clone(), self.entries.len());
+            self.entries.push((key, placement));
         }
     }
 

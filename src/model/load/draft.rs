@@ -67,7 +67,7 @@ impl Draft {
         let meta = std::fs::metadata(path).ok();
         self.files.push(SourceFile {
             path: path.to_path_buf(),
-            len: meta.as_ref().map_or(0, |m| m.len()),
+            len: meta.as_ref().map_or(0, std::fs::Metadata::len),
             modified: meta.and_then(|m| m.modified().ok()),
         });
         self.file_ids

@@ -54,30 +54,27 @@ pub(super) fn config_ties(
         let Some(emb) = draft.find(&embedding) else {
             break;
         };
-        match draft.find(head) {
-            Some(h) => {
-                if draft.tensors[h].shape == draft.tensors[emb].shape {
-                    ties.push(vec![embedding.clone(), head.to_owned()]);
-                } else {
-                    warnings.push(format!(
-                        "config.json ties word embeddings, but `{head}` {:?} and `{embedding}` {:?} differ in shape; not tied",
-                        draft.tensors[h].shape, draft.tensors[emb].shape
-                    ));
-                }
+        if let Some(h) = draft.find(head) {
+            if draft.tensors[h].shape == draft.tensors[emb].shape {
+                ties.push(vec![embedding.clone(), head.to_owned()]);
+            } else {
+                warnings.push(format!(
+                    "config.json ties word embeddings, but `{head}` {:?} and `{embedding}` {:?} differ in shape; not tied",
+                    draft.tensors[h].shape, draft.tensors[emb].shape
+                ));
             }
-            None => {
-                // A causal LM has its head even when the checkpoint leaves the tied
-                // copy out; a device map naming it says so too.
-                let named = map.is_some_and(|m| m.get(module).is_some() || m.get(head).is_some());
-                let lm = head == "lm_head.weight"
-                    && config
-                        .architectures
-                        .iter()
-                        .any(|a| a.ends_with("ForCausalLM") || a.ends_with("LMHeadModel"));
-                if named || lm {
-                    add_tied_copy(draft, head, emb);
-                    ties.push(vec![embedding.clone(), head.to_owned()]);
-                }
+        } else {
+            // A causal LM has its head even when the checkpoint leaves the tied
+            // copy out; a device map naming it says so too.
+            let named = map.is_some_and(|m| m.get(module).is_some() || m.get(head).is_some());
+            let lm = head == "lm_head.weight"
+                && config
+                    .architectures
+                    .iter()
+                    .any(|a| a.ends_with("ForCausalLM") || a.ends_with("LMHeadModel"));
+            if named || lm {
+                add_tied_copy(draft, head, emb);
+                ties.push(vec![embedding.clone(), head.to_owned()]);
             }
         }
     }

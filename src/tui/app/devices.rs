@@ -1,6 +1,6 @@
 //! Ties, device edits (`d`) and re-planning (`p`).
 
-use super::*;
+use super::{Action, App, DeviceMap, Mode, Placement, PlanDialog, Tone, covers, edit_text};
 
 impl App {
     pub(super) fn jump_tie(&mut self) {
@@ -132,7 +132,7 @@ impl App {
         };
         match action {
             Action::Input(_) | Action::Backspace | Action::ClearField => {
-                edit_text(&mut dialog.budgets, &action)
+                edit_text(&mut dialog.budgets, &action);
             }
             Action::Close => self.mode = Mode::Browse,
             Action::Submit => {

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::*;
+use super::{Action, App, Confirm, Effect, ExportDialog, Mode, Tone, edit_text, encode_device_map};
 
 impl App {
     pub(super) fn open_export(&mut self) {
@@ -22,7 +22,7 @@ impl App {
         };
         match action {
             Action::Input(_) | Action::Backspace | Action::ClearField => {
-                edit_text(&mut dialog.path, &action)
+                edit_text(&mut dialog.path, &action);
             }
             Action::Close => self.mode = Mode::Browse,
             Action::Submit => {
@@ -69,8 +69,7 @@ impl App {
             .ckpt
             .device_map
             .as_ref()
-            .map(encode_device_map)
-            .unwrap_or_else(|| "{\n  \"\": \"cpu\"\n}\n".to_owned());
+            .map_or_else(|| "{\n  \"\": \"cpu\"\n}\n".to_owned(), encode_device_map);
         Effect::WriteFile { path, contents }
     }
 

@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use super::*;
+use super::{
+    Action, App, Effect, Field, Mode, Outcome, Preview, SAVE_MEMORY, SHARD_PRESETS, SaveDialog,
+    SaveEvent, SaveOptions, SaveProgress, ShardProgress, Tone, edit_text, parse_size,
+};
 use crate::save::SaveError;
 
 impl App {
@@ -101,11 +104,15 @@ impl App {
         preview.errors = crate::save::preflight::check(&self.ckpt, &plan, &options);
         preview.offer_overwrite = !dialog.overwrite
             && std::fs::read_dir(&options.out).is_ok_and(|mut r| r.next().is_some());
-        preview.shard_sizes = plan.shards.iter().map(|s| s.file_bytes()).collect();
-        preview.largest = plan.largest_tensor.clone();
+        preview.shard_sizes = plan
+            .shards
+            .iter()
+            .map(crate::save::plan::ShardPlan::file_bytes)
+            .collect();
+        preview.largest.clone_from(&plan.largest_tensor);
         preview.bytes = plan.file_bytes();
         preview.tensors = plan.tensor_count();
-        preview.ties_once = plan.dropped_ties.clone();
+        preview.ties_once.clone_from(&plan.dropped_ties);
         if let Some(sample) = self.memory.back()
             && sample.available < SAVE_MEMORY * 4
         {

@@ -1,6 +1,6 @@
 //! Search by name: matches as you type, n / N to step through them.
 
-use super::*;
+use super::{Action, App, Mode, Tone, edit_text};
 
 impl App {
     pub(super) fn search_input(&mut self, action: Action) {

@@ -213,7 +213,7 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             theme.good(),
         ))),
         Some(Outcome::Failed(why)) => {
-            lines.push(Line::from(Span::styled(why.clone(), theme.bad())))
+            lines.push(Line::from(Span::styled(why.clone(), theme.bad())));
         }
         Some(Outcome::Cancelled) => lines.push(Line::from("no shard was left behind")),
         None => {
