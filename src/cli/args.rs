@@ -120,6 +120,10 @@ pub struct SaveArgs {
     /// RAM (auto), always (drop), or leave it to the kernel (keep).
     #[arg(long, value_enum, default_value_t = Cache::Auto)]
     pub cache: Cache,
+    /// Save even when device-map entries cover no tensor with data, i.e. the weights
+    /// of those modules exist nowhere and the output will lack them.
+    #[arg(long)]
+    pub allow_partial: bool,
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,

@@ -145,6 +145,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
         fsync: !a.no_fsync,
         cache: a.cache.into(),
         available_ram: devmap::monitor::available_ram(),
+        allow_partial: a.allow_partial,
         ..SaveOptions::new(&a.out)
     };
     let plan = prepare(&ckpt, &options)?;

@@ -189,6 +189,39 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<String> {
         .collect()
 }
 
+/// Modules that hold no parameters yet appear in accelerate's `hf_device_map` (the
+/// rotary embedding's `inv_freq` is a non-persistent buffer, never in a checkpoint).
+fn holds_no_parameters(key: &str) -> bool {
+    let last = key.rsplit('.').next().unwrap_or(key);
+    last.contains("rotary") || last.contains("dropout") || matches!(last, "drop" | "act" | "act_fn")
+}
+
+/// Device-map keys under which no tensor has data: the weights of those modules exist
+/// nowhere (the "saved model is almost empty" failure). Keys that only stand behind
+/// more specific keys (`""` or a parent of another key) and modules that hold no
+/// parameters are not counted.
+pub fn keys_without_data(ckpt: &Checkpoint) -> Vec<&str> {
+    let Some(map) = ckpt.device_map.as_ref() else {
+        return Vec::new();
+    };
+    let mut has_data = vec![false; map.entries().len()];
+    for (id, t) in ckpt.tensors.iter().enumerate() {
+        if t.map_key != crate::model::checkpoint::NO_KEY && ckpt.data_range(id).is_some() {
+            has_data[t.map_key as usize] = true;
+        }
+    }
+    let keys: Vec<&str> = map.entries().iter().map(|(k, _)| k.as_str()).collect();
+    let is_parent = |key: &str| {
+        keys.iter()
+            .any(|other| *other != key && (key.is_empty() || other.starts_with(&format!("{key}."))))
+    };
+    keys.iter()
+        .enumerate()
+        .filter(|&(i, key)| !has_data[i] && !holds_no_parameters(key) && !is_parent(key))
+        .map(|(_, key)| *key)
+        .collect()
+}
+
 /// Tensors a save cannot write: no data anywhere.
 pub fn unsaveable(ckpt: &Checkpoint) -> Vec<&str> {
     (0..ckpt.tensors.len())

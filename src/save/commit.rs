@@ -1,55 +1,196 @@
-//! The end of a save: temporary files, and the renames that put them in place.
+//! The output side of a save: the lock on OUT, the temporary files, and the commit
+//! that puts them in place all or nothing.
+//!
+//! Every temporary name carries a nonce unique to this save and is created with
+//! `O_EXCL`, so two saves can never write one file, and a failing save removes only
+//! what it created. The commit moves earlier files that the save replaces aside
+//! (renames, nothing deleted), renames the new files in (the index last), and only
+//! then deletes what it moved aside; a failure at any rename puts everything back, so
+//! OUT holds either the complete earlier content or the complete new save.
 
-use std::fs::File;
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::SaveError;
-use super::preflight::{PARTIAL_SUFFIX, is_saved_weights_name};
+use super::preflight::{BACKUP_SUFFIX, PARTIAL_SUFFIX, blocked_target, is_saved_weights_name};
 
-/// Temporary files of one save, removed unless the save completes.
+/// Temporary files of one save, removed unless the save completes; holds the lock on
+/// OUT for as long as it lives.
 pub(super) struct Staging {
+    out: PathBuf,
+    /// Unique to this save: pid, time and a counter.
+    nonce: String,
     /// `(temporary, final)` names, in the order they are renamed: the index last.
     files: Vec<(PathBuf, PathBuf)>,
+    /// Temporary files this save created (only these are ever removed).
+    created: Mutex<Vec<PathBuf>>,
     created_out: bool,
-    out: PathBuf,
     committed: bool,
+    /// An exclusive `flock` on OUT itself, released when this is dropped.
+    _lock: File,
 }
 
 impl Staging {
-    /// Creates OUT if needed and starts an empty staging area in it.
+    /// Creates OUT if needed, locks it against other saves, and starts an empty
+    /// staging area in it.
     pub(super) fn begin(out: &Path) -> Result<Staging, SaveError> {
         let created_out = !out.exists();
         std::fs::create_dir_all(out).map_err(|e| SaveError::io(out, e))?;
+        let lock = File::open(out).map_err(|e| SaveError::io(out, e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(SaveError::Busy(out.to_path_buf())),
+            Err(TryLockError::Error(e)) => return Err(SaveError::io(out, e)),
+        }
+        static SAVES: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let nonce = format!(
+            "{}-{nanos:x}-{}",
+            std::process::id(),
+            SAVES.fetch_add(1, Ordering::Relaxed)
+        );
         Ok(Staging {
-            files: Vec::new(),
-            created_out,
             out: out.to_path_buf(),
+            nonce,
+            files: Vec::new(),
+            created: Mutex::new(Vec::new()),
+            created_out,
             committed: false,
+            _lock: lock,
         })
     }
 
-    /// The temporary name for `final_name` in OUT, registered so a failure removes it.
-    pub(super) fn add(&mut self, final_name: &std::ffi::OsStr) -> PathBuf {
-        let mut tmp_name = final_name.to_os_string();
-        tmp_name.push(PARTIAL_SUFFIX);
-        let tmp = self.out.join(tmp_name);
+    /// The temporary name for `final_name` in OUT, registered to be renamed into place
+    /// at the commit. Names are bytes: nothing is converted, so two names that differ
+    /// only in non-UTF-8 bytes keep different temporary names.
+    pub(super) fn add(&mut self, final_name: &OsStr) -> PathBuf {
+        let tmp = self.out.join(self.aside_name(final_name, PARTIAL_SUFFIX));
         self.files.push((tmp.clone(), self.out.join(final_name)));
         tmp
     }
 
-    /// Puts every staged file under its real name, the index last, after removing the
-    /// weights of an earlier save that this one does not overwrite. Returns the names
-    /// of the removed files.
-    pub(super) fn commit(mut self, shard_files: &[String]) -> Result<Vec<String>, SaveError> {
-        let removed_stale = remove_stale_weights(&self.out, shard_files)?;
+    fn aside_name(&self, name: &OsStr, suffix: &str) -> OsString {
+        let mut aside = name.to_os_string();
+        aside.push(".");
+        aside.push(&self.nonce);
+        aside.push(suffix);
+        aside
+    }
+
+    /// Creates a temporary file exclusively (`O_EXCL`): it is this save's alone.
+    pub(super) fn create(&self, tmp: &Path) -> Result<File, SaveError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(tmp)
+            .map_err(|e| SaveError::io(tmp, e))?;
+        self.created
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(tmp.to_path_buf());
+        Ok(file)
+    }
+
+    /// Final names that already exist as something other than a regular file (a
+    /// folder, a FIFO, a symlink): a rename onto them would fail or replace the wrong
+    /// thing, so the save refuses before writing.
+    pub(super) fn blocked_targets(&self) -> Vec<String> {
+        self.files
+            .iter()
+            .filter_map(|(_, dest)| blocked_target(dest))
+            .collect()
+    }
+
+    /// Puts every staged file under its real name, the index last, replacing earlier
+    /// files of the same names and removing the weights of an earlier save that this
+    /// one does not overwrite (`keep` are this save's shard names). All or nothing: on
+    /// a failure every rename is undone. Returns the names of removed earlier weights.
+    pub(super) fn commit(
+        mut self,
+        keep: &[String],
+        // A test's way to make the commit fail at a chosen rename, counted from 0 over
+        // the moves aside and the moves in; `None` in every real save.
+        fault: Option<usize>,
+    ) -> Result<Vec<String>, SaveError> {
+        let blocked = self.blocked_targets();
+        if !blocked.is_empty() {
+            return Err(SaveError::Refused(blocked));
+        }
+        let stale = stale_weights(&self.out, keep)?;
+        let mut step = 0usize;
+        let mut rename = |from: &Path, to: &Path| -> io::Result<()> {
+            let this = step;
+            step += 1;
+            if fault == Some(this) {
+                return Err(io::Error::other(format!(
+                    "injected failure at rename {this}"
+                )));
+            }
+            std::fs::rename(from, to)
+        };
+
+        // 1. Move aside what the new files replace, and the stale weights.
+        let mut displaced: Vec<(PathBuf, PathBuf)> = Vec::new();
+        let replaced: Vec<PathBuf> = self.files.iter().map(|(_, dest)| dest.clone()).collect();
+        let stale_left = stale
+            .iter()
+            .map(|name| self.out.join(name))
+            .filter(|path| !replaced.contains(path));
+        let to_move: Vec<PathBuf> = replaced
+            .iter()
+            .filter(|dest| std::fs::symlink_metadata(dest).is_ok())
+            .cloned()
+            .chain(stale_left)
+            .collect();
+        for original in to_move {
+            let Some(name) = original.file_name() else {
+                continue;
+            };
+            let aside = self.out.join(self.aside_name(name, BACKUP_SUFFIX));
+            if let Err(e) = rename(&original, &aside) {
+                restore(&displaced);
+                return Err(SaveError::io(&original, e));
+            }
+            displaced.push((aside, original));
+        }
+
+        // 2. Move the new files in, the index last.
+        let mut placed: Vec<(PathBuf, PathBuf)> = Vec::new();
         for (tmp, dest) in &self.files {
-            std::fs::rename(tmp, dest).map_err(|e| SaveError::io(dest, e))?;
+            if let Err(e) = rename(tmp, dest) {
+                // Back to their temporary names, which the drop then removes.
+                restore(&placed);
+                restore(&displaced);
+                return Err(SaveError::io(dest, e));
+            }
+            placed.push((dest.clone(), tmp.clone()));
         }
         if let Ok(dir) = File::open(&self.out) {
             let _ = dir.sync_all();
         }
         self.committed = true;
-        Ok(removed_stale)
+
+        // 3. The new save is complete: what was moved aside can go.
+        for (aside, _) in &displaced {
+            let _ = std::fs::remove_file(aside);
+        }
+        Ok(stale)
+    }
+}
+
+/// Renames each `(from, to)` back, newest first. Best effort: it runs after a failure
+/// and must not hide it.
+fn restore(moves: &[(PathBuf, PathBuf)]) {
+    for (from, to) in moves.iter().rev() {
+        let _ = std::fs::rename(from, to);
     }
 }
 
@@ -58,7 +199,11 @@ impl Drop for Staging {
         if self.committed {
             return;
         }
-        for (tmp, _) in &self.files {
+        let created = self
+            .created
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for tmp in created.iter() {
             let _ = std::fs::remove_file(tmp);
         }
         if self.created_out {
@@ -68,29 +213,30 @@ impl Drop for Staging {
     }
 }
 
-pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), SaveError> {
+pub(super) fn write_synced(staging: &Staging, path: &Path, bytes: &[u8]) -> Result<(), SaveError> {
     use std::io::Write;
-    let mut f = File::create(path).map_err(|e| SaveError::io(path, e))?;
+    let mut f = staging.create(path)?;
     f.write_all(bytes).map_err(|e| SaveError::io(path, e))?;
     f.sync_all().map_err(|e| SaveError::io(path, e))
 }
 
 /// Weight files of an earlier save in the output folder that this save does not
 /// overwrite (a different shard count, or a stale index), so the loader never mixes
-/// them in.
-fn remove_stale_weights(out: &Path, keep: &[String]) -> Result<Vec<String>, SaveError> {
-    let mut removed = Vec::new();
+/// them in. Only regular files with UTF-8 names of devmap's own kind qualify.
+fn stale_weights(out: &Path, keep: &[String]) -> Result<Vec<String>, SaveError> {
     let entries = std::fs::read_dir(out).map_err(|e| SaveError::io(out, e))?;
-    for entry in entries.filter_map(Result::ok) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(PARTIAL_SUFFIX) || keep.contains(&name) || !entry.path().is_file() {
-            continue;
-        }
-        if is_saved_weights_name(&name) {
-            std::fs::remove_file(entry.path()).map_err(|e| SaveError::io(entry.path(), e))?;
-            removed.push(name);
-        }
-    }
-    removed.sort();
-    Ok(removed)
+    let mut stale: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|name| !keep.contains(name) && is_saved_weights_name(name))
+        .collect();
+    stale.sort();
+    Ok(stale)
+}
+
+/// Whether `name` is a file a save left while it ran: a temporary or moved-aside file.
+pub fn is_unfinished_name(name: &OsStr) -> bool {
+    let bytes = name.as_bytes();
+    bytes.ends_with(PARTIAL_SUFFIX.as_bytes()) || bytes.ends_with(BACKUP_SUFFIX.as_bytes())
 }

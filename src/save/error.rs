@@ -10,6 +10,9 @@ pub enum SaveError {
     /// Found before any byte was written.
     #[error("refusing to save; nothing was written:{}", bullets(.0))]
     Refused(Vec<String>),
+    /// Another save holds the lock on OUT.
+    #[error("another devmap save is writing into {}; wait for it to finish (or cancel it), then save again", .0.display())]
+    Busy(PathBuf),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,

@@ -3,7 +3,7 @@
 //! commit (rename everything into place, index last).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, sync_channel};
@@ -13,7 +13,7 @@ use super::commit::{Staging, write_synced};
 use super::error::SaveError;
 use super::event::{Reporter, SaveEvent, SaveReport};
 use super::plan::{CachePolicy, SaveOptions, SavePlan};
-use super::preflight::files_to_copy;
+use super::preflight::{self, files_to_copy};
 use super::verify::verify_plan_covered;
 use super::writer::Shared;
 use crate::formats::hf_index::{INDEX_FILE, encode_index};
@@ -85,12 +85,35 @@ pub fn write(
 ) -> Result<SaveReport, SaveError> {
     let out = &options.out;
     let mut staging = Staging::begin(out)?;
-    // Every temporary name is known up front, so a failure anywhere removes them all.
+    // Under the lock, what the pre-flight saw may have changed (another save may have
+    // finished into OUT meanwhile): look again.
+    let changed = preflight::check_out_folder(options);
+    if !changed.is_empty() {
+        return Err(SaveError::Refused(changed));
+    }
+    // Every temporary name is known up front, so a failure anywhere removes them all,
+    // and every final name is checked before the first byte is written.
     let shard_tmps: Vec<PathBuf> = plan
         .shards
         .iter()
         .map(|shard| staging.add(shard.file_name.as_ref()))
         .collect();
+    let copies: Vec<(PathBuf, PathBuf)> = if options.weights_only {
+        Vec::new()
+    } else {
+        files_to_copy(ckpt)
+            .into_iter()
+            .filter_map(|src| {
+                let tmp = staging.add(src.file_name()?);
+                Some((src, tmp))
+            })
+            .collect()
+    };
+    let index_tmp = (plan.shards.len() > 1).then(|| staging.add(INDEX_FILE.as_ref()));
+    let blocked = staging.blocked_targets();
+    if !blocked.is_empty() {
+        return Err(SaveError::Refused(blocked));
+    }
     let drop_cache = match options.cache {
         CachePolicy::Drop => true,
         CachePolicy::Keep => false,
@@ -101,6 +124,7 @@ pub fn write(
     let shared = Shared {
         ckpt,
         plan,
+        staging: &staging,
         shard_tmps: &shard_tmps,
         fsync: options.fsync,
         drop_cache,
@@ -137,22 +161,22 @@ pub fn write(
         return Err(SaveError::Cancelled);
     }
     verify_plan_covered(ckpt, plan)?;
+    let kernel_copy = shared.used_kernel_copy.load(Ordering::Relaxed);
 
     let mut copied_files = Vec::new();
-    if !options.weights_only {
-        for src in files_to_copy(ckpt) {
-            let Some(name) = src.file_name() else {
-                continue;
-            };
-            let tmp = staging.add(name);
-            std::fs::copy(&src, &tmp).map_err(|e| SaveError::io(&src, e))?;
-            copied_files.push(name.to_string_lossy().into_owned());
-        }
+    for (src, tmp) in &copies {
+        copy_beside(&staging, src, tmp)?;
+        copied_files.push(
+            src.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+        );
     }
     // The index is written now, under its temporary name, and renamed last: after
     // this point only renames remain, so nothing that can fail for lack of space or a
     // broken input happens once files carry their real names.
-    if plan.shards.len() > 1 {
+    if let Some(tmp) = &index_tmp {
         let weight_map: BTreeMap<String, String> = plan
             .shards
             .iter()
@@ -163,8 +187,7 @@ pub fn write(
             })
             .collect();
         let text = encode_index(plan.total_parameters, plan.total_size, &weight_map);
-        let tmp = staging.add(INDEX_FILE.as_ref());
-        write_synced(&tmp, text.as_bytes())?;
+        write_synced(&staging, tmp, text.as_bytes())?;
     }
     if cancel.load(Ordering::Relaxed) {
         return Err(SaveError::Cancelled);
@@ -172,7 +195,7 @@ pub fn write(
 
     // Commit: from here on, files appear under their real names, the index last.
     let shard_files: Vec<String> = plan.shards.iter().map(|s| s.file_name.clone()).collect();
-    let removed_stale = staging.commit(&shard_files)?;
+    let removed_stale = staging.commit(&shard_files, options.commit_fault)?;
     Ok(SaveReport {
         out: out.clone(),
         shard_files,
@@ -180,7 +203,26 @@ pub fn write(
         bytes: plan.total_size,
         copied_files,
         removed_stale,
-        kernel_copy: shared.used_kernel_copy.load(Ordering::Relaxed),
-        dropped_cache: shared.drop_cache,
+        kernel_copy,
+        dropped_cache: drop_cache,
     })
+}
+
+/// Copies a small file of the model directory (config, tokenizer) to its temporary
+/// name in OUT. A full disk or a file-size limit is OUT's problem and says so; any
+/// other failure names the input.
+fn copy_beside(staging: &Staging, src: &Path, tmp: &Path) -> Result<(), SaveError> {
+    let mut input = std::fs::File::open(src).map_err(|e| SaveError::io(src, e))?;
+    let mut output = staging.create(tmp)?;
+    std::io::copy(&mut input, &mut output).map_err(|e| {
+        if matches!(
+            e.raw_os_error(),
+            Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)
+        ) {
+            SaveError::io(tmp, e)
+        } else {
+            SaveError::io(src, e)
+        }
+    })?;
+    Ok(())
 }

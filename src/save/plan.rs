@@ -33,6 +33,12 @@ pub struct SaveOptions {
     /// RAM free for the page cache, as the caller's monitor read it; `None` when
     /// unknown. [`CachePolicy::Auto`] compares the model against it.
     pub available_ram: Option<u64>,
+    /// Save even when device-map entries cover no tensor that has data (the weights
+    /// of those modules exist nowhere, so the output lacks them).
+    pub allow_partial: bool,
+    /// For tests: fail the commit at this rename, to check that it rolls back.
+    #[doc(hidden)]
+    pub commit_fault: Option<usize>,
 }
 
 /// Whether copied input stays in the page cache.
@@ -61,6 +67,8 @@ impl SaveOptions {
             fsync: true,
             cache: CachePolicy::Auto,
             available_ram: None,
+            allow_partial: false,
+            commit_fault: None,
         }
     }
 }

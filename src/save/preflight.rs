@@ -7,6 +7,8 @@ use crate::model::checkpoint::Checkpoint;
 
 /// Suffix of files a save is still writing. A file with it is never a finished shard.
 pub const PARTIAL_SUFFIX: &str = ".devmap-partial";
+/// Suffix of earlier files a commit moved aside; they are deleted once it completes.
+pub const BACKUP_SUFFIX: &str = ".devmap-old";
 
 /// Other files of the model directory that a save copies: top-level regular files
 /// that are not weights, indexes, the device map or offload data.
@@ -21,9 +23,10 @@ pub fn files_to_copy(ckpt: &Checkpoint) -> Vec<PathBuf> {
         .filter(|p| !ckpt.weight_files.contains(p))
         .filter(|p| ckpt.device_map_path.as_deref() != Some(p.as_path()))
         .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let raw = p.file_name().unwrap_or_default();
+            let name = raw.to_str().unwrap_or("");
             !is_weight_file_name(name)
-                && !name.ends_with(PARTIAL_SUFFIX)
+                && !super::commit::is_unfinished_name(raw)
                 && name != "device_map.json"
         })
         .collect();
@@ -109,44 +112,15 @@ pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<S
             ));
         }
     }
-    if options.out.exists() && !options.out.is_dir() {
-        problems.push(format!(
-            "{} exists and is not a folder",
-            options.out.display()
-        ));
-    }
-    if options.out.is_dir() {
-        let entries: Vec<String> = std::fs::read_dir(&options.out)
-            .map(|r| {
-                r.filter_map(Result::ok)
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let partial: Vec<&String> = entries
-            .iter()
-            .filter(|n| n.ends_with(PARTIAL_SUFFIX))
-            .collect();
-        if !partial.is_empty() {
+    problems.extend(check_out_folder(options));
+    problems.extend(check_targets(ckpt, plan, options));
+    if !options.allow_partial {
+        let empty = crate::model::checks::keys_without_data(ckpt);
+        if !empty.is_empty() {
             problems.push(format!(
-                "{} holds {} unfinished file(s) from an interrupted save (*{PARTIAL_SUFFIX}, e.g. {}); they are not valid shards: delete them, then save again",
-                options.out.display(),
-                partial.len(),
-                partial[0]
-            ));
-        } else if !entries.is_empty() && !options.force {
-            problems.push(format!(
-                "the output folder {} is not empty ({} entries); pass --force to write into it (earlier weight files there are replaced)",
-                options.out.display(),
-                entries.len()
-            ));
-        }
-        if let Ok(meta) = std::fs::metadata(&options.out)
-            && meta.permissions().readonly()
-        {
-            problems.push(format!(
-                "the output folder {} is read-only",
-                options.out.display()
+                "{} device-map key(s) cover no tensor that has data, so the saved model would lack those modules: {}; the checkpoint holding their weights is missing (or the map is for another model). Pass --allow-partial to save the rest anyway",
+                empty.len(),
+                crate::model::checks::name_list(&empty)
             ));
         }
     }
@@ -171,6 +145,88 @@ pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<S
         _ => {}
     }
     problems
+}
+
+/// What the output folder must be for a save: a folder (or absent), writable, empty
+/// unless `--force`, and free of another save's unfinished files. Checked before
+/// planning and again once the save holds the lock on it.
+pub fn check_out_folder(options: &SaveOptions) -> Vec<String> {
+    let mut problems = Vec::new();
+    if options.out.exists() && !options.out.is_dir() {
+        problems.push(format!(
+            "{} exists and is not a folder",
+            options.out.display()
+        ));
+    }
+    if options.out.is_dir() {
+        let entries: Vec<std::ffi::OsString> = std::fs::read_dir(&options.out)
+            .map(|r| r.filter_map(Result::ok).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        let partial: Vec<&std::ffi::OsString> = entries
+            .iter()
+            .filter(|n| super::commit::is_unfinished_name(n))
+            .collect();
+        if !partial.is_empty() {
+            problems.push(format!(
+                "{} holds {} unfinished file(s) from an interrupted save, or one still running (*{PARTIAL_SUFFIX} or *{BACKUP_SUFFIX}, e.g. {}); they are not valid shards: once no save is running, delete them, then save again",
+                options.out.display(),
+                partial.len(),
+                partial[0].to_string_lossy()
+            ));
+        } else if !entries.is_empty() && !options.force {
+            problems.push(format!(
+                "the output folder {} is not empty ({} entries); pass --force to write into it (earlier weight files there are replaced)",
+                options.out.display(),
+                entries.len()
+            ));
+        }
+        if let Ok(meta) = std::fs::metadata(&options.out)
+            && meta.permissions().readonly()
+        {
+            problems.push(format!(
+                "the output folder {} is read-only",
+                options.out.display()
+            ));
+        }
+    }
+    problems
+}
+
+/// Final names in OUT that are taken by something a file cannot replace (a folder, a
+/// FIFO, a symlink).
+fn check_targets(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<String> {
+    let shard_names = plan
+        .shards
+        .iter()
+        .map(|s| std::ffi::OsString::from(&s.file_name));
+    let index = (plan.shards.len() > 1)
+        .then(|| std::ffi::OsString::from(crate::formats::hf_index::INDEX_FILE));
+    let copies = if options.weights_only {
+        Vec::new()
+    } else {
+        files_to_copy(ckpt)
+            .iter()
+            .filter_map(|p| p.file_name().map(std::ffi::OsStr::to_os_string))
+            .collect()
+    };
+    shard_names
+        .chain(copies)
+        .chain(index)
+        .filter_map(|name| blocked_target(&options.out.join(name)))
+        .collect()
+}
+
+/// Why `dest` cannot take a saved file: it exists as something other than a regular
+/// file (a rename onto a folder fails; onto a FIFO or symlink it replaces the wrong
+/// thing).
+pub(super) fn blocked_target(dest: &Path) -> Option<String> {
+    let meta = std::fs::symlink_metadata(dest).ok()?;
+    (!meta.file_type().is_file()).then(|| {
+        format!(
+            "{} exists and is not a regular file; the save needs that name for a file",
+            dest.display()
+        )
+    })
 }
 
 fn nearest_existing(path: &Path) -> PathBuf {

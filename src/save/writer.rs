@@ -2,11 +2,12 @@
 //! recipe into its temporary file.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::SystemTime;
 
+use super::commit::Staging;
 use super::copy::{Copier, CopyError};
 use super::error::SaveError;
 use super::event::{Reporter, SaveEvent};
@@ -56,6 +57,7 @@ fn check_unchanged(ckpt: &Checkpoint, id: FileId, file: &File) -> Result<(), Sav
 pub(super) struct Shared<'a> {
     pub(super) ckpt: &'a Checkpoint,
     pub(super) plan: &'a SavePlan,
+    pub(super) staging: &'a Staging,
     /// Each shard's temporary file, by shard index.
     pub(super) shard_tmps: &'a [PathBuf],
     pub(super) fsync: bool,
@@ -129,13 +131,7 @@ impl ShardWriter<'_> {
         index: usize,
     ) -> Result<(), SaveError> {
         use std::os::unix::fs::FileExt;
-        let dst = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(tmp)
-            .map_err(|e| SaveError::io(tmp, e))?;
+        let dst = self.shared.staging.create(tmp)?;
         dst.write_all_at(&shard.header, 0)
             .map_err(|e| SaveError::io(tmp, e))?;
         let data_start = shard.header.len() as u64;

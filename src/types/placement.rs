@@ -95,7 +95,7 @@ impl DeviceMap {
     /// Sets (or adds) the entry for `key`.
     pub fn set(&mut self, key: String, placement: Placement) {
         if let Some(&i) = self.lookup.get(&key) {
-            self.entries[i].1 = placement
+            self.entries[i].1 = placement;
         } else {
             self.lookup.insert(key.clone(), self.entries.len());
             self.entries.push((key, placement));
