@@ -11,7 +11,9 @@ use common::{mixed_model, read_saved};
 use devmap::model::{LoadOptions, Placement, load};
 use devmap::monitor::MemorySample;
 use devmap::save::{Reporter, SaveEvent};
-use devmap::tui::app::{Action, App, Budgets, Confirm, Effect, Field, Mode, Outcome};
+use devmap::tui::app::{
+    Action, App, Budgets, Confirm, Effect, Field, Mode, Outcome, PREVIEW_DELAY,
+};
 use devmap::tui::keys::{key_action, mouse_action};
 use devmap::tui::ui;
 use ratatui::Terminal;
@@ -57,6 +59,12 @@ fn press(app: &mut App, keys: &[KeyEvent]) -> Vec<Effect> {
         }
     }
     effects
+}
+
+/// Lets the clock run past the save preview's quiet time, as a user who stopped
+/// typing does.
+fn settle(app: &mut App) {
+    app.handle(Action::Tick(app.clock + PREVIEW_DELAY));
 }
 
 fn key(code: KeyCode) -> KeyEvent {
@@ -365,10 +373,21 @@ fn save_dialog_preview_and_a_real_save() {
         ],
     );
     press(&mut app, &text("KB"));
+    // Typing shows at once; the preview waits until the keys stop.
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog")
     };
     assert_eq!(d.size, "1KB");
+    assert_eq!(
+        d.preview.shard_sizes.len(),
+        0,
+        "still the refused size's preview"
+    );
+    assert!(d.preview_due.is_some());
+    settle(&mut app);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
     let shards = d.preview.shard_sizes.len();
     assert!(shards > 3, "{shards}");
     // The output folder: a non-empty one is refused until Ctrl-O.
@@ -379,6 +398,7 @@ fn save_dialog_preview_and_a_real_save() {
     assert!(matches!(&app.mode, Mode::SaveDialog(d) if d.field == Field::Output));
     press(&mut app, &[ctrl('u')]);
     press(&mut app, &text(out.to_str().expect("p")));
+    settle(&mut app);
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog")
     };
@@ -390,6 +410,7 @@ fn save_dialog_preview_and_a_real_save() {
     assert!(d.preview.offer_overwrite);
     assert!(press(&mut app, &[key(KeyCode::Enter)]).is_empty());
     press(&mut app, &[ctrl('o')]);
+    settle(&mut app);
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog")
     };
@@ -519,6 +540,7 @@ fn save_dialog_with_preview_and_warning_snapshot() {
     press(&mut app, &text("1KB"));
     press(&mut app, &[key(KeyCode::Tab), ctrl('u')]);
     press(&mut app, &text("saved-model"));
+    settle(&mut app);
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog")
     };
@@ -709,4 +731,91 @@ fn export_defaults_to_a_path_beside_the_model_not_inside_it() {
         path.display()
     );
     assert_eq!(path.parent(), m.dir.parent());
+}
+
+/// A file system that exists only in the test: every question the App asks is
+/// answered (and counted) here, so the App's decisions are checked without touching
+/// the disk.
+struct FakeProbe {
+    nonempty: std::path::PathBuf,
+    folder: std::path::PathBuf,
+    checks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl devmap::tui::probe::Probe for FakeProbe {
+    fn save_problems(
+        &self,
+        _: &devmap::model::Checkpoint,
+        _: &devmap::save::SavePlan,
+        options: &devmap::save::SaveOptions,
+    ) -> Vec<String> {
+        self.checks
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if options.out == self.nonempty && !options.force {
+            vec!["not empty (fake)".into()]
+        } else {
+            Vec::new()
+        }
+    }
+    fn has_entries(&self, dir: &std::path::Path) -> bool {
+        dir == self.nonempty
+    }
+    fn kind(&self, path: &std::path::Path) -> devmap::tui::probe::PathKind {
+        if path == self.folder {
+            devmap::tui::probe::PathKind::Dir
+        } else {
+            devmap::tui::probe::PathKind::Missing
+        }
+    }
+    fn same_file(&self, a: &std::path::Path, b: &std::path::Path) -> bool {
+        a == b
+    }
+}
+
+#[test]
+fn the_app_asks_its_probe_and_checks_once_the_keys_stop() {
+    let m = mixed_model();
+    let checks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ckpt = load(&m.dir, &LoadOptions::default()).expect("load");
+    // Paths that do not exist on disk: only the probe knows them.
+    let nonempty = std::path::PathBuf::from("/nonexistent/devmap-test/full");
+    let folder = std::path::PathBuf::from("/nonexistent/devmap-test/a-folder");
+    let mut app = App::with_probe(
+        ckpt,
+        Box::new(FakeProbe {
+            nonempty: nonempty.clone(),
+            folder: folder.clone(),
+            checks: checks.clone(),
+        }),
+    );
+    press(&mut app, &[ch('s')]);
+    let opened = checks.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(opened, 1, "opening the dialog checks once");
+    press(&mut app, &[key(KeyCode::Tab), ctrl('u')]);
+    press(&mut app, &text(nonempty.to_str().expect("p")));
+    assert_eq!(
+        checks.load(std::sync::atomic::Ordering::SeqCst),
+        opened,
+        "no file check per keystroke"
+    );
+    settle(&mut app);
+    assert_eq!(checks.load(std::sync::atomic::Ordering::SeqCst), opened + 1);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert_eq!(d.preview.errors, vec!["not empty (fake)".to_owned()]);
+    assert!(d.preview.offer_overwrite);
+    // Enter re-checks at once, and refuses.
+    assert!(press(&mut app, &[key(KeyCode::Enter)]).is_empty());
+    assert_eq!(checks.load(std::sync::atomic::Ordering::SeqCst), opened + 2);
+    press(&mut app, &[key(KeyCode::Esc)]);
+    // Export: the probe says the path is a folder.
+    press(&mut app, &[ch('w'), ctrl('u')]);
+    press(&mut app, &text(folder.to_str().expect("p")));
+    assert!(press(&mut app, &[key(KeyCode::Enter)]).is_empty());
+    assert!(
+        matches!(&app.mode, Mode::Export(d) if d.error.as_deref() == Some("that is a folder; type a file path")),
+        "{:?}",
+        app.mode
+    );
 }

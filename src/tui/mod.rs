@@ -5,6 +5,7 @@
 pub mod app;
 pub mod keys;
 pub mod layout;
+pub mod probe;
 pub mod rows;
 pub mod ui;
 
@@ -192,8 +193,26 @@ fn event_loop(
         std::env::var_os("DEVMAP_DEBUG_PANIC").is_none(),
         "DEVMAP_DEBUG_PANIC is set: panicking on purpose after the first frame"
     );
+    // Whether something changed since the last frame, and whether it was input (drawn
+    // within one frame interval) or only progress (drawn at a slower rate).
+    let mut dirty = false;
+    let mut urgent = false;
     loop {
-        let (urgent, any) = drain(&rx, &mut app, &mut runtime, start)?;
+        // Wake for whichever comes first: the frame a pending change is due in (so the
+        // state after the last key is always drawn, even when it came inside the
+        // throttle), the App's deferred work, or the slow tick.
+        let mut wait = PROGRESS_FRAME;
+        if dirty {
+            let interval = if urgent { FRAME } else { PROGRESS_FRAME };
+            let since = last_draw.map_or(interval, |t| t.elapsed());
+            wait = wait.min(interval.saturating_sub(since));
+        }
+        if let Some(at) = app.wake_at() {
+            wait = wait.min(at.saturating_sub(start.elapsed()));
+        }
+        let (input, any) = drain(&rx, &mut app, &mut runtime, start, wait)?;
+        dirty |= any;
+        urgent |= input;
         if terminated.load(Ordering::SeqCst) {
             // SIGTERM / SIGHUP: cancel a running save (its files are removed when its
             // thread ends, awaited below) and leave through the normal restore path.
@@ -205,11 +224,12 @@ fn event_loop(
         if runtime.quit {
             break;
         }
-        let due =
-            last_draw.is_none_or(|t| t.elapsed() >= if urgent { FRAME } else { PROGRESS_FRAME });
-        if any && due {
+        let interval = if urgent { FRAME } else { PROGRESS_FRAME };
+        if dirty && last_draw.is_none_or(|t| t.elapsed() >= interval) {
             terminal.draw(|f| ui::draw(&app, f))?;
             last_draw = Some(Instant::now());
+            dirty = false;
+            urgent = false;
         }
     }
     // A cancelled save removes its files before its thread ends: wait for that.
@@ -219,15 +239,16 @@ fn event_loop(
     Ok(())
 }
 
-/// Waits for the next event, then takes every pending one. Returns whether any was
-/// input (redraw now) and whether anything changed at all.
+/// Waits up to `wait` for the next event, then takes every pending one. Returns
+/// whether any was input (redraw within a frame) and whether anything changed at all.
 fn drain(
     rx: &Receiver<Event>,
     app: &mut App,
     runtime: &mut Runtime,
     start: Instant,
+    wait: Duration,
 ) -> io::Result<(bool, bool)> {
-    let first = match rx.recv_timeout(PROGRESS_FRAME) {
+    let first = match rx.recv_timeout(wait) {
         Ok(e) => Some(e),
         Err(RecvTimeoutError::Timeout) => None,
         Err(RecvTimeoutError::Disconnected) => {
@@ -235,7 +256,8 @@ fn drain(
         }
     };
     let mut urgent = false;
-    let mut any = first.is_some() || app.save_running();
+    let deferred_due = app.wake_at().is_some_and(|at| start.elapsed() >= at);
+    let mut any = first.is_some() || app.save_running() || deferred_due;
     app.handle(Action::Tick(start.elapsed()));
     for event in first.into_iter().chain(rx.try_iter()) {
         let action = match event {

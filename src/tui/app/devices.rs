@@ -1,5 +1,7 @@
 //! Ties, device edits (`d`) and re-planning (`p`).
 
+use std::sync::Arc;
+
 use super::{Action, App, DeviceMap, Mode, Placement, PlanDialog, Tone, covers, edit_text};
 
 impl App {
@@ -67,7 +69,7 @@ impl App {
             .collect();
         map = DeviceMap::new(kept);
         map.set(key.clone(), next);
-        self.ckpt.apply_device_map(Some(map));
+        Arc::make_mut(&mut self.ckpt).apply_device_map(Some(map));
         self.tree.recompute(&self.ckpt);
         self.warnings = self.ckpt.all_warnings();
         self.map_edited = true;
@@ -160,7 +162,7 @@ impl App {
     pub(super) fn apply_plan(&mut self, planned: crate::plan::Planned, spec: &str) {
         let before: Vec<Placement> = self.ckpt.tensors.iter().map(|t| t.placement).collect();
         let totals_before = self.ckpt.device_totals();
-        self.ckpt.apply_device_map(Some(planned.map));
+        Arc::make_mut(&mut self.ckpt).apply_device_map(Some(planned.map));
         self.tree.recompute(&self.ckpt);
         self.warnings = self.ckpt.all_warnings();
         self.map_edited = true;

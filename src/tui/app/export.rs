@@ -2,7 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Action, App, Confirm, Effect, ExportDialog, Mode, Tone, edit_text, encode_device_map};
+use super::{
+    Action, App, Confirm, Effect, ExportDialog, Mode, PathKind, Tone, edit_text, encode_device_map,
+};
 
 impl App {
     pub(super) fn open_export(&mut self) {
@@ -29,7 +31,7 @@ impl App {
                 let path = PathBuf::from(dialog.path.trim());
                 let problem = if path.as_os_str().is_empty() {
                     Some("type a file path")
-                } else if path.is_dir() {
+                } else if self.probe.kind(&path) == PathKind::Dir {
                     Some("that is a folder; type a file path")
                 } else {
                     None
@@ -44,7 +46,7 @@ impl App {
                             "that is the input device map; devmap never writes its inputs: choose another path".into(),
                         );
                     }
-                } else if path.exists() {
+                } else if self.probe.kind(&path) != PathKind::Missing {
                     self.mode = Mode::Confirm(Confirm::OverwriteExport(path));
                 } else {
                     self.mode = Mode::Browse;
@@ -60,8 +62,7 @@ impl App {
         let Some(input) = &self.ckpt.device_map_path else {
             return false;
         };
-        let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
-        canon(path) == canon(input)
+        self.probe.same_file(path, input)
     }
 
     pub(super) fn export_effect(&self, path: PathBuf) -> Effect {

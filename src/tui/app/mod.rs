@@ -5,6 +5,8 @@
 mod devices;
 mod export;
 mod save;
+
+pub use save::PREVIEW_DELAY;
 mod search;
 
 use std::collections::VecDeque;
@@ -22,6 +24,7 @@ use crate::monitor::gpu::GpuInfo;
 use crate::save::{SaveEvent, SaveOptions, SavePlan, SaveReport};
 use crate::types::placement::{DeviceMap, Placement};
 
+use super::probe::{PathKind, Probe, SystemProbe};
 use super::rows::TreeRows;
 
 /// Shard sizes `←/→` step through in the save dialog.
@@ -139,6 +142,9 @@ pub struct SaveDialog {
     pub field: Field,
     pub overwrite: bool,
     pub preview: Preview,
+    /// When the preview is recomputed after the last edit: typing waits for nothing,
+    /// and the plan and file checks run once the keys stop (or on Enter).
+    pub preview_due: Option<Duration>,
 }
 
 /// What the save would do with the dialog's values, recomputed on every edit.
@@ -211,7 +217,9 @@ pub struct Message {
 }
 
 pub struct App {
-    pub ckpt: Checkpoint,
+    /// Shared with a running save, which reads it on its own thread; an edit while
+    /// a save runs copies it once (`Arc::make_mut`).
+    pub ckpt: Arc<Checkpoint>,
     pub tree: ModuleTree,
     pub rows: TreeRows,
     pub mode: Mode,
@@ -229,6 +237,8 @@ pub struct App {
     pub budgets: Budgets,
     pub gpus: Vec<GpuInfo>,
     pub gpu_note: Option<String>,
+    /// Every file-system question the App asks goes through here.
+    probe: Box<dyn Probe>,
 }
 
 /// What each device can hold, where known. Filled by the runtime (free disk is a
@@ -242,7 +252,13 @@ pub struct Budgets {
 }
 
 impl App {
+    /// An App over `ckpt` that asks the real file system.
     pub fn new(ckpt: Checkpoint) -> App {
+        App::with_probe(ckpt, Box::new(SystemProbe))
+    }
+
+    /// An App whose file-system questions go to `probe`.
+    pub fn with_probe(ckpt: Checkpoint, probe: Box<dyn Probe>) -> App {
         let tree = ModuleTree::build(&ckpt);
         let mut rows = TreeRows::new(&tree);
         // A model with one top-level module (`model`) opens it, like the text report.
@@ -254,7 +270,7 @@ impl App {
         }
         let warnings = ckpt.all_warnings();
         App {
-            ckpt,
+            ckpt: Arc::new(ckpt),
             tree,
             rows,
             mode: Mode::Browse,
@@ -272,6 +288,7 @@ impl App {
             budgets: Budgets::default(),
             gpus: Vec::new(),
             gpu_note: None,
+            probe,
         }
     }
 
@@ -299,6 +316,7 @@ impl App {
         let effects = match action {
             Action::Tick(now) => {
                 self.clock = now;
+                self.refresh_preview_if_due();
                 Vec::new()
             }
             Action::Resize { width, height } => {

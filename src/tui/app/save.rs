@@ -8,6 +8,9 @@ use super::{
 };
 use crate::save::SaveError;
 
+/// Quiet time after the last edit before the save preview is recomputed.
+pub const PREVIEW_DELAY: std::time::Duration = std::time::Duration::from_millis(150);
+
 impl App {
     pub(super) fn open_save(&mut self) {
         if self.save_running() {
@@ -22,6 +25,7 @@ impl App {
             field: Field::ShardSize,
             overwrite: false,
             preview: Preview::default(),
+            preview_due: None,
         };
         dialog.preview = self.preview(&dialog);
         self.mode = Mode::SaveDialog(Box::new(dialog));
@@ -55,12 +59,31 @@ impl App {
             Action::Submit => return self.start_save(),
             _ => return Vec::new(),
         }
-        let snapshot = (**dialog).clone();
-        let preview = self.preview(&snapshot);
-        if let Mode::SaveDialog(dialog) = &mut self.mode {
-            dialog.preview = preview;
-        }
+        dialog.preview_due = Some(self.clock + PREVIEW_DELAY);
         Vec::new()
+    }
+
+    /// Recomputes the save preview once the keys have stopped for [`PREVIEW_DELAY`].
+    pub(super) fn refresh_preview_if_due(&mut self) {
+        let Mode::SaveDialog(dialog) = &self.mode else {
+            return;
+        };
+        if dialog.preview_due.is_some_and(|due| self.clock >= due) {
+            let snapshot = (**dialog).clone();
+            let preview = self.preview(&snapshot);
+            if let Mode::SaveDialog(dialog) = &mut self.mode {
+                dialog.preview = preview;
+                dialog.preview_due = None;
+            }
+        }
+    }
+
+    /// When the App next needs a tick to do deferred work, if it has any.
+    pub fn wake_at(&self) -> Option<std::time::Duration> {
+        match &self.mode {
+            Mode::SaveDialog(dialog) => dialog.preview_due,
+            _ => None,
+        }
     }
 
     pub(super) fn options_for(&self, dialog: &SaveDialog) -> Result<SaveOptions, String> {
@@ -101,9 +124,8 @@ impl App {
                 return preview;
             }
         };
-        preview.errors = crate::save::preflight::check(&self.ckpt, &plan, &options);
-        preview.offer_overwrite = !dialog.overwrite
-            && std::fs::read_dir(&options.out).is_ok_and(|mut r| r.next().is_some());
+        preview.errors = self.probe.save_problems(&self.ckpt, &plan, &options);
+        preview.offer_overwrite = !dialog.overwrite && self.probe.has_entries(&options.out);
         preview.shard_sizes = plan
             .shards
             .iter()
@@ -141,7 +163,7 @@ impl App {
             return Vec::new();
         };
         let dialog = (**dialog).clone();
-        // Re-check now: the folder may have changed since the last keystroke.
+        // Re-check now: the folder may have changed since the preview was made.
         let preview = self.preview(&dialog);
         let (Ok(options), Some(plan)) = (self.options_for(&dialog), preview.plan.clone()) else {
             self.set_preview(preview);
@@ -176,7 +198,7 @@ impl App {
             Tone::Info,
         );
         vec![Effect::StartSave {
-            ckpt: Arc::new(self.ckpt.clone()),
+            ckpt: Arc::clone(&self.ckpt),
             plan,
             options,
         }]
@@ -185,6 +207,7 @@ impl App {
     pub(super) fn set_preview(&mut self, preview: Preview) {
         if let Mode::SaveDialog(d) = &mut self.mode {
             d.preview = preview;
+            d.preview_due = None;
         }
     }
 

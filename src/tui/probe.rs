@@ -1,0 +1,68 @@
+//! The file-system questions the inspector asks, behind a trait so that
+//! `App::handle` does no I/O of its own: the runtime gives the App a [`SystemProbe`],
+//! tests may give it a double.
+
+use std::path::Path;
+
+use crate::model::Checkpoint;
+use crate::save::{SaveOptions, SavePlan};
+
+/// What is at a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    Missing,
+    Dir,
+    /// A file or anything else that is not a folder.
+    Other,
+}
+
+pub trait Probe: Send {
+    /// Every reason `devmap save` would refuse `plan` with `options` before writing.
+    fn save_problems(
+        &self,
+        ckpt: &Checkpoint,
+        plan: &SavePlan,
+        options: &SaveOptions,
+    ) -> Vec<String>;
+    /// Whether `dir` is a folder that holds anything.
+    fn has_entries(&self, dir: &Path) -> bool;
+    fn kind(&self, path: &Path) -> PathKind;
+    /// Whether both paths name one file (same device and inode: hard links and
+    /// symlinks included).
+    fn same_file(&self, a: &Path, b: &Path) -> bool;
+}
+
+/// The real file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemProbe;
+
+impl Probe for SystemProbe {
+    fn save_problems(
+        &self,
+        ckpt: &Checkpoint,
+        plan: &SavePlan,
+        options: &SaveOptions,
+    ) -> Vec<String> {
+        crate::save::preflight::check(ckpt, plan, options)
+    }
+
+    fn has_entries(&self, dir: &Path) -> bool {
+        std::fs::read_dir(dir).is_ok_and(|mut r| r.next().is_some())
+    }
+
+    fn kind(&self, path: &Path) -> PathKind {
+        match std::fs::metadata(path) {
+            Err(_) => PathKind::Missing,
+            Ok(m) if m.is_dir() => PathKind::Dir,
+            Ok(_) => PathKind::Other,
+        }
+    }
+
+    fn same_file(&self, a: &Path, b: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+}
