@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,10 +24,14 @@ fn names_in(dir: &Path) -> Vec<String> {
     v
 }
 
-/// `devmap save` of a big model in 4 MB shards, one at a time: slow enough to be
-/// interrupted.
-fn spawn_slow_save(dir: &Path, out: &Path, stderr: Stdio) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_devmap"))
+/// `devmap save` of a big model in 4 MB shards, one at a time, that pauses once its
+/// first tensor is written (the `DEVMAP_TEST_PAUSE` hook) for as long as the returned
+/// pause file exists.
+fn spawn_slow_save(dir: &Path, out: &Path, stderr: Stdio) -> (std::process::Child, PathBuf) {
+    let pause = out.with_extension("pause");
+    std::fs::write(&pause, b"").expect("pause file");
+    let child = Command::new(env!("CARGO_BIN_EXE_devmap"))
+        .env("DEVMAP_TEST_PAUSE", &pause)
         .args([
             "save",
             dir.to_str().expect("p"),
@@ -41,13 +45,16 @@ fn spawn_slow_save(dir: &Path, out: &Path, stderr: Stdio) -> std::process::Child
         ])
         .stderr(stderr)
         .spawn()
-        .expect("spawn")
+        .expect("spawn");
+    (child, pause)
 }
 
-/// Waits until a running save has a shard half written.
-fn wait_for_partial_file(child: &mut std::process::Child, out: &Path) {
+/// Waits until a running save is paused with a shard half written.
+fn wait_for_partial_file(child: &mut std::process::Child, out: &Path, pause: &Path) {
     let start = Instant::now();
-    while !names_in(out).iter().any(|n| n.ends_with(".devmap-partial")) {
+    let mut reached = pause.as_os_str().to_os_string();
+    reached.push(".reached");
+    while !Path::new(&reached).exists() {
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "no partial file appeared"
@@ -58,6 +65,10 @@ fn wait_for_partial_file(child: &mut std::process::Child, out: &Path) {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+    assert!(
+        names_in(out).iter().any(|n| n.ends_with(".devmap-partial")),
+        "paused without a partial file"
+    );
 }
 
 #[test]
@@ -104,8 +115,8 @@ fn killed_mid_save_leaves_only_marked_partial_files_and_the_next_run_says_so() {
     let dir = tmp.path().join("big");
     common::big_model(&dir, 4, 8, 4); // 128 MiB
     let out = tmp.path().join("out");
-    let mut child = spawn_slow_save(&dir, &out, Stdio::null());
-    wait_for_partial_file(&mut child, &out);
+    let (mut child, pause) = spawn_slow_save(&dir, &out, Stdio::null());
+    wait_for_partial_file(&mut child, &out, &pause);
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
     let left = names_in(&out);
@@ -243,9 +254,20 @@ fn an_input_truncated_or_rewritten_during_the_save_stops_it() {
                 .set_len(len / 2)
                 .expect("t");
         } else {
-            std::thread::sleep(Duration::from_millis(20));
+            // The same bytes written again: only the modification time tells, set
+            // explicitly rather than waited for.
+            let modified = std::fs::metadata(&victim)
+                .expect("m")
+                .modified()
+                .expect("mtime");
             let bytes = std::fs::read(&victim).expect("r");
             std::fs::write(&victim, bytes).expect("w");
+            std::fs::File::options()
+                .write(true)
+                .open(&victim)
+                .expect("o")
+                .set_modified(modified + Duration::from_secs(5))
+                .expect("touch");
         }
         let cancel = std::sync::atomic::AtomicBool::new(false);
         let err = write(
@@ -295,8 +317,8 @@ fn sigterm_cancels_a_cli_save_cleanly() {
     let dir = tmp.path().join("big");
     common::big_model(&dir, 4, 8, 4);
     let out = tmp.path().join("out");
-    let mut child = spawn_slow_save(&dir, &out, Stdio::piped());
-    wait_for_partial_file(&mut child, &out);
+    let (mut child, pause) = spawn_slow_save(&dir, &out, Stdio::piped());
+    wait_for_partial_file(&mut child, &out, &pause);
     let pid = child.id().to_string();
     Command::new("kill")
         .args(["-TERM", &pid])

@@ -149,9 +149,27 @@ proptest! {
         prop_assert_eq!(read_saved(&tmp.path().join("out")), expected);
     }
 
+    /// Random header text behind a length prefix that fits (or nearly fits) it, so
+    /// most cases get past the length check into UTF-8 and JSON parsing.
     #[test]
-    fn the_header_reader_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
-        let _ = devmap::formats::safetensors::parse_header(std::path::Path::new("x"), &bytes, bytes.len() as u64);
+    fn the_header_reader_never_panics(
+        body in prop::collection::vec(any::<u8>(), 0..300),
+        slack in -2i64..=2,
+        data in 0usize..16,
+    ) {
+        let declared = (body.len() as i64 + slack).max(0) as u64;
+        let mut bytes = declared.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&body);
+        bytes.resize(bytes.len() + data, 0);
+        let len = bytes.len() as u64;
+        match devmap::formats::safetensors::parse_header(std::path::Path::new("x"), &bytes, len) {
+            // Anything accepted is a real layout: it covers the data exactly.
+            Ok(h) => {
+                let covered: u64 = h.tensors.iter().map(|t| t.len).sum();
+                prop_assert_eq!(h.data_start + covered, len);
+            }
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
     }
 
     #[test]
@@ -179,12 +197,46 @@ proptest! {
         }
     }
 
+    /// Offload indexes of the `.dat` form whose entries are near valid (known and
+    /// unknown dtypes, shapes, files of the right or a wrong length, missing files),
+    /// over a real folder, so every check of the reader is reached.
     #[test]
-    fn the_device_map_and_offload_readers_never_panic(text in "\\PC{0,200}") {
-        let p = std::path::Path::new("/nonexistent-devmap/offload");
-        let _ = devmap::formats::device_map::parse_device_map(std::path::Path::new("m.json"), &text);
+    fn the_offload_reader_accepts_only_entries_that_match_their_files(
+        entries in prop::collection::vec((
+            prop::sample::select(vec!["a", "b.c", "d.e.f", "../up", ""]),
+            prop::sample::select(vec!["float16", "bfloat16", "float32", "int64", "bool", "float99"]),
+            prop::collection::vec(0u64..5, 0..3),
+            // The .dat file: the right length (most often), one byte off, or missing.
+            prop::sample::select(vec![Some(0i64), Some(0), Some(0), Some(1), Some(-1), None]),
+        ), 0..5),
+    ) {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let folder = tmp.path().join("offload");
+        std::fs::create_dir(&folder).expect("mkdir");
+        let mut index = serde_json::Map::new();
+        for (name, dtype, shape, dat_off) in &entries {
+            index.insert((*name).to_owned(), serde_json::json!({"dtype": dtype, "shape": shape}));
+            let size = devmap::types::DType::from_torch_name(dtype).map_or(4, devmap::types::DType::size);
+            let exact = size * shape.iter().product::<u64>();
+            if let (Some(off), false) = (dat_off, name.contains('/') || name.is_empty()) {
+                let len = (exact as i64 + off).max(0) as usize;
+                std::fs::write(folder.join(format!("{name}.dat")), vec![0u8; len]).expect("dat");
+            }
+        }
+        let text = serde_json::Value::Object(index).to_string();
         let mut headers = devmap::formats::safetensors::HeaderCache::default();
-        let _ = devmap::formats::offload::parse_index(p, &p.join("index.json"), &text, p, &mut headers);
+        let parsed = devmap::formats::offload::parse_index(
+            &folder, &folder.join("index.json"), &text, tmp.path(), &mut headers,
+        );
+        if let Ok(accepted) = parsed {
+            for e in &accepted {
+                let want = devmap::types::dtype::byte_len(e.dtype, &e.shape).expect("len");
+                prop_assert_eq!(e.len, want, "{} accepted with the wrong length", e.name);
+                let on_disk = std::fs::metadata(&e.file).map(|m| m.len()).unwrap_or(0);
+                prop_assert_eq!(on_disk, want, "{} accepted over a file of another size", e.name);
+                prop_assert!(!e.name.is_empty() && !e.name.contains(".."), "{:?} accepted", e.name);
+            }
+        }
     }
 
     #[test]
@@ -195,6 +247,13 @@ proptest! {
     ) {
         let body: Vec<String> = entries.iter().map(|(k, v)| format!("{k:?}: {v}")).collect();
         let text = format!("{{{}}}", body.join(","));
-        let _ = devmap::formats::device_map::parse_device_map(std::path::Path::new("m.json"), &text);
+        if let Ok(map) = devmap::formats::device_map::parse_device_map(std::path::Path::new("m.json"), &text) {
+            // Accepted: every key came from the input, with a value that names a device.
+            for (key, placement) in map.entries() {
+                let given = entries.iter().rev().find(|(k, _)| k == key);
+                prop_assert!(given.is_some(), "key {key:?} was not in the input");
+                prop_assert_ne!(*placement, devmap::model::Placement::Unmapped);
+            }
+        }
     }
 }

@@ -146,6 +146,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
         cache: a.cache.into(),
         available_ram: devmap::monitor::available_ram(),
         allow_partial: a.allow_partial,
+        pause_file: std::env::var_os("DEVMAP_TEST_PAUSE").map(PathBuf::from),
         ..SaveOptions::new(&a.out)
     };
     let plan = prepare(&ckpt, &options)?;

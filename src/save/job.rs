@@ -134,6 +134,8 @@ pub fn write(
         total_written: AtomicU64::new(0),
         failed: AtomicBool::new(false),
         used_kernel_copy: AtomicBool::new(true),
+        pause_file: options.pause_file.as_deref(),
+        paused: AtomicBool::new(false),
     };
     let workers = options.jobs.clamp(1, plan.shards.len().max(1));
     let results: Vec<Result<(), SaveError>> = std::thread::scope(|scope| {

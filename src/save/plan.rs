@@ -39,6 +39,11 @@ pub struct SaveOptions {
     /// For tests: fail the commit at this rename, to check that it rolls back.
     #[doc(hidden)]
     pub commit_fault: Option<usize>,
+    /// For tests: once the first tensor is written, create `<file>.reached` and wait
+    /// while `file` exists, so a test can interrupt a save that is surely mid-shard.
+    /// The CLI takes it from `DEVMAP_TEST_PAUSE`.
+    #[doc(hidden)]
+    pub pause_file: Option<PathBuf>,
 }
 
 /// Whether copied input stays in the page cache.
@@ -69,6 +74,7 @@ impl SaveOptions {
             available_ram: None,
             allow_partial: false,
             commit_fault: None,
+            pause_file: None,
         }
     }
 }

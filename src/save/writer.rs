@@ -69,6 +69,9 @@ pub(super) struct Shared<'a> {
     /// Set by a worker that failed, so the others stop early.
     pub(super) failed: AtomicBool,
     pub(super) used_kernel_copy: AtomicBool,
+    /// The test hook of [`SaveOptions::pause_file`](super::SaveOptions::pause_file).
+    pub(super) pause_file: Option<&'a Path>,
+    pub(super) paused: AtomicBool,
 }
 
 impl Shared<'_> {
@@ -108,6 +111,22 @@ impl Shared<'_> {
             self.failed.store(true, Ordering::Relaxed);
         }
         result
+    }
+
+    /// The test hook: the first time a tensor is in place, say so and wait while the
+    /// pause file exists (or until the save is stopped), so a test can interrupt a save
+    /// that is certainly mid-shard.
+    fn pause_once(&self) {
+        let Some(pause) = self.pause_file else { return };
+        if self.paused.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let mut reached = pause.as_os_str().to_os_string();
+        reached.push(".reached");
+        let _ = std::fs::write(&reached, b"");
+        while pause.exists() && !self.stop_flag() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     /// Stop copying: the user cancelled or another worker failed.
@@ -178,6 +197,7 @@ impl ShardWriter<'_> {
                     CopyError::Io(io) => SaveError::io(src_path, io),
                 })?;
             check_unchanged(ckpt, source.file, src)?;
+            shared.pause_once();
         }
         // A trailing empty tensor leaves the file short of its planned length.
         dst.set_len(shard.file_bytes())
