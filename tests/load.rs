@@ -146,7 +146,7 @@ fn placement_matches_whole_components() {
         ckpt.map_key(ckpt.tensor("model.layers.10.w").expect("t")),
         Some("model.layers")
     );
-    let all = ckpt.all_warnings().join("\n");
+    let all = common::warning_text(&ckpt);
     assert!(
         all.contains("unmapped") && all.contains("`other.w`"),
         "{all}"
@@ -154,6 +154,28 @@ fn placement_matches_whole_components() {
     assert!(
         all.contains("transformers 5") && all.contains("`model.layers.1`"),
         "{all}"
+    );
+    // `--json` carries each warning's kind and every name it is about.
+    let v = json_of(tmp.path(), &[]);
+    let warnings = v["warnings"].as_array().expect("warnings");
+    let unmapped = warnings
+        .iter()
+        .find(|w| w["kind"] == "unmapped")
+        .expect("an unmapped warning");
+    assert_eq!(unmapped["names"], serde_json::json!(["other.w"]));
+    assert!(
+        unmapped["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("covered by no device-map entry")),
+        "{unmapped}"
+    );
+    let trap = warnings
+        .iter()
+        .find(|w| w["kind"] == "transformers5_placement")
+        .expect("a transformers 5 warning");
+    assert_eq!(
+        trap["names"],
+        serde_json::json!(["model.layers", "model.layers.1"])
     );
 }
 
@@ -197,7 +219,7 @@ fn tied_head_on_another_device_is_a_warning() {
     let ckpt = with_edited_map(&m, |map| {
         map["lm_head"] = "cpu".into();
     });
-    let w = ckpt.all_warnings().join("\n");
+    let w = common::warning_text(&ckpt);
     assert!(w.contains("tied weights are on different devices"), "{w}");
     assert!(
         w.contains("`lm_head.weight` on cpu") && w.contains("`model.embed_tokens.weight` on gpu:0"),
@@ -212,7 +234,7 @@ fn offload_entries_off_disk_and_disk_without_offload_are_reported() {
         map["model.layers.8"] = 1.into();
         map["model.layers.3"] = "disk".into();
     });
-    let w = ckpt.all_warnings().join("\n");
+    let w = common::warning_text(&ckpt);
     assert!(
         w.contains("does not put on disk") && w.contains("model.layers.8.proj.weight (gpu:1)"),
         "{w}"
@@ -302,7 +324,7 @@ fn map_keys_that_match_nothing_and_tensors_without_data_are_named() {
     )
     .expect("map");
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
-    let w = ckpt.all_warnings().join("\n");
+    let w = common::warning_text(&ckpt);
     assert!(
         w.contains("2 device-map key(s) match no tensor")
             && w.contains("`model.c`")
@@ -323,7 +345,7 @@ fn map_keys_that_match_nothing_and_tensors_without_data_are_named() {
         tensors: vec![ghost],
         ..Default::default()
     });
-    let w = ckpt.all_warnings().join("\n");
+    let w = common::warning_text(&ckpt);
     assert!(
         w.contains("no data anywhere") && w.contains("model.layers.0.w (disk)"),
         "{w}"

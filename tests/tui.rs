@@ -233,6 +233,7 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
     assert!(
         app.warnings
             .iter()
+            .map(ToString::to_string)
             .any(|w| w.contains("placed on disk") && w.contains("model.layers.4.")),
         "{:?}",
         app.warnings

@@ -13,7 +13,16 @@ struct Report<'a> {
     ties: Vec<Vec<&'a str>>,
     devices: Devices,
     total_bytes: u64,
-    warnings: Vec<String>,
+    warnings: Vec<WarningOut>,
+}
+
+/// A warning as `--json` reports it: a stable kind, every name it is about, and the
+/// sentence the text report prints.
+#[derive(Serialize)]
+struct WarningOut {
+    kind: &'static str,
+    names: Vec<String>,
+    message: String,
 }
 
 #[derive(Serialize)]
@@ -104,6 +113,14 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
             .collect(),
         devices: Devices(ckpt.device_totals()),
         total_bytes: ckpt.total_bytes(),
-        warnings: ckpt.all_warnings(),
+        warnings: ckpt
+            .all_warnings()
+            .iter()
+            .map(|w| WarningOut {
+                kind: w.kind(),
+                names: w.names(),
+                message: w.to_string(),
+            })
+            .collect(),
     }
 }

@@ -96,7 +96,7 @@ pub struct Checkpoint {
     pub weight_files: Vec<PathBuf>,
     /// What loading noticed (index omissions, dtype differences). The placement checks
     /// depend on the device map and are computed by [`Checkpoint::all_warnings`].
-    pub warnings: Vec<String>,
+    pub warnings: Vec<super::warning::Warning>,
     /// The tie group of each tensor, by tensor id (`NO_TIE` for none).
     tie_of: Vec<u32>,
     /// Checkpoint entries whose value an offload entry replaced, for `explain`.
@@ -271,7 +271,7 @@ impl Checkpoint {
     }
 
     /// Loader warnings followed by every placement check.
-    pub fn all_warnings(&self) -> Vec<String> {
+    pub fn all_warnings(&self) -> Vec<super::warning::Warning> {
         let mut all = self.warnings.clone();
         all.extend(super::checks::run(self));
         all
@@ -305,7 +305,7 @@ pub struct Parts {
     pub offload_dir: Option<PathBuf>,
     pub config: crate::formats::config::ModelConfig,
     pub weight_files: Vec<PathBuf>,
-    pub warnings: Vec<String>,
+    pub warnings: Vec<super::warning::Warning>,
     /// `(name, checkpoint range)` of tensors whose offload value replaced it.
     pub replaced: Vec<(String, ByteRange)>,
 }

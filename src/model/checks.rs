@@ -1,30 +1,17 @@
-//! Checks a user debugging a device map wants to hear about. Each returns plain
-//! sentences that name the tensors and devices involved.
+//! Checks a user debugging a device map wants to hear about. Each returns
+//! [`Warning`]s that name the tensors and devices involved.
 
 use std::collections::{BTreeMap, HashSet};
 
 use super::checkpoint::{Checkpoint, Source};
 use super::names::covers;
+use super::warning::Warning;
 use crate::types::placement::Placement;
 
-/// Names listed in a message before "and N more".
-const LIST_LIMIT: usize = 5;
-
-pub fn name_list<S: AsRef<str>>(names: &[S]) -> String {
-    let mut out = names
-        .iter()
-        .take(LIST_LIMIT)
-        .map(|n| format!("`{}`", n.as_ref()))
-        .collect::<Vec<_>>()
-        .join(", ");
-    if names.len() > LIST_LIMIT {
-        out.push_str(&format!(" and {} more", names.len() - LIST_LIMIT));
-    }
-    out
-}
+pub use super::warning::name_list;
 
 /// All checks, in the order a report lists them.
-pub fn run(ckpt: &Checkpoint) -> Vec<String> {
+pub fn run(ckpt: &Checkpoint) -> Vec<Warning> {
     let offloaded: HashSet<&str> = ckpt
         .tensors
         .iter()
@@ -43,121 +30,90 @@ pub fn run(ckpt: &Checkpoint) -> Vec<String> {
     out
 }
 
-pub fn unmapped(ckpt: &Checkpoint) -> Option<String> {
-    let names: Vec<&str> = ckpt
+pub fn unmapped(ckpt: &Checkpoint) -> Option<Warning> {
+    let tensors: Vec<String> = ckpt
         .tensors
         .iter()
         .filter(|t| t.placement == Placement::Unmapped)
-        .map(|t| t.name.as_str())
+        .map(|t| t.name.clone())
         .collect();
-    (!names.is_empty()).then(|| {
-        format!(
-            "{} tensor(s) are covered by no device-map entry (unmapped): {}; accelerate would fail to dispatch them, add a key for their module or \"\"",
-            names.len(),
-            name_list(&names)
-        )
-    })
+    (!tensors.is_empty()).then_some(Warning::Unmapped { tensors })
 }
 
-pub fn ties_across_devices(ckpt: &Checkpoint) -> Vec<String> {
+pub fn ties_across_devices(ckpt: &Checkpoint) -> Vec<Warning> {
     ckpt.ties
         .iter()
         .filter_map(|g| {
             let first = ckpt.tensors[g.kept()].placement;
-            if g.members.iter().all(|&m| ckpt.tensors[m].placement == first) {
+            if g.members
+                .iter()
+                .all(|&m| ckpt.tensors[m].placement == first)
+            {
                 return None;
             }
-            let parts: Vec<String> = g
+            let members = g
                 .members
                 .iter()
-                .map(|&m| format!("`{}` on {}", ckpt.tensors[m].name, ckpt.tensors[m].placement))
+                .map(|&m| (ckpt.tensors[m].name.clone(), ckpt.tensors[m].placement))
                 .collect();
-            Some(format!(
-                "tied weights are on different devices: {}; accelerate warns and copies them, put their modules on one device",
-                parts.join(", ")
-            ))
+            Some(Warning::TiedAcrossDevices { members })
         })
         .collect()
 }
 
-pub fn offload_not_on_disk(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Option<String> {
+pub fn offload_not_on_disk(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Option<Warning> {
     ckpt.device_map.as_ref()?;
-    let names: Vec<String> = ckpt
+    let tensors: Vec<(String, Placement)> = ckpt
         .tensors
         .iter()
         .filter(|t| offloaded.contains(t.name.as_str()) && t.placement != Placement::Disk)
-        .map(|t| format!("{} ({})", t.name, t.placement))
+        .map(|t| (t.name.clone(), t.placement))
         .collect();
-    (!names.is_empty()).then(|| {
-        format!(
-            "{} offload-folder entr(ies) belong to tensors the device map does not put on disk: {}; devmap still treats the offload value as current",
-            names.len(),
-            name_list(&names)
-        )
-    })
+    (!tensors.is_empty()).then_some(Warning::OffloadNotOnDisk { tensors })
 }
 
-pub fn disk_without_offload(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Option<String> {
-    let names: Vec<&str> = ckpt
+pub fn disk_without_offload(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Option<Warning> {
+    let tensors: Vec<String> = ckpt
         .tensors
         .iter()
         .filter(|t| t.placement == Placement::Disk && !offloaded.contains(t.name.as_str()))
-        .map(|t| t.name.as_str())
+        .map(|t| t.name.clone())
         .collect();
-    if names.is_empty() {
-        return None;
-    }
-    let folder = match &ckpt.offload_dir {
-        Some(d) => format!("the offload folder {} has no entry for them", d.display()),
-        None => "there is no offload folder (give --offload-folder)".to_owned(),
-    };
-    Some(format!(
-        "{} tensor(s) are placed on disk but {folder}: {}; their checkpoint bytes are used",
-        names.len(),
-        name_list(&names)
-    ))
-}
-
-pub fn meta_without_data(ckpt: &Checkpoint) -> Option<String> {
-    let names: Vec<String> = (0..ckpt.tensors.len())
-        .filter(|&i| ckpt.data_range(i).is_none())
-        .map(|i| format!("{} ({})", ckpt.tensors[i].name, ckpt.tensors[i].placement))
-        .collect();
-    (!names.is_empty()).then(|| {
-        format!(
-            "{} tensor(s) have no data anywhere, neither in the checkpoint, the offload folder nor a tie partner: {}; they can be inspected but not loaded or saved",
-            names.len(),
-            name_list(&names)
-        )
+    (!tensors.is_empty()).then(|| Warning::DiskWithoutOffload {
+        tensors,
+        offload_dir: ckpt.offload_dir.clone(),
     })
 }
 
-pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<String> {
+pub fn meta_without_data(ckpt: &Checkpoint) -> Option<Warning> {
+    let tensors: Vec<(String, Placement)> = (0..ckpt.tensors.len())
+        .filter(|&i| ckpt.data_range(i).is_none())
+        .map(|i| (ckpt.tensors[i].name.clone(), ckpt.tensors[i].placement))
+        .collect();
+    (!tensors.is_empty()).then_some(Warning::NoData { tensors })
+}
+
+pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<Warning> {
     let map = ckpt.device_map.as_ref()?;
     let used: HashSet<&str> = ckpt
         .tensors
         .iter()
         .filter_map(|t| ckpt.map_key(t))
         .collect();
-    let unused: Vec<&str> = map
+    let keys: Vec<String> = map
         .entries()
         .iter()
         .map(|(k, _)| k.as_str())
         .filter(|k| !used.contains(k) && !ckpt.tensors.iter().any(|t| covers(k, &t.name)))
+        .map(str::to_owned)
         .collect();
-    (!unused.is_empty()).then(|| {
-        format!(
-            "{} device-map key(s) match no tensor: {}; check for typos or a map from another model",
-            unused.len(),
-            name_list(&unused)
-        )
-    })
+    (!keys.is_empty()).then_some(Warning::UnusedMapKeys { keys })
 }
 
 /// Tensors transformers 5 would put on another device than accelerate does: it reads
 /// device-map keys as unescaped regex prefixes, trying keys with the most dots first,
 /// so `model.layers.1` also captures `model.layers.10.*`.
-pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<String> {
+pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<Warning> {
     let Some(map) = ckpt.device_map.as_ref() else {
         return Vec::new();
     };
@@ -181,11 +137,15 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<String> {
     }
     traps
         .into_iter()
-        .map(|((trap, matched), (theirs, ours, n))| {
-            format!(
-                "transformers 5 puts {n} tensor(s) that key `{matched}` places on {ours} on {theirs} instead, by key `{trap}`: it matches keys as regex prefixes with no dot boundary; rename or add keys so both agree"
-            )
-        })
+        .map(
+            |((their_key, key), (theirs, ours, count))| Warning::Transformers5Placement {
+                count,
+                key,
+                ours,
+                theirs,
+                their_key,
+            },
+        )
         .collect()
 }
 

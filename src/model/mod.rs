@@ -7,9 +7,11 @@ pub mod load;
 pub mod names;
 pub mod shape;
 pub mod tree;
+pub mod warning;
 
 pub use crate::types::DType;
 pub use crate::types::{DeviceMap, Placement};
 pub use checkpoint::{ByteRange, Checkpoint, Source, Tensor, TensorId, TieGroup};
 pub use load::{LoadError, LoadOptions, load};
 pub use tree::ModuleTree;
+pub use warning::Warning;

@@ -8,6 +8,7 @@ pub use auto::{PlanOptions, Planned, PlanningError, plan};
 
 use crate::formats::size::{SizeError, parse_size};
 use crate::model::checkpoint::Checkpoint;
+use crate::model::warning::Warning;
 use crate::types::placement::Placement;
 
 /// Why a `--max-memory` spec was refused.
@@ -68,16 +69,13 @@ pub fn over_budget(ckpt: &Checkpoint, budgets: &[(Placement, u64)]) -> Vec<(Plac
 }
 
 /// The over-budget check as sentences naming the device.
-pub fn budget_warnings(ckpt: &Checkpoint, budgets: &[(Placement, u64)]) -> Vec<String> {
+pub fn budget_warnings(ckpt: &Checkpoint, budgets: &[(Placement, u64)]) -> Vec<Warning> {
     over_budget(ckpt, budgets)
         .into_iter()
-        .map(|(p, bytes, budget)| {
-            format!(
-                "{p} holds {} but its budget is {}: {} over; move modules off it (d in the TUI) or re-plan",
-                crate::human_bytes(bytes),
-                crate::human_bytes(budget),
-                crate::human_bytes(bytes - budget)
-            )
+        .map(|(device, bytes, budget)| Warning::OverBudget {
+            device,
+            bytes,
+            budget,
         })
         .collect()
 }

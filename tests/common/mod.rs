@@ -345,3 +345,12 @@ pub fn run_hf_script(script: &str) -> (bool, String, String) {
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
 }
+
+/// Every warning of `ckpt` as the reports print it, one per line.
+pub fn warning_text(ckpt: &devmap::model::Checkpoint) -> String {
+    ckpt.all_warnings()
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}

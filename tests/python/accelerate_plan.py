@@ -137,7 +137,8 @@ def check_transformers5_rule(devmap):
     warned = sum(
         int(m.group(1))
         for w in json.loads(out)["warnings"]
-        for m in [re.match(r"transformers 5 puts (\d+) tensor", w)]
+        if w["kind"] == "transformers5_placement"
+        for m in [re.match(r"transformers 5 puts (\d+) tensor", w["message"])]
         if m
     )
     status = "same" if warned == expected and expected > 0 else f"devmap warns of {warned}, transformers differs on {expected}"

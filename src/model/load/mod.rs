@@ -15,6 +15,7 @@ use crate::formats::safetensors::{HeaderCache, read_header};
 use crate::model::checkpoint::{
     ByteRange, Checkpoint, FileId, NO_KEY, Parts, Source, SourceFile, Tensor, place,
 };
+use crate::model::warning::Warning;
 use crate::types::placement::Placement;
 use draft::Draft;
 use ties::{config_ties, explicit_tie, merge_groups};
@@ -110,14 +111,12 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
                     .push(entry.name.clone());
             }
             if let Some(load_dtype) = entry.load_dtype {
-                warnings.push(format!(
-                    "offload entry `{}` is stored as {} in {} but the index says the model loads it as {}; devmap saves the stored {}",
-                    entry.name,
-                    entry.dtype,
-                    entry.file.display(),
-                    load_dtype.torch_name(),
-                    entry.dtype
-                ));
+                warnings.push(Warning::OffloadLoadDtype {
+                    tensor: entry.name.clone(),
+                    stored: entry.dtype,
+                    load: load_dtype,
+                    file: entry.file.clone(),
+                });
             }
             while at < draft.tensors.len()
                 && super::names::module_order(&draft.tensors[at].name, &entry.name).is_lt()
@@ -201,7 +200,7 @@ fn note_symlinks(
     dir: &Path,
     files: &[SourceFile],
     offload: Option<&Path>,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) {
     let Ok(root) = dir.canonicalize() else { return };
     let mut outside = Vec::new();
@@ -221,12 +220,10 @@ fn note_symlinks(
         }
     }
     if !outside.is_empty() {
-        warnings.push(format!(
-            "{} input(s) are symlinks to files outside {} and are read from there: {}",
-            outside.len(),
-            dir.display(),
-            super::checks::name_list(&outside)
-        ));
+        warnings.push(Warning::SymlinksOutside {
+            dir: dir.to_path_buf(),
+            files: outside,
+        });
     }
 }
 
@@ -235,7 +232,7 @@ fn note_symlinks(
 fn read_weights(
     dir: &Path,
     draft: &mut Draft,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Result<Vec<PathBuf>, LoadError> {
     let index_path = dir.join(INDEX_FILE);
     let single = dir.join(SINGLE_FILE);
@@ -306,18 +303,16 @@ fn read_weights(
                 match file_of.get(t.name.as_str()) {
                     Some(&f) if f == file => {}
                     Some(_) => {
-                        warnings.push(format!(
-                            "{} also holds `{}`, which the index maps to another shard; using the index's",
-                            path.display(),
-                            t.name
-                        ));
+                        warnings.push(Warning::IndexPointsElsewhere {
+                            file: path.clone(),
+                            tensor: t.name.clone(),
+                        });
                         continue;
                     }
-                    None => warnings.push(format!(
-                        "{} holds `{}`, which {INDEX_FILE} does not list; transformers loads it anyway, so devmap keeps it",
-                        path.display(),
-                        t.name
-                    )),
+                    None => warnings.push(Warning::NotInIndex {
+                        file: path.clone(),
+                        tensor: t.name.clone(),
+                    }),
                 }
                 add_checkpoint_tensor(draft, id, t);
             }

@@ -5,6 +5,7 @@ use super::LoadError;
 use super::draft::Draft;
 use crate::formats::config::ModelConfig;
 use crate::model::checkpoint::{NO_KEY, Source, Tensor};
+use crate::model::warning::Warning;
 use crate::types::placement::{DeviceMap, Placement};
 
 /// Names of output heads that transformers ties to the input embedding.
@@ -25,7 +26,7 @@ pub(super) fn config_ties(
     config: &ModelConfig,
     draft: &mut Draft,
     map: Option<&DeviceMap>,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Vec<Vec<String>> {
     if !config.tie_word_embeddings {
         return Vec::new();
@@ -58,10 +59,12 @@ pub(super) fn config_ties(
             if draft.tensors[h].shape == draft.tensors[emb].shape {
                 ties.push(vec![embedding.clone(), head.to_owned()]);
             } else {
-                warnings.push(format!(
-                    "config.json ties word embeddings, but `{head}` {:?} and `{embedding}` {:?} differ in shape; not tied",
-                    draft.tensors[h].shape, draft.tensors[emb].shape
-                ));
+                warnings.push(Warning::TieShapesDiffer {
+                    head: head.to_owned(),
+                    head_shape: format!("{:?}", draft.tensors[h].shape),
+                    embedding: embedding.clone(),
+                    embedding_shape: format!("{:?}", draft.tensors[emb].shape),
+                });
             }
         } else {
             // A causal LM has its head even when the checkpoint leaves the tied

@@ -223,7 +223,7 @@ pub struct App {
     pub tree: ModuleTree,
     pub rows: TreeRows,
     pub mode: Mode,
-    pub warnings: Vec<String>,
+    pub warnings: Vec<crate::model::warning::Warning>,
     pub memory: VecDeque<MemorySample>,
     pub save: Option<SaveProgress>,
     pub message: Option<Message>,

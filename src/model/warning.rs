@@ -1,0 +1,246 @@
+//! Everything devmap warns about, as data: a kind, the names involved and the facts
+//! the sentence needs. The one place that turns a warning into words is the
+//! `Display` impl below; the TUI, `inspect` and `save` all print through it, and
+//! `--json` carries the kind and the names as well.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::types::dtype::DType;
+use crate::types::placement::Placement;
+
+/// Names listed in a message before "and N more".
+const LIST_LIMIT: usize = 5;
+
+/// Up to [`LIST_LIMIT`] names in backticks, then how many more.
+pub fn name_list<S: AsRef<str>>(names: &[S]) -> String {
+    let mut out = names
+        .iter()
+        .take(LIST_LIMIT)
+        .map(|n| format!("`{}`", n.as_ref()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > LIST_LIMIT {
+        out.push_str(&format!(" and {} more", names.len() - LIST_LIMIT));
+    }
+    out
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Warning {
+    /// A transformers offload entry stored in one dtype that the model loads as another.
+    OffloadLoadDtype {
+        tensor: String,
+        stored: DType,
+        load: DType,
+        file: PathBuf,
+    },
+    /// A shard holds a tensor the index maps to another shard.
+    IndexPointsElsewhere { file: PathBuf, tensor: String },
+    /// A shard holds a tensor the index does not list.
+    NotInIndex { file: PathBuf, tensor: String },
+    /// The config ties the embeddings, but the head's shape differs.
+    TieShapesDiffer {
+        head: String,
+        head_shape: String,
+        embedding: String,
+        embedding_shape: String,
+    },
+    /// Inputs read through symlinks that leave the model directory.
+    SymlinksOutside { dir: PathBuf, files: Vec<String> },
+    /// Tensors no device-map entry covers.
+    Unmapped { tensors: Vec<String> },
+    /// Members of one tie group on different devices.
+    TiedAcrossDevices { members: Vec<(String, Placement)> },
+    /// Offload entries of tensors the map does not put on disk.
+    OffloadNotOnDisk { tensors: Vec<(String, Placement)> },
+    /// Tensors on disk with no offload entry.
+    DiskWithoutOffload {
+        tensors: Vec<String>,
+        offload_dir: Option<PathBuf>,
+    },
+    /// Tensors with no data anywhere.
+    NoData { tensors: Vec<(String, Placement)> },
+    /// Device-map keys that match no tensor.
+    UnusedMapKeys { keys: Vec<String> },
+    /// Tensors transformers 5's key matching places elsewhere than accelerate's.
+    Transformers5Placement {
+        count: usize,
+        key: String,
+        ours: Placement,
+        theirs: Placement,
+        their_key: String,
+    },
+    /// A device holds more than its budget.
+    OverBudget {
+        device: Placement,
+        bytes: u64,
+        budget: u64,
+    },
+}
+
+impl Warning {
+    /// A stable name for `--json`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Warning::OffloadLoadDtype { .. } => "offload_load_dtype",
+            Warning::IndexPointsElsewhere { .. } => "index_points_elsewhere",
+            Warning::NotInIndex { .. } => "not_in_index",
+            Warning::TieShapesDiffer { .. } => "tie_shapes_differ",
+            Warning::SymlinksOutside { .. } => "symlinks_outside",
+            Warning::Unmapped { .. } => "unmapped",
+            Warning::TiedAcrossDevices { .. } => "tied_across_devices",
+            Warning::OffloadNotOnDisk { .. } => "offload_not_on_disk",
+            Warning::DiskWithoutOffload { .. } => "disk_without_offload",
+            Warning::NoData { .. } => "no_data",
+            Warning::UnusedMapKeys { .. } => "unused_map_keys",
+            Warning::Transformers5Placement { .. } => "transformers5_placement",
+            Warning::OverBudget { .. } => "over_budget",
+        }
+    }
+
+    /// Every tensor, key, file or device the warning is about (the text lists only
+    /// the first few).
+    pub fn names(&self) -> Vec<String> {
+        let paired = |v: &[(String, Placement)]| v.iter().map(|(n, _)| n.clone()).collect();
+        match self {
+            Warning::OffloadLoadDtype { tensor, .. }
+            | Warning::IndexPointsElsewhere { tensor, .. }
+            | Warning::NotInIndex { tensor, .. } => vec![tensor.clone()],
+            Warning::TieShapesDiffer {
+                head, embedding, ..
+            } => vec![head.clone(), embedding.clone()],
+            Warning::SymlinksOutside { files, .. } => files.clone(),
+            Warning::Unmapped { tensors } | Warning::DiskWithoutOffload { tensors, .. } => {
+                tensors.clone()
+            }
+            Warning::TiedAcrossDevices { members } => paired(members),
+            Warning::OffloadNotOnDisk { tensors } | Warning::NoData { tensors } => paired(tensors),
+            Warning::UnusedMapKeys { keys } => keys.clone(),
+            Warning::Transformers5Placement { key, their_key, .. } => {
+                vec![key.clone(), their_key.clone()]
+            }
+            Warning::OverBudget { device, .. } => vec![device.to_string()],
+        }
+    }
+}
+
+fn with_device(items: &[(String, Placement)]) -> Vec<String> {
+    items.iter().map(|(n, p)| format!("{n} ({p})")).collect()
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Warning::OffloadLoadDtype {
+                tensor,
+                stored,
+                load,
+                file,
+            } => write!(
+                f,
+                "offload entry `{tensor}` is stored as {stored} in {} but the index says the model loads it as {}; devmap saves the stored {stored}",
+                file.display(),
+                load.torch_name()
+            ),
+            Warning::IndexPointsElsewhere { file, tensor } => write!(
+                f,
+                "{} also holds `{tensor}`, which the index maps to another shard; using the index's",
+                file.display()
+            ),
+            Warning::NotInIndex { file, tensor } => write!(
+                f,
+                "{} holds `{tensor}`, which {} does not list; transformers loads it anyway, so devmap keeps it",
+                file.display(),
+                crate::formats::hf_index::INDEX_FILE
+            ),
+            Warning::TieShapesDiffer {
+                head,
+                head_shape,
+                embedding,
+                embedding_shape,
+            } => write!(
+                f,
+                "config.json ties word embeddings, but `{head}` {head_shape} and `{embedding}` {embedding_shape} differ in shape; not tied"
+            ),
+            Warning::SymlinksOutside { dir, files } => write!(
+                f,
+                "{} input(s) are symlinks to files outside {} and are read from there: {}",
+                files.len(),
+                dir.display(),
+                name_list(files)
+            ),
+            Warning::Unmapped { tensors } => write!(
+                f,
+                "{} tensor(s) are covered by no device-map entry (unmapped): {}; accelerate would fail to dispatch them, add a key for their module or \"\"",
+                tensors.len(),
+                name_list(tensors)
+            ),
+            Warning::TiedAcrossDevices { members } => {
+                let parts: Vec<String> = members
+                    .iter()
+                    .map(|(n, p)| format!("`{n}` on {p}"))
+                    .collect();
+                write!(
+                    f,
+                    "tied weights are on different devices: {}; accelerate warns and copies them, put their modules on one device",
+                    parts.join(", ")
+                )
+            }
+            Warning::OffloadNotOnDisk { tensors } => write!(
+                f,
+                "{} offload-folder entr(ies) belong to tensors the device map does not put on disk: {}; devmap still treats the offload value as current",
+                tensors.len(),
+                name_list(&with_device(tensors))
+            ),
+            Warning::DiskWithoutOffload {
+                tensors,
+                offload_dir,
+            } => {
+                let folder = match offload_dir {
+                    Some(d) => format!("the offload folder {} has no entry for them", d.display()),
+                    None => "there is no offload folder (give --offload-folder)".to_owned(),
+                };
+                write!(
+                    f,
+                    "{} tensor(s) are placed on disk but {folder}: {}; their checkpoint bytes are used",
+                    tensors.len(),
+                    name_list(tensors)
+                )
+            }
+            Warning::NoData { tensors } => write!(
+                f,
+                "{} tensor(s) have no data anywhere, neither in the checkpoint, the offload folder nor a tie partner: {}; they can be inspected but not loaded or saved",
+                tensors.len(),
+                name_list(&with_device(tensors))
+            ),
+            Warning::UnusedMapKeys { keys } => write!(
+                f,
+                "{} device-map key(s) match no tensor: {}; check for typos or a map from another model",
+                keys.len(),
+                name_list(keys)
+            ),
+            Warning::Transformers5Placement {
+                count,
+                key,
+                ours,
+                theirs,
+                their_key,
+            } => write!(
+                f,
+                "transformers 5 puts {count} tensor(s) that key `{key}` places on {ours} on {theirs} instead, by key `{their_key}`: it matches keys as regex prefixes with no dot boundary; rename or add keys so both agree"
+            ),
+            Warning::OverBudget {
+                device,
+                bytes,
+                budget,
+            } => write!(
+                f,
+                "{device} holds {} but its budget is {}: {} over; move modules off it (d in the TUI) or re-plan",
+                crate::human_bytes(*bytes),
+                crate::human_bytes(*budget),
+                crate::human_bytes(bytes.saturating_sub(*budget))
+            ),
+        }
+    }
+}
