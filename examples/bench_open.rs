@@ -20,8 +20,8 @@ fn main() -> std::io::Result<()> {
     let rss_model = devmap::monitor::rss_bytes().unwrap_or(0);
     let tree = ModuleTree::build(&ckpt);
     let rss_tree = devmap::monitor::rss_bytes().unwrap_or(0);
-    let names: usize = ckpt.tensors.iter().map(|t| t.name.len()).sum();
-    let n = ckpt.tensors.len();
+    let names: usize = ckpt.tensors().iter().map(|t| t.name.len()).sum();
+    let n = ckpt.tensors().len();
     let model_bytes = rss_model.saturating_sub(rss_before) as f64;
     println!(
         "resident: model {} ({:.0} bytes per tensor beyond its {:.0}-byte name), tree {} ({:.0} bytes per tensor)",
@@ -34,7 +34,7 @@ fn main() -> std::io::Result<()> {
     // What the structures themselves take, without the allocator's retained garbage
     // from parsing: the Tensor record, plus any shape too big to sit inline.
     let structural: usize = ckpt
-        .tensors
+        .tensors()
         .iter()
         .map(|t| {
             let heap = match &t.shape {

@@ -58,7 +58,7 @@ fn main() -> std::io::Result<()> {
         ckpt = Some(c);
     }
     let ckpt = ckpt.ok_or_else(|| std::io::Error::other("no load"))?;
-    let tensors = ckpt.tensors.len();
+    let tensors = ckpt.tensors().len();
     let t = Instant::now();
     let mut app = App::new(ckpt);
     let app_new = t.elapsed();

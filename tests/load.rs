@@ -183,7 +183,7 @@ fn placement_matches_whole_components() {
 fn no_map_means_cpu_and_no_warnings() {
     let tmp = tiny_dir(&["a.w", "b.w"]);
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
-    assert!(ckpt.tensors.iter().all(|t| t.placement == Placement::Cpu));
+    assert!(ckpt.tensors().iter().all(|t| t.placement == Placement::Cpu));
     assert!(ckpt.all_warnings().is_empty(), "{:?}", ckpt.all_warnings());
 }
 
@@ -201,7 +201,7 @@ fn config_without_tie_key_ties_and_false_does_not() {
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     assert_eq!(ckpt.ties.len(), 1);
     assert_eq!(
-        ckpt.tensors[ckpt.ties[0].kept()].name,
+        ckpt.tensors()[ckpt.ties[0].kept()].name,
         "transformer.wte.weight"
     );
     write_json(

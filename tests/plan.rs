@@ -68,7 +68,7 @@ fn a_model_that_fits_on_one_gpu_goes_there_whole() {
     let map = ckpt.device_map.as_ref().expect("map");
     assert_eq!(map.entries(), &[(String::new(), Placement::Gpu(0))]);
     assert!(
-        ckpt.tensors
+        ckpt.tensors()
             .iter()
             .all(|t| t.placement == Placement::Gpu(0))
     );
@@ -106,7 +106,7 @@ fn spills_in_device_order_and_never_goes_back() {
         "{devices:?}"
     );
     assert!(
-        ckpt.tensors
+        ckpt.tensors()
             .iter()
             .all(|t| t.placement != Placement::Unmapped)
     );
@@ -198,7 +198,7 @@ fn gb_and_gib_budgets_differ_like_transformers_says() {
     // 300KB = 300,000 bytes; 300KiB = 307,200: the extra 7 KiB moves a boundary.
     let count_on = |spec: &str| {
         let ckpt = planned(tmp.path(), spec, &["none"]);
-        ckpt.tensors
+        ckpt.tensors()
             .iter()
             .filter(|t| t.placement == Placement::Gpu(0))
             .count()
@@ -274,7 +274,7 @@ fn cli_plan_explains_writes_and_never_overwrites_the_input_map() {
     )
     .expect("load");
     let expected = planned(&dir, &spec, &[]);
-    for (a, b) in reread.tensors.iter().zip(&expected.tensors) {
+    for (a, b) in reread.tensors().iter().zip(expected.tensors()) {
         assert_eq!(a.placement, b.placement, "{}", a.name);
     }
 }

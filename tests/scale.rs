@@ -37,7 +37,7 @@ fn a_hundred_thousand_tensor_sparse_checkpoint_opens() {
     );
 
     let ckpt = load(&dir, &LoadOptions::default()).expect("every header parses");
-    assert_eq!(ckpt.tensors.len(), count);
+    assert_eq!(ckpt.tensors().len(), count);
     assert_eq!(ckpt.total_bytes(), bytes);
     assert_eq!(ckpt.files.len(), 160);
     let tree = ModuleTree::build(&ckpt);

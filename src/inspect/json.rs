@@ -73,7 +73,7 @@ pub fn to_json_string(ckpt: &Checkpoint) -> String {
 fn report(ckpt: &Checkpoint) -> Report<'_> {
     let file = |id: usize| ckpt.file_path(id).display().to_string();
     let tensors = ckpt
-        .tensors
+        .tensors()
         .iter()
         .map(|t| TensorOut {
             name: &t.name,
@@ -92,7 +92,7 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
                     offset: r.offset,
                 },
                 Source::Tied(to) => SourceOut::Tied {
-                    to: &ckpt.tensors[to].name,
+                    to: &ckpt.tensors()[to].name,
                 },
                 Source::None => SourceOut::None,
             },
@@ -107,7 +107,7 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
             .map(|g| {
                 g.members
                     .iter()
-                    .map(|&m| ckpt.tensors[m].name.as_str())
+                    .map(|&m| ckpt.tensors()[m].name.as_str())
                     .collect()
             })
             .collect(),

@@ -100,7 +100,13 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
             let names: Vec<String> = g
                 .members
                 .iter()
-                .map(|&m| format!("{} [{}]", ckpt.tensors[m].name, ckpt.tensors[m].placement))
+                .map(|&m| {
+                    format!(
+                        "{} [{}]",
+                        ckpt.tensors()[m].name,
+                        ckpt.tensors()[m].placement
+                    )
+                })
                 .collect();
             let _ = writeln!(out, "  {}", names.join(" = "));
         }
@@ -211,14 +217,14 @@ fn run_length(
 fn node_row(ckpt: &Checkpoint, node: &Node, label: String) -> Row {
     let mut note = String::new();
     if let Some(t) = node.tensor {
-        let tensor = &ckpt.tensors[t];
+        let tensor = &ckpt.tensors()[t];
         note = format!("{} {:?}", tensor.dtype, tensor.shape);
         if let Some(group) = ckpt.tie_group(t) {
             let partners: Vec<&str> = group
                 .members
                 .iter()
                 .filter(|&&m| m != t)
-                .map(|&m| ckpt.tensors[m].name.as_str())
+                .map(|&m| ckpt.tensors()[m].name.as_str())
                 .collect();
             let _ = write!(note, "  ⇄ tied to {}", partners.join(", "));
         }

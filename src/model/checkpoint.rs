@@ -84,8 +84,9 @@ impl TieGroup {
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub files: Vec<SourceFile>,
-    /// In module order (see [`super::names::module_order`]).
-    pub tensors: Vec<Tensor>,
+    /// In module order (see [`super::names::module_order`]): binary searches by name
+    /// depend on it, so only this module changes the list.
+    tensors: Vec<Tensor>,
     pub ties: Vec<TieGroup>,
     pub device_map: Option<DeviceMap>,
     pub device_map_path: Option<PathBuf>,
@@ -106,6 +107,11 @@ pub struct Checkpoint {
 const NO_TIE: u32 = u32::MAX;
 
 impl Checkpoint {
+    /// Every tensor, in module order.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
     /// Assembles a checkpoint from parts. Sorts tensors into module order, and maps tie
     /// groups given by name onto them (the first name of each group is kept on save).
     pub fn assemble(parts: Parts) -> Checkpoint {

@@ -13,7 +13,7 @@ pub use super::warning::name_list;
 /// All checks, in the order a report lists them.
 pub fn run(ckpt: &Checkpoint) -> Vec<Warning> {
     let offloaded: HashSet<&str> = ckpt
-        .tensors
+        .tensors()
         .iter()
         .filter(|t| matches!(t.source, Source::Offload(_)))
         .map(|t| t.name.as_str())
@@ -32,7 +32,7 @@ pub fn run(ckpt: &Checkpoint) -> Vec<Warning> {
 
 pub fn unmapped(ckpt: &Checkpoint) -> Option<Warning> {
     let tensors: Vec<String> = ckpt
-        .tensors
+        .tensors()
         .iter()
         .filter(|t| t.placement == Placement::Unmapped)
         .map(|t| t.name.clone())
@@ -44,17 +44,17 @@ pub fn ties_across_devices(ckpt: &Checkpoint) -> Vec<Warning> {
     ckpt.ties
         .iter()
         .filter_map(|g| {
-            let first = ckpt.tensors[g.kept()].placement;
+            let first = ckpt.tensors()[g.kept()].placement;
             if g.members
                 .iter()
-                .all(|&m| ckpt.tensors[m].placement == first)
+                .all(|&m| ckpt.tensors()[m].placement == first)
             {
                 return None;
             }
             let members = g
                 .members
                 .iter()
-                .map(|&m| (ckpt.tensors[m].name.clone(), ckpt.tensors[m].placement))
+                .map(|&m| (ckpt.tensors()[m].name.clone(), ckpt.tensors()[m].placement))
                 .collect();
             Some(Warning::TiedAcrossDevices { members })
         })
@@ -64,7 +64,7 @@ pub fn ties_across_devices(ckpt: &Checkpoint) -> Vec<Warning> {
 pub fn offload_not_on_disk(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Option<Warning> {
     ckpt.device_map.as_ref()?;
     let tensors: Vec<(String, Placement)> = ckpt
-        .tensors
+        .tensors()
         .iter()
         .filter(|t| offloaded.contains(t.name.as_str()) && t.placement != Placement::Disk)
         .map(|t| (t.name.clone(), t.placement))
@@ -74,7 +74,7 @@ pub fn offload_not_on_disk(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Opti
 
 pub fn disk_without_offload(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Option<Warning> {
     let tensors: Vec<String> = ckpt
-        .tensors
+        .tensors()
         .iter()
         .filter(|t| t.placement == Placement::Disk && !offloaded.contains(t.name.as_str()))
         .map(|t| t.name.clone())
@@ -86,9 +86,9 @@ pub fn disk_without_offload(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Opt
 }
 
 pub fn meta_without_data(ckpt: &Checkpoint) -> Option<Warning> {
-    let tensors: Vec<(String, Placement)> = (0..ckpt.tensors.len())
+    let tensors: Vec<(String, Placement)> = (0..ckpt.tensors().len())
         .filter(|&i| ckpt.data_range(i).is_none())
-        .map(|i| (ckpt.tensors[i].name.clone(), ckpt.tensors[i].placement))
+        .map(|i| (ckpt.tensors()[i].name.clone(), ckpt.tensors()[i].placement))
         .collect();
     (!tensors.is_empty()).then_some(Warning::NoData { tensors })
 }
@@ -96,7 +96,7 @@ pub fn meta_without_data(ckpt: &Checkpoint) -> Option<Warning> {
 pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<Warning> {
     let map = ckpt.device_map.as_ref()?;
     let used: HashSet<&str> = ckpt
-        .tensors
+        .tensors()
         .iter()
         .filter_map(|t| ckpt.map_key(t))
         .collect();
@@ -104,7 +104,7 @@ pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<Warning> {
         .entries()
         .iter()
         .map(|(k, _)| k.as_str())
-        .filter(|k| !used.contains(k) && !ckpt.tensors.iter().any(|t| covers(k, &t.name)))
+        .filter(|k| !used.contains(k) && !ckpt.tensors().iter().any(|t| covers(k, &t.name)))
         .map(str::to_owned)
         .collect();
     (!keys.is_empty()).then_some(Warning::UnusedMapKeys { keys })
@@ -120,7 +120,7 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<Warning> {
     let order = map.transformers5_order();
     let fallback = map.get("").unwrap_or(Placement::Cpu);
     let mut traps: BTreeMap<(String, String), (Placement, Placement, usize)> = BTreeMap::new();
-    for t in &ckpt.tensors {
+    for t in ckpt.tensors() {
         let (their_key, theirs) = match map.locate_transformers5(&order, &t.name) {
             Some(hit) => (hit.key.to_owned(), hit.placement),
             None => ("(none)".to_owned(), fallback),
@@ -165,7 +165,7 @@ pub fn keys_without_data(ckpt: &Checkpoint) -> Vec<&str> {
         return Vec::new();
     };
     let mut has_data = vec![false; map.entries().len()];
-    for (id, t) in ckpt.tensors.iter().enumerate() {
+    for (id, t) in ckpt.tensors().iter().enumerate() {
         if t.map_key != crate::model::checkpoint::NO_KEY && ckpt.data_range(id).is_some() {
             has_data[t.map_key as usize] = true;
         }
@@ -179,13 +179,5 @@ pub fn keys_without_data(ckpt: &Checkpoint) -> Vec<&str> {
         .enumerate()
         .filter(|&(i, key)| !has_data[i] && !holds_no_parameters(key) && !is_parent(key))
         .map(|(_, key)| *key)
-        .collect()
-}
-
-/// Tensors a save cannot write: no data anywhere.
-pub fn unsaveable(ckpt: &Checkpoint) -> Vec<&str> {
-    (0..ckpt.tensors.len())
-        .filter(|&i| ckpt.data_range(i).is_none())
-        .map(|i| ckpt.tensors[i].name.as_str())
         .collect()
 }

@@ -62,9 +62,9 @@ impl ModuleTree {
         }];
         // Tensors are in module order, so names that share their first k components
         // are contiguous: a stack of the current path replaces a (parent, name) map.
-        let mut tensor_node = Vec::with_capacity(ckpt.tensors.len());
+        let mut tensor_node = Vec::with_capacity(ckpt.tensors().len());
         let mut path: Vec<(&str, NodeId)> = Vec::new();
-        for (id, tensor) in ckpt.tensors.iter().enumerate() {
+        for (id, tensor) in ckpt.tensors().iter().enumerate() {
             let mut depth = 0;
             for component in tensor.name.split('.') {
                 if depth < path.len() && path[depth].0 == component {
@@ -112,7 +112,7 @@ impl ModuleTree {
         // Pre-order numbering: walking backwards visits children before parents.
         for id in (0..self.nodes.len()).rev() {
             if let Some(t) = self.nodes[id].tensor {
-                let tensor = &ckpt.tensors[t];
+                let tensor = &ckpt.tensors()[t];
                 let n = &mut self.nodes[id];
                 n.bytes += tensor.bytes();
                 n.params += tensor.numel();

@@ -66,7 +66,7 @@ fn device_order(max_memory: &[(Placement, u64)]) -> Vec<Placement> {
 }
 
 pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, PlanningError> {
-    if ckpt.tensors.is_empty() {
+    if ckpt.tensors().is_empty() {
         return Err(PlanningError::Empty);
     }
     if options.max_memory.is_empty() {
@@ -93,7 +93,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
         .map(|g| {
             g.members
                 .iter()
-                .map(|&m| ckpt.tensors[m].name.clone())
+                .map(|&m| ckpt.tensors()[m].name.clone())
                 .collect()
         })
         .collect();

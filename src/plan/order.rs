@@ -208,7 +208,7 @@ impl PlanTree {
                     None => true,
                 };
                 nodes[index].size = if first_of_group {
-                    loaded_bytes(&ckpt.tensors[t], dtype)
+                    loaded_bytes(&ckpt.tensors()[t], dtype)
                 } else {
                     0
                 };

@@ -173,12 +173,15 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     let mut problems = Vec::new();
     let mut dropped_ties = Vec::new();
     let mut chosen: Vec<(TensorId, ByteRange)> = Vec::new();
-    for (id, tensor) in ckpt.tensors.iter().enumerate() {
+    for (id, tensor) in ckpt.tensors().iter().enumerate() {
         if let Some(group) = ckpt.tie_group(id)
             && !options.keep_tied
             && group.kept() != id
         {
-            dropped_ties.push((tensor.name.clone(), ckpt.tensors[group.kept()].name.clone()));
+            dropped_ties.push((
+                tensor.name.clone(),
+                ckpt.tensors()[group.kept()].name.clone(),
+            ));
             continue;
         }
         match ckpt.data_range(id) {
@@ -201,7 +204,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     }
     let sizes: Vec<u64> = chosen
         .iter()
-        .map(|(id, _)| ckpt.tensors[*id].bytes())
+        .map(|(id, _)| ckpt.tensors()[*id].bytes())
         .collect();
     let ranges = split_into_shards(&sizes, options.max_shard_size);
     let count = ranges.len();
@@ -218,12 +221,12 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             let mut members: Vec<(TensorId, ByteRange)> = chosen[range].to_vec();
             // Widest elements first keeps every tensor aligned to its element size,
             // as the safetensors library lays files out; module order otherwise.
-            members.sort_by_key(|(id, _)| std::cmp::Reverse(ckpt.tensors[*id].dtype.size()));
+            members.sort_by_key(|(id, _)| std::cmp::Reverse(ckpt.tensors()[*id].dtype.size()));
             let mut begin = 0;
             let tensors: Vec<PlannedTensor> = members
                 .into_iter()
                 .map(|(id, source)| {
-                    let t = &ckpt.tensors[id];
+                    let t = &ckpt.tensors()[id];
                     let planned = PlannedTensor {
                         tensor: id,
                         name: t.name.clone(),
@@ -256,10 +259,13 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         })
         .collect();
     let total_size = sizes.iter().sum();
-    let total_parameters = chosen.iter().map(|(id, _)| ckpt.tensors[*id].numel()).sum();
+    let total_parameters = chosen
+        .iter()
+        .map(|(id, _)| ckpt.tensors()[*id].numel())
+        .sum();
     let largest_tensor = chosen
         .iter()
-        .map(|(id, _)| &ckpt.tensors[*id])
+        .map(|(id, _)| &ckpt.tensors()[*id])
         .max_by_key(|t| t.bytes())
         .map(|t| (t.name.clone(), t.bytes()));
     Ok(SavePlan {

@@ -105,7 +105,7 @@ pub fn verify_plan_covered(ckpt: &Checkpoint, plan: &SavePlan) -> Result<(), Sav
         .map(|(d, k)| (d.as_str(), k.as_str()))
         .collect();
     let mut problems = Vec::new();
-    for t in &ckpt.tensors {
+    for t in ckpt.tensors() {
         match (seen.get(t.name.as_str()), dropped.get(t.name.as_str())) {
             (Some(1), None) => {}
             (None, Some(kept)) if seen.get(kept) == Some(&1) => {}

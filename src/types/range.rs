@@ -10,16 +10,3 @@ pub struct ByteRange {
     pub offset: u64,
     pub len: u64,
 }
-
-impl ByteRange {
-    /// The same file, `skip` bytes further in and `len` long: a contiguous piece of
-    /// this range (a per-expert tensor inside a fused one, say).
-    #[must_use]
-    pub fn sub_range(self, skip: u64, len: u64) -> Option<ByteRange> {
-        (skip.checked_add(len)? <= self.len).then(|| ByteRange {
-            file: self.file,
-            offset: self.offset + skip,
-            len,
-        })
-    }
-}

@@ -13,7 +13,7 @@ impl App {
         };
         let Some(group) = self.ckpt.tie_group(tensor) else {
             self.say(
-                format!("`{}` is not tied", self.ckpt.tensors[tensor].name),
+                format!("`{}` is not tied", self.ckpt.tensors()[tensor].name),
                 Tone::Info,
             );
             return;
@@ -160,7 +160,7 @@ impl App {
 
     /// Replaces the map with a plan and lists what moved.
     pub(super) fn apply_plan(&mut self, planned: crate::plan::Planned, spec: &str) {
-        let before: Vec<Placement> = self.ckpt.tensors.iter().map(|t| t.placement).collect();
+        let before: Vec<Placement> = self.ckpt.tensors().iter().map(|t| t.placement).collect();
         let totals_before = self.ckpt.device_totals();
         Arc::make_mut(&mut self.ckpt).apply_device_map(Some(planned.map));
         self.tree.recompute(&self.ckpt);
@@ -168,14 +168,14 @@ impl App {
         self.map_edited = true;
         let moved = self
             .ckpt
-            .tensors
+            .tensors()
             .iter()
             .zip(&before)
             .filter(|(t, b)| t.placement != **b)
             .count();
         let mut lines = vec![format!(
             "accelerate's plan for {spec}: {moved} of {} tensors move",
-            self.ckpt.tensors.len()
+            self.ckpt.tensors().len()
         )];
         let totals_after = self.ckpt.device_totals();
         let mut devices: Vec<Placement> = totals_before

@@ -56,7 +56,7 @@ impl App {
             return;
         }
         let needle = query.as_bytes();
-        for (id, t) in self.ckpt.tensors.iter().enumerate() {
+        for (id, t) in self.ckpt.tensors().iter().enumerate() {
             let name = t.name.as_str();
             // ASCII case-insensitive, without allocating per name: 100k names are
             // searched on every keystroke.

@@ -32,7 +32,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         ])
     };
     if let Some(t) = node.tensor {
-        let tensor = &app.ckpt.tensors[t];
+        let tensor = &app.ckpt.tensors()[t];
         lines.push(kv("dtype", tensor.dtype.to_string()));
         lines.push(kv("shape", format!("{:?}", tensor.shape)));
         lines.push(kv(
@@ -71,7 +71,8 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                     let mark = if i == 0 { " (kept on save)" } else { "" };
                     format!(
                         "{} [{}]{mark}",
-                        app.ckpt.tensors[m].name, app.ckpt.tensors[m].placement
+                        app.ckpt.tensors()[m].name,
+                        app.ckpt.tensors()[m].placement
                     )
                 })
                 .collect();
@@ -132,7 +133,7 @@ fn source_text(app: &App, source: Source) -> String {
     match source {
         Source::Checkpoint(r) => range_text(app, r),
         Source::Offload(r) => format!("offload {}", range_text(app, r)),
-        Source::Tied(to) => format!("tie partner {}", app.ckpt.tensors[to].name),
+        Source::Tied(to) => format!("tie partner {}", app.ckpt.tensors()[to].name),
         Source::None => "nowhere (meta: cannot be saved)".into(),
     }
 }
