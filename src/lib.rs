@@ -26,6 +26,7 @@ pub mod monitor;
 pub mod plan;
 pub mod save;
 pub mod sys;
+pub mod text;
 pub mod tui;
 pub mod types;
 

@@ -2,17 +2,25 @@
 
 mod cli;
 
+use std::io::Write;
+
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     if let Err(report) = real_main() {
+        // Output that cannot be written: nothing more can be said.
+        if report.downcast_ref::<cli::OutputGone>().is_some() {
+            return std::process::ExitCode::FAILURE;
+        }
         // A user's mistake is a message, not a backtrace: print the chain of causes.
+        // Written without panicking: stderr may be full too.
+        let mut stderr = std::io::stderr().lock();
         let mut causes = report.chain();
         if let Some(top) = causes.next() {
-            eprintln!("error: {top}");
+            let _ = writeln!(stderr, "error: {top}");
         }
         for cause in causes {
-            eprintln!("  caused by: {cause}");
+            let _ = writeln!(stderr, "  caused by: {cause}");
         }
         return std::process::ExitCode::FAILURE;
     }
@@ -31,7 +39,7 @@ fn real_main() -> color_eyre::Result<()> {
     if std::env::var_os("DEVMAP_REPORT_PEAK_RSS").is_some()
         && let Some(peak) = devmap::monitor::peak_rss_bytes()
     {
-        eprintln!("devmap-peak-rss-bytes={peak}");
+        let _ = writeln!(std::io::stderr(), "devmap-peak-rss-bytes={peak}");
     }
     result
 }

@@ -1,6 +1,7 @@
 //! What each subcommand does with the library.
 
 mod args;
+mod output;
 mod progress;
 
 use std::io::IsTerminal;
@@ -13,6 +14,8 @@ use color_eyre::eyre::{Result, WrapErr, eyre};
 use devmap::model::{Checkpoint, LoadOptions, load};
 use devmap::save::{SaveEvent, SaveJob, SaveOptions, prepare};
 use devmap::{human_bytes, inspect};
+pub use output::OutputGone;
+use output::{err_line, out};
 
 /// The demo model shipped in the repository.
 pub fn demo_dir() -> PathBuf {
@@ -30,12 +33,12 @@ pub fn run(args: Args) -> Result<()> {
                     .extend(devmap::plan::budget_warnings(&ckpt, &budgets.0));
             }
             if a.json {
-                print!("{}", inspect::to_json_string(&ckpt));
+                out(inspect::to_json_string(&ckpt))?;
             } else {
-                print!(
-                    "{}",
-                    inspect::to_text(&ckpt, inspect::TextOptions { depth: a.depth })
-                );
+                out(inspect::to_text(
+                    &ckpt,
+                    inspect::TextOptions { depth: a.depth },
+                ))?;
             }
             Ok(())
         }
@@ -59,10 +62,7 @@ pub fn run(args: Args) -> Result<()> {
                 devmap::tui::run(ckpt).wrap_err("the terminal interface failed")
             } else {
                 // Not a terminal (piped, redirected): the same picture as text.
-                print!(
-                    "{}",
-                    inspect::to_text(&ckpt, inspect::TextOptions::default())
-                );
+                out(inspect::to_text(&ckpt, inspect::TextOptions::default()))?;
                 Ok(())
             }
         }
@@ -84,14 +84,14 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
         m.0.clone()
     } else {
         let detected = devmap::monitor::detected_budgets();
-        eprintln!(
+        err_line(format!(
             "budgets (detected; give --max-memory to choose): {}",
             detected
                 .iter()
                 .map(|(p, b)| format!("{p}={}", human_bytes(*b)))
                 .collect::<Vec<_>>()
                 .join(", ")
-        );
+        ))?;
         detected
     };
     let options = devmap::plan::PlanOptions {
@@ -102,18 +102,16 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
     let planned = devmap::plan::plan(&ckpt, &options)?;
     if a.explain {
         for line in &planned.explain {
-            eprintln!("{line}");
+            err_line(line)?;
         }
     }
     let text = devmap::formats::device_map::encode_device_map(&planned.map);
     match &a.out {
         Some(path) => {
-            let same = |p: &std::path::Path| p.canonicalize().ok();
             if ckpt
                 .device_map_path
                 .as_deref()
-                .and_then(same)
-                .is_some_and(|input| same(path) == Some(input))
+                .is_some_and(|input| devmap::formats::input::same_file(input, path))
             {
                 return Err(eyre!(
                     "{} is the input device map; devmap never writes its inputs: choose another --out",
@@ -124,12 +122,12 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
                 .wrap_err_with(|| format!("cannot write {}", path.display()))?;
             eprintln!("device map written to {}", path.display());
         }
-        None => print!("{text}"),
+        None => out(&text)?,
     }
     // What the planned map implies: ties split across devices and the like.
     ckpt.apply_device_map(Some(planned.map));
     for w in devmap::model::checks::ties_across_devices(&ckpt) {
-        eprintln!("warning: {w}");
+        err_line(format!("warning: {w}"))?;
     }
     Ok(())
 }
@@ -152,19 +150,19 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
     let plan = prepare(&ckpt, &options)?;
     if !a.quiet {
         for w in &ckpt.all_warnings() {
-            eprintln!("warning: {w}");
+            err_line(format!("warning: {w}"))?;
         }
-        eprintln!(
+        err_line(format!(
             "saving {} tensors ({}) into {} shard(s) in {}",
             plan.tensor_count(),
             human_bytes(plan.total_size),
             plan.shards.len(),
             a.out.display()
-        );
+        ))?;
         for (dropped, kept) in &plan.dropped_ties {
-            eprintln!(
+            err_line(format!(
                 "  `{dropped}` is tied to `{kept}`: written once as `{kept}` (--keep-tied writes both)"
-            );
+            ))?;
         }
     }
     let total = plan.total_size;
@@ -174,14 +172,18 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
     // Ctrl-C, SIGTERM and SIGHUP cancel the save cleanly instead of killing it
     // mid-write: the job removes its partial files before it returns.
     let terminated = devmap::sys::catch_termination();
+    // Set when stderr cannot be written: the save is cancelled, and devmap exits
+    // non-zero once it has cleaned up.
+    let mut stderr_gone = false;
     loop {
         match job
             .events
             .recv_timeout(std::time::Duration::from_millis(100))
         {
             Ok(event) => {
-                if !a.quiet {
-                    bar.handle(&event);
+                if !a.quiet && !stderr_gone && bar.handle(&event).is_err() {
+                    stderr_gone = true;
+                    job.cancel();
                 }
                 if matches!(
                     event,
@@ -197,9 +199,13 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
             job.cancel();
         }
     }
-    let report = job.join().map_err(|e| eyre!(e))?;
+    let result = job.join();
+    if stderr_gone {
+        return Err(output::OutputGone("stderr").into());
+    }
+    let report = result.map_err(|e| eyre!(e))?;
     if !a.quiet {
-        eprintln!(
+        err_line(format!(
             "done: {} tensors, {} in {} ({}){}",
             report.tensors,
             human_bytes(report.bytes),
@@ -210,12 +216,12 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
             } else {
                 format!("; copied {}", report.copied_files.join(", "))
             }
-        );
+        ))?;
         if !report.removed_stale.is_empty() {
-            eprintln!(
+            err_line(format!(
                 "removed earlier weight files: {}",
                 report.removed_stale.join(", ")
-            );
+            ))?;
         }
     }
     Ok(())

@@ -1,6 +1,7 @@
 //! The save progress line on stderr: redrawn at most ten times a second on a terminal,
 //! one line per shard otherwise.
 
+use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
@@ -12,8 +13,10 @@ pub struct Progress {
     tty: bool,
     started: Instant,
     last_draw: Option<Instant>,
-    shard: String,
-    shard_index: usize,
+    /// Shards being written, by index: with several writers, events of different
+    /// shards interleave, so each line names the shard its own event is about.
+    running: HashMap<usize, String>,
+    finished: usize,
     shard_count: usize,
 }
 
@@ -24,13 +27,15 @@ impl Progress {
             tty: std::io::stderr().is_terminal(),
             started: Instant::now(),
             last_draw: None,
-            shard: String::new(),
-            shard_index: 0,
+            running: HashMap::new(),
+            finished: 0,
             shard_count: 0,
         }
     }
 
-    pub fn handle(&mut self, event: &SaveEvent) {
+    /// Draws what `event` changes. An error means stderr is gone (a closed pipe, a
+    /// full disk): the caller stops the save.
+    pub fn handle(&mut self, event: &SaveEvent) -> std::io::Result<()> {
         let mut err = std::io::stderr().lock();
         match event {
             SaveEvent::ShardStarted {
@@ -39,8 +44,7 @@ impl Progress {
                 file_name,
                 ..
             } => {
-                self.shard.clone_from(file_name);
-                self.shard_index = *index;
+                self.running.insert(*index, file_name.clone());
                 self.shard_count = *count;
             }
             SaveEvent::Progress { total_written, .. } if self.tty => {
@@ -49,24 +53,27 @@ impl Progress {
                     .is_none_or(|t| t.elapsed() >= Duration::from_millis(100));
                 if due {
                     self.last_draw = Some(Instant::now());
-                    let _ = write!(err, "\r\x1b[2K{}", self.line(*total_written));
-                    let _ = err.flush();
+                    write!(err, "\r\x1b[2K{}", self.line(*total_written))?;
+                    err.flush()?;
                 }
             }
             SaveEvent::ShardFinished { index } => {
+                self.finished += 1;
                 if self.tty {
-                    let _ = write!(err, "\r\x1b[2K");
+                    write!(err, "\r\x1b[2K")?;
                 }
-                let _ = writeln!(
+                let name = self.running.remove(index).unwrap_or_default();
+                writeln!(
                     err,
                     "  wrote {} ({}/{})",
-                    self.shard,
+                    devmap::text::escaped(&name),
                     index + 1,
                     self.shard_count
-                );
+                )?;
             }
             _ => {}
         }
+        Ok(())
     }
 
     fn line(&self, written: u64) -> String {
@@ -85,7 +92,7 @@ impl Progress {
             0.0
         };
         format!(
-            "[{}{}] {:>5.1}%  {} / {}  {}/s  ETA {:.0}s  shard {}/{}",
+            "[{}{}] {:>5.1}%  {} / {}  {}/s  ETA {:.0}s  {}/{} shards written",
             "#".repeat(filled),
             "-".repeat(WIDTH - filled),
             fraction * 100.0,
@@ -93,7 +100,7 @@ impl Progress {
             human_bytes(self.total),
             human_bytes(rate as u64),
             eta,
-            self.shard_index + 1,
+            self.finished,
             self.shard_count
         )
     }

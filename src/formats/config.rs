@@ -25,7 +25,7 @@ impl ModelConfig {
 }
 
 pub fn read_config(path: &Path) -> Result<ModelConfig, FormatError> {
-    let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
+    let text = super::input::read_json_text(path)?;
     let root: Value = serde_json::from_str(&text)
         .map_err(|e| FormatError::invalid(path, format!("not valid JSON: {e}")))?;
     let Value::Object(root) = root else {

@@ -11,7 +11,7 @@ use crate::types::placement::{DeviceMap, Placement};
 pub const DEVICE_MAP_FILE: &str = "device_map.json";
 
 pub fn read_device_map(path: &Path) -> Result<DeviceMap, FormatError> {
-    let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
+    let text = super::input::read_json_text(path)?;
     parse_device_map(path, &text)
 }
 

@@ -5,15 +5,20 @@ use std::path::PathBuf;
 /// name the tensor too.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {source}", crate::text::path(path))]
     Io {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("{}: {message}", path.display())]
+    #[error("{}: {}", crate::text::path(path), crate::text::escaped(message))]
     Invalid { path: PathBuf, message: String },
-    #[error("{}: tensor `{tensor}`: {message}", path.display())]
+    #[error(
+        "{}: tensor `{}`: {}",
+        crate::text::path(path),
+        crate::text::escaped(tensor),
+        crate::text::escaped(message)
+    )]
     Tensor {
         path: PathBuf,
         tensor: String,

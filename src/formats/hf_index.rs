@@ -19,7 +19,7 @@ pub struct WeightIndex<'a> {
 
 /// Reads the index file's text (parse it with [`parse_index`]).
 pub fn read_index_text(path: &Path) -> Result<String, FormatError> {
-    std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))
+    super::input::read_json_text(path)
 }
 
 /// Parses an index; `path` names it in errors.

@@ -48,7 +48,7 @@ pub fn read_offload_folder(
     headers: &mut HeaderCache,
 ) -> Result<Vec<OffloadEntry>, FormatError> {
     let index_path = folder.join(OFFLOAD_INDEX);
-    if index_path.is_file() {
+    if std::fs::symlink_metadata(&index_path).is_ok() {
         read_index(folder, &index_path, model_dir, headers)
     } else {
         read_per_tensor_files(folder, headers)
@@ -79,7 +79,7 @@ fn read_index(
     model_dir: &Path,
     headers: &mut HeaderCache,
 ) -> Result<Vec<OffloadEntry>, FormatError> {
-    let text = std::fs::read_to_string(index_path).map_err(|e| FormatError::io(index_path, e))?;
+    let text = super::input::read_json_text(index_path)?;
     parse_index(folder, index_path, &text, model_dir, headers)
 }
 
@@ -174,6 +174,13 @@ pub fn parse_index(
             .ok_or_else(|| bad(&format!("shape {shape:?} overflows 64 bits")))?;
         let file = folder.join(format!("{name}.dat"));
         match std::fs::metadata(&file) {
+            Ok(meta) if !meta.is_file() => {
+                return Err(FormatError::tensor(
+                    &file,
+                    &name,
+                    "is not a regular file (a folder, FIFO or device); the offload folder is damaged",
+                ));
+            }
             Ok(meta) if meta.len() == len => {}
             Ok(meta) => {
                 return Err(FormatError::tensor(
@@ -234,7 +241,7 @@ fn read_per_tensor_files(
         .map_err(|e| FormatError::io(folder, e))?
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors") && p.is_file())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     files.sort();
     let mut entries = Vec::with_capacity(files.len());

@@ -38,7 +38,7 @@ pub struct Header {
 
 /// Reads and validates the header of the safetensors file at `path`.
 pub fn read_header(path: &Path) -> Result<Header, FormatError> {
-    let file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let file = super::input::open_regular(path)?;
     let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
     if file_len < 8 {
         return Err(FormatError::invalid(
@@ -214,7 +214,11 @@ impl<'de> serde::Deserialize<'de> for RawHeader {
                                 "`__metadata__` must be an object of strings ({e})"
                             ))
                         })?;
-                        metadata = Some(m);
+                        // The reference parser refuses a second `__metadata__`; a
+                        // later one silently winning would hide what the file says.
+                        if metadata.replace(m).is_some() {
+                            return Err(A::Error::custom("`__metadata__` appears twice"));
+                        }
                         continue;
                     }
                     let entry = map.next_value::<RawEntry>().map_err(|e| {
@@ -438,6 +442,8 @@ mod tests {
         assert!(err(&not_utf8).contains("not UTF-8"));
         let dup = r#"{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#;
         assert!(err(&file_with(dup, 2)).contains("`w`: appears twice"));
+        let dup_meta = r#"{"__metadata__":{"format":"pt"},"__metadata__":{"format":"np"},"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
+        assert!(err(&file_with(dup_meta, 1)).contains("`__metadata__` appears twice"));
         let unknown = r#"{"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}}"#;
         assert!(err(&file_with(unknown, 1)).contains("unknown dtype `Q4`"));
         let mismatch = r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#;

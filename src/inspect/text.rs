@@ -10,6 +10,17 @@ use super::human_count;
 use crate::human_bytes;
 use crate::model::checkpoint::Checkpoint;
 use crate::model::tree::{ModuleTree, Node, NodeId};
+use crate::text::escaped;
+
+/// `text` padded with spaces to `width` characters, on the left when `right_align`.
+fn pad(text: &str, width: usize, right_align: bool) -> String {
+    let fill = " ".repeat(width.saturating_sub(text.chars().count()));
+    if right_align {
+        format!("{fill}{text}")
+    } else {
+        format!("{text}{fill}")
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 pub struct TextOptions {
@@ -35,7 +46,7 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
     let tree = ModuleTree::build(ckpt);
     let mut out = String::new();
     let root = &tree.nodes[ModuleTree::ROOT];
-    let _ = writeln!(out, "{}", ckpt.dir.display());
+    let _ = writeln!(out, "{}", crate::text::path(&ckpt.dir));
     let _ = writeln!(
         out,
         "  {} tensors · {} · {} parameters",
@@ -48,12 +59,13 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
         "  device map: {}",
         ckpt.device_map_path
             .as_ref()
-            .map_or("none (everything on cpu)".to_owned(), |p| p
-                .display()
-                .to_string())
+            .map_or(
+                "none (everything on cpu)".to_owned(),
+                |p| crate::text::path(p)
+            )
     );
     if let Some(dir) = &ckpt.offload_dir {
-        let _ = writeln!(out, "  offload folder: {}", dir.display());
+        let _ = writeln!(out, "  offload folder: {}", crate::text::path(dir));
     }
     out.push('\n');
 
@@ -67,6 +79,11 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
     for &child in &root.children {
         collect_rows(ckpt, &tree, child, 0, options, &mut rows);
     }
+    // Names come from the files: escaped before anything is measured or printed.
+    for r in &mut rows {
+        r.label = escaped(&r.label).into_owned();
+        r.note = escaped(&r.note).into_owned();
+    }
     let width =
         |f: fn(&Row) -> &String| rows.iter().map(|r| f(r).chars().count()).max().unwrap_or(0);
     let (wl, ws, wp, wd) = (
@@ -76,9 +93,14 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
         width(|r| &r.placement),
     );
     for r in &rows {
+        // Padded by hand: a format width is at most 65,535, and a name can be longer.
         let line = format!(
-            "{:<wl$}  {:>ws$}  {:>wp$}  {:<wd$}  {}",
-            r.label, r.size, r.params, r.placement, r.note
+            "{}  {}  {}  {}  {}",
+            pad(&r.label, wl, false),
+            pad(&r.size, ws, true),
+            pad(&r.params, wp, true),
+            pad(&r.placement, wd, false),
+            r.note
         );
         let _ = writeln!(out, "{}", line.trim_end());
     }
@@ -103,7 +125,7 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
                 .map(|&m| {
                     format!(
                         "{} [{}]",
-                        ckpt.tensors()[m].name,
+                        escaped(&ckpt.tensors()[m].name),
                         ckpt.tensors()[m].placement
                     )
                 })

@@ -130,7 +130,18 @@ fn with_device(items: &[(String, Placement)]) -> Vec<String> {
 }
 
 impl fmt::Display for Warning {
+    /// A warning is one line; the names in it come from files, so the whole line is
+    /// escaped (see [`crate::text`]) before it reaches anyone.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut line = String::new();
+        self.write_raw(&mut line)?;
+        f.write_str(&crate::text::escaped(&line))
+    }
+}
+
+impl Warning {
+    fn write_raw(&self, f: &mut String) -> fmt::Result {
+        use std::fmt::Write;
         match self {
             Warning::OffloadLoadDtype {
                 tensor,

@@ -13,13 +13,13 @@ pub enum SaveError {
     /// Another save holds the lock on OUT.
     #[error("another devmap save is writing into {}; wait for it to finish (or cancel it), then save again", .0.display())]
     Busy(PathBuf),
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {source}", crate::text::path(path))]
     Io {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("{}: {message}", path.display())]
+    #[error("{}: {}", crate::text::path(path), crate::text::escaped(message))]
     SourceChanged { path: PathBuf, message: String },
     #[error("the written checkpoint does not match the plan, so it was discarded:{}", bullets(.0))]
     Verify(Vec<String>),
@@ -43,5 +43,10 @@ impl SaveError {
 
 /// Problems one per line, for messages that list several.
 pub fn bullets(items: &[String]) -> String {
-    items.iter().map(|i| format!("\n  - {i}")).collect()
+    // Each item is one line: whatever names it holds are escaped, so none can start
+    // a line of its own.
+    items
+        .iter()
+        .map(|i| format!("\n  - {}", crate::text::escaped(i)))
+        .collect()
 }

@@ -174,6 +174,13 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     let mut dropped_ties = Vec::new();
     let mut chosen: Vec<(TensorId, ByteRange)> = Vec::new();
     for (id, tensor) in ckpt.tensors().iter().enumerate() {
+        if tensor.name == "__metadata__" {
+            // The one key a safetensors header keeps for itself.
+            problems.push(
+                "a tensor is named `__metadata__`, the key safetensors reserves for the header's metadata; it cannot be written".into(),
+            );
+            continue;
+        }
         if let Some(group) = ckpt.tie_group(id)
             && !options.keep_tied
             && group.kept() != id

@@ -16,6 +16,11 @@ use super::recipe::Recipe;
 use super::verify::verify_shard;
 use crate::model::checkpoint::{Checkpoint, FileId};
 
+/// Input files a writer keeps open at once. An offload folder may hold thousands of
+/// `.dat` files, more than the open-file limit; tensors come in module order, so a
+/// small set of open files serves nearly every read.
+const MAX_OPEN_SOURCES: usize = 64;
+
 /// Open input files, checked against what they were when the model was loaded.
 #[derive(Default)]
 struct Sources {
@@ -24,11 +29,20 @@ struct Sources {
 
 impl Sources {
     fn get(&mut self, ckpt: &Checkpoint, id: FileId) -> Result<&File, SaveError> {
+        if self.open.len() >= MAX_OPEN_SOURCES && !self.open.contains_key(&id) {
+            self.open.clear();
+        }
         let file = match self.open.entry(id) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 let path = ckpt.file_path(id);
-                e.insert(File::open(path).map_err(|err| SaveError::io(path, err))?)
+                let file = crate::formats::input::open_regular(path).map_err(|err| {
+                    SaveError::SourceChanged {
+                        path: path.to_path_buf(),
+                        message: err.to_string(),
+                    }
+                })?;
+                e.insert(file)
             }
         };
         check_unchanged(ckpt, id, file)?;
@@ -40,17 +54,19 @@ fn check_unchanged(ckpt: &Checkpoint, id: FileId, file: &File) -> Result<(), Sav
     let info = &ckpt.files[id];
     let meta = file.metadata().map_err(|e| SaveError::io(&info.path, e))?;
     let modified: Option<SystemTime> = meta.modified().ok();
-    if meta.len() != info.len || (info.modified.is_some() && modified != info.modified) {
-        return Err(SaveError::SourceChanged {
-            path: info.path.clone(),
-            message: format!(
-                "changed while devmap was using it (was {} bytes, now {}); the save stopped and wrote nothing; save again once nothing else writes to the model",
-                info.len,
-                meta.len()
-            ),
-        });
-    }
-    Ok(())
+    let what = if meta.len() != info.len {
+        format!("its size went from {} to {} bytes", info.len, meta.len())
+    } else if info.modified.is_some() && modified != info.modified {
+        "its modification time changed (it was rewritten)".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(SaveError::SourceChanged {
+        path: info.path.clone(),
+        message: format!(
+            "changed while devmap was using it: {what}; the save stopped and wrote nothing; save again once nothing else writes to the model"
+        ),
+    })
 }
 
 /// What the writer threads share: the plan, a queue position, totals, flags.
@@ -160,6 +176,11 @@ impl ShardWriter<'_> {
         let stop = StopFlag(shared);
         for t in &shard.tensors {
             let Recipe::Copy(source) = t.recipe;
+            if source.len == 0 {
+                // Nothing to copy, and accelerate writes no `.dat` for an empty tensor:
+                // its source may not exist.
+                continue;
+            }
             let src = self.sources.get(ckpt, source.file)?;
             let src_path = ckpt.file_path(source.file);
             let mut report = |n: u64| {

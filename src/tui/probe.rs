@@ -59,10 +59,6 @@ impl Probe for SystemProbe {
     }
 
     fn same_file(&self, a: &Path, b: &Path) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        match (std::fs::metadata(a), std::fs::metadata(b)) {
-            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-            _ => false,
-        }
+        crate::formats::input::same_file(a, b)
     }
 }

@@ -40,7 +40,7 @@ pub enum LoadError {
         .0.display()
     )]
     NoWeights(PathBuf),
-    #[error("{}: {message}", path.display())]
+    #[error("{}: {}", crate::text::path(path), crate::text::escaped(message))]
     Conflict { path: PathBuf, message: String },
     #[error("--tie {tied}={kept}: {message}")]
     BadTie {
@@ -58,7 +58,9 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
     let mut warnings = Vec::new();
     let mut headers = HeaderCache::default();
     let config_path = dir.join("config.json");
-    let config = if config_path.is_file() {
+    // Present in any form (a folder or FIFO named config.json is an error, not absent).
+    let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+    let config = if exists(&config_path) {
         read_config(&config_path)?
     } else {
         ModelConfig::absent()
@@ -156,7 +158,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
     let device_map_path = options
         .device_map
         .clone()
-        .or_else(|| Some(dir.join(DEVICE_MAP_FILE)).filter(|p| p.is_file()));
+        .or_else(|| Some(dir.join(DEVICE_MAP_FILE)).filter(|p| exists(p)));
     let device_map = match &device_map_path {
         Some(p) => Some(read_device_map(p)?),
         None => None,
@@ -236,7 +238,7 @@ fn read_weights(
 ) -> Result<Vec<PathBuf>, LoadError> {
     let index_path = dir.join(INDEX_FILE);
     let single = dir.join(SINGLE_FILE);
-    if index_path.is_file() {
+    if std::fs::symlink_metadata(&index_path).is_ok() {
         let index_text = read_index_text(&index_path)?;
         let index = parse_index(&index_path, &index_text)?;
         // Names per shard file, in the index's order of first mention.
@@ -269,7 +271,7 @@ fn read_weights(
         for file in order {
             let path = dir.join(file);
             let names = &by_file[file];
-            if !path.is_file() {
+            if std::fs::symlink_metadata(&path).is_err() {
                 return Err(FormatError::tensor(
                     &index_path,
                     names[0],
@@ -320,14 +322,16 @@ fn read_weights(
         }
         return Ok(files);
     }
-    let paths = if single.is_file() {
+    let paths = if std::fs::symlink_metadata(&single).is_ok() {
         vec![single]
     } else {
         let mut all: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|e| FormatError::io(dir, e))?
             .filter_map(Result::ok)
             .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors") && p.is_file())
+            // Every `*.safetensors` entry is a shard: one that is a folder or a FIFO is
+            // refused when it is opened, not skipped.
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
             .collect();
         all.sort();
         all

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use crate::text::escaped;
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
@@ -24,11 +25,15 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     };
     let node = &app.tree.nodes[id];
     let name = app.tree.full_name(id);
-    let mut lines = vec![Line::from(Span::styled(name.clone(), theme.title()))];
+    // Names and paths come from the files: escaped (see crate::text) before drawing.
+    let mut lines = vec![Line::from(Span::styled(
+        escaped(&name).into_owned(),
+        theme.title(),
+    ))];
     let kv = |k: &str, v: String| {
         Line::from(vec![
             Span::styled(format!("{k:<10}"), theme.dim()),
-            Span::raw(v),
+            Span::raw(escaped(&v).into_owned()),
         ])
     };
     if let Some(t) = node.tensor {

@@ -59,8 +59,8 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
 fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let root = &app.tree.nodes[0];
     let name = app.ckpt.dir.file_name().map_or_else(
-        || app.ckpt.dir.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
+        || crate::text::path(&app.ckpt.dir),
+        |n| crate::text::escaped(&n.to_string_lossy()).into_owned(),
     );
     let mut spans = vec![
         Span::styled(" devmap ", theme.title()),
@@ -104,7 +104,10 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 Tone::Good => theme.good(),
                 Tone::Bad => theme.bad(),
             };
-            Line::from(vec![Span::styled(m.text.clone(), style)])
+            Line::from(vec![Span::styled(
+                crate::text::escaped(&m.text).into_owned(),
+                style,
+            )])
         }
         (mode, _) => Line::from(Span::styled(keys::hint(mode), theme.dim())),
     };

@@ -47,7 +47,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             "▸ "
         };
         let indent = "  ".repeat(node.depth.saturating_sub(1));
-        let mut label = format!("{indent}{marker}{}", node.name);
+        let mut label = format!("{indent}{marker}{}", crate::text::escaped(&node.name));
         if label.chars().count() > name_w {
             label = label
                 .chars()

@@ -1,0 +1,26 @@
+//! Printing that cannot panic. `print!` panics when stdout is a closed pipe
+//! (`devmap inspect | head`) or a full device, and a panic while stderr is full aborts;
+//! devmap instead stops quietly with a non-zero status, cancelling a running save.
+
+use std::fmt::Display;
+use std::io::Write;
+
+/// Stdout or stderr cannot be written (a closed pipe, a full disk). Nothing more can be
+/// said, so `main` exits non-zero without a message.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to {0}")]
+pub struct OutputGone(pub &'static str);
+
+/// Writes `text` to stdout as it is.
+pub fn out(text: impl Display) -> Result<(), OutputGone> {
+    let mut stdout = std::io::stdout().lock();
+    write!(stdout, "{text}")
+        .and_then(|()| stdout.flush())
+        .map_err(|_| OutputGone("stdout"))
+}
+
+/// Writes one line to stderr.
+pub fn err_line(text: impl Display) -> Result<(), OutputGone> {
+    let mut stderr = std::io::stderr().lock();
+    writeln!(stderr, "{text}").map_err(|_| OutputGone("stderr"))
+}

@@ -1,0 +1,93 @@
+//! Opening inputs safely. Every file devmap reads is untrusted: it may be a FIFO that
+//! never answers, a device, a folder, or a JSON file of a gigabyte. Inputs are opened
+//! non-blocking and checked to be regular files before a byte is read, and JSON
+//! inputs are read only up to a size cap.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+use super::FormatError;
+
+/// The largest JSON input devmap reads (config, indexes, device maps). The largest
+/// real ones (the index of a 160-shard MoE) are a few MB.
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// What a path is, in words, when it is not a regular file.
+fn not_a_file(meta: &std::fs::Metadata) -> Option<&'static str> {
+    let t = meta.file_type();
+    if t.is_file() {
+        None
+    } else if t.is_dir() {
+        Some("a folder")
+    } else if t.is_fifo() {
+        Some("a FIFO (named pipe)")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_block_device() || t.is_char_device() {
+        Some("a device")
+    } else {
+        Some("not a regular file")
+    }
+}
+
+/// Opens `path` for reading if it is a regular file (symlinks followed). The open is
+/// non-blocking, so a FIFO is refused instead of waiting for a writer forever.
+pub fn open_regular(path: &Path) -> Result<File, FormatError> {
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| FormatError::io(path, e))?;
+    let meta = file.metadata().map_err(|e| FormatError::io(path, e))?;
+    if let Some(what) = not_a_file(&meta) {
+        return Err(FormatError::invalid(
+            path,
+            format!("is {what}, not a file; devmap reads only regular files"),
+        ));
+    }
+    Ok(file)
+}
+
+/// Checks, without opening it, that `path` is a regular file (symlinks followed).
+pub fn check_regular(path: &Path) -> Result<std::fs::Metadata, FormatError> {
+    let meta = std::fs::metadata(path).map_err(|e| FormatError::io(path, e))?;
+    match not_a_file(&meta) {
+        None => Ok(meta),
+        Some(what) => Err(FormatError::invalid(
+            path,
+            format!("is {what}, not a file; devmap reads only regular files"),
+        )),
+    }
+}
+
+/// Whether both paths name one file: the same device and inode, so a hard link or a
+/// symlink to an input is recognised as that input. False when either is missing.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Reads a JSON input as text, refusing special files and files over
+/// [`MAX_JSON_BYTES`].
+pub fn read_json_text(path: &Path) -> Result<String, FormatError> {
+    let file = open_regular(path)?;
+    let mut text = String::new();
+    file.take(MAX_JSON_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| FormatError::io(path, e))?;
+    if text.len() as u64 > MAX_JSON_BYTES {
+        return Err(FormatError::invalid(
+            path,
+            format!(
+                "is over {} MiB; no config, index or device map is that large, so it is not read",
+                MAX_JSON_BYTES >> 20
+            ),
+        ));
+    }
+    Ok(text)
+}

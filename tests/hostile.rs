@@ -1,0 +1,359 @@
+//! Hostile inputs and environments that used to hang, panic, abort or mislead: special
+//! files where files are expected, closed and full output streams, huge names and
+//! metadata, control characters in names, thousands of offload files, hard links.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{devmap, mixed_model, read_saved, stderr, stdout};
+use devmap::fixtures::{FixtureTensor, write_json, write_offload_dat, write_safetensors};
+use devmap::model::DType;
+
+fn arg(p: &Path) -> &str {
+    p.to_str().expect("utf-8 test path")
+}
+
+/// Runs devmap and fails the test if it has not finished within `secs`: the point of
+/// several tests here is that devmap does not hang.
+fn devmap_within(args: &[&str], secs: u64) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_devmap"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let start = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            panic!("devmap {args:?} still running after {secs} s: it hangs");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("output")
+}
+
+fn mkfifo(path: &Path) {
+    let ok = Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo")
+        .success();
+    assert!(ok, "mkfifo {}", path.display());
+}
+
+#[test]
+fn special_files_where_files_are_expected_are_refused_without_hanging() {
+    let m = mixed_model();
+    // --device-map naming a FIFO nobody writes to.
+    let fifo = m.out("map.fifo");
+    mkfifo(&fifo);
+    let o = devmap_within(&["inspect", arg(&m.dir), "--device-map", arg(&fifo)], 20);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("FIFO"), "{}", stderr(&o));
+
+    // config.json and device_map.json that are folders: errors, not "absent".
+    for name in ["config.json", "device_map.json"] {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let t = FixtureTensor::patterned("w", DType::F32, &[2], 1);
+        write_safetensors(&tmp.path().join("model.safetensors"), &[&t]).expect("w");
+        std::fs::create_dir(tmp.path().join(name)).expect("mkdir");
+        let o = devmap_within(&["inspect", arg(tmp.path())], 20);
+        assert!(!o.status.success(), "{name} as a folder must be refused");
+        let err = stderr(&o);
+        assert!(err.contains(name) && err.contains("a folder"), "{err}");
+    }
+
+    // A shard that is a FIFO.
+    let tmp = tempfile::tempdir().expect("tmp");
+    mkfifo(&tmp.path().join("model.safetensors"));
+    let o = devmap_within(&["inspect", arg(tmp.path())], 20);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("FIFO"), "{}", stderr(&o));
+
+    // An offload `.dat` that is a folder: found when the model is opened, before
+    // any save writes.
+    let m = mixed_model();
+    let dat = m.dir.join("offload/model.scale.dat");
+    std::fs::remove_file(&dat).expect("rm");
+    std::fs::create_dir(&dat).expect("mkdir");
+    let out = m.out("o");
+    let o = devmap_within(&["save", arg(&m.dir), "--out", arg(&out), "-q"], 20);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("model.scale.dat") && err.contains("not a regular file"),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing written");
+}
+
+#[test]
+fn closed_and_full_output_streams_end_quietly_without_a_panic() {
+    let m = mixed_model();
+    // `devmap inspect --json | head -c 10`: the reader goes away early.
+    let script = format!(
+        "'{}' inspect '{}' --json | head -c 10 >/dev/null; echo \"status=${{PIPESTATUS[0]}}\"",
+        env!("CARGO_BIN_EXE_devmap"),
+        m.dir.display()
+    );
+    let big = m.out("long-report");
+    // A long report, so the pipe closes while devmap still writes.
+    let names: Vec<FixtureTensor> = (0..3000)
+        .map(|i| FixtureTensor::patterned(&format!("block.{i}.w"), DType::U8, &[1], i))
+        .collect();
+    std::fs::create_dir(&big).expect("mkdir");
+    write_safetensors(
+        &big.join("model.safetensors"),
+        &names.iter().collect::<Vec<_>>(),
+    )
+    .expect("w");
+    let script = script.replace(&m.dir.display().to_string(), &big.display().to_string());
+    let o = Command::new("bash")
+        .args(["-c", &format!("{script}; true")])
+        .output()
+        .expect("bash");
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "{err}");
+    let status = stdout(&o);
+    assert!(
+        status.contains("status=1"),
+        "a closed pipe is a quiet failure, not a signal or a panic: {status} {err}"
+    );
+
+    // stderr on a full device during a save: no abort, a non-zero exit, and the save
+    // is cancelled (it could not tell anyone what it did).
+    let out = m.out("full");
+    let script = format!(
+        "'{}' save '{}' --out '{}' --max-shard-size 700 2>/dev/full; echo \"status=$?\"",
+        env!("CARGO_BIN_EXE_devmap"),
+        m.dir.display(),
+        out.display()
+    );
+    let o = Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .expect("bash");
+    assert!(stdout(&o).contains("status=1"), "{}", stdout(&o));
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .map(|r| r.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "a cancelled save left {left:?}");
+}
+
+#[test]
+fn control_characters_in_names_never_reach_the_terminal_raw() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let evil = "model.\x1b]0;pwned\x07\nerror: forged.\u{202e}weight";
+    let t = FixtureTensor::patterned(evil, DType::F32, &[2], 1);
+    let plain = FixtureTensor::patterned("model.plain.weight", DType::F32, &[2], 2);
+    write_safetensors(&tmp.path().join("model.safetensors"), &[&t, &plain]).expect("w");
+    // Unmapped, so the name also appears in a warning.
+    write_json(
+        &tmp.path().join("device_map.json"),
+        &serde_json::json!({"model.plain": "cpu"}),
+    )
+    .expect("map");
+    let o = devmap(&["inspect", arg(tmp.path()), "--depth", "9"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    for raw in ['\x1b', '\x07', '\u{202e}'] {
+        assert!(!text.contains(raw), "raw {raw:?} in the report:\n{text}");
+    }
+    assert!(
+        !text.lines().any(|l| l.starts_with("error: forged")),
+        "{text}"
+    );
+    assert!(
+        text.contains("\\x1b]0;pwned\\x07\\nerror: forged.\\u{202e}weight"),
+        "{text}"
+    );
+    // --json stays exact: JSON escaping is enough there.
+    let o = devmap(&["inspect", arg(tmp.path()), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let names: Vec<&str> = v["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .map(|t| t["name"].as_str().expect("name"))
+        .collect();
+    assert!(names.contains(&evil), "{names:?}");
+    // Error messages escape names too: a save refused for the unmapped tensor's
+    // missing data is not what we test here, so force an error naming it.
+    let offload = tmp.path().join("offload");
+    std::fs::create_dir(&offload).expect("mkdir");
+    write_json(
+        &offload.join("index.json"),
+        &serde_json::json!({ evil: {"dtype": "float32", "shape": [3]} }),
+    )
+    .expect("index");
+    let o = devmap(&["inspect", arg(tmp.path())]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        !err.contains('\x1b') && !err.contains('\u{202e}'),
+        "{err:?}"
+    );
+    assert!(
+        !err.lines().any(|l| l.starts_with("error: forged")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_70000_character_name_is_reported() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let long = format!("model.{}.weight", "x".repeat(70_000));
+    let t = FixtureTensor::patterned(&long, DType::U8, &[1], 1);
+    write_safetensors(&tmp.path().join("model.safetensors"), &[&t]).expect("w");
+    let o = devmap(&["inspect", arg(tmp.path())]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains(&"x".repeat(70_000)));
+}
+
+#[test]
+fn offload_folders_accelerate_really_writes_are_saved() {
+    // An empty tensor has no `.dat` (numpy cannot map an empty file), and a big model
+    // has thousands of `.dat` files: more than a low open-file limit.
+    let m = mixed_model();
+    let many: Vec<FixtureTensor> = (0..3000)
+        .map(|i| FixtureTensor::patterned(&format!("extra.{i}.w"), DType::U8, &[3], 7 + i))
+        .collect();
+    let empty = FixtureTensor::patterned("extra.empty", DType::F32, &[0, 4], 9);
+    let folder = m.dir.join("offload");
+    let mut all = many.clone();
+    all.push(empty.clone());
+    // The mixed model's own offload entries stay; the new ones join them.
+    let index_path = folder.join("index.json");
+    let mut index: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&index_path).expect("r")).expect("json");
+    let extra = m.out("extra");
+    write_offload_dat(&extra, &all).expect("dat");
+    let extra_index: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(extra.join("index.json")).expect("r"))
+            .expect("json");
+    for (k, v) in extra_index {
+        index.insert(k, v);
+    }
+    write_json(&index_path, &serde_json::Value::Object(index)).expect("index");
+    for t in &many {
+        std::fs::rename(
+            extra.join(format!("{}.dat", t.name)),
+            folder.join(format!("{}.dat", t.name)),
+        )
+        .expect("mv");
+    }
+    // No `.dat` for the empty tensor.
+    let _ = std::fs::remove_file(folder.join("extra.empty.dat"));
+    let out = m.out("o");
+    let script = format!(
+        "ulimit -n 256 && exec '{}' save '{}' --out '{}' --max-shard-size 2KB -q",
+        env!("CARGO_BIN_EXE_devmap"),
+        m.dir.display(),
+        out.display()
+    );
+    let o = Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .expect("sh");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = read_saved(&out);
+    for t in all.iter().chain(std::iter::once(&empty)) {
+        assert_eq!(saved[&t.name].data, t.data, "{}", t.name);
+    }
+}
+
+#[test]
+fn a_tensor_named_metadata_is_refused_before_writing() {
+    let m = mixed_model();
+    let folder = m.dir.join("offload");
+    let index_path = folder.join("index.json");
+    let mut index: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&index_path).expect("r")).expect("json");
+    index.insert(
+        "__metadata__".into(),
+        serde_json::json!({"dtype": "uint8", "shape": [2]}),
+    );
+    write_json(&index_path, &serde_json::Value::Object(index)).expect("index");
+    std::fs::write(folder.join("__metadata__.dat"), [1u8, 2]).expect("dat");
+    let out = m.out("o");
+    let o = devmap(&["save", arg(&m.dir), "--out", arg(&out), "-q"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("named `__metadata__`"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn json_inputs_over_the_size_cap_are_refused_without_reading_them() {
+    let m = mixed_model();
+    let huge = m.out("huge-map.json");
+    let f = std::fs::File::create(&huge).expect("create");
+    // Sparse: a gigabyte on paper, nothing on disk.
+    f.set_len(1 << 30).expect("set_len");
+    let o = devmap_within(&["inspect", arg(&m.dir), "--device-map", arg(&huge)], 20);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("is over 64 MiB"), "{}", stderr(&o));
+}
+
+#[test]
+fn plan_out_through_a_hard_link_to_the_input_map_is_refused() {
+    let m = mixed_model();
+    let link = m.out("linked-map.json");
+    std::fs::hard_link(m.dir.join("device_map.json"), &link).expect("link");
+    let before = std::fs::read(&link).expect("r");
+    let o = devmap(&[
+        "plan",
+        arg(&m.dir),
+        "--max-memory",
+        "cpu=1GB",
+        "--out",
+        arg(&link),
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("is the input device map"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&link).expect("r"), before);
+}
+
+#[test]
+fn each_progress_line_names_its_own_shard() {
+    let m = mixed_model();
+    let out = m.out("o");
+    let o = devmap(&[
+        "save",
+        arg(&m.dir),
+        "--out",
+        arg(&out),
+        "--max-shard-size",
+        "600",
+        "--jobs",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let wrote: Vec<&str> = err.lines().filter(|l| l.contains("wrote ")).collect();
+    assert!(wrote.len() > 3, "{err}");
+    for line in &wrote {
+        // `  wrote model-0000K-of-0000N.safetensors (K/N)`
+        let name = line.split_whitespace().nth(1).expect("name");
+        let k: usize = name[6..11].parse().expect("K");
+        assert!(line.ends_with(&format!("({k}/{})", wrote.len())), "{line}");
+    }
+    let mut names: Vec<&str> = wrote
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).expect("name"))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), wrote.len(), "a shard named twice: {err}");
+}
