@@ -357,3 +357,82 @@ fn each_progress_line_names_its_own_shard() {
     names.dedup();
     assert_eq!(names.len(), wrote.len(), "a shard named twice: {err}");
 }
+
+#[test]
+fn offload_entries_sharing_bytes_are_not_a_tie_and_shape_changes_are_named() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let a = FixtureTensor::patterned("a.w", DType::F32, &[2, 2], 1);
+    let b = FixtureTensor::patterned("b.w", DType::F32, &[2, 2], 2);
+    let c = FixtureTensor::patterned("c.w", DType::F32, &[2, 2], 3);
+    write_safetensors(&tmp.path().join("model.safetensors"), &[&a, &b, &c]).expect("w");
+    let offload = tmp.path().join("offload");
+    std::fs::create_dir(&offload).expect("mkdir");
+    // a.w and b.w both point at one tensor of another file (zeros look alike too).
+    let shared = FixtureTensor::patterned("x", DType::F32, &[2, 2], 9);
+    write_safetensors(&offload.join("values.safetensors"), &[&shared]).expect("w");
+    // c.w comes back as a .dat of another shape.
+    let c_new = FixtureTensor::patterned("c.w", DType::F32, &[4], 4);
+    std::fs::write(offload.join("c.w.dat"), &c_new.data).expect("dat");
+    write_json(
+        &offload.join("index.json"),
+        &serde_json::json!({
+            "a.w": {"safetensors_file": "values.safetensors", "weight_name": "x", "dtype": "float32"},
+            "b.w": {"safetensors_file": "values.safetensors", "weight_name": "x", "dtype": "float32"},
+            "c.w": {"dtype": "float32", "shape": [4]},
+        }),
+    )
+    .expect("index");
+    let v = {
+        let o = devmap(&["inspect", arg(tmp.path()), "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).expect("json")
+    };
+    assert_eq!(
+        v["ties"],
+        serde_json::json!([]),
+        "no tie without config or --tie"
+    );
+    let kinds: Vec<(&str, serde_json::Value)> = v["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .map(|w| (w["kind"].as_str().expect("kind"), w["names"].clone()))
+        .collect();
+    assert!(
+        kinds.contains(&("shared_offload_bytes", serde_json::json!(["a.w", "b.w"]))),
+        "{kinds:?}"
+    );
+    let shape = v["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .find(|w| w["kind"] == "offload_shape_differs")
+        .expect("a shape warning");
+    assert!(
+        shape["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("[4]") && m.contains("[2, 2]")),
+        "{shape}"
+    );
+    // Saved: both names, each with the shared value.
+    let elsewhere = tempfile::tempdir().expect("tmp");
+    let out = elsewhere.path().join("out");
+    let o = devmap(&["save", arg(tmp.path()), "--out", arg(&out), "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = read_saved(&out);
+    assert_eq!(saved["a.w"].data, shared.data);
+    assert_eq!(saved["b.w"].data, shared.data);
+    assert_eq!(saved["c.w"].shape, vec![4]);
+    // Tied on request: no warning, written once.
+    let o = devmap(&["inspect", arg(tmp.path()), "--json", "--tie", "b.w=a.w"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    assert!(
+        !v["warnings"]
+            .as_array()
+            .expect("warnings")
+            .iter()
+            .any(|w| w["kind"] == "shared_offload_bytes"),
+        "{}",
+        v["warnings"]
+    );
+}

@@ -71,6 +71,14 @@ pub enum Warning {
         theirs: Placement,
         their_key: String,
     },
+    /// An offload entry's shape differs from the checkpoint's for the same tensor.
+    OffloadShapeDiffers {
+        tensor: String,
+        offload_shape: String,
+        checkpoint_shape: String,
+    },
+    /// Offload entries that point at the same bytes, with no tie between them.
+    SharedOffloadBytes { tensors: Vec<String> },
     /// A device holds more than its budget.
     OverBudget {
         device: Placement,
@@ -96,6 +104,8 @@ impl Warning {
             Warning::UnusedMapKeys { .. } => "unused_map_keys",
             Warning::Transformers5Placement { .. } => "transformers5_placement",
             Warning::OverBudget { .. } => "over_budget",
+            Warning::OffloadShapeDiffers { .. } => "offload_shape_differs",
+            Warning::SharedOffloadBytes { .. } => "shared_offload_bytes",
         }
     }
 
@@ -121,6 +131,8 @@ impl Warning {
                 vec![key.clone(), their_key.clone()]
             }
             Warning::OverBudget { device, .. } => vec![device.to_string()],
+            Warning::OffloadShapeDiffers { tensor, .. } => vec![tensor.clone()],
+            Warning::SharedOffloadBytes { tensors } => tensors.clone(),
         }
     }
 }
@@ -240,6 +252,20 @@ impl Warning {
             } => write!(
                 f,
                 "transformers 5 puts {count} tensor(s) that key `{key}` places on {ours} on {theirs} instead, by key `{their_key}`: it matches keys as regex prefixes with no dot boundary; rename or add keys so both agree"
+            ),
+            Warning::OffloadShapeDiffers {
+                tensor,
+                offload_shape,
+                checkpoint_shape,
+            } => write!(
+                f,
+                "offload entry `{tensor}` has shape {offload_shape} but the checkpoint's is {checkpoint_shape}; devmap saves the offload value with its shape"
+            ),
+            Warning::SharedOffloadBytes { tensors } => write!(
+                f,
+                "{} offload entries point at the same bytes: {}; they are not tied unless config.json or --tie says so, so each is saved (tie them with --tie to write one)",
+                tensors.len(),
+                name_list(tensors)
             ),
             Warning::OverBudget {
                 device,

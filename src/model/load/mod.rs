@@ -130,6 +130,13 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
                 if let Source::Checkpoint(old) = t.source {
                     draft.replaced.push((t.name.clone(), old));
                 }
+                if !t.shape.iter().eq(entry.shape.iter().copied()) {
+                    warnings.push(Warning::OffloadShapeDiffers {
+                        tensor: t.name.clone(),
+                        offload_shape: format!("{:?}", entry.shape),
+                        checkpoint_shape: format!("{:?}", t.shape),
+                    });
+                }
                 t.dtype = entry.dtype;
                 t.shape = entry.shape.into();
                 t.source = Source::Offload(range);
@@ -168,10 +175,19 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
     for (tied, kept) in &options.ties {
         ties.push(explicit_tie(tied, kept, &mut draft)?);
     }
-    for names in shared_offload.into_values().filter(|n| n.len() > 1) {
-        ties.push(names);
-    }
     let ties = merge_groups(ties);
+    // Offload entries that point at the same bytes are a hint, not a tie: zeros are
+    // identical without being tied. Unless the config or --tie ties them, both are
+    // saved, with a warning.
+    let mut shared: Vec<Vec<String>> = shared_offload
+        .into_values()
+        .filter(|names| names.len() > 1)
+        .filter(|names| !ties.iter().any(|g| names.iter().all(|n| g.contains(n))))
+        .collect();
+    shared.sort();
+    for tensors in shared {
+        warnings.push(Warning::SharedOffloadBytes { tensors });
+    }
 
     for t in &mut draft.tensors {
         let (placement, key) = place(device_map.as_ref(), &t.name);
