@@ -361,10 +361,10 @@ fn each_progress_line_names_its_own_shard() {
 #[test]
 fn offload_entries_sharing_bytes_are_not_a_tie_and_shape_changes_are_named() {
     let tmp = tempfile::tempdir().expect("tmp");
-    let a = FixtureTensor::patterned("a.w", DType::F32, &[2, 2], 1);
-    let b = FixtureTensor::patterned("b.w", DType::F32, &[2, 2], 2);
-    let c = FixtureTensor::patterned("c.w", DType::F32, &[2, 2], 3);
-    write_safetensors(&tmp.path().join("model.safetensors"), &[&a, &b, &c]).expect("w");
+    let a_w = FixtureTensor::patterned("a.w", DType::F32, &[2, 2], 1);
+    let b_w = FixtureTensor::patterned("b.w", DType::F32, &[2, 2], 2);
+    let c_w = FixtureTensor::patterned("c.w", DType::F32, &[2, 2], 3);
+    write_safetensors(&tmp.path().join("model.safetensors"), &[&a_w, &b_w, &c_w]).expect("w");
     let offload = tmp.path().join("offload");
     std::fs::create_dir(&offload).expect("mkdir");
     // a.w and b.w both point at one tensor of another file (zeros look alike too).

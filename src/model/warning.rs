@@ -116,7 +116,8 @@ impl Warning {
         match self {
             Warning::OffloadLoadDtype { tensor, .. }
             | Warning::IndexPointsElsewhere { tensor, .. }
-            | Warning::NotInIndex { tensor, .. } => vec![tensor.clone()],
+            | Warning::NotInIndex { tensor, .. }
+            | Warning::OffloadShapeDiffers { tensor, .. } => vec![tensor.clone()],
             Warning::TieShapesDiffer {
                 head, embedding, ..
             } => vec![head.clone(), embedding.clone()],
@@ -131,7 +132,6 @@ impl Warning {
                 vec![key.clone(), their_key.clone()]
             }
             Warning::OverBudget { device, .. } => vec![device.to_string()],
-            Warning::OffloadShapeDiffers { tensor, .. } => vec![tensor.clone()],
             Warning::SharedOffloadBytes { tensors } => tensors.clone(),
         }
     }
