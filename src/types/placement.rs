@@ -62,6 +62,10 @@ impl fmt::Display for Placement {
 pub struct DeviceMap {
     entries: Vec<(String, Placement)>,
     lookup: HashMap<String, usize>,
+    /// The distinct lengths of the keys, longest first: a name's prefix can only be a
+    /// key if its length is one of these, so a lookup hashes at most this many
+    /// prefixes, however many components the name has.
+    key_lengths: Vec<usize>,
 }
 
 /// The entry that placed a tensor.
@@ -97,6 +101,9 @@ impl DeviceMap {
         if let Some(&i) = self.lookup.get(&key) {
             self.entries[i].1 = placement;
         } else {
+            if let Err(at) = self.key_lengths.binary_search_by(|l| key.len().cmp(l)) {
+                self.key_lengths.insert(at, key.len());
+            }
             self.lookup.insert(key.clone(), self.entries.len());
             self.entries.push((key, placement));
         }
@@ -104,10 +111,19 @@ impl DeviceMap {
 
     /// accelerate's rule: strip whole `.component`s from the name until it is a key,
     /// then try `""`. This is the longest whole-component prefix.
+    ///
+    /// Only prefixes as long as some key are tried, longest first, so the cost is
+    /// linear in the name whatever its number of components.
     pub fn locate(&self, name: &str) -> Option<Match<'_>> {
-        let mut candidate = name;
-        loop {
-            if let Some(&i) = self.lookup.get(candidate) {
+        let bytes = name.as_bytes();
+        for &len in &self.key_lengths {
+            // A whole-component prefix: all of the name, the part before a dot, or "".
+            let boundary = len == 0 || len == bytes.len() || bytes.get(len) == Some(&b'.');
+            if len > bytes.len() || !boundary {
+                continue;
+            }
+            // `len` is at a dot (ASCII) or an end, so it is a char boundary.
+            if let Some(&i) = self.lookup.get(&name[..len]) {
                 let (key, placement) = &self.entries[i];
                 return Some(Match {
                     key,
@@ -115,14 +131,8 @@ impl DeviceMap {
                     placement: *placement,
                 });
             }
-            if candidate.is_empty() {
-                return None;
-            }
-            candidate = match candidate.rfind('.') {
-                Some(dot) => &candidate[..dot],
-                None => "",
-            };
         }
+        None
     }
 
     /// The order transformers 5 tries keys in: most dots first, then longest (its
@@ -246,5 +256,33 @@ mod tests {
             "`.` matches any character"
         );
         assert_eq!(t5("lm_head.weight"), None);
+    }
+
+    /// accelerate's rule written the obvious way: strip components until a key.
+    fn reference_locate(map: &DeviceMap, name: &str) -> Option<usize> {
+        let mut candidate = name;
+        loop {
+            if let Some(i) = map.entries().iter().position(|(k, _)| k == candidate) {
+                return Some(i);
+            }
+            if candidate.is_empty() {
+                return None;
+            }
+            candidate = candidate.rfind('.').map_or("", |dot| &candidate[..dot]);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn locate_agrees_with_stripping_components(
+            keys in proptest::collection::vec("(|[ab]{1,2}(\\.[ab1]{0,2}){0,3})", 0..8),
+            names in proptest::collection::vec("[ab]{1,2}(\\.[ab1]{0,2}){0,5}", 1..8),
+        ) {
+            let map = DeviceMap::new(keys.iter().map(|k| (k.clone(), Placement::Cpu)).collect());
+            for name in &names {
+                let ours = map.locate(name).map(|m| m.index);
+                proptest::prop_assert_eq!(ours, reference_locate(&map, name), "{}", name);
+            }
+        }
     }
 }
