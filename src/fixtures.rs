@@ -320,7 +320,7 @@ pub fn write_sparse_moe(dir: &Path, shape: MoeShape) -> io::Result<(usize, u64)>
                 let e = HeaderEntry {
                     name,
                     dtype: *dtype,
-                    shape: dims,
+                    shape: dims.as_slice().into(),
                     begin,
                     end: begin + len,
                 };
@@ -330,7 +330,7 @@ pub fn write_sparse_moe(dir: &Path, shape: MoeShape) -> io::Result<(usize, u64)>
             })
             .collect();
         total += begin;
-        let header = encode_header(&entries, &metadata);
+        let header = encode_header(entries, &metadata);
         let f = std::fs::File::create(dir.join(&file))?;
         use std::io::Write;
         (&f).write_all(&header)?;

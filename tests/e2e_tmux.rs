@@ -202,13 +202,13 @@ fn sigterm_and_sighup_restore_the_terminal_and_cancel_the_save() {
             .map(|(i, n)| devmap::formats::safetensors::HeaderEntry {
                 name: n,
                 dtype: devmap::model::DType::F32,
-                shape: &shape,
+                shape: shape.as_slice().into(),
                 begin: (i as u64) << 26,
                 end: (i as u64 + 1) << 26,
             })
             .collect();
         let header = devmap::formats::safetensors::encode_header(
-            &entries,
+            entries,
             &std::collections::BTreeMap::new(),
         );
         let path = dir.join("model.safetensors");

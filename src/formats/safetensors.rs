@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 
-use serde_json::Value;
 
 use super::FormatError;
 use crate::types::dtype::{DType, byte_len};
@@ -340,43 +339,56 @@ fn validate_layout(
 }
 
 /// One tensor to be written into a header. Offsets are relative to the data region.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct HeaderEntry<'a> {
     pub name: &'a str,
     pub dtype: DType,
-    pub shape: &'a [u64],
+    pub shape: std::borrow::Cow<'a, [u64]>,
     pub begin: u64,
     pub end: u64,
 }
 
 /// Encodes a header (length prefix, JSON, space padding to a multiple of 8) with
 /// `__metadata__` first and tensors in the order given.
-pub fn encode_header(entries: &[HeaderEntry<'_>], metadata: &BTreeMap<String, String>) -> Vec<u8> {
-    let mut json = String::from("{");
+///
+/// Entries stream in: nothing but the output is held, so a shard of a million tensors
+/// costs its header's bytes and no more.
+pub fn encode_header<'a>(
+    entries: impl IntoIterator<Item = HeaderEntry<'a>>,
+    metadata: &BTreeMap<String, String>,
+) -> Vec<u8> {
+    use std::io::Write;
+    // Writing into a Vec cannot fail; the length prefix is filled in at the end.
+    let mut out: Vec<u8> = vec![0; 8];
+    out.push(b'{');
     let mut first = true;
     if !metadata.is_empty() {
-        json.push_str("\"__metadata__\":");
-        json.push_str(&serde_json::to_string(metadata).unwrap_or_else(|_| "{}".into()));
+        out.extend_from_slice(b"\"__metadata__\":");
+        let _ = serde_json::to_writer(&mut out, metadata);
         first = false;
     }
     for e in entries {
         if !first {
-            json.push(',');
+            out.push(b',');
         }
         first = false;
-        json.push_str(&Value::from(e.name).to_string());
-        json.push_str(":{\"dtype\":\"");
-        json.push_str(e.dtype.safetensors_name());
-        json.push_str("\",\"shape\":");
-        json.push_str(&Value::from(e.shape.to_vec()).to_string());
-        json.push_str(&format!(",\"data_offsets\":[{},{}]}}", e.begin, e.end));
+        // serde_json escapes the name exactly as JSON requires.
+        let _ = serde_json::to_writer(&mut out, e.name);
+        let _ = write!(
+            out,
+            ":{{\"dtype\":\"{}\",\"shape\":[",
+            e.dtype.safetensors_name()
+        );
+        for (i, d) in e.shape.iter().enumerate() {
+            let _ = write!(out, "{}{d}", if i == 0 { "" } else { "," });
+        }
+        let _ = write!(out, "],\"data_offsets\":[{},{}]}}", e.begin, e.end);
     }
-    json.push('}');
-    let padded = json.len().div_ceil(8) * 8;
-    let mut out = Vec::with_capacity(8 + padded);
-    out.extend_from_slice(&(padded as u64).to_le_bytes());
-    out.extend_from_slice(json.as_bytes());
+    out.push(b'}');
+    let json_len = out.len() - 8;
+    let padded = json_len.div_ceil(8) * 8;
     out.resize(8 + padded, b' ');
+    out[..8].copy_from_slice(&(padded as u64).to_le_bytes());
     out
 }
 
@@ -405,19 +417,19 @@ mod tests {
             HeaderEntry {
                 name: "a",
                 dtype: DType::F32,
-                shape: &[2, 2],
+                shape: vec![2, 2].into(),
                 begin: 0,
                 end: 16,
             },
             HeaderEntry {
                 name: "b",
                 dtype: DType::BF16,
-                shape: &[],
+                shape: vec![].into(),
                 begin: 16,
                 end: 18,
             },
         ];
-        let mut bytes = encode_header(&entries, &meta);
+        let mut bytes = encode_header(entries, &meta);
         assert_eq!((bytes.len() - 8) % 8, 0);
         bytes.resize(bytes.len() + 18, 7);
         let h = parse_header(Path::new("x"), &bytes, bytes.len() as u64).expect("valid");

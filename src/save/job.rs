@@ -185,7 +185,7 @@ pub fn write(
             .flat_map(|s| {
                 s.tensors
                     .iter()
-                    .map(move |t| (t.name.clone(), s.file_name.clone()))
+                    .map(move |t| (ckpt.tensors()[t.tensor].name.clone(), s.file_name.clone()))
             })
             .collect();
         let text = encode_index(plan.total_parameters, plan.total_size, &weight_map);

@@ -84,13 +84,13 @@ pub const DEFAULT_JOBS: usize = 2;
 
 pub const DEFAULT_MAX_SHARD_SIZE: u64 = 5_000_000_000;
 
-/// One tensor's place in a shard.
+/// One tensor's place in a shard. Its name and shape are the checkpoint's (by id):
+/// a plan of a million tensors copies no names.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannedTensor {
     pub tensor: TensorId,
-    pub name: String,
+    /// The dtype written.
     pub dtype: DType,
-    pub shape: Vec<u64>,
     /// How the bytes are made.
     pub recipe: Recipe,
     /// Offset in the shard's data region.
@@ -109,13 +109,31 @@ pub struct ShardPlan {
     pub file_name: String,
     /// In the order their bytes are written.
     pub tensors: Vec<PlannedTensor>,
-    pub header: Vec<u8>,
+    /// Bytes of the encoded header (length prefix included). The header itself is
+    /// encoded again when the shard is written, so no plan holds every header at once.
+    pub header_len: u64,
     pub data_bytes: u64,
 }
 
 impl ShardPlan {
     pub fn file_bytes(&self) -> u64 {
-        self.header.len() as u64 + self.data_bytes
+        self.header_len + self.data_bytes
+    }
+
+    /// The shard's safetensors header: names and shapes from `ckpt`, `format: pt`.
+    pub fn header(&self, ckpt: &Checkpoint) -> Vec<u8> {
+        let metadata = BTreeMap::from([("format".to_owned(), "pt".to_owned())]);
+        let entries = self.tensors.iter().map(|p| {
+            let t = &ckpt.tensors()[p.tensor];
+            HeaderEntry {
+                name: &t.name,
+                dtype: p.dtype,
+                shape: t.shape.to_vec().into(),
+                begin: p.begin,
+                end: p.end(),
+            }
+        });
+        encode_header(entries, &metadata)
     }
 }
 
@@ -215,7 +233,6 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         .collect();
     let ranges = split_into_shards(&sizes, options.max_shard_size);
     let count = ranges.len();
-    let metadata = BTreeMap::from([("format".to_owned(), "pt".to_owned())]);
     let shards = ranges
         .into_iter()
         .enumerate()
@@ -233,12 +250,9 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             let tensors: Vec<PlannedTensor> = members
                 .into_iter()
                 .map(|(id, source)| {
-                    let t = &ckpt.tensors()[id];
                     let planned = PlannedTensor {
                         tensor: id,
-                        name: t.name.clone(),
-                        dtype: t.dtype,
-                        shape: t.shape.to_vec(),
+                        dtype: ckpt.tensors()[id].dtype,
                         recipe: Recipe::Copy(source),
                         begin,
                     };
@@ -246,23 +260,14 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                     planned
                 })
                 .collect();
-            let entries: Vec<HeaderEntry<'_>> = tensors
-                .iter()
-                .map(|p| HeaderEntry {
-                    name: &p.name,
-                    dtype: p.dtype,
-                    shape: &p.shape,
-                    begin: p.begin,
-                    end: p.end(),
-                })
-                .collect();
-            let header = encode_header(&entries, &metadata);
-            ShardPlan {
+            let mut shard = ShardPlan {
                 file_name,
                 tensors,
-                header,
+                header_len: 0,
                 data_bytes: begin,
-            }
+            };
+            shard.header_len = shard.header(ckpt).len() as u64;
+            shard
         })
         .collect();
     let total_size = sizes.iter().sum();

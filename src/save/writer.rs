@@ -115,8 +115,10 @@ impl Shared<'_> {
                     bytes: shard.file_bytes(),
                 });
                 let tmp = &self.shard_tmps[index];
-                writer.write_shard(shard, tmp, index)?;
-                verify_shard(shard, tmp)?;
+                // Encoded for this shard only, checked against the file, then dropped.
+                let header = shard.header(self.ckpt);
+                writer.write_shard(shard, &header, tmp, index)?;
+                verify_shard(shard, &header, tmp)?;
                 self.reporter.lifecycle(SaveEvent::ShardFinished { index });
             }
         })();
@@ -162,14 +164,15 @@ impl ShardWriter<'_> {
     fn write_shard(
         &mut self,
         shard: &ShardPlan,
+        header: &[u8],
         tmp: &Path,
         index: usize,
     ) -> Result<(), SaveError> {
         use std::os::unix::fs::FileExt;
         let dst = self.shared.staging.create(tmp)?;
-        dst.write_all_at(&shard.header, 0)
+        dst.write_all_at(header, 0)
             .map_err(|e| SaveError::io(tmp, e))?;
-        let data_start = shard.header.len() as u64;
+        let data_start = header.len() as u64;
         let mut shard_written = 0u64;
         let shared = self.shared;
         let ckpt = shared.ckpt;
@@ -206,7 +209,7 @@ impl ShardWriter<'_> {
                         path: src_path.to_path_buf(),
                         message: format!(
                             "ended after {copied} of the {} bytes of tensor `{}`; it was truncated while devmap read it",
-                            source.len, t.name
+                            source.len, ckpt.tensors()[t.tensor].name
                         ),
                     },
                     // Out of space or over a file-size limit is about the output.
