@@ -129,10 +129,27 @@ pub fn parse_header(path: &Path, prefix: &[u8], file_len: u64) -> Result<Header,
         })?;
     let text = std::str::from_utf8(header_bytes)
         .map_err(|e| FormatError::invalid(path, format!("header is not UTF-8 ({e})")))?;
-    let raw: RawHeader = serde_json::from_str(text.trim_end_matches(' ')).map_err(|e| {
-        FormatError::invalid(path, format!("header is not a JSON object of tensors: {e}"))
-    })?;
-    if let Some(dup) = first_duplicate(&raw.entries) {
+    // Each entry is checked as it is read and kept only as a HeaderTensor: no second
+    // list of raw entries, which for a million tensors would double the cost.
+    let seed = HeaderSeed {
+        path,
+        data_start,
+        entry_error: std::cell::RefCell::new(None),
+    };
+    let mut de = serde_json::Deserializer::from_str(text.trim_end_matches(' '));
+    let parsed = serde::de::DeserializeSeed::deserialize(&seed, &mut de).and_then(|h| {
+        de.end()?;
+        Ok(h)
+    });
+    let raw = match parsed {
+        Ok(raw) => raw,
+        Err(e) => {
+            return Err(seed.entry_error.into_inner().unwrap_or_else(|| {
+                FormatError::invalid(path, format!("header is not a JSON object of tensors: {e}"))
+            }));
+        }
+    };
+    if let Some(dup) = first_duplicate(&raw.tensors) {
         return Err(FormatError::tensor(
             path,
             dup,
@@ -140,10 +157,7 @@ pub fn parse_header(path: &Path, prefix: &[u8], file_len: u64) -> Result<Header,
         ));
     }
     let metadata = raw.metadata;
-    let mut tensors = Vec::with_capacity(raw.entries.len());
-    for (name, entry) in raw.entries {
-        tensors.push(check_entry(path, name, entry, data_start)?);
-    }
+    let mut tensors = raw.tensors;
     validate_layout(path, &mut tensors, data_start, file_len)?;
     Ok(Header {
         data_start,
@@ -157,8 +171,17 @@ pub fn parse_header(path: &Path, prefix: &[u8], file_len: u64) -> Result<Header,
 /// refused by name) and the optional `__metadata__`. Entries are typed, so parsing a
 /// 100,000-tensor header allocates little beyond the names.
 struct RawHeader {
-    entries: Vec<(String, RawEntry)>,
+    tensors: Vec<HeaderTensor>,
     metadata: Option<BTreeMap<String, String>>,
+}
+
+/// Reads a header with what checking its entries needs: the file (for messages) and
+/// where the data starts. The first entry that fails its check is kept here, so the
+/// caller reports it rather than a JSON error.
+struct HeaderSeed<'p> {
+    path: &'p Path,
+    data_start: u64,
+    entry_error: std::cell::RefCell<Option<FormatError>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -191,10 +214,11 @@ impl<'de> serde::Deserialize<'de> for DTypeName {
     }
 }
 
-impl<'de> serde::Deserialize<'de> for RawHeader {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct HeaderVisitor;
-        impl<'de> serde::de::Visitor<'de> for HeaderVisitor {
+impl<'de> serde::de::DeserializeSeed<'de> for &HeaderSeed<'_> {
+    type Value = RawHeader;
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<RawHeader, D::Error> {
+        struct HeaderVisitor<'s, 'p>(&'s HeaderSeed<'p>);
+        impl<'de> serde::de::Visitor<'de> for HeaderVisitor<'_, '_> {
             type Value = RawHeader;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a JSON object of tensor entries")
@@ -204,7 +228,8 @@ impl<'de> serde::Deserialize<'de> for RawHeader {
                 mut map: A,
             ) -> Result<RawHeader, A::Error> {
                 use serde::de::Error;
-                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                let seed = self.0;
+                let mut tensors = Vec::with_capacity(map.size_hint().unwrap_or(0));
                 let mut metadata = None;
                 while let Some(key) = map.next_key::<String>()? {
                     if key == "__metadata__" {
@@ -225,17 +250,23 @@ impl<'de> serde::Deserialize<'de> for RawHeader {
                             "tensor `{key}`: {e}; an entry is {{\"dtype\": name, \"shape\": [non-negative integers], \"data_offsets\": [begin, end]}}"
                         ))
                     })?;
-                    entries.push((key, entry));
+                    match check_entry(seed.path, key, entry, seed.data_start) {
+                        Ok(t) => tensors.push(t),
+                        Err(e) => {
+                            *seed.entry_error.borrow_mut() = Some(e);
+                            return Err(A::Error::custom("an entry failed its check"));
+                        }
+                    }
                 }
-                Ok(RawHeader { entries, metadata })
+                Ok(RawHeader { tensors, metadata })
             }
         }
-        deserializer.deserialize_map(HeaderVisitor)
+        deserializer.deserialize_map(HeaderVisitor(self))
     }
 }
 
-fn first_duplicate(entries: &[(String, RawEntry)]) -> Option<&str> {
-    let mut names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+fn first_duplicate(tensors: &[HeaderTensor]) -> Option<&str> {
+    let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
     names.sort_unstable();
     names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
