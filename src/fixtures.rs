@@ -330,7 +330,7 @@ pub fn write_sparse_moe(dir: &Path, shape: MoeShape) -> io::Result<(usize, u64)>
             })
             .collect();
         total += begin;
-        let header = encode_header(entries, &metadata);
+        let header = encode_header(entries.into_iter(), &metadata);
         let f = std::fs::File::create(dir.join(&file))?;
         use std::io::Write;
         (&f).write_all(&header)?;

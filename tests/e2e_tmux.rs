@@ -208,7 +208,7 @@ fn sigterm_and_sighup_restore_the_terminal_and_cancel_the_save() {
             })
             .collect();
         let header = devmap::formats::safetensors::encode_header(
-            entries,
+            entries.into_iter(),
             &std::collections::BTreeMap::new(),
         );
         let path = dir.join("model.safetensors");

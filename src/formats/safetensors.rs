@@ -381,46 +381,85 @@ pub struct HeaderEntry<'a> {
 
 /// Encodes a header (length prefix, JSON, space padding to a multiple of 8) with
 /// `__metadata__` first and tensors in the order given.
-///
-/// Entries stream in: nothing but the output is held, so a shard of a million tensors
-/// costs its header's bytes and no more.
 pub fn encode_header<'a>(
-    entries: impl IntoIterator<Item = HeaderEntry<'a>>,
+    entries: impl Iterator<Item = HeaderEntry<'a>> + Clone,
     metadata: &BTreeMap<String, String>,
 ) -> Vec<u8> {
-    use std::io::Write;
-    // Writing into a Vec cannot fail; the length prefix is filled in at the end.
-    let mut out: Vec<u8> = vec![0; 8];
-    out.push(b'{');
+    let mut out = Vec::new();
+    // Writing into a Vec cannot fail.
+    let _ = write_header(&mut out, entries, metadata);
+    out
+}
+
+/// Writes a header to `out` and returns its length. Entries stream in twice (once to
+/// measure the JSON for the length prefix, once to write it): nothing but `out`'s own
+/// buffer is held, so a shard of a million tensors costs no header-sized memory.
+pub fn write_header<'a>(
+    out: &mut impl std::io::Write,
+    entries: impl Iterator<Item = HeaderEntry<'a>> + Clone,
+    metadata: &BTreeMap<String, String>,
+) -> std::io::Result<u64> {
+    let mut counter = Counter(0);
+    write_header_json(&mut counter, entries.clone(), metadata)?;
+    let padded = counter.0.div_ceil(8) * 8;
+    out.write_all(&padded.to_le_bytes())?;
+    write_header_json(out, entries, metadata)?;
+    // Lossless: the padding is under 8 bytes.
+    out.write_all(&b"        "[..(padded - counter.0) as usize])?;
+    Ok(8 + padded)
+}
+
+/// The length of the header [`write_header`] would write.
+pub fn header_len<'a>(
+    entries: impl Iterator<Item = HeaderEntry<'a>> + Clone,
+    metadata: &BTreeMap<String, String>,
+) -> u64 {
+    write_header(&mut std::io::sink(), entries, metadata).unwrap_or(0)
+}
+
+/// Counts bytes written through it.
+struct Counter(u64);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn write_header_json<'a>(
+    out: &mut impl std::io::Write,
+    entries: impl Iterator<Item = HeaderEntry<'a>>,
+    metadata: &BTreeMap<String, String>,
+) -> std::io::Result<()> {
+    out.write_all(b"{")?;
     let mut first = true;
     if !metadata.is_empty() {
-        out.extend_from_slice(b"\"__metadata__\":");
-        let _ = serde_json::to_writer(&mut out, metadata);
+        out.write_all(b"\"__metadata__\":")?;
+        serde_json::to_writer(&mut *out, metadata)?;
         first = false;
     }
     for e in entries {
         if !first {
-            out.push(b',');
+            out.write_all(b",")?;
         }
         first = false;
         // serde_json escapes the name exactly as JSON requires.
-        let _ = serde_json::to_writer(&mut out, e.name);
-        let _ = write!(
+        serde_json::to_writer(&mut *out, e.name)?;
+        write!(
             out,
             ":{{\"dtype\":\"{}\",\"shape\":[",
             e.dtype.safetensors_name()
-        );
+        )?;
         for (i, d) in e.shape.iter().enumerate() {
-            let _ = write!(out, "{}{d}", if i == 0 { "" } else { "," });
+            write!(out, "{}{d}", if i == 0 { "" } else { "," })?;
         }
-        let _ = write!(out, "],\"data_offsets\":[{},{}]}}", e.begin, e.end);
+        write!(out, "],\"data_offsets\":[{},{}]}}", e.begin, e.end)?;
     }
-    out.push(b'}');
-    let json_len = out.len() - 8;
-    let padded = json_len.div_ceil(8) * 8;
-    out.resize(8 + padded, b' ');
-    out[..8].copy_from_slice(&(padded as u64).to_le_bytes());
-    out
+    out.write_all(b"}")
 }
 
 #[cfg(test)]
@@ -460,7 +499,8 @@ mod tests {
                 end: 18,
             },
         ];
-        let mut bytes = encode_header(entries, &meta);
+        let mut bytes = encode_header(entries.clone().into_iter(), &meta);
+        assert_eq!(bytes.len() as u64, header_len(entries.into_iter(), &meta));
         assert_eq!((bytes.len() - 8) % 8, 0);
         bytes.resize(bytes.len() + 18, 7);
         let h = parse_header(Path::new("x"), &bytes, bytes.len() as u64).expect("valid");

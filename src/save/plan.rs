@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use super::error::SaveError;
 use super::recipe::Recipe;
 use crate::formats::hf_index::{SINGLE_FILE, shard_file_name};
-use crate::formats::safetensors::{HeaderEntry, encode_header};
+use crate::formats::safetensors::{HeaderEntry, write_header};
 use crate::model::checkpoint::{ByteRange, Checkpoint, TensorId};
 use crate::types::dtype::DType;
 
@@ -120,10 +120,22 @@ impl ShardPlan {
         self.header_len + self.data_bytes
     }
 
-    /// The shard's safetensors header: names and shapes from `ckpt`, `format: pt`.
-    pub fn header(&self, ckpt: &Checkpoint) -> Vec<u8> {
+    /// Writes the shard's safetensors header (names and shapes from `ckpt`,
+    /// `format: pt`) to `out`, streaming: returns its length.
+    pub fn write_header(
+        &self,
+        ckpt: &Checkpoint,
+        out: &mut impl std::io::Write,
+    ) -> std::io::Result<u64> {
         let metadata = BTreeMap::from([("format".to_owned(), "pt".to_owned())]);
-        let entries = self.tensors.iter().map(|p| {
+        write_header(out, self.header_entries(ckpt), &metadata)
+    }
+
+    fn header_entries<'c>(
+        &'c self,
+        ckpt: &'c Checkpoint,
+    ) -> impl Iterator<Item = HeaderEntry<'c>> + Clone + 'c {
+        self.tensors.iter().map(move |p| {
             let t = &ckpt.tensors()[p.tensor];
             HeaderEntry {
                 name: &t.name,
@@ -132,8 +144,7 @@ impl ShardPlan {
                 begin: p.begin,
                 end: p.end(),
             }
-        });
-        encode_header(entries, &metadata)
+        })
     }
 }
 
@@ -266,7 +277,9 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                 header_len: 0,
                 data_bytes: begin,
             };
-            shard.header_len = shard.header(ckpt).len() as u64;
+            shard.header_len = shard
+                .write_header(ckpt, &mut std::io::sink())
+                .unwrap_or(0);
             shard
         })
         .collect();

@@ -11,41 +11,66 @@ use super::plan::{SavePlan, ShardPlan};
 use crate::model::checkpoint::Checkpoint;
 
 /// Re-reads the written shard's header and compares it byte for byte with the one
-/// planned, and the file's length with the plan's: names, dtypes, shapes and offsets
-/// are then exactly what the plan says. (That the planned header is what the reference
-/// parsers read is what the tests check, with the `safetensors` crate and Python's
-/// library, on every kind of output.) Reads in fixed chunks: memory stays flat.
-pub fn verify_shard(shard: &ShardPlan, expected: &[u8], path: &Path) -> Result<(), SaveError> {
-    use std::os::unix::fs::FileExt;
+/// the plan encodes, and the file's length with the plan's: names, dtypes, shapes and
+/// offsets are then exactly what the plan says. (That the planned header is what the
+/// reference parsers read is what the tests check, with the `safetensors` crate and
+/// Python's library, on every kind of output.) The expected header is encoded again
+/// as a stream and compared in 1 MiB pieces: memory stays flat.
+pub fn verify_shard(ckpt: &Checkpoint, shard: &ShardPlan, path: &Path) -> Result<(), SaveError> {
     let file = File::open(path).map_err(|e| SaveError::io(path, e))?;
     let len = file.metadata().map_err(|e| SaveError::io(path, e))?.len();
-    if len != shard.file_bytes() || expected.len() as u64 != shard.header_len {
+    if len != shard.file_bytes() {
         return Err(SaveError::Verify(vec![format!(
             "{} is {len} bytes, the plan says {}",
             path.display(),
             shard.file_bytes()
         )]));
     }
-    let mut chunk = vec![0u8; expected.len().min(1 << 20)];
-    let mut at = 0usize;
-    while at < expected.len() {
-        let n = chunk.len().min(expected.len() - at);
-        file.read_exact_at(&mut chunk[..n], at as u64)
-            .map_err(|e| SaveError::io(path, e))?;
-        if chunk[..n] != expected[at..at + n] {
-            return Err(SaveError::Verify(vec![format!(
-                "the header of {} differs from the plan at byte {}",
-                path.display(),
-                at + chunk[..n]
-                    .iter()
-                    .zip(&expected[at..at + n])
-                    .position(|(a, b)| a != b)
-                    .unwrap_or(0)
-            )]));
-        }
-        at += n;
+    let mut compare = std::io::BufWriter::with_capacity(
+        1 << 20,
+        CompareWith {
+            file: &file,
+            at: 0,
+            buffer: Vec::new(),
+        },
+    );
+    let result = shard
+        .write_header(ckpt, &mut compare)
+        .and_then(|_| std::io::Write::flush(&mut compare));
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(SaveError::Verify(vec![
+            format!("the header of {} differs from the plan ({e})", path.display()),
+        ])),
+        Err(e) => Err(SaveError::io(path, e)),
     }
-    Ok(())
+}
+
+/// A writer that, instead of writing, checks that `file` holds the same bytes at the
+/// same place.
+struct CompareWith<'f> {
+    file: &'f File,
+    at: u64,
+    buffer: Vec<u8>,
+}
+
+impl std::io::Write for CompareWith<'_> {
+    fn write(&mut self, expected: &[u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        self.buffer.resize(expected.len(), 0);
+        self.file.read_exact_at(&mut self.buffer, self.at)?;
+        if let Some(i) = self.buffer.iter().zip(expected).position(|(a, b)| a != b) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("first difference at byte {}", self.at + i as u64),
+            ));
+        }
+        self.at += expected.len() as u64;
+        Ok(expected.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Every tensor of the model is written once, or dropped as a tied copy.

@@ -115,10 +115,8 @@ impl Shared<'_> {
                     bytes: shard.file_bytes(),
                 });
                 let tmp = &self.shard_tmps[index];
-                // Encoded for this shard only, checked against the file, then dropped.
-                let header = shard.header(self.ckpt);
-                writer.write_shard(shard, &header, tmp, index)?;
-                verify_shard(shard, &header, tmp)?;
+                writer.write_shard(shard, tmp, index)?;
+                verify_shard(self.ckpt, shard, tmp)?;
                 self.reporter.lifecycle(SaveEvent::ShardFinished { index });
             }
         })();
@@ -164,15 +162,18 @@ impl ShardWriter<'_> {
     fn write_shard(
         &mut self,
         shard: &ShardPlan,
-        header: &[u8],
         tmp: &Path,
         index: usize,
     ) -> Result<(), SaveError> {
-        use std::os::unix::fs::FileExt;
+        use std::io::Write;
         let dst = self.shared.staging.create(tmp)?;
-        dst.write_all_at(header, 0)
+        // The header streams into the new file from offset 0 through a small buffer.
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, &dst);
+        let data_start = shard
+            .write_header(self.shared.ckpt, &mut out)
+            .and_then(|len| out.flush().map(|()| len))
             .map_err(|e| SaveError::io(tmp, e))?;
-        let data_start = header.len() as u64;
+        drop(out);
         let mut shard_written = 0u64;
         let shared = self.shared;
         let ckpt = shared.ckpt;
