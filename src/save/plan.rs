@@ -253,24 +253,24 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             } else {
                 shard_file_name(k + 1, count)
             };
-            let mut members: Vec<(TensorId, ByteRange)> = chosen[range].to_vec();
-            // Widest elements first keeps every tensor aligned to its element size,
-            // as the safetensors library lays files out; module order otherwise.
-            members.sort_by_key(|(id, _)| std::cmp::Reverse(ckpt.tensors()[*id].dtype.size()));
-            let mut begin = 0;
-            let tensors: Vec<PlannedTensor> = members
-                .into_iter()
-                .map(|(id, source)| {
-                    let planned = PlannedTensor {
-                        tensor: id,
-                        dtype: ckpt.tensors()[id].dtype,
-                        recipe: Recipe::Copy(source),
-                        begin,
-                    };
-                    begin += planned.recipe.output_len();
-                    planned
+            let mut tensors: Vec<PlannedTensor> = chosen[range]
+                .iter()
+                .map(|&(id, source)| PlannedTensor {
+                    tensor: id,
+                    dtype: ckpt.tensors()[id].dtype,
+                    recipe: Recipe::Copy(source),
+                    begin: 0,
                 })
                 .collect();
+            // Widest elements first keeps every tensor aligned to its element size,
+            // as the safetensors library lays files out; module order (the tensor id)
+            // otherwise. In place: no copy of the list.
+            tensors.sort_unstable_by_key(|p| (std::cmp::Reverse(p.dtype.size()), p.tensor));
+            let mut begin = 0;
+            for p in &mut tensors {
+                p.begin = begin;
+                begin += p.recipe.output_len();
+            }
             let mut shard = ShardPlan {
                 file_name,
                 tensors,

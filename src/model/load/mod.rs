@@ -317,6 +317,9 @@ fn read_weights(
                 )
                 .into());
             }
+            // Grown once, not by doubling: at a million tensors a doubling copy is
+            // the peak of the whole open.
+            draft.tensors.reserve(header.tensors.len());
             for t in header.tensors {
                 match file_of.get(t.name.as_str()) {
                     Some(&f) if f == file => {}
@@ -355,6 +358,7 @@ fn read_weights(
     for path in &paths {
         let header = read_header(path)?;
         let id = draft.file_id(path, &header);
+        draft.tensors.reserve(header.tensors.len());
         for t in header.tensors {
             add_checkpoint_tensor(draft, id, t);
         }
