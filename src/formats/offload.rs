@@ -151,7 +151,7 @@ pub fn parse_index(
             entries.push(OffloadEntry {
                 name: name.clone(),
                 dtype: t.dtype,
-                shape: t.shape.clone(),
+                shape: t.shape.to_vec(),
                 file: path,
                 offset: t.offset,
                 len: t.len,
@@ -265,7 +265,7 @@ fn read_per_tensor_files(
         entries.push(OffloadEntry {
             name,
             dtype: t.dtype,
-            shape: t.shape.clone(),
+            shape: t.shape.to_vec(),
             file: path.clone(),
             offset: t.offset,
             len: t.len,

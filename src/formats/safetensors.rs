@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 
-
 use super::FormatError;
 use crate::types::dtype::{DType, byte_len};
+use crate::types::shape::Shape;
 
 /// The largest header the reference implementation accepts.
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
@@ -19,7 +19,7 @@ pub const MAX_HEADER_LEN: u64 = 100_000_000;
 pub struct HeaderTensor {
     pub name: String,
     pub dtype: DType,
-    pub shape: Vec<u64>,
+    pub shape: Shape,
     pub offset: u64,
     pub len: u64,
 }
@@ -220,7 +220,10 @@ impl<'de> serde::Deserialize<'de> for DTypeName {
 
 impl<'de> serde::de::DeserializeSeed<'de> for &HeaderSeed<'_> {
     type Value = RawHeader;
-    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<RawHeader, D::Error> {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<RawHeader, D::Error> {
         struct HeaderVisitor<'s, 'p>(&'s HeaderSeed<'p>);
         impl<'de> serde::de::Visitor<'de> for HeaderVisitor<'_, '_> {
             type Value = RawHeader;
@@ -310,7 +313,8 @@ fn check_entry(
     Ok(HeaderTensor {
         name,
         dtype,
-        shape,
+        // Inline for every real shape: no heap block per tensor.
+        shape: Shape::new(&shape),
         offset,
         len: expected,
     })

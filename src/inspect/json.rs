@@ -29,7 +29,7 @@ struct WarningOut {
 struct TensorOut<'a> {
     name: &'a str,
     dtype: &'static str,
-    shape: &'a crate::model::shape::Shape,
+    shape: &'a crate::types::shape::Shape,
     bytes: u64,
     placement: String,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -37,7 +37,7 @@ pub enum Source {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
     pub name: String,
-    pub shape: super::shape::Shape,
+    pub shape: crate::types::shape::Shape,
     pub source: Source,
     pub placement: Placement,
     /// Which device-map entry placed it: its position in the map, or [`NO_KEY`].

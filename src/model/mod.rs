@@ -5,7 +5,7 @@ pub mod checkpoint;
 pub mod checks;
 pub mod load;
 pub mod names;
-pub mod shape;
+pub use crate::types::shape;
 pub mod tree;
 pub mod warning;
 

@@ -277,9 +277,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                 header_len: 0,
                 data_bytes: begin,
             };
-            shard.header_len = shard
-                .write_header(ckpt, &mut std::io::sink())
-                .unwrap_or(0);
+            shard.header_len = shard.write_header(ckpt, &mut std::io::sink()).unwrap_or(0);
             shard
         })
         .collect();

@@ -39,9 +39,12 @@ pub fn verify_shard(ckpt: &Checkpoint, shard: &ShardPlan, path: &Path) -> Result
         .and_then(|_| std::io::Write::flush(&mut compare));
     match result {
         Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(SaveError::Verify(vec![
-            format!("the header of {} differs from the plan ({e})", path.display()),
-        ])),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            Err(SaveError::Verify(vec![format!(
+                "the header of {} differs from the plan ({e})",
+                path.display()
+            )]))
+        }
         Err(e) => Err(SaveError::io(path, e)),
     }
 }

@@ -4,6 +4,7 @@
 pub mod dtype;
 pub mod placement;
 pub mod range;
+pub mod shape;
 
 pub use dtype::DType;
 pub use placement::{DeviceMap, Placement};

@@ -379,7 +379,7 @@ fn add_checkpoint_tensor(
     draft.tensors.push(Tensor {
         name: t.name,
         dtype: t.dtype,
-        shape: t.shape.into(),
+        shape: t.shape,
         placement: Placement::Cpu,
         map_key: NO_KEY,
         source: Source::Checkpoint(range),
