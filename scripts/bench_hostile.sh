@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Cost on hostile metadata, measured: a 1,000,000-tensor checkpoint of 1-byte tensors
+# (an 88 MB header) saved and inspected, and a 600 KB dotted tensor name placed by a
+# device map. Peak RSS from GNU time (%M), wall time from the same run.
+# Usage: scripts/bench_hostile.sh [WORKDIR=target/bench]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${1:-target/bench}
+command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)"; exit 1; }
+cargo build --release --quiet
+DEVMAP=target/release/devmap
+mkdir -p "$WORK"
+
+MILLION="$WORK/million"
+if [ ! -f "$MILLION/model.safetensors" ]; then
+    mkdir -p "$MILLION"
+    python3 - "$MILLION/model.safetensors" <<'PY'
+import json, struct, sys
+n = 1_000_000
+header = {"__metadata__": {"format": "pt"}}
+for i in range(n):
+    header[f"model.layers.{i // 100}.block.w{i % 100}"] = {
+        "dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]}
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(text)))
+    f.write(text)
+    f.write(bytes(n))
+PY
+fi
+LONG="$WORK/long-name"
+if [ ! -f "$LONG/model.safetensors" ]; then
+    mkdir -p "$LONG"
+    python3 - "$LONG" <<'PY'
+import json, struct, sys
+name = ".".join(["a"] * 300_000)
+header = {name: {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+          "b.c.w": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}}
+text = json.dumps(header).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+with open(f"{sys.argv[1]}/model.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(text)))
+    f.write(text)
+    f.write(bytes(2))
+json.dump({"a.a": "cpu", "b.c": 0, "x.y.z": "disk"}, open(f"{sys.argv[1]}/device_map.json", "w"))
+PY
+fi
+
+measure() { # label, command...
+    local label=$1
+    shift
+    local out
+    /usr/bin/time -o "$WORK/time.txt" -f "%e %M" "$@" >/dev/null 2>&1
+    out=$(tail -1 "$WORK/time.txt")
+    local secs=${out% *} kib=${out#* }
+    printf '| %s | %s s | %s MiB | %s B |\n' "$label" "$secs" "$((kib / 1024))" "$((kib * 1024 / 1000000))"
+}
+echo "| run | time | peak RSS | per tensor (1M) |"
+echo "| --- | ---: | ---: | ---: |"
+rm -rf "$WORK/million-out"
+measure "save, 1,000,000 tensors, one shard" "$DEVMAP" save "$MILLION" --out "$WORK/million-out" -q
+rm -rf "$WORK/million-out"
+measure "inspect (text), 1,000,000 tensors" "$DEVMAP" inspect "$MILLION"
+measure "inspect --json, a 600 KB dotted name" "$DEVMAP" inspect "$LONG" --json
+measure "inspect (text), a 600 KB dotted name" "$DEVMAP" inspect "$LONG"
