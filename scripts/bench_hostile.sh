@@ -47,6 +47,31 @@ json.dump({"a.a": "cpu", "b.c": 0, "x.y.z": "disk"}, open(f"{sys.argv[1]}/device
 PY
 fi
 
+DOTS="$WORK/dots"
+if [ ! -f "$DOTS/model.safetensors" ]; then
+    mkdir -p "$DOTS"
+    python3 - "$DOTS/model.safetensors" <<'PY'
+import json, struct, sys
+header = {"." * 4_000_000 + "w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+          "a.b": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}}
+text = json.dumps(header).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(text)) + text + bytes(2))
+PY
+fi
+DEEP="$WORK/deep"
+if [ ! -f "$DEEP/model.safetensors" ]; then
+    mkdir -p "$DEEP"
+    python3 - "$DEEP/model.safetensors" <<'PY'
+import json, struct, sys
+header = {"l." * k + "w": {"dtype": "U8", "shape": [1], "data_offsets": [k - 1, k]}
+          for k in range(1, 4001)}
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(text)) + text + bytes(4000))
+PY
+fi
+
 measure() { # label, command...
     local label=$1
     shift
@@ -64,3 +89,6 @@ rm -rf "$WORK/million-out"
 measure "inspect (text), 1,000,000 tensors" "$DEVMAP" inspect "$MILLION"
 measure "inspect --json, a 600 KB dotted name" "$DEVMAP" inspect "$LONG" --json
 measure "inspect (text), a 600 KB dotted name" "$DEVMAP" inspect "$LONG"
+measure "inspect, a 4 MB name of dots" "$DEVMAP" inspect "$DOTS"
+measure "inspect, 4,000 modules nested 4,000 deep" "$DEVMAP" inspect "$DEEP"
+measure "plan, 4,000 modules nested 4,000 deep" "$DEVMAP" plan "$DEEP" --max-memory cpu=1GB

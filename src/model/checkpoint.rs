@@ -326,11 +326,16 @@ pub(crate) fn sort_in_module_order(tensors: &mut Vec<Tensor>) {
     if tensors.is_sorted_by(|a, b| super::names::module_order(&a.name, &b.name).is_le()) {
         return;
     }
-    // Split names cached as keys sort twice as fast, but a key costs about 250 bytes
-    // a tensor: past this many tensors, sort in place instead, comparing names as they
+    // Split names cached as keys sort twice as fast, but each component of a key
+    // costs 48 bytes: past a million components (a million tensors, or a few thousand
+    // names thousands of levels deep), sort in place instead, comparing names as they
     // are (names are unique, so an unstable sort gives the one order).
-    const CACHED_KEYS_UP_TO: usize = 1 << 18;
-    if tensors.len() > CACHED_KEYS_UP_TO {
+    const CACHED_COMPONENTS_UP_TO: usize = 1 << 20;
+    let components: usize = tensors
+        .iter()
+        .map(|t| t.name.bytes().filter(|&b| b == b'.').count() + 1)
+        .sum();
+    if components > CACHED_COMPONENTS_UP_TO {
         tensors.sort_unstable_by(|a, b| super::names::module_order(&a.name, &b.name));
         return;
     }

@@ -8,6 +8,11 @@ use crate::types::placement::Placement;
 
 pub type NodeId = usize;
 
+/// Levels of modules the tree shows; deeper components of a name are kept together in
+/// one leaf (named with their dots). Real models are a few levels deep; a hostile name
+/// of four million dots would otherwise cost four million nodes.
+pub const MAX_DEPTH: usize = 64;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
     /// The last name component (`"up_proj"`); empty for the root.
@@ -66,7 +71,7 @@ impl ModuleTree {
         let mut path: Vec<(&str, NodeId)> = Vec::new();
         for (id, tensor) in ckpt.tensors().iter().enumerate() {
             let mut depth = 0;
-            for component in tensor.name.split('.') {
+            for component in components(&tensor.name) {
                 if depth < path.len() && path[depth].0 == component {
                     depth += 1;
                     continue;
@@ -163,5 +168,54 @@ fn add_split(split: &mut Vec<(Placement, u64)>, placement: Placement, bytes: u64
     match split.binary_search_by_key(&placement, |(p, _)| *p) {
         Ok(i) => split[i].1 += bytes,
         Err(i) => split.insert(i, (placement, bytes)),
+    }
+}
+
+/// The components of `name` as the tree nests them: split at dots, the last one
+/// holding everything past [`MAX_DEPTH`] levels.
+fn components(name: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(name);
+    let mut level = 0;
+    std::iter::from_fn(move || {
+        let current = rest?;
+        level += 1;
+        if level == MAX_DEPTH {
+            rest = None;
+            return Some(current);
+        }
+        match current.split_once('.') {
+            Some((head, tail)) => {
+                rest = Some(tail);
+                Some(head)
+            }
+            None => {
+                rest = None;
+                Some(current)
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn components_nest_up_to_the_depth_limit_and_keep_the_rest_whole() {
+        let shallow: Vec<&str> = components("model.layers.0.weight").collect();
+        assert_eq!(shallow, ["model", "layers", "0", "weight"]);
+        let deep = (0..100)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(".");
+        let parts: Vec<&str> = components(&deep).collect();
+        assert_eq!(parts.len(), MAX_DEPTH);
+        assert_eq!(parts[MAX_DEPTH - 2], (MAX_DEPTH - 2).to_string());
+        // Joined back with dots, the components are the name.
+        assert_eq!(parts.join("."), deep);
+        let dots = ".".repeat(1000);
+        assert_eq!(components(&dots).count(), MAX_DEPTH);
+        assert_eq!(components(&dots).collect::<Vec<_>>().join("."), dots);
+        assert_eq!(components("").collect::<Vec<_>>(), [""]);
     }
 }
