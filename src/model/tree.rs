@@ -183,15 +183,12 @@ fn components(name: &str) -> impl Iterator<Item = &str> {
             rest = None;
             return Some(current);
         }
-        match current.split_once('.') {
-            Some((head, tail)) => {
-                rest = Some(tail);
-                Some(head)
-            }
-            None => {
-                rest = None;
-                Some(current)
-            }
+        if let Some((head, tail)) = current.split_once('.') {
+            rest = Some(tail);
+            Some(head)
+        } else {
+            rest = None;
+            Some(current)
         }
     })
 }
