@@ -307,6 +307,13 @@ fn an_input_truncated_or_rewritten_during_the_save_stops_it() {
             text.contains("model-00002-of-00003.safetensors") && text.contains("changed"),
             "{how}: {text}"
         );
+        // It says what changed.
+        let what = if how == "truncate" {
+            "its size went from"
+        } else {
+            "its modification time changed"
+        };
+        assert!(text.contains(what), "{how}: {text}");
         assert!(!m.out("o").exists(), "{how}: output left behind");
     }
 }

@@ -436,3 +436,55 @@ fn offload_entries_sharing_bytes_are_not_a_tie_and_shape_changes_are_named() {
         v["warnings"]
     );
 }
+
+#[test]
+fn a_full_disk_while_copying_config_files_names_the_output() {
+    let m = mixed_model();
+    // Shards of under 4 KiB fit the file-size limit; a 100 KB tokenizer does not.
+    std::fs::write(m.dir.join("tokenizer.json"), vec![b'x'; 100_000]).expect("w");
+    let out = m.out("o");
+    let script = format!(
+        "ulimit -f 8; trap '' XFSZ; exec '{}' save '{}' --out '{}' --max-shard-size 1KB -q",
+        env!("CARGO_BIN_EXE_devmap"),
+        m.dir.display(),
+        out.display()
+    );
+    let o = Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .expect("sh");
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.contains(&out.display().to_string()) && first.contains("tokenizer.json"),
+        "the error must name the output file, not the input: {err}"
+    );
+    assert!(!first.contains(&m.dir.display().to_string()), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .map(|r| r.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "a failed save left {left:?}");
+}
+
+#[test]
+fn a_source_that_became_unreadable_is_found_before_writing() {
+    use devmap::model::{LoadOptions, load};
+    use devmap::save::{SaveOptions, prepare};
+    let m = mixed_model();
+    let ckpt = load(&m.dir, &LoadOptions::default()).expect("load");
+    // After the model was opened, an offload file is swapped for a folder (as root,
+    // permissions cannot make a file unreadable; this is the case a test can make).
+    let dat = m.dir.join("offload/model.norm.weight.dat");
+    std::fs::remove_file(&dat).expect("rm");
+    std::fs::create_dir(&dat).expect("mkdir");
+    let out = m.out("o");
+    let err = prepare(&ckpt, &SaveOptions::new(&out))
+        .expect_err("must refuse")
+        .to_string();
+    assert!(
+        err.contains("model.norm.weight.dat") && err.contains("a folder"),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing written");
+}

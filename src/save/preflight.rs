@@ -113,6 +113,7 @@ pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<S
         }
     }
     problems.extend(check_out_folder(options));
+    problems.extend(unreadable_sources(ckpt, plan));
     problems.extend(check_targets(ckpt, plan, options));
     if !options.allow_partial {
         let empty = crate::model::checks::keys_without_data(ckpt);
@@ -145,6 +146,30 @@ pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<S
         _ => {}
     }
     problems
+}
+
+/// Input files the save will read that cannot be opened now (permissions, a file
+/// replaced by a folder since the model was opened): found before writing, not
+/// halfway through a shard.
+fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String> {
+    let mut files: Vec<usize> = plan
+        .shards
+        .iter()
+        .flat_map(|s| &s.tensors)
+        .map(|t| t.recipe.source())
+        .filter(|range| range.len > 0)
+        .map(|range| range.file)
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    files
+        .into_iter()
+        .filter_map(|id| {
+            crate::formats::input::open_regular(ckpt.file_path(id))
+                .err()
+                .map(|e| e.to_string())
+        })
+        .collect()
 }
 
 /// What the output folder must be for a save: a folder (or absent), writable, empty
