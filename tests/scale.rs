@@ -45,14 +45,14 @@ fn a_hundred_thousand_tensor_sparse_checkpoint_opens() {
         .children
         .iter()
         .map(|&c| &tree.nodes[c])
-        .find(|n| n.name == "model")
+        .find(|n| &*n.name == "model")
         .and_then(|m| {
             m.children
                 .iter()
                 .map(|&c| &tree.nodes[c])
-                .find(|n| n.name == "layers")
+                .find(|n| &*n.name == "layers")
         })
         .expect("model.layers");
     assert_eq!(layers.children.len(), 60);
-    assert_eq!(tree.nodes[ModuleTree::ROOT].tensors, count);
+    assert_eq!(tree.nodes[ModuleTree::ROOT].tensors as usize, count);
 }

@@ -172,7 +172,7 @@ fn collect_rows(
     // A module holding a single child and nothing else prints as one dotted line
     // (`lm_head.weight`, `rotary_emb.inv_freq`).
     let mut id = id;
-    let mut name = tree.nodes[id].name.clone();
+    let mut name = tree.nodes[id].name.to_string();
     while tree.nodes[id].tensor.is_none() && tree.nodes[id].children.len() == 1 {
         id = tree.nodes[id].children[0];
         name = format!("{name}.{}", tree.nodes[id].name);

@@ -4,6 +4,9 @@
 //! order), so a flat walk of the arena is the fully expanded tree.
 
 use super::checkpoint::{Checkpoint, TensorId};
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use crate::types::placement::Placement;
 
 pub type NodeId = usize;
@@ -15,16 +18,18 @@ pub const MAX_DEPTH: usize = 64;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
-    /// The last name component (`"up_proj"`); empty for the root.
-    pub name: String,
+    /// The last name component (`"up_proj"`); empty for the root. Shared between
+    /// nodes of the same name (`weight`, `bias`, `w17`): one allocation per distinct
+    /// component, not one per node.
+    pub name: Arc<str>,
     pub parent: Option<NodeId>,
     pub children: Vec<NodeId>,
     /// The tensor whose full name ends at this node.
     pub tensor: Option<TensorId>,
-    pub depth: usize,
+    pub depth: u32,
     pub bytes: u64,
     pub params: u64,
-    pub tensors: usize,
+    pub tensors: u32,
     /// Bytes per device under this node, sorted by device.
     pub split: Vec<(Placement, u64)>,
     /// Whether a tied tensor is at or under this node.
@@ -54,7 +59,7 @@ impl ModuleTree {
 
     pub fn build(ckpt: &Checkpoint) -> ModuleTree {
         let mut nodes = vec![Node {
-            name: String::new(),
+            name: Arc::from(""),
             parent: None,
             children: Vec::new(),
             tensor: None,
@@ -69,6 +74,7 @@ impl ModuleTree {
         // are contiguous: a stack of the current path replaces a (parent, name) map.
         let mut tensor_node = Vec::with_capacity(ckpt.tensors().len());
         let mut path: Vec<(&str, NodeId)> = Vec::new();
+        let mut interned: HashMap<&str, Arc<str>> = HashMap::new();
         for (id, tensor) in ckpt.tensors().iter().enumerate() {
             let mut depth = 0;
             for component in components(&tensor.name) {
@@ -80,11 +86,16 @@ impl ModuleTree {
                 let parent = path.last().map_or(Self::ROOT, |&(_, n)| n);
                 let c = nodes.len();
                 nodes.push(Node {
-                    name: component.to_owned(),
+                    name: Arc::clone(
+                        interned
+                            .entry(component)
+                            .or_insert_with(|| Arc::from(component)),
+                    ),
                     parent: Some(parent),
                     children: Vec::new(),
                     tensor: None,
-                    depth: depth + 1,
+                    // At most MAX_DEPTH: the components iterator stops there.
+                    depth: (depth + 1) as u32,
                     bytes: 0,
                     params: 0,
                     tensors: 0,
@@ -147,7 +158,7 @@ impl ModuleTree {
         let mut at = Some(id);
         while let Some(n) = at {
             if n != Self::ROOT {
-                parts.push(self.nodes[n].name.as_str());
+                parts.push(&*self.nodes[n].name);
             }
             at = self.nodes[n].parent;
         }

@@ -107,7 +107,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
 
     while let Some(id) = queue.pop_front() {
         let node: &PlanNode = &tree.nodes[id];
-        let name = node.name.as_str();
+        let name: &str = &node.name;
         max_layer_names.retain(|n| n != name && !n.starts_with(&format!("{name}.")));
         if max_layer_names.is_empty() {
             (max_layer, max_layer_names) =

@@ -104,14 +104,14 @@ pub fn family_order(architectures: &[String]) -> &'static [&'static str] {
 /// Where a child goes among its siblings: its role, then its place in the family's
 /// definition order (names it does not list come last, by name).
 fn rank(tree: &ModuleTree, id: NodeId, order: &[&str]) -> (u8, usize) {
-    let name = tree.nodes[id].name.as_str();
+    let name = tree.nodes[id].name.as_ref();
     let known = order.iter().position(|k| *k == name).unwrap_or(usize::MAX);
     (role(tree, id), known)
 }
 
 fn role(tree: &ModuleTree, id: NodeId) -> u8 {
     let node = &tree.nodes[id];
-    let name = node.name.as_str();
+    let name = node.name.as_ref();
     let numbered = !node.children.is_empty()
         && node
             .children
@@ -158,7 +158,7 @@ fn is_repeated_block(tree: &ModuleTree, id: NodeId) -> bool {
         && node.name.bytes().all(|b| b.is_ascii_digit())
         && node
             .parent
-            .is_some_and(|p| BLOCK_CONTAINERS.contains(&tree.nodes[p].name.as_str()))
+            .is_some_and(|p| BLOCK_CONTAINERS.contains(&tree.nodes[p].name.as_ref()))
 }
 
 impl PlanTree {
@@ -220,7 +220,7 @@ impl PlanTree {
             kids.sort_by_key(|&c| {
                 let n = &tree.nodes[c];
                 if n.tensor.is_some() {
-                    (0u8, (u8::from(n.name != "weight"), 0))
+                    (0u8, (u8::from(&*n.name != "weight"), 0))
                 } else {
                     (1, rank(tree, c, order))
                 }

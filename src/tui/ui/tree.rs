@@ -46,7 +46,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         } else {
             "▸ "
         };
-        let indent = "  ".repeat(node.depth.saturating_sub(1));
+        let indent = "  ".repeat((node.depth as usize).saturating_sub(1));
         let mut label = format!("{indent}{marker}{}", crate::text::escaped(&node.name));
         if label.chars().count() > name_w {
             label = label
