@@ -819,3 +819,26 @@ fn the_app_asks_its_probe_and_checks_once_the_keys_stop() {
         app.mode
     );
 }
+
+#[test]
+fn names_with_control_characters_are_drawn_escaped() {
+    use devmap::fixtures::{FixtureTensor, write_safetensors};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let evil = "model.\x1b]0;pwned\x07.\u{202e}w";
+    let t = FixtureTensor::patterned(evil, devmap::model::DType::F32, &[2], 1);
+    write_safetensors(&tmp.path().join("model.safetensors"), &[&t]).expect("w");
+    let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
+    let mut app = App::new(ckpt);
+    app.handle(Action::Resize {
+        width: 120,
+        height: 40,
+    });
+    // Open the last module and select the tensor, so the tree and details show it.
+    press(&mut app, &[ch('G'), ch('l'), ch('G')]);
+    let screen = frame(&app, 120, 40);
+    for raw in ['\x1b', '\x07', '\u{202e}'] {
+        assert!(!screen.contains(raw), "raw {raw:?} drawn:\n{screen}");
+    }
+    assert!(screen.contains("\\x1b]0;pwned\\x07"), "{screen}");
+    assert!(screen.contains("\\u{202e}w"), "{screen}");
+}
