@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{devmap, mixed_model, read_saved, snapshot, stderr};
 use devmap::model::{LoadOptions, load};
-use devmap::save::{Reporter, SaveError, SaveEvent, SaveOptions, prepare, write};
+use devmap::save::{Reporter, SaveError, SaveEvent, SaveJob, SaveOptions, prepare, write};
 
 fn names_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -183,28 +183,10 @@ fn cancel_from_the_tui_at_many_points() {
         else {
             panic!("no save started for {cancel_after}")
         };
-        // The save as SaveJob runs it, but reporting through a rendezvous channel: the
-        // writers wait for this thread at every shard, so "cancel after N events"
-        // means the same thing on a fast machine and a slow one.
-        let (tx, events) = std::sync::mpsc::sync_channel(0);
-        let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = cancel.clone();
-        let writer = std::thread::spawn(move || {
-            let result = write(
-                &ckpt,
-                &plan,
-                &options,
-                &flag,
-                &Reporter::new(Some(&tx), &flag),
-            );
-            let last = match &result {
-                Ok(report) => SaveEvent::Finished(report.clone()),
-                Err(SaveError::Cancelled) => SaveEvent::Cancelled,
-                Err(e) => SaveEvent::Failed(e.to_string()),
-            };
-            let _ = tx.send(last);
-            result
-        });
+        // Reporting through a rendezvous channel: the writers wait for this thread at
+        // every shard, so "cancel after N events" means the same thing on a fast
+        // machine and a slow one.
+        let job = SaveJob::spawn_with_channel(ckpt, plan, options, 0).expect("spawn");
         let mut seen = 0;
         loop {
             if seen == cancel_after {
@@ -212,13 +194,14 @@ fn cancel_from_the_tui_at_many_points() {
                 app.handle(Action::Close);
                 for e in app.handle(Action::Yes) {
                     if matches!(e, Effect::CancelSave) {
-                        cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+                        job.cancel();
                     }
                 }
                 // The UI still answers while the save winds down.
                 app.handle(Action::Down);
             }
-            let event = events
+            let event = job
+                .events
                 .recv_timeout(Duration::from_secs(10))
                 .expect("an event within 10 s: no deadlock");
             let last = matches!(
@@ -231,7 +214,7 @@ fn cancel_from_the_tui_at_many_points() {
                 break;
             }
         }
-        let result = writer.join().expect("the writer thread");
+        let result = job.join();
         match app.save.as_ref().and_then(|s| s.outcome.clone()) {
             Some(Outcome::Cancelled) => {
                 assert!(matches!(result, Err(SaveError::Cancelled)));

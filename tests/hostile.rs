@@ -36,6 +36,21 @@ fn devmap_within(args: &[&str], secs: u64) -> Output {
     child.wait_with_output().expect("output")
 }
 
+/// `devmap save DIR --out OUT ARGS` run by a shell after `setup` (a limit, a
+/// redirection), as a user's shell would.
+fn shell_save(setup: &str, dir: &Path, out: &Path, args: &str, redirect: &str) -> Output {
+    let script = format!(
+        "{setup} exec '{}' save '{}' --out '{}' {args} {redirect}",
+        env!("CARGO_BIN_EXE_devmap"),
+        dir.display(),
+        out.display()
+    );
+    Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .expect("bash")
+}
+
 fn mkfifo(path: &Path) {
     let ok = Command::new("mkfifo")
         .arg(path)
@@ -127,17 +142,8 @@ fn closed_and_full_output_streams_end_quietly_without_a_panic() {
     // stderr on a full device during a save: no abort, a non-zero exit, and the save
     // is cancelled (it could not tell anyone what it did).
     let out = m.out("full");
-    let script = format!(
-        "'{}' save '{}' --out '{}' --max-shard-size 700 2>/dev/full; echo \"status=$?\"",
-        env!("CARGO_BIN_EXE_devmap"),
-        m.dir.display(),
-        out.display()
-    );
-    let o = Command::new("bash")
-        .args(["-c", &script])
-        .output()
-        .expect("bash");
-    assert!(stdout(&o).contains("status=1"), "{}", stdout(&o));
+    let o = shell_save("", &m.dir, &out, "--max-shard-size 700", "2>/dev/full");
+    assert_eq!(o.status.code(), Some(1), "no signal, no abort: {o:?}");
     let left: Vec<_> = std::fs::read_dir(&out)
         .map(|r| r.filter_map(Result::ok).map(|e| e.file_name()).collect())
         .unwrap_or_default();
@@ -249,16 +255,13 @@ fn offload_folders_accelerate_really_writes_are_saved() {
     // No `.dat` for the empty tensor.
     let _ = std::fs::remove_file(folder.join("extra.empty.dat"));
     let out = m.out("o");
-    let script = format!(
-        "ulimit -n 256 && exec '{}' save '{}' --out '{}' --max-shard-size 2KB -q",
-        env!("CARGO_BIN_EXE_devmap"),
-        m.dir.display(),
-        out.display()
+    let o = shell_save(
+        "ulimit -n 256;",
+        &m.dir,
+        &out,
+        "--max-shard-size 2KB -q",
+        "",
     );
-    let o = Command::new("sh")
-        .args(["-c", &script])
-        .output()
-        .expect("sh");
     assert!(o.status.success(), "{}", stderr(&o));
     let saved = read_saved(&out);
     for t in all.iter().chain(std::iter::once(&empty)) {
@@ -443,16 +446,13 @@ fn a_full_disk_while_copying_config_files_names_the_output() {
     // Shards of under 4 KiB fit the file-size limit; a 100 KB tokenizer does not.
     std::fs::write(m.dir.join("tokenizer.json"), vec![b'x'; 100_000]).expect("w");
     let out = m.out("o");
-    let script = format!(
-        "ulimit -f 8; trap '' XFSZ; exec '{}' save '{}' --out '{}' --max-shard-size 1KB -q",
-        env!("CARGO_BIN_EXE_devmap"),
-        m.dir.display(),
-        out.display()
+    let o = shell_save(
+        "ulimit -f 8; trap '' XFSZ;",
+        &m.dir,
+        &out,
+        "--max-shard-size 1KB -q",
+        "",
     );
-    let o = Command::new("sh")
-        .args(["-c", &script])
-        .output()
-        .expect("sh");
     assert!(!o.status.success());
     let err = stderr(&o);
     let first = err.lines().next().unwrap_or_default();

@@ -33,7 +33,19 @@ impl SaveJob {
         plan: SavePlan,
         options: SaveOptions,
     ) -> std::io::Result<SaveJob> {
-        let (tx, rx) = sync_channel(256);
+        SaveJob::spawn_with_channel(ckpt, plan, options, 256)
+    }
+
+    /// Like [`SaveJob::spawn`], with `capacity` events buffered between the writers
+    /// and the reader. With 0 the writers wait for the reader at every lifecycle event
+    /// (progress is dropped instead), so a test can act "after N events" exactly.
+    pub fn spawn_with_channel(
+        ckpt: Arc<Checkpoint>,
+        plan: SavePlan,
+        options: SaveOptions,
+        capacity: usize,
+    ) -> std::io::Result<SaveJob> {
+        let (tx, rx) = sync_channel(capacity);
         let cancel = Arc::new(AtomicBool::new(false));
         let flag = cancel.clone();
         let handle = std::thread::Builder::new()
