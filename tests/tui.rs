@@ -842,3 +842,113 @@ fn names_with_control_characters_are_drawn_escaped() {
     assert!(screen.contains("\\x1b]0;pwned\\x07"), "{screen}");
     assert!(screen.contains("\\u{202e}w"), "{screen}");
 }
+
+/// Selects the module `name` by pressing keys, as a user would: from the top, down,
+/// opening the modules on its path.
+fn select(app: &mut App, name: &str) {
+    press(app, &[ch('g')]);
+    for _ in 0..200 {
+        let at = selected_name(app);
+        if at == name {
+            return;
+        }
+        if name.starts_with(&format!("{at}.")) {
+            press(app, &[ch('l')]);
+        }
+        press(app, &[ch('j')]);
+    }
+    panic!("{name} is not in the visible tree");
+}
+
+#[test]
+fn d_cycles_through_every_known_gpu_and_edits_can_be_undone() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    // Four GPUs detected; the map uses only GPU 0.
+    let gpus: Vec<devmap::monitor::gpu::GpuInfo> = (0..4)
+        .map(|index| devmap::monitor::gpu::GpuInfo {
+            index,
+            name: "Test GPU".into(),
+            total: 24 * GIB,
+            free: 20 * GIB,
+        })
+        .collect();
+    app.handle(Action::Gpus(gpus, None));
+    select(&mut app, "model.layers.0");
+    let device = |app: &App| {
+        app.ckpt
+            .tensor("model.layers.0.proj.weight")
+            .expect("t")
+            .placement
+    };
+    assert_eq!(device(&app), Placement::Gpu(0));
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        press(&mut app, &[ch('d')]);
+        seen.push(device(&app));
+    }
+    assert_eq!(
+        seen,
+        [
+            Placement::Gpu(1),
+            Placement::Gpu(2),
+            Placement::Gpu(3),
+            Placement::Cpu,
+            Placement::Disk,
+            Placement::Gpu(0),
+        ],
+        "every GPU stays in the cycle"
+    );
+    // Undo walks back one edit at a time; Ctrl-R walks forward again.
+    press(&mut app, &[ch('u')]);
+    assert_eq!(device(&app), Placement::Disk);
+    press(&mut app, &[ch('u'), ch('u')]);
+    assert_eq!(device(&app), Placement::Gpu(3));
+    press(&mut app, &[ctrl('r')]);
+    assert_eq!(device(&app), Placement::Cpu);
+    for _ in 0..10 {
+        press(&mut app, &[ch('u')]);
+    }
+    assert_eq!(device(&app), Placement::Gpu(0), "back to the map as opened");
+    assert_eq!(app.tree.nodes[app.tree.tensor_node[0]].depth, 2);
+}
+
+#[test]
+fn quitting_with_an_unexported_map_asks() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    select(&mut app, "model.layers.0");
+    press(&mut app, &[ch('d')]);
+    assert!(press(&mut app, &[ch('q')]).is_empty());
+    assert_eq!(app.mode, Mode::Confirm(Confirm::QuitUnexported));
+    assert!(frame(&app, 120, 40).contains("not exported"));
+    assert!(press(&mut app, &[ch('n')]).is_empty());
+    assert_eq!(app.mode, Mode::Browse);
+    let effects = press(&mut app, &[ch('q'), ch('y')]);
+    assert!(matches!(effects.as_slice(), [Effect::Quit]), "{effects:?}");
+}
+
+#[test]
+fn a_save_that_ends_while_cancel_is_asked_closes_the_question() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let out = m.out("ends");
+    let effect = start_fake_save(&mut app, &out);
+    // Esc asks whether to cancel; meanwhile the save finishes.
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert_eq!(app.mode, Mode::Confirm(Confirm::CancelSave));
+    app.handle(Action::Tick(Duration::from_secs(2)));
+    run_save(&mut app, effect);
+    assert_eq!(app.mode, Mode::Browse, "the question closes with the save");
+    // A late `y` cancels nothing and says nothing about cancelling.
+    assert!(press(&mut app, &[ch('y')]).is_empty());
+    let screen = frame(&app, 120, 40);
+    assert!(!screen.contains("cancelling"), "{screen}");
+    // The rate is the final average: it does not fall as time passes.
+    let rate = app.save_rate().expect("rate").0;
+    app.handle(Action::Tick(Duration::from_secs(600)));
+    assert!((app.save_rate().expect("rate").0 - rate).abs() < 1e-9);
+    // Esc dismisses the finished save's panel.
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert!(app.save.is_none());
+}

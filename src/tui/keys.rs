@@ -15,6 +15,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("/", "search names; n / N next / previous match"),
     ("t", "jump to the tie partner"),
     ("d", "cycle the selected module's device (edits the map)"),
+    ("u / Ctrl-R", "undo / redo a device-map edit"),
     (
         "p",
         "plan: accelerate's device map for budgets you edit, with the diff",
@@ -22,7 +23,10 @@ pub const HELP: &[(&str, &str)] = &[
     ("w", "export the edited device map as JSON"),
     ("s", "save dialog: shard size, output folder, preview"),
     ("?", "this help"),
-    ("q  Ctrl-C", "quit (asks while a save runs)"),
+    (
+        "q  Ctrl-C",
+        "quit (asks if a save runs or edits are not exported)",
+    ),
 ];
 
 /// The short hint on the status line for each mode.
@@ -95,6 +99,12 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
 }
 
 fn browse(key: KeyEvent) -> Option<Action> {
+    if key.modifiers.contains(KeyModifiers::CONTROL) {
+        return match key.code {
+            KeyCode::Char('r') => Some(Action::Redo),
+            _ => None,
+        };
+    }
     Some(match key.code {
         KeyCode::Up | KeyCode::Char('k') => Action::Up,
         KeyCode::Down | KeyCode::Char('j') => Action::Down,
@@ -109,6 +119,7 @@ fn browse(key: KeyEvent) -> Option<Action> {
         KeyCode::Char('N') => Action::PrevMatch,
         KeyCode::Char('t') => Action::JumpTie,
         KeyCode::Char('d') => Action::CycleDevice,
+        KeyCode::Char('u') => Action::Undo,
         KeyCode::Char('w') => Action::StartExport,
         KeyCode::Char('p') => Action::StartPlan,
         KeyCode::Char('s') => Action::OpenSave,

@@ -24,25 +24,61 @@ impl App {
         self.rows.reveal(&self.tree, target);
     }
 
-    /// The devices `d` cycles through: the GPUs the map uses (GPU 0 when it names
-    /// none), then cpu and disk.
+    /// The devices `d` cycles through: every GPU known (the map as opened, the
+    /// current map, detected GPUs, budgets; GPU 0 when none is), then cpu and disk.
     pub fn device_cycle(&self) -> Vec<Placement> {
-        let mut cycle: Vec<Placement> = self
-            .ckpt
-            .device_map
-            .as_ref()
-            .map(|m| {
-                m.devices()
-                    .into_iter()
-                    .filter(|p| matches!(p, Placement::Gpu(_)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if cycle.is_empty() {
-            cycle.push(Placement::Gpu(0));
+        let mut gpus = self.known_gpus.clone();
+        if let Some(map) = &self.ckpt.device_map {
+            gpus.extend(map.devices().into_iter().filter_map(|p| match p {
+                Placement::Gpu(i) => Some(i),
+                _ => None,
+            }));
         }
+        gpus.extend(self.budgets.gpu_total.iter().map(|&(i, _)| i));
+        if gpus.is_empty() {
+            gpus.insert(0);
+        }
+        let mut cycle: Vec<Placement> = gpus.into_iter().map(Placement::Gpu).collect();
         cycle.extend([Placement::Cpu, Placement::Disk]);
         cycle
+    }
+
+    /// Puts `map` in place of the current one, remembering the current one for `u`.
+    pub(super) fn edit_map(&mut self, map: Option<DeviceMap>) {
+        let before = self.ckpt.device_map.clone();
+        self.undo.push(before);
+        self.redo.clear();
+        self.show_map(map);
+    }
+
+    fn show_map(&mut self, map: Option<DeviceMap>) {
+        Arc::make_mut(&mut self.ckpt).apply_device_map(map);
+        self.tree.recompute(&self.ckpt);
+        self.warnings = self.ckpt.all_warnings();
+        self.map_edited = true;
+    }
+
+    pub(super) fn undo_map(&mut self) {
+        let Some(earlier) = self.undo.pop() else {
+            self.say("nothing to undo", Tone::Info);
+            return;
+        };
+        self.redo.push(self.ckpt.device_map.clone());
+        self.show_map(earlier);
+        self.say(
+            "undid the last device-map edit (Ctrl-R redoes it)",
+            Tone::Info,
+        );
+    }
+
+    pub(super) fn redo_map(&mut self) {
+        let Some(later) = self.redo.pop() else {
+            self.say("nothing to redo", Tone::Info);
+            return;
+        };
+        self.undo.push(self.ckpt.device_map.clone());
+        self.show_map(later);
+        self.say("redid the device-map edit", Tone::Info);
     }
 
     pub(super) fn cycle_device(&mut self) {
@@ -69,10 +105,7 @@ impl App {
             .collect();
         map = DeviceMap::new(kept);
         map.set(key.clone(), next);
-        Arc::make_mut(&mut self.ckpt).apply_device_map(Some(map));
-        self.tree.recompute(&self.ckpt);
-        self.warnings = self.ckpt.all_warnings();
-        self.map_edited = true;
+        self.edit_map(Some(map));
         let shown = if key.is_empty() {
             "the whole model".to_owned()
         } else {
@@ -162,10 +195,7 @@ impl App {
     pub(super) fn apply_plan(&mut self, planned: crate::plan::Planned, spec: &str) {
         let before: Vec<Placement> = self.ckpt.tensors().iter().map(|t| t.placement).collect();
         let totals_before = self.ckpt.device_totals();
-        Arc::make_mut(&mut self.ckpt).apply_device_map(Some(planned.map));
-        self.tree.recompute(&self.ckpt);
-        self.warnings = self.ckpt.all_warnings();
-        self.map_edited = true;
+        self.edit_map(Some(planned.map));
         let moved = self
             .ckpt
             .tensors()

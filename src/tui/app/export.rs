@@ -96,11 +96,19 @@ impl App {
                 vec![Effect::CancelSave, Effect::Quit]
             }
             Confirm::CancelSave => {
+                // The save may have ended while the question was open.
+                if !self.save_running() {
+                    return Vec::new();
+                }
                 if let Some(s) = &mut self.save {
                     s.cancel_requested = true;
                 }
                 self.say("cancelling the save…", Tone::Info);
                 vec![Effect::CancelSave]
+            }
+            Confirm::QuitUnexported => {
+                self.quitting = true;
+                vec![Effect::Quit]
             }
             Confirm::OverwriteExport(path) => vec![self.export_effect(path)],
         }

@@ -51,6 +51,9 @@ pub enum Action {
     PrevMatch,
     JumpTie,
     CycleDevice,
+    /// Take back the last device-map edit (`u`), or do it again (`Ctrl-R`).
+    Undo,
+    Redo,
     StartExport,
     OpenSave,
     Help,
@@ -125,6 +128,8 @@ pub struct PlanDialog {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Confirm {
     QuitDuringSave,
+    /// `q` with an edited map that was not exported.
+    QuitUnexported,
     CancelSave,
     OverwriteExport(PathBuf),
 }
@@ -189,6 +194,8 @@ pub enum Outcome {
 pub struct SaveProgress {
     pub out: PathBuf,
     pub started: Duration,
+    /// When the save ended: the rate shown after it is the final average.
+    pub ended: Option<Duration>,
     pub shards: Vec<ShardProgress>,
     pub current: Option<usize>,
     pub total: u64,
@@ -232,6 +239,12 @@ pub struct App {
     pub clock: Duration,
     pub size: (u16, u16),
     pub map_edited: bool,
+    /// Earlier maps, newest last, for `u`; maps undone, for `Ctrl-R`.
+    pub undo: Vec<Option<DeviceMap>>,
+    pub redo: Vec<Option<DeviceMap>>,
+    /// GPUs anyone has named: the map as opened, detected GPUs, budgets. `d` cycles
+    /// through all of them, so none vanishes once the map stops using it.
+    pub known_gpus: std::collections::BTreeSet<u32>,
     pub quitting: bool,
     pub color: bool,
     pub budgets: Budgets,
@@ -268,6 +281,19 @@ impl App {
                 rows.set_expanded(child, true);
             }
         }
+        let known_gpus = ckpt
+            .device_map
+            .as_ref()
+            .map(|m| {
+                m.devices()
+                    .into_iter()
+                    .filter_map(|p| match p {
+                        Placement::Gpu(i) => Some(i),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let warnings = ckpt.all_warnings();
         App {
             ckpt: Arc::new(ckpt),
@@ -283,6 +309,9 @@ impl App {
             clock: Duration::ZERO,
             size: (120, 40),
             map_edited: false,
+            undo: Vec::new(),
+            redo: Vec::new(),
+            known_gpus,
             quitting: false,
             color: true,
             budgets: Budgets::default(),
@@ -331,6 +360,7 @@ impl App {
                 Vec::new()
             }
             Action::Gpus(gpus, note) => {
+                self.known_gpus.extend(gpus.iter().map(|g| g.index));
                 self.gpus = gpus;
                 self.gpu_note = note;
                 Vec::new()
@@ -441,6 +471,8 @@ impl App {
             Action::Quit => {
                 if self.save_running() {
                     self.mode = Mode::Confirm(Confirm::QuitDuringSave);
+                } else if self.map_edited {
+                    self.mode = Mode::Confirm(Confirm::QuitUnexported);
                 } else {
                     self.quitting = true;
                     return vec![Effect::Quit];
@@ -449,10 +481,16 @@ impl App {
             Action::Close => {
                 if self.save_running() {
                     self.mode = Mode::Confirm(Confirm::CancelSave);
+                } else if self.save.is_some() {
+                    // The finished save's panel: Esc dismisses it.
+                    self.save = None;
+                    self.message = None;
                 } else {
                     self.message = None;
                 }
             }
+            Action::Undo => self.undo_map(),
+            Action::Redo => self.redo_map(),
             _ => {}
         }
         Vec::new()

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use super::{
-    Action, App, Effect, Field, Mode, Outcome, Preview, SAVE_MEMORY, SHARD_PRESETS, SaveDialog,
-    SaveEvent, SaveOptions, SaveProgress, ShardProgress, Tone, edit_text, parse_size,
+    Action, App, Confirm, Effect, Field, Mode, Outcome, Preview, SAVE_MEMORY, SHARD_PRESETS,
+    SaveDialog, SaveEvent, SaveOptions, SaveProgress, ShardProgress, Tone, edit_text, parse_size,
 };
 use crate::save::SaveError;
 
@@ -177,6 +177,7 @@ impl App {
         self.save = Some(SaveProgress {
             out: options.out.clone(),
             started: self.clock,
+            ended: None,
             shards: plan
                 .shards
                 .iter()
@@ -213,6 +214,19 @@ impl App {
 
     pub(super) fn on_save_event(&mut self, event: SaveEvent) {
         let Some(save) = &mut self.save else { return };
+        if matches!(
+            event,
+            SaveEvent::Finished(_) | SaveEvent::Failed(_) | SaveEvent::Cancelled
+        ) {
+            save.ended = Some(self.clock);
+            // A question about the running save has no subject any more.
+            if matches!(
+                self.mode,
+                Mode::Confirm(Confirm::CancelSave | Confirm::QuitDuringSave)
+            ) {
+                self.mode = Mode::Browse;
+            }
+        }
         match event {
             SaveEvent::ShardStarted { index, .. } => save.current = Some(index),
             SaveEvent::Progress {
@@ -262,7 +276,8 @@ impl App {
     /// Bytes per second and seconds left of the running save.
     pub fn save_rate(&self) -> Option<(f64, f64)> {
         let save = self.save.as_ref()?;
-        let secs = self.clock.saturating_sub(save.started).as_secs_f64();
+        let until = save.ended.unwrap_or(self.clock);
+        let secs = until.saturating_sub(save.started).as_secs_f64();
         if secs <= 0.0 {
             return None;
         }

@@ -143,6 +143,9 @@ pub fn export(d: &ExportDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme)
 pub fn confirm(c: &Confirm, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let text = match c {
         Confirm::QuitDuringSave => "A save is running. Cancel it and quit? (y/n)".to_owned(),
+        Confirm::QuitUnexported => {
+            "The edited device map is not exported (w). Quit and lose the edits? (y/n)".to_owned()
+        }
         Confirm::CancelSave => {
             "Cancel the running save? Nothing it wrote is kept. (y/n)".to_owned()
         }
