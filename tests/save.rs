@@ -266,3 +266,142 @@ fn explicit_tie_reads_the_partner() {
         "offload value of the partner"
     );
 }
+
+#[test]
+fn dtype_casts_floating_tensors_only_and_records_the_dtype() {
+    let m = mixed_model();
+    std::fs::write(
+        m.dir.join("config.json"),
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"torch_dtype\": \"bfloat16\", \"model_type\": \"llama\"}",
+    )
+    .expect("config");
+    let as_f32 = m.out("f32");
+    let o = devmap(&[
+        "save",
+        m.dir.to_str().expect("p"),
+        "--out",
+        as_f32.to_str().expect("p"),
+        "--dtype",
+        "float32",
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = read_saved(&as_f32);
+    assert_eq!(saved.len(), m.expected.len());
+    for (name, want) in &m.expected {
+        let got = &saved[name];
+        assert_eq!(got.shape, want.shape, "{name}");
+        match want.dtype.as_str() {
+            "F16" | "BF16" | "F32" => {
+                let size = if want.dtype == "F32" { 4 } else { 2 };
+                assert_eq!(got.dtype, "F32", "{name}");
+                assert_eq!(got.data.len(), want.data.len() / size * 4, "{name}");
+            }
+            _ => assert_eq!(got, want, "{name}: not floating, so untouched"),
+        }
+    }
+    // Widening then narrowing back gives every non-NaN value again: the casts are
+    // exact where they must be.
+    let back = m.out("back");
+    let o = devmap(&[
+        "save",
+        as_f32.to_str().expect("p"),
+        "--out",
+        back.to_str().expect("p"),
+        "--dtype",
+        "float16",
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let round_trip = read_saved(&back);
+    for (name, want) in m.expected.iter().filter(|(_, w)| w.dtype == "F16") {
+        let got = &round_trip[name];
+        assert_eq!(got.dtype, "F16");
+        for (a, b) in want.data.chunks(2).zip(got.data.chunks(2)) {
+            let x = u16::from_le_bytes([a[0], a[1]]);
+            let is_nan = x & 0x7C00 == 0x7C00 && x & 0x03FF != 0;
+            if !is_nan {
+                assert_eq!(a, b, "{name}: {x:#06x} did not survive f16 -> f32 -> f16");
+            }
+        }
+    }
+    // config.json records each save's dtype; nothing else in it changes.
+    let config =
+        |dir: &std::path::Path| std::fs::read_to_string(dir.join("config.json")).expect("config");
+    assert_eq!(
+        config(&as_f32),
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"torch_dtype\": \"float32\", \"model_type\": \"llama\"}"
+    );
+    assert_eq!(
+        config(&back),
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"torch_dtype\": \"float16\", \"model_type\": \"llama\"}"
+    );
+    // --dtype keep writes every tensor as stored.
+    let kept = m.out("kept");
+    let o = devmap(&[
+        "save",
+        m.dir.to_str().expect("p"),
+        "--out",
+        kept.to_str().expect("p"),
+        "--dtype",
+        "keep",
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(read_saved(&kept), m.expected);
+}
+
+#[test]
+fn dtype_auto_follows_an_offload_folder_in_another_dtype() {
+    use devmap::fixtures::{FixtureTensor, write_json, write_offload_dat, write_safetensors};
+    use devmap::model::DType;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("model");
+    std::fs::create_dir(&dir).expect("mkdir");
+    // A float32 checkpoint (with an int64 buffer) whose second layer the model, run in
+    // bfloat16, offloaded as bfloat16.
+    let w0 = FixtureTensor::patterned("layers.0.w", DType::F32, &[4, 4], 1);
+    let w1 = FixtureTensor::patterned("layers.1.w", DType::F32, &[4, 4], 2);
+    let ids = FixtureTensor::patterned("layers.0.ids", DType::I64, &[3], 3);
+    write_safetensors(&dir.join("model.safetensors"), &[&w0, &w1, &ids]).expect("w");
+    std::fs::write(dir.join("config.json"), "{\"torch_dtype\": \"float32\"}").expect("config");
+    write_json(
+        &dir.join("device_map.json"),
+        &serde_json::json!({"layers.0": "cpu", "layers.1": "disk"}),
+    )
+    .expect("map");
+    let w1_bf16 = FixtureTensor::patterned("layers.1.w", DType::BF16, &[4, 4], 4);
+    write_offload_dat(&dir.join("offload"), &[w1_bf16.clone()]).expect("offload");
+    let out = tmp.path().join("out");
+    let o = devmap(&[
+        "save",
+        dir.to_str().expect("p"),
+        "--out",
+        out.to_str().expect("p"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("written as bfloat16"),
+        "the save says it casts: {}",
+        stderr(&o)
+    );
+    let saved = read_saved(&out);
+    assert_eq!(
+        saved["layers.0.w"].dtype, "BF16",
+        "cast like the rest of the model"
+    );
+    assert_eq!(
+        saved["layers.1.w"],
+        Stored::of(&w1_bf16),
+        "the offload value as it is"
+    );
+    assert_eq!(
+        saved["layers.0.ids"],
+        Stored::of(&ids),
+        "integers untouched"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("config.json")).expect("config"),
+        "{\"torch_dtype\": \"bfloat16\"}"
+    );
+}

@@ -120,6 +120,12 @@ pub struct SaveArgs {
     /// RAM (auto), always (drop), or leave it to the kernel (keep).
     #[arg(long, value_enum, default_value_t = Cache::Auto)]
     pub cache: Cache,
+    /// dtype of the floating-point tensors written: auto (the dtype the model was
+    /// loaded in, when its offload folder shows one unlike the checkpoint's, as
+    /// save_pretrained writes; else as stored), keep, float32, bfloat16 or float16.
+    /// Casts round as torch's .to() does; config.json records the result.
+    #[arg(long, default_value = "auto", value_name = "DTYPE", value_parser = parse_save_dtype)]
+    pub dtype: devmap::save::plan::DtypeChoice,
     /// Save even when device-map entries cover no tensor with data, i.e. the weights
     /// of those modules exist nowhere and the output will lack them.
     #[arg(long)]
@@ -150,6 +156,21 @@ fn parse_dtype(text: &str) -> Result<devmap::model::DType, String> {
     devmap::model::DType::from_torch_name(text)
         .or_else(|| devmap::model::DType::from_safetensors_name(text))
         .ok_or_else(|| format!("`{text}` is not a dtype: use e.g. bfloat16, float16, float32"))
+}
+
+fn parse_save_dtype(text: &str) -> Result<devmap::save::plan::DtypeChoice, String> {
+    use devmap::model::DType;
+    use devmap::save::plan::DtypeChoice;
+    match text {
+        "auto" => Ok(DtypeChoice::Auto),
+        "keep" => Ok(DtypeChoice::Keep),
+        "float32" | "fp32" => Ok(DtypeChoice::To(DType::F32)),
+        "bfloat16" | "bf16" => Ok(DtypeChoice::To(DType::BF16)),
+        "float16" | "fp16" | "half" => Ok(DtypeChoice::To(DType::F16)),
+        _ => Err(format!(
+            "`{text}` is not a save dtype: use auto, keep, float32, bfloat16 or float16"
+        )),
+    }
 }
 
 fn parse_shard_size(text: &str) -> Result<u64, devmap::formats::size::SizeError> {

@@ -144,6 +144,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
         cache: a.cache.into(),
         available_ram: devmap::monitor::available_ram(),
         allow_partial: a.allow_partial,
+        dtype: a.dtype,
         pause_file: std::env::var_os("DEVMAP_TEST_PAUSE").map(PathBuf::from),
         ..SaveOptions::new(&a.out)
     };
@@ -159,6 +160,12 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
             plan.shards.len(),
             a.out.display()
         ))?;
+        if let Some(dtype) = plan.cast_to {
+            err_line(format!(
+                "  floating-point tensors are written as {} (config.json records it; --dtype keep writes them as stored)",
+                dtype.torch_name()
+            ))?;
+        }
         for (dropped, kept) in &plan.dropped_ties {
             err_line(format!(
                 "  `{dropped}` is tied to `{kept}`: written once as `{kept}` (--keep-tied writes both)"

@@ -62,3 +62,68 @@ pub fn read_config(path: &Path) -> Result<ModelConfig, FormatError> {
         torch_dtype,
     })
 }
+
+/// `text` (a config.json) with the dtype it records set to `dtype` (a torch name such
+/// as `bfloat16`): the value of every `"dtype"` and `"torch_dtype"` key that names a
+/// floating dtype is replaced, and every other byte stays as it was.
+pub fn with_dtype(text: &str, dtype: &str) -> String {
+    const FLOATING: [&str; 5] = ["float32", "float16", "bfloat16", "float64", "half"];
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("dtype\"") {
+        // The key must be exactly "dtype" or "torch_dtype".
+        let before = &rest[..at];
+        if !(before.ends_with("\"torch_") || before.ends_with('"')) {
+            out.push_str(&rest[..at + 6]);
+            rest = &rest[at + 6..];
+            continue;
+        }
+        let after_key = &rest[at + 6..];
+        let colon = after_key.trim_start();
+        let Some(value) = colon.strip_prefix(':').map(str::trim_start) else {
+            out.push_str(&rest[..at + 6]);
+            rest = after_key;
+            continue;
+        };
+        let replaced = FLOATING.iter().find_map(|name| {
+            value
+                .strip_prefix('"')
+                .and_then(|v| v.strip_prefix(name))
+                .and_then(|v| v.strip_prefix('"'))
+        });
+        match replaced {
+            Some(tail) => {
+                // Everything up to the opening quote of the value, then the new name.
+                let value_start = rest.len() - value.len();
+                out.push_str(&rest[..value_start]);
+                out.push('"');
+                out.push_str(dtype);
+                out.push('"');
+                rest = tail;
+            }
+            None => {
+                out.push_str(&rest[..at + 6]);
+                rest = after_key;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_dtype_values_change() {
+        let text = "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"torch_dtype\": \"float32\",\n  \"text_config\": {\"dtype\" : \"float32\"},\n  \"quant_dtype\": \"float32\",\n  \"vocab_size\": 32\n}\n";
+        assert_eq!(
+            with_dtype(text, "bfloat16"),
+            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"torch_dtype\": \"bfloat16\",\n  \"text_config\": {\"dtype\" : \"bfloat16\"},\n  \"quant_dtype\": \"float32\",\n  \"vocab_size\": 32\n}\n"
+        );
+        // Nothing to change: the text comes back as it was.
+        let plain = "{\"dtype\": \"auto\", \"x\": 1}";
+        assert_eq!(with_dtype(plain, "float16"), plain);
+    }
+}

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use crate::types::dtype::DType;
 use crate::types::placement::{DeviceMap, Placement};
 
 pub use crate::types::range::{ByteRange, FileId};
@@ -100,8 +101,9 @@ pub struct Checkpoint {
     pub warnings: Vec<super::warning::Warning>,
     /// The tie group of each tensor, by tensor id (`NO_TIE` for none).
     tie_of: Vec<u32>,
-    /// Checkpoint entries whose value an offload entry replaced, for `explain`.
-    replaced: std::collections::HashMap<TensorId, ByteRange>,
+    /// Checkpoint entries whose value an offload entry replaced, with the dtype the
+    /// checkpoint stores them in, for `explain` and the save's `--dtype auto`.
+    replaced: std::collections::HashMap<TensorId, (ByteRange, DType)>,
 }
 
 const NO_TIE: u32 = u32::MAX;
@@ -145,7 +147,7 @@ impl Checkpoint {
         }
         let replaced = replaced
             .into_iter()
-            .filter_map(|(name, r)| Some((search(&tensors, &name).ok()?, r)))
+            .filter_map(|(name, r, d)| Some((search(&tensors, &name).ok()?, (r, d))))
             .collect();
         let mut ckpt = Checkpoint {
             dir,
@@ -242,8 +244,16 @@ impl Checkpoint {
     pub fn checkpoint_range(&self, id: TensorId) -> Option<ByteRange> {
         match self.tensors[id].source {
             Source::Checkpoint(r) => Some(r),
-            _ => self.replaced.get(&id).copied(),
+            _ => self.replaced.get(&id).map(|&(r, _)| r),
         }
+    }
+
+    /// The dtype the checkpoint stores a tensor in, where an offload value with its
+    /// own dtype replaced it.
+    pub fn checkpoint_dtype(&self, id: TensorId) -> DType {
+        self.replaced
+            .get(&id)
+            .map_or(self.tensors[id].dtype, |&(_, d)| d)
     }
 
     /// The device-map key that placed a tensor.
@@ -312,8 +322,9 @@ pub struct Parts {
     pub config: crate::formats::config::ModelConfig,
     pub weight_files: Vec<PathBuf>,
     pub warnings: Vec<super::warning::Warning>,
-    /// `(name, checkpoint range)` of tensors whose offload value replaced it.
-    pub replaced: Vec<(String, ByteRange)>,
+    /// `(name, checkpoint range, checkpoint dtype)` of tensors whose offload value
+    /// replaced it.
+    pub replaced: Vec<(String, ByteRange, DType)>,
 }
 
 /// Binary search of tensors kept in module order: where `name` is, or would go.

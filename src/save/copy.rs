@@ -6,6 +6,8 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::types::dtype::DType;
+
 /// Size of the fallback buffer, and of the steps between progress reports.
 pub const CHUNK: usize = 8 << 20;
 
@@ -37,6 +39,8 @@ pub enum CopyError {
 pub struct Copier {
     kernel_copy_failed: bool,
     buffer: Vec<u8>,
+    /// The converted chunk of a cast, allocated on first use.
+    cast_buffer: Vec<u8>,
     /// Tell the kernel each copied source range will not be read again.
     drop_source_cache: bool,
 }
@@ -101,6 +105,61 @@ impl Copier {
         dst.write_all_at(&buf[..n], dst_offset)
             .map_err(CopyError::Io)?;
         Ok(n)
+    }
+
+    /// Reads `len` bytes of `from` elements at `(src, src_offset)`, converts them to
+    /// `to` (see `save::cast`) and writes them at `(dst, dst_offset)`, one chunk at a
+    /// time through two fixed buffers. `progress(n)` counts output bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cast(
+        &mut self,
+        (src, src_offset): (&File, u64),
+        (dst, dst_offset): (&File, u64),
+        len: u64,
+        (from, to): (DType, DType),
+        cancel: &dyn Stop,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<(), CopyError> {
+        // Whole elements of both dtypes per chunk.
+        let chunk_in = CHUNK / 8 * from.size() as usize;
+        if self.buffer.len() < CHUNK {
+            self.buffer = vec![0u8; CHUNK];
+        }
+        if self.cast_buffer.len() < CHUNK {
+            self.cast_buffer = vec![0u8; CHUNK];
+        }
+        let (mut read, mut written) = (0u64, 0u64);
+        while read < len {
+            if cancel.stop() {
+                return Err(CopyError::Cancelled);
+            }
+            let want = (len - read).min(chunk_in as u64) as usize;
+            let input = &mut self.buffer[..want];
+            let mut got = 0;
+            while got < want {
+                let n = src
+                    .read_at(&mut input[got..], src_offset + read + got as u64)
+                    .map_err(CopyError::Io)?;
+                if n == 0 {
+                    return Err(CopyError::ShortSource {
+                        copied: read + got as u64,
+                    });
+                }
+                got += n;
+            }
+            let out_len = want / from.size() as usize * to.size() as usize;
+            let output = &mut self.cast_buffer[..out_len];
+            super::cast::cast(from, to, input, output);
+            dst.write_all_at(output, dst_offset + written)
+                .map_err(CopyError::Io)?;
+            read += want as u64;
+            written += out_len as u64;
+            progress(out_len as u64);
+        }
+        if self.drop_source_cache {
+            crate::sys::drop_from_cache(src, src_offset, len);
+        }
+        Ok(())
     }
 
     pub fn used_kernel_copy(&self) -> bool {

@@ -179,7 +179,16 @@ pub fn write(
 
     let mut copied_files = Vec::new();
     for (src, tmp) in &copies {
-        copy_beside(&staging, src, tmp)?;
+        match plan.cast_to {
+            // The config records the dtype: it gets the one the weights now have.
+            Some(dtype) if src.file_name().is_some_and(|n| n == "config.json") => {
+                let text = crate::formats::input::read_json_text(src)
+                    .map_err(|e| SaveError::Refused(vec![e.to_string()]))?;
+                let text = crate::formats::config::with_dtype(&text, dtype.torch_name());
+                write_synced(&staging, tmp, text.as_bytes())?;
+            }
+            _ => copy_beside(&staging, src, tmp)?,
+        }
         copied_files.push(
             src.file_name()
                 .unwrap_or_default()

@@ -1,6 +1,7 @@
 //! The saver: plan shards, check before writing, stream bytes into place, verify,
 //! commit. Reports through [`SaveEvent`]s and knows nothing of terminals.
 
+pub mod cast;
 mod commit;
 mod copy;
 mod error;

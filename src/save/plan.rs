@@ -33,6 +33,8 @@ pub struct SaveOptions {
     /// RAM free for the page cache, as the caller's monitor read it; `None` when
     /// unknown. [`CachePolicy::Auto`] compares the model against it.
     pub available_ram: Option<u64>,
+    /// The dtype of the floating-point tensors written.
+    pub dtype: DtypeChoice,
     /// Save even when device-map entries cover no tensor that has data (the weights
     /// of those modules exist nowhere, so the output lacks them).
     pub allow_partial: bool,
@@ -44,6 +46,57 @@ pub struct SaveOptions {
     /// The CLI takes it from `DEVMAP_TEST_PAUSE`.
     #[doc(hidden)]
     pub pause_file: Option<PathBuf>,
+}
+
+/// `--dtype`: what floating-point tensors are written as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DtypeChoice {
+    /// Cast to the model's runtime dtype when the offload folder shows one that
+    /// differs from the checkpoint's (the model was loaded with `dtype=`), as
+    /// `save_pretrained` writes one dtype; otherwise keep.
+    Auto,
+    /// Every tensor as stored.
+    Keep,
+    /// Every floating-point tensor cast to this dtype (integers and bools untouched).
+    To(DType),
+}
+
+/// The dtype a save casts floating-point tensors to, if any.
+pub fn resolve_dtype(ckpt: &Checkpoint, choice: DtypeChoice) -> Option<DType> {
+    match choice {
+        DtypeChoice::Keep => None,
+        DtypeChoice::To(d) => Some(d),
+        DtypeChoice::Auto => runtime_dtype(ckpt),
+    }
+}
+
+/// The dtype the model ran in, where the offload folder shows it differs from the
+/// checkpoint's: offloaded tensors held in another floating dtype than the same
+/// tensors in the checkpoint, or (transformers' index) loaded as another dtype than
+/// stored. `None` when nothing differs, or when the differences disagree.
+pub fn runtime_dtype(ckpt: &Checkpoint) -> Option<DType> {
+    use super::cast::is_castable;
+    use crate::model::checkpoint::Source;
+    let mut seen: std::collections::BTreeSet<DType> = std::collections::BTreeSet::new();
+    for (id, t) in ckpt.tensors().iter().enumerate() {
+        if !matches!(t.source, Source::Offload(_)) || !is_castable(t.dtype) {
+            continue;
+        }
+        match t.load_dtype {
+            Some(load) if load != t.dtype => {
+                seen.insert(load);
+            }
+            _ if ckpt.checkpoint_dtype(id) != t.dtype && is_castable(ckpt.checkpoint_dtype(id)) => {
+                seen.insert(t.dtype);
+            }
+            _ => {}
+        }
+    }
+    let mut differing = seen.into_iter();
+    match (differing.next(), differing.next()) {
+        (Some(d), None) if is_castable(d) => Some(d),
+        _ => None,
+    }
 }
 
 /// Whether copied input stays in the page cache.
@@ -72,6 +125,7 @@ impl SaveOptions {
             fsync: true,
             cache: CachePolicy::Auto,
             available_ram: None,
+            dtype: DtypeChoice::Auto,
             allow_partial: false,
             commit_fault: None,
             pause_file: None,
@@ -151,6 +205,8 @@ impl ShardPlan {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SavePlan {
     pub shards: Vec<ShardPlan>,
+    /// The dtype floating-point tensors are cast to, when the save casts.
+    pub cast_to: Option<DType>,
     pub total_size: u64,
     pub total_parameters: u64,
     /// `(dropped, kept)`: tied names not written because their group's kept name is.
@@ -166,6 +222,28 @@ impl SavePlan {
     /// Bytes the shard files take, headers included.
     pub fn file_bytes(&self) -> u64 {
         self.shards.iter().map(ShardPlan::file_bytes).sum()
+    }
+}
+
+/// How a tensor of `dtype` stored at `range` is written when the save casts
+/// floating-point tensors to `cast_to`.
+fn recipe_for(dtype: DType, range: ByteRange, cast_to: Option<DType>) -> Result<Recipe, String> {
+    use super::cast::{is_castable, is_floating};
+    match cast_to {
+        Some(to) if is_floating(dtype) && dtype != to => {
+            if is_castable(dtype) && is_castable(to) {
+                Ok(Recipe::Cast {
+                    source: range,
+                    from: dtype,
+                    to,
+                })
+            } else {
+                Err(format!(
+                    "is {dtype}, which devmap does not cast (it casts float32, float16 and bfloat16); save with --dtype keep"
+                ))
+            }
+        }
+        _ => Ok(Recipe::Copy(range)),
     }
 }
 
@@ -201,7 +279,8 @@ pub fn split_into_shards(sizes: &[u64], max: u64) -> Vec<Range<usize>> {
 pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveError> {
     let mut problems = Vec::new();
     let mut dropped_ties = Vec::new();
-    let mut chosen: Vec<(TensorId, ByteRange)> = Vec::new();
+    let cast_to = resolve_dtype(ckpt, options.dtype);
+    let mut chosen: Vec<(TensorId, Recipe)> = Vec::new();
     for (id, tensor) in ckpt.tensors().iter().enumerate() {
         if tensor.name == "__metadata__" {
             // The one key a safetensors header keeps for itself.
@@ -221,7 +300,12 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             continue;
         }
         match ckpt.data_range(id) {
-            Some(range) if range.len == tensor.bytes() => chosen.push((id, range)),
+            Some(range) if range.len == tensor.bytes() => {
+                match recipe_for(tensor.dtype, range, cast_to) {
+                    Ok(recipe) => chosen.push((id, recipe)),
+                    Err(why) => problems.push(format!("tensor `{}`: {why}", tensor.name)),
+                }
+            }
             Some(range) => problems.push(format!(
                 "tensor `{}` needs {} bytes but its source {} holds {}",
                 tensor.name,
@@ -238,10 +322,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     if !problems.is_empty() {
         return Err(SaveError::Unsaveable(problems));
     }
-    let sizes: Vec<u64> = chosen
-        .iter()
-        .map(|(id, _)| ckpt.tensors()[*id].bytes())
-        .collect();
+    let sizes: Vec<u64> = chosen.iter().map(|(_, r)| r.output_len()).collect();
     let ranges = split_into_shards(&sizes, options.max_shard_size);
     let count = ranges.len();
     let shards = ranges
@@ -255,10 +336,13 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             };
             let mut tensors: Vec<PlannedTensor> = chosen[range]
                 .iter()
-                .map(|&(id, source)| PlannedTensor {
+                .map(|&(id, recipe)| PlannedTensor {
                     tensor: id,
-                    dtype: ckpt.tensors()[id].dtype,
-                    recipe: Recipe::Copy(source),
+                    dtype: match recipe {
+                        Recipe::Cast { to, .. } => to,
+                        Recipe::Copy(_) => ckpt.tensors()[id].dtype,
+                    },
+                    recipe,
                     begin: 0,
                 })
                 .collect();
@@ -288,11 +372,11 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         .sum();
     let largest_tensor = chosen
         .iter()
-        .map(|(id, _)| &ckpt.tensors()[*id])
-        .max_by_key(|t| t.bytes())
-        .map(|t| (t.name.clone(), t.bytes()));
+        .max_by_key(|(_, r)| r.output_len())
+        .map(|(id, r)| (ckpt.tensors()[*id].name.clone(), r.output_len()));
     Ok(SavePlan {
         shards,
+        cast_to,
         total_size,
         total_parameters,
         dropped_ties,

@@ -2,10 +2,11 @@
 //! tensor; the writer runs it and the verifier checks against it, so a value is
 //! defined in one place.
 //!
-//! Today every recipe is a [`Recipe::Copy`]: the current value, byte for byte, moved
-//! with `copy_file_range`. Recipes that transform bytes (a slice of a fused tensor, a
-//! dtype cast, a LoRA merge) join this enum and run through the copier's fixed buffer.
+//! A [`Recipe::Copy`] moves the current value byte for byte with `copy_file_range`; a
+//! [`Recipe::Cast`] converts it through the copier's fixed buffer. Recipes still to
+//! come (a slice of a fused tensor, a LoRA merge) join this enum.
 
+use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
 
 /// One output tensor's bytes.
@@ -13,6 +14,13 @@ use crate::types::range::ByteRange;
 pub enum Recipe {
     /// The stored bytes of one source range, unchanged.
     Copy(ByteRange),
+    /// The source's elements converted from one floating dtype to another, as torch's
+    /// `.to(dtype)` converts them (see `save::cast`).
+    Cast {
+        source: ByteRange,
+        from: DType,
+        to: DType,
+    },
 }
 
 impl Recipe {
@@ -20,13 +28,14 @@ impl Recipe {
     pub fn output_len(&self) -> u64 {
         match self {
             Recipe::Copy(range) => range.len,
+            Recipe::Cast { source, from, to } => source.len / from.size() * to.size(),
         }
     }
 
     /// The source range the recipe reads.
     pub fn source(&self) -> ByteRange {
         match self {
-            Recipe::Copy(range) => *range,
+            Recipe::Copy(range) | Recipe::Cast { source: range, .. } => *range,
         }
     }
 }

@@ -179,7 +179,7 @@ impl ShardWriter<'_> {
         let ckpt = shared.ckpt;
         let stop = StopFlag(shared);
         for t in &shard.tensors {
-            let Recipe::Copy(source) = t.recipe;
+            let source = t.recipe.source();
             if source.len == 0 {
                 // Nothing to copy, and accelerate writes no `.dat` for an empty tensor:
                 // its source may not exist.
@@ -196,14 +196,24 @@ impl ShardWriter<'_> {
                     total_written: total,
                 });
             };
-            self.copier
-                .copy(
-                    (src, source.offset),
-                    (&dst, data_start + t.begin),
+            let from = (src, source.offset);
+            let to = (&dst, data_start + t.begin);
+            let moved = match t.recipe {
+                Recipe::Copy(_) => self.copier.copy(from, to, source.len, &stop, &mut report),
+                Recipe::Cast {
+                    from: from_dtype,
+                    to: to_dtype,
+                    ..
+                } => self.copier.cast(
+                    from,
+                    to,
                     source.len,
+                    (from_dtype, to_dtype),
                     &stop,
                     &mut report,
-                )
+                ),
+            };
+            moved
                 .map_err(|e| match e {
                     CopyError::Cancelled => SaveError::Cancelled,
                     CopyError::ShortSource { copied } => SaveError::SourceChanged {

@@ -128,7 +128,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
             if at < draft.tensors.len() && draft.tensors[at].name == entry.name {
                 let t = &mut draft.tensors[at];
                 if let Source::Checkpoint(old) = t.source {
-                    draft.replaced.push((t.name.clone(), old));
+                    draft.replaced.push((t.name.clone(), old, t.dtype));
                 }
                 if !t.shape.iter().eq(entry.shape.iter().copied()) {
                     warnings.push(Warning::OffloadShapeDiffers {
