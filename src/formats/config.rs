@@ -91,20 +91,17 @@ pub fn with_dtype(text: &str, dtype: &str) -> String {
                 .and_then(|v| v.strip_prefix(name))
                 .and_then(|v| v.strip_prefix('"'))
         });
-        match replaced {
-            Some(tail) => {
-                // Everything up to the opening quote of the value, then the new name.
-                let value_start = rest.len() - value.len();
-                out.push_str(&rest[..value_start]);
-                out.push('"');
-                out.push_str(dtype);
-                out.push('"');
-                rest = tail;
-            }
-            None => {
-                out.push_str(&rest[..at + 6]);
-                rest = after_key;
-            }
+        if let Some(tail) = replaced {
+            // Everything up to the opening quote of the value, then the new name.
+            let value_start = rest.len() - value.len();
+            out.push_str(&rest[..value_start]);
+            out.push('"');
+            out.push_str(dtype);
+            out.push('"');
+            rest = tail;
+        } else {
+            out.push_str(&rest[..at + 6]);
+            rest = after_key;
         }
     }
     out.push_str(rest);
