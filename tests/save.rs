@@ -371,7 +371,7 @@ fn dtype_auto_follows_an_offload_folder_in_another_dtype() {
     )
     .expect("map");
     let w1_bf16 = FixtureTensor::patterned("layers.1.w", DType::BF16, &[4, 4], 4);
-    write_offload_dat(&dir.join("offload"), &[w1_bf16.clone()]).expect("offload");
+    write_offload_dat(&dir.join("offload"), std::slice::from_ref(&w1_bf16)).expect("offload");
     let out = tmp.path().join("out");
     let o = devmap(&[
         "save",
