@@ -1,6 +1,6 @@
 //! Writes a Llama-like model directory of about SIZE_MB for benchmarks:
 //!
-//!     cargo run --release --example gen_model -- OUT_DIR SIZE_MB [SHARDS] [bf16|f16]
+//!     cargo run --release --example gen_model -- OUT_DIR SIZE_MB [SHARDS] [bf16|f16|f32]
 //!
 //! Sharded safetensors (written by the `safetensors` crate), a device map that puts the
 //! last quarter of the layers on disk, and an accelerate `.dat` offload folder for them
@@ -16,18 +16,20 @@ use devmap::model::DType;
 
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = || std::io::Error::other("usage: gen_model OUT_DIR SIZE_MB [SHARDS] [bf16|f16]");
+    let usage =
+        || std::io::Error::other("usage: gen_model OUT_DIR SIZE_MB [SHARDS] [bf16|f16|f32]");
     let dir = PathBuf::from(args.first().ok_or_else(usage)?);
     let size_mb: u64 = args.get(1).and_then(|s| s.parse().ok()).ok_or_else(usage)?;
     let shards: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(4);
     // f16 lets numpy-based peers read every tensor (numpy has no bfloat16).
     let dtype = match args.get(3).map(String::as_str) {
         Some("f16") => DType::F16,
+        Some("f32") => DType::F32,
         _ => DType::BF16,
     };
-    // A layer of hidden h, intermediate 2.75h in BF16 is about 2·(4h² + 3·2.75h²) bytes.
+    // A layer of hidden h, intermediate 2.75h is about size·(4h² + 3·2.75h²) bytes.
     let hidden = 1024u64;
-    let per_layer = 2 * (4 * hidden * hidden + 3 * 2816 * hidden);
+    let per_layer = dtype.size() * (4 * hidden * hidden + 3 * 2816 * hidden);
     let layers = ((size_mb << 20) / per_layer).max(2) as usize;
     let shape = LlamaShape {
         layers,
