@@ -952,3 +952,47 @@ fn a_save_that_ends_while_cancel_is_asked_closes_the_question() {
     press(&mut app, &[key(KeyCode::Esc)]);
     assert!(app.save.is_none());
 }
+
+#[test]
+fn the_save_dialog_offers_the_dtype_and_previews_the_output_size() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('s')]);
+    let bytes_as_stored = match &app.mode {
+        Mode::SaveDialog(d) => d.preview.bytes,
+        other => panic!("{other:?}"),
+    };
+    // Tab twice reaches the dtype; → steps auto, keep, bfloat16, float16, float32.
+    press(&mut app, &[key(KeyCode::Tab), key(KeyCode::Tab)]);
+    assert!(matches!(&app.mode, Mode::SaveDialog(d) if d.field == Field::Dtype));
+    press(&mut app, &text("x"));
+    press(&mut app, &[key(KeyCode::Right); 4]);
+    settle(&mut app);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(
+        !d.out.ends_with('x'),
+        "typing does not edit the dtype or the path"
+    );
+    assert_eq!(devmap::tui::app::dtype_label(d.dtype), "float32");
+    assert_eq!(d.preview.cast_to, Some(devmap::model::DType::F32));
+    assert!(
+        d.preview.bytes > bytes_as_stored,
+        "float32 output is larger: {} vs {bytes_as_stored}",
+        d.preview.bytes
+    );
+    let screen = frame(&app, 120, 40);
+    assert!(
+        screen.contains("dtype") && screen.contains("written as float32"),
+        "{screen}"
+    );
+    // ← back to keep: the stored size again.
+    press(&mut app, &[key(KeyCode::Left); 3]);
+    settle(&mut app);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert_eq!(devmap::tui::app::dtype_label(d.dtype), "keep");
+    assert_eq!(d.preview.bytes, bytes_as_stored);
+}

@@ -6,7 +6,7 @@ mod devices;
 mod export;
 mod save;
 
-pub use save::PREVIEW_DELAY;
+pub use save::{PREVIEW_DELAY, dtype_label};
 mod search;
 
 use std::collections::VecDeque;
@@ -138,6 +138,7 @@ pub enum Confirm {
 pub enum Field {
     ShardSize,
     Output,
+    Dtype,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -146,6 +147,8 @@ pub struct SaveDialog {
     pub out: String,
     pub field: Field,
     pub overwrite: bool,
+    /// `--dtype` of the save, stepped with ←/→ on its field.
+    pub dtype: crate::save::plan::DtypeChoice,
     pub preview: Preview,
     /// When the preview is recomputed after the last edit: typing waits for nothing,
     /// and the plan and file checks run once the keys stop (or on Enter).
@@ -160,6 +163,8 @@ pub struct Preview {
     pub bytes: u64,
     pub tensors: usize,
     pub ties_once: Vec<(String, String)>,
+    /// What floating-point tensors are cast to, when the save casts.
+    pub cast_to: Option<crate::types::DType>,
     pub memory: u64,
     pub warnings: Vec<String>,
     /// Reasons the save cannot start; empty when it can.

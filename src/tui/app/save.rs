@@ -24,6 +24,7 @@ impl App {
             out,
             field: Field::ShardSize,
             overwrite: false,
+            dtype: crate::save::plan::DtypeChoice::Auto,
             preview: Preview::default(),
             preview_due: None,
         };
@@ -37,7 +38,7 @@ impl App {
         };
         let field = match dialog.field {
             Field::ShardSize => &mut dialog.size,
-            Field::Output => &mut dialog.out,
+            Field::Output | Field::Dtype => &mut dialog.out,
         };
         match action {
             Action::Close => {
@@ -47,11 +48,18 @@ impl App {
             Action::NextField => {
                 dialog.field = match dialog.field {
                     Field::ShardSize => Field::Output,
-                    Field::Output => Field::ShardSize,
+                    Field::Output => Field::Dtype,
+                    Field::Dtype => Field::ShardSize,
                 };
                 return Vec::new();
             }
+            // The dtype field is chosen, not typed.
+            Action::Input(_) | Action::Backspace | Action::ClearField
+                if dialog.field == Field::Dtype => {}
             Action::Input(_) | Action::Backspace | Action::ClearField => edit_text(field, &action),
+            Action::PrevPreset | Action::NextPreset if dialog.field == Field::Dtype => {
+                dialog.dtype = step_dtype(dialog.dtype, action == Action::NextPreset);
+            }
             Action::ToggleOverwrite => dialog.overwrite = !dialog.overwrite,
             Action::PrevPreset | Action::NextPreset if dialog.field == Field::ShardSize => {
                 dialog.size = step_preset(&dialog.size, action == Action::NextPreset);
@@ -93,6 +101,7 @@ impl App {
         }
         Ok(SaveOptions {
             max_shard_size: max,
+            dtype: dialog.dtype,
             force: dialog.overwrite,
             available_ram: self.memory.back().map(|m| m.available),
             ..SaveOptions::new(dialog.out.trim())
@@ -135,6 +144,7 @@ impl App {
         preview.bytes = plan.file_bytes();
         preview.tensors = plan.tensor_count();
         preview.ties_once.clone_from(&plan.dropped_ties);
+        preview.cast_to = plan.cast_to;
         if let Some(sample) = self.memory.back()
             && sample.available < SAVE_MEMORY * 4
         {
@@ -309,4 +319,43 @@ fn step_preset(current: &str, forward: bool) -> String {
         None => 4,
     };
     SHARD_PRESETS[index].to_owned()
+}
+
+/// The dtypes the save dialog steps through, in order.
+const DTYPE_CHOICES: [crate::save::plan::DtypeChoice; 5] = {
+    use crate::save::plan::DtypeChoice;
+    use crate::types::DType;
+    [
+        DtypeChoice::Auto,
+        DtypeChoice::Keep,
+        DtypeChoice::To(DType::BF16),
+        DtypeChoice::To(DType::F16),
+        DtypeChoice::To(DType::F32),
+    ]
+};
+
+fn step_dtype(
+    current: crate::save::plan::DtypeChoice,
+    forward: bool,
+) -> crate::save::plan::DtypeChoice {
+    let n = DTYPE_CHOICES.len();
+    let at = DTYPE_CHOICES
+        .iter()
+        .position(|&d| d == current)
+        .unwrap_or(0);
+    DTYPE_CHOICES[if forward {
+        (at + 1) % n
+    } else {
+        (at + n - 1) % n
+    }]
+}
+
+/// How the dialog names a dtype choice (the words of `--dtype`).
+pub fn dtype_label(choice: crate::save::plan::DtypeChoice) -> &'static str {
+    use crate::save::plan::DtypeChoice;
+    match choice {
+        DtypeChoice::Auto => "auto",
+        DtypeChoice::Keep => "keep",
+        DtypeChoice::To(d) => d.torch_name(),
+    }
 }

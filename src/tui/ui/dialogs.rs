@@ -9,7 +9,9 @@ use ratatui::widgets::{Clear, Paragraph, Wrap};
 use super::theme::Theme;
 use super::{centered, panel};
 use crate::human_bytes;
-use crate::tui::app::{App, Confirm, ExportDialog, Field, PlanDialog, SHARD_PRESETS, SaveDialog};
+use crate::tui::app::{
+    App, Confirm, ExportDialog, Field, PlanDialog, SHARD_PRESETS, SaveDialog, dtype_label,
+};
 use crate::tui::keys;
 
 pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
@@ -32,6 +34,14 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
             theme.dim(),
         )),
         field("output", &d.out, d.field == Field::Output),
+        field(
+            "dtype",
+            &format!(
+                "{}  (←/→: auto keep bfloat16 float16 float32)",
+                dtype_label(d.dtype)
+            ),
+            d.field == Field::Dtype,
+        ),
         Line::from(""),
     ];
     if p.plan.is_some() {
@@ -42,6 +52,10 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
             p.shard_sizes.len(),
             human_bytes(p.bytes)
         )));
+        lines.push(Line::from(match p.cast_to {
+            Some(to) => format!("floating-point tensors written as {}", to.torch_name()),
+            None => "every tensor written in its stored dtype".to_owned(),
+        }));
         if let Some((name, bytes)) = &p.largest {
             lines.push(Line::from(format!(
                 "largest tensor: {name} ({})",
