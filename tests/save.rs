@@ -272,7 +272,7 @@ fn dtype_casts_floating_tensors_only_and_records_the_dtype() {
     let m = mixed_model();
     std::fs::write(
         m.dir.join("config.json"),
-        "{\"architectures\": [\"LlamaForCausalLM\"], \"torch_dtype\": \"bfloat16\", \"model_type\": \"llama\"}",
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"torch_dtype\": \"bfloat16\", \"model_type\": \"llama\", \"tie_word_embeddings\": true}",
     )
     .expect("config");
     let as_f32 = m.out("f32");
@@ -330,11 +330,11 @@ fn dtype_casts_floating_tensors_only_and_records_the_dtype() {
         |dir: &std::path::Path| std::fs::read_to_string(dir.join("config.json")).expect("config");
     assert_eq!(
         config(&as_f32),
-        "{\"architectures\": [\"LlamaForCausalLM\"], \"torch_dtype\": \"float32\", \"model_type\": \"llama\"}"
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"torch_dtype\": \"float32\", \"model_type\": \"llama\", \"tie_word_embeddings\": true}"
     );
     assert_eq!(
         config(&back),
-        "{\"architectures\": [\"LlamaForCausalLM\"], \"torch_dtype\": \"float16\", \"model_type\": \"llama\"}"
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"torch_dtype\": \"float16\", \"model_type\": \"llama\", \"tie_word_embeddings\": true}"
     );
     // --dtype keep writes every tensor as stored.
     let kept = m.out("kept");

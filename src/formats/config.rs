@@ -8,7 +8,8 @@ use super::FormatError;
 
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ModelConfig {
-    /// `tie_word_embeddings`; transformers treats a missing key as `true`.
+    /// `tie_word_embeddings`; a missing key means the model type's default
+    /// ([`ties_by_default`]).
     pub tie_word_embeddings: bool,
     pub architectures: Vec<String>,
     pub torch_dtype: Option<String>,
@@ -24,6 +25,23 @@ impl ModelConfig {
     }
 }
 
+/// Model types whose transformers config class defaults `tie_word_embeddings` to
+/// false, generated from transformers by `scripts/gen_tie_defaults.py` (the file's
+/// first line names the version).
+const UNTIED_BY_DEFAULT: &str = include_str!("tie_defaults.txt");
+
+/// What a config.json without `tie_word_embeddings` means: false for the model types
+/// whose config class says so (Llama, Qwen2, Mistral, ...), true otherwise
+/// (PretrainedConfig's default, and GPT-2's, Gemma's, ...).
+pub fn ties_by_default(model_type: Option<&str>) -> bool {
+    model_type.is_none_or(|t| {
+        !UNTIED_BY_DEFAULT
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .any(|l| l == t)
+    })
+}
+
 pub fn read_config(path: &Path) -> Result<ModelConfig, FormatError> {
     let text = super::input::read_json_text(path)?;
     let root: Value = serde_json::from_str(&text)
@@ -31,8 +49,10 @@ pub fn read_config(path: &Path) -> Result<ModelConfig, FormatError> {
     let Value::Object(root) = root else {
         return Err(FormatError::invalid(path, "is not a JSON object"));
     };
+    let model_type = root.get("model_type").and_then(Value::as_str);
     let tie_word_embeddings = match root.get("tie_word_embeddings") {
-        None | Some(Value::Null) => true,
+        // Absent: the default of the model type's config class, as transformers reads it.
+        None | Some(Value::Null) => ties_by_default(model_type),
         Some(Value::Bool(b)) => *b,
         Some(other) => {
             return Err(FormatError::invalid(
@@ -111,6 +131,16 @@ pub fn with_dtype(text: &str, dtype: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_absent_tie_key_means_the_model_types_default() {
+        assert!(!ties_by_default(Some("llama")));
+        assert!(!ties_by_default(Some("qwen2")));
+        assert!(ties_by_default(Some("gpt2")));
+        assert!(ties_by_default(Some("gemma")));
+        assert!(ties_by_default(None), "PretrainedConfig's default");
+        assert!(ties_by_default(Some("a-type-transformers-does-not-know")));
+    }
 
     #[test]
     fn only_the_dtype_values_change() {

@@ -94,7 +94,7 @@ pub fn mixed_model() -> Model {
     write_sharded(&dir, &tensors, 3).expect("shards");
     write_json(
         &dir.join("config.json"),
-        &serde_json::json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}),
+        &serde_json::json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "tie_word_embeddings": true}),
     )
     .expect("config");
     std::fs::write(dir.join("tokenizer.json"), b"{\"version\": \"1.0\"}").expect("tokenizer");
