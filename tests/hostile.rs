@@ -51,6 +51,13 @@ fn shell_save(setup: &str, dir: &Path, out: &Path, args: &str, redirect: &str) -
         .expect("bash")
 }
 
+/// What a folder holds (nothing when it does not exist).
+fn entries(dir: &Path) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(dir)
+        .map(|r| r.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default()
+}
+
 fn mkfifo(path: &Path) {
     let ok = Command::new("mkfifo")
         .arg(path)
@@ -144,9 +151,7 @@ fn closed_and_full_output_streams_end_quietly_without_a_panic() {
     let out = m.out("full");
     let o = shell_save("", &m.dir, &out, "--max-shard-size 700", "2>/dev/full");
     assert_eq!(o.status.code(), Some(1), "no signal, no abort: {o:?}");
-    let left: Vec<_> = std::fs::read_dir(&out)
-        .map(|r| r.filter_map(Result::ok).map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+    let left = entries(&out);
     assert!(left.is_empty(), "a cancelled save left {left:?}");
 }
 
@@ -461,9 +466,7 @@ fn a_full_disk_while_copying_config_files_names_the_output() {
         "the error must name the output file, not the input: {err}"
     );
     assert!(!first.contains(&m.dir.display().to_string()), "{err}");
-    let left: Vec<_> = std::fs::read_dir(&out)
-        .map(|r| r.filter_map(Result::ok).map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+    let left = entries(&out);
     assert!(left.is_empty(), "a failed save left {left:?}");
 }
 

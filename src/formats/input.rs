@@ -72,6 +72,19 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// The `*.safetensors` entries of `dir`, sorted. Every one counts: one that is a
+/// folder or a FIFO is refused when it is opened, not skipped.
+pub fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>, FormatError> {
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| FormatError::io(dir, e))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
 /// Reads a JSON input as text, refusing special files and files over
 /// [`MAX_JSON_BYTES`].
 pub fn read_json_text(path: &Path) -> Result<String, FormatError> {

@@ -237,13 +237,7 @@ fn read_per_tensor_files(
     folder: &Path,
     headers: &mut HeaderCache,
 ) -> Result<Vec<OffloadEntry>, FormatError> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
-        .map_err(|e| FormatError::io(folder, e))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
+    let files = super::input::safetensors_files(folder)?;
     let mut entries = Vec::with_capacity(files.len());
     for path in files {
         let Some(name) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else {

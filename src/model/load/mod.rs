@@ -344,16 +344,7 @@ fn read_weights(
     let paths = if std::fs::symlink_metadata(&single).is_ok() {
         vec![single]
     } else {
-        let mut all: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| FormatError::io(dir, e))?
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            // Every `*.safetensors` entry is a shard: one that is a folder or a FIFO is
-            // refused when it is opened, not skipped.
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        all.sort();
-        all
+        crate::formats::input::safetensors_files(dir)?
     };
     for path in &paths {
         let header = read_header(path)?;
