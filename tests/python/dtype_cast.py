@@ -126,24 +126,21 @@ def check_auto(devmap, work):
     offload = os.path.join(work, "offload")
     loaded = AutoModelForCausalLM.from_pretrained(src, device_map=device_map,
                                                   offload_folder=offload, dtype=torch.bfloat16)
-    with open(os.path.join(src, "device_map.json"), "w") as f:
-        json.dump(loaded.hf_device_map, f)
     theirs = os.path.join(work, "transformers-saved")
     loaded.save_pretrained(theirs)
     ours = os.path.join(work, "devmap-saved")
     # transformers 5 writes no weights into the offload folder here: it keeps an index
     # of entries pointing into the float32 checkpoint, with the dtype it loads them as,
-    # in memory only. Written out, it is what devmap reads (offload form 2).
-    index = {}
-    for module in loaded.modules():
-        hook = getattr(module, "_hf_hook", None)
-        loader = getattr(getattr(hook, "weights_map", None), "dataset", None)
-        index.update(getattr(loader, "index", None) or {})
+    # in memory only. scripts/devmap_export.py writes it out (and device_map.json).
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
+    from devmap_export import export, offload_index
+
+    index = offload_index(loaded)
     if not index or not all(e.get("dtype") == "bfloat16" for e in index.values()):
         raise SystemExit(f"unexpected offload index from transformers: {list(index.items())[:2]}")
-    os.makedirs(offload, exist_ok=True)
-    with open(os.path.join(offload, "index.json"), "w") as f:
-        json.dump(index, f)
+    written = export(loaded, src, offload)
+    if len(written) != 2:
+        raise SystemExit(f"devmap_export wrote {written}")
     subprocess.run([devmap, "save", src, "--offload-folder", offload, "--out", ours, "--quiet"],
                    check=True)
 
