@@ -29,11 +29,50 @@ pub const HELP: &[(&str, &str)] = &[
     ),
 ];
 
+/// The browse hints in the order they show, each with its rank: a narrow status line
+/// keeps the best-ranked ones that fit (1 first), so `q quit`, `? help` and `s save`
+/// stay at 80 columns.
+pub const BROWSE_HINTS: &[(&str, u8)] = &[
+    ("↑↓ move", 4),
+    ("→← open/close", 11),
+    ("/ search", 5),
+    ("t tie", 9),
+    ("d device", 6),
+    ("u undo", 10),
+    ("p plan", 7),
+    ("w export", 8),
+    ("s save", 3),
+    ("? help", 2),
+    ("q quit", 1),
+];
+
+/// The browse hint line that fits `width` columns.
+pub fn browse_hint(width: usize) -> String {
+    let mut by_rank: Vec<&(&str, u8)> = BROWSE_HINTS.iter().collect();
+    by_rank.sort_by_key(|(_, rank)| *rank);
+    let mut keep: Vec<&str> = Vec::new();
+    let mut used = 0;
+    for (hint, _) in by_rank {
+        let cost = hint.chars().count() + if keep.is_empty() { 0 } else { 2 };
+        if used + cost > width {
+            break;
+        }
+        used += cost;
+        keep.push(hint);
+    }
+    BROWSE_HINTS
+        .iter()
+        .map(|(hint, _)| *hint)
+        .filter(|h| keep.contains(h))
+        .collect::<Vec<_>>()
+        .join("  ")
+}
+
 /// The short hint on the status line for each mode.
 pub fn hint(mode: &Mode) -> &'static str {
     match mode {
         Mode::Browse => {
-            "↑↓ move  →← open/close  / search  t tie  d device  p plan  w export  s save  ? help  q quit"
+            "↑↓ move  →← open/close  / search  t tie  d device  u undo  p plan  w export  s save  ? help  q quit"
         }
         Mode::Search(_) => "type to search  Enter keep  Esc cancel",
         Mode::SaveDialog(_) => {
@@ -135,5 +174,24 @@ pub fn mouse_action(mouse: MouseEvent) -> Option<Action> {
         MouseEventKind::ScrollUp => Some(Action::ScrollUp),
         MouseEventKind::ScrollDown => Some(Action::ScrollDown),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_narrow_status_line_keeps_quit_help_and_save() {
+        for width in [80, 60, 40, 30] {
+            let line = browse_hint(width);
+            assert!(line.chars().count() <= width, "{width}: {line}");
+            for must in ["q quit", "? help", "s save"] {
+                assert!(line.contains(must), "{width}: {line}");
+            }
+        }
+        // Wide enough: every hint, in order.
+        let all: Vec<&str> = BROWSE_HINTS.iter().map(|(h, _)| *h).collect();
+        assert_eq!(browse_hint(200), all.join("  "));
     }
 }

@@ -109,6 +109,10 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 style,
             )])
         }
+        (Mode::Browse, None) => Line::from(Span::styled(
+            keys::browse_hint(usize::from(area.width)),
+            theme.dim(),
+        )),
         (mode, _) => Line::from(Span::styled(keys::hint(mode), theme.dim())),
     };
     frame.render_widget(Paragraph::new(line), area);
