@@ -173,21 +173,51 @@ pub fn confirm(c: &Confirm, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
 }
 
 pub fn help(frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let inner = popup(frame, area, 66, keys::HELP.len() as u16 + 3, "Keys");
-    let mut lines: Vec<Line> = keys::HELP
-        .iter()
-        .map(|(k, what)| {
-            Line::from(vec![
-                Span::styled(format!("{k:<12}"), theme.title()),
-                Span::raw(*what),
-            ])
-        })
-        .collect();
+    const WIDTH: u16 = 66;
+    const KEY: usize = 12;
+    // Descriptions wrap at word boundaries under their key, never cut.
+    let text_width = usize::from(WIDTH.min(area.width).saturating_sub(2))
+        .saturating_sub(KEY)
+        .max(10);
+    let mut lines: Vec<Line> = Vec::new();
+    for (k, what) in keys::HELP {
+        for (i, row) in wrap_words(what, text_width).into_iter().enumerate() {
+            let key = if i == 0 {
+                format!("{k:<KEY$}")
+            } else {
+                " ".repeat(KEY)
+            };
+            lines.push(Line::from(vec![
+                Span::styled(key, theme.title()),
+                Span::raw(row),
+            ]));
+        }
+    }
     lines.push(Line::from(Span::styled(
         "mouse wheel scrolls · Esc closes",
         theme.dim(),
     )));
+    let inner = popup(frame, area, WIDTH, lines.len() as u16 + 2, "Keys");
     frame.render_widget(Paragraph::new(lines), inner);
+}
+
+/// `text` in rows of at most `width` characters, broken between words (a word longer
+/// than a row gets a row of its own).
+fn wrap_words(text: &str, width: usize) -> Vec<String> {
+    let mut rows: Vec<String> = Vec::new();
+    let mut row = String::new();
+    for word in text.split(' ') {
+        let needed = row.chars().count() + usize::from(!row.is_empty()) + word.chars().count();
+        if !row.is_empty() && needed > width {
+            rows.push(std::mem::take(&mut row));
+        }
+        if !row.is_empty() {
+            row.push(' ');
+        }
+        row.push_str(word);
+    }
+    rows.push(row);
+    rows
 }
 
 pub fn plan(d: &PlanDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
