@@ -996,3 +996,18 @@ fn the_save_dialog_offers_the_dtype_and_previews_the_output_size() {
     assert_eq!(devmap::tui::app::dtype_label(d.dtype), "keep");
     assert_eq!(d.preview.bytes, bytes_as_stored);
 }
+
+#[test]
+fn the_ram_graph_says_what_its_height_spans() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    // A 100 MB swing on 16 GiB: the graph magnifies it, and says so.
+    app.handle(Action::Memory(sample(4.0, 11.0)));
+    app.handle(Action::Memory(sample(4.1, 10.9)));
+    let screen = frame(&app, 160, 50);
+    assert!(
+        screen.contains("used 4 GiB – 4.60 GiB in 10 s; graph from"),
+        "{screen}"
+    );
+}

@@ -161,7 +161,22 @@ pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         .data(&lifted)
         .max((high - floor).max(1))
         .style(theme.gauge());
-    frame.render_widget(spark, rows[2]);
+    // The graph is magnified to show small changes, so it says what its height spans.
+    let mut graph = rows[2];
+    if graph.height >= 2 && !history.is_empty() {
+        let scale = Rect { height: 1, ..graph };
+        graph.y += 1;
+        graph.height -= 1;
+        let seconds = crate::monitor::SAMPLE_INTERVAL.as_secs_f64() * history.len() as f64;
+        let label = format!(
+            "used {} – {} in {seconds:.0} s; graph from {}",
+            crate::human_bytes(low),
+            crate::human_bytes(high),
+            crate::human_bytes(floor),
+        );
+        frame.render_widget(Paragraph::new(label).style(theme.dim()), scale);
+    }
+    frame.render_widget(spark, graph);
 }
 
 pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
