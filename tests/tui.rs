@@ -1011,3 +1011,43 @@ fn the_ram_graph_says_what_its_height_spans() {
         "{screen}"
     );
 }
+
+#[test]
+fn the_save_dialog_remembers_its_values_and_speaks_in_keys() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let out = m.out("full-folder");
+    std::fs::create_dir(&out).expect("mkdir");
+    std::fs::write(out.join("notes.txt"), "x").expect("w");
+    press(&mut app, &[ch('s'), ctrl('u')]);
+    press(&mut app, &text("1KB"));
+    press(&mut app, &[key(KeyCode::Tab), ctrl('u')]);
+    press(&mut app, &text(out.to_str().expect("p")));
+    press(
+        &mut app,
+        &[key(KeyCode::Tab), key(KeyCode::Right), key(KeyCode::Right)],
+    );
+    settle(&mut app);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    let refusal = d
+        .preview
+        .errors
+        .iter()
+        .find(|e| e.contains("not empty"))
+        .expect("refused");
+    assert!(
+        refusal.contains("Ctrl-O") && !refusal.contains("--force"),
+        "{refusal}"
+    );
+    // Esc, then s again: the same values.
+    press(&mut app, &[key(KeyCode::Esc), ch('s')]);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert_eq!(d.size, "1KB");
+    assert_eq!(d.out, out.to_str().expect("p"));
+    assert_eq!(devmap::tui::app::dtype_label(d.dtype), "bfloat16");
+    assert_eq!(d.field, Field::ShardSize);
+}

@@ -250,6 +250,8 @@ pub struct App {
     /// GPUs anyone has named: the map as opened, detected GPUs, budgets. `d` cycles
     /// through all of them, so none vanishes once the map stops using it.
     pub known_gpus: std::collections::BTreeSet<u32>,
+    /// The save dialog's values when it last closed: it opens with them again.
+    pub last_save_dialog: Option<SaveDialog>,
     pub quitting: bool,
     pub color: bool,
     pub budgets: Budgets,
@@ -317,6 +319,7 @@ impl App {
             undo: Vec::new(),
             redo: Vec::new(),
             known_gpus,
+            last_save_dialog: None,
             quitting: false,
             color: true,
             budgets: Budgets::default(),

@@ -19,7 +19,8 @@ impl App {
         }
         let dir = self.ckpt.dir.display().to_string();
         let out = format!("{}-saved", dir.trim_end_matches('/'));
-        let mut dialog = SaveDialog {
+        // The values of last time in this session, or the defaults.
+        let mut dialog = self.last_save_dialog.clone().unwrap_or(SaveDialog {
             size: "5GB".into(),
             out,
             field: Field::ShardSize,
@@ -27,7 +28,8 @@ impl App {
             dtype: crate::save::plan::DtypeChoice::Auto,
             preview: Preview::default(),
             preview_due: None,
-        };
+        });
+        dialog.field = Field::ShardSize;
         dialog.preview = self.preview(&dialog);
         self.mode = Mode::SaveDialog(Box::new(dialog));
     }
@@ -42,6 +44,7 @@ impl App {
         };
         match action {
             Action::Close => {
+                self.remember_dialog();
                 self.mode = Mode::Browse;
                 return Vec::new();
             }
@@ -83,6 +86,16 @@ impl App {
                 dialog.preview = preview;
                 dialog.preview_due = None;
             }
+        }
+    }
+
+    /// Keeps the open dialog's values for the next time it opens.
+    fn remember_dialog(&mut self) {
+        if let Mode::SaveDialog(dialog) = &self.mode {
+            let mut kept = (**dialog).clone();
+            kept.preview = Preview::default();
+            kept.preview_due = None;
+            self.last_save_dialog = Some(kept);
         }
     }
 
@@ -133,7 +146,12 @@ impl App {
                 return preview;
             }
         };
-        preview.errors = self.probe.save_problems(&self.ckpt, &plan, &options);
+        preview.errors = self
+            .probe
+            .save_problems(&self.ckpt, &plan, &options)
+            .into_iter()
+            .map(in_tui_words)
+            .collect();
         preview.offer_overwrite = !dialog.overwrite && self.probe.has_entries(&options.out);
         preview.shard_sizes = plan
             .shards
@@ -183,6 +201,7 @@ impl App {
             self.set_preview(preview);
             return Vec::new();
         }
+        self.remember_dialog();
         self.mode = Mode::Browse;
         self.save = Some(SaveProgress {
             out: options.out.clone(),
@@ -358,4 +377,12 @@ pub fn dtype_label(choice: crate::save::plan::DtypeChoice) -> &'static str {
         DtypeChoice::Keep => "keep",
         DtypeChoice::To(d) => d.torch_name(),
     }
+}
+
+/// A refusal as the dialog should say it: the keys of the TUI, not the CLI's flags.
+fn in_tui_words(problem: String) -> String {
+    problem.replace(
+        "pass --force to write into it",
+        "press Ctrl-O to write into it",
+    )
 }
