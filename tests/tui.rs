@@ -1051,3 +1051,32 @@ fn the_save_dialog_remembers_its_values_and_speaks_in_keys() {
     assert_eq!(devmap::tui::app::dtype_label(d.dtype), "bfloat16");
     assert_eq!(d.field, Field::ShardSize);
 }
+
+#[test]
+fn default_outputs_go_beside_the_model_but_never_into_a_git_checkout() {
+    use devmap::fixtures::{FixtureTensor, write_safetensors};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let repo = tmp.path().join("repo");
+    let dir = repo.join("models").join("tiny");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::create_dir(repo.join(".git")).expect("a checkout");
+    let t = FixtureTensor::patterned("w", devmap::model::DType::F32, &[2], 1);
+    write_safetensors(&dir.join("model.safetensors"), &[&t]).expect("w");
+    let mut app = App::new(load(&dir, &LoadOptions::default()).expect("load"));
+    press(&mut app, &[ch('s')]);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert_eq!(d.out, tmp.path().join("tiny-saved").display().to_string());
+    press(&mut app, &[key(KeyCode::Esc), ch('w')]);
+    let Mode::Export(e) = &app.mode else {
+        panic!("export")
+    };
+    assert_eq!(
+        e.path,
+        tmp.path()
+            .join("tiny-device_map.json")
+            .display()
+            .to_string()
+    );
+}

@@ -42,10 +42,20 @@ impl Staging {
         let created_out = !out.exists();
         std::fs::create_dir_all(out).map_err(|e| SaveError::io(out, e))?;
         let lock = File::open(out).map_err(|e| SaveError::io(out, e))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => return Err(SaveError::Busy(out.to_path_buf())),
-            Err(TryLockError::Error(e)) => return Err(SaveError::io(out, e)),
+        // A save holds the lock for seconds at least; a lock that goes within a few
+        // milliseconds was only a copy of a closed descriptor in a process between
+        // fork and exec (a flock belongs to the open file, which that copy shares).
+        let mut tries = 0;
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) if tries < 20 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(TryLockError::WouldBlock) => return Err(SaveError::Busy(out.to_path_buf())),
+                Err(TryLockError::Error(e)) => return Err(SaveError::io(out, e)),
+            }
         }
         static SAVES: AtomicU64 = AtomicU64::new(0);
         let nanos = std::time::SystemTime::now()

@@ -30,6 +30,10 @@ pub trait Probe: Send {
     /// Whether both paths name one file (same device and inode: hard links and
     /// symlinks included).
     fn same_file(&self, a: &Path, b: &Path) -> bool;
+    /// The root of the git work tree `path` is in, if it is in one.
+    fn git_root(&self, _path: &Path) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// The real file system.
@@ -60,5 +64,13 @@ impl Probe for SystemProbe {
 
     fn same_file(&self, a: &Path, b: &Path) -> bool {
         crate::formats::input::same_file(a, b)
+    }
+
+    fn git_root(&self, path: &Path) -> Option<std::path::PathBuf> {
+        let absolute = std::path::absolute(path).ok()?;
+        absolute
+            .ancestors()
+            .find(|dir| dir.join(".git").exists())
+            .map(Path::to_path_buf)
     }
 }

@@ -10,8 +10,7 @@ impl App {
     pub(super) fn open_export(&mut self) {
         // Beside the model directory, not in it: devmap adds nothing to its inputs
         // (and a later save would copy a stray map into the output).
-        let dir = self.ckpt.dir.display().to_string();
-        let path = PathBuf::from(format!("{}-device_map.json", dir.trim_end_matches('/')));
+        let path = self.beside_model("-device_map.json");
         self.mode = Mode::Export(ExportDialog {
             path: path.display().to_string(),
             error: None,
@@ -56,6 +55,20 @@ impl App {
             _ => {}
         }
         Vec::new()
+    }
+
+    /// A default output path: the model directory's name plus `suffix`, beside it,
+    /// or beside the git checkout it lies in, so that nothing devmap writes lands in
+    /// someone's repository by default.
+    pub(super) fn beside_model(&self, suffix: &str) -> PathBuf {
+        let dir = &self.ckpt.dir;
+        let mut name = dir.file_name().unwrap_or(dir.as_os_str()).to_os_string();
+        name.push(suffix);
+        let beside = match self.probe.git_root(dir) {
+            Some(root) => root.parent().map_or(root.clone(), Path::to_path_buf),
+            None => dir.parent().map_or_else(PathBuf::new, Path::to_path_buf),
+        };
+        beside.join(name)
     }
 
     pub(super) fn is_input_map(&self, path: &Path) -> bool {

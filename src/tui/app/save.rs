@@ -17,8 +17,7 @@ impl App {
             self.say("a save is already running", Tone::Info);
             return;
         }
-        let dir = self.ckpt.dir.display().to_string();
-        let out = format!("{}-saved", dir.trim_end_matches('/'));
+        let out = self.beside_model("-saved").display().to_string();
         // The values of last time in this session, or the defaults.
         let mut dialog = self.last_save_dialog.clone().unwrap_or(SaveDialog {
             size: "5GB".into(),
