@@ -1080,3 +1080,32 @@ fn default_outputs_go_beside_the_model_but_never_into_a_git_checkout() {
             .to_string()
     );
 }
+
+#[test]
+fn search_counts_its_matches_and_esc_puts_the_tree_back() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let before = app.rows.clone();
+    let start = selected_name(&app);
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("norm.weight"));
+    // Thirteen norms: twelve layers' and the final one. The first is selected: 1/13.
+    assert_eq!(app.match_position(), Some((1, 13)));
+    assert!(frame(&app, 120, 40).contains("1/13"));
+    // Esc: the selection, scroll and expansion of before the search.
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert_eq!(app.rows, before);
+    assert_eq!(selected_name(&app), start);
+    // Enter keeps the place; n steps and says where it is.
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("norm.weight"));
+    press(&mut app, &[key(KeyCode::Enter), ch('n')]);
+    assert_eq!(app.match_position(), Some((2, 13)));
+    assert!(
+        app.message
+            .as_ref()
+            .is_some_and(|m| m.text == "match 2/13 for `norm.weight`"),
+        "{:?}",
+        app.message
+    );
+}

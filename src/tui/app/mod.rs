@@ -252,6 +252,8 @@ pub struct App {
     pub known_gpus: std::collections::BTreeSet<u32>,
     /// The save dialog's values when it last closed: it opens with them again.
     pub last_save_dialog: Option<SaveDialog>,
+    /// The tree rows as they were when `/` was pressed, for Esc.
+    pub search_origin: Option<TreeRows>,
     pub quitting: bool,
     pub color: bool,
     pub budgets: Budgets,
@@ -320,6 +322,7 @@ impl App {
             redo: Vec::new(),
             known_gpus,
             last_save_dialog: None,
+            search_origin: None,
             quitting: false,
             color: true,
             budgets: Budgets::default(),
@@ -467,7 +470,11 @@ impl App {
                     }
                 }
             }
-            Action::StartSearch => self.mode = Mode::Search(String::new()),
+            Action::StartSearch => {
+                // Esc puts the tree back as it was: selection, scroll and expansion.
+                self.search_origin = Some(self.rows.clone());
+                self.mode = Mode::Search(String::new());
+            }
             Action::NextMatch => self.step_match(1),
             Action::PrevMatch => self.step_match(-1),
             Action::JumpTie => self.jump_tie(),

@@ -12,6 +12,7 @@ impl App {
             Action::Submit => {
                 let q = std::mem::take(query);
                 self.mode = Mode::Browse;
+                self.search_origin = None;
                 if !q.is_empty() {
                     self.last_search = q;
                 }
@@ -31,6 +32,9 @@ impl App {
             }
             Action::Close => {
                 self.mode = Mode::Browse;
+                if let Some(rows) = self.search_origin.take() {
+                    self.rows = rows;
+                }
                 return;
             }
             _ => return,
@@ -107,5 +111,16 @@ impl App {
         if let Some(&n) = next {
             self.rows.reveal(&self.tree, n);
         }
+        if let Some((at, of)) = self.match_position() {
+            let q = self.last_search.clone();
+            self.say(format!("match {at}/{of} for `{q}`"), Tone::Info);
+        }
+    }
+
+    /// Which match is selected, counted from 1, and how many there are.
+    pub fn match_position(&self) -> Option<(usize, usize)> {
+        let selected = self.selected()?;
+        let at = self.matches.binary_search(&selected).ok()?;
+        Some((at + 1, self.matches.len()))
     }
 }

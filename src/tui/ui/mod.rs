@@ -90,11 +90,14 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             Span::raw(q.clone()),
             Span::styled("▏", theme.dim()),
             Span::styled(
-                format!(
-                    "   {} match(es)   {}",
-                    app.matches.len(),
-                    keys::hint(&app.mode)
-                ),
+                match app.match_position() {
+                    Some((at, of)) => format!("   {at}/{of}   {}", keys::hint(&app.mode)),
+                    None => format!(
+                        "   {} match(es)   {}",
+                        app.matches.len(),
+                        keys::hint(&app.mode)
+                    ),
+                },
                 theme.dim(),
             ),
         ]),
