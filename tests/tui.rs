@@ -1109,3 +1109,23 @@ fn search_counts_its_matches_and_esc_puts_the_tree_back() {
         app.message
     );
 }
+
+#[test]
+fn bang_lists_every_warning_in_full() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    select(&mut app, "model.layers.4");
+    // cpu -> disk: layer 4 has no offload entry, which is worth a warning.
+    press(&mut app, &[ch('d')]);
+    assert!(!app.warnings.is_empty());
+    press(&mut app, &[ch('!')]);
+    assert_eq!(app.mode, Mode::Warnings);
+    let screen = frame(&app, 160, 50);
+    assert!(
+        screen.contains(&format!("Warnings ({})", app.warnings.len())),
+        "{screen}"
+    );
+    assert!(screen.contains("placed on disk"), "{screen}");
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert_eq!(app.mode, Mode::Browse);
+}

@@ -22,6 +22,7 @@ pub const HELP: &[(&str, &str)] = &[
     ),
     ("w", "export the edited device map as JSON"),
     ("s", "save dialog: shard size, output folder, preview"),
+    ("!", "every warning, in full"),
     ("?", "this help"),
     (
         "q  Ctrl-C",
@@ -42,6 +43,7 @@ pub const BROWSE_HINTS: &[(&str, u8)] = &[
     ("p plan", 7),
     ("w export", 8),
     ("s save", 3),
+    ("! warnings", 12),
     ("? help", 2),
     ("q quit", 1),
 ];
@@ -80,6 +82,7 @@ pub fn hint(mode: &Mode) -> &'static str {
         }
         Mode::Export(_) => "Enter write  Ctrl-U clear  Esc cancel",
         Mode::Help => "Esc or ? close",
+        Mode::Warnings => "Esc or ! close",
         Mode::Confirm(_) => "y yes  n no",
         Mode::Plan(_) => "edit budgets (0=22GiB,cpu=64GiB)  Enter plan  Ctrl-U clear  Esc cancel",
         Mode::PlanResult(_) => "w export (after closing)  Esc close",
@@ -125,6 +128,10 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
             KeyCode::Esc | KeyCode::Enter | KeyCode::Char('q') => Some(Action::Close),
             _ => None,
         },
+        Mode::Warnings => match key.code {
+            KeyCode::Esc | KeyCode::Char('!' | 'q') | KeyCode::Enter => Some(Action::Close),
+            _ => None,
+        },
         Mode::Help => match key.code {
             KeyCode::Esc | KeyCode::Char('?' | 'q') | KeyCode::Enter => Some(Action::Close),
             _ => None,
@@ -163,6 +170,7 @@ fn browse(key: KeyEvent) -> Option<Action> {
         KeyCode::Char('p') => Action::StartPlan,
         KeyCode::Char('s') => Action::OpenSave,
         KeyCode::Char('?') => Action::Help,
+        KeyCode::Char('!') => Action::ShowWarnings,
         KeyCode::Char('q') => Action::Quit,
         KeyCode::Esc => Action::Close,
         _ => return None,

@@ -51,6 +51,8 @@ pub enum Action {
     PrevMatch,
     JumpTie,
     CycleDevice,
+    /// Show every warning (`!`).
+    ShowWarnings,
     /// Take back the last device-map edit (`u`), or do it again (`Ctrl-R`).
     Undo,
     Redo,
@@ -112,6 +114,8 @@ pub enum Mode {
     SaveDialog(Box<SaveDialog>),
     Export(ExportDialog),
     Help,
+    /// Every warning, in full (`!`).
+    Warnings,
     Confirm(Confirm),
     Plan(PlanDialog),
     /// What the last plan changed, until closed.
@@ -417,8 +421,11 @@ impl App {
             }
             Mode::SaveDialog(_) => self.save_dialog(action),
             Mode::Export(_) => self.export_dialog(action),
-            Mode::Help => {
-                if matches!(action, Action::Close | Action::Help | Action::Quit) {
+            Mode::Help | Mode::Warnings => {
+                if matches!(
+                    action,
+                    Action::Close | Action::Help | Action::Quit | Action::ShowWarnings
+                ) {
                     self.mode = Mode::Browse;
                 }
                 Vec::new()
@@ -483,6 +490,7 @@ impl App {
             Action::StartPlan => self.open_plan(),
             Action::OpenSave => self.open_save(),
             Action::Help => self.mode = Mode::Help,
+            Action::ShowWarnings => self.mode = Mode::Warnings,
             Action::Quit => {
                 if self.save_running() {
                     self.mode = Mode::Confirm(Confirm::QuitDuringSave);

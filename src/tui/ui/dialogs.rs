@@ -201,6 +201,43 @@ pub fn help(frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
+/// Every warning, wrapped to the popup; those that do not fit are counted.
+pub fn warnings(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    let width = area.width.saturating_sub(4).min(110);
+    let room = usize::from(area.height.saturating_sub(6)).max(1);
+    let text_width = usize::from(width.saturating_sub(4)).max(10);
+    let mut lines: Vec<Line> = Vec::new();
+    let mut shown = 0;
+    for w in &app.warnings {
+        let rows = wrap_words(&w.to_string(), text_width);
+        if lines.len() + rows.len() > room {
+            break;
+        }
+        for (i, row) in rows.into_iter().enumerate() {
+            let mark = if i == 0 { "! " } else { "  " };
+            lines.push(Line::from(vec![
+                Span::styled(mark, theme.warn()),
+                Span::raw(row),
+            ]));
+        }
+        shown += 1;
+    }
+    if app.warnings.is_empty() {
+        lines.push(Line::from("no warnings"));
+    } else if shown < app.warnings.len() {
+        lines.push(Line::from(Span::styled(
+            format!(
+                "and {} more (devmap inspect lists them all)",
+                app.warnings.len() - shown
+            ),
+            theme.dim(),
+        )));
+    }
+    let title = format!("Warnings ({})", app.warnings.len());
+    let inner = popup(frame, area, width, lines.len() as u16 + 2, &title);
+    frame.render_widget(Paragraph::new(lines), inner);
+}
+
 /// `text` in rows of at most `width` characters, broken between words (a word longer
 /// than a row gets a row of its own).
 fn wrap_words(text: &str, width: usize) -> Vec<String> {

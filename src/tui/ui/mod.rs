@@ -49,6 +49,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
         Mode::SaveDialog(d) => dialogs::save(app, d, frame, area, theme),
         Mode::Export(d) => dialogs::export(d, frame, area, theme),
         Mode::Help => dialogs::help(frame, area, theme),
+        Mode::Warnings => dialogs::warnings(app, frame, area, theme),
         Mode::Confirm(c) => dialogs::confirm(c, frame, area, theme),
         Mode::Plan(d) => dialogs::plan(d, frame, area, theme),
         Mode::PlanResult(lines) => dialogs::plan_result(lines, frame, area, theme),
