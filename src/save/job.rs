@@ -238,10 +238,7 @@ fn copy_beside(staging: &Staging, src: &Path, tmp: &Path) -> Result<(), SaveErro
     let mut input = std::fs::File::open(src).map_err(|e| SaveError::io(src, e))?;
     let mut output = staging.create(tmp)?;
     std::io::copy(&mut input, &mut output).map_err(|e| {
-        if matches!(
-            e.raw_os_error(),
-            Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)
-        ) {
+        if super::error::output_is_full(&e) {
             SaveError::io(tmp, e)
         } else {
             SaveError::io(src, e)

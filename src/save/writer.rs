@@ -225,7 +225,7 @@ impl ShardWriter<'_> {
                     },
                     // Out of space or over a file-size limit is about the output.
                     CopyError::Io(io)
-                        if matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)) =>
+                        if super::error::output_is_full(&io) =>
                     {
                         SaveError::io(tmp, io)
                     }
