@@ -29,6 +29,7 @@ pub mod sys;
 pub mod text;
 pub mod tui;
 pub mod types;
+pub mod verify;
 
 /// Formats a byte count the way every devmap screen and message does (`1.50 GiB`).
 pub fn human_bytes(bytes: u64) -> String {

@@ -7,27 +7,20 @@ use std::io::Write;
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    if let Err(report) = real_main() {
+    match real_main() {
+        Ok(code) => code,
         // Output that cannot be written: nothing more can be said.
-        if report.downcast_ref::<cli::OutputGone>().is_some() {
-            return std::process::ExitCode::FAILURE;
+        Err(report) if report.downcast_ref::<cli::OutputGone>().is_some() => {
+            std::process::ExitCode::FAILURE
         }
-        // A user's mistake is a message, not a backtrace: print the chain of causes.
-        // Written without panicking: stderr may be full too.
-        let mut stderr = std::io::stderr().lock();
-        let mut causes = report.chain();
-        if let Some(top) = causes.next() {
-            let _ = writeln!(stderr, "error: {top}");
+        Err(report) => {
+            cli::print_error(&report);
+            std::process::ExitCode::FAILURE
         }
-        for cause in causes {
-            let _ = writeln!(stderr, "  caused by: {cause}");
-        }
-        return std::process::ExitCode::FAILURE;
     }
-    std::process::ExitCode::SUCCESS
 }
 
-fn real_main() -> color_eyre::Result<()> {
+fn real_main() -> color_eyre::Result<std::process::ExitCode> {
     color_eyre::config::HookBuilder::default()
         .display_env_section(false)
         .display_location_section(false)

@@ -33,6 +33,35 @@ pub enum Command {
     Save(SaveArgs),
     /// Compute the device map accelerate's infer_auto_device_map gives for budgets.
     Plan(PlanArgs),
+    /// Check a saved checkpoint: its structure alone, or every tensor against the
+    /// model it was saved from (--against). Exit 0: all is well; 1: differences;
+    /// 2: the input cannot be used.
+    Verify(VerifyArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+#[command(
+    after_help = "Examples:\n  devmap verify ./llama-merged\n  devmap verify ./llama-merged --against ./llama --offload-folder ./offload\n  devmap verify ./llama-merged --json"
+)]
+pub struct VerifyArgs {
+    /// The saved checkpoint folder.
+    pub out: PathBuf,
+    /// Also compare every tensor with what `devmap save DIR` writes, read with the
+    /// same options (--device-map, --offload-folder, --tie, --dtype, --keep-tied).
+    #[arg(long, value_name = "DIR")]
+    pub against: Option<PathBuf>,
+    /// The --dtype the save used (with --against).
+    #[arg(long, default_value = "auto", value_name = "DTYPE", value_parser = parse_save_dtype)]
+    pub dtype: devmap::save::plan::DtypeChoice,
+    /// The save used --keep-tied (with --against).
+    #[arg(long)]
+    pub keep_tied: bool,
+    /// Print the report as JSON on standard output.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -130,6 +159,10 @@ pub struct SaveArgs {
     /// of those modules exist nowhere and the output will lack them.
     #[arg(long)]
     pub allow_partial: bool,
+    /// After the save, read every tensor back and compare it with its source, as
+    /// `devmap verify OUT --against DIR` does; exit 1 on any difference.
+    #[arg(long)]
+    pub verify: bool,
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,

@@ -3,6 +3,7 @@
 mod args;
 mod output;
 mod progress;
+mod verify;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -14,8 +15,9 @@ use color_eyre::eyre::{Result, WrapErr, eyre};
 use devmap::model::{Checkpoint, LoadOptions, load};
 use devmap::save::{SaveEvent, SaveJob, SaveOptions, prepare};
 use devmap::{human_bytes, inspect};
-pub use output::OutputGone;
+pub use output::{OutputGone, print_error};
 use output::{err_line, out};
+use std::process::ExitCode;
 
 /// The demo model shipped in the repository.
 pub fn demo_dir() -> PathBuf {
@@ -24,8 +26,9 @@ pub fn demo_dir() -> PathBuf {
         .join("demo")
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(args: Args) -> Result<ExitCode> {
     match args.command {
+        Some(Command::Verify(a)) => Ok(verify::run(&a, &args.model)),
         Some(Command::Inspect(a)) => {
             let mut ckpt = open(&a.dir, &args.model)?;
             if let Some(budgets) = &a.max_memory {
@@ -40,9 +43,9 @@ pub fn run(args: Args) -> Result<()> {
                     inspect::TextOptions { depth: a.depth },
                 ))?;
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
-        Some(Command::Plan(a)) => plan(&a, &args.model),
+        Some(Command::Plan(a)) => plan(&a, &args.model).map(|()| ExitCode::SUCCESS),
         Some(Command::Save(a)) => save(&a, &args.model),
         None => {
             let dir = if let Some(d) = args.dir {
@@ -59,17 +62,17 @@ pub fn run(args: Args) -> Result<()> {
             };
             let ckpt = open(&dir, &args.model)?;
             if std::io::stdout().is_terminal() {
-                devmap::tui::run(ckpt).wrap_err("the terminal interface failed")
+                devmap::tui::run(ckpt).wrap_err("the terminal interface failed")?;
             } else {
                 // Not a terminal (piped, redirected): the same picture as text.
                 out(inspect::to_text(&ckpt, inspect::TextOptions::default()))?;
-                Ok(())
             }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }
 
-fn open(dir: &std::path::Path, model: &ModelArgs) -> Result<Checkpoint> {
+pub(super) fn open(dir: &std::path::Path, model: &ModelArgs) -> Result<Checkpoint> {
     let options = LoadOptions {
         device_map: model.device_map.clone(),
         offload_folder: model.offload_folder.clone(),
@@ -132,7 +135,7 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
     Ok(())
 }
 
-fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
+fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
     let ckpt = open(&a.dir, model)?;
     let options = SaveOptions {
         max_shard_size: a.max_shard_size,
@@ -173,8 +176,11 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
         }
     }
     let total = plan.total_size;
-    let job =
-        SaveJob::spawn(Arc::new(ckpt), plan, options).wrap_err("cannot start the save thread")?;
+    // Kept for --verify: the content check compares against exactly what was planned.
+    let planned = a.verify.then(|| plan.clone());
+    let ckpt = Arc::new(ckpt);
+    let job = SaveJob::spawn(Arc::clone(&ckpt), plan, options)
+        .wrap_err("cannot start the save thread")?;
     let mut bar = progress::Progress::new(total);
     // Ctrl-C, SIGTERM and SIGHUP cancel the save cleanly instead of killing it
     // mid-write: the job removes its partial files before it returns.
@@ -231,5 +237,11 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<()> {
             ))?;
         }
     }
-    Ok(())
+    match planned {
+        Some(plan) => {
+            let expected = devmap::verify::Expected::from_plan(&ckpt, plan);
+            verify::after_save(&report.out, &expected, a.quiet)
+        }
+        None => Ok(ExitCode::SUCCESS),
+    }
 }

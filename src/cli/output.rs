@@ -24,3 +24,16 @@ pub fn err_line(text: impl Display) -> Result<(), OutputGone> {
     let mut stderr = std::io::stderr().lock();
     writeln!(stderr, "{text}").map_err(|_| OutputGone("stderr"))
 }
+
+/// A user's mistake is a message, not a backtrace: prints the chain of causes.
+/// Written without panicking: stderr may be full too.
+pub fn print_error(report: &color_eyre::Report) {
+    let mut stderr = std::io::stderr().lock();
+    let mut causes = report.chain();
+    if let Some(top) = causes.next() {
+        let _ = writeln!(stderr, "error: {top}");
+    }
+    for cause in causes {
+        let _ = writeln!(stderr, "  caused by: {cause}");
+    }
+}

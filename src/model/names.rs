@@ -7,6 +7,17 @@
 
 use std::cmp::Ordering;
 
+/// Names of output heads that transformers ties to the input embedding.
+pub const HEAD_NAMES: [&str; 2] = ["lm_head.weight", "embed_out.weight"];
+/// Name endings of input embeddings, most common first.
+pub const EMBEDDING_SUFFIXES: [&str; 5] = [
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "embed_in.weight",
+    "shared.weight",
+];
+
 /// Compares two dotted names in module order.
 pub fn module_order(a: &str, b: &str) -> Ordering {
     let mut left = a.split('.');

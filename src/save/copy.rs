@@ -120,15 +120,45 @@ impl Copier {
         cancel: &dyn Stop,
         progress: &mut dyn FnMut(u64),
     ) -> Result<(), CopyError> {
+        let mut written = 0u64;
+        self.stream(
+            (src, src_offset),
+            len,
+            Some((from, to)),
+            cancel,
+            &mut |output| {
+                dst.write_all_at(output, dst_offset + written)?;
+                written += output.len() as u64;
+                progress(output.len() as u64);
+                Ok(())
+            },
+        )
+    }
+
+    /// Reads `len` bytes at `(src, src_offset)` and hands them to `sink` one chunk at a
+    /// time, converted from one dtype to the other first when `cast` says so: the bytes
+    /// a recipe writes, without a destination. The saver's casts and `devmap verify`
+    /// both read values through here, so they cannot disagree.
+    pub fn stream(
+        &mut self,
+        (src, src_offset): (&File, u64),
+        len: u64,
+        cast: Option<(DType, DType)>,
+        cancel: &dyn Stop,
+        sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> Result<(), CopyError> {
         // Whole elements of both dtypes per chunk.
-        let chunk_in = CHUNK / 8 * from.size() as usize;
+        let chunk_in = match cast {
+            Some((from, _)) => CHUNK / 8 * from.size() as usize,
+            None => CHUNK,
+        };
         if self.buffer.len() < CHUNK {
             self.buffer = vec![0u8; CHUNK];
         }
-        if self.cast_buffer.len() < CHUNK {
+        if cast.is_some() && self.cast_buffer.len() < CHUNK {
             self.cast_buffer = vec![0u8; CHUNK];
         }
-        let (mut read, mut written) = (0u64, 0u64);
+        let mut read = 0u64;
         while read < len {
             if cancel.stop() {
                 return Err(CopyError::Cancelled);
@@ -147,14 +177,16 @@ impl Copier {
                 }
                 got += n;
             }
-            let out_len = want / from.size() as usize * to.size() as usize;
-            let output = &mut self.cast_buffer[..out_len];
-            super::cast::cast(from, to, input, output);
-            dst.write_all_at(output, dst_offset + written)
-                .map_err(CopyError::Io)?;
+            match cast {
+                Some((from, to)) => {
+                    let out_len = want / from.size() as usize * to.size() as usize;
+                    let output = &mut self.cast_buffer[..out_len];
+                    super::cast::cast(from, to, input, output);
+                    sink(output).map_err(CopyError::Io)?;
+                }
+                None => sink(input).map_err(CopyError::Io)?,
+            }
             read += want as u64;
-            written += out_len as u64;
-            progress(out_len as u64);
         }
         if self.drop_source_cache {
             crate::sys::drop_from_cache(src, src_offset, len);

@@ -3,7 +3,7 @@
 
 pub mod cast;
 mod commit;
-mod copy;
+pub mod copy;
 mod error;
 mod event;
 mod job;

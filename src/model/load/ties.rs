@@ -5,19 +5,9 @@ use super::LoadError;
 use super::draft::Draft;
 use crate::formats::config::ModelConfig;
 use crate::model::checkpoint::{NO_KEY, Source, Tensor};
+use crate::model::names::{EMBEDDING_SUFFIXES, HEAD_NAMES};
 use crate::model::warning::Warning;
 use crate::types::placement::{DeviceMap, Placement};
-
-/// Names of output heads that transformers ties to the input embedding.
-const HEAD_NAMES: [&str; 2] = ["lm_head.weight", "embed_out.weight"];
-/// Name endings of input embeddings, most common first.
-const EMBEDDING_SUFFIXES: [&str; 5] = [
-    "embed_tokens.weight",
-    "wte.weight",
-    "word_embeddings.weight",
-    "embed_in.weight",
-    "shared.weight",
-];
 
 /// `tie_word_embeddings`: the output head holds the input embedding. The head is added
 /// when the weights lack it but the device map names it (transformers does not save the

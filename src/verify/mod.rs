@@ -1,0 +1,295 @@
+//! `devmap verify`: proves a saved checkpoint folder complete and correct before
+//! anyone deletes the original.
+//!
+//! Alone it checks structure as transformers reads it (index, shards, headers, totals,
+//! config dtype, tied head) and reads every tensor once, hashing it (XXH3-128) and
+//! noting tensors that are empty or uniform. With an [`Expected`] model it also
+//! computes, through the saver's own plan and recipes, what a save of that model
+//! writes, and compares every tensor's name, dtype, shape and hash. Both sides stream
+//! through one fixed buffer each, on two threads: memory stays flat.
+
+mod against;
+mod digest;
+mod report;
+mod written;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+pub use against::Expected;
+pub use report::{Finding, Kind, Severity, VerifyReport};
+
+use crate::formats::FormatError;
+use crate::save::copy::{Copier, CopyError};
+use crate::save::recipe::Recipe;
+use digest::{Digest, Digester, Uniform};
+use written::Written;
+
+/// Shared with whoever shows progress or cancels: bytes read so far of the total.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub read: AtomicU64,
+    pub total: AtomicU64,
+    pub cancel: AtomicBool,
+}
+
+/// Why a verification could not run at all (`devmap verify` exits 2).
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("{} is not a directory", crate::text::path(.0))]
+    NotADirectory(PathBuf),
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error("verification cancelled")]
+    Cancelled,
+}
+
+/// Verifies the checkpoint in `out`, and compares it with `expected` when given.
+pub fn verify(
+    out: &Path,
+    expected: Option<&Expected>,
+    progress: &Progress,
+) -> Result<VerifyReport, VerifyError> {
+    let mut findings = Vec::new();
+    let written = written::read(out, &mut findings)?;
+    written::check_config(
+        &written,
+        expected.is_none_or(Expected::has_config),
+        &mut findings,
+    );
+    if let Some(expected) = expected {
+        // A head the save itself writes (--keep-tied) is no extra copy.
+        findings.retain(|f| !(f.kind == Kind::TieExtra && expected.writes(&f.subject)));
+    }
+    let pairs = match expected {
+        Some(e) => against::match_up(&written, e, &mut findings),
+        None => Vec::new(),
+    };
+    // Progress counts bytes as they reach the hash (a cast's converted bytes); the
+    // report counts bytes read from disk.
+    let written_bytes = written.tensors.iter().map(|t| t.len).sum::<u64>();
+    let total = written_bytes
+        + pairs
+            .iter()
+            .map(|(_, p)| p.recipe.output_len())
+            .sum::<u64>();
+    progress.total.store(total, Ordering::Relaxed);
+    let bytes_read = written_bytes
+        + pairs
+            .iter()
+            .map(|(_, p)| p.recipe.source().len)
+            .sum::<u64>();
+
+    let (digests, expected_hashes) = std::thread::scope(|scope| {
+        let theirs = scope.spawn(|| expected.map(|e| hash_expected(e, &pairs, progress)));
+        let ours = digest_written(&written, progress);
+        let theirs = theirs.join().unwrap_or(Some(Err(VerifyError::Cancelled)));
+        (ours, theirs)
+    });
+    let (digests, mut read_findings) = digests?;
+    findings.append(&mut read_findings);
+    for (t, digest) in written.tensors.iter().zip(&digests) {
+        if t.numel() == 0 {
+            findings.push(Finding::difference(
+                Kind::EmptyTensor,
+                &t.name,
+                format!(
+                    "has no elements (shape {:?}): a tensor left on the meta device is written like this",
+                    t.shape
+                ),
+            ));
+            continue;
+        }
+        match digest.map(|d| d.uniform) {
+            Some(Uniform::Zero) => findings.push(Finding::note(
+                Kind::AllZero,
+                &t.name,
+                format!("all {} elements are zero", t.numel()),
+            )),
+            Some(Uniform::Same) => findings.push(Finding::note(
+                Kind::AllSame,
+                &t.name,
+                format!("all {} elements hold one value", t.numel()),
+            )),
+            _ => {}
+        }
+    }
+    let mut compared = 0;
+    if let Some((hashes, mut source_findings)) = expected_hashes.transpose()? {
+        findings.append(&mut source_findings);
+        for ((i, p), hash) in pairs.iter().zip(hashes) {
+            let (Some(hash), Some(ours)) = (hash, digests[*i]) else {
+                continue;
+            };
+            compared += 1;
+            if hash != ours.hash {
+                let how = match p.recipe {
+                    Recipe::Copy(_) => "the bytes differ from the source's".to_owned(),
+                    Recipe::Cast { from, to, .. } => {
+                        format!("the bytes differ from the source's {from} values cast to {to}")
+                    }
+                };
+                findings.push(Finding::difference(
+                    Kind::Content,
+                    &written.tensors[*i].name,
+                    how,
+                ));
+            }
+        }
+    }
+    Ok(VerifyReport {
+        out: out.to_path_buf(),
+        against: expected.map(|e| e.dir().to_path_buf()),
+        shards: written.shards.len(),
+        tensors: written.tensors.len(),
+        compared,
+        bytes_read,
+        findings,
+    })
+}
+
+/// Reads every written tensor in file order; unreadable ones are findings.
+fn digest_written(
+    written: &Written,
+    progress: &Progress,
+) -> Result<(Vec<Option<Digest>>, Vec<Finding>), VerifyError> {
+    let mut copier = Copier::new(false);
+    let mut digests = Vec::with_capacity(written.tensors.len());
+    let mut findings = Vec::new();
+    let mut open: Option<(usize, File)> = None;
+    for t in &written.tensors {
+        if open.as_ref().is_none_or(|(s, _)| *s != t.shard) {
+            let path = &written.shards[t.shard].path;
+            match crate::formats::input::open_regular(path) {
+                Ok(f) => open = Some((t.shard, f)),
+                Err(e) => {
+                    findings.push(Finding::difference(
+                        Kind::Unreadable,
+                        &written.shards[t.shard].name,
+                        e.to_string(),
+                    ));
+                    open = None;
+                }
+            }
+        }
+        let Some((_, file)) = &open else {
+            digests.push(None);
+            continue;
+        };
+        let mut digester = Digester::new(t.dtype.size() as usize);
+        match read_into(
+            &mut copier,
+            (file, t.offset),
+            t.len,
+            None,
+            progress,
+            &mut digester,
+        ) {
+            Ok(()) => digests.push(Some(digester.finish())),
+            Err(CopyError::Cancelled) => return Err(VerifyError::Cancelled),
+            Err(e) => {
+                findings.push(Finding::difference(
+                    Kind::Unreadable,
+                    &t.name,
+                    format!(
+                        "cannot be read from {}: {}",
+                        written.shards[t.shard].name,
+                        describe(&e)
+                    ),
+                ));
+                digests.push(None);
+            }
+        }
+    }
+    Ok((digests, findings))
+}
+
+/// The hash of what a save writes for each pair, read from the source through the
+/// recipe (a cast converts exactly as the saver does).
+fn hash_expected(
+    expected: &Expected,
+    pairs: &[(usize, &crate::save::plan::PlannedTensor)],
+    progress: &Progress,
+) -> Result<(Vec<Option<u128>>, Vec<Finding>), VerifyError> {
+    let mut copier = Copier::new(false);
+    let mut files: std::collections::HashMap<usize, Option<File>> =
+        std::collections::HashMap::new();
+    let mut hashes = Vec::with_capacity(pairs.len());
+    let mut findings = Vec::new();
+    for (_, p) in pairs {
+        let source = p.recipe.source();
+        let path = expected.ckpt.file_path(source.file);
+        let file = files.entry(source.file).or_insert_with(|| {
+            match crate::formats::input::open_regular(path) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    findings.push(Finding::difference(
+                        Kind::Unreadable,
+                        crate::text::path(path),
+                        e.to_string(),
+                    ));
+                    None
+                }
+            }
+        });
+        let Some(file) = file.as_ref() else {
+            hashes.push(None);
+            continue;
+        };
+        let cast = match p.recipe {
+            Recipe::Copy(_) => None,
+            Recipe::Cast { from, to, .. } => Some((from, to)),
+        };
+        let mut digester = Digester::new(p.dtype.size() as usize);
+        match read_into(
+            &mut copier,
+            (file, source.offset),
+            source.len,
+            cast,
+            progress,
+            &mut digester,
+        ) {
+            Ok(()) => hashes.push(Some(digester.finish().hash)),
+            Err(CopyError::Cancelled) => return Err(VerifyError::Cancelled),
+            Err(e) => {
+                findings.push(Finding::difference(
+                    Kind::Unreadable,
+                    expected.name(p),
+                    format!(
+                        "its source in {} cannot be read: {}",
+                        crate::text::path(path),
+                        describe(&e)
+                    ),
+                ));
+                hashes.push(None);
+            }
+        }
+    }
+    Ok((hashes, findings))
+}
+
+fn read_into(
+    copier: &mut Copier,
+    at: (&File, u64),
+    len: u64,
+    cast: Option<(crate::types::dtype::DType, crate::types::dtype::DType)>,
+    progress: &Progress,
+    digester: &mut Digester,
+) -> Result<(), CopyError> {
+    copier.stream(at, len, cast, &progress.cancel, &mut |chunk| {
+        digester.update(chunk);
+        progress
+            .read
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        Ok(())
+    })
+}
+
+fn describe(e: &CopyError) -> String {
+    match e {
+        CopyError::Io(io) => io.to_string(),
+        CopyError::ShortSource { copied } => format!("the file ends after {copied} bytes of it"),
+        CopyError::Cancelled => "cancelled".to_owned(),
+    }
+}

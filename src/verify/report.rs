@@ -1,0 +1,236 @@
+//! What `devmap verify` found, as text for people and JSON for scripts.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use crate::text::escaped;
+
+/// Whether a finding makes the checkpoint wrong or is only worth a look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// The checkpoint is not what it should be: `devmap verify` exits 1.
+    Difference,
+    /// Legitimate but worth knowing (an all-zero tensor): reported, not failed.
+    Note,
+}
+
+/// Every kind of problem verify names. The JSON report carries [`Kind::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// No weight files at all.
+    NoWeights,
+    /// Shard files without the index that names them.
+    MissingIndex,
+    /// The index cannot be read or parsed.
+    InvalidIndex,
+    /// The index names a shard that is not there.
+    MissingShard,
+    /// A weight file nothing points at: a leftover of another save.
+    StaleShard,
+    /// A shard whose header fails the reader's validation.
+    InvalidHeader,
+    /// A shard's `__metadata__` lacks `format: pt` or says another format.
+    Metadata,
+    /// A tensor of a shard that the index does not list.
+    NotInIndex,
+    /// The index puts a tensor in another shard than the one holding it.
+    IndexMismatch,
+    /// One name in two shards.
+    InTwoShards,
+    /// `metadata.total_size` or `total_parameters` disagrees with the headers.
+    Totals,
+    /// A tensor with no elements.
+    EmptyTensor,
+    /// Every element is zero (a note: biases are often zero).
+    AllZero,
+    /// Every element holds the same non-zero value (a note: fresh norms are ones).
+    AllSame,
+    /// No config.json beside the weights.
+    NoConfig,
+    /// config.json cannot be read.
+    InvalidConfig,
+    /// config.json's dtype is not the tensors' dtype.
+    ConfigDtype,
+    /// The config unties the head but the head is not written.
+    TieDropped,
+    /// The config ties the head to the embedding but both are written.
+    TieExtra,
+    /// `--against`: a tensor the save writes is missing.
+    MissingTensor,
+    /// `--against`: a tensor the save does not write is present.
+    ExtraTensor,
+    /// `--against`: the dtype differs.
+    Dtype,
+    /// `--against`: the shape differs.
+    Shape,
+    /// `--against`: the bytes differ.
+    Content,
+    /// A file could not be read to the end.
+    Unreadable,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::NoWeights => "no-weights",
+            Kind::MissingIndex => "missing-index",
+            Kind::InvalidIndex => "invalid-index",
+            Kind::MissingShard => "missing-shard",
+            Kind::StaleShard => "stale-shard",
+            Kind::InvalidHeader => "invalid-header",
+            Kind::Metadata => "metadata",
+            Kind::NotInIndex => "not-in-index",
+            Kind::IndexMismatch => "index-mismatch",
+            Kind::InTwoShards => "in-two-shards",
+            Kind::Totals => "totals",
+            Kind::EmptyTensor => "empty-tensor",
+            Kind::AllZero => "all-zero",
+            Kind::AllSame => "all-same",
+            Kind::NoConfig => "no-config",
+            Kind::InvalidConfig => "invalid-config",
+            Kind::ConfigDtype => "config-dtype",
+            Kind::TieDropped => "tie-dropped",
+            Kind::TieExtra => "tie-extra",
+            Kind::MissingTensor => "missing-tensor",
+            Kind::ExtraTensor => "extra-tensor",
+            Kind::Dtype => "dtype",
+            Kind::Shape => "shape",
+            Kind::Content => "content",
+            Kind::Unreadable => "unreadable",
+        }
+    }
+}
+
+/// One thing verify found, about one tensor or one file (`subject`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub severity: Severity,
+    pub kind: Kind,
+    pub subject: String,
+    pub message: String,
+}
+
+impl Finding {
+    pub fn difference(kind: Kind, subject: impl Into<String>, message: impl Into<String>) -> Self {
+        Finding {
+            severity: Severity::Difference,
+            kind,
+            subject: subject.into(),
+            message: message.into(),
+        }
+    }
+
+    pub fn note(kind: Kind, subject: impl Into<String>, message: impl Into<String>) -> Self {
+        Finding {
+            severity: Severity::Note,
+            ..Finding::difference(kind, subject, message)
+        }
+    }
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", escaped(&self.subject), escaped(&self.message))
+    }
+}
+
+/// The outcome of one verification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub out: PathBuf,
+    /// The model folder the content was compared with.
+    pub against: Option<PathBuf>,
+    pub shards: usize,
+    /// Tensors in the checkpoint's headers.
+    pub tensors: usize,
+    /// Tensors whose content was compared with `--against`'s.
+    pub compared: usize,
+    /// Bytes read: the checkpoint's tensors, and with `--against` the sources too.
+    pub bytes_read: u64,
+    pub findings: Vec<Finding>,
+}
+
+impl VerifyReport {
+    pub fn differences(&self) -> usize {
+        self.count(Severity::Difference)
+    }
+
+    pub fn notes(&self) -> usize {
+        self.count(Severity::Note)
+    }
+
+    fn count(&self, severity: Severity) -> usize {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == severity)
+            .count()
+    }
+
+    /// Every difference, then every note, one per line, and a summary.
+    pub fn to_text(&self) -> String {
+        let mut text = String::new();
+        for severity in [Severity::Difference, Severity::Note] {
+            for f in self.findings.iter().filter(|f| f.severity == severity) {
+                let label = match severity {
+                    Severity::Difference => "difference",
+                    Severity::Note => "note",
+                };
+                let _ = writeln!(text, "{label}: {f}");
+            }
+        }
+        let against = self.against.as_ref().map_or(String::new(), |dir| {
+            format!(
+                ", {} compared with a save of {}",
+                self.compared,
+                crate::text::path(dir)
+            )
+        });
+        let verdict = match (self.differences(), self.notes()) {
+            (0, 0) => "no differences".to_owned(),
+            (0, n) => format!("no differences, {n} note(s)"),
+            (d, n) => format!("{d} difference(s), {n} note(s)"),
+        };
+        let _ = writeln!(
+            text,
+            "{}: {} tensors in {} shard(s) checked{against}; {} read; {verdict}",
+            crate::text::path(&self.out),
+            self.tensors,
+            self.shards,
+            crate::human_bytes(self.bytes_read),
+        );
+        text
+    }
+
+    /// The stable JSON form: the summary and every finding with its kind.
+    pub fn to_json(&self) -> String {
+        let findings: Vec<_> = self
+            .findings
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "severity": match f.severity {
+                        Severity::Difference => "difference",
+                        Severity::Note => "note",
+                    },
+                    "kind": f.kind.as_str(),
+                    "subject": f.subject,
+                    "message": f.message,
+                })
+            })
+            .collect();
+        let value = serde_json::json!({
+            "out": self.out.to_string_lossy(),
+            "against": self.against.as_ref().map(|p| p.to_string_lossy()),
+            "shards": self.shards,
+            "tensors": self.tensors,
+            "compared": self.compared,
+            "bytes_read": self.bytes_read,
+            "differences": self.differences(),
+            "notes": self.notes(),
+            "findings": findings,
+        });
+        let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
+        text.push('\n');
+        text
+    }
+}
