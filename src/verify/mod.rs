@@ -91,11 +91,12 @@ pub fn verify(
     findings.append(&mut read_findings);
     for (t, digest) in written.tensors.iter().zip(&digests) {
         if t.numel() == 0 {
-            findings.push(Finding::difference(
+            // Reported, not failed: a few models do hold empty buffers.
+            findings.push(Finding::note(
                 Kind::EmptyTensor,
                 &t.name,
                 format!(
-                    "has no elements (shape {:?}): a tensor left on the meta device is written like this",
+                    "has no elements (shape {:?}); a tensor left on the meta device is written like this",
                     t.shape
                 ),
             ));

@@ -39,7 +39,7 @@ pub enum Kind {
     InTwoShards,
     /// `metadata.total_size` or `total_parameters` disagrees with the headers.
     Totals,
-    /// A tensor with no elements.
+    /// A tensor with no elements (a note: some models hold empty buffers).
     EmptyTensor,
     /// Every element is zero (a note: biases are often zero).
     AllZero,

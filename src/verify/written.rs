@@ -124,8 +124,8 @@ pub fn read(out: &Path, findings: &mut Vec<Finding>) -> Result<Written, VerifyEr
     };
 
     let mut shards = Vec::new();
-    let mut tensors: Vec<WrittenTensor> = Vec::new();
-    let mut holder: HashMap<String, usize> = HashMap::new();
+    let mut headers = Vec::new();
+    let mut complete = true;
     for name in shard_names {
         let path = out.join(&name);
         let header = match read_header(&path) {
@@ -136,38 +136,47 @@ pub fn read(out: &Path, findings: &mut Vec<Finding>) -> Result<Written, VerifyEr
                     &name,
                     e.to_string(),
                 ));
+                complete = false;
                 continue;
             }
         };
-        match header.metadata.as_ref().and_then(|m| m.get("format")) {
-            Some(f) if f == "pt" => {}
-            Some(f) => findings.push(Finding::difference(
-                Kind::Metadata,
-                &name,
-                format!("its metadata says format `{f}`; transformers loads PyTorch weights from `pt`"),
-            )),
-            None => findings.push(Finding::note(
-                Kind::Metadata,
-                &name,
-                "its header has no `format: pt` metadata (transformers writes it; it loads without)",
-            )),
+        check_metadata(&name, header.metadata.as_ref(), findings);
+        headers.push(header);
+        shards.push(Shard { name, path });
+    }
+    // Every shard holding each name: a name in two is one finding, and the copy the
+    // index points at (else the first) is the one checked further.
+    let mut holders: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (shard, header) in headers.iter().enumerate() {
+        for t in &header.tensors {
+            holders.entry(t.name.as_str()).or_default().push(shard);
         }
-        let shard = shards.len();
-        for t in header.tensors {
-            if let Some(&other) = holder.get(&t.name) {
+    }
+    let indexed_shard = |tensor: &str| -> Option<usize> {
+        let file = index.as_ref()?.get(tensor)?;
+        shards.iter().position(|s| s.name == *file)
+    };
+    let mut tensors: Vec<WrittenTensor> = Vec::new();
+    for (shard, header) in headers.iter().enumerate() {
+        for t in &header.tensors {
+            let all = &holders[t.name.as_str()];
+            if all.len() > 1 {
+                let keep = indexed_shard(&t.name)
+                    .filter(|s| all.contains(s))
+                    .unwrap_or(all[0]);
+                if shard != keep {
+                    continue;
+                }
+                let names: Vec<&str> = all.iter().map(|&s| shards[s].name.as_str()).collect();
                 findings.push(Finding::difference(
                     Kind::InTwoShards,
                     &t.name,
-                    format!(
-                        "is in both {} and {name}",
-                        shards.get(other).map_or("", |s: &Shard| s.name.as_str())
-                    ),
+                    format!("is in {}", names.join(" and ")),
                 ));
-                continue;
-            }
-            if let Some(index) = &index {
+            } else if let Some(index) = &index {
+                let name = &shards[shard].name;
                 match index.get(&t.name) {
-                    Some(f) if *f == name => {}
+                    Some(f) if f == name => {}
                     Some(f) => findings.push(Finding::difference(
                         Kind::IndexMismatch,
                         &t.name,
@@ -180,23 +189,21 @@ pub fn read(out: &Path, findings: &mut Vec<Finding>) -> Result<Written, VerifyEr
                     )),
                 }
             }
-            holder.insert(t.name.clone(), shard);
             tensors.push(WrittenTensor {
-                name: t.name,
+                name: t.name.clone(),
                 shard,
                 dtype: t.dtype,
-                shape: t.shape,
+                shape: t.shape.clone(),
                 offset: t.offset,
                 len: t.len,
             });
         }
-        shards.push(Shard { name, path });
     }
     if let Some(index) = &index {
         let readable: HashSet<&str> = shards.iter().map(|s| s.name.as_str()).collect();
         let mut absent: Vec<(&String, &String)> = index
             .iter()
-            .filter(|(t, f)| readable.contains(f.as_str()) && !holder.contains_key(*t))
+            .filter(|(t, f)| readable.contains(f.as_str()) && !holders.contains_key(t.as_str()))
             .collect();
         absent.sort();
         for (t, f) in absent {
@@ -206,8 +213,15 @@ pub fn read(out: &Path, findings: &mut Vec<Finding>) -> Result<Written, VerifyEr
                 format!("the index puts it in {f}, which does not hold it"),
             ));
         }
+        complete &= index.values().all(|f| readable.contains(f.as_str()));
     }
-    check_totals(&tensors, totals, findings);
+    drop(holders);
+    drop(headers);
+    // With a shard missing or unreadable the totals cannot agree; that shard is
+    // already named.
+    if complete {
+        check_totals(&tensors, totals, findings);
+    }
 
     let config_path = out.join("config.json");
     let config_present = std::fs::symlink_metadata(&config_path).is_ok();
@@ -232,6 +246,27 @@ pub fn read(out: &Path, findings: &mut Vec<Finding>) -> Result<Written, VerifyEr
         config,
         config_present,
     })
+}
+
+/// `format: pt`, as transformers writes it and checks on load.
+fn check_metadata(
+    shard: &str,
+    metadata: Option<&std::collections::BTreeMap<String, String>>,
+    findings: &mut Vec<Finding>,
+) {
+    match metadata.and_then(|m| m.get("format")) {
+        Some(f) if f == "pt" => {}
+        Some(f) => findings.push(Finding::difference(
+            Kind::Metadata,
+            shard,
+            format!("its metadata says format `{f}`; transformers loads PyTorch weights from `pt`"),
+        )),
+        None => findings.push(Finding::note(
+            Kind::Metadata,
+            shard,
+            "its header has no `format: pt` metadata (transformers writes it; it loads without)",
+        )),
+    }
 }
 
 type IndexParts = (Vec<(String, String)>, Option<u64>, Option<u64>);
