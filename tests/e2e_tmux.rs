@@ -161,6 +161,11 @@ fn inspect_save_and_quit_in_a_real_terminal() {
             .exists()
     );
 
+    // v reads the save back on its own thread and shows the verdict.
+    tmux.keys(&["v"]);
+    let verified = tmux.wait_for("Save — done · verified", Duration::from_secs(30));
+    assert!(verified.contains("no differences"), "{verified}");
+
     // Quit; the terminal comes back cooked (icanon, not -icanon) and off the
     // alternate screen.
     tmux.keys(&["q"]);

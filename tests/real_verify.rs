@@ -8,6 +8,9 @@ mod common;
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn checkpoints_transformers_wrote_verify_clean() {
     let (ok, out, err) = common::run_hf_script("verify_real.py");
-    assert!(ok, "verify on transformers' checkpoints failed:\n{out}\n{err}");
+    assert!(
+        ok,
+        "verify on transformers' checkpoints failed:\n{out}\n{err}"
+    );
     assert_eq!(out.matches("ok: ").count(), 4, "{out}");
 }

@@ -1129,3 +1129,88 @@ fn bang_lists_every_warning_in_full() {
     press(&mut app, &[key(KeyCode::Esc)]);
     assert_eq!(app.mode, Mode::Browse);
 }
+
+/// Runs a verification the App asked for on this thread, feeding progress and the
+/// result back as the runtime does.
+fn run_verify(app: &mut App, effect: Effect) {
+    let Effect::StartVerify { ckpt, plan, out } = effect else {
+        panic!("not a verification: {effect:?}")
+    };
+    let progress = devmap::verify::Progress::default();
+    let expected = devmap::verify::Expected::from_plan(&ckpt, plan);
+    let result = devmap::verify::verify(&out, Some(&expected), &progress);
+    app.handle(Action::VerifyProgress {
+        read: progress.read.load(std::sync::atomic::Ordering::Relaxed) / 2,
+        total: progress.total.load(std::sync::atomic::Ordering::Relaxed),
+    });
+    app.handle(Action::Verified(result.map_err(|e| e.to_string())));
+}
+
+#[test]
+fn v_verifies_a_finished_save_and_shows_the_verdict() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    // Nothing to verify yet.
+    assert!(press(&mut app, &[ch('v')]).is_empty());
+    press(&mut app, &[ch('s'), key(KeyCode::Tab), ctrl('u')]);
+    let out = m.out("verified");
+    press(&mut app, &text(out.to_str().expect("p")));
+    settle(&mut app);
+    let mut effects = press(&mut app, &[key(KeyCode::Enter)]);
+    run_save(&mut app, effects.remove(0));
+    assert!(
+        frame(&app, 120, 40).contains("v verify"),
+        "the panel offers v"
+    );
+
+    let mut effects = press(&mut app, &[ch('v')]);
+    assert!(app.verify_running());
+    // A second v while it runs starts nothing more.
+    assert!(press(&mut app, &[ch('v')]).is_empty());
+    run_verify(&mut app, effects.remove(0));
+    let screen = frame(&app, 120, 40);
+    assert!(screen.contains("Save — done · verified"), "{screen}");
+    assert!(screen.contains("no differences"), "{screen}");
+
+    // The same save with one byte changed: v again names the tensor.
+    let file = out.join("model.safetensors");
+    let header = devmap::formats::safetensors::read_header(&file).expect("header");
+    let t = header
+        .tensors
+        .iter()
+        .find(|t| t.name == "model.layers.2.proj.weight")
+        .expect("tensor");
+    let mut bytes = std::fs::read(&file).expect("read");
+    bytes[t.offset as usize] ^= 0xff;
+    std::fs::write(&file, bytes).expect("write");
+    let mut effects = press(&mut app, &[ch('v')]);
+    run_verify(&mut app, effects.remove(0));
+    let screen = frame(&app, 120, 40);
+    assert!(screen.contains("verify found problems"), "{screen}");
+    assert!(
+        screen.contains("1 difference(s): model.layers.2.proj.weight"),
+        "{screen}"
+    );
+    // Esc closes the finished panel.
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert!(app.save.is_none());
+}
+
+#[test]
+fn esc_stops_a_running_verification() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('s'), key(KeyCode::Tab), ctrl('u')]);
+    press(&mut app, &text(m.out("stopped").to_str().expect("p")));
+    settle(&mut app);
+    let mut effects = press(&mut app, &[key(KeyCode::Enter)]);
+    run_save(&mut app, effects.remove(0));
+    press(&mut app, &[ch('v')]);
+    let effects = press(&mut app, &[key(KeyCode::Esc)]);
+    assert!(
+        matches!(effects.as_slice(), [Effect::CancelVerify]),
+        "{effects:?}"
+    );
+    app.handle(Action::Verified(Err("verification cancelled".into())));
+    assert!(frame(&app, 120, 40).contains("could not verify: verification cancelled"));
+}

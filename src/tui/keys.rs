@@ -22,6 +22,7 @@ pub const HELP: &[(&str, &str)] = &[
     ),
     ("w", "export the edited device map as JSON"),
     ("s", "save dialog: shard size, output folder, preview"),
+    ("v", "verify a finished save: compare it with its source"),
     ("!", "every warning, in full"),
     ("?", "this help"),
     (
@@ -169,6 +170,7 @@ fn browse(key: KeyEvent) -> Option<Action> {
         KeyCode::Char('w') => Action::StartExport,
         KeyCode::Char('p') => Action::StartPlan,
         KeyCode::Char('s') => Action::OpenSave,
+        KeyCode::Char('v') => Action::Verify,
         KeyCode::Char('?') => Action::Help,
         KeyCode::Char('!') => Action::ShowWarnings,
         KeyCode::Char('q') => Action::Quit,

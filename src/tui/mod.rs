@@ -38,6 +38,7 @@ enum Event {
     Memory(MemorySample),
     Gpus(Vec<GpuInfo>, Option<String>),
     Save(SaveEvent),
+    Verify(Action),
 }
 
 /// How often the screen may redraw for input, and for background progress alone.
@@ -104,6 +105,8 @@ struct Runtime {
     tx: Sender<Event>,
     cancel: Option<Arc<AtomicBool>>,
     save_thread: Option<JoinHandle<()>>,
+    /// The running verification's progress (its cancel flag) and thread.
+    verify: Option<(Arc<crate::verify::Progress>, JoinHandle<()>)>,
     quit: bool,
 }
 
@@ -147,6 +150,22 @@ impl Runtime {
                     }
                     Vec::new()
                 }
+                Effect::StartVerify { ckpt, plan, out } => {
+                    let progress = Arc::new(crate::verify::Progress::default());
+                    match spawn_verify(self.tx.clone(), ckpt, plan, out, Arc::clone(&progress)) {
+                        Ok(thread) => {
+                            self.verify = Some((progress, thread));
+                            Vec::new()
+                        }
+                        Err(e) => app.handle(Action::Verified(Err(e.to_string()))),
+                    }
+                }
+                Effect::CancelVerify => {
+                    if let Some((progress, _)) = &self.verify {
+                        progress.cancel.store(true, Ordering::Relaxed);
+                    }
+                    Vec::new()
+                }
                 Effect::WriteFile { path, contents } => {
                     let error = std::fs::write(&path, contents).err().map(|e| e.to_string());
                     app.handle(Action::Written { path, error })
@@ -182,6 +201,7 @@ fn event_loop(
         tx,
         cancel: None,
         save_thread: None,
+        verify: None,
         quit: false,
     };
     let start = Instant::now();
@@ -236,7 +256,49 @@ fn event_loop(
     if let Some(t) = runtime.save_thread.take() {
         let _ = t.join();
     }
+    // A verification only reads: stop it and let it end.
+    if let Some((progress, thread)) = runtime.verify.take() {
+        progress.cancel.store(true, Ordering::Relaxed);
+        let _ = thread.join();
+    }
     Ok(())
+}
+
+/// Runs `devmap verify --against` of a finished save on a thread, sending its progress
+/// every 100 ms and then its result, as Actions for the App.
+fn spawn_verify(
+    tx: Sender<Event>,
+    ckpt: Arc<Checkpoint>,
+    plan: crate::save::SavePlan,
+    out: std::path::PathBuf,
+    progress: Arc<crate::verify::Progress>,
+) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("devmap-verify".into())
+        .spawn(move || {
+            let expected = crate::verify::Expected::from_plan(&ckpt, plan);
+            let result = std::thread::scope(|scope| {
+                let worker =
+                    scope.spawn(|| crate::verify::verify(&out, Some(&expected), &progress));
+                while !worker.is_finished() {
+                    std::thread::sleep(Duration::from_millis(100));
+                    let read = progress.read.load(Ordering::Relaxed);
+                    let total = progress.total.load(Ordering::Relaxed);
+                    if tx
+                        .send(Event::Verify(Action::VerifyProgress { read, total }))
+                        .is_err()
+                    {
+                        progress.cancel.store(true, Ordering::Relaxed);
+                    }
+                }
+                worker
+                    .join()
+                    .unwrap_or(Err(crate::verify::VerifyError::Cancelled))
+            });
+            let _ = tx.send(Event::Verify(Action::Verified(
+                result.map_err(|e| e.to_string()),
+            )));
+        })
 }
 
 /// Waits up to `wait` for the next event, then takes every pending one. Returns
@@ -276,6 +338,10 @@ fn drain(
             Event::Terminal(_) => None,
             Event::Memory(s) => Some(Action::Memory(s)),
             Event::Gpus(g, note) => Some(Action::Gpus(g, note)),
+            Event::Verify(action) => {
+                urgent |= matches!(action, Action::Verified(_));
+                Some(action)
+            }
             Event::Save(e) => {
                 urgent |= matches!(
                     e,

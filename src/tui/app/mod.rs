@@ -8,6 +8,7 @@ mod save;
 
 pub use save::{PREVIEW_DELAY, dtype_label};
 mod search;
+mod verify;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -85,6 +86,15 @@ pub enum Action {
     Save(SaveEvent),
     /// The runtime could not start the save thread.
     SaveNotStarted(String),
+    /// `v` on a finished save: read it back and compare with its source.
+    Verify,
+    /// A running verification's bytes read of its total.
+    VerifyProgress {
+        read: u64,
+        total: u64,
+    },
+    /// The verification ended: its report, or why it could not run.
+    Verified(Result<crate::verify::VerifyReport, String>),
     /// Result of an `Effect::WriteFile`.
     Written {
         path: PathBuf,
@@ -100,6 +110,13 @@ pub enum Effect {
         options: SaveOptions,
     },
     CancelSave,
+    /// Verify the finished save in `out` against the plan it was written from.
+    StartVerify {
+        ckpt: Arc<Checkpoint>,
+        plan: SavePlan,
+        out: PathBuf,
+    },
+    CancelVerify,
     WriteFile {
         path: PathBuf,
         contents: String,
@@ -211,6 +228,17 @@ pub struct SaveProgress {
     pub written: u64,
     pub outcome: Option<Outcome>,
     pub cancel_requested: bool,
+    /// The plan written, kept for `v` (verify compares against it).
+    pub plan: SavePlan,
+    pub verify: Option<VerifyProgress>,
+}
+
+/// A verification of the finished save, running or done.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerifyProgress {
+    pub read: u64,
+    pub total: u64,
+    pub outcome: Option<Result<crate::verify::VerifyReport, String>>,
 }
 
 impl SaveProgress {
@@ -384,6 +412,15 @@ impl App {
                 self.on_save_event(event);
                 Vec::new()
             }
+            Action::Verify => self.start_verify(),
+            Action::VerifyProgress { read, total } => {
+                self.on_verify_progress(read, total);
+                Vec::new()
+            }
+            Action::Verified(result) => {
+                self.on_verified(result);
+                Vec::new()
+            }
             Action::SaveNotStarted(why) => {
                 self.save = None;
                 self.say(format!("could not start the save: {why}"), Tone::Bad);
@@ -504,6 +541,8 @@ impl App {
             Action::Close => {
                 if self.save_running() {
                     self.mode = Mode::Confirm(Confirm::CancelSave);
+                } else if self.verify_running() {
+                    return vec![Effect::CancelVerify];
                 } else if self.save.is_some() {
                     // The finished save's panel: Esc dismisses it.
                     self.save = None;

@@ -221,6 +221,8 @@ impl App {
             written: 0,
             outcome: None,
             cancel_requested: false,
+            plan: plan.clone(),
+            verify: None,
         });
         self.say(
             format!("saving to {}… (Esc cancels)", options.out.display()),

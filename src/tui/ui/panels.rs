@@ -184,7 +184,12 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let title = match &save.outcome {
         None if save.cancel_requested => "Save — cancelling",
         None => "Save — running (Esc cancels)",
-        Some(Outcome::Done(_)) => "Save — done",
+        Some(Outcome::Done(_)) => match save.verify.as_ref().map(|v| &v.outcome) {
+            None => "Save — done (v verifies, Esc closes)",
+            Some(None) => "Save — done · verifying (Esc stops)",
+            Some(Some(Ok(r))) if r.differences() == 0 => "Save — done · verified",
+            Some(Some(_)) => "Save — done · verify found problems",
+        },
         Some(Outcome::Failed(_)) => "Save — failed",
         Some(Outcome::Cancelled) => "Save — cancelled",
     };
@@ -218,15 +223,18 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         Span::raw(format!(" {:>3.0}%", overall * 100.0)),
     ]));
     match &save.outcome {
-        Some(Outcome::Done(r)) => lines.push(Line::from(Span::styled(
-            format!(
-                "{} shard(s) in {}: {}",
-                r.shard_files.len(),
-                r.out.display(),
-                r.shard_files.join(", ")
-            ),
-            theme.good(),
-        ))),
+        Some(Outcome::Done(r)) => {
+            lines.push(Line::from(Span::styled(
+                format!(
+                    "{} shard(s) in {}: {}",
+                    r.shard_files.len(),
+                    r.out.display(),
+                    r.shard_files.join(", ")
+                ),
+                theme.good(),
+            )));
+            lines.push(verify_line(save, bar_w, theme));
+        }
         Some(Outcome::Failed(why)) => {
             lines.push(Line::from(Span::styled(why.clone(), theme.bad())));
         }
@@ -255,4 +263,48 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         }
     }
     frame.render_widget(Paragraph::new(lines), inner);
+}
+
+/// The save panel's verify line: the offer, the progress, or the verdict.
+fn verify_line(save: &crate::tui::app::SaveProgress, bar_w: usize, theme: Theme) -> Line<'static> {
+    let Some(v) = &save.verify else {
+        return Line::from(Span::styled(
+            "v verify: read the save back and compare every tensor with its source",
+            theme.dim(),
+        ));
+    };
+    match &v.outcome {
+        None => {
+            let f = v.read as f64 / v.total.max(1) as f64;
+            Line::from(vec![
+                Span::raw("verify  "),
+                Span::styled(bar(f, bar_w), theme.gauge()),
+                Span::raw(format!(" {:>3.0}%", f * 100.0)),
+            ])
+        }
+        Some(Ok(r)) if r.differences() == 0 => Line::from(Span::styled(
+            format!(
+                "verified: {} tensors equal their source ({} read), no differences",
+                r.compared,
+                human_bytes(r.bytes_read)
+            ),
+            theme.good(),
+        )),
+        Some(Ok(r)) => {
+            let first = r
+                .findings
+                .iter()
+                .find(|f| f.severity == crate::verify::Severity::Difference)
+                .map(|f| format!(": {f}"))
+                .unwrap_or_default();
+            Line::from(Span::styled(
+                format!("verify: {} difference(s){first}", r.differences()),
+                theme.bad(),
+            ))
+        }
+        Some(Err(why)) => Line::from(Span::styled(
+            format!("could not verify: {why}"),
+            theme.bad(),
+        )),
+    }
 }
