@@ -92,10 +92,22 @@ fn check(
     let terminated = devmap::sys::catch_termination();
     let started = Instant::now();
     let result = std::thread::scope(|scope| {
-        let worker = scope.spawn(|| verify(out, expected, &progress));
+        // The worker hands its result over a channel, so the wait ends the moment it
+        // is done, not at the next progress tick.
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let shared = &progress;
+        scope.spawn(move || {
+            let _ = done_tx.send(verify(out, expected, shared));
+        });
         let mut drawn = false;
-        while !worker.is_finished() {
-            std::thread::sleep(Duration::from_millis(100));
+        let result = loop {
+            match done_rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(result) => break Ok(result),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    break Err(eyre!("the verification thread panicked"));
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            }
             if terminated.load(Ordering::SeqCst) {
                 progress.cancel.store(true, Ordering::SeqCst);
             }
@@ -116,13 +128,11 @@ fn check(
                 let _ = err.flush();
                 drawn = true;
             }
-        }
+        };
         if drawn {
             let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
         }
-        worker
-            .join()
-            .map_err(|_| eyre!("the verification thread panicked"))
+        result
     })?;
     result.wrap_err_with(|| format!("cannot verify {}", devmap::text::path(out)))
 }

@@ -278,10 +278,19 @@ fn spawn_verify(
         .spawn(move || {
             let expected = crate::verify::Expected::from_plan(&ckpt, plan);
             let result = std::thread::scope(|scope| {
-                let worker =
-                    scope.spawn(|| crate::verify::verify(&out, Some(&expected), &progress));
-                while !worker.is_finished() {
-                    std::thread::sleep(Duration::from_millis(100));
+                let (done_tx, done_rx) = mpsc::channel();
+                let (out, expected, progress) = (&out, &expected, &progress);
+                scope.spawn(move || {
+                    let _ = done_tx.send(crate::verify::verify(out, Some(expected), progress));
+                });
+                loop {
+                    match done_rx.recv_timeout(Duration::from_millis(100)) {
+                        Ok(result) => break result,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            break Err(crate::verify::VerifyError::Cancelled);
+                        }
+                        Err(RecvTimeoutError::Timeout) => {}
+                    }
                     let read = progress.read.load(Ordering::Relaxed);
                     let total = progress.total.load(Ordering::Relaxed);
                     if tx
@@ -291,9 +300,6 @@ fn spawn_verify(
                         progress.cancel.store(true, Ordering::Relaxed);
                     }
                 }
-                worker
-                    .join()
-                    .unwrap_or(Err(crate::verify::VerifyError::Cancelled))
             });
             let _ = tx.send(Event::Verify(Action::Verified(
                 result.map_err(|e| e.to_string()),

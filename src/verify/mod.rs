@@ -26,6 +26,10 @@ use crate::save::recipe::Recipe;
 use digest::{Digest, Digester, Uniform};
 use written::Written;
 
+/// Bytes read and hashed at a time: small enough to stay in the CPU's cache between
+/// the read and the hash (see `Copier::with_stream_chunk`).
+const READ_CHUNK: usize = 256 << 10;
+
 /// Shared with whoever shows progress or cancels: bytes read so far of the total.
 #[derive(Debug, Default)]
 pub struct Progress {
@@ -81,13 +85,38 @@ pub fn verify(
             .map(|(_, p)| p.recipe.source().len)
             .sum::<u64>();
 
-    let (digests, expected_hashes) = std::thread::scope(|scope| {
-        let theirs = scope.spawn(|| expected.map(|e| hash_expected(e, &pairs, progress)));
-        let ours = digest_written(&written, progress);
-        let theirs = theirs.join().unwrap_or(Some(Err(VerifyError::Cancelled)));
-        (ours, theirs)
+    // Two threads: the checkpoint on one and the sources on the other; alone, the
+    // checkpoint's tensors split in two runs of about equal bytes, each read in file
+    // order.
+    let split = if expected.is_some() {
+        written.tensors.len()
+    } else {
+        byte_midpoint(&written.tensors)
+    };
+    let (first, second, expected_hashes) = std::thread::scope(|scope| {
+        let theirs = scope.spawn(|| match expected {
+            Some(e) => (None, Some(hash_expected(e, &pairs, progress))),
+            None => (
+                Some(digest_written(
+                    &written,
+                    split..written.tensors.len(),
+                    progress,
+                )),
+                None,
+            ),
+        });
+        let ours = digest_written(&written, 0..split, progress);
+        let (second, theirs) = theirs
+            .join()
+            .unwrap_or((Some(Err(VerifyError::Cancelled)), None));
+        (ours, second, theirs)
     });
-    let (digests, mut read_findings) = digests?;
+    let (mut digests, mut read_findings) = first?;
+    if let Some(second) = second {
+        let (mut more, mut more_findings) = second?;
+        digests.append(&mut more);
+        read_findings.append(&mut more_findings);
+    }
     findings.append(&mut read_findings);
     for (t, digest) in written.tensors.iter().zip(&digests) {
         if t.numel() == 0 {
@@ -153,13 +182,14 @@ pub fn verify(
 /// Reads every written tensor in file order; unreadable ones are findings.
 fn digest_written(
     written: &Written,
+    range: std::ops::Range<usize>,
     progress: &Progress,
 ) -> Result<(Vec<Option<Digest>>, Vec<Finding>), VerifyError> {
-    let mut copier = Copier::new(false);
-    let mut digests = Vec::with_capacity(written.tensors.len());
+    let mut copier = Copier::with_stream_chunk(READ_CHUNK);
+    let mut digests = Vec::with_capacity(range.len());
     let mut findings = Vec::new();
     let mut open: Option<(usize, File)> = None;
-    for t in &written.tensors {
+    for t in &written.tensors[range] {
         if open.as_ref().is_none_or(|(s, _)| *s != t.shard) {
             let path = &written.shards[t.shard].path;
             match crate::formats::input::open_regular(path) {
@@ -206,6 +236,19 @@ fn digest_written(
     Ok((digests, findings))
 }
 
+/// Where to split `tensors` so both runs hold about half the bytes.
+fn byte_midpoint(tensors: &[written::WrittenTensor]) -> usize {
+    let half = tensors.iter().map(|t| t.len).sum::<u64>() / 2;
+    let mut sum = 0;
+    tensors
+        .iter()
+        .position(|t| {
+            sum += t.len;
+            sum > half
+        })
+        .map_or(tensors.len(), |i| i + 1)
+}
+
 /// The hash of what a save writes for each pair, read from the source through the
 /// recipe (a cast converts exactly as the saver does).
 fn hash_expected(
@@ -213,7 +256,7 @@ fn hash_expected(
     pairs: &[(usize, &crate::save::plan::PlannedTensor)],
     progress: &Progress,
 ) -> Result<(Vec<Option<u128>>, Vec<Finding>), VerifyError> {
-    let mut copier = Copier::new(false);
+    let mut copier = Copier::with_stream_chunk(READ_CHUNK);
     let mut files: std::collections::HashMap<usize, Option<File>> =
         std::collections::HashMap::new();
     let mut hashes = Vec::with_capacity(pairs.len());
