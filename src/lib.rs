@@ -11,6 +11,8 @@
 //!            save: shard plan of per-tensor recipes, writers, commit, verify;
 //!            plan: accelerate's auto placement; inspect: text and JSON reports;
 //!            monitor: RAM and GPU memory readings (save gets free RAM passed in)
+//! verify     devmap verify: a saved folder as transformers reads it, and compared
+//!            with what a save writes (through save's plan and recipes)
 //! tui        App (state, actions, no I/O of its own), layout, views; cli in main.rs
 //! ```
 //!
