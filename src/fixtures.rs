@@ -4,6 +4,8 @@
 //! offload folders exactly as accelerate and transformers write them, so what devmap
 //! reads in its tests is what users have on disk.
 
+pub mod hub_server;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::Path;

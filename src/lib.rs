@@ -11,6 +11,8 @@
 //!            save: shard plan of per-tensor recipes, writers, commit, verify;
 //!            plan: accelerate's auto placement; inspect: text and JSON reports;
 //!            monitor: RAM and GPU memory readings (save gets free RAM passed in)
+//! remote     hf:// and https:// models: config, index and shard headers by HTTP
+//!            range reads into a header mirror that `model::load` reads
 //! verify     devmap verify: a saved folder as transformers reads it, and compared
 //!            with what a save writes (through save's plan and recipes)
 //! tui        App (state, actions, no I/O of its own), layout, views; cli in main.rs
@@ -26,6 +28,7 @@ pub mod inspect;
 pub mod model;
 pub mod monitor;
 pub mod plan;
+pub mod remote;
 pub mod save;
 pub mod sys;
 pub mod text;

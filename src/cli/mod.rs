@@ -6,7 +6,7 @@ mod progress;
 mod verify;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use args::Args;
@@ -72,13 +72,99 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 }
 
-pub(super) fn open(dir: &std::path::Path, model: &ModelArgs) -> Result<Checkpoint> {
+/// Opens a MODEL argument: a folder, a repo id in the local Hugging Face cache
+/// (`org/name[@revision]`, when no such path exists), or a remote model (`hf://…`,
+/// `https://…`) read by its headers alone.
+pub(super) fn open(arg: &Path, model: &ModelArgs) -> Result<Checkpoint> {
     let options = LoadOptions {
         device_map: model.device_map.clone(),
         offload_folder: model.offload_folder.clone(),
         ties: model.ties.clone(),
     };
-    load(dir, &options).wrap_err_with(|| format!("cannot open the model in {}", dir.display()))
+    if let Some(source) = remote_source(arg)? {
+        let mirror = fetch_headers(&source)?;
+        let mut ckpt = load(&mirror.dir, &options)
+            .wrap_err_with(|| format!("cannot read the model at {}", mirror.origin))?;
+        ckpt.remote = Some(source.describe());
+        // Everything devmap needs is in memory now; the mirror folder goes.
+        drop(mirror);
+        return Ok(ckpt);
+    }
+    let dir = local_model_dir(arg)?;
+    load(&dir, &options).wrap_err_with(|| format!("cannot open the model in {}", dir.display()))
+}
+
+/// The remote model an argument names, if it names one.
+fn remote_source(arg: &Path) -> Result<Option<devmap::remote::Source>> {
+    match arg.to_str().and_then(devmap::remote::Source::parse) {
+        Some(source) => Ok(Some(source?)),
+        None => Ok(None),
+    }
+}
+
+/// A folder as given, or the cache snapshot of a repo id that is not a path here.
+pub(super) fn local_model_dir(arg: &Path) -> Result<PathBuf> {
+    use devmap::formats::hub_cache;
+    if std::fs::symlink_metadata(arg).is_ok() {
+        return Ok(arg.to_path_buf());
+    }
+    let Some(id) = arg.to_str().and_then(hub_cache::parse_repo_id) else {
+        return Ok(arg.to_path_buf());
+    };
+    let root = hub_cache::cache_root().ok_or(hub_cache::HubCacheError::NoRoot)?;
+    let dir = hub_cache::resolve(&id, &root)?;
+    Ok(dir)
+}
+
+/// Fetches a remote model's config, index and shard headers, with a progress line on
+/// a terminal's stderr and a summary after.
+fn fetch_headers(source: &devmap::remote::Source) -> Result<devmap::remote::Mirror> {
+    use std::io::Write;
+    let tty = std::io::stderr().is_terminal();
+    let origin = source.display();
+    let started = std::time::Instant::now();
+    let progress = |done: usize, total: usize| {
+        if tty {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(
+                err,
+                "\r\x1b[2Kfetching the headers of {}: {done}/{total} shard(s)",
+                devmap::text::escaped(&origin)
+            );
+            let _ = err.flush();
+        }
+    };
+    let mirror = devmap::remote::fetch(source, None, &progress);
+    if tty {
+        let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
+    }
+    let mirror = mirror.wrap_err_with(|| format!("cannot read the remote model {origin}"))?;
+    err_line(format!(
+        "{}: {} shard header(s) in {:.1} s, {} in {} request(s) ({:.4}% of the model's {})",
+        devmap::text::escaped(&mirror.origin),
+        mirror.shards,
+        started.elapsed().as_secs_f64(),
+        human_bytes(mirror.bytes),
+        mirror.requests,
+        mirror.bytes as f64 * 100.0 / mirror.model_bytes.max(1) as f64,
+        human_bytes(mirror.model_bytes)
+    ))?;
+    Ok(mirror)
+}
+
+/// Refuses a remote model before any request: saving needs the weights.
+pub(super) fn refuse_remote(arg: &Path, what: &str) -> Result<()> {
+    if let Some(source) = remote_source(arg)? {
+        return Err(eyre!(
+            "{} is a remote model, and {what} needs its weights; download it first (e.g. `huggingface-cli download {}`) and use the local copy or its repo id",
+            source.display(),
+            match &source {
+                devmap::remote::Source::Hub { repo, .. } => repo.clone(),
+                devmap::remote::Source::Url { .. } => "…".to_owned(),
+            }
+        ));
+    }
+    Ok(())
 }
 
 fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
@@ -136,6 +222,7 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
 }
 
 fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
+    refuse_remote(&a.dir, "saving")?;
     let ckpt = open(&a.dir, model)?;
     let options = SaveOptions {
         max_shard_size: a.max_shard_size,

@@ -20,9 +20,13 @@ use super::output::{OutputGone, err_line, out, print_error};
 pub fn run(a: &VerifyArgs, model: &ModelArgs) -> ExitCode {
     let result = (|| -> Result<ExitCode> {
         let ckpt = match &a.against {
-            Some(dir) => Some(super::open(dir, model)?),
+            Some(dir) => {
+                super::refuse_remote(dir, "verify --against")?;
+                Some(super::open(dir, model)?)
+            }
             None => None,
         };
+        let folder = super::local_model_dir(&a.out)?;
         let expected = match (&ckpt, &a.against) {
             (Some(ckpt), Some(dir)) => {
                 let options = SaveOptions {
@@ -42,7 +46,7 @@ pub fn run(a: &VerifyArgs, model: &ModelArgs) -> ExitCode {
             }
             _ => None,
         };
-        let report = check(&a.out, expected.as_ref(), a.quiet)?;
+        let report = check(&folder, expected.as_ref(), a.quiet)?;
         if a.json {
             out(report.to_json())?;
         } else {

@@ -5,6 +5,7 @@ pub mod config;
 pub mod device_map;
 mod error;
 pub mod hf_index;
+pub mod hub_cache;
 pub mod input;
 pub mod json;
 pub mod offload;

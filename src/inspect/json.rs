@@ -71,7 +71,7 @@ pub fn to_json_string(ckpt: &Checkpoint) -> String {
 }
 
 fn report(ckpt: &Checkpoint) -> Report<'_> {
-    let file = |id: usize| ckpt.file_path(id).display().to_string();
+    let file = |id: usize| ckpt.file_label(id);
     let tensors = ckpt
         .tensors()
         .iter()
@@ -99,7 +99,10 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
         })
         .collect();
     Report {
-        model: ckpt.dir.display().to_string(),
+        model: ckpt
+            .remote
+            .as_ref()
+            .map_or_else(|| ckpt.dir.display().to_string(), |r| r.name.clone()),
         tensors,
         ties: ckpt
             .ties

@@ -46,7 +46,7 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
     let tree = ModuleTree::build(ckpt);
     let mut out = String::new();
     let root = &tree.nodes[ModuleTree::ROOT];
-    let _ = writeln!(out, "{}", crate::text::path(&ckpt.dir));
+    let _ = writeln!(out, "{}", ckpt.display_name());
     let _ = writeln!(
         out,
         "  {} tensors · {} · {} parameters",

@@ -99,6 +99,9 @@ pub struct Checkpoint {
     /// What loading noticed (index omissions, dtype differences). The placement checks
     /// depend on the device map and are computed by [`Checkpoint::all_warnings`].
     pub warnings: Vec<super::warning::Warning>,
+    /// Set for a model read over HTTP (`hf://…`, `https://…`): `dir` is then a header
+    /// mirror whose shards hold no tensor data.
+    pub remote: Option<RemoteModel>,
     /// The tie group of each tensor, by tensor id (`NO_TIE` for none).
     tie_of: Vec<u32>,
     /// Checkpoint entries whose value an offload entry replaced, with the dtype the
@@ -107,6 +110,16 @@ pub struct Checkpoint {
 }
 
 const NO_TIE: u32 = u32::MAX;
+
+/// Where a remote model's files are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteModel {
+    /// `hf://org/name[@rev]` or the URL given.
+    pub name: String,
+    /// What a file name is appended to for reports: `hf://org/name[@rev]/` (the paths
+    /// huggingface_hub's HfFileSystem uses) or the URL's folder.
+    pub files: String,
+}
 
 impl Checkpoint {
     /// Every tensor, in module order.
@@ -161,6 +174,7 @@ impl Checkpoint {
             weight_files,
             warnings,
             replaced,
+            remote: None,
             tie_of,
         };
         ckpt.point_tied_sources();
@@ -291,6 +305,27 @@ impl Checkpoint {
         let mut all = self.warnings.clone();
         all.extend(super::checks::run(self));
         all
+    }
+
+    /// How reports name the model: its folder, or the URL of a remote one.
+    pub fn display_name(&self) -> String {
+        match &self.remote {
+            Some(remote) => crate::text::escaped(&remote.name).into_owned(),
+            None => crate::text::path(&self.dir),
+        }
+    }
+
+    /// How reports name a source file: its path, or its remote address.
+    pub fn file_label(&self, id: FileId) -> String {
+        let path = self.file_path(id);
+        match &self.remote {
+            Some(remote) => format!(
+                "{}{}",
+                remote.files,
+                path.file_name().unwrap_or_default().to_string_lossy()
+            ),
+            None => path.display().to_string(),
+        }
     }
 
     pub fn total_bytes(&self) -> u64 {

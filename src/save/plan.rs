@@ -277,6 +277,12 @@ pub fn split_into_shards(sizes: &[u64], max: u64) -> Vec<Range<usize>> {
 }
 
 pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveError> {
+    if let Some(remote) = &ckpt.remote {
+        return Err(SaveError::Refused(vec![format!(
+            "{} is a remote model: devmap read only its headers, not its weights; download it first (e.g. `huggingface-cli download ORG/NAME`) and save from the local copy or the cache",
+            remote.name
+        )]));
+    }
     let mut problems = Vec::new();
     let mut dropped_ties = Vec::new();
     let cast_to = resolve_dtype(ckpt, options.dtype);

@@ -221,6 +221,11 @@ fn note_symlinks(
     warnings: &mut Vec<Warning>,
 ) {
     let Ok(root) = dir.canonicalize() else { return };
+    // A Hugging Face cache snapshot is made of symlinks into the repo's own `blobs/`:
+    // that is its layout, not news.
+    let blobs = crate::formats::hub_cache::is_snapshot(dir)
+        .then(|| dir.join("../../blobs").canonicalize().ok())
+        .flatten();
     let mut outside = Vec::new();
     let candidates = files.iter().map(|f| f.path.as_path()).chain(offload);
     for path in candidates {
@@ -233,6 +238,7 @@ fn note_symlinks(
         }
         if let Ok(target) = path.canonicalize()
             && !target.starts_with(&root)
+            && !blobs.as_ref().is_some_and(|b| target.starts_with(b))
         {
             outside.push(format!("{} -> {}", path.display(), target.display()));
         }

@@ -61,6 +61,16 @@ impl App {
     /// or beside the git checkout it lies in, so that nothing devmap writes lands in
     /// someone's repository by default.
     pub(super) fn beside_model(&self, suffix: &str) -> PathBuf {
+        if let Some(remote) = &self.ckpt.remote {
+            // A remote model has no folder here: the current one, named after it.
+            let name = remote
+                .name
+                .trim_end_matches(".json")
+                .rsplit(['/', '@'])
+                .next()
+                .unwrap_or("model");
+            return PathBuf::from(format!("{name}{suffix}"));
+        }
         let dir = &self.ckpt.dir;
         let mut name = dir.file_name().unwrap_or(dir.as_os_str()).to_os_string();
         name.push(suffix);

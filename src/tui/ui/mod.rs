@@ -59,10 +59,13 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
 
 fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let root = &app.tree.nodes[0];
-    let name = app.ckpt.dir.file_name().map_or_else(
-        || crate::text::path(&app.ckpt.dir),
-        |n| crate::text::escaped(&n.to_string_lossy()).into_owned(),
-    );
+    let name = match &app.ckpt.remote {
+        Some(remote) => crate::text::escaped(&remote.name).into_owned(),
+        None => app.ckpt.dir.file_name().map_or_else(
+            || crate::text::path(&app.ckpt.dir),
+            |n| crate::text::escaped(&n.to_string_lossy()).into_owned(),
+        ),
+    };
     let mut spans = vec![
         Span::styled(" devmap ", theme.title()),
         Span::raw(format!(

@@ -1,0 +1,610 @@
+//! Models where users keep them: repo ids resolved in a Hugging Face cache laid out as
+//! huggingface_hub writes it, and `hf://` / `http(s)://` models read by their headers
+//! over HTTP range requests from a local Hub-like server (127.0.0.1 only; no test
+//! needs the internet).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::Ordering;
+
+use common::{snapshot, stderr, stdout};
+use devmap::fixtures::hub_server::{self, HubServer, ServerOptions};
+use devmap::fixtures::{LlamaShape, llama_config, llama_like, write_json, write_sharded};
+use devmap::model::DType;
+
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+const OTHER_COMMIT: &str = "fedcba9876543210fedcba9876543210fedcba98";
+
+/// A tied Llama in three shards.
+fn model(dir: &Path, layers: usize) {
+    let shape = LlamaShape {
+        layers,
+        hidden: 32,
+        intermediate: 64,
+        vocab: 128,
+        dtype: DType::BF16,
+    };
+    std::fs::create_dir_all(dir).expect("mkdir");
+    write_sharded(dir, &llama_like(shape), 3).expect("shards");
+    write_json(&dir.join("config.json"), &llama_config(shape)).expect("config");
+}
+
+/// Puts `model`'s files in the cache at `root` as huggingface_hub does: content in
+/// `blobs/`, the snapshot made of relative symlinks, `refs/REF` naming the commit.
+fn cache(root: &Path, repo: &str, commit: &str, refs: &[&str], model: &Path) -> PathBuf {
+    let folder = root.join(format!("models--{}", repo.replace('/', "--")));
+    let blobs = folder.join("blobs");
+    let snapshot = folder.join("snapshots").join(commit);
+    std::fs::create_dir_all(&blobs).expect("blobs");
+    std::fs::create_dir_all(&snapshot).expect("snapshot");
+    for e in std::fs::read_dir(model).expect("model") {
+        let e = e.expect("entry");
+        let bytes = std::fs::read(e.path()).expect("read");
+        // huggingface_hub names blobs by their sha256 (LFS) or git hash; any unique
+        // name works for the layout.
+        let blob = format!(
+            "{:016x}{}",
+            bytes.len(),
+            e.file_name().to_string_lossy().len()
+        );
+        let blob = format!(
+            "{blob}-{}",
+            e.file_name().to_string_lossy().replace('.', "_")
+        );
+        std::fs::write(blobs.join(&blob), &bytes).expect("blob");
+        std::os::unix::fs::symlink(format!("../../blobs/{blob}"), snapshot.join(e.file_name()))
+            .expect("symlink");
+    }
+    for r in refs {
+        let path = folder.join("refs").join(r);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("refs");
+        std::fs::write(path, commit).expect("ref");
+    }
+    snapshot
+}
+
+/// Runs devmap with a clean Hugging Face environment plus `env`.
+fn devmap_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_devmap"));
+    cmd.args(args).env_remove("RUST_BACKTRACE");
+    for var in [
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_HOME",
+        "HF_TOKEN",
+        "HF_TOKEN_PATH",
+        "HF_ENDPOINT",
+        "XDG_CACHE_HOME",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run devmap")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8")
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "devmap failed: {}", stderr(o));
+    serde_json::from_str(&stdout(o)).expect("json report")
+}
+
+/// What must be the same whether a model is read from a folder or elsewhere: every
+/// tensor (name, dtype, shape, placement, source kind), ties, totals and warnings.
+fn same_model(a: &serde_json::Value, b: &serde_json::Value) {
+    // Source files compared by name: one side's are paths, the other's addresses.
+    let by_name = |v: &serde_json::Value| {
+        let mut v = v.clone();
+        for t in v["tensors"].as_array_mut().into_iter().flatten() {
+            if let Some(file) = t["source"]["file"].as_str() {
+                let name = file.rsplit('/').next().unwrap_or(file).to_owned();
+                t["source"]["file"] = name.into();
+            }
+        }
+        v
+    };
+    let (a, b) = (&by_name(a), &by_name(b));
+    for key in ["tensors", "ties", "devices", "total_bytes"] {
+        assert_eq!(a[key], b[key], "`{key}` differs");
+    }
+    let kinds = |v: &serde_json::Value| -> Vec<String> {
+        v["warnings"]
+            .as_array()
+            .map(|w| w.iter().map(|x| x["kind"].to_string()).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(kinds(a), kinds(b));
+}
+
+#[test]
+fn a_repo_id_opens_its_cache_snapshot() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("src");
+    model(&src, 2);
+    let root = tmp.path().join("hub");
+    let snap = cache(&root, "acme/tiny-llama", COMMIT, &["main"], &src);
+    let env = [("HF_HUB_CACHE", s(&root))];
+    let direct = json(&devmap_env(&["inspect", s(&src), "--json"], &[]));
+    let o = devmap_env(&["inspect", "acme/tiny-llama", "--json"], &env);
+    let cached = json(&o);
+    assert_eq!(cached["model"], s(&snap));
+    // The symlinks into blobs/ are the cache's layout, not worth a warning.
+    assert!(!stdout(&o).contains("symlinks_outside"), "{}", stdout(&o));
+    same_model(&direct, &cached);
+    // plan works the same way.
+    let o = devmap_env(
+        &["plan", "acme/tiny-llama", "--max-memory", "cpu=40KB"],
+        &env,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p = devmap_env(&["plan", s(&src), "--max-memory", "cpu=40KB"], &[]);
+    assert_eq!(stdout(&o), stdout(&p));
+}
+
+#[test]
+fn the_cache_root_follows_huggingface_hubs_variables() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("src");
+    model(&src, 1);
+    // HF_HOME/hub
+    let home = tmp.path().join("hf-home");
+    let snap = cache(&home.join("hub"), "acme/m", COMMIT, &["main"], &src);
+    let o = devmap_env(&["inspect", "acme/m", "--json"], &[("HF_HOME", s(&home))]);
+    assert_eq!(json(&o)["model"], s(&snap));
+    // XDG_CACHE_HOME/huggingface/hub
+    let xdg = tmp.path().join("xdg");
+    let snap = cache(
+        &xdg.join("huggingface/hub"),
+        "acme/m",
+        COMMIT,
+        &["main"],
+        &src,
+    );
+    let o = devmap_env(
+        &["inspect", "acme/m", "--json"],
+        &[("XDG_CACHE_HOME", s(&xdg))],
+    );
+    assert_eq!(json(&o)["model"], s(&snap));
+    // HOME/.cache/huggingface/hub
+    let user = tmp.path().join("user");
+    let snap = cache(
+        &user.join(".cache/huggingface/hub"),
+        "acme/m",
+        COMMIT,
+        &["main"],
+        &src,
+    );
+    let o = devmap_env(&["inspect", "acme/m", "--json"], &[("HOME", s(&user))]);
+    assert_eq!(json(&o)["model"], s(&snap));
+    // HF_HUB_CACHE wins over HF_HOME.
+    let o = devmap_env(
+        &["inspect", "acme/m", "--json"],
+        &[
+            ("HF_HOME", "/nonexistent"),
+            ("HF_HUB_CACHE", s(&xdg.join("huggingface/hub"))),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn revisions_resolve_through_refs_or_as_commits() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
+    model(&one, 1);
+    model(&two, 2);
+    let root = tmp.path().join("hub");
+    cache(&root, "acme/m", COMMIT, &["main"], &one);
+    let v2 = cache(&root, "acme/m", OTHER_COMMIT, &["v2", "refs/pr/3"], &two);
+    let env = [("HF_HUB_CACHE", s(&root))];
+    for spec in [
+        "acme/m@v2",
+        "acme/m@refs/pr/3",
+        &format!("acme/m@{OTHER_COMMIT}"),
+    ] {
+        let o = devmap_env(&["inspect", spec, "--json"], &env);
+        assert_eq!(json(&o)["model"], s(&v2), "{spec}");
+    }
+}
+
+#[test]
+fn a_missing_repo_or_revision_says_what_the_cache_has() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("src");
+    model(&src, 1);
+    let root = tmp.path().join("hub");
+    cache(&root, "acme/m", COMMIT, &["main", "v1"], &src);
+    cache(&root, "other/x", COMMIT, &["main"], &src);
+    let env = [("HF_HUB_CACHE", s(&root))];
+    let o = devmap_env(&["inspect", "acme/absent"], &env);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("acme/absent is not in the Hugging Face cache"),
+        "{err}"
+    );
+    assert!(err.contains("acme/m, other/x"), "{err}");
+    assert!(
+        err.contains("huggingface-cli download acme/absent"),
+        "{err}"
+    );
+    let o = devmap_env(&["inspect", "acme/m@v9"], &env);
+    let err = stderr(&o);
+    assert!(
+        err.contains("revision `v9` of acme/m is not in the cache"),
+        "{err}"
+    );
+    assert!(err.contains("refs: main, v1"), "{err}");
+    assert!(err.contains(&format!("snapshots: {COMMIT}")), "{err}");
+}
+
+#[test]
+fn save_from_the_cache_is_a_save_from_the_folder_and_leaves_the_cache_alone() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("src");
+    model(&src, 2);
+    let root = tmp.path().join("hub");
+    cache(&root, "acme/m", COMMIT, &["main"], &src);
+    let before = snapshot(&root);
+    let env = [("HF_HUB_CACHE", s(&root))];
+    let (a, b) = (
+        tmp.path().join("from-cache"),
+        tmp.path().join("from-folder"),
+    );
+    let o = devmap_env(
+        &[
+            "save",
+            "acme/m",
+            "--out",
+            s(&a),
+            "--quiet",
+            "--max-shard-size",
+            "20KB",
+        ],
+        &env,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = devmap_env(
+        &[
+            "save",
+            s(&src),
+            "--out",
+            s(&b),
+            "--quiet",
+            "--max-shard-size",
+            "20KB",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(common::read_saved(&a), common::read_saved(&b));
+    // config.json is copied as a file (the symlink followed), not as a link.
+    let config = a.join("config.json");
+    assert!(
+        !std::fs::symlink_metadata(&config)
+            .expect("config")
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        std::fs::read(&config).ok(),
+        std::fs::read(src.join("config.json")).ok()
+    );
+    assert_eq!(snapshot(&root), before, "the cache was modified");
+    // And verify takes the repo id too.
+    let o = devmap_env(&["verify", s(&a), "--against", "acme/m"], &env);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+}
+
+#[test]
+fn an_existing_folder_wins_over_a_repo_id() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let local = tmp.path().join("acme/m");
+    model(&local, 1);
+    let o = Command::new(env!("CARGO_BIN_EXE_devmap"))
+        .args(["inspect", "acme/m", "--json"])
+        .current_dir(tmp.path())
+        .env("HF_HUB_CACHE", tmp.path().join("empty-cache"))
+        .output()
+        .expect("run");
+    assert_eq!(json(&o)["model"], "acme/m");
+}
+
+// ---- remote models -------------------------------------------------------------
+
+struct Served {
+    _tmp: tempfile::TempDir,
+    src: PathBuf,
+    root: PathBuf,
+    server: HubServer,
+}
+
+fn serve(options: ServerOptions) -> Served {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("src");
+    model(&src, 3);
+    let root = tmp.path().join("www");
+    hub_server::publish(&root, "acme/tiny", "main", &src).expect("publish");
+    let server = hub_server::start(&root, options).expect("server");
+    Served {
+        _tmp: tmp,
+        src,
+        root,
+        server,
+    }
+}
+
+fn model_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .expect("dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .map(|e| e.metadata().expect("meta").len())
+        .sum()
+}
+
+#[test]
+fn hf_urls_read_only_headers_and_give_the_same_tree_and_plan() {
+    let served = serve(ServerOptions::default());
+    let endpoint = served.server.endpoint();
+    let env = [("HF_ENDPOINT", endpoint.as_str())];
+    let local = json(&devmap_env(&["inspect", s(&served.src), "--json"], &[]));
+    let o = devmap_env(&["inspect", "hf://acme/tiny", "--json"], &env);
+    let remote = json(&o);
+    assert_eq!(remote["model"], "hf://acme/tiny");
+    same_model(&local, &remote);
+    let embed = remote["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .find(|t| t["name"] == "model.embed_tokens.weight")
+        .expect("embedding");
+    assert!(
+        embed["source"]["file"]
+            .as_str()
+            .is_some_and(|f| f.starts_with("hf://acme/tiny/model-0000")),
+        "{embed}"
+    );
+    // Two range requests per shard (8 bytes, then the header), plus config and index.
+    let stats = &served.server.stats;
+    assert_eq!(stats.requests.load(Ordering::Relaxed), 2 * 3 + 2);
+    let fetched = stats.body_bytes.load(Ordering::Relaxed);
+    let headers: u64 = std::fs::read_dir(&served.src)
+        .expect("src")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .map(|e| {
+            devmap::formats::safetensors::read_header(&e.path())
+                .expect("header")
+                .data_start
+        })
+        .sum();
+    let small_files = std::fs::metadata(served.src.join("config.json"))
+        .expect("c")
+        .len()
+        + std::fs::metadata(served.src.join("model.safetensors.index.json"))
+            .expect("i")
+            .len();
+    assert_eq!(
+        fetched,
+        headers + small_files,
+        "only headers, config and index"
+    );
+    assert!(fetched < model_bytes(&served.src) / 4);
+    assert!(stderr(&o).contains("3 shard header(s)"), "{}", stderr(&o));
+    // The header mirror is gone once devmap is done.
+    let scratch = served.root.with_file_name("scratch");
+    std::fs::create_dir_all(&scratch).expect("scratch");
+    let o = devmap_env(
+        &["inspect", "hf://acme/tiny"],
+        &[("HF_ENDPOINT", endpoint.as_str()), ("TMPDIR", s(&scratch))],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read_dir(&scratch).expect("scratch").count(), 0);
+
+    let args = ["--max-memory", "0=30KB,cpu=30KB"];
+    let p_local = devmap_env(&[&["plan", s(&served.src)], &args[..]].concat(), &[]);
+    let p_remote = devmap_env(&[&["plan", "hf://acme/tiny"], &args[..]].concat(), &env);
+    assert!(p_remote.status.success(), "{}", stderr(&p_remote));
+    assert_eq!(stdout(&p_local), stdout(&p_remote));
+}
+
+#[test]
+fn redirects_are_followed_with_their_ranges() {
+    let served = serve(ServerOptions {
+        redirect: true,
+        ..ServerOptions::default()
+    });
+    let endpoint = served.server.endpoint();
+    let o = devmap_env(
+        &["inspect", "hf://acme/tiny", "--json"],
+        &[("HF_ENDPOINT", endpoint.as_str())],
+    );
+    let remote = json(&o);
+    same_model(
+        &json(&devmap_env(&["inspect", s(&served.src), "--json"], &[])),
+        &remote,
+    );
+    assert!(model_bytes(&served.src) / 4 > served.server.stats.body_bytes.load(Ordering::Relaxed));
+}
+
+#[test]
+fn a_plain_url_of_an_index_or_a_file_works_too() {
+    let served = serve(ServerOptions::default());
+    let base = format!("{}/cdn/acme/tiny/main", served.server.endpoint());
+    let o = devmap_env(
+        &[
+            "inspect",
+            &format!("{base}/model.safetensors.index.json"),
+            "--json",
+        ],
+        &[],
+    );
+    let remote = json(&o);
+    same_model(
+        &json(&devmap_env(&["inspect", s(&served.src), "--json"], &[])),
+        &remote,
+    );
+    // One shard file alone: its tensors.
+    let shard = std::fs::read_dir(&served.src)
+        .expect("src")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.ends_with(".safetensors"))
+        .expect("a shard");
+    let o = devmap_env(&["inspect", &format!("{base}/{shard}"), "--json"], &[]);
+    let one = json(&o);
+    let header = devmap::formats::safetensors::read_header(&served.src.join(&shard)).expect("h");
+    assert_eq!(
+        one["tensors"].as_array().expect("tensors").len(),
+        header.tensors.len()
+    );
+}
+
+#[test]
+fn errors_name_the_status_and_the_url() {
+    let served = serve(ServerOptions::default());
+    let endpoint = served.server.endpoint();
+    let env = [("HF_ENDPOINT", endpoint.as_str())];
+    let o = devmap_env(&["inspect", "hf://acme/absent"], &env);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "HTTP 404 for {endpoint}/acme/absent/resolve/main/model.safetensors"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("no such repo"), "{err}");
+}
+
+#[test]
+fn a_private_repo_needs_the_token_from_hf_token_or_the_login_file() {
+    let served = serve(ServerOptions {
+        token: Some("hf_secret".into()),
+        redirect: true,
+        ..ServerOptions::default()
+    });
+    let endpoint = served.server.endpoint();
+    let o = devmap_env(
+        &["inspect", "hf://acme/tiny"],
+        &[("HF_ENDPOINT", endpoint.as_str())],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("HTTP 401") && err.contains("HF_TOKEN"),
+        "{err}"
+    );
+    let o = devmap_env(
+        &["inspect", "hf://acme/tiny", "--json"],
+        &[
+            ("HF_ENDPOINT", endpoint.as_str()),
+            ("HF_TOKEN", "hf_secret"),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let home = served.root.with_file_name("hf-home");
+    std::fs::create_dir_all(&home).expect("home");
+    std::fs::write(home.join("token"), "hf_secret\n").expect("token");
+    let o = devmap_env(
+        &["inspect", "hf://acme/tiny", "--json"],
+        &[("HF_ENDPOINT", endpoint.as_str()), ("HF_HOME", s(&home))],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn a_server_that_ignores_range_is_refused() {
+    let served = serve(ServerOptions {
+        ignore_range: true,
+        ..ServerOptions::default()
+    });
+    let endpoint = served.server.endpoint();
+    let o = devmap_env(
+        &["inspect", "hf://acme/tiny"],
+        &[("HF_ENDPOINT", endpoint.as_str())],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("ignores Range requests"), "{err}");
+    assert!(err.contains("will not download"), "{err}");
+}
+
+#[test]
+fn a_truncated_header_is_named_with_its_url() {
+    let served = serve(ServerOptions::default());
+    let dir = served.root.join("acme/tiny/main");
+    let shard = std::fs::read_dir(&dir)
+        .expect("dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .expect("shard");
+    let header = devmap::formats::safetensors::read_header(&shard).expect("header");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .expect("open");
+    f.set_len(header.data_start / 2).expect("truncate");
+    let endpoint = served.server.endpoint();
+    let o = devmap_env(
+        &["inspect", "hf://acme/tiny"],
+        &[("HF_ENDPOINT", endpoint.as_str())],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    let name = shard
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    assert!(err.contains(&format!("/resolve/main/{name}")), "{err}");
+}
+
+#[test]
+fn saving_a_remote_model_is_refused_before_any_request() {
+    let served = serve(ServerOptions::default());
+    let endpoint = served.server.endpoint();
+    let out = served.root.with_file_name("out");
+    let o = devmap_env(
+        &["save", "hf://acme/tiny", "--out", s(&out)],
+        &[("HF_ENDPOINT", endpoint.as_str())],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("hf://acme/tiny is a remote model"), "{err}");
+    assert!(err.contains("huggingface-cli download acme/tiny"), "{err}");
+    assert_eq!(served.server.stats.requests.load(Ordering::Relaxed), 0);
+    assert!(!out.exists());
+    // The library refuses too (the inspector's save dialog goes through it).
+    let mirror = devmap::remote::fetch(
+        &devmap::remote::Source::Hub {
+            endpoint: endpoint.clone(),
+            repo: "acme/tiny".into(),
+            revision: "main".into(),
+        },
+        None,
+        &|_, _| {},
+    )
+    .expect("fetch");
+    let mut ckpt =
+        devmap::model::load(&mirror.dir, &devmap::model::LoadOptions::default()).expect("load");
+    ckpt.remote = Some(
+        devmap::remote::Source::Hub {
+            endpoint: endpoint.clone(),
+            repo: "acme/tiny".into(),
+            revision: "main".into(),
+        }
+        .describe(),
+    );
+    let refused =
+        devmap::save::prepare(&ckpt, &devmap::save::SaveOptions::new(&out)).expect_err("refused");
+    assert!(refused.to_string().contains("remote model"), "{refused}");
+}
