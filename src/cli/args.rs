@@ -11,15 +11,20 @@ use clap::{Args as ClapArgs, Parser, Subcommand};
     version,
     about = "See where every weight of a Hugging Face model lives (GPU, CPU, disk, meta), and re-save offloaded models as clean sharded safetensors.",
     long_about = "devmap reads a Hugging Face model directory — safetensors weights, config.json, an accelerate \
-device_map.json and an offload folder — and shows where every parameter is placed and where its bytes come from.\n\n\
-With no subcommand it opens the interactive inspector on DIR (the bundled demo model when DIR is omitted); \
+device_map.json and an offload folder — and shows where every parameter is placed and where its bytes come from. \
+A model can also be a repo id in the Hugging Face cache (org/name[@revision]) or, to inspect and plan before \
+downloading, hf://org/name (only the headers are fetched).\n\n\
+With no subcommand it opens the interactive inspector on MODEL (the bundled demo model when MODEL is omitted); \
 when standard output is not a terminal it prints the inspect report instead. Press ? inside for the keys.",
-    after_help = "Examples:\n  devmap inspect ./llama --offload-folder ./offload\n  devmap inspect ./llama --json > placement.json\n  devmap save ./llama --out ./llama-merged --max-shard-size 2GB"
+    after_help = "Examples:\n  devmap inspect ./llama --offload-folder ./offload\n  devmap inspect Qwen/Qwen2-7B          (from the Hugging Face cache)\n  devmap plan hf://Qwen/Qwen2-7B --max-memory 0=24GiB,cpu=64GiB   (headers only, no download)\n  devmap inspect ./llama --json > placement.json\n  devmap save ./llama --out ./llama-merged --max-shard-size 2GB"
 )]
 pub struct Args {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Model directory to open in the inspector (default: the bundled demo model).
+    /// Model to open in the inspector: a folder, a repo id in the Hugging Face cache
+    /// (org/name[@revision]), or hf://org/name / an https:// URL (headers only).
+    /// Default: the bundled demo model.
+    #[arg(value_name = "MODEL")]
     pub dir: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
@@ -66,7 +71,10 @@ pub struct VerifyArgs {
 
 #[derive(Debug, ClapArgs)]
 pub struct PlanArgs {
-    /// Model directory.
+    /// Model: a folder, a repo id in the Hugging Face cache (org/name[@revision]), or
+    /// hf://org/name[@revision] / an https:// URL of a .safetensors file or index
+    /// (only the headers are fetched).
+    #[arg(value_name = "MODEL")]
     pub dir: PathBuf,
     /// Budgets: DEVICE=SIZE pairs, e.g. 0=22GiB,1=22GiB,cpu=64GiB (disk takes the
     /// rest). Default: the free memory of each GPU found and the available RAM.
@@ -106,7 +114,10 @@ pub struct ModelArgs {
 
 #[derive(Debug, ClapArgs)]
 pub struct InspectArgs {
-    /// Model directory.
+    /// Model: a folder, a repo id in the Hugging Face cache (org/name[@revision]), or
+    /// hf://org/name[@revision] / an https:// URL of a .safetensors file or index
+    /// (only the headers are fetched).
+    #[arg(value_name = "MODEL")]
     pub dir: PathBuf,
     /// Print the stable JSON report instead of text.
     #[arg(long)]
@@ -121,7 +132,8 @@ pub struct InspectArgs {
 
 #[derive(Debug, ClapArgs)]
 pub struct SaveArgs {
-    /// Model directory.
+    /// Model: a folder, or a repo id in the Hugging Face cache (org/name[@revision]).
+    #[arg(value_name = "MODEL")]
     pub dir: PathBuf,
     /// Output folder (created if missing; must be empty unless --force).
     #[arg(long, short, value_name = "OUT")]
