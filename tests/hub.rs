@@ -608,3 +608,40 @@ fn saving_a_remote_model_is_refused_before_any_request() {
         devmap::save::prepare(&ckpt, &devmap::save::SaveOptions::new(&out)).expect_err("refused");
     assert!(refused.to_string().contains("remote model"), "{refused}");
 }
+
+#[test]
+fn the_inspectors_save_dialog_refuses_a_remote_model() {
+    use devmap::tui::app::{Action, App, Mode};
+    let served = serve(ServerOptions::default());
+    let source = devmap::remote::Source::Hub {
+        endpoint: served.server.endpoint(),
+        repo: "acme/tiny".into(),
+        revision: "main".into(),
+    };
+    let mirror = devmap::remote::fetch(&source, None, &|_, _| {}).expect("fetch");
+    let mut ckpt =
+        devmap::model::load(&mirror.dir, &devmap::model::LoadOptions::default()).expect("load");
+    ckpt.remote = Some(source.describe());
+    drop(mirror);
+    let mut app = App::new(ckpt);
+    app.handle(Action::Resize {
+        width: 120,
+        height: 40,
+    });
+    app.handle(Action::OpenSave);
+    app.handle(Action::Tick(std::time::Duration::from_secs(10)));
+    let Mode::SaveDialog(dialog) = &app.mode else {
+        panic!("the save dialog is open")
+    };
+    assert!(
+        dialog
+            .preview
+            .errors
+            .iter()
+            .any(|e| e.contains("hf://acme/tiny is a remote model")),
+        "{:?}",
+        dialog.preview.errors
+    );
+    // Enter starts nothing.
+    assert!(app.handle(Action::Submit).is_empty());
+}
