@@ -1,6 +1,7 @@
 //! Real file formats, read and written. Nothing here knows about terminals or about
 //! how tensors are placed; see `model` for the meaning of what is read.
 
+pub mod adapter;
 pub mod config;
 pub mod device_map;
 mod error;

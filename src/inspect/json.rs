@@ -35,6 +35,18 @@ struct TensorOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     map_key: Option<&'a str>,
     source: SourceOut<'a>,
+    /// LoRA merges a save applies to it (`--merge-lora`), in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    lora: Vec<LoraOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct LoraOut<'a> {
+    adapter: &'a str,
+    kind: &'static str,
+    rank: u64,
+    alpha: f64,
+    scale: f32,
 }
 
 #[derive(Serialize)]
@@ -42,6 +54,7 @@ struct TensorOut<'a> {
 enum SourceOut<'a> {
     Safetensors { file: String, offset: u64 },
     Offload { file: String, offset: u64 },
+    Adapter { file: String, offset: u64 },
     Tied { to: &'a str },
     None,
 }
@@ -75,7 +88,8 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
     let tensors = ckpt
         .tensors()
         .iter()
-        .map(|t| TensorOut {
+        .enumerate()
+        .map(|(id, t)| TensorOut {
             name: &t.name,
             dtype: t.dtype.safetensors_name(),
             shape: &t.shape,
@@ -91,11 +105,26 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
                     file: file(r.file),
                     offset: r.offset,
                 },
+                Source::Adapter(r) => SourceOut::Adapter {
+                    file: file(r.file),
+                    offset: r.offset,
+                },
                 Source::Tied(to) => SourceOut::Tied {
                     to: &ckpt.tensors()[to].name,
                 },
                 Source::None => SourceOut::None,
             },
+            lora: ckpt
+                .merges_of(id)
+                .iter()
+                .map(|m| LoraOut {
+                    adapter: &m.adapter,
+                    kind: m.kind_name(),
+                    rank: m.rank,
+                    alpha: m.alpha,
+                    scale: m.scale,
+                })
+                .collect(),
         })
         .collect();
     Report {

@@ -27,6 +27,9 @@ pub enum Source {
     Offload(ByteRange),
     /// The checkpoint's own safetensors entry.
     Checkpoint(ByteRange),
+    /// A full replacement from a LoRA adapter (`modules_to_save`, an embedding's
+    /// `base_layer`): it outranks both of the above.
+    Adapter(ByteRange),
     /// No bytes of its own: it reads a tie partner's.
     Tied(TensorId),
     /// No data anywhere (a `meta` tensor that was never materialised).
@@ -102,6 +105,9 @@ pub struct Checkpoint {
     /// Set for a model read over HTTP (`hf://…`, `https://…`): `dir` is then a header
     /// mirror whose shards hold no tensor data.
     pub remote: Option<RemoteModel>,
+    /// LoRA merges by the tensor that holds the data (a tie group's kept member), in
+    /// the order they apply (`--merge-lora`).
+    pub merges: std::collections::HashMap<TensorId, Vec<super::merge::MergeStep>>,
     /// The tie group of each tensor, by tensor id (`NO_TIE` for none).
     tie_of: Vec<u32>,
     /// Checkpoint entries whose value an offload entry replaced, with the dtype the
@@ -175,6 +181,7 @@ impl Checkpoint {
             warnings,
             replaced,
             remote: None,
+            merges: std::collections::HashMap::new(),
             tie_of,
         };
         ckpt.point_tied_sources();
@@ -206,7 +213,7 @@ impl Checkpoint {
                 .iter()
                 .copied()
                 .find(|&m| match self.tensors[m].source {
-                    Source::Offload(_) => true,
+                    Source::Offload(_) | Source::Adapter(_) => true,
                     Source::Checkpoint(_) => !want_offload,
                     _ => false,
                 })
@@ -238,12 +245,12 @@ impl Checkpoint {
         {
             let holder = self.group_data_holder(g as usize)?;
             return match self.tensors[holder].source {
-                Source::Offload(r) | Source::Checkpoint(r) => Some(r),
+                Source::Offload(r) | Source::Checkpoint(r) | Source::Adapter(r) => Some(r),
                 _ => None,
             };
         }
         match self.tensors[id].source {
-            Source::Offload(r) | Source::Checkpoint(r) => Some(r),
+            Source::Offload(r) | Source::Checkpoint(r) | Source::Adapter(r) => Some(r),
             Source::Tied(to) if to != id => self.data_range(to),
             _ => None,
         }
@@ -305,6 +312,39 @@ impl Checkpoint {
         let mut all = self.warnings.clone();
         all.extend(super::checks::run(self));
         all
+    }
+
+    /// The LoRA merges that change a tensor's value (a tie group's merges are
+    /// every member's).
+    pub fn merges_of(&self, id: TensorId) -> &[super::merge::MergeStep] {
+        let holder = self.tie_group(id).map_or(id, TieGroup::kept);
+        self.merges.get(&holder).map_or(&[], Vec::as_slice)
+    }
+
+    /// Registers a file outside the model folder (an adapter's weights) as a source,
+    /// returning its id; the same path twice gives the same id.
+    pub fn add_source_file(&mut self, path: &Path, len: u64) -> FileId {
+        if let Some(i) = self.files.iter().position(|f| f.path == path) {
+            return i;
+        }
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        self.files.push(SourceFile {
+            path: path.to_path_buf(),
+            len,
+            modified,
+        });
+        self.files.len() - 1
+    }
+
+    /// Makes a tensor's value the bytes at `range` (an adapter's replacement for a
+    /// `modules_to_save` module or an embedding's `base_layer`).
+    pub fn replace_value(&mut self, id: TensorId, range: ByteRange, dtype: DType) {
+        let t = &mut self.tensors[id];
+        if let Source::Checkpoint(old) = t.source {
+            self.replaced.insert(id, (old, t.dtype));
+        }
+        t.source = Source::Adapter(range);
+        t.dtype = dtype;
     }
 
     /// How reports name the model: its folder, or the URL of a remote one.

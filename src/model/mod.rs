@@ -4,6 +4,8 @@
 pub mod checkpoint;
 pub mod checks;
 pub mod load;
+pub mod lora;
+pub mod merge;
 pub mod names;
 pub use crate::types::shape;
 pub mod tree;

@@ -7,6 +7,7 @@ pub mod copy;
 mod error;
 mod event;
 mod job;
+pub mod merge;
 pub mod plan;
 pub mod preflight;
 pub mod recipe;

@@ -30,7 +30,9 @@ impl Draft {
         crate::model::checkpoint::sort_in_module_order(&mut self.tensors);
         if let Some(w) = self.tensors.windows(2).find(|w| w[0].name == w[1].name) {
             let file = |t: &Tensor| match t.source {
-                Source::Offload(r) | Source::Checkpoint(r) => self.files[r.file].path.clone(),
+                Source::Offload(r) | Source::Checkpoint(r) | Source::Adapter(r) => {
+                    self.files[r.file].path.clone()
+                }
                 _ => PathBuf::new(),
             };
             return Err(LoadError::Conflict {

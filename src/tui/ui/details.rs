@@ -138,6 +138,7 @@ fn source_text(app: &App, source: Source) -> String {
     match source {
         Source::Checkpoint(r) => range_text(app, r),
         Source::Offload(r) => format!("offload {}", range_text(app, r)),
+        Source::Adapter(r) => format!("adapter {}", range_text(app, r)),
         Source::Tied(to) => format!("tie partner {}", app.ckpt.tensors()[to].name),
         Source::None => "nowhere (meta: cannot be saved)".into(),
     }

@@ -1,0 +1,364 @@
+//! `--merge-lora ADAPTER`: reads a peft LoRA adapter folder and records, on the
+//! checkpoint, which tensors it changes and how (a [`MergeStep`] each), and which it
+//! replaces outright (`modules_to_save`, an embedding's `base_layer`). Everything that
+//! can be wrong with an adapter is found here, before anything is written.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::formats::FormatError;
+use crate::formats::adapter::{
+    ADAPTER_CONFIG, ADAPTER_WEIGHTS, pattern_matches, read_adapter_config,
+};
+use crate::formats::safetensors::{HeaderTensor, read_header};
+use crate::model::checkpoint::{ByteRange, Checkpoint};
+use crate::model::merge::{Matrix, MergeKind, MergeStep};
+use crate::types::dtype::DType;
+
+/// peft prefixes every key of a saved adapter with this.
+const KEY_PREFIX: &str = "base_model.model.";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoraError {
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error("{}: not a peft adapter folder (no {ADAPTER_CONFIG})", crate::text::path(.0))]
+    NotAdapter(PathBuf),
+    #[error("{}: {message}", crate::text::path(dir))]
+    Unsupported { dir: PathBuf, message: String },
+    #[error("{}: adapter key `{key}`: {message}", crate::text::path(dir))]
+    Key {
+        dir: PathBuf,
+        key: String,
+        message: String,
+    },
+}
+
+/// What one adapter does to the model, for reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdapterSummary {
+    pub dir: PathBuf,
+    /// Tensors the adapter merges into.
+    pub merged: Vec<String>,
+    /// Tensors it replaces with values of its own.
+    pub replaced: Vec<String>,
+}
+
+/// The pieces of one adapted module, by key suffix.
+#[derive(Default)]
+struct ModuleKeys {
+    a: Option<(String, HeaderTensor)>,
+    b: Option<(String, HeaderTensor)>,
+    b_bias: Option<(String, HeaderTensor)>,
+    embedding_a: Option<(String, HeaderTensor)>,
+    embedding_b: Option<(String, HeaderTensor)>,
+    magnitude: Option<(String, HeaderTensor)>,
+}
+
+/// Reads the adapter in `dir` and records its merges and replacements on `ckpt`
+/// (after those of adapters applied before it).
+pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary, LoraError> {
+    let config_path = dir.join(ADAPTER_CONFIG);
+    if std::fs::symlink_metadata(&config_path).is_err() {
+        return Err(LoraError::NotAdapter(dir.to_path_buf()));
+    }
+    let config = read_adapter_config(&config_path)?;
+    let unsupported = |message: String| LoraError::Unsupported {
+        dir: dir.to_path_buf(),
+        message,
+    };
+    if config.peft_type != "LORA" {
+        return Err(unsupported(format!(
+            "is a {} adapter; devmap merges LoRA adapters only (peft_type LORA)",
+            config.peft_type
+        )));
+    }
+    let weights = dir.join(ADAPTER_WEIGHTS);
+    let header = read_header(&weights)?;
+    let file = ckpt.add_source_file(&weights, header.file_len);
+    let name: Arc<str> = Arc::from(dir.to_string_lossy().as_ref());
+    let key_error = |key: &str, message: String| LoraError::Key {
+        dir: dir.to_path_buf(),
+        key: key.to_owned(),
+        message,
+    };
+
+    let mut modules: BTreeMap<String, ModuleKeys> = BTreeMap::new();
+    let mut replacements: Vec<(String, String, HeaderTensor)> = Vec::new();
+    for t in header.tensors {
+        let key = t.name.clone();
+        let bare = key.strip_prefix(KEY_PREFIX).unwrap_or(&key).to_owned();
+        let split = |suffix: &str| bare.strip_suffix(suffix).map(str::to_owned);
+        if let Some(m) = split(".lora_A.weight") {
+            modules.entry(m).or_default().a = Some((key, t));
+        } else if let Some(m) = split(".lora_B.weight") {
+            modules.entry(m).or_default().b = Some((key, t));
+        } else if let Some(m) = split(".lora_B.bias") {
+            modules.entry(m).or_default().b_bias = Some((key, t));
+        } else if let Some(m) = split(".lora_embedding_A") {
+            modules.entry(m).or_default().embedding_a = Some((key, t));
+        } else if let Some(m) = split(".lora_embedding_B") {
+            modules.entry(m).or_default().embedding_b = Some((key, t));
+        } else if let Some(m) =
+            split(".lora_magnitude_vector").or_else(|| split(".lora_magnitude_vector.weight"))
+        {
+            modules.entry(m).or_default().magnitude = Some((key, t));
+        } else if bare.contains(".lora_") {
+            return Err(key_error(
+                &key,
+                "is a LoRA part devmap does not know; nothing was written".into(),
+            ));
+        } else {
+            // A full value: `<module>.base_layer.<param>` (peft saves embedding layers
+            // it may have resized) or a `modules_to_save` module's `<module>.<param>`.
+            let target = bare.replacen(".base_layer.", ".", 1);
+            replacements.push((key, target, t));
+        }
+    }
+
+    let mut summary = AdapterSummary {
+        dir: dir.to_path_buf(),
+        merged: Vec::new(),
+        replaced: Vec::new(),
+    };
+    for (key, target, t) in replacements {
+        let Some(id) = ckpt.index_of(&target) else {
+            return Err(key_error(
+                &key,
+                format!("replaces `{target}`, which the model does not have"),
+            ));
+        };
+        let base = &ckpt.tensors()[id];
+        if base.shape != t.shape.to_vec() {
+            return Err(key_error(
+                &key,
+                format!(
+                    "has shape {:?} but `{target}` has {:?}",
+                    t.shape, base.shape
+                ),
+            ));
+        }
+        ckpt.replace_value(
+            id,
+            ByteRange {
+                file,
+                offset: t.offset,
+                len: t.len,
+            },
+            t.dtype,
+        );
+        summary.replaced.push(target);
+    }
+
+    let matrix = |t: &HeaderTensor| -> Option<Matrix> {
+        let (rows, cols) = match t.shape.len() {
+            1 => (1, t.shape.iter().next()?),
+            2 => {
+                let mut dims = t.shape.iter();
+                (dims.next()?, dims.next()?)
+            }
+            _ => return None,
+        };
+        Some(Matrix {
+            range: ByteRange {
+                file,
+                offset: t.offset,
+                len: t.len,
+            },
+            dtype: t.dtype,
+            rows,
+            cols,
+        })
+    };
+    for (module, keys) in modules {
+        let (embedding, a, b) = match (&keys.a, &keys.b, &keys.embedding_a, &keys.embedding_b) {
+            (Some(a), Some(b), None, None) => (false, a, b),
+            (None, None, Some(a), Some(b)) => (true, a, b),
+            _ => {
+                let key = [&keys.a, &keys.b, &keys.embedding_a, &keys.embedding_b, &keys.magnitude]
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, _)| k.clone())
+                    .next()
+                    .unwrap_or_else(|| module.clone());
+                return Err(key_error(
+                    &key,
+                    format!("module `{module}` does not have both halves of one LoRA pair (A and B)"),
+                ));
+            }
+        };
+        let weight = format!("{module}.weight");
+        let Some(id) = ckpt.index_of(&weight) else {
+            return Err(key_error(
+                &a.0,
+                format!("adapts `{module}`, but the model has no tensor `{weight}`"),
+            ));
+        };
+        let base = &ckpt.tensors()[id];
+        if !matches!(base.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(key_error(
+                &a.0,
+                format!(
+                    "adapts `{weight}`, which is {}; devmap merges into float32, float16 and bfloat16 weights",
+                    base.dtype
+                ),
+            ));
+        }
+        let (Some(ma), Some(mb)) = (matrix(&a.1), matrix(&b.1)) else {
+            return Err(key_error(&a.0, "A and B must be matrices".into()));
+        };
+        let dims: Vec<u64> = base.shape.iter().collect();
+        let rank = ma.rows;
+        // Each layout's expected shapes: W, A, B.
+        let fan_in_fan_out = config.fan_in_fan_out && !embedding;
+        let (w_expected, a_expected, b_expected) = if embedding {
+            // W [num, dim], A [r, num], B [dim, r]
+            let (num, dim) = (dims.first().copied(), dims.get(1).copied());
+            ((num, dim), (rank, num), (dim, rank))
+        } else if fan_in_fan_out {
+            // Conv1D: W [in, out], A [r, in], B [out, r]
+            let (inp, out) = (dims.first().copied(), dims.get(1).copied());
+            ((inp, out), (rank, inp), (out, rank))
+        } else {
+            // W [out, in], A [r, in], B [out, r]
+            let (out, inp) = (dims.first().copied(), dims.get(1).copied());
+            ((out, inp), (rank, inp), (out, rank))
+        };
+        let agrees = dims.len() == 2
+            && w_expected.0.is_some()
+            && (Some(ma.rows), Some(ma.cols)) == (Some(a_expected.0), a_expected.1)
+            && (Some(mb.rows), Some(mb.cols)) == (b_expected.0, Some(b_expected.1));
+        if !agrees {
+            return Err(key_error(
+                &a.0,
+                format!(
+                    "A {:?} and B {:?} do not fit `{weight}` {:?}{}",
+                    a.1.shape,
+                    b.1.shape,
+                    base.shape,
+                    if config.fan_in_fan_out { " (fan_in_fan_out)" } else { "" }
+                ),
+            ));
+        }
+        let r = config
+            .rank_pattern
+            .iter()
+            .find_map(|(p, r)| match pattern_matches(p, &module) {
+                Some(true) => Some(Ok(*r)),
+                Some(false) => None,
+                None => Some(Err(p.clone())),
+            })
+            .transpose()
+            .map_err(|p| unsupported(format!("rank_pattern key `{p}` is a regular expression; devmap matches plain module names and dotted suffixes")))?
+            .unwrap_or(config.r);
+        let alpha = config
+            .alpha_pattern
+            .iter()
+            .find_map(|(p, a)| match pattern_matches(p, &module) {
+                Some(true) => Some(Ok(*a)),
+                Some(false) => None,
+                None => Some(Err(p.clone())),
+            })
+            .transpose()
+            .map_err(|p| unsupported(format!("alpha_pattern key `{p}` is a regular expression; devmap matches plain module names and dotted suffixes")))?
+            .unwrap_or(config.lora_alpha);
+        if r != rank {
+            return Err(key_error(
+                &a.0,
+                format!("has rank {rank}, but the config gives `{module}` rank {r}"),
+            ));
+        }
+        let scale = if config.use_rslora {
+            alpha / (r as f64).sqrt()
+        } else {
+            alpha / r as f64
+        } as f32;
+        let magnitude = match &keys.magnitude {
+            None => None,
+            Some((key, _)) if embedding || fan_in_fan_out => {
+                return Err(key_error(
+                    key,
+                    "DoRA on embeddings and Conv1D layers is not supported; devmap merges DoRA into linear layers".into(),
+                ));
+            }
+            Some((key, t)) => {
+                let m = matrix(t).filter(|m| m.rows == 1 && Some(m.cols) == w_expected.0);
+                Some(m.ok_or_else(|| {
+                    key_error(
+                        key,
+                        format!("has shape {:?}; `{weight}` needs one magnitude per output row", t.shape),
+                    )
+                })?)
+            }
+        };
+        if config.use_dora && magnitude.is_none() {
+            return Err(key_error(
+                &a.0,
+                "the config says use_dora but the adapter has no lora_magnitude_vector for this module".into(),
+            ));
+        }
+        let holder = ckpt.tie_group(id).map_or(id, crate::model::TieGroup::kept);
+        let steps = ckpt.merges.entry(holder).or_default();
+        if magnitude.is_some() && !steps.is_empty() {
+            return Err(key_error(
+                &a.0,
+                format!("`{weight}` is already changed by an earlier adapter; devmap merges DoRA only as the first change of a weight"),
+            ));
+        }
+        steps.push(MergeStep {
+            adapter: Arc::clone(&name),
+            kind: if embedding {
+                MergeKind::Embedding
+            } else {
+                MergeKind::Linear {
+                    fan_in_fan_out,
+                    magnitude,
+                }
+            },
+            a: Some(ma),
+            b: mb,
+            rank,
+            alpha,
+            scale,
+        });
+        summary.merged.push(weight.clone());
+        if let Some((key, t)) = &keys.b_bias {
+            let bias_name = format!("{module}.bias");
+            let Some(bias_id) = ckpt.index_of(&bias_name) else {
+                return Err(key_error(
+                    key,
+                    format!("is a lora_bias, but the model has no `{bias_name}`"),
+                ));
+            };
+            let m = matrix(t).filter(|m| {
+                m.rows == 1 && ckpt.tensors()[bias_id].shape.iter().eq([m.cols])
+            });
+            let Some(m) = m else {
+                return Err(key_error(
+                    key,
+                    format!("has shape {:?}, which does not fit `{bias_name}`", t.shape),
+                ));
+            };
+            let holder = ckpt
+                .tie_group(bias_id)
+                .map_or(bias_id, crate::model::TieGroup::kept);
+            ckpt.merges.entry(holder).or_default().push(MergeStep {
+                adapter: Arc::clone(&name),
+                kind: MergeKind::Bias,
+                a: None,
+                b: m,
+                rank,
+                alpha,
+                scale,
+            });
+            summary.merged.push(bias_name);
+        }
+    }
+    if summary.merged.is_empty() && summary.replaced.is_empty() {
+        return Err(unsupported(format!(
+            "{ADAPTER_WEIGHTS} changes no tensor of the model"
+        )));
+    }
+    Ok(summary)
+}

@@ -1,0 +1,67 @@
+//! LoRA merges a checkpoint carries: for a tensor, the adapter steps that change its
+//! value when it is saved, in the order they apply. Read from peft adapter folders by
+//! [`super::lora`]; computed by `save::merge`, which the saver and `devmap verify`
+//! share.
+
+use crate::types::dtype::DType;
+use crate::types::range::ByteRange;
+
+/// One stored matrix of an adapter: where its bytes are, their dtype and its shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Matrix {
+    pub range: ByteRange,
+    pub dtype: DType,
+    pub rows: u64,
+    pub cols: u64,
+}
+
+/// How one adapter changes one tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MergeKind {
+    /// A linear weight `[out, in]`: W′ = dtype(f32(W) + scale·(B·A)), rounded once.
+    /// `fan_in_fan_out` (GPT-2's Conv1D, weight `[in, out]`) transposes the delta.
+    /// With a DoRA magnitude, each row of W + delta is rescaled to it.
+    Linear {
+        fan_in_fan_out: bool,
+        magnitude: Option<Matrix>,
+    },
+    /// An embedding `[num, dim]` (`lora_embedding_A` `[r, num]`, `_B` `[dim, r]`): the
+    /// delta, transposed, is rounded to the weight's dtype before it is added.
+    Embedding,
+    /// A bias with `lora_bias`: b′ = dtype(f32(b) + scale·B.bias); `b` holds B's bias.
+    Bias,
+}
+
+/// One adapter's change to one tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MergeStep {
+    /// The adapter folder, as given.
+    pub adapter: std::sync::Arc<str>,
+    pub kind: MergeKind,
+    /// `lora_A` (`[r, in]`) or `lora_embedding_A`; unused for `Bias`.
+    pub a: Option<Matrix>,
+    /// `lora_B` (`[out, r]`), `lora_embedding_B`, or B's bias (`[out]`, as 1 row).
+    pub b: Matrix,
+    pub rank: u64,
+    pub alpha: f64,
+    /// α/r, or α/√r with rsLoRA, rounded to f32 as torch multiplies by it.
+    pub scale: f32,
+}
+
+impl MergeStep {
+    /// `linear`, `dora`, `conv1d` (fan_in_fan_out), `embedding` or `bias`.
+    pub fn kind_name(&self) -> &'static str {
+        match &self.kind {
+            MergeKind::Linear {
+                magnitude: Some(_), ..
+            } => "dora",
+            MergeKind::Linear {
+                fan_in_fan_out: true,
+                ..
+            } => "conv1d",
+            MergeKind::Linear { .. } => "linear",
+            MergeKind::Embedding => "embedding",
+            MergeKind::Bias => "bias",
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! LoRA merges as peft computes them on the CPU (`merge_and_unload`), streamed by
+//! blocks of whole rows: memory is the adapter pair in f32 plus one block, never a
+//! whole weight. The saver writes what [`stream`] yields and `devmap verify` hashes it,
+//! so both compute a merged value the same way.
+//!
+//! The delta of a row is `scale · Σ_k P[i][k]·Q[k][j]`, summed over the rank in order
+//! as a fused multiply-add, which is how torch's CPU matmul sums it (bit for bit: the
+//! real-peft test checks). A fused multiply-add of f32 values is computed exactly in
+//! f64 (the product of two f32 is exact there) and rounded to f32 once per step, so the
+//! loop over output columns vectorises without CPU-specific code; a general GEMM crate
+//! would reorder the sum and lose bit-equality. The rank loop stays sequential.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use half::{bf16, f16};
+
+use super::copy::{CopyError, Stop};
+use crate::model::checkpoint::{Checkpoint, TensorId};
+use crate::model::merge::{Matrix, MergeKind, MergeStep};
+use crate::types::dtype::DType;
+use crate::types::range::FileId;
+
+/// Bytes of f32 rows processed at a time (at least one row).
+const BLOCK_BYTES: usize = 1 << 20;
+
+/// One step with its matrices read, in the orientation of the weight's rows:
+/// `delta[i][j] = scale · Σ_k p[i·r + k] · q[k·cols + j]`.
+struct Loaded {
+    kind: MergeKind,
+    rank: usize,
+    p: Vec<f32>,
+    q: Vec<f32>,
+    magnitude: Vec<f32>,
+    scale: f32,
+}
+
+/// Streams the merged value of tensor `id` (stored as `from` at `(src, offset)`, `len`
+/// bytes), converted to `to`, into `sink` one block of rows at a time. `open` opens an
+/// adapter's weight file.
+#[allow(clippy::too_many_arguments)]
+pub fn stream(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    (src, offset): (&File, u64),
+    len: u64,
+    (from, to): (DType, DType),
+    open: &mut dyn FnMut(FileId) -> io::Result<File>,
+    cancel: &dyn Stop,
+    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), CopyError> {
+    let tensor = &ckpt.tensors()[id];
+    let dims: Vec<u64> = tensor.shape.iter().collect();
+    let (rows, cols) = match dims.as_slice() {
+        [n] => (1, *n as usize),
+        [r, c] => (*r as usize, *c as usize),
+        _ => (1, tensor.numel() as usize),
+    };
+    let steps: Vec<Loaded> = ckpt
+        .merges_of(id)
+        .iter()
+        .map(|s| load(s, rows, cols, open))
+        .collect::<Result<_, _>>()
+        .map_err(CopyError::Io)?;
+    let size = from.size() as usize;
+    if (rows * cols * size) as u64 != len {
+        return Err(CopyError::Io(io::Error::other(format!(
+            "tensor `{}` holds {len} bytes, its shape needs {}",
+            tensor.name,
+            rows * cols * size
+        ))));
+    }
+    let block_rows = (BLOCK_BYTES / (cols.max(1) * 4)).max(1);
+    let mut raw = vec![0u8; block_rows * cols * size];
+    let mut values = vec![0f32; block_rows * cols];
+    let mut scratch = vec![0f32; cols];
+    let mut out = vec![0u8; block_rows * cols * to.size() as usize];
+    let mut row = 0;
+    while row < rows {
+        if cancel.stop() {
+            return Err(CopyError::Cancelled);
+        }
+        let n = block_rows.min(rows - row);
+        let bytes = &mut raw[..n * cols * size];
+        read_exact_at(src, bytes, offset + (row * cols * size) as u64)?;
+        let block = &mut values[..n * cols];
+        widen(from, bytes, block);
+        for step in &steps {
+            for (i, w) in block.chunks_exact_mut(cols.max(1)).enumerate() {
+                apply(step, row + i, w, &mut scratch, from);
+            }
+        }
+        narrow(from, block, bytes);
+        if to == from {
+            sink(bytes).map_err(CopyError::Io)?;
+        } else {
+            let converted = &mut out[..n * cols * to.size() as usize];
+            super::cast::cast(from, to, bytes, converted);
+            sink(converted).map_err(CopyError::Io)?;
+        }
+        row += n;
+    }
+    Ok(())
+}
+
+/// One step on one row `w` (values of dtype `dtype`, held as f32).
+fn apply(step: &Loaded, i: usize, w: &mut [f32], delta: &mut [f32], dtype: DType) {
+    let round = |x: f32| round_to(dtype, x);
+    if let MergeKind::Bias = step.kind {
+        for (j, v) in w.iter_mut().enumerate() {
+            *v = round(*v + step.q[j] * step.scale);
+        }
+        return;
+    }
+    row_delta(step, i, delta);
+    match &step.kind {
+        MergeKind::Linear {
+            magnitude: Some(_), ..
+        } => {
+            // DoRA: W + delta, rescaled so the row's norm is the magnitude.
+            for (d, v) in delta.iter_mut().zip(w.iter()) {
+                *d += *v;
+            }
+            let norm = delta
+                .iter()
+                .map(|&x| f64::from(x) * f64::from(x))
+                .sum::<f64>()
+                .sqrt() as f32;
+            let factor = step.magnitude[i] / norm;
+            for (v, d) in w.iter_mut().zip(delta.iter()) {
+                *v = round(factor * *d);
+            }
+        }
+        MergeKind::Linear { .. } => {
+            for (v, d) in w.iter_mut().zip(delta.iter()) {
+                *v = round(*v + *d);
+            }
+        }
+        MergeKind::Embedding => {
+            // peft casts an embedding's delta to the weight's dtype before adding.
+            for (v, d) in w.iter_mut().zip(delta.iter()) {
+                *v = round(*v + round(*d));
+            }
+        }
+        MergeKind::Bias => {}
+    }
+}
+
+/// `delta[j] = scale · Σ_k p[i][k]·q[k][j]`, each step a fused multiply-add in f32.
+fn row_delta(step: &Loaded, i: usize, delta: &mut [f32]) {
+    delta.fill(0.0);
+    let cols = delta.len();
+    for k in 0..step.rank {
+        let p = f64::from(step.p[i * step.rank + k]);
+        let q = &step.q[k * cols..(k + 1) * cols];
+        for (d, &qk) in delta.iter_mut().zip(q) {
+            *d = p.mul_add_exact(f64::from(qk), f64::from(*d)) as f32;
+        }
+    }
+    for d in delta.iter_mut() {
+        *d *= step.scale;
+    }
+}
+
+/// `a·b + c` of values that came from f32: the product is exact in f64, so one f64
+/// addition and the caller's rounding to f32 give the fused multiply-add's result
+/// (except when the f64 sum itself rounds onto an f32 tie: about once in 2^29).
+trait MulAddExact {
+    fn mul_add_exact(self, b: f64, c: f64) -> f64;
+}
+
+impl MulAddExact for f64 {
+    #[inline]
+    fn mul_add_exact(self, b: f64, c: f64) -> f64 {
+        self * b + c
+    }
+}
+
+/// Reads a step's matrices as f32 and lays them out by the weight's rows.
+fn load(
+    step: &MergeStep,
+    rows: usize,
+    cols: usize,
+    open: &mut dyn FnMut(FileId) -> io::Result<File>,
+) -> io::Result<Loaded> {
+    let b = read_matrix(&step.b, open)?;
+    let rank = step.rank as usize;
+    let (p, q) = match (&step.kind, &step.a) {
+        (MergeKind::Bias, _) => (Vec::new(), b),
+        (kind, Some(a)) => {
+            let a = read_matrix(a, open)?;
+            let transposed = matches!(
+                kind,
+                MergeKind::Embedding
+                    | MergeKind::Linear {
+                        fan_in_fan_out: true,
+                        ..
+                    }
+            );
+            if transposed {
+                // delta[i][j] = Σ_k A[k][i]·B[j][k]: p = Aᵀ (rows × r), q = Bᵀ (r × cols).
+                (transpose(&a, rank, rows), transpose(&b, cols, rank))
+            } else {
+                // delta[i][j] = Σ_k B[i][k]·A[k][j]: p = B (rows × r), q = A (r × cols).
+                (b, a)
+            }
+        }
+        (_, None) => return Err(io::Error::other("a LoRA step without its A matrix")),
+    };
+    let magnitude = match &step.kind {
+        MergeKind::Linear {
+            magnitude: Some(m), ..
+        } => read_matrix(m, open)?,
+        _ => Vec::new(),
+    };
+    Ok(Loaded {
+        kind: step.kind.clone(),
+        rank,
+        p,
+        q,
+        magnitude,
+        scale: step.scale,
+    })
+}
+
+/// `m` (`r × c`, row-major) transposed.
+fn transpose(m: &[f32], r: usize, c: usize) -> Vec<f32> {
+    let mut t = vec![0f32; m.len()];
+    for i in 0..r {
+        for j in 0..c {
+            t[j * r + i] = m[i * c + j];
+        }
+    }
+    t
+}
+
+fn read_matrix(m: &Matrix, open: &mut dyn FnMut(FileId) -> io::Result<File>) -> io::Result<Vec<f32>> {
+    if !matches!(m.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Err(io::Error::other(format!(
+            "an adapter matrix is {}; devmap reads float32, float16 and bfloat16",
+            m.dtype
+        )));
+    }
+    let file = open(m.range.file)?;
+    let mut bytes = vec![0u8; m.range.len as usize];
+    file.read_exact_at(&mut bytes, m.range.offset)?;
+    let mut values = vec![0f32; bytes.len() / m.dtype.size() as usize];
+    widen(m.dtype, &bytes, &mut values);
+    Ok(values)
+}
+
+fn read_exact_at(src: &File, buf: &mut [u8], at: u64) -> Result<(), CopyError> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = src
+            .read_at(&mut buf[got..], at + got as u64)
+            .map_err(CopyError::Io)?;
+        if n == 0 {
+            return Err(CopyError::ShortSource { copied: got as u64 });
+        }
+        got += n;
+    }
+    Ok(())
+}
+
+/// Little-endian elements of `dtype` to f32 (exact for the three dtypes merged).
+fn widen(dtype: DType, bytes: &[u8], out: &mut [f32]) {
+    match dtype {
+        DType::BF16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
+        DType::F16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
+        _ => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+    }
+}
+
+/// f32 values (already representable in `dtype`) to little-endian `dtype` bytes.
+fn narrow(dtype: DType, values: &[f32], out: &mut [u8]) {
+    match dtype {
+        DType::BF16 => {
+            for (v, o) in values.iter().zip(out.chunks_exact_mut(2)) {
+                o.copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            for (v, o) in values.iter().zip(out.chunks_exact_mut(2)) {
+                o.copy_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes());
+            }
+        }
+        _ => {
+            for (v, o) in values.iter().zip(out.chunks_exact_mut(4)) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// `x` rounded to `dtype` (to nearest, ties to even, as torch's conversions) and back.
+fn round_to(dtype: DType, x: f32) -> f32 {
+    match dtype {
+        DType::BF16 => bf16::from_f32(x).to_f32(),
+        DType::F16 => f16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The straightforward reference: delta in f64 from the definition, no streaming.
+    fn reference(b: &[f32], a: &[f32], out: usize, r: usize, inp: usize, scale: f32) -> Vec<f64> {
+        let mut d = vec![0f64; out * inp];
+        for i in 0..out {
+            for j in 0..inp {
+                let s: f64 = (0..r).map(|k| f64::from(b[i * r + k]) * f64::from(a[k * inp + j])).sum();
+                d[i * inp + j] = s * f64::from(scale);
+            }
+        }
+        d
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed * 97) % 2001;
+                (x as f32 - 1000.0) / 333.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_delta_agrees_with_the_definition_within_f32_rounding() {
+        let (out, r, inp) = (7, 3, 5);
+        let (a, b) = (values(r * inp, 1), values(out * r, 2));
+        let step = Loaded {
+            kind: MergeKind::Linear {
+                fan_in_fan_out: false,
+                magnitude: None,
+            },
+            rank: r,
+            p: b.clone(),
+            q: a.clone(),
+            magnitude: Vec::new(),
+            scale: 0.5,
+        };
+        let want = reference(&b, &a, out, r, inp, 0.5);
+        let mut delta = vec![0f32; inp];
+        for i in 0..out {
+            row_delta(&step, i, &mut delta);
+            for j in 0..inp {
+                let w = want[i * inp + j];
+                assert!(
+                    (f64::from(delta[j]) - w).abs() <= 4.0 * f64::from(f32::EPSILON) * w.abs().max(1.0),
+                    "[{i}][{j}]: {} vs {w}",
+                    delta[j]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_rank_sum_is_sequential_fused_multiply_adds() {
+        // Products chosen so that rounding each partial sum differs from one rounding.
+        let step = Loaded {
+            kind: MergeKind::Linear {
+                fan_in_fan_out: false,
+                magnitude: None,
+            },
+            rank: 3,
+            p: vec![1.0, 1.0, 1.0],
+            q: vec![1.0, 1e-8, 1e-8],
+            magnitude: Vec::new(),
+            scale: 1.0,
+        };
+        let mut delta = vec![0f32; 1];
+        row_delta(&step, 0, &mut delta);
+        // fma(1,1e-8, 1) rounds back to 1 each time; one rounding of the exact sum
+        // (1 + 2e-8) would give 1.0000000238.
+        assert_eq!(delta[0], 1.0);
+        assert_eq!(1.0f32.mul_add(1e-8, 1.0).mul_add(1.0, 1e-8), 1.0);
+    }
+
+    #[test]
+    fn transposed_layouts_read_a_and_b_by_columns() {
+        let (r, num, dim) = (2, 3, 4);
+        let a = values(r * num, 3); // [r, num]
+        let b = values(dim * r, 4); // [dim, r]
+        let step = Loaded {
+            kind: MergeKind::Embedding,
+            rank: r,
+            p: transpose(&a, r, num),
+            q: transpose(&b, dim, r),
+            magnitude: Vec::new(),
+            scale: 1.0,
+        };
+        let mut delta = vec![0f32; dim];
+        for n in 0..num {
+            row_delta(&step, n, &mut delta);
+            for d in 0..dim {
+                let want: f64 = (0..r).map(|k| f64::from(b[d * r + k]) * f64::from(a[k * num + n])).sum();
+                assert!((f64::from(delta[d]) - want).abs() < 1e-5, "[{n}][{d}]");
+            }
+        }
+    }
+
+    #[test]
+    fn linear_rounds_once_and_embedding_twice() {
+        // bf16 keeps 8 significant bits: next to 1 it steps by 2^-7, so 1 + 2^-8 is a
+        // tie. A delta just above 2^-8 tips one rounding up, while rounding the delta
+        // to bf16 first lands on the tie, which goes to even (1).
+        let delta_value = 2f32.powi(-8) + 2f32.powi(-20);
+        let step = |kind| Loaded {
+            kind,
+            rank: 1,
+            p: vec![1.0],
+            q: vec![delta_value],
+            magnitude: Vec::new(),
+            scale: 1.0,
+        };
+        let mut scratch = [0f32];
+        let mut w = [1.0f32];
+        let linear = MergeKind::Linear {
+            fan_in_fan_out: false,
+            magnitude: None,
+        };
+        apply(&step(linear), 0, &mut w, &mut scratch, DType::BF16);
+        assert_eq!(w[0], 1.0 + 2f32.powi(-7));
+        let mut e = [1.0f32];
+        apply(&step(MergeKind::Embedding), 0, &mut e, &mut scratch, DType::BF16);
+        assert_eq!(e[0], 1.0);
+    }
+
+    #[test]
+    fn dora_rescales_each_row_to_its_magnitude() {
+        let step = Loaded {
+            kind: MergeKind::Linear {
+                fan_in_fan_out: false,
+                magnitude: Some(Matrix {
+                    range: crate::types::range::ByteRange {
+                        file: 0,
+                        offset: 0,
+                        len: 0,
+                    },
+                    dtype: DType::F32,
+                    rows: 1,
+                    cols: 1,
+                }),
+            },
+            rank: 1,
+            p: vec![1.0],
+            q: vec![0.0, 1.0],
+            magnitude: vec![10.0],
+            scale: 1.0,
+        };
+        let mut w = [3.0f32, 3.0];
+        let mut scratch = [0f32; 2];
+        apply(&step, 0, &mut w, &mut scratch, DType::F32);
+        // W + delta = [3, 4], norm 5, magnitude 10: doubled.
+        assert_eq!(w, [6.0, 8.0]);
+    }
+}
