@@ -110,6 +110,11 @@ pub struct ModelArgs {
     /// Tie two tensors: TIED=KEPT (KEPT is the name written on save). Repeatable.
     #[arg(long = "tie", value_name = "TIED=KEPT", global = true, value_parser = parse_tie)]
     pub ties: Vec<(String, String)>,
+    /// Merge a peft LoRA adapter folder (adapter_config.json + adapter_model.safetensors)
+    /// into the weights, as peft's merge_and_unload does; repeatable, applied in order.
+    /// save writes the merged model; inspect shows what it changes.
+    #[arg(long = "merge-lora", value_name = "ADAPTER", global = true)]
+    pub merge_lora: Vec<PathBuf>,
 }
 
 #[derive(Debug, ClapArgs)]

@@ -88,10 +88,25 @@ pub(super) fn open(arg: &Path, model: &ModelArgs) -> Result<Checkpoint> {
         ckpt.remote = Some(source.describe());
         // Everything devmap needs is in memory now; the mirror folder goes.
         drop(mirror);
-        return Ok(ckpt);
+        return with_adapters(ckpt, model);
     }
     let dir = local_model_dir(arg)?;
-    load(&dir, &options).wrap_err_with(|| format!("cannot open the model in {}", dir.display()))
+    let ckpt = load(&dir, &options)
+        .wrap_err_with(|| format!("cannot open the model in {}", dir.display()))?;
+    with_adapters(ckpt, model)
+}
+
+/// Applies every `--merge-lora` adapter, in order.
+fn with_adapters(mut ckpt: Checkpoint, model: &ModelArgs) -> Result<Checkpoint> {
+    for adapter in &model.merge_lora {
+        devmap::model::lora::apply_adapter(&mut ckpt, adapter).wrap_err_with(|| {
+            format!(
+                "cannot merge the adapter {} into the model",
+                devmap::text::path(adapter)
+            )
+        })?;
+    }
+    Ok(ckpt)
 }
 
 /// The remote model an argument names, if it names one.
@@ -259,6 +274,23 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
         for (dropped, kept) in &plan.dropped_ties {
             err_line(format!(
                 "  `{dropped}` is tied to `{kept}`: written once as `{kept}` (--keep-tied writes both)"
+            ))?;
+        }
+        let merged = plan
+            .shards
+            .iter()
+            .flat_map(|s| &s.tensors)
+            .filter(|p| matches!(p.recipe, devmap::save::Recipe::Merge { .. }))
+            .count();
+        if !model.merge_lora.is_empty() {
+            let replaced = ckpt
+                .tensors()
+                .iter()
+                .filter(|t| matches!(t.source, devmap::model::Source::Adapter(_)))
+                .count();
+            err_line(format!(
+                "  LoRA: {} adapter(s) merged into {merged} tensor(s), {replaced} tensor(s) replaced by adapter values (devmap inspect … --merge-lora lists them)",
+                model.merge_lora.len()
             ))?;
         }
     }

@@ -33,9 +33,7 @@ pub fn read_adapter_config(path: &Path) -> Result<AdapterConfig, FormatError> {
     let Value::Object(root) = root else {
         return Err(FormatError::invalid(path, "is not a JSON object"));
     };
-    let bad = |key: &str, want: &str| {
-        FormatError::invalid(path, format!("`{key}` must be {want}"))
-    };
+    let bad = |key: &str, want: &str| FormatError::invalid(path, format!("`{key}` must be {want}"));
     let flag = |key: &str| -> Result<bool, FormatError> {
         match root.get(key) {
             None | Some(Value::Null) => Ok(false),
@@ -111,19 +109,13 @@ pub fn read_adapter_config(path: &Path) -> Result<AdapterConfig, FormatError> {
 /// matches any character, as in the regular expression; `None` when the pattern uses
 /// other regular-expression syntax, which devmap does not read.
 pub fn pattern_matches(pattern: &str, name: &str) -> Option<bool> {
-    if pattern
-        .chars()
-        .any(|c| "*+?[](){}|^$\\".contains(c))
-    {
+    if pattern.chars().any(|c| "*+?[](){}|^$\\".contains(c)) {
         return None;
     }
     let p = pattern.as_bytes();
     let n = name.as_bytes();
     let matches_at = |start: usize| {
-        n.len() - start == p.len()
-            && p.iter()
-                .zip(&n[start..])
-                .all(|(a, b)| *a == b'.' || a == b)
+        n.len() - start == p.len() && p.iter().zip(&n[start..]).all(|(a, b)| *a == b'.' || a == b)
     };
     Some(
         (0..=n.len().saturating_sub(p.len()))
@@ -146,9 +138,18 @@ mod tests {
         assert_eq!(pattern_matches("_proj", name), Some(false));
         assert_eq!(pattern_matches("k_proj", name), Some(false));
         // `.` is any character, as in the regular expression.
-        assert_eq!(pattern_matches("layers.10.self_attn.q.proj", name), Some(true));
-        assert_eq!(pattern_matches("layers.1.self_attn.q_proj", name), Some(false));
+        assert_eq!(
+            pattern_matches("layers.10.self_attn.q.proj", name),
+            Some(true)
+        );
+        assert_eq!(
+            pattern_matches("layers.1.self_attn.q_proj", name),
+            Some(false)
+        );
         assert_eq!(pattern_matches("layers\\.\\d+", name), None);
-        assert_eq!(pattern_matches("much.longer.than.the.name.itself.q_proj", "q_proj"), Some(false));
+        assert_eq!(
+            pattern_matches("much.longer.than.the.name.itself.q_proj", "q_proj"),
+            Some(false)
+        );
     }
 }

@@ -133,6 +133,7 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
             let _ = writeln!(out, "  {}", names.join(" = "));
         }
     }
+    lora_section(ckpt, &mut out);
     let warnings = ckpt.all_warnings();
     if !warnings.is_empty() {
         out.push_str("\nWARNINGS\n");
@@ -141,6 +142,54 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
         }
     }
     out
+}
+
+/// What `--merge-lora` changes: every merged tensor with its adapter steps, and every
+/// tensor an adapter replaces.
+fn lora_section(ckpt: &Checkpoint, out: &mut String) {
+    use crate::model::checkpoint::Source;
+    let replaced: Vec<&str> = ckpt
+        .tensors()
+        .iter()
+        .filter(|t| matches!(t.source, Source::Adapter(_)))
+        .map(|t| t.name.as_str())
+        .collect();
+    let merged: Vec<usize> = (0..ckpt.tensors().len())
+        .filter(|&id| !ckpt.merges_of(id).is_empty())
+        .collect();
+    if merged.is_empty() && replaced.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nLORA (applied on save: {} tensor(s) merged, {} replaced)",
+        merged.len(),
+        replaced.len()
+    );
+    for id in merged {
+        let steps: Vec<String> = ckpt
+            .merges_of(id)
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} {}, rank {}, scale {}",
+                    escaped(&m.adapter),
+                    m.kind_name(),
+                    m.rank,
+                    m.scale
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {}  += {}",
+            escaped(&ckpt.tensors()[id].name),
+            steps.join(", then ")
+        );
+    }
+    for name in replaced {
+        let _ = writeln!(out, "  {}  = the adapter's own value", escaped(name));
+    }
 }
 
 fn placement_label(node: &Node) -> String {

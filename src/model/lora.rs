@@ -172,41 +172,49 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
         })
     };
     for (module, keys) in modules {
-        let (embedding, a, b) = match (&keys.a, &keys.b, &keys.embedding_a, &keys.embedding_b) {
+        let (embedding, a_key, b_key) = match (&keys.a, &keys.b, &keys.embedding_a, &keys.embedding_b) {
             (Some(a), Some(b), None, None) => (false, a, b),
             (None, None, Some(a), Some(b)) => (true, a, b),
             _ => {
-                let key = [&keys.a, &keys.b, &keys.embedding_a, &keys.embedding_b, &keys.magnitude]
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, _)| k.clone())
-                    .next()
-                    .unwrap_or_else(|| module.clone());
+                let key = [
+                    &keys.a,
+                    &keys.b,
+                    &keys.embedding_a,
+                    &keys.embedding_b,
+                    &keys.magnitude,
+                ]
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k.clone())
+                .next()
+                .unwrap_or_else(|| module.clone());
                 return Err(key_error(
                     &key,
-                    format!("module `{module}` does not have both halves of one LoRA pair (A and B)"),
+                    format!(
+                        "module `{module}` does not have both halves of one LoRA pair (A and B)"
+                    ),
                 ));
             }
         };
         let weight = format!("{module}.weight");
         let Some(id) = ckpt.index_of(&weight) else {
             return Err(key_error(
-                &a.0,
+                &a_key.0,
                 format!("adapts `{module}`, but the model has no tensor `{weight}`"),
             ));
         };
         let base = &ckpt.tensors()[id];
         if !matches!(base.dtype, DType::F32 | DType::F16 | DType::BF16) {
             return Err(key_error(
-                &a.0,
+                &a_key.0,
                 format!(
                     "adapts `{weight}`, which is {}; devmap merges into float32, float16 and bfloat16 weights",
                     base.dtype
                 ),
             ));
         }
-        let (Some(ma), Some(mb)) = (matrix(&a.1), matrix(&b.1)) else {
-            return Err(key_error(&a.0, "A and B must be matrices".into()));
+        let (Some(ma), Some(mb)) = (matrix(&a_key.1), matrix(&b_key.1)) else {
+            return Err(key_error(&a_key.0, "A and B must be matrices".into()));
         };
         let dims: Vec<u64> = base.shape.iter().collect();
         let rank = ma.rows;
@@ -231,17 +239,21 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
             && (Some(mb.rows), Some(mb.cols)) == (b_expected.0, Some(b_expected.1));
         if !agrees {
             return Err(key_error(
-                &a.0,
+                &a_key.0,
                 format!(
                     "A {:?} and B {:?} do not fit `{weight}` {:?}{}",
-                    a.1.shape,
-                    b.1.shape,
+                    a_key.1.shape,
+                    b_key.1.shape,
                     base.shape,
-                    if config.fan_in_fan_out { " (fan_in_fan_out)" } else { "" }
+                    if config.fan_in_fan_out {
+                        " (fan_in_fan_out)"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
-        let r = config
+        let config_rank = config
             .rank_pattern
             .iter()
             .find_map(|(p, r)| match pattern_matches(p, &module) {
@@ -252,6 +264,7 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
             .transpose()
             .map_err(|p| unsupported(format!("rank_pattern key `{p}` is a regular expression; devmap matches plain module names and dotted suffixes")))?
             .unwrap_or(config.r);
+        let r = config_rank;
         let alpha = config
             .alpha_pattern
             .iter()
@@ -265,7 +278,7 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
             .unwrap_or(config.lora_alpha);
         if r != rank {
             return Err(key_error(
-                &a.0,
+                &a_key.0,
                 format!("has rank {rank}, but the config gives `{module}` rank {r}"),
             ));
         }
@@ -287,14 +300,17 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
                 Some(m.ok_or_else(|| {
                     key_error(
                         key,
-                        format!("has shape {:?}; `{weight}` needs one magnitude per output row", t.shape),
+                        format!(
+                            "has shape {:?}; `{weight}` needs one magnitude per output row",
+                            t.shape
+                        ),
                     )
                 })?)
             }
         };
         if config.use_dora && magnitude.is_none() {
             return Err(key_error(
-                &a.0,
+                &a_key.0,
                 "the config says use_dora but the adapter has no lora_magnitude_vector for this module".into(),
             ));
         }
@@ -302,8 +318,10 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
         let steps = ckpt.merges.entry(holder).or_default();
         if magnitude.is_some() && !steps.is_empty() {
             return Err(key_error(
-                &a.0,
-                format!("`{weight}` is already changed by an earlier adapter; devmap merges DoRA only as the first change of a weight"),
+                &a_key.0,
+                format!(
+                    "`{weight}` is already changed by an earlier adapter; devmap merges DoRA only as the first change of a weight"
+                ),
             ));
         }
         steps.push(MergeStep {
@@ -331,9 +349,8 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
                     format!("is a lora_bias, but the model has no `{bias_name}`"),
                 ));
             };
-            let m = matrix(t).filter(|m| {
-                m.rows == 1 && ckpt.tensors()[bias_id].shape.iter().eq([m.cols])
-            });
+            let m = matrix(t)
+                .filter(|m| m.rows == 1 && ckpt.tensors()[bias_id].shape.iter().eq([m.cols]));
             let Some(m) = m else {
                 return Err(key_error(
                     key,

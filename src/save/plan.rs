@@ -307,9 +307,20 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         }
         match ckpt.data_range(id) {
             Some(range) if range.len == tensor.bytes() => {
-                match recipe_for(tensor.dtype, range, cast_to) {
-                    Ok(recipe) => chosen.push((id, recipe)),
-                    Err(why) => problems.push(format!("tensor `{}`: {why}", tensor.name)),
+                if ckpt.merges_of(id).is_empty() {
+                    match recipe_for(tensor.dtype, range, cast_to) {
+                        Ok(recipe) => chosen.push((id, recipe)),
+                        Err(why) => problems.push(format!("tensor `{}`: {why}", tensor.name)),
+                    }
+                } else {
+                    chosen.push((
+                        id,
+                        Recipe::Merge {
+                            source: range,
+                            from: tensor.dtype,
+                            to: cast_to.unwrap_or(tensor.dtype),
+                        },
+                    ));
                 }
             }
             Some(range) => problems.push(format!(
@@ -345,7 +356,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                 .map(|&(id, recipe)| PlannedTensor {
                     tensor: id,
                     dtype: match recipe {
-                        Recipe::Cast { to, .. } => to,
+                        Recipe::Cast { to, .. } | Recipe::Merge { to, .. } => to,
                         Recipe::Copy(_) => ckpt.tensors()[id].dtype,
                     },
                     recipe,

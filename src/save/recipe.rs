@@ -4,7 +4,8 @@
 //!
 //! A [`Recipe::Copy`] moves the current value byte for byte with `copy_file_range`; a
 //! [`Recipe::Cast`] converts it through the copier's fixed buffer. Recipes still to
-//! come (a slice of a fused tensor, a LoRA merge) join this enum.
+//! come (a slice of a fused tensor) join this enum. A [`Recipe::Merge`] applies LoRA
+//! adapters as it streams (see `save::merge`).
 
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
@@ -21,6 +22,14 @@ pub enum Recipe {
         from: DType,
         to: DType,
     },
+    /// The source's elements with the checkpoint's LoRA merges for this tensor applied
+    /// (`Checkpoint::merges_of`), as peft merges them, then converted to `to`
+    /// (see `save::merge`).
+    Merge {
+        source: ByteRange,
+        from: DType,
+        to: DType,
+    },
 }
 
 impl Recipe {
@@ -28,14 +37,18 @@ impl Recipe {
     pub fn output_len(&self) -> u64 {
         match self {
             Recipe::Copy(range) => range.len,
-            Recipe::Cast { source, from, to } => source.len / from.size() * to.size(),
+            Recipe::Cast { source, from, to } | Recipe::Merge { source, from, to } => {
+                source.len / from.size() * to.size()
+            }
         }
     }
 
     /// The source range the recipe reads.
     pub fn source(&self) -> ByteRange {
         match self {
-            Recipe::Copy(range) | Recipe::Cast { source: range, .. } => *range,
+            Recipe::Copy(range)
+            | Recipe::Cast { source: range, .. }
+            | Recipe::Merge { source: range, .. } => *range,
         }
     }
 }

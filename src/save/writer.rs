@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::SystemTime;
@@ -212,6 +213,29 @@ impl ShardWriter<'_> {
                     &stop,
                     &mut report,
                 ),
+                Recipe::Merge {
+                    from: from_dtype,
+                    to: to_dtype,
+                    ..
+                } => {
+                    let mut written = 0u64;
+                    let (dst_file, dst_offset) = to;
+                    super::merge::stream(
+                        ckpt,
+                        t.tensor,
+                        from,
+                        source.len,
+                        (from_dtype, to_dtype),
+                        &mut |file| open_source(ckpt, file),
+                        &stop,
+                        &mut |bytes| {
+                            dst_file.write_all_at(bytes, dst_offset + written)?;
+                            written += bytes.len() as u64;
+                            report(bytes.len() as u64);
+                            Ok(())
+                        },
+                    )
+                }
             };
             moved
                 .map_err(|e| match e {
@@ -245,6 +269,11 @@ impl ShardWriter<'_> {
 }
 
 /// Lets the copy loop see both the user's cancel and another worker's failure.
+/// Opens a source file by id (an adapter's weights, for a merge).
+fn open_source(ckpt: &Checkpoint, file: crate::types::range::FileId) -> std::io::Result<File> {
+    crate::formats::input::open_regular(ckpt.file_path(file)).map_err(std::io::Error::other)
+}
+
 struct StopFlag<'a>(&'a Shared<'a>);
 
 impl super::copy::Stop for StopFlag<'_> {

@@ -159,6 +159,10 @@ pub fn verify(
                     Recipe::Cast { from, to, .. } => {
                         format!("the bytes differ from the source's {from} values cast to {to}")
                     }
+                    Recipe::Merge { .. } => {
+                        "the bytes differ from the source's value with the LoRA merges applied"
+                            .to_owned()
+                    }
                 };
                 findings.push(Finding::difference(
                     Kind::Content,
@@ -281,19 +285,46 @@ fn hash_expected(
             hashes.push(None);
             continue;
         };
-        let cast = match p.recipe {
-            Recipe::Copy(_) => None,
-            Recipe::Cast { from, to, .. } => Some((from, to)),
-        };
         let mut digester = Digester::new(p.dtype.size() as usize);
-        match read_into(
-            &mut copier,
-            (file, source.offset),
-            source.len,
-            cast,
-            progress,
-            &mut digester,
-        ) {
+        let read = match p.recipe {
+            Recipe::Copy(_) => read_into(
+                &mut copier,
+                (file, source.offset),
+                source.len,
+                None,
+                progress,
+                &mut digester,
+            ),
+            Recipe::Cast { from, to, .. } => read_into(
+                &mut copier,
+                (file, source.offset),
+                source.len,
+                Some((from, to)),
+                progress,
+                &mut digester,
+            ),
+            // The merged value, computed by the saver's own kernel.
+            Recipe::Merge { from, to, .. } => crate::save::merge::stream(
+                expected.ckpt,
+                p.tensor,
+                (file, source.offset),
+                source.len,
+                (from, to),
+                &mut |id| {
+                    crate::formats::input::open_regular(expected.ckpt.file_path(id))
+                        .map_err(std::io::Error::other)
+                },
+                &progress.cancel,
+                &mut |chunk| {
+                    digester.update(chunk);
+                    progress
+                        .read
+                        .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    Ok(())
+                },
+            ),
+        };
+        match read {
             Ok(()) => hashes.push(Some(digester.finish().hash)),
             Err(CopyError::Cancelled) => return Err(VerifyError::Cancelled),
             Err(e) => {

@@ -1,0 +1,222 @@
+"""devmap save --merge-lora against peft's own merge: for each case, transformers writes
+a tiny base model, peft makes an adapter with random (non-zero) weights and saves it,
+peft's route (PeftModel.from_pretrained, merge_and_unload, save_pretrained) writes the
+reference, and devmap writes its merge. Checked: the same names, dtypes and shapes;
+every element within one ulp of the stored dtype at the magnitude of its operands; at
+least 99.5% bit-identical; logits of from_pretrained(devmap's output) equal to peft's
+merged model's within 1e-3 (float32) / 2e-2 (bfloat16). An unsupported adapter type is
+refused with no output left.
+
+Usage: python lora_merge.py PATH/TO/devmap
+Prints one "ok:" line per case with its bit-identical share; exits non-zero on any
+failure. Needs torch, transformers, peft.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+from peft import LoHaConfig, LoraConfig, PeftModel, get_peft_model
+from safetensors import safe_open
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+WORK = tempfile.mkdtemp(prefix="devmap-lora-")
+INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
+
+
+def llama(dtype, tied=False):
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=96,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            tie_word_embeddings=tied,
+        )
+    )
+    return m.to(dtype)
+
+
+def gpt2():
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=64, n_layer=2, n_head=4, n_positions=32))
+
+
+def qwen2():
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=96,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+        )
+    )
+
+
+def make_adapter(base_dir, dtype, config, seed, name):
+    """peft's own adapter over the saved base, every trainable weight randomised."""
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
+    peft_model = get_peft_model(base, config)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if p.requires_grad:
+                noise = torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.05
+                if "magnitude" in n:
+                    p.copy_((p.float() * (1.0 + noise)).to(p.dtype))
+                elif "lora_" in n:
+                    p.copy_(noise.to(p.dtype) * 4)
+                else:  # modules_to_save copies
+                    p.add_(noise.to(p.dtype))
+    out = os.path.join(WORK, name)
+    peft_model.save_pretrained(out)
+    return out
+
+
+def peft_route(base_dir, dtype, adapters, out):
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
+    for a in adapters:
+        model = PeftModel.from_pretrained(model, a).merge_and_unload()
+    model.save_pretrained(out)
+    with torch.no_grad():
+        return model(INPUT).logits.float()
+
+
+def tensors(folder):
+    files = [f for f in os.listdir(folder) if f.endswith(".safetensors")]
+    out = {}
+    for f in files:
+        with safe_open(os.path.join(folder, f), "pt") as st:
+            for k in st.keys():
+                out[k] = st.get_tensor(k)
+    return out
+
+
+MANTISSA = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
+
+
+def compare(case, ours_dir, ref_dir, base_dir, dtype, ref_logits, ulps=1):
+    ours, ref, base = tensors(ours_dir), tensors(ref_dir), tensors(base_dir)
+    if sorted(ours) != sorted(ref):
+        sys.exit(f"FAIL {case}: names differ: only devmap {sorted(set(ours) - set(ref))}, only peft {sorted(set(ref) - set(ours))}")
+    same = total = 0
+    for k in ref:
+        a, b = ours[k], ref[k]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            sys.exit(f"FAIL {case}: {k}: devmap {a.dtype} {tuple(a.shape)}, peft {b.dtype} {tuple(b.shape)}")
+        if not a.is_floating_point():
+            if not torch.equal(a, b):
+                sys.exit(f"FAIL {case}: {k} differs")
+            continue
+        bits = a.view(torch.int16 if a.element_size() == 2 else torch.int32)
+        ref_bits = b.view(bits.dtype)
+        same += int((bits == ref_bits).sum())
+        total += a.numel()
+        # One ulp of the stored dtype at the magnitude of the operands: the result's
+        # and the base weight's (a delta that cancels the weight leaves a tiny result).
+        w = base.get(k, b).float()
+        scale = torch.maximum(b.float().abs(), w.abs())
+        tol = torch.pow(2.0, torch.floor(torch.log2(scale.clamp_min(torch.finfo(dtype).tiny))) - MANTISSA[a.dtype])
+        err = (a.float() - b.float()).abs()
+        if bool((err > tol * ulps * 1.0001).any()):
+            i = int(torch.argmax(err - tol))
+            sys.exit(
+                f"FAIL {case}: {k}: element {i}: devmap {a.flatten()[i].item()} peft {b.flatten()[i].item()} (more than {ulps} ulp)"
+            )
+    share = same / max(total, 1)
+    if share < 0.995:
+        sys.exit(f"FAIL {case}: only {share:.4%} of elements bit-identical")
+    model = AutoModelForCausalLM.from_pretrained(ours_dir, dtype=dtype)
+    with torch.no_grad():
+        logits = model(INPUT).logits.float()
+    limit = 1e-3 if dtype == torch.float32 else 2e-2
+    diff = float((logits - ref_logits).abs().max())
+    if diff > limit:
+        sys.exit(f"FAIL {case}: logits differ by {diff} (limit {limit})")
+    print(f"ok: {case}: {len(ref)} tensors, {share:.4%} of elements bit-identical, logits within {diff:.2e}")
+
+
+def devmap_save(devmap, base_dir, adapters, out, *extra):
+    args = [devmap, "save", base_dir, "--out", out, "--quiet", "--max-shard-size", "200KB", *extra]
+    for a in adapters:
+        args += ["--merge-lora", a]
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: devmap save with {adapters}: {r.stderr}")
+
+
+def case(devmap, name, model_fn, dtype, configs, ulps=1):
+    base_dir = os.path.join(WORK, f"{name}-base")
+    model_fn().save_pretrained(base_dir)
+    adapters = []
+    merged_dirs = [base_dir]
+    for i, c in enumerate(configs):
+        # Each adapter is made over the model the earlier ones merged into, as a user
+        # stacking adapters would.
+        adapters.append(make_adapter(merged_dirs[-1], dtype, c, 100 + i, f"{name}-adapter{i}"))
+        if i + 1 < len(configs):
+            step = os.path.join(WORK, f"{name}-merged{i}")
+            peft_route(merged_dirs[-1], dtype, [adapters[-1]], step)
+            merged_dirs.append(step)
+    ref_dir = os.path.join(WORK, f"{name}-peft")
+    ref_logits = peft_route(base_dir, dtype, adapters, ref_dir)
+    ours = os.path.join(WORK, f"{name}-devmap")
+    devmap_save(devmap, base_dir, adapters, ours)
+    compare(name, ours, ref_dir, base_dir, dtype, ref_logits, ulps)
+
+
+def main(devmap):
+    linear = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    case(devmap, "llama-f32", lambda: llama(torch.float32), torch.float32,
+         [LoraConfig(r=8, lora_alpha=16, target_modules=linear, init_lora_weights=False)])
+    case(devmap, "llama-bf16", lambda: llama(torch.bfloat16), torch.bfloat16,
+         [LoraConfig(r=8, lora_alpha=16, target_modules=linear, init_lora_weights=False)])
+    case(devmap, "llama-rslora-patterns", lambda: llama(torch.float32), torch.float32,
+         [LoraConfig(r=8, lora_alpha=16, use_rslora=True, target_modules=linear,
+                     rank_pattern={"q_proj": 4, "layers.1.mlp.down_proj": 2},
+                     alpha_pattern={"v_proj": 32}, init_lora_weights=False)])
+    case(devmap, "gpt2-fan-in-fan-out", gpt2, torch.float32,
+         [LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True, init_lora_weights=False)])
+    case(devmap, "qwen2-embedding-modules-to-save", qwen2, torch.float32,
+         [LoraConfig(r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj"], modules_to_save=["lm_head"], init_lora_weights=False)])
+    case(devmap, "qwen2-lora-bias", qwen2, torch.float32,
+         [LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"], lora_bias=True, init_lora_weights=False)])
+    case(devmap, "llama-dora", lambda: llama(torch.float32), torch.float32,
+         [LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], use_dora=True, init_lora_weights=False)])
+    case(devmap, "llama-bf16-tied-embedding", lambda: llama(torch.bfloat16, tied=True), torch.bfloat16,
+         [LoraConfig(r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj"], init_lora_weights=False)])
+    case(devmap, "llama-two-adapters", lambda: llama(torch.float32), torch.float32,
+         [LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+          LoraConfig(r=8, lora_alpha=4, target_modules=["v_proj", "down_proj"], init_lora_weights=False)])
+
+    # An adapter devmap cannot merge: refused, naming the type, nothing left.
+    base_dir = os.path.join(WORK, "llama-f32-base")
+    loha = make_adapter(base_dir, torch.float32, LoHaConfig(r=4, alpha=8, target_modules=["q_proj"]), 7, "loha")
+    out = os.path.join(WORK, "loha-out")
+    r = subprocess.run([devmap, "save", base_dir, "--out", out, "--merge-lora", loha], capture_output=True, text=True)
+    if r.returncode == 0 or "LOHA" not in r.stderr or os.path.exists(out):
+        sys.exit(f"FAIL: a LoHa adapter must be refused with nothing written: {r.returncode} {r.stderr}")
+    print("ok: a LoHa adapter is refused, naming its type, and nothing is written")
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,15 @@
+//! `devmap save --merge-lora` against peft's own merge (tests/python/lora_merge.py):
+//! Llama f32 and bf16, rsLoRA with rank and alpha patterns, GPT-2 Conv1D with
+//! fan_in_fan_out, Qwen2 embedding LoRA with modules_to_save, lora_bias, DoRA, a tied
+//! embedding, two adapters in sequence, and a LoHa adapter refused. Ignored by a bare
+//! `cargo test`; `.ci/run` runs it with the reference libraries installed.
+
+mod common;
+
+#[test]
+#[ignore = "needs torch, transformers, peft: run .ci/run"]
+fn merges_match_peft_merge_and_unload() {
+    let (ok, out, err) = common::run_hf_script("lora_merge.py");
+    assert!(ok, "LoRA merge check failed:\n{out}\n{err}");
+    assert_eq!(out.matches("ok: ").count(), 10, "{out}");
+}
