@@ -172,30 +172,31 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
         })
     };
     for (module, keys) in modules {
-        let (embedding, a_key, b_key) = match (&keys.a, &keys.b, &keys.embedding_a, &keys.embedding_b) {
-            (Some(a), Some(b), None, None) => (false, a, b),
-            (None, None, Some(a), Some(b)) => (true, a, b),
-            _ => {
-                let key = [
-                    &keys.a,
-                    &keys.b,
-                    &keys.embedding_a,
-                    &keys.embedding_b,
-                    &keys.magnitude,
-                ]
-                .into_iter()
-                .flatten()
-                .map(|(k, _)| k.clone())
-                .next()
-                .unwrap_or_else(|| module.clone());
-                return Err(key_error(
-                    &key,
-                    format!(
-                        "module `{module}` does not have both halves of one LoRA pair (A and B)"
-                    ),
-                ));
-            }
-        };
+        let (embedding, a_key, b_key) =
+            match (&keys.a, &keys.b, &keys.embedding_a, &keys.embedding_b) {
+                (Some(a), Some(b), None, None) => (false, a, b),
+                (None, None, Some(a), Some(b)) => (true, a, b),
+                _ => {
+                    let key = [
+                        &keys.a,
+                        &keys.b,
+                        &keys.embedding_a,
+                        &keys.embedding_b,
+                        &keys.magnitude,
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, _)| k.clone())
+                    .next()
+                    .unwrap_or_else(|| module.clone());
+                    return Err(key_error(
+                        &key,
+                        format!(
+                            "module `{module}` does not have both halves of one LoRA pair (A and B)"
+                        ),
+                    ));
+                }
+            };
         let weight = format!("{module}.weight");
         let Some(id) = ckpt.index_of(&weight) else {
             return Err(key_error(

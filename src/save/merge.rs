@@ -4,17 +4,16 @@
 //! so both compute a merged value the same way.
 //!
 //! The delta of a row is `scale · Σ_k P[i][k]·Q[k][j]`, summed over the rank in order
-//! as a fused multiply-add, which is how torch's CPU matmul sums it (bit for bit: the
-//! real-peft test checks). A fused multiply-add of f32 values is computed exactly in
-//! f64 (the product of two f32 is exact there) and rounded to f32 once per step, so the
-//! loop over output columns vectorises without CPU-specific code; a general GEMM crate
-//! would reorder the sum and lose bit-equality. The rank loop stays sequential.
+//! as fused multiply-adds, which is how torch's CPU matmul sums it (bit for bit: the
+//! real-peft test checks). The loop over output columns is vectorised (AVX2+FMA where
+//! the CPU has it, chosen at run time by the `multiversion` crate); the rank loop stays
+//! sequential. A general GEMM crate would reorder the sum and lose bit-equality.
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use half::{bf16, f16};
+use half::f16;
 
 use super::copy::{CopyError, Stop};
 use crate::model::checkpoint::{Checkpoint, TensorId};
@@ -106,7 +105,21 @@ pub fn stream(
 
 /// One step on one row `w` (values of dtype `dtype`, held as f32).
 fn apply(step: &Loaded, i: usize, w: &mut [f32], delta: &mut [f32], dtype: DType) {
-    let round = |x: f32| round_to(dtype, x);
+    // One copy of the loops per dtype, so the rounding inlines into them.
+    match dtype {
+        DType::BF16 => apply_with(step, i, w, delta, round_bf16),
+        DType::F16 => apply_with(step, i, w, delta, |x| f16::from_f32(x).to_f32()),
+        _ => apply_with(step, i, w, delta, |x| x),
+    }
+}
+
+fn apply_with(
+    step: &Loaded,
+    i: usize,
+    w: &mut [f32],
+    delta: &mut [f32],
+    round: impl Fn(f32) -> f32,
+) {
     if let MergeKind::Bias = step.kind {
         for (j, v) in w.iter_mut().enumerate() {
             *v = round(*v + step.q[j] * step.scale);
@@ -171,28 +184,24 @@ fn row_delta(step: &Loaded, i: usize, delta: &mut [f32]) {
     delta.fill(0.0);
     let cols = delta.len();
     for k in 0..step.rank {
-        let p = f64::from(step.p[i * step.rank + k]);
-        let q = &step.q[k * cols..(k + 1) * cols];
-        for (d, &qk) in delta.iter_mut().zip(q) {
-            *d = p.mul_add_exact(f64::from(qk), f64::from(*d)) as f32;
-        }
+        fma_row(
+            step.p[i * step.rank + k],
+            &step.q[k * cols..(k + 1) * cols],
+            delta,
+        );
     }
     for d in delta.iter_mut() {
         *d *= step.scale;
     }
 }
 
-/// `a·b + c` of values that came from f32: the product is exact in f64, so one f64
-/// addition and the caller's rounding to f32 give the fused multiply-add's result
-/// (except when the f64 sum itself rounds onto an f32 tie: about once in 2^29).
-trait MulAddExact {
-    fn mul_add_exact(self, b: f64, c: f64) -> f64;
-}
-
-impl MulAddExact for f64 {
-    #[inline]
-    fn mul_add_exact(self, b: f64, c: f64) -> f64 {
-        self * b + c
+/// `d[j] = fma(p, q[j], d[j])` for every column: one rounding per step, as a hardware
+/// fused multiply-add gives. Compiled for AVX2+FMA (eight lanes) and chosen at run
+/// time where the CPU has it; elsewhere `mul_add` is still exact, only slower.
+#[multiversion::multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+fn fma_row(p: f32, q: &[f32], d: &mut [f32]) {
+    for (d, &q) in d.iter_mut().zip(q) {
+        *d = p.mul_add(q, *d);
     }
 }
 
@@ -291,7 +300,7 @@ fn widen(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     match dtype {
         DType::BF16 => {
             for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
             }
         }
         DType::F16 => {
@@ -311,8 +320,9 @@ fn widen(dtype: DType, bytes: &[u8], out: &mut [f32]) {
 fn narrow(dtype: DType, values: &[f32], out: &mut [u8]) {
     match dtype {
         DType::BF16 => {
+            // The values are bfloat16 already (rounded by the merge): the top half.
             for (v, o) in values.iter().zip(out.chunks_exact_mut(2)) {
-                o.copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
+                o.copy_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());
             }
         }
         DType::F16 => {
@@ -328,13 +338,15 @@ fn narrow(dtype: DType, values: &[f32], out: &mut [u8]) {
     }
 }
 
-/// `x` rounded to `dtype` (to nearest, ties to even, as torch's conversions) and back.
-fn round_to(dtype: DType, x: f32) -> f32 {
-    match dtype {
-        DType::BF16 => bf16::from_f32(x).to_f32(),
-        DType::F16 => f16::from_f32(x).to_f32(),
-        _ => x,
+/// `x` rounded to bfloat16 (to nearest, ties to even, as torch's conversion) and
+/// back, on the bits: branch-free but for NaN, so the loops around it vectorise.
+#[inline]
+fn round_bf16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return f32::from_bits(0x7FC0_0000);
     }
+    f32::from_bits(bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000)
 }
 
 #[cfg(test)]
