@@ -1,0 +1,448 @@
+//! `--merge-lora` without Python: adapters written here in peft's layout; refusals
+//! before writing, inspect's listing, composition with offload values, `--dtype`,
+//! ties and `verify --against`, and flat memory on a model far larger than the adapter.
+//! (tests/real_lora_merge.rs compares the values with peft's own merge.)
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{devmap, mixed_model, read_saved, stderr, stdout};
+use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
+use devmap::model::DType;
+
+/// Writes a LoRA adapter folder: for each module, A `[r, in]` and B `[out, r]` in f32.
+fn adapter(dir: &Path, config: serde_json::Value, pairs: &[(&str, u64, u64, u64)]) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let mut tensors = Vec::new();
+    for (i, (module, r, out, inp)) in pairs.iter().enumerate() {
+        let key = format!("base_model.model.{module}");
+        let mut a = FixtureTensor::patterned(
+            &format!("{key}.lora_A.weight"),
+            DType::F32,
+            &[*r, *inp],
+            40 + i as u64,
+        );
+        let mut b = FixtureTensor::patterned(
+            &format!("{key}.lora_B.weight"),
+            DType::F32,
+            &[*out, *r],
+            80 + i as u64,
+        );
+        for t in [&mut a, &mut b] {
+            for (k, c) in t.data.chunks_exact_mut(4).enumerate() {
+                let v = ((k * 31 + i * 7) % 17) as f32 / 17.0 - 0.5;
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        tensors.push(a);
+        tensors.push(b);
+    }
+    let refs: Vec<&FixtureTensor> = tensors.iter().collect();
+    write_safetensors(&dir.join("adapter_model.safetensors"), &refs).expect("weights");
+    write_json(&dir.join("adapter_config.json"), &config).expect("config");
+    dir.to_path_buf()
+}
+
+fn lora(r: u64, alpha: u64) -> serde_json::Value {
+    serde_json::json!({"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": ["proj"]})
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8")
+}
+
+fn f16_values(bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks_exact(2)
+        .map(|b| f64::from(half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()))
+        .collect()
+}
+
+/// The straightforward delta: scale · B·A, in f64.
+fn delta(dir: &Path, module: &str, r: usize, out: usize, inp: usize, scale: f64) -> Vec<f64> {
+    let bytes = std::fs::read(dir.join("adapter_model.safetensors")).expect("adapter");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("adapter");
+    let f32s = |name: &str| -> Vec<f64> {
+        st.tensor(name)
+            .expect("tensor")
+            .data()
+            .chunks_exact(4)
+            .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect()
+    };
+    let a = f32s(&format!("base_model.model.{module}.lora_A.weight"));
+    let b = f32s(&format!("base_model.model.{module}.lora_B.weight"));
+    let mut d = vec![0.0; out * inp];
+    for i in 0..out {
+        for j in 0..inp {
+            d[i * inp + j] = scale * (0..r).map(|k| b[i * r + k] * a[k * inp + j]).sum::<f64>();
+        }
+    }
+    d
+}
+
+#[test]
+fn merged_values_are_the_current_value_plus_the_delta() {
+    let m = mixed_model();
+    // Layer 2's weight comes from the checkpoint, layer 9's from the offload folder.
+    let ad = adapter(
+        &m.out("adapter"),
+        lora(4, 8),
+        &[
+            ("model.layers.2.proj", 4, 16, 16),
+            ("model.layers.9.proj", 4, 16, 16),
+        ],
+    );
+    let out = m.out("merged");
+    let o = devmap(&[
+        "save",
+        s(&m.dir),
+        "--out",
+        s(&out),
+        "--quiet",
+        "--merge-lora",
+        s(&ad),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = read_saved(&out);
+    for module in ["model.layers.2.proj", "model.layers.9.proj"] {
+        let name = format!("{module}.weight");
+        let before = f16_values(&m.expected[&name].data);
+        let after = f16_values(&saved[&name].data);
+        let want = delta(&ad, module, 4, 16, 16, 2.0);
+        for (k, ((b, a), d)) in before.iter().zip(&after).zip(&want).enumerate() {
+            // One float16 rounding of the sum: within half an ulp of the exact value.
+            let exact = b + d;
+            if !exact.is_finite() || exact.abs() > 65504.0 {
+                // The fixture's bytes include NaNs and infinities; they stay so, and
+                // a sum past float16's range overflows.
+                assert!(
+                    !a.is_finite() || b.is_nan() == a.is_nan(),
+                    "{name}[{k}]: {a}"
+                );
+                continue;
+            }
+            let ulp = 2f64.powi(exact.abs().max(6.1e-5).log2().floor() as i32 - 10);
+            assert!(
+                (a - exact).abs() <= ulp * 0.5 + 1e-12,
+                "{name}[{k}]: {a} vs {exact}"
+            );
+        }
+    }
+    // Everything else is byte for byte what a save without the adapter writes.
+    for (name, value) in &m.expected {
+        if !name.ends_with("layers.2.proj.weight") && !name.ends_with("layers.9.proj.weight") {
+            assert_eq!(&saved[name], value, "{name}");
+        }
+    }
+}
+
+#[test]
+fn verify_against_recomputes_the_merge() {
+    let m = mixed_model();
+    let ad = adapter(
+        &m.out("adapter"),
+        lora(2, 4),
+        &[("model.layers.5.proj", 2, 16, 16)],
+    );
+    let out = m.out("merged");
+    let o = devmap(&[
+        "save",
+        s(&m.dir),
+        "--out",
+        s(&out),
+        "--quiet",
+        "--merge-lora",
+        s(&ad),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = devmap(&[
+        "verify",
+        s(&out),
+        "--against",
+        s(&m.dir),
+        "--merge-lora",
+        s(&ad),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    // Without the adapter, exactly the merged tensor differs.
+    let o = devmap(&[
+        "verify",
+        s(&out),
+        "--against",
+        s(&m.dir),
+        "--json",
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let differences: Vec<&str> = report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["severity"] == "difference")
+        .map(|f| f["subject"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(differences, ["model.layers.5.proj.weight"]);
+}
+
+#[test]
+fn a_cast_after_the_merge_is_the_merge_then_the_cast() {
+    let m = mixed_model();
+    let ad = adapter(
+        &m.out("adapter"),
+        lora(2, 4),
+        &[("model.layers.1.proj", 2, 16, 16)],
+    );
+    let (plain, cast) = (m.out("plain"), m.out("cast"));
+    for (out, extra) in [(&plain, None), (&cast, Some("float32"))] {
+        let mut args = vec![
+            "save",
+            s(&m.dir),
+            "--out",
+            s(out),
+            "--quiet",
+            "--merge-lora",
+            s(&ad),
+        ];
+        if let Some(d) = extra {
+            args.extend(["--dtype", d]);
+        }
+        let o = devmap(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let name = "model.layers.1.proj.weight";
+    let merged = f16_values(&read_saved(&plain)[name].data);
+    let widened: Vec<f64> = read_saved(&cast)[name]
+        .data
+        .chunks_exact(4)
+        .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        .collect();
+    assert_eq!(merged.len(), widened.len());
+    for (k, (a, b)) in merged.iter().zip(&widened).enumerate() {
+        assert!(
+            a == b || (a.is_nan() && b.is_nan()),
+            "{name}[{k}]: {a} vs {b}"
+        );
+    }
+}
+
+#[test]
+fn inspect_lists_what_the_adapter_changes() {
+    let m = mixed_model();
+    let ad = adapter(
+        &m.out("adapter"),
+        serde_json::json!({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_rslora": true,
+                           "rank_pattern": {"layers.3.proj": 2}}),
+        &[
+            ("model.layers.0.proj", 4, 16, 16),
+            ("model.layers.3.proj", 2, 16, 16),
+        ],
+    );
+    let o = devmap(&["inspect", s(&m.dir), "--merge-lora", s(&ad)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("LORA (applied on save: 2 tensor(s) merged, 0 replaced)"),
+        "{text}"
+    );
+    assert!(text.contains("model.layers.0.proj.weight  += "), "{text}");
+    // rsLoRA: 8/√4 = 4 and 8/√2 ≈ 5.656854.
+    assert!(text.contains("linear, rank 4, scale 4"), "{text}");
+    assert!(text.contains("linear, rank 2, scale 5.656854"), "{text}");
+    let o = devmap(&["inspect", s(&m.dir), "--merge-lora", s(&ad), "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let t = report["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .find(|t| t["name"] == "model.layers.3.proj.weight")
+        .expect("tensor");
+    assert_eq!(t["lora"][0]["rank"], 2);
+    assert_eq!(t["lora"][0]["kind"], "linear");
+}
+
+#[test]
+fn adapter_problems_are_refused_before_writing() {
+    let m = mixed_model();
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (
+            adapter(
+                &m.out("unknown-module"),
+                lora(2, 4),
+                &[("model.layers.77.proj", 2, 16, 16)],
+            ),
+            "adapts `model.layers.77.proj`, but the model has no tensor `model.layers.77.proj.weight`",
+        ),
+        (
+            adapter(
+                &m.out("wrong-shape"),
+                lora(2, 4),
+                &[("model.layers.1.proj", 2, 16, 12)],
+            ),
+            "do not fit `model.layers.1.proj.weight` [16, 16]",
+        ),
+        (
+            adapter(
+                &m.out("wrong-rank"),
+                lora(8, 4),
+                &[("model.layers.1.proj", 2, 16, 16)],
+            ),
+            "has rank 2, but the config gives `model.layers.1.proj` rank 8",
+        ),
+        (
+            adapter(
+                &m.out("ia3"),
+                serde_json::json!({"peft_type": "IA3", "target_modules": ["proj"]}),
+                &[("model.layers.1.proj", 2, 16, 16)],
+            ),
+            "is a IA3 adapter; devmap merges LoRA adapters only",
+        ),
+        (
+            adapter(
+                &m.out("regex"),
+                serde_json::json!({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "rank_pattern": {"layers\\.\\d+\\.proj": 2}}),
+                &[("model.layers.1.proj", 2, 16, 16)],
+            ),
+            "is a regular expression",
+        ),
+    ];
+    let before = common::snapshot(&m.dir);
+    for (dir, message) in cases {
+        let out = m.out("never");
+        let o = devmap(&["save", s(&m.dir), "--out", s(&out), "--merge-lora", s(&dir)]);
+        assert!(!o.status.success(), "{} was accepted", dir.display());
+        let err = stderr(&o);
+        assert!(err.contains(message), "{}: {err}", dir.display());
+        assert!(err.contains(s(&dir)), "the adapter is named: {err}");
+        assert!(!out.exists(), "nothing may be written");
+    }
+    let o = devmap(&[
+        "save",
+        s(&m.dir),
+        "--out",
+        s(&m.out("never")),
+        "--merge-lora",
+        s(&m.dir),
+    ]);
+    assert!(
+        stderr(&o).contains("not a peft adapter folder"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(common::snapshot(&m.dir), before, "inputs untouched");
+}
+
+#[test]
+fn a_merge_into_a_tied_embedding_changes_every_name_of_the_group() {
+    let m = mixed_model();
+    let dir = m.out("adapter");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    // Embedding LoRA: A [r, num], B [dim, r] (the embedding is [64, 16]).
+    let a = FixtureTensor::patterned(
+        "base_model.model.model.embed_tokens.lora_embedding_A",
+        DType::F32,
+        &[2, 64],
+        5,
+    );
+    let b = FixtureTensor::patterned(
+        "base_model.model.model.embed_tokens.lora_embedding_B",
+        DType::F32,
+        &[16, 2],
+        6,
+    );
+    let mut tensors = vec![a, b];
+    for t in &mut tensors {
+        for (k, c) in t.data.chunks_exact_mut(4).enumerate() {
+            c.copy_from_slice(&(((k % 9) as f32 - 4.0) / 8.0).to_le_bytes());
+        }
+    }
+    let refs: Vec<&FixtureTensor> = tensors.iter().collect();
+    write_safetensors(&dir.join("adapter_model.safetensors"), &refs).expect("w");
+    write_json(&dir.join("adapter_config.json"), &lora(2, 2)).expect("c");
+    let out = m.out("merged");
+    let o = devmap(&[
+        "save",
+        s(&m.dir),
+        "--out",
+        s(&out),
+        "--quiet",
+        "--keep-tied",
+        "--merge-lora",
+        s(&dir),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = read_saved(&out);
+    let embed = &saved["model.embed_tokens.weight"];
+    assert_ne!(embed, &m.expected["model.embed_tokens.weight"], "merged");
+    assert_eq!(
+        &saved["lm_head.weight"], embed,
+        "the tied head carries the merge too"
+    );
+}
+
+#[test]
+fn memory_stays_flat_on_a_model_far_larger_than_the_adapter() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("big");
+    // 144 MiB of f32 weights, each [1024, 2048]; a rank-16 pair on every one of them.
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let mut pairs = Vec::new();
+    for f in 0..2 {
+        let tensors: Vec<FixtureTensor> = (0..9)
+            .map(|i| {
+                let mut data = vec![0u8; 8 << 20];
+                for (k, c) in data.chunks_exact_mut(4).enumerate().step_by(4099) {
+                    c.copy_from_slice(&((k % 13) as f32).to_le_bytes());
+                }
+                FixtureTensor {
+                    name: format!("model.layers.{f}.w{i}.weight"),
+                    dtype: DType::F32,
+                    shape: vec![1024, 2048],
+                    data,
+                }
+            })
+            .collect();
+        let refs: Vec<&FixtureTensor> = tensors.iter().collect();
+        write_safetensors(&dir.join(format!("part{f}.safetensors")), &refs).expect("write");
+        for i in 0..9 {
+            pairs.push((format!("model.layers.{f}.w{i}"), 16, 1024, 2048));
+        }
+    }
+    let pairs_ref: Vec<(&str, u64, u64, u64)> = pairs
+        .iter()
+        .map(|(m, r, o, i)| (m.as_str(), *r, *o, *i))
+        .collect();
+    let ad = adapter(&tmp.path().join("adapter"), lora(16, 32), &pairs_ref);
+    let largest_pair = 16 * (1024 + 2048) * 4;
+    let out = tmp.path().join("out");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_devmap"))
+        .args([
+            "save",
+            s(&dir),
+            "--out",
+            s(&out),
+            "--quiet",
+            "--no-fsync",
+            "--merge-lora",
+            s(&ad),
+        ])
+        .env("DEVMAP_REPORT_PEAK_RSS", "1")
+        .output()
+        .expect("run");
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let peak: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("devmap-peak-rss-bytes="))
+        .and_then(|v| v.parse().ok())
+        .expect("peak RSS line");
+    eprintln!("peak RSS {} MiB merging 18 pairs into 144 MiB", peak >> 20);
+    // Two writers, each holding one pair in f32 and one block.
+    assert!(
+        peak < (64 << 20) + 2 * largest_pair,
+        "peak RSS {peak} bytes"
+    );
+}
