@@ -223,7 +223,7 @@ fn a_cast_after_the_merge_is_the_merge_then_the_cast() {
     assert_eq!(merged.len(), widened.len());
     for (k, (a, b)) in merged.iter().zip(&widened).enumerate() {
         assert!(
-            a == b || (a.is_nan() && b.is_nan()),
+            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
             "{name}[{k}]: {a} vs {b}"
         );
     }
