@@ -446,3 +446,85 @@ fn memory_stays_flat_on_a_model_far_larger_than_the_adapter() {
         "peak RSS {peak} bytes"
     );
 }
+
+#[test]
+fn the_inspector_marks_merged_tensors_and_the_save_dialog_names_the_adapter() {
+    use devmap::tui::app::{Action, App, Mode};
+    use ratatui::Terminal;
+    use ratatui::backend::TestBackend;
+    let m = mixed_model();
+    let ad = adapter(
+        &m.out("adapter"),
+        lora(2, 4),
+        &[("model.layers.0.proj", 2, 16, 16)],
+    );
+    let mut ckpt =
+        devmap::model::load(&m.dir, &devmap::model::LoadOptions::default()).expect("load");
+    devmap::model::lora::apply_adapter(&mut ckpt, &ad).expect("adapter");
+    let mut app = App::new(ckpt);
+    app.handle(Action::Resize {
+        width: 140,
+        height: 45,
+    });
+    let frame = |app: &App| {
+        let mut terminal = Terminal::new(TestBackend::new(140, 45)).expect("terminal");
+        terminal
+            .draw(|f| devmap::tui::ui::draw(app, f))
+            .expect("draw");
+        let buffer = terminal.backend().buffer().clone();
+        (0..45)
+            .map(|y| {
+                (0..140)
+                    .map(|x| buffer[(x, y)].symbol().to_owned())
+                    .collect::<String>()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // Open model > layers > 0 and select its proj.weight.
+    for _ in 0..60 {
+        let screen = frame(&app);
+        if screen
+            .lines()
+            .any(|l| l.contains("proj.weight") || l.contains("│  │  │  weight"))
+        {
+            break;
+        }
+        app.handle(Action::Expand);
+    }
+    let mut found = false;
+    for _ in 0..80 {
+        let selected = app.selected().map(|id| app.tree.full_name(id));
+        if selected.as_deref() == Some("model.layers.0.proj.weight") {
+            found = true;
+            break;
+        }
+        app.handle(Action::Expand);
+        app.handle(Action::Down);
+    }
+    assert!(found, "reached the merged tensor");
+    let screen = frame(&app);
+    assert!(screen.contains("lora      + "), "{screen}");
+    assert!(
+        screen.contains("(linear, rank") && screen.contains("2, scale 2) on save"),
+        "{screen}"
+    );
+    let row = screen
+        .lines()
+        .find(|l| l.contains("weight") && l.contains('+'))
+        .unwrap_or("");
+    assert!(!row.is_empty(), "the tree marks the tensor: {screen}");
+    app.handle(Action::OpenSave);
+    app.handle(Action::Tick(std::time::Duration::from_secs(10)));
+    let Mode::SaveDialog(dialog) = &app.mode else {
+        panic!("save dialog")
+    };
+    let (adapters, merged) = dialog
+        .preview
+        .lora
+        .clone()
+        .expect("the preview names the merge");
+    assert_eq!(merged, 1);
+    assert_eq!(adapters, [ad.to_string_lossy().into_owned()]);
+    assert!(frame(&app).contains("merged into 1 tensor(s) as the save streams"));
+}

@@ -186,6 +186,8 @@ pub struct Preview {
     pub ties_once: Vec<(String, String)>,
     /// What floating-point tensors are cast to, when the save casts.
     pub cast_to: Option<crate::types::DType>,
+    /// `--merge-lora`: the adapters applied and the tensors they merge into.
+    pub lora: Option<(Vec<String>, usize)>,
     pub memory: u64,
     pub warnings: Vec<String>,
     /// Reasons the save cannot start; empty when it can.

@@ -162,6 +162,24 @@ impl App {
         preview.tensors = plan.tensor_count();
         preview.ties_once.clone_from(&plan.dropped_ties);
         preview.cast_to = plan.cast_to;
+        let merged = plan
+            .shards
+            .iter()
+            .flat_map(|s| &s.tensors)
+            .filter(|t| matches!(t.recipe, crate::save::Recipe::Merge { .. }))
+            .count();
+        if merged > 0 {
+            let mut adapters: Vec<String> = self
+                .ckpt
+                .merges
+                .values()
+                .flatten()
+                .map(|m| m.adapter.to_string())
+                .collect();
+            adapters.sort();
+            adapters.dedup();
+            preview.lora = Some((adapters, merged));
+        }
         if let Some(sample) = self.memory.back()
             && sample.available < SAVE_MEMORY * 4
         {

@@ -86,6 +86,21 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 Span::styled(members.join(" = "), theme.tie()),
             ]));
         }
+        for m in app.ckpt.merges_of(t) {
+            lines.push(Line::from(vec![
+                Span::styled(format!("{:<10}", "lora"), theme.dim()),
+                Span::styled(
+                    format!(
+                        "+ {} ({}, rank {}, scale {}) on save",
+                        crate::text::escaped(&m.adapter),
+                        m.kind_name(),
+                        m.rank,
+                        m.scale
+                    ),
+                    theme.good(),
+                ),
+            ]));
+        }
     } else {
         lines.push(kv(
             "module",

@@ -62,6 +62,15 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
                 human_bytes(*bytes)
             )));
         }
+        if let Some((adapters, merged)) = &p.lora {
+            lines.push(Line::from(Span::styled(
+                format!(
+                    "LoRA: {} merged into {merged} tensor(s) as the save streams",
+                    adapters.join(" + ")
+                ),
+                theme.good(),
+            )));
+        }
         for (dropped, kept) in &p.ties_once {
             lines.push(Line::from(Span::styled(
                 format!("tied: {dropped} written once, as {kept}"),
