@@ -21,8 +21,47 @@ use crate::model::merge::{Matrix, MergeKind, MergeStep};
 use crate::types::dtype::DType;
 use crate::types::range::FileId;
 
-/// Bytes of f32 rows processed at a time (at least one row).
-const BLOCK_BYTES: usize = 1 << 20;
+/// Bytes of f32 rows processed at a time (at least one row): small enough that a
+/// block stays in the CPU's cache through every step.
+const BLOCK_BYTES: usize = 256 << 10;
+
+/// Buffers of finished merges, kept for the next: a fresh allocation per tensor costs
+/// page faults and zeroing that showed as a sixth of a merge's time.
+static SPARE: std::sync::Mutex<Vec<Buffers>> = std::sync::Mutex::new(Vec::new());
+
+#[derive(Default)]
+struct Buffers {
+    raw: Vec<u8>,
+    values: Vec<f32>,
+    scratch: Vec<f32>,
+    out: Vec<u8>,
+}
+
+impl Buffers {
+    fn take() -> Buffers {
+        SPARE
+            .lock()
+            .ok()
+            .and_then(|mut spare| spare.pop())
+            .unwrap_or_default()
+    }
+
+    fn give_back(self) {
+        if let Ok(mut spare) = SPARE.lock()
+            && spare.len() < 8
+        {
+            spare.push(self);
+        }
+    }
+}
+
+/// `v` with at least `n` elements (grown once, never shrunk).
+fn at_least<T: Default + Clone>(v: &mut Vec<T>, n: usize) -> &mut [T] {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+    &mut v[..n]
+}
 
 /// One step with its matrices read, in the orientation of the weight's rows:
 /// `delta[i][j] = scale · Σ_k p[i·r + k] · q[k·cols + j]`.
@@ -45,8 +84,111 @@ pub fn stream(
     (src, offset): (&File, u64),
     len: u64,
     (from, to): (DType, DType),
-    open: &mut dyn FnMut(FileId) -> io::Result<File>,
-    cancel: &dyn Stop,
+    open: &(dyn Fn(FileId) -> io::Result<File> + Sync),
+    cancel: &(dyn Stop + Sync),
+    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), CopyError> {
+    let (rows, _) = layout(ckpt, id, from, len)?;
+    stream_rows(
+        ckpt,
+        id,
+        (src, offset),
+        (from, to),
+        open,
+        cancel,
+        0..rows,
+        sink,
+    )
+}
+
+/// Writes the merged value of tensor `id` at `(dst, dst_offset)`, its rows split among
+/// `threads` threads (each reads, merges and writes its own rows in place), and
+/// returns the bytes written. The value is the one [`stream`] yields.
+#[allow(clippy::too_many_arguments)]
+pub fn write_in_parallel(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    (src, offset): (&File, u64),
+    len: u64,
+    (from, to): (DType, DType),
+    open: &(dyn Fn(FileId) -> io::Result<File> + Sync),
+    cancel: &(dyn Stop + Sync),
+    (dst, dst_offset): (&File, u64),
+    threads: usize,
+) -> Result<u64, CopyError> {
+    let (rows, cols) = layout(ckpt, id, from, len)?;
+    let threads = threads.clamp(1, rows.max(1));
+    let per = rows.div_ceil(threads);
+    let out_row = (cols * to.size() as usize) as u64;
+    let results: Vec<Result<(), CopyError>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let range = (t * per).min(rows)..((t + 1) * per).min(rows);
+                scope.spawn(move || {
+                    let mut at = dst_offset + range.start as u64 * out_row;
+                    stream_rows(
+                        ckpt,
+                        id,
+                        (src, offset),
+                        (from, to),
+                        open,
+                        cancel,
+                        range,
+                        &mut |bytes| {
+                            dst.write_all_at(bytes, at)?;
+                            at += bytes.len() as u64;
+                            Ok(())
+                        },
+                    )
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or(Err(CopyError::Cancelled)))
+            .collect()
+    });
+    for r in results {
+        r?;
+    }
+    Ok(rows as u64 * out_row)
+}
+
+/// `(rows, cols)` of a merged tensor, checked against its stored length.
+fn layout(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    from: DType,
+    len: u64,
+) -> Result<(usize, usize), CopyError> {
+    let tensor = &ckpt.tensors()[id];
+    let dims: Vec<u64> = tensor.shape.iter().collect();
+    let (rows, cols) = match dims.as_slice() {
+        [n] => (1, *n as usize),
+        [r, c] => (*r as usize, *c as usize),
+        _ => (1, tensor.numel() as usize),
+    };
+    let size = from.size() as usize;
+    if (rows * cols * size) as u64 != len {
+        return Err(CopyError::Io(io::Error::other(format!(
+            "tensor `{}` holds {len} bytes, its shape needs {}",
+            tensor.name,
+            rows * cols * size
+        ))));
+    }
+    Ok((rows, cols))
+}
+
+/// The merge of rows `range` of tensor `id`, streamed in order.
+#[allow(clippy::too_many_arguments)]
+fn stream_rows(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    (src, offset): (&File, u64),
+    (from, to): (DType, DType),
+    open: &(dyn Fn(FileId) -> io::Result<File> + Sync),
+    cancel: &(dyn Stop + Sync),
+    range: std::ops::Range<usize>,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
     let tensor = &ckpt.tensors()[id];
@@ -63,44 +205,45 @@ pub fn stream(
         .collect::<Result<_, _>>()
         .map_err(CopyError::Io)?;
     let size = from.size() as usize;
-    if (rows * cols * size) as u64 != len {
-        return Err(CopyError::Io(io::Error::other(format!(
-            "tensor `{}` holds {len} bytes, its shape needs {}",
-            tensor.name,
-            rows * cols * size
-        ))));
-    }
     let block_rows = (BLOCK_BYTES / (cols.max(1) * 4)).max(1);
-    let mut raw = vec![0u8; block_rows * cols * size];
-    let mut values = vec![0f32; block_rows * cols];
-    let mut scratch = vec![0f32; cols];
-    let mut out = vec![0u8; block_rows * cols * to.size() as usize];
-    let mut row = 0;
-    while row < rows {
-        if cancel.stop() {
-            return Err(CopyError::Cancelled);
-        }
-        let n = block_rows.min(rows - row);
-        let bytes = &mut raw[..n * cols * size];
-        read_exact_at(src, bytes, offset + (row * cols * size) as u64)?;
-        let block = &mut values[..n * cols];
-        widen(from, bytes, block);
-        for step in &steps {
-            for (i, w) in block.chunks_exact_mut(cols.max(1)).enumerate() {
-                apply(step, row + i, w, &mut scratch, from);
+    let mut buffers = Buffers::take();
+    let result = (|| {
+        let Buffers {
+            raw,
+            values,
+            scratch,
+            out,
+        } = &mut buffers;
+        let scratch = at_least(scratch, cols);
+        let mut row = range.start;
+        while row < range.end {
+            if cancel.stop() {
+                return Err(CopyError::Cancelled);
             }
+            let n = block_rows.min(range.end - row);
+            let bytes = at_least(raw, n * cols * size);
+            read_exact_at(src, bytes, offset + (row * cols * size) as u64)?;
+            let block = at_least(values, n * cols);
+            widen(from, bytes, block);
+            for step in &steps {
+                for (i, w) in block.chunks_exact_mut(cols.max(1)).enumerate() {
+                    apply(step, row + i, w, scratch, from);
+                }
+            }
+            narrow(from, block, bytes);
+            if to == from {
+                sink(bytes).map_err(CopyError::Io)?;
+            } else {
+                let converted = at_least(out, n * cols * to.size() as usize);
+                super::cast::cast(from, to, bytes, converted);
+                sink(converted).map_err(CopyError::Io)?;
+            }
+            row += n;
         }
-        narrow(from, block, bytes);
-        if to == from {
-            sink(bytes).map_err(CopyError::Io)?;
-        } else {
-            let converted = &mut out[..n * cols * to.size() as usize];
-            super::cast::cast(from, to, bytes, converted);
-            sink(converted).map_err(CopyError::Io)?;
-        }
-        row += n;
-    }
-    Ok(())
+        Ok(())
+    })();
+    buffers.give_back();
+    result
 }
 
 /// One step on one row `w` (values of dtype `dtype`, held as f32).
@@ -210,7 +353,7 @@ fn load(
     step: &MergeStep,
     rows: usize,
     cols: usize,
-    open: &mut dyn FnMut(FileId) -> io::Result<File>,
+    open: &(dyn Fn(FileId) -> io::Result<File> + Sync),
 ) -> io::Result<Loaded> {
     let b = read_matrix(&step.b, open)?;
     let rank = step.rank as usize;
@@ -265,7 +408,7 @@ fn transpose(m: &[f32], r: usize, c: usize) -> Vec<f32> {
 
 fn read_matrix(
     m: &Matrix,
-    open: &mut dyn FnMut(FileId) -> io::Result<File>,
+    open: &(dyn Fn(FileId) -> io::Result<File> + Sync),
 ) -> io::Result<Vec<f32>> {
     if !matches!(m.dtype, DType::F32 | DType::F16 | DType::BF16) {
         return Err(io::Error::other(format!(

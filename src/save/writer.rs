@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::SystemTime;
@@ -218,23 +217,25 @@ impl ShardWriter<'_> {
                     to: to_dtype,
                     ..
                 } => {
-                    let mut written = 0u64;
-                    let (dst_file, dst_offset) = to;
-                    super::merge::stream(
+                    // The merge is arithmetic, not I/O: a big tensor's rows are split
+                    // among the cores (each part written in place).
+                    let threads = if source.len >= PARALLEL_MERGE_BYTES {
+                        std::thread::available_parallelism().map_or(1, usize::from)
+                    } else {
+                        1
+                    };
+                    super::merge::write_in_parallel(
                         ckpt,
                         t.tensor,
                         from,
                         source.len,
                         (from_dtype, to_dtype),
-                        &mut |file| open_source(ckpt, file),
+                        &|file| open_source(ckpt, file),
                         &stop,
-                        &mut |bytes| {
-                            dst_file.write_all_at(bytes, dst_offset + written)?;
-                            written += bytes.len() as u64;
-                            report(bytes.len() as u64);
-                            Ok(())
-                        },
+                        to,
+                        threads,
                     )
+                    .map(&mut report)
                 }
             };
             moved
@@ -269,6 +270,9 @@ impl ShardWriter<'_> {
 }
 
 /// Lets the copy loop see both the user's cancel and another worker's failure.
+/// Merged tensors at least this large are computed on every core.
+const PARALLEL_MERGE_BYTES: u64 = 1 << 20;
+
 /// Opens a source file by id (an adapter's weights, for a merge).
 fn open_source(ckpt: &Checkpoint, file: crate::types::range::FileId) -> std::io::Result<File> {
     crate::formats::input::open_regular(ckpt.file_path(file)).map_err(std::io::Error::other)

@@ -310,7 +310,7 @@ fn hash_expected(
                 (file, source.offset),
                 source.len,
                 (from, to),
-                &mut |id| {
+                &|id| {
                     crate::formats::input::open_regular(expected.ckpt.file_path(id))
                         .map_err(std::io::Error::other)
                 },
