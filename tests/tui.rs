@@ -1214,3 +1214,70 @@ fn esc_stops_a_running_verification() {
     app.handle(Action::Verified(Err("verification cancelled".into())));
     assert!(frame(&app, 120, 40).contains("could not verify: verification cancelled"));
 }
+
+/// The buffer of one frame, for tests that look at styles, not only symbols.
+fn buffer(app: &App, width: u16, height: u16) -> ratatui::buffer::Buffer {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("terminal");
+    terminal.draw(|f| ui::draw(app, f)).expect("draw");
+    terminal.backend().buffer().clone()
+}
+
+#[test]
+fn the_selection_bar_covers_the_whole_row_in_colour_and_without() {
+    use ratatui::style::Modifier;
+    let m = mixed_model();
+    for color in [true, false] {
+        let mut app = app_for(&m);
+        app.color = color;
+        press(&mut app, &[key(KeyCode::Down), key(KeyCode::Down)]);
+        let areas = devmap::tui::layout::areas(ratatui::layout::Rect::new(0, 0, 120, 40), false);
+        let buf = buffer(&app, 120, 40);
+        let inner = (areas.tree.x + 1)..(areas.tree.x + areas.tree.width - 1);
+        let reversed = |y: u16| {
+            inner
+                .clone()
+                .filter(|&x| buf[(x, y)].modifier.contains(Modifier::REVERSED))
+                .count()
+        };
+        let rows: Vec<u16> = (areas.tree.y..areas.tree.y + areas.tree.height)
+            .filter(|&y| reversed(y) > 0)
+            .collect();
+        assert_eq!(rows.len(), 1, "one selected row (color {color})");
+        assert_eq!(
+            reversed(rows[0]),
+            inner.len(),
+            "every cell of the row, the coloured bar and badge included (color {color})"
+        );
+    }
+}
+
+#[test]
+fn search_matches_are_highlighted_in_the_tree() {
+    use ratatui::style::Modifier;
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("scale"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    let buf = buffer(&app, 120, 40);
+    let screen = frame(&app, 120, 40);
+    let (y, line) = screen
+        .lines()
+        .enumerate()
+        .find(|(_, l)| l.contains(" scale "))
+        .expect("the matching row");
+    let x = line.find("scale").expect("name") as u16;
+    let x = line[..x as usize].chars().count() as u16;
+    assert!(
+        buf[(x, y as u16)].modifier.contains(Modifier::UNDERLINED),
+        "the match is underlined (visible without colour)"
+    );
+    let (y2, line2) = screen
+        .lines()
+        .enumerate()
+        .find(|(_, l)| l.contains(" norm "))
+        .expect("another row");
+    let x2 = line2[..line2.find("norm").expect("n")].chars().count() as u16;
+    assert!(!buf[(x2, y2 as u16)].modifier.contains(Modifier::UNDERLINED));
+}

@@ -35,6 +35,17 @@ impl Theme {
         Style::default().add_modifier(Modifier::REVERSED)
     }
 
+    /// A row whose name matches the search: underlined and bold, so it shows without
+    /// colour too.
+    pub fn matched(self) -> Style {
+        let style = Style::default().add_modifier(Modifier::BOLD | Modifier::UNDERLINED);
+        if self.color {
+            style.fg(Color::Yellow)
+        } else {
+            style
+        }
+    }
+
     pub fn good(self) -> Style {
         self.pick(Style::default().fg(Color::Green))
     }

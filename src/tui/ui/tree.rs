@@ -71,29 +71,35 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         } else {
             " "
         };
-        let row_style = if i == app.rows.selected {
-            theme.selected()
+        let plain = ratatui::style::Style::default();
+        let name_style = if app.matches.binary_search(&id).is_ok() {
+            theme.matched()
         } else {
-            ratatui::style::Style::default()
+            plain
         };
-        let line = Line::from(vec![
-            Span::styled(format!("{label:<name_w$} "), row_style),
-            Span::styled(
-                format!("{:>SIZE_W$} ", crate::human_bytes(node.bytes)),
-                row_style,
-            ),
+        let mut spans = vec![
+            Span::styled(format!("{label:<name_w$}"), name_style),
+            Span::raw(" "),
+            Span::raw(format!("{:>SIZE_W$} ", crate::human_bytes(node.bytes))),
             Span::styled(
                 format!("{} ", bar(node.bytes as f64 / total, SHARE_W)),
                 theme.gauge(),
             ),
-            Span::styled(
-                format!("{:>PARAMS_W$} ", human_count(node.params)),
-                row_style,
-            ),
+            Span::raw(format!("{:>PARAMS_W$} ", human_count(node.params))),
             Span::styled(format!("{badge:<BADGE_W$}"), badge_style),
             Span::styled(tie, theme.tie()),
             Span::styled(split_note(node), theme.dim()),
-        ]);
+        ];
+        let line = if i == app.rows.selected {
+            // The selection bar runs the whole row: reversed video on every cell,
+            // coloured ones included (the line's style is the base each span patches),
+            // padded to the panel's width.
+            let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
+            spans.push(Span::raw(" ".repeat(width.saturating_sub(used))));
+            Line::from(spans).style(theme.selected())
+        } else {
+            Line::from(spans)
+        };
         lines.push(line);
     }
     frame.render_widget(Paragraph::new(lines), inner);
