@@ -1281,3 +1281,48 @@ fn search_matches_are_highlighted_in_the_tree() {
     let x2 = line2[..line2.find("norm").expect("n")].chars().count() as u16;
     assert!(!buf[(x2, y2 as u16)].modifier.contains(Modifier::UNDERLINED));
 }
+
+#[test]
+fn a_click_selects_a_row_and_a_second_click_opens_it() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let row_of = |app: &App, name: &str| -> u16 {
+        frame(app, 120, 40)
+            .lines()
+            .position(|l| l.contains(&format!("▸ {name} ")) || l.contains(&format!("▾ {name} ")))
+            .expect("row on screen") as u16
+    };
+    let click = |app: &mut App, row: u16| {
+        let action = mouse_action(MouseEvent {
+            kind: MouseEventKind::Down(ratatui::crossterm::event::MouseButton::Left),
+            column: 6,
+            row,
+            modifiers: KeyModifiers::NONE,
+        })
+        .expect("a click is an action");
+        app.handle(action);
+    };
+    let y = row_of(&app, "layers");
+    click(&mut app, y);
+    let selected = app.selected().map(|id| app.tree.full_name(id));
+    assert_eq!(selected.as_deref(), Some("model.layers"));
+    assert!(
+        frame(&app, 120, 40).contains("▸ layers"),
+        "one click only selects"
+    );
+    click(&mut app, y);
+    assert!(
+        frame(&app, 120, 40).contains("▾ layers"),
+        "a second click opens it"
+    );
+    click(&mut app, y);
+    assert!(
+        frame(&app, 120, 40).contains("▸ layers"),
+        "and a third closes it"
+    );
+    // Clicks outside the tree's rows change nothing.
+    let before = app.rows.selected;
+    click(&mut app, 0);
+    click(&mut app, 39);
+    assert_eq!(app.rows.selected, before);
+}

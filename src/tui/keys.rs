@@ -25,6 +25,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("v", "verify a finished save: compare it with its source"),
     ("!", "every warning, in full"),
     ("?", "this help"),
+    ("click", "select a row; again opens or closes it"),
     (
         "q  Ctrl-C",
         "quit (asks if a save runs or edits are not exported)",
@@ -183,6 +184,10 @@ pub fn mouse_action(mouse: MouseEvent) -> Option<Action> {
     match mouse.kind {
         MouseEventKind::ScrollUp => Some(Action::ScrollUp),
         MouseEventKind::ScrollDown => Some(Action::ScrollDown),
+        MouseEventKind::Down(ratatui::crossterm::event::MouseButton::Left) => Some(Action::Click {
+            column: mouse.column,
+            row: mouse.row,
+        }),
         _ => None,
     }
 }

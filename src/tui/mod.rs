@@ -18,9 +18,7 @@ use std::time::{Duration, Instant};
 
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
-use ratatui::crossterm::event::{
-    self, DisableMouseCapture, EnableMouseCapture, Event as TermEvent, KeyEventKind,
-};
+use ratatui::crossterm::event::{self, DisableMouseCapture, Event as TermEvent, KeyEventKind};
 use ratatui::crossterm::execute;
 use ratatui::crossterm::terminal::{
     EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
@@ -71,7 +69,13 @@ pub fn run(ckpt: Checkpoint) -> io::Result<()> {
 fn enter() -> io::Result<Terminal<CrosstermBackend<io::Stdout>>> {
     enable_raw_mode()?;
     let mut stdout = io::stdout();
-    if let Err(e) = execute!(stdout, EnterAlternateScreen, EnableMouseCapture) {
+    if let Err(e) = execute!(stdout, EnterAlternateScreen).and_then(|()| {
+        // Clicks and the wheel only (X10 button tracking in SGR form), not every
+        // motion: crossterm's EnableMouseCapture asks for all motion, which keeps the
+        // terminal from selecting text with the mouse.
+        io::Write::write_all(&mut stdout, b"\x1b[?1000h\x1b[?1006h")?;
+        io::Write::flush(&mut stdout)
+    }) {
         leave();
         return Err(e);
     }

@@ -47,6 +47,12 @@ pub enum Action {
     Collapse,
     ScrollUp,
     ScrollDown,
+    /// A left click at a screen cell: selects the tree row there; a click on the
+    /// selected row opens or closes it.
+    Click {
+        column: u16,
+        row: u16,
+    },
     StartSearch,
     NextMatch,
     PrevMatch,
@@ -374,6 +380,34 @@ impl App {
         self.save.as_ref().is_some_and(SaveProgress::running)
     }
 
+    /// A click in the tree: the row under it is selected; clicking the selected row
+    /// opens or closes it.
+    fn click(&mut self, column: u16, row: u16) {
+        let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
+        let tree = super::layout::areas(screen, self.save.is_some()).tree;
+        // Inside the border, below the header line.
+        let first = tree.y + 2;
+        if column <= tree.x
+            || column + 1 >= tree.x + tree.width
+            || row < first
+            || row + 1 >= tree.y + tree.height
+        {
+            return;
+        }
+        let index = self.rows.offset + usize::from(row - first);
+        let Some(&id) = self.rows.visible().get(index) else {
+            return;
+        };
+        if index == self.rows.selected {
+            if self.rows.has_children(id) {
+                let open = self.rows.is_expanded(id);
+                self.rows.set_expanded(id, !open);
+            }
+        } else {
+            self.rows.selected = index;
+        }
+    }
+
     fn tree_height(&self) -> usize {
         let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
         super::layout::areas(screen, self.save.is_some()).tree_rows
@@ -555,6 +589,7 @@ impl App {
             }
             Action::Undo => self.undo_map(),
             Action::Redo => self.redo_map(),
+            Action::Click { column, row } => self.click(column, row),
             _ => {}
         }
         Vec::new()
