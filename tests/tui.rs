@@ -1326,3 +1326,46 @@ fn a_click_selects_a_row_and_a_second_click_opens_it() {
     click(&mut app, 39);
     assert_eq!(app.rows.selected, before);
 }
+
+#[test]
+fn narrow_screens_drop_share_and_params_before_names_and_devices() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    for (w, h) in [(60, 16), (80, 24), (120, 40)] {
+        app.handle(Action::Resize {
+            width: w,
+            height: h,
+        });
+        let screen = frame(&app, w, h);
+        let header = screen
+            .lines()
+            .find(|l| l.contains("name") && l.contains("size"))
+            .expect("the header");
+        assert!(
+            header.contains("device"),
+            "{w}x{h}: the device column stays:\n{screen}"
+        );
+        if w >= 80 {
+            assert!(
+                screen.contains("embed_tokens ") && screen.contains("lm_head "),
+                "{w}x{h}: names are whole:\n{screen}"
+            );
+        } else {
+            // At 60 columns the name is what shrinks, after share and params.
+            assert!(screen.contains("embed_to"), "{w}x{h}:\n{screen}");
+        }
+        assert!(screen.contains("gpu:0"), "{w}x{h}:\n{screen}");
+        if w >= 120 {
+            assert!(
+                header.contains("share") && header.contains("params"),
+                "{w}x{h}"
+            );
+        }
+        if w == 60 {
+            assert!(
+                !header.contains("share"),
+                "share gives way first at {w}x{h}"
+            );
+        }
+    }
+}

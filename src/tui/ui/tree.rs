@@ -15,28 +15,59 @@ const SIZE_W: usize = 10;
 const SHARE_W: usize = 6;
 const PARAMS_W: usize = 7;
 const BADGE_W: usize = 9;
+/// Columns a name gets before the share and params columns give way.
+const NAME_MIN: usize = 24;
 
 pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let block = panel("Modules");
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let width = inner.width as usize;
-    let fixed = SIZE_W + SHARE_W + PARAMS_W + BADGE_W + 6;
-    // Names get what the columns leave, up to a point; the rest shows how a mixed
-    // module is split.
-    let name_w = width.saturating_sub(fixed).clamp(8, 44);
-    let mut lines = Vec::with_capacity(inner.height as usize);
-    lines.push(Line::from(Span::styled(
-        format!(
-            "{:<name_w$} {:>SIZE_W$} {:<SHARE_W$} {:>PARAMS_W$} {:<BADGE_W$}",
-            "name", "size", "share", "params", "device"
-        ),
-        theme.dim(),
-    )));
-    let total = app.tree.nodes[0].bytes.max(1) as f64;
     let height = inner.height.saturating_sub(1) as usize;
     let start = app.rows.offset;
     let visible = app.rows.visible();
+    let shown = || visible.iter().skip(start).take(height);
+    // Columns give way by priority, as dua's do: the share bar first, then the
+    // parameter count; the name, size and device always stay. The split note of a
+    // mixed module gets room before the name grows past what it needs.
+    let always = SIZE_W + 1 + BADGE_W + 1 + 1;
+    let longest_name = shown()
+        .map(|&id| {
+            let node = &app.tree.nodes[id];
+            2 * node.depth as usize + node.name.chars().count()
+        })
+        .max()
+        .unwrap_or(8);
+    let note_w = shown()
+        .map(|&id| split_note(&app.tree.nodes[id]).chars().count())
+        .max()
+        .unwrap_or(0);
+    let name_need = longest_name.clamp(8, 44);
+    let share = width >= always + SHARE_W + 1 + PARAMS_W + 1 + name_need;
+    let params = width >= always + PARAMS_W + 1 + name_need.min(NAME_MIN) || share;
+    let fixed =
+        always + if share { SHARE_W + 1 } else { 0 } + if params { PARAMS_W + 1 } else { 0 };
+    let room = width.saturating_sub(fixed);
+    // Names get what they need up to 44 columns, leaving the split note its room when
+    // there is enough for both.
+    let name_w = if room >= name_need + note_w {
+        name_need.max(room - note_w).min(44)
+    } else {
+        room.min(name_need).max(8)
+    };
+    // What is left after the columns, for the split note.
+    let note_room = width.saturating_sub(fixed + name_w);
+    let mut lines = Vec::with_capacity(inner.height as usize);
+    let mut header = format!("{:<name_w$} {:>SIZE_W$} ", "name", "size");
+    if share {
+        header.push_str(&format!("{:<SHARE_W$} ", "share"));
+    }
+    if params {
+        header.push_str(&format!("{:>PARAMS_W$} ", "params"));
+    }
+    header.push_str(&format!("{:<BADGE_W$}", "device"));
+    lines.push(Line::from(Span::styled(header, theme.dim())));
+    let total = app.tree.nodes[0].bytes.max(1) as f64;
     for (i, &id) in visible.iter().enumerate().skip(start).take(height) {
         let node = &app.tree.nodes[id];
         let marker = if !app.rows.has_children(id) {
@@ -81,15 +112,24 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             Span::styled(format!("{label:<name_w$}"), name_style),
             Span::raw(" "),
             Span::raw(format!("{:>SIZE_W$} ", crate::human_bytes(node.bytes))),
-            Span::styled(
+        ];
+        if share {
+            spans.push(Span::styled(
                 format!("{} ", bar(node.bytes as f64 / total, SHARE_W)),
                 theme.gauge(),
-            ),
-            Span::raw(format!("{:>PARAMS_W$} ", human_count(node.params))),
+            ));
+        }
+        if params {
+            spans.push(Span::raw(format!(
+                "{:>PARAMS_W$} ",
+                human_count(node.params)
+            )));
+        }
+        spans.extend([
             Span::styled(format!("{badge:<BADGE_W$}"), badge_style),
             Span::styled(tie, theme.tie()),
-            Span::styled(split_note(node), theme.dim()),
-        ];
+            Span::styled(fit_note(split_note(node), note_room), theme.dim()),
+        ]);
         let line = if i == app.rows.selected {
             // The selection bar runs the whole row: reversed video on every cell,
             // coloured ones included (the line's style is the base each span patches),
@@ -110,6 +150,19 @@ fn badge(node: &Node, theme: Theme) -> (String, ratatui::style::Style) {
         Some(p) => (p.to_string(), theme.device(p)),
         None if node.split.is_empty() => ("-".into(), theme.dim()),
         None => ("mixed".into(), theme.mixed()),
+    }
+}
+
+/// The split note cut to `room` columns with an ellipsis, or nothing where too little
+/// of it would show to be read.
+fn fit_note(note: String, room: usize) -> String {
+    let len = note.chars().count();
+    if len <= room {
+        note
+    } else if room >= 10 {
+        note.chars().take(room - 1).collect::<String>() + "…"
+    } else {
+        String::new()
     }
 }
 
