@@ -1369,3 +1369,61 @@ fn narrow_screens_drop_share_and_params_before_names_and_devices() {
         }
     }
 }
+
+#[test]
+fn text_fields_edit_at_the_cursor() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('s'), key(KeyCode::Tab), ctrl('u')]);
+    press(&mut app, &text("/data/models/out"));
+    // ← twice, then type: the character goes before "ut".
+    press(&mut app, &[key(KeyCode::Left), key(KeyCode::Left), ch('X')]);
+    let out = |app: &App| match &app.mode {
+        Mode::SaveDialog(d) => d.out.clone(),
+        _ => panic!("dialog"),
+    };
+    assert_eq!(out(&app), "/data/models/oXut");
+    assert!(
+        frame(&app, 120, 40).contains("/data/models/oX▏ut"),
+        "the cursor shows where it is"
+    );
+    // Home, then type at the start; End, then Backspace at the end.
+    press(
+        &mut app,
+        &[
+            key(KeyCode::Home),
+            ch('.'),
+            key(KeyCode::End),
+            key(KeyCode::Backspace),
+        ],
+    );
+    assert_eq!(out(&app), "./data/models/oXu");
+    // Ctrl-W deletes the last path part, then the one before with its slash.
+    press(&mut app, &[ctrl('w')]);
+    assert_eq!(out(&app), "./data/models/");
+    press(&mut app, &[ctrl('w')]);
+    assert_eq!(out(&app), "./data/");
+    // Ctrl-U deletes to the start from the cursor.
+    press(&mut app, &[key(KeyCode::Left), ctrl('u')]);
+    assert_eq!(out(&app), "/");
+    // In the size field ←/→ still step the presets.
+    press(&mut app, &[key(KeyCode::BackTab), key(KeyCode::BackTab)]);
+    let size = |app: &App| match &app.mode {
+        Mode::SaveDialog(d) => d.size.clone(),
+        _ => panic!("dialog"),
+    };
+    assert_eq!(size(&app), "5GB");
+    press(&mut app, &[key(KeyCode::Right)]);
+    assert_eq!(size(&app), "10GB");
+    // The export dialog's path edits the same way, its cursor starting at the end.
+    press(&mut app, &[key(KeyCode::Esc), ch('w'), ctrl('u')]);
+    press(&mut app, &text("map.json"));
+    press(
+        &mut app,
+        &[key(KeyCode::Home), ch('x'), key(KeyCode::Right), ch('y')],
+    );
+    let Mode::Export(d) = &app.mode else {
+        panic!("export")
+    };
+    assert_eq!(d.path, "xmyap.json");
+}

@@ -80,7 +80,7 @@ pub fn hint(mode: &Mode) -> &'static str {
         }
         Mode::Search(_) => "type to search  Enter keep  Esc cancel",
         Mode::SaveDialog(_) => {
-            "Tab field  ←→ preset  Ctrl-U clear  Ctrl-O overwrite  Enter start  Esc close"
+            "Tab field  ←→ preset/cursor  ^W ^U delete  ^O overwrite  Enter start  Esc close"
         }
         Mode::Export(_) => "Enter write  Ctrl-U clear  Esc cancel",
         Mode::Help => "Esc or ? close",
@@ -98,34 +98,26 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
     }
     match mode {
         Mode::Browse => browse(key),
-        Mode::Search(_) => match key.code {
+        // The one-line text prompts: search, the export path, the plan's budgets.
+        Mode::Search(_) | Mode::Export(_) | Mode::Plan(_) => text_keys(key).or(match key.code {
             KeyCode::Enter => Some(Action::Submit),
             KeyCode::Esc => Some(Action::Close),
-            KeyCode::Backspace => Some(Action::Backspace),
-            KeyCode::Char('u') if ctrl => Some(Action::ClearField),
-            KeyCode::Char(c) => Some(Action::Input(c)),
+            KeyCode::Left => Some(Action::CursorLeft),
+            KeyCode::Right => Some(Action::CursorRight),
+            KeyCode::Char(c) if !ctrl => Some(Action::Input(c)),
             _ => None,
-        },
-        Mode::SaveDialog(_) | Mode::Export(_) => match key.code {
+        }),
+        Mode::SaveDialog(_) => text_keys(key).or(match key.code {
             KeyCode::Enter => Some(Action::Submit),
             KeyCode::Esc => Some(Action::Close),
             KeyCode::Tab | KeyCode::BackTab => Some(Action::NextField),
+            // Presets in the size and dtype fields; the cursor in a path.
             KeyCode::Left => Some(Action::PrevPreset),
             KeyCode::Right => Some(Action::NextPreset),
-            KeyCode::Backspace => Some(Action::Backspace),
-            KeyCode::Char('u') if ctrl => Some(Action::ClearField),
             KeyCode::Char('o') if ctrl => Some(Action::ToggleOverwrite),
             KeyCode::Char(c) if !ctrl => Some(Action::Input(c)),
             _ => None,
-        },
-        Mode::Plan(_) => match key.code {
-            KeyCode::Enter => Some(Action::Submit),
-            KeyCode::Esc => Some(Action::Close),
-            KeyCode::Backspace => Some(Action::Backspace),
-            KeyCode::Char('u') if ctrl => Some(Action::ClearField),
-            KeyCode::Char(c) if !ctrl => Some(Action::Input(c)),
-            _ => None,
-        },
+        }),
         Mode::PlanResult(_) => match key.code {
             KeyCode::Esc | KeyCode::Enter | KeyCode::Char('q') => Some(Action::Close),
             _ => None,
@@ -143,6 +135,20 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
             KeyCode::Char('n' | 'N') | KeyCode::Esc => Some(Action::No),
             _ => None,
         },
+    }
+}
+
+/// The editing keys every text field shares: Backspace, Ctrl-U (delete to the start),
+/// Ctrl-W (delete the last path part), Home/End.
+fn text_keys(key: KeyEvent) -> Option<Action> {
+    let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+    match key.code {
+        KeyCode::Backspace => Some(Action::Backspace),
+        KeyCode::Char('u') if ctrl => Some(Action::ClearField),
+        KeyCode::Char('w') if ctrl => Some(Action::DeleteWord),
+        KeyCode::Home => Some(Action::CursorHome),
+        KeyCode::End => Some(Action::CursorEnd),
+        _ => None,
     }
 }
 

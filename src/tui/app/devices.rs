@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use super::{Action, App, DeviceMap, Mode, Placement, PlanDialog, Tone, covers, edit_text};
+use super::{
+    Action, App, DeviceMap, Mode, Placement, PlanDialog, Tone, covers, edit_text, is_edit,
+};
 
 impl App {
     pub(super) fn jump_tie(&mut self) {
@@ -166,8 +168,8 @@ impl App {
             return;
         };
         match action {
-            Action::Input(_) | Action::Backspace | Action::ClearField => {
-                edit_text(&mut dialog.budgets, &action);
+            ref edit if is_edit(edit) => {
+                self.cursor = edit_text(&mut dialog.budgets, self.cursor, edit);
             }
             Action::Close => self.mode = Mode::Browse,
             Action::Submit => {

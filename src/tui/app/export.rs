@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::{
     Action, App, Confirm, Effect, ExportDialog, Mode, PathKind, Tone, edit_text, encode_device_map,
+    is_edit,
 };
 
 impl App {
@@ -22,8 +23,8 @@ impl App {
             return Vec::new();
         };
         match action {
-            Action::Input(_) | Action::Backspace | Action::ClearField => {
-                edit_text(&mut dialog.path, &action);
+            ref edit if is_edit(edit) => {
+                self.cursor = edit_text(&mut dialog.path, self.cursor, edit);
             }
             Action::Close => self.mode = Mode::Browse,
             Action::Submit => {

@@ -76,6 +76,14 @@ pub enum Action {
     Input(char),
     Backspace,
     ClearField,
+    /// Ctrl-W: delete back to the previous `/` or space (a path's last part).
+    DeleteWord,
+    /// ←/→ in a text field (in the save dialog's output field; the size and dtype
+    /// fields step presets), Home/End.
+    CursorLeft,
+    CursorRight,
+    CursorHome,
+    CursorEnd,
     ToggleOverwrite,
     Yes,
     No,
@@ -280,6 +288,9 @@ pub struct App {
     pub save: Option<SaveProgress>,
     pub message: Option<Message>,
     pub last_search: String,
+    /// The cursor in the active text field, in characters (`None`: at its end). Reset
+    /// whenever a field opens or another takes the keys.
+    pub cursor: Option<usize>,
     pub matches: Vec<NodeId>,
     pub clock: Duration,
     pub size: (u16, u16),
@@ -354,6 +365,7 @@ impl App {
             save: None,
             message: None,
             last_search: String::new(),
+            cursor: None,
             matches: Vec::new(),
             clock: Duration::ZERO,
             size: (120, 40),
@@ -421,6 +433,16 @@ impl App {
     }
 
     pub fn handle(&mut self, action: Action) -> Vec<Effect> {
+        let mode_before = std::mem::discriminant(&self.mode);
+        let effects = self.handle_action(action);
+        // A field that opens starts with its cursor at the end.
+        if std::mem::discriminant(&self.mode) != mode_before {
+            self.cursor = None;
+        }
+        effects
+    }
+
+    fn handle_action(&mut self, action: Action) -> Vec<Effect> {
         let effects = match action {
             Action::Tick(now) => {
                 self.clock = now;
@@ -596,14 +618,68 @@ impl App {
     }
 }
 
-/// The editing every text field shares: type, Backspace, Ctrl-U.
-fn edit_text(text: &mut String, action: &Action) {
-    match action {
-        Action::Input(c) => text.push(*c),
-        Action::Backspace => {
-            text.pop();
+/// The editing every text field shares, at the cursor (`None`: at the end, where a
+/// field's cursor starts): type, Backspace, Ctrl-U (delete to the start), Ctrl-W
+/// (delete the last path part or word), ←/→, Home/End. Returns the new cursor.
+fn edit_text(text: &mut String, cursor: Option<usize>, action: &Action) -> Option<usize> {
+    let len = text.chars().count();
+    let at = cursor.unwrap_or(len).min(len);
+    let byte = |chars: usize| {
+        text.char_indices()
+            .nth(chars)
+            .map_or(text.len(), |(b, _)| b)
+    };
+    let next = match action {
+        Action::Input(c) => {
+            let b = byte(at);
+            text.insert(b, *c);
+            at + 1
         }
-        Action::ClearField => text.clear(),
-        _ => {}
-    }
+        Action::Backspace if at > 0 => {
+            let b = byte(at - 1);
+            text.remove(b);
+            at - 1
+        }
+        Action::ClearField => {
+            let b = byte(at);
+            text.replace_range(..b, "");
+            0
+        }
+        Action::DeleteWord => {
+            let chars: Vec<char> = text.chars().collect();
+            let mut start = at;
+            // Separators right before the cursor go with the word, as in a shell.
+            while start > 0 && matches!(chars[start - 1], '/' | ' ') {
+                start -= 1;
+            }
+            while start > 0 && !matches!(chars[start - 1], '/' | ' ') {
+                start -= 1;
+            }
+            let (from, to) = (byte(start), byte(at));
+            text.replace_range(from..to, "");
+            start
+        }
+        Action::CursorLeft => at.saturating_sub(1),
+        Action::CursorRight => (at + 1).min(len),
+        Action::CursorHome => 0,
+        Action::CursorEnd => len,
+        _ => at,
+    };
+    let len = text.chars().count();
+    (next < len).then_some(next)
+}
+
+/// Whether an action edits the active text field.
+fn is_edit(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::Input(_)
+            | Action::Backspace
+            | Action::ClearField
+            | Action::DeleteWord
+            | Action::CursorLeft
+            | Action::CursorRight
+            | Action::CursorHome
+            | Action::CursorEnd
+    )
 }

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use super::{
     Action, App, Confirm, Effect, Field, Mode, Outcome, Preview, SAVE_MEMORY, SHARD_PRESETS,
-    SaveDialog, SaveEvent, SaveOptions, SaveProgress, ShardProgress, Tone, edit_text, parse_size,
+    SaveDialog, SaveEvent, SaveOptions, SaveProgress, ShardProgress, Tone, edit_text, is_edit,
+    parse_size,
 };
 use crate::save::SaveError;
 
@@ -53,18 +54,40 @@ impl App {
                     Field::Output => Field::Dtype,
                     Field::Dtype => Field::ShardSize,
                 };
+                self.cursor = None;
                 return Vec::new();
             }
             // The dtype field is chosen, not typed.
-            Action::Input(_) | Action::Backspace | Action::ClearField
-                if dialog.field == Field::Dtype => {}
-            Action::Input(_) | Action::Backspace | Action::ClearField => edit_text(field, &action),
+            ref edit if is_edit(edit) && dialog.field == Field::Dtype => {}
+            // ←/→ step presets in the size field and move the cursor in the path.
+            Action::PrevPreset if dialog.field == Field::Output => {
+                self.cursor = edit_text(field, self.cursor, &Action::CursorLeft);
+                return Vec::new();
+            }
+            Action::NextPreset if dialog.field == Field::Output => {
+                self.cursor = edit_text(field, self.cursor, &Action::CursorRight);
+                return Vec::new();
+            }
+            ref edit if is_edit(edit) => {
+                let moves_only = matches!(
+                    edit,
+                    Action::CursorLeft
+                        | Action::CursorRight
+                        | Action::CursorHome
+                        | Action::CursorEnd
+                );
+                self.cursor = edit_text(field, self.cursor, edit);
+                if moves_only {
+                    return Vec::new();
+                }
+            }
             Action::PrevPreset | Action::NextPreset if dialog.field == Field::Dtype => {
                 dialog.dtype = step_dtype(dialog.dtype, action == Action::NextPreset);
             }
             Action::ToggleOverwrite => dialog.overwrite = !dialog.overwrite,
             Action::PrevPreset | Action::NextPreset if dialog.field == Field::ShardSize => {
                 dialog.size = step_preset(&dialog.size, action == Action::NextPreset);
+                self.cursor = None;
             }
             Action::Submit => return self.start_save(),
             _ => return Vec::new(),

@@ -1,6 +1,6 @@
 //! Search by name: matches as you type, n / N to step through them.
 
-use super::{Action, App, Mode, Tone, edit_text};
+use super::{Action, App, Mode, Tone, edit_text, is_edit};
 
 impl App {
     pub(super) fn search_input(&mut self, action: Action) {
@@ -8,7 +8,7 @@ impl App {
             return;
         };
         match action {
-            Action::Input(_) | Action::Backspace | Action::ClearField => edit_text(query, &action),
+            ref edit if is_edit(edit) => self.cursor = edit_text(query, self.cursor, edit),
             Action::Submit => {
                 let q = std::mem::take(query);
                 self.mode = Mode::Browse;

@@ -15,7 +15,8 @@ use crate::tui::app::{
 use crate::tui::keys;
 
 pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let field = |label: &str, value: &str, active: bool| {
+    // Only the size and output fields are typed (the dtype field is chosen).
+    let field = |label: &str, value: &str, active: bool, cursor_field: bool| {
         let style = if active {
             theme.selected()
         } else {
@@ -23,17 +24,26 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
         };
         Line::from(vec![
             Span::styled(format!("{label:<13}"), theme.dim()),
-            Span::styled(format!("{value}{}", if active { "▏" } else { "" }), style),
+            Span::styled(
+                if active && cursor_field {
+                    super::with_cursor(value, app.cursor)
+                } else if active {
+                    format!("{value}▏")
+                } else {
+                    value.to_owned()
+                },
+                style,
+            ),
         ])
     };
     let p = &d.preview;
     let mut lines = vec![
-        field("shard size", &d.size, d.field == Field::ShardSize),
+        field("shard size", &d.size, d.field == Field::ShardSize, true),
         Line::from(Span::styled(
             format!("{:13}presets: {}  (←/→)", "", SHARD_PRESETS.join(" ")),
             theme.dim(),
         )),
-        field("output", &d.out, d.field == Field::Output),
+        field("output", &d.out, d.field == Field::Output, true),
         field(
             "dtype",
             &format!(
@@ -41,6 +51,7 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
                 dtype_label(d.dtype)
             ),
             d.field == Field::Dtype,
+            false,
         ),
         Line::from(""),
     ];
@@ -147,11 +158,17 @@ fn popup(frame: &mut Frame<'_>, area: Rect, w: u16, h: u16, title: &str) -> Rect
     inner
 }
 
-pub fn export(d: &ExportDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+pub fn export(
+    d: &ExportDialog,
+    cursor: Option<usize>,
+    frame: &mut Frame<'_>,
+    area: Rect,
+    theme: Theme,
+) {
     let inner = popup(frame, area, 80, 7, "Export device map (hf_device_map JSON)");
     let mut lines = vec![Line::from(vec![
         Span::styled("path ", theme.dim()),
-        Span::styled(format!("{}▏", d.path), theme.selected()),
+        Span::styled(super::with_cursor(&d.path, cursor), theme.selected()),
     ])];
     if let Some(e) = &d.error {
         lines.push(Line::from(Span::styled(e.clone(), theme.bad())));
@@ -266,7 +283,13 @@ fn wrap_words(text: &str, width: usize) -> Vec<String> {
     rows
 }
 
-pub fn plan(d: &PlanDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+pub fn plan(
+    d: &PlanDialog,
+    cursor: Option<usize>,
+    frame: &mut Frame<'_>,
+    area: Rect,
+    theme: Theme,
+) {
     let inner = popup(
         frame,
         area,
@@ -277,7 +300,7 @@ pub fn plan(d: &PlanDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let mut lines = vec![
         Line::from(vec![
             Span::styled("budgets ", theme.dim()),
-            Span::styled(format!("{}▏", d.budgets), theme.selected()),
+            Span::styled(super::with_cursor(&d.budgets, cursor), theme.selected()),
         ]),
         Line::from(Span::styled(
             "GPU index, mps or cpu = size (5GB = 5·10^9, 5GiB = 5·2^30); disk takes the rest",

@@ -47,11 +47,11 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
     draw_status(app, frame, a.status, theme);
     match &app.mode {
         Mode::SaveDialog(d) => dialogs::save(app, d, frame, area, theme),
-        Mode::Export(d) => dialogs::export(d, frame, area, theme),
+        Mode::Export(d) => dialogs::export(d, app.cursor, frame, area, theme),
         Mode::Help => dialogs::help(frame, area, theme),
         Mode::Warnings => dialogs::warnings(app, frame, area, theme),
         Mode::Confirm(c) => dialogs::confirm(c, frame, area, theme),
-        Mode::Plan(d) => dialogs::plan(d, frame, area, theme),
+        Mode::Plan(d) => dialogs::plan(d, app.cursor, frame, area, theme),
         Mode::PlanResult(lines) => dialogs::plan_result(lines, frame, area, theme),
         Mode::Browse | Mode::Search(_) => {}
     }
@@ -91,8 +91,7 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let line = match (&app.mode, &app.message) {
         (Mode::Search(q), _) => Line::from(vec![
             Span::styled("/", theme.title()),
-            Span::raw(q.clone()),
-            Span::styled("▏", theme.dim()),
+            Span::raw(with_cursor(q, app.cursor)),
             Span::styled(
                 match app.match_position() {
                     Some((at, of)) => format!("   {at}/{of}   {}", keys::hint(&app.mode)),
@@ -148,4 +147,17 @@ fn centered(area: Rect, w: u16, h: u16) -> Rect {
         w,
         h,
     )
+}
+
+/// A text field's value with the cursor mark (`▏`) where the cursor is (`None`: the end).
+pub fn with_cursor(text: &str, cursor: Option<usize>) -> String {
+    match cursor {
+        Some(at) if at < text.chars().count() => {
+            let mut out: String = text.chars().take(at).collect();
+            out.push('▏');
+            out.extend(text.chars().skip(at));
+            out
+        }
+        _ => format!("{text}▏"),
+    }
 }
