@@ -1230,7 +1230,11 @@ fn the_selection_bar_covers_the_whole_row_in_colour_and_without() {
         let mut app = app_for(&m);
         app.color = color;
         press(&mut app, &[key(KeyCode::Down), key(KeyCode::Down)]);
-        let areas = devmap::tui::layout::areas(ratatui::layout::Rect::new(0, 0, 120, 40), false);
+        let areas = devmap::tui::layout::areas(
+            ratatui::layout::Rect::new(0, 0, 120, 40),
+            false,
+            app.device_rows(),
+        );
         let buf = buffer(&app, 120, 40);
         let inner = (areas.tree.x + 1)..(areas.tree.x + areas.tree.width - 1);
         let reversed = |y: u16| {
@@ -1426,4 +1430,81 @@ fn text_fields_edit_at_the_cursor() {
         panic!("export")
     };
     assert_eq!(d.path, "xmyap.json");
+}
+
+/// The mixed fixture spread over eight GPUs, cpu and disk, with cpu and disk over
+/// their budgets.
+fn ten_devices(m: &common::Model) -> App {
+    let mut map = serde_json::Map::new();
+    map.insert("lm_head".into(), 0.into());
+    map.insert("model.embed_tokens".into(), 0.into());
+    for l in 0..12 {
+        let device: serde_json::Value = match l {
+            0..=7 => l.into(),
+            8 | 9 => "cpu".into(),
+            _ => "disk".into(),
+        };
+        map.insert(format!("model.layers.{l}"), device);
+    }
+    for (k, v) in [
+        ("model.norm", "disk"),
+        ("model.scale", "disk"),
+        ("model.empty", "cpu"),
+    ] {
+        map.insert(k.into(), v.into());
+    }
+    let path = m.out("ten-devices.json");
+    devmap::fixtures::write_json(&path, &serde_json::Value::Object(map)).expect("map");
+    let options = LoadOptions {
+        device_map: Some(path),
+        ..LoadOptions::default()
+    };
+    let ckpt = load(&m.dir, &options).expect("load");
+    let mut app = App::new(ckpt);
+    app.budgets = Budgets {
+        disk_free: Some(100),
+        gpu_total: (0..8).map(|i| (i, 24 * GIB)).collect(),
+    };
+    // About 200 bytes of RAM available: cpu is over its budget too.
+    app.handle(Action::Memory(sample(4.0, 2e-7)));
+    app
+}
+
+#[test]
+fn the_devices_panel_grows_to_ten_devices_and_keeps_over_budget_rows() {
+    let m = mixed_model();
+    let mut app = ten_devices(&m);
+    app.handle(Action::Resize {
+        width: 200,
+        height: 60,
+    });
+    let screen = frame(&app, 200, 60);
+    for d in 0..8 {
+        assert!(
+            screen.contains(&format!("│gpu:{d} ")),
+            "gpu:{d} shows:\n{screen}"
+        );
+    }
+    let over: Vec<&str> = screen.lines().filter(|l| l.contains(" OVER")).collect();
+    assert_eq!(over.len(), 2, "cpu and disk are over:\n{screen}");
+    insta::assert_snapshot!("main_200x60_ten_devices", screen);
+    // On a small screen not every device fits; those over budget still show.
+    app.handle(Action::Resize {
+        width: 80,
+        height: 24,
+    });
+    let screen = frame(&app, 80, 24);
+    assert!(
+        screen.contains("│cpu ") && screen.contains("│disk "),
+        "{screen}"
+    );
+    assert_eq!(
+        screen.lines().filter(|l| l.contains(" OVER")).count(),
+        2,
+        "{screen}"
+    );
+    assert!(
+        screen.contains("more device(s), all within budget"),
+        "{screen}"
+    );
 }

@@ -21,8 +21,12 @@ pub struct Areas {
     pub tree_rows: usize,
 }
 
-pub fn areas(area: Rect, with_progress: bool) -> Areas {
-    let bottom = if area.height >= 30 { 8 } else { 6 };
+/// Where everything goes. `device_rows` is how many lines the Devices panel would
+/// like: the bottom row of panels grows to hold them, up to a third of the screen.
+pub fn areas(area: Rect, with_progress: bool, device_rows: usize) -> Areas {
+    let base = if area.height >= 30 { 8 } else { 6 };
+    let wanted = u16::try_from(device_rows + 2).unwrap_or(u16::MAX);
+    let bottom = wanted.clamp(base, (area.height / 3).max(base));
     let progress = if with_progress { 6 } else { 0 };
     let rows = Layout::default()
         .direction(Direction::Vertical)

@@ -396,7 +396,7 @@ impl App {
     /// opens or closes it.
     fn click(&mut self, column: u16, row: u16) {
         let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
-        let tree = super::layout::areas(screen, self.save.is_some()).tree;
+        let tree = super::layout::areas(screen, self.save.is_some(), self.device_rows()).tree;
         // Inside the border, below the header line.
         let first = tree.y + 2;
         if column <= tree.x
@@ -420,9 +420,14 @@ impl App {
         }
     }
 
+    /// Lines the Devices panel shows: one per device holding weights.
+    pub fn device_rows(&self) -> usize {
+        self.tree.nodes[ModuleTree::ROOT].split.len()
+    }
+
     fn tree_height(&self) -> usize {
         let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
-        super::layout::areas(screen, self.save.is_some()).tree_rows
+        super::layout::areas(screen, self.save.is_some(), self.device_rows()).tree_rows
     }
 
     fn say(&mut self, text: impl Into<String>, tone: Tone) {

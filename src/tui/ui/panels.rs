@@ -21,7 +21,7 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let bar_w = (inner.width as usize).saturating_sub(42).min(24);
     // The root's split is the per-device total, kept current by `recompute`: no walk
     // over every tensor per frame.
-    let lines: Vec<Line> = root
+    let rows: Vec<(Line, bool)> = root
         .split
         .iter()
         .map(|&(p, bytes)| {
@@ -41,16 +41,52 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                     if over { theme.bad() } else { theme.device(p) },
                 ));
             }
+            // OVER before the percentage: when the line is cut, "of …" goes first.
+            if over {
+                spans.push(Span::styled(" OVER", theme.bad()));
+            }
             spans.push(Span::styled(
                 format!(" {:>3.0}%{of}", fraction * 100.0),
                 theme.dim(),
             ));
-            if over {
-                spans.push(Span::styled(" OVER", theme.bad()));
-            }
-            Line::from(spans)
+            (Line::from(spans), over)
         })
         .collect();
+    let room = inner.height as usize;
+    let lines: Vec<Line> = if rows.len() <= room {
+        rows.into_iter().map(|(l, _)| l).collect()
+    } else {
+        // More devices than lines: every device over its budget stays, then the rest in
+        // order, and the last line counts what is not shown.
+        let keep = room.saturating_sub(1);
+        let mut chosen: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].1).take(keep).collect();
+        for i in 0..rows.len() {
+            if chosen.len() >= keep {
+                break;
+            }
+            if !chosen.contains(&i) {
+                chosen.push(i);
+            }
+        }
+        chosen.sort_unstable();
+        let hidden = rows.len() - chosen.len();
+        let hidden_over = (0..rows.len())
+            .filter(|i| rows[*i].1 && !chosen.contains(i))
+            .count();
+        let mut lines: Vec<Line> = chosen.iter().map(|&i| rows[i].0.clone()).collect();
+        lines.push(if hidden_over > 0 {
+            Line::from(Span::styled(
+                format!("… {hidden} more device(s), {hidden_over} of them OVER"),
+                theme.bad(),
+            ))
+        } else {
+            Line::from(Span::styled(
+                format!("… {hidden} more device(s), all within budget"),
+                theme.dim(),
+            ))
+        });
+        lines
+    };
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
