@@ -1232,7 +1232,7 @@ fn the_selection_bar_covers_the_whole_row_in_colour_and_without() {
         press(&mut app, &[key(KeyCode::Down), key(KeyCode::Down)]);
         let areas = devmap::tui::layout::areas(
             ratatui::layout::Rect::new(0, 0, 120, 40),
-            false,
+            app.progress_rows(),
             app.device_rows(),
         );
         let buf = buffer(&app, 120, 40);

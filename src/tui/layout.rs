@@ -21,13 +21,22 @@ pub struct Areas {
     pub tree_rows: usize,
 }
 
-/// Where everything goes. `device_rows` is how many lines the Devices panel would
-/// like: the bottom row of panels grows to hold them, up to a third of the screen.
-pub fn areas(area: Rect, with_progress: bool, device_rows: usize) -> Areas {
+/// Where everything goes. `progress_rows` is how many lines the save panel would like
+/// (one per shard and its headings; 0: no save panel), `device_rows` how many the
+/// Devices panel would: each grows to hold them, the save panel up to a quarter of the
+/// screen and the bottom row up to a third.
+pub fn areas(area: Rect, progress_rows: usize, device_rows: usize) -> Areas {
+    let with_progress = progress_rows > 0;
     let base = if area.height >= 30 { 8 } else { 6 };
     let wanted = u16::try_from(device_rows + 2).unwrap_or(u16::MAX);
     let bottom = wanted.clamp(base, (area.height / 3).max(base));
-    let progress = if with_progress { 6 } else { 0 };
+    let progress = if with_progress {
+        u16::try_from(progress_rows + 2)
+            .unwrap_or(u16::MAX)
+            .clamp(6, (area.height / 4).max(6))
+    } else {
+        0
+    };
     let rows = Layout::default()
         .direction(Direction::Vertical)
         .constraints([

@@ -396,7 +396,7 @@ impl App {
     /// opens or closes it.
     fn click(&mut self, column: u16, row: u16) {
         let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
-        let tree = super::layout::areas(screen, self.save.is_some(), self.device_rows()).tree;
+        let tree = super::layout::areas(screen, self.progress_rows(), self.device_rows()).tree;
         // Inside the border, below the header line.
         let first = tree.y + 2;
         if column <= tree.x
@@ -420,6 +420,12 @@ impl App {
         }
     }
 
+    /// Lines the save panel would like: the heading, the overall bar and one per shard
+    /// (or the outcome lines); 0 when there is no save to show.
+    pub fn progress_rows(&self) -> usize {
+        self.save.as_ref().map_or(0, |s| 2 + s.shards.len().max(2))
+    }
+
     /// Lines the Devices panel shows: one per device holding weights.
     pub fn device_rows(&self) -> usize {
         self.tree.nodes[ModuleTree::ROOT].split.len()
@@ -427,7 +433,7 @@ impl App {
 
     fn tree_height(&self) -> usize {
         let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
-        super::layout::areas(screen, self.save.is_some(), self.device_rows()).tree_rows
+        super::layout::areas(screen, self.progress_rows(), self.device_rows()).tree_rows
     }
 
     fn say(&mut self, text: impl Into<String>, tone: Tone) {

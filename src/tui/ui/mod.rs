@@ -21,7 +21,7 @@ use theme::Theme;
 /// The layout the app is drawn with (the progress panel takes room while a save is
 /// shown).
 pub fn app_areas(app: &App, area: Rect) -> Areas {
-    areas(area, app.save.is_some(), app.device_rows())
+    areas(area, app.progress_rows(), app.device_rows())
 }
 
 pub fn draw(app: &App, frame: &mut Frame<'_>) {
