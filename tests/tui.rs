@@ -686,6 +686,15 @@ fn plan_key_replans_shows_the_diff_and_exports() {
     assert!(lines[0].contains("tensors move"), "{lines:?}");
     assert!(lines.iter().any(|l| l.contains("→ disk")), "{lines:?}");
     assert!(app.map_edited);
+    // A long result scrolls: its last line comes into view at 80x24.
+    let last = lines.last().cloned().unwrap_or_default();
+    let tail: String = last.chars().take(30).collect();
+    if !frame(&app, 80, 24).contains(&tail) {
+        for _ in 0..40 {
+            press(&mut app, &[key(KeyCode::Down)]);
+        }
+        assert!(frame(&app, 80, 24).contains(&tail), "scrolled to `{tail}`");
+    }
     let planned = devmap::plan::plan(
         &load(&m.dir, &LoadOptions::default()).expect("load"),
         &devmap::plan::PlanOptions {
@@ -1507,4 +1516,57 @@ fn the_devices_panel_grows_to_ten_devices_and_keeps_over_budget_rows() {
         screen.contains("more device(s), all within budget"),
         "{screen}"
     );
+}
+
+#[test]
+fn tab_focuses_details_and_devices_which_then_scroll() {
+    let m = mixed_model();
+    let mut app = ten_devices(&m);
+    app.handle(Action::Resize {
+        width: 80,
+        height: 24,
+    });
+    // A tensor with a long Details text: the embedding (tied, with its source).
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("embed_tokens.weight"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    let selected = app.selected();
+    let details_top = |app: &App| {
+        frame(app, 80, 24)
+            .lines()
+            .nth(2)
+            .map(|l| l.chars().skip(50).collect::<String>())
+            .unwrap_or_default()
+    };
+    let before = details_top(&app);
+    press(&mut app, &[key(KeyCode::Tab)]);
+    assert!(
+        frame(&app, 80, 24).contains("Details · ↑↓ scroll"),
+        "the focus shows"
+    );
+    press(&mut app, &[key(KeyCode::Down), key(KeyCode::Down)]);
+    assert_ne!(details_top(&app), before, "Details scrolled");
+    assert_eq!(app.selected(), selected, "the tree selection did not move");
+    // Devices: ten rows in a panel of fewer; scrolling shows the later ones.
+    press(&mut app, &[key(KeyCode::Tab)]);
+    let screen = frame(&app, 80, 24);
+    assert!(screen.contains("Devices · ↑↓ scroll"), "{screen}");
+    assert!(!screen.contains("│gpu:7 "), "{screen}");
+    press(
+        &mut app,
+        &[
+            key(KeyCode::Down),
+            key(KeyCode::Down),
+            key(KeyCode::Down),
+            key(KeyCode::Down),
+        ],
+    );
+    let screen = frame(&app, 80, 24);
+    assert!(
+        screen.contains("│gpu:7 "),
+        "scrolled to the later devices:\n{screen}"
+    );
+    // Back to the tree: ↓ moves the selection again.
+    press(&mut app, &[key(KeyCode::Tab), key(KeyCode::Down)]);
+    assert_ne!(app.selected(), selected);
 }

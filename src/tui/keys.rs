@@ -27,6 +27,10 @@ pub const HELP: &[(&str, &str)] = &[
     ("?", "this help"),
     ("click", "select a row; again opens or closes it"),
     (
+        "Tab",
+        "focus the next panel (tree, Details, Devices); ↑↓ scroll it",
+    ),
+    (
         "q  Ctrl-C",
         "quit (asks if a save runs or edits are not exported)",
     ),
@@ -87,7 +91,7 @@ pub fn hint(mode: &Mode) -> &'static str {
         Mode::Warnings => "Esc or ! close",
         Mode::Confirm(_) => "y yes  n no",
         Mode::Plan(_) => "edit budgets (0=22GiB,cpu=64GiB)  Enter plan  Ctrl-U clear  Esc cancel",
-        Mode::PlanResult(_) => "w export (after closing)  Esc close",
+        Mode::PlanResult(_) => "↑↓ PgUp/PgDn scroll  w export (after closing)  Esc close",
     }
 }
 
@@ -120,6 +124,10 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
         }),
         Mode::PlanResult(_) => match key.code {
             KeyCode::Esc | KeyCode::Enter | KeyCode::Char('q') => Some(Action::Close),
+            KeyCode::Up | KeyCode::Char('k') => Some(Action::Up),
+            KeyCode::Down | KeyCode::Char('j') => Some(Action::Down),
+            KeyCode::PageUp => Some(Action::PageUp),
+            KeyCode::PageDown => Some(Action::PageDown),
             _ => None,
         },
         Mode::Warnings => match key.code {
@@ -169,6 +177,7 @@ fn browse(key: KeyEvent) -> Option<Action> {
         KeyCode::Right | KeyCode::Char('l') | KeyCode::Enter => Action::Expand,
         KeyCode::Left | KeyCode::Char('h') => Action::Collapse,
         KeyCode::Char('/') => Action::StartSearch,
+        KeyCode::Tab | KeyCode::BackTab => Action::NextField,
         KeyCode::Char('n') => Action::NextMatch,
         KeyCode::Char('N') => Action::PrevMatch,
         KeyCode::Char('t') => Action::JumpTie,

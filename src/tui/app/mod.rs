@@ -263,6 +263,15 @@ impl SaveProgress {
     }
 }
 
+/// The panel that ↑/↓ and PgUp/PgDn move in (`Tab` cycles, as in lazygit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Focus {
+    #[default]
+    Tree,
+    Details,
+    Devices,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tone {
     Info,
@@ -291,6 +300,12 @@ pub struct App {
     /// The cursor in the active text field, in characters (`None`: at its end). Reset
     /// whenever a field opens or another takes the keys.
     pub cursor: Option<usize>,
+    /// Which panel the movement keys scroll, and how far each scrolled panel is.
+    pub focus: Focus,
+    pub details_scroll: u16,
+    pub devices_scroll: u16,
+    /// Lines scrolled in the plan result.
+    pub result_scroll: u16,
     pub matches: Vec<NodeId>,
     pub clock: Duration,
     pub size: (u16, u16),
@@ -366,6 +381,10 @@ impl App {
             message: None,
             last_search: String::new(),
             cursor: None,
+            focus: Focus::Tree,
+            details_scroll: 0,
+            devices_scroll: 0,
+            result_scroll: 0,
             matches: Vec::new(),
             clock: Duration::ZERO,
             size: (120, 40),
@@ -542,8 +561,20 @@ impl App {
                 Vec::new()
             }
             Mode::PlanResult(_) => {
-                if matches!(action, Action::Close | Action::Submit | Action::Quit) {
-                    self.mode = Mode::Browse;
+                match action {
+                    Action::Close | Action::Submit | Action::Quit => {
+                        self.mode = Mode::Browse;
+                        self.result_scroll = 0;
+                    }
+                    Action::Up | Action::ScrollUp => {
+                        self.result_scroll = self.result_scroll.saturating_sub(1);
+                    }
+                    Action::Down | Action::ScrollDown => {
+                        self.result_scroll = self.result_scroll.saturating_add(1);
+                    }
+                    Action::PageUp => self.result_scroll = self.result_scroll.saturating_sub(10),
+                    Action::PageDown => self.result_scroll = self.result_scroll.saturating_add(10),
+                    _ => {}
                 }
                 Vec::new()
             }
@@ -551,6 +582,44 @@ impl App {
     }
 
     fn browse(&mut self, action: Action) -> Vec<Effect> {
+        if action == Action::NextField {
+            self.focus = match self.focus {
+                Focus::Tree => Focus::Details,
+                Focus::Details => Focus::Devices,
+                Focus::Devices => Focus::Tree,
+            };
+            return Vec::new();
+        }
+        // Movement scrolls the focused panel when it is not the tree.
+        let step: Option<i32> = match action {
+            Action::Up | Action::ScrollUp => Some(-1),
+            Action::Down | Action::ScrollDown => Some(1),
+            Action::PageUp => Some(-10),
+            Action::PageDown => Some(10),
+            Action::Top => Some(-10_000),
+            _ => None,
+        };
+        if let Some(step) = step {
+            let scroll = match self.focus {
+                Focus::Tree => None,
+                Focus::Details => Some(&mut self.details_scroll),
+                Focus::Devices => Some(&mut self.devices_scroll),
+            };
+            if let Some(scroll) = scroll {
+                *scroll = (i32::from(*scroll) + step).clamp(0, i32::from(u16::MAX)) as u16;
+                return Vec::new();
+            }
+        }
+        let before = self.rows.selected;
+        let effects = self.browse_tree(action);
+        if self.rows.selected != before {
+            // A new selection's details start at their top.
+            self.details_scroll = 0;
+        }
+        effects
+    }
+
+    fn browse_tree(&mut self, action: Action) -> Vec<Effect> {
         let page = self.tree_height().max(1) as isize;
         match action {
             Action::Up => self.rows.move_by(-1),

@@ -9,15 +9,15 @@ use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
+use super::bar;
 use super::theme::Theme;
-use super::{bar, panel};
 use crate::human_bytes;
 use crate::inspect::human_count;
 use crate::model::checkpoint::{ByteRange, Source};
 use crate::tui::app::App;
 
 pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let block = panel("Details");
+    let block = super::focusable("Details", app.focus == crate::tui::app::Focus::Details);
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let Some(id) = app.selected() else {
@@ -137,7 +137,11 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             ]));
         }
     }
-    frame.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
+    // Scrolled no further than its last line.
+    let total = super::wrapped_rows(&lines, inner.width);
+    let paragraph = Paragraph::new(lines).wrap(Wrap { trim: false });
+    let scroll = app.details_scroll.min(total.saturating_sub(inner.height));
+    frame.render_widget(paragraph.scroll((scroll, 0)), inner);
 }
 
 fn because(app: &App, key: Option<&str>) -> String {

@@ -317,13 +317,13 @@ pub fn plan(
     frame.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
 }
 
-pub fn plan_result(text: &[String], frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+pub fn plan_result(text: &[String], scroll: u16, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let inner = popup(
         frame,
         area,
         96,
         text.len() as u16 + 2,
-        "Planned map (applied; compare with the loaded one)",
+        "Planned map (applied; compare with the loaded one; ↑↓ scroll)",
     );
     let lines: Vec<Line> = text
         .iter()
@@ -338,5 +338,8 @@ pub fn plan_result(text: &[String], frame: &mut Frame<'_>, area: Rect, theme: Th
             }
         })
         .collect();
-    frame.render_widget(Paragraph::new(lines), inner);
+    let total = super::wrapped_rows(&lines, inner.width);
+    let paragraph = Paragraph::new(lines).wrap(Wrap { trim: false });
+    let scroll = scroll.min(total.saturating_sub(inner.height));
+    frame.render_widget(paragraph.scroll((scroll, 0)), inner);
 }

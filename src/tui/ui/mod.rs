@@ -52,7 +52,9 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
         Mode::Warnings => dialogs::warnings(app, frame, area, theme),
         Mode::Confirm(c) => dialogs::confirm(c, frame, area, theme),
         Mode::Plan(d) => dialogs::plan(d, app.cursor, frame, area, theme),
-        Mode::PlanResult(lines) => dialogs::plan_result(lines, frame, area, theme),
+        Mode::PlanResult(lines) => {
+            dialogs::plan_result(lines, app.result_scroll, frame, area, theme);
+        }
         Mode::Browse | Mode::Search(_) => {}
     }
 }
@@ -131,6 +133,21 @@ fn panel(title: &str) -> Block<'_> {
         .title(format!(" {title} "))
 }
 
+/// A panel that can take the focus: when it has it, its border is bold and its title
+/// says how to scroll.
+fn focusable(title: &str, focused: bool) -> Block<'static> {
+    let block = Block::default().borders(Borders::ALL);
+    if focused {
+        block
+            .border_style(
+                ratatui::style::Style::default().add_modifier(ratatui::style::Modifier::BOLD),
+            )
+            .title(format!(" {title} · ↑↓ scroll, Tab next "))
+    } else {
+        block.title(format!(" {title} "))
+    }
+}
+
 /// `[||||||    ]` of `width` cells filled to `fraction`.
 fn bar(fraction: f64, width: usize) -> String {
     let filled = ((fraction.clamp(0.0, 1.0) * width as f64).round() as usize).min(width);
@@ -160,4 +177,12 @@ pub fn with_cursor(text: &str, cursor: Option<usize>) -> String {
         }
         _ => format!("{text}▏"),
     }
+}
+
+/// About how many rows `lines` take wrapped to `width` (each line's width over the
+/// panel's, rounded up; word wrapping can take a little more), for clamping a scroll.
+fn wrapped_rows(lines: &[Line<'_>], width: u16) -> u16 {
+    let width = usize::from(width.max(1));
+    let rows: usize = lines.iter().map(|l| l.width().max(1).div_ceil(width)).sum();
+    u16::try_from(rows).unwrap_or(u16::MAX)
 }

@@ -13,7 +13,7 @@ use crate::tui::app::{App, Outcome};
 use crate::types::placement::Placement;
 
 pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let block = panel("Devices");
+    let block = super::focusable("Devices", app.focus == crate::tui::app::Focus::Devices);
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let root = &app.tree.nodes[crate::model::tree::ModuleTree::ROOT];
@@ -55,6 +55,14 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let room = inner.height as usize;
     let lines: Vec<Line> = if rows.len() <= room {
         rows.into_iter().map(|(l, _)| l).collect()
+    } else if app.devices_scroll > 0 {
+        // Scrolled by the user (Tab to the panel, then ↑/↓): plain rows from there.
+        let first = usize::from(app.devices_scroll).min(rows.len() - room);
+        rows.into_iter()
+            .skip(first)
+            .take(room)
+            .map(|(l, _)| l)
+            .collect()
     } else {
         // More devices than lines: every device over its budget stays, then the rest in
         // order, and the last line counts what is not shown.
