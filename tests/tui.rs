@@ -1570,3 +1570,40 @@ fn tab_focuses_details_and_devices_which_then_scroll() {
     press(&mut app, &[key(KeyCode::Tab), key(KeyCode::Down)]);
     assert_ne!(app.selected(), selected);
 }
+
+#[test]
+fn the_wheel_scrolls_the_panel_under_the_pointer() {
+    let m = mixed_model();
+    let mut app = ten_devices(&m);
+    app.handle(Action::Resize {
+        width: 80,
+        height: 24,
+    });
+    let areas = devmap::tui::layout::areas(
+        ratatui::layout::Rect::new(0, 0, 80, 24),
+        app.progress_rows(),
+        app.device_rows(),
+    );
+    let wheel = |app: &mut App, column: u16, row: u16| {
+        let action = mouse_action(MouseEvent {
+            kind: MouseEventKind::ScrollDown,
+            column,
+            row,
+            modifiers: KeyModifiers::NONE,
+        })
+        .expect("wheel");
+        app.handle(action);
+    };
+    let selected = app.rows.selected;
+    wheel(&mut app, areas.devices.x + 3, areas.devices.y + 2);
+    assert_eq!(app.devices_scroll, 3, "the Devices panel scrolled");
+    assert_eq!(app.rows.selected, selected, "not the tree");
+    wheel(&mut app, areas.details.x + 3, areas.details.y + 2);
+    assert_eq!(app.details_scroll, 3);
+    wheel(&mut app, areas.tree.x + 3, areas.tree.y + 3);
+    assert_eq!(
+        app.rows.selected,
+        selected + 3,
+        "over the tree, the selection moves"
+    );
+}

@@ -197,8 +197,11 @@ fn browse(key: KeyEvent) -> Option<Action> {
 
 pub fn mouse_action(mouse: MouseEvent) -> Option<Action> {
     match mouse.kind {
-        MouseEventKind::ScrollUp => Some(Action::ScrollUp),
-        MouseEventKind::ScrollDown => Some(Action::ScrollDown),
+        MouseEventKind::ScrollUp | MouseEventKind::ScrollDown => Some(Action::Wheel {
+            column: mouse.column,
+            row: mouse.row,
+            down: mouse.kind == MouseEventKind::ScrollDown,
+        }),
         MouseEventKind::Down(ratatui::crossterm::event::MouseButton::Left) => Some(Action::Click {
             column: mouse.column,
             row: mouse.row,

@@ -47,6 +47,13 @@ pub enum Action {
     Collapse,
     ScrollUp,
     ScrollDown,
+    /// The mouse wheel at a screen cell: scrolls the panel under the pointer (the tree
+    /// moves its selection).
+    Wheel {
+        column: u16,
+        row: u16,
+        down: bool,
+    },
     /// A left click at a screen cell: selects the tree row there; a click on the
     /// selected row opens or closes it.
     Click {
@@ -411,6 +418,32 @@ impl App {
         self.save.as_ref().is_some_and(SaveProgress::running)
     }
 
+    /// The wheel over Details or Devices scrolls that panel; anywhere else it moves the
+    /// tree's selection, three rows a notch.
+    fn wheel(&mut self, column: u16, row: u16, down: bool) {
+        let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
+        let areas = super::layout::areas(screen, self.progress_rows(), self.device_rows());
+        let at = ratatui::layout::Position::new(column, row);
+        let notch = |v: u16| {
+            if down {
+                v.saturating_add(3)
+            } else {
+                v.saturating_sub(3)
+            }
+        };
+        if areas.details.contains(at) {
+            self.details_scroll = notch(self.details_scroll);
+        } else if areas.devices.contains(at) {
+            self.devices_scroll = notch(self.devices_scroll);
+        } else {
+            let before = self.rows.selected;
+            self.rows.move_by(if down { 3 } else { -3 });
+            if self.rows.selected != before {
+                self.details_scroll = 0;
+            }
+        }
+    }
+
     /// A click in the tree: the row under it is selected; clicking the selected row
     /// opens or closes it.
     fn click(&mut self, column: u16, row: u16) {
@@ -572,6 +605,13 @@ impl App {
                     Action::Down | Action::ScrollDown => {
                         self.result_scroll = self.result_scroll.saturating_add(1);
                     }
+                    Action::Wheel { down, .. } => {
+                        self.result_scroll = if down {
+                            self.result_scroll.saturating_add(3)
+                        } else {
+                            self.result_scroll.saturating_sub(3)
+                        };
+                    }
                     Action::PageUp => self.result_scroll = self.result_scroll.saturating_sub(10),
                     Action::PageDown => self.result_scroll = self.result_scroll.saturating_add(10),
                     _ => {}
@@ -582,6 +622,10 @@ impl App {
     }
 
     fn browse(&mut self, action: Action) -> Vec<Effect> {
+        if let Action::Wheel { column, row, down } = action {
+            self.wheel(column, row, down);
+            return Vec::new();
+        }
         if action == Action::NextField {
             self.focus = match self.focus {
                 Focus::Tree => Focus::Details,
