@@ -1607,3 +1607,51 @@ fn the_wheel_scrolls_the_panel_under_the_pointer() {
         "over the tree, the selection moves"
     );
 }
+
+#[test]
+fn tab_completes_paths_then_moves_on() {
+    let m = mixed_model();
+    let base = m.out("places");
+    std::fs::create_dir_all(base.join("alpha_dir")).expect("mkdir");
+    std::fs::create_dir_all(base.join("beta")).expect("mkdir");
+    std::fs::write(base.join("alpine.txt"), "x").expect("file");
+    std::fs::write(base.join(".hidden"), "x").expect("file");
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('s'), key(KeyCode::Tab), ctrl('u')]);
+    let typed = format!("{}/al", base.display());
+    press(&mut app, &text(&typed));
+    let out = |app: &App| match &app.mode {
+        Mode::SaveDialog(d) => (d.out.clone(), d.field),
+        _ => panic!("dialog"),
+    };
+    press(&mut app, &[key(KeyCode::Tab)]);
+    assert_eq!(
+        out(&app),
+        (format!("{}/alp", base.display()), Field::Output),
+        "as far as they agree"
+    );
+    press(&mut app, &[ch('h'), key(KeyCode::Tab)]);
+    assert_eq!(
+        out(&app).0,
+        format!("{}/alpha_dir/", base.display()),
+        "one folder: with its slash"
+    );
+    // Nothing left to complete: Tab moves to the next field.
+    press(&mut app, &[key(KeyCode::Tab)]);
+    assert_eq!(out(&app).1, Field::Dtype);
+    // The export path completes too; hidden entries only for a prefix with a dot.
+    press(&mut app, &[key(KeyCode::Esc), ch('w'), ctrl('u')]);
+    press(&mut app, &text(&format!("{}/b", base.display())));
+    press(&mut app, &[key(KeyCode::Tab)]);
+    let Mode::Export(d) = &app.mode else {
+        panic!("export")
+    };
+    assert_eq!(d.path, format!("{}/beta/", base.display()));
+    press(&mut app, &[ctrl('u')]);
+    press(&mut app, &text(&format!("{}/.h", base.display())));
+    press(&mut app, &[key(KeyCode::Tab)]);
+    let Mode::Export(d) = &app.mode else {
+        panic!("export")
+    };
+    assert_eq!(d.path, format!("{}/.hidden", base.display()));
+}

@@ -102,6 +102,7 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
     }
     match mode {
         Mode::Browse => browse(key),
+        Mode::Export(_) if key.code == KeyCode::Tab => Some(Action::NextField),
         // The one-line text prompts: search, the export path, the plan's budgets.
         Mode::Search(_) | Mode::Export(_) | Mode::Plan(_) => text_keys(key).or(match key.code {
             KeyCode::Enter => Some(Action::Submit),

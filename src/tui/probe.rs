@@ -34,6 +34,11 @@ pub trait Probe: Send {
     fn git_root(&self, _path: &Path) -> Option<std::path::PathBuf> {
         None
     }
+    /// The entries of folder `dir` (name, whether it is a folder), for Tab completion;
+    /// empty when it cannot be read.
+    fn entries(&self, _dir: &Path) -> Vec<(String, bool)> {
+        Vec::new()
+    }
 }
 
 /// The real file system.
@@ -64,6 +69,21 @@ impl Probe for SystemProbe {
 
     fn same_file(&self, a: &Path, b: &Path) -> bool {
         crate::formats::input::same_file(a, b)
+    }
+
+    fn entries(&self, dir: &Path) -> Vec<(String, bool)> {
+        let Ok(read) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        // A folder of a million files is not listed whole for a completion.
+        read.filter_map(Result::ok)
+            .take(10_000)
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let dir = e.path().is_dir();
+                Some((name, dir))
+            })
+            .collect()
     }
 
     fn git_root(&self, path: &Path) -> Option<std::path::PathBuf> {

@@ -26,6 +26,12 @@ impl App {
             ref edit if is_edit(edit) => {
                 self.cursor = edit_text(&mut dialog.path, self.cursor, edit);
             }
+            Action::NextField => {
+                if let Some(done) = super::complete_path(self.probe.as_ref(), &dialog.path) {
+                    dialog.path = done;
+                    self.cursor = None;
+                }
+            }
             Action::Close => self.mode = Mode::Browse,
             Action::Submit => {
                 let path = PathBuf::from(dialog.path.trim());

@@ -793,6 +793,44 @@ fn edit_text(text: &mut String, cursor: Option<usize>, action: &Action) -> Optio
     (next < len).then_some(next)
 }
 
+/// Tab completion of a path typed in `text`: the entries of its folder that start with
+/// its last part, completed as far as they agree (a single folder gets its `/`).
+/// `None` when nothing would change.
+fn complete_path(probe: &dyn super::probe::Probe, text: &str) -> Option<String> {
+    let (dir, prefix) = match text.rfind('/') {
+        Some(i) => (&text[..=i], &text[i + 1..]),
+        None => ("", text),
+    };
+    let folder = if dir.is_empty() { "." } else { dir };
+    let mut matches: Vec<(String, bool)> = probe
+        .entries(std::path::Path::new(folder))
+        .into_iter()
+        .filter(|(name, _)| {
+            name.starts_with(prefix) && (prefix.starts_with('.') || !name.starts_with('.'))
+        })
+        .collect();
+    matches.sort();
+    let first = matches.first()?;
+    let mut common = first.0.clone();
+    for (name, _) in &matches[1..] {
+        let same = common
+            .chars()
+            .zip(name.chars())
+            .take_while(|(a, b)| a == b)
+            .count();
+        common = common.chars().take(same).collect();
+    }
+    if common == prefix {
+        // Typed as far as the entries agree (or a whole name): Tab moves on.
+        return None;
+    }
+    let mut completed = format!("{dir}{common}");
+    if matches.len() == 1 && first.1 {
+        completed.push('/');
+    }
+    Some(completed)
+}
+
 /// Whether an action edits the active text field.
 fn is_edit(action: &Action) -> bool {
     matches!(

@@ -48,6 +48,14 @@ impl App {
                 self.mode = Mode::Browse;
                 return Vec::new();
             }
+            // Tab completes a path in the output field while it can; then it moves on.
+            Action::NextField
+                if dialog.field == Field::Output
+                    && self.cursor.is_none()
+                    && let Some(done) = super::complete_path(self.probe.as_ref(), field) =>
+            {
+                *field = done;
+            }
             Action::NextField => {
                 dialog.field = match dialog.field {
                     Field::ShardSize => Field::Output,
