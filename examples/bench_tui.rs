@@ -22,6 +22,12 @@ fn stats(mut v: Vec<Duration>) -> (Duration, Duration) {
     (v[v.len() / 2], v[v.len() - 1])
 }
 
+fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration, Duration) {
+    v.sort();
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99), v[v.len() - 1])
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
@@ -112,6 +118,60 @@ fn main() -> std::io::Result<()> {
         searches.push(t.elapsed() / q.len() as u32);
         app.handle(Action::Close);
     }
+    // Key to frame (handle + draw) for each kind of key, as the runtime does it.
+    let mut key_to_frame = |app: &mut App, action: Action| {
+        let t = Instant::now();
+        app.handle(action);
+        let Ok(_) = terminal.draw(|f| ui::draw(app, f));
+        t.elapsed()
+    };
+    let mut navigation = Vec::new();
+    for i in 0..600 {
+        navigation.push(key_to_frame(&mut app, script[i % script.len()].clone()));
+    }
+    let mut search_typing = Vec::new();
+    for _ in 0..5 {
+        key_to_frame(&mut app, Action::StartSearch);
+        for c in "layers.7.mlp.experts.12".chars() {
+            search_typing.push(key_to_frame(&mut app, Action::Input(c)));
+        }
+        key_to_frame(&mut app, Action::Close);
+    }
+    let mut save_typing = Vec::new();
+    let mut previews = Vec::new();
+    let mut clock = Duration::from_secs(1);
+    for round in 0..5 {
+        key_to_frame(&mut app, Action::OpenSave);
+        key_to_frame(&mut app, Action::ClearField);
+        for c in "200MB".chars() {
+            save_typing.push(key_to_frame(&mut app, Action::Input(c)));
+        }
+        key_to_frame(&mut app, Action::NextField);
+        key_to_frame(&mut app, Action::ClearField);
+        for c in format!("/tmp/devmap-bench-out-{round}").chars() {
+            save_typing.push(key_to_frame(&mut app, Action::Input(c)));
+        }
+        for preset in [Action::NextField, Action::NextPreset, Action::PrevPreset] {
+            save_typing.push(key_to_frame(&mut app, preset));
+        }
+        // The keys stopped: the deferred preview (plan and checks) runs on this tick.
+        clock += Duration::from_secs(1);
+        previews.push(key_to_frame(&mut app, Action::Tick(clock)));
+        key_to_frame(&mut app, Action::Close);
+    }
+    let mut export_typing = Vec::new();
+    for _ in 0..5 {
+        key_to_frame(&mut app, Action::StartExport);
+        key_to_frame(&mut app, Action::ClearField);
+        for c in "/tmp/devmap-bench-map.json".chars() {
+            export_typing.push(key_to_frame(&mut app, Action::Input(c)));
+        }
+        key_to_frame(&mut app, Action::Close);
+    }
+    let mut device_edits = Vec::new();
+    for _ in 0..10 {
+        device_edits.push(key_to_frame(&mut app, Action::CycleDevice));
+    }
     let (open_med, open_max) = stats(opens);
     let (draw_med, draw_max) = stats(draws);
     let (key_med, key_max) = stats(keys);
@@ -143,5 +203,20 @@ fn main() -> std::io::Result<()> {
         ms(search_med),
         ms(search_max)
     );
+    println!();
+    println!("key to frame (handle the key, draw 160x50), {tensors} tensors:");
+    println!("| keys | n | median | p99 | worst |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for (name, v) in [
+        ("navigation (↑↓, PgDn, →←)", navigation),
+        ("typing a search", search_typing),
+        ("typing in the save dialog (size, path, Tab, ←→)", save_typing),
+        ("typing the export path", export_typing),
+        ("`d` (re-place a module, re-total)", device_edits),
+        ("save preview after the keys stop (plan + checks)", previews),
+    ] {
+        let (median, p99, worst) = percentiles(v.clone());
+        println!("| {name} | {} | {} | {} | {} |", v.len(), ms(median), ms(p99), ms(worst));
+    }
     Ok(())
 }
