@@ -210,13 +210,22 @@ fn main() -> std::io::Result<()> {
     for (name, v) in [
         ("navigation (↑↓, PgDn, →←)", navigation),
         ("typing a search", search_typing),
-        ("typing in the save dialog (size, path, Tab, ←→)", save_typing),
+        (
+            "typing in the save dialog (size, path, Tab, ←→)",
+            save_typing,
+        ),
         ("typing the export path", export_typing),
         ("`d` (re-place a module, re-total)", device_edits),
         ("save preview after the keys stop (plan + checks)", previews),
     ] {
         let (median, p99, worst) = percentiles(v.clone());
-        println!("| {name} | {} | {} | {} | {} |", v.len(), ms(median), ms(p99), ms(worst));
+        println!(
+            "| {name} | {} | {} | {} | {} |",
+            v.len(),
+            ms(median),
+            ms(p99),
+            ms(worst)
+        );
     }
     Ok(())
 }

@@ -287,3 +287,26 @@ fn a_panic_restores_the_terminal_and_prints_the_report() {
         "the report is readable after restore:\n{after}"
     );
 }
+
+#[test]
+fn a_model_that_cannot_be_opened_restores_the_terminal_and_says_why() {
+    if skip_without_tmux("a_model_that_cannot_be_opened_restores_the_terminal_and_says_why") {
+        return;
+    }
+    let m = mixed_model();
+    // A shard the index names is gone: the load (on its own thread, behind the
+    // "opening …" screen) fails.
+    let shard = std::fs::read_dir(&m.dir)
+        .expect("dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .expect("a shard");
+    std::fs::remove_file(&shard).expect("rm");
+    let tmux = start("broken", &wrapped("", &format!("'{}'", m.dir.display())));
+    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(20));
+    assert!(after.contains("DEVMAP-EXIT=1"), "{after}");
+    assert!(after.contains("error: cannot open the model"), "{after}");
+    assert!(after.contains("which is missing"), "{after}");
+    assert_restored(&tmux);
+}

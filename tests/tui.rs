@@ -1655,3 +1655,22 @@ fn tab_completes_paths_then_moves_on() {
     };
     assert_eq!(d.path, format!("{}/.hidden", base.display()));
 }
+
+#[test]
+fn the_opening_screen_names_the_model_and_counts_time() {
+    let mut terminal = Terminal::new(TestBackend::new(80, 10)).expect("terminal");
+    terminal
+        .draw(|f| ui::loading(f, "/models/llama", Duration::from_millis(2_345)))
+        .expect("draw");
+    let buffer = terminal.backend().buffer().clone();
+    let text: String = (0..10)
+        .map(|y| {
+            (0..80)
+                .map(|x| buffer[(x, y)].symbol().to_owned())
+                .collect::<String>()
+                + "\n"
+        })
+        .collect();
+    assert!(text.contains("opening /models/llama … 2.3 s"), "{text}");
+    assert!(text.contains("q quits"), "{text}");
+}

@@ -60,10 +60,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 }
                 demo
             };
-            let ckpt = open(&dir, &args.model)?;
-            if std::io::stdout().is_terminal() {
+            let remote = remote_source(&dir)?.is_some();
+            if std::io::stdout().is_terminal() && !remote {
+                // The terminal shows "opening …" at once while the model loads.
+                let model = args.model.clone();
+                let what = dir.display().to_string();
+                let loaded = devmap::tui::run_loading(&what, move || open(&dir, &model))
+                    .wrap_err("the terminal interface failed")?;
+                if let devmap::tui::Loaded::Failed(e) = loaded {
+                    return Err(e);
+                }
+            } else if std::io::stdout().is_terminal() {
+                // A remote model prints its fetch progress first.
+                let ckpt = open(&dir, &args.model)?;
                 devmap::tui::run(ckpt).wrap_err("the terminal interface failed")?;
             } else {
+                let ckpt = open(&dir, &args.model)?;
                 // Not a terminal (piped, redirected): the same picture as text.
                 out(inspect::to_text(&ckpt, inspect::TextOptions::default()))?;
             }

@@ -66,6 +66,62 @@ pub fn run(ckpt: Checkpoint) -> io::Result<()> {
     result
 }
 
+/// What [`run_loading`] ends with: the user's session, or the load's own error (the
+/// terminal restored first, so it can be printed).
+pub enum Loaded<E> {
+    Ran,
+    Failed(E),
+}
+
+/// Enters the terminal at once, shows "opening …" with a spinner while `load` reads the
+/// model on a thread (a big model takes a while; the screen is never blank), then runs
+/// the inspector on it. `q`, Esc or Ctrl-C while loading leave.
+pub fn run_loading<E: Send + 'static>(
+    what: &str,
+    load: impl FnOnce() -> Result<Checkpoint, E> + Send + 'static,
+) -> io::Result<Loaded<E>> {
+    install_panic_restore();
+    let mut terminal = enter()?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("devmap-open".into())
+        .spawn(move || {
+            let _ = tx.send(load());
+        })?;
+    let started = Instant::now();
+    let terminated = crate::sys::catch_termination();
+    let outcome = loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(result) => break Some(result),
+            Err(RecvTimeoutError::Disconnected) => {
+                leave();
+                return Err(io::Error::other(
+                    "the model could not be opened (its thread stopped)",
+                ));
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        let quit = terminated.load(Ordering::SeqCst)
+            || (event::poll(Duration::ZERO)?
+                && matches!(event::read()?, TermEvent::Key(k) if matches!(
+                    k.code,
+                    event::KeyCode::Char('q') | event::KeyCode::Esc
+                ) || (k.code == event::KeyCode::Char('c')
+                    && k.modifiers.contains(event::KeyModifiers::CONTROL))));
+        if quit {
+            break None;
+        }
+        terminal.draw(|f| ui::loading(f, what, started.elapsed()))?;
+    };
+    let result = match outcome {
+        None => Ok(Loaded::Ran),
+        Some(Err(e)) => Ok(Loaded::Failed(e)),
+        Some(Ok(ckpt)) => event_loop(&mut terminal, ckpt).map(|()| Loaded::Ran),
+    };
+    leave();
+    result
+}
+
 fn enter() -> io::Result<Terminal<CrosstermBackend<io::Stdout>>> {
     enable_raw_mode()?;
     let mut stdout = io::stdout();

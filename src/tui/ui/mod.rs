@@ -186,3 +186,25 @@ fn wrapped_rows(lines: &[Line<'_>], width: u16) -> u16 {
     let rows: usize = lines.iter().map(|l| l.width().max(1).div_ceil(width)).sum();
     u16::try_from(rows).unwrap_or(u16::MAX)
 }
+
+/// The screen while a model opens: its name, a spinner and the time so far.
+pub fn loading(frame: &mut Frame<'_>, what: &str, elapsed: std::time::Duration) {
+    const SPINNER: [&str; 8] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧"];
+    let tick = (elapsed.as_millis() / 100) as usize % SPINNER.len();
+    let area = frame.area();
+    let text = vec![
+        Line::from(Span::styled(
+            " devmap ",
+            ratatui::style::Style::default().add_modifier(ratatui::style::Modifier::BOLD),
+        )),
+        Line::from(""),
+        Line::from(format!(
+            " {} opening {} … {:.1} s",
+            SPINNER[tick],
+            crate::text::escaped(what),
+            elapsed.as_secs_f64()
+        )),
+        Line::from(" reading every header, placing every tensor; q quits"),
+    ];
+    frame.render_widget(Paragraph::new(text), area);
+}
