@@ -340,3 +340,52 @@ fn a_load_dtype_plans_like_the_model_stored_in_it() {
         stderr(&o)
     );
 }
+
+#[test]
+fn a_disk_budget_is_accepted_as_accelerate_accepts_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let total = llama(tmp.path(), 8);
+    let spec = format!("0={},cpu={}", total / 3, total / 3);
+    let without = planned(tmp.path(), &spec, &[]);
+    // accelerate's max_memory may name disk; its planner still lets disk take the rest
+    // (even past the budget), and so does devmap's.
+    let with = planned(tmp.path(), &format!("{spec},disk=1KB"), &[]);
+    assert_eq!(with.device_map, without.device_map);
+    assert!(
+        with.device_totals()
+            .iter()
+            .any(|(p, b)| *p == Placement::Disk && *b > 1000)
+    );
+    // The over-budget check holds the disk total against it.
+    let o = devmap(&[
+        "inspect",
+        tmp.path().to_str().expect("p"),
+        "--max-memory",
+        &format!("{spec},disk=1KB"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let map = tmp.path().join("planned.json");
+    let o2 = devmap(&[
+        "plan",
+        tmp.path().to_str().expect("p"),
+        "--max-memory",
+        &format!("{spec},disk=1KB"),
+        "--out",
+        map.to_str().expect("p"),
+    ]);
+    assert!(o2.status.success(), "{}", stderr(&o2));
+    let o = devmap(&[
+        "inspect",
+        tmp.path().to_str().expect("p"),
+        "--device-map",
+        map.to_str().expect("p"),
+        "--max-memory",
+        &format!("{spec},disk=1KB"),
+    ]);
+    assert!(stdout(&o).contains("disk holds"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("its budget is 1000 B"),
+        "{}",
+        stdout(&o)
+    );
+}

@@ -76,8 +76,9 @@ pub struct PlanArgs {
     /// (only the headers are fetched).
     #[arg(value_name = "MODEL")]
     pub dir: PathBuf,
-    /// Budgets: DEVICE=SIZE pairs, e.g. 0=22GiB,1=22GiB,cpu=64GiB (disk takes the
-    /// rest). Default: the free memory of each GPU found and the available RAM.
+    /// Budgets: DEVICE=SIZE pairs, e.g. 0=22GiB,1=22GiB,cpu=64GiB. disk takes the rest;
+    /// a disk=SIZE is accepted, as accelerate's max_memory accepts it, and does not cap
+    /// it. Default: the free memory of each GPU found and the available RAM.
     #[arg(long, value_name = "SPEC", value_parser = parse_max_memory)]
     pub max_memory: Option<Budgets>,
     /// A module never split across devices; `*` matches one name component

@@ -16,9 +16,7 @@ use crate::types::placement::Placement;
 pub enum BudgetError {
     #[error("`{0}` is not DEVICE=SIZE (e.g. 0=22GiB or cpu=64GiB)")]
     NotAPair(String),
-    #[error("disk needs no budget: it takes whatever is left")]
-    DiskBudget,
-    #[error("`{0}` is not a device: use a GPU index, cuda:N, mps or cpu")]
+    #[error("`{0}` is not a device: use a GPU index, cuda:N, mps, cpu or disk")]
     UnknownDevice(String),
     #[error(transparent)]
     Size(#[from] SizeError),
@@ -29,7 +27,10 @@ pub enum BudgetError {
 }
 
 /// Parses `--max-memory 0=22GiB,1=22GiB,cpu=64GiB` (device=size pairs; GPU indexes,
-/// `cuda:N`, `mps`, `cpu`; sizes as `formats::size` reads them).
+/// `cuda:N`, `mps`, `cpu`, `disk`; sizes as `formats::size` reads them). A disk
+/// budget is accepted as accelerate's `max_memory` accepts it: the planner, like
+/// `infer_auto_device_map`, still lets disk take whatever is left, and the
+/// over-budget check (`inspect --max-memory`) holds the disk total against it.
 pub fn parse_max_memory(text: &str) -> Result<Vec<(Placement, u64)>, BudgetError> {
     let mut out: Vec<(Placement, u64)> = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -40,8 +41,9 @@ pub fn parse_max_memory(text: &str) -> Result<Vec<(Placement, u64)>, BudgetError
         let placement = match device.parse::<u32>() {
             Ok(i) => Placement::Gpu(i),
             Err(_) => match Placement::parse_device(device) {
-                Some(p @ (Placement::Gpu(_) | Placement::Mps | Placement::Cpu)) => p,
-                Some(Placement::Disk) => return Err(BudgetError::DiskBudget),
+                Some(
+                    p @ (Placement::Gpu(_) | Placement::Mps | Placement::Cpu | Placement::Disk),
+                ) => p,
                 _ => return Err(BudgetError::UnknownDevice(device.to_owned())),
             },
         };
@@ -98,7 +100,13 @@ mod tests {
             parse_max_memory("cuda:2=1GB"),
             Ok(vec![(Placement::Gpu(2), 1_000_000_000)])
         );
-        assert_eq!(parse_max_memory("disk=1GB"), Err(BudgetError::DiskBudget));
+        assert_eq!(
+            parse_max_memory("cpu=36MB,disk=100GB"),
+            Ok(vec![
+                (Placement::Cpu, 36_000_000),
+                (Placement::Disk, 100_000_000_000)
+            ])
+        );
         assert!(parse_max_memory("tpu=1GB").is_err());
         assert!(parse_max_memory("0=1GB,0=2GB").is_err());
         assert!(parse_max_memory("0").is_err());

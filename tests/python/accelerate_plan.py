@@ -167,6 +167,8 @@ def check_family(devmap, family, config, store=torch.bfloat16, load=None):
         "two gpus 25% + cpu 30%": {0: f"{kb // 4}KB", 1: f"{kb // 4}KB", "cpu": f"{int(kb * 0.3)}KB"},
         "gpu 60% + cpu 60%": {0: f"{int(kb * 0.6)}KB", "cpu": f"{int(kb * 0.6)}KB"},
         "tiny gpu + cpu 45%": {0: "20KB", "cpu": f"{int(kb * 0.45)}KB"},
+        # accelerate's max_memory may name disk too (its budget does not cap it).
+        "cpu 36% + disk budget": {"cpu": f"{int(kb * 0.36)}KB", "disk": f"{kb // 10}KB"},
     }
     # The same budgets with nothing protected from splitting.
     splittable = {
