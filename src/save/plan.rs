@@ -214,7 +214,57 @@ pub struct SavePlan {
     pub largest_tensor: Option<(String, u64)>,
 }
 
+/// What a save holds in memory, for the inspector's save preview: its bytes and what
+/// they are, in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryNeed {
+    pub bytes: u64,
+    pub parts: Vec<&'static str>,
+}
+
 impl SavePlan {
+    /// The memory the save of this plan holds: a copy buffer per writer, a cast buffer
+    /// per writer when it casts, and for LoRA merges the largest adapter pair in f32
+    /// plus a block on every core. Never a shard, never a whole weight.
+    pub fn memory_need(&self, ckpt: &Checkpoint, jobs: usize) -> MemoryNeed {
+        let writers = jobs.clamp(1, self.shards.len().max(1)) as u64;
+        let chunk = super::copy::CHUNK as u64;
+        let mut need = MemoryNeed {
+            bytes: writers * chunk,
+            parts: vec!["a copy buffer per writer"],
+        };
+        let recipes = || {
+            self.shards
+                .iter()
+                .flat_map(|s| &s.tensors)
+                .map(|t| (t.tensor, t.recipe))
+        };
+        if recipes().any(|(_, r)| matches!(r, Recipe::Cast { .. })) {
+            need.bytes += writers * chunk;
+            need.parts.push("a cast buffer per writer");
+        }
+        let largest_pair = recipes()
+            .filter(|(_, r)| matches!(r, Recipe::Merge { .. }))
+            .map(|(id, _)| {
+                ckpt.merges_of(id)
+                    .iter()
+                    .map(|m| {
+                        let f32s = |m: &crate::model::merge::Matrix| m.rows * m.cols * 4;
+                        m.a.as_ref().map_or(0, f32s) + f32s(&m.b)
+                    })
+                    .max()
+                    .unwrap_or(0)
+            })
+            .max();
+        if let Some(pair) = largest_pair {
+            let cores = std::thread::available_parallelism().map_or(1, usize::from) as u64;
+            need.bytes += cores * (pair + (1 << 20));
+            need.parts
+                .push("the largest adapter pair in f32 and a block per core");
+        }
+        need
+    }
+
     pub fn tensor_count(&self) -> usize {
         self.shards.iter().map(|s| s.tensors.len()).sum()
     }

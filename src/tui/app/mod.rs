@@ -210,6 +210,8 @@ pub struct Preview {
     /// `--merge-lora`: the adapters applied and the tensors they merge into.
     pub lora: Option<(Vec<String>, usize)>,
     pub memory: u64,
+    /// What that memory is, in words.
+    pub memory_parts: String,
     pub warnings: Vec<String>,
     /// Reasons the save cannot start; empty when it can.
     pub errors: Vec<String>,

@@ -193,6 +193,9 @@ impl App {
         preview.tensors = plan.tensor_count();
         preview.ties_once.clone_from(&plan.dropped_ties);
         preview.cast_to = plan.cast_to;
+        let need = plan.memory_need(&self.ckpt, options.jobs);
+        preview.memory = need.bytes;
+        preview.memory_parts = need.parts.join(", ");
         let merged = plan
             .shards
             .iter()
@@ -212,12 +215,12 @@ impl App {
             preview.lora = Some((adapters, merged));
         }
         if let Some(sample) = self.memory.back()
-            && sample.available < SAVE_MEMORY * 4
+            && sample.available < preview.memory * 4
         {
             preview.warnings.push(format!(
                 "only {} of RAM is free; the save needs about {}",
                 crate::human_bytes(sample.available),
-                crate::human_bytes(SAVE_MEMORY)
+                crate::human_bytes(preview.memory)
             ));
         }
         if let Some(&largest) = preview.shard_sizes.iter().max()

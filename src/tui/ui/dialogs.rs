@@ -89,8 +89,9 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
             )));
         }
         lines.push(Line::from(format!(
-            "memory: about {} (one copy buffer; no shard is held in RAM)",
-            human_bytes(p.memory)
+            "memory: about {} ({}; no shard is held in RAM)",
+            human_bytes(p.memory),
+            p.memory_parts
         )));
         if d.overwrite {
             lines.push(Line::from(Span::styled(
