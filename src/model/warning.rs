@@ -79,6 +79,9 @@ pub enum Warning {
     },
     /// Offload entries that point at the same bytes, with no tie between them.
     SharedOffloadBytes { tensors: Vec<String> },
+    /// Offload entries in transformers 5's converted layout (fused experts under runtime
+    /// names) where the checkpoint stores experts one by one: a save would write both.
+    ConvertedLayout { tensors: Vec<String> },
     /// A device holds more than its budget.
     OverBudget {
         device: Placement,
@@ -106,6 +109,7 @@ impl Warning {
             Warning::OverBudget { .. } => "over_budget",
             Warning::OffloadShapeDiffers { .. } => "offload_shape_differs",
             Warning::SharedOffloadBytes { .. } => "shared_offload_bytes",
+            Warning::ConvertedLayout { .. } => "converted_layout",
         }
     }
 
@@ -132,7 +136,9 @@ impl Warning {
                 vec![key.clone(), their_key.clone()]
             }
             Warning::OverBudget { device, .. } => vec![device.to_string()],
-            Warning::SharedOffloadBytes { tensors } => tensors.clone(),
+            Warning::SharedOffloadBytes { tensors } | Warning::ConvertedLayout { tensors } => {
+                tensors.clone()
+            }
         }
     }
 }
@@ -264,6 +270,12 @@ impl Warning {
             Warning::SharedOffloadBytes { tensors } => write!(
                 f,
                 "{} offload entries point at the same bytes: {}; they are not tied unless config.json or --tie says so, so each is saved (tie them with --tie to write one)",
+                tensors.len(),
+                name_list(tensors)
+            ),
+            Warning::ConvertedLayout { tensors } => write!(
+                f,
+                "{} offload entries hold fused experts under transformers 5's runtime names ({}) while the checkpoint stores its experts one by one: devmap cannot convert them back yet, so they count twice in the totals and a save is refused (save with transformers, or without this offload folder)",
                 tensors.len(),
                 name_list(tensors)
             ),

@@ -334,6 +334,13 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         )]));
     }
     let mut problems = Vec::new();
+    // Two layouts of the same expert weights would both be written, and transformers
+    // could load neither: refused until devmap converts them back (issue 11).
+    for w in &ckpt.warnings {
+        if let crate::model::Warning::ConvertedLayout { .. } = w {
+            problems.push(w.to_string());
+        }
+    }
     let mut dropped_ties = Vec::new();
     let cast_to = resolve_dtype(ckpt, options.dtype);
     let mut chosen: Vec<(TensorId, Recipe)> = Vec::new();

@@ -154,6 +154,10 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
             }
         }
         if !added.is_empty() {
+            let converted = converted_experts(&draft.tensors, &added);
+            if !converted.is_empty() {
+                warnings.push(Warning::ConvertedLayout { tensors: converted });
+            }
             draft.tensors.append(&mut added);
             draft.resort()?;
         }
@@ -209,6 +213,26 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         warnings,
         replaced: draft.replaced,
     }))
+}
+
+/// Offload-only entries in transformers 5's fused-expert layout (`….experts.gate_up_proj`,
+/// 3-D, no expert index) when the checkpoint stores experts one by one
+/// (`….experts.7.w1.weight`): the same weights under two layouts.
+fn converted_experts(checkpoint: &[Tensor], added: &[Tensor]) -> Vec<String> {
+    let per_expert = |name: &str| {
+        name.split(".experts.")
+            .nth(1)
+            .and_then(|rest| rest.split('.').next())
+            .is_some_and(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if !checkpoint.iter().any(|t| per_expert(&t.name)) {
+        return Vec::new();
+    }
+    added
+        .iter()
+        .filter(|t| t.shape.len() == 3 && t.name.contains(".experts.") && !per_expert(&t.name))
+        .map(|t| t.name.clone())
+        .collect()
 }
 
 /// Inputs reached through a symlink that leads outside the model directory are
