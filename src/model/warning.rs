@@ -126,9 +126,10 @@ impl Warning {
                 head, embedding, ..
             } => vec![head.clone(), embedding.clone()],
             Warning::SymlinksOutside { files, .. } => files.clone(),
-            Warning::Unmapped { tensors } | Warning::DiskWithoutOffload { tensors, .. } => {
-                tensors.clone()
-            }
+            Warning::Unmapped { tensors }
+            | Warning::DiskWithoutOffload { tensors, .. }
+            | Warning::SharedOffloadBytes { tensors }
+            | Warning::ConvertedLayout { tensors } => tensors.clone(),
             Warning::TiedAcrossDevices { members } => paired(members),
             Warning::OffloadNotOnDisk { tensors } | Warning::NoData { tensors } => paired(tensors),
             Warning::UnusedMapKeys { keys } => keys.clone(),
@@ -136,9 +137,6 @@ impl Warning {
                 vec![key.clone(), their_key.clone()]
             }
             Warning::OverBudget { device, .. } => vec![device.to_string()],
-            Warning::SharedOffloadBytes { tensors } | Warning::ConvertedLayout { tensors } => {
-                tensors.clone()
-            }
         }
     }
 }
