@@ -1,7 +1,8 @@
 //! transformers 5 writes fused experts into the offload folder under runtime names
 //! (`…mlp.experts.gate_up_proj` [E, 2I, H]) where the checkpoint stores them one by one
-//! (`…block_sparse_moe.experts.N.w1.weight`). Until devmap converts them back (issue 11),
-//! inspect says so and save refuses instead of writing both layouts.
+//! (`…block_sparse_moe.experts.N.w1.weight`). devmap reads them back as the per-expert
+//! tensors (Mixtral and Qwen2-MoE templates); a fused entry it has no template for is
+//! named by inspect and refused by save instead of writing both layouts.
 
 mod common;
 
@@ -10,7 +11,7 @@ use devmap::fixtures::{FixtureTensor, write_json, write_offload_per_tensor, writ
 use devmap::model::DType;
 
 #[test]
-fn fused_runtime_experts_beside_per_expert_checkpoint_tensors_are_refused() {
+fn fused_runtime_experts_without_a_template_are_refused() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("mixtral");
     std::fs::create_dir_all(&dir).expect("mkdir");
@@ -22,9 +23,10 @@ fn fused_runtime_experts_beside_per_expert_checkpoint_tensors_are_refused() {
         1,
     )];
     for x in 0..e {
-        for (w, shape) in [("w1", [i, h]), ("w2", [h, i]), ("w3", [i, h])] {
+        // Names no template knows (a made-up family).
+        for (w, shape) in [("fc_in", [i, h]), ("fc_out", [h, i]), ("fc_gate", [i, h])] {
             tensors.push(FixtureTensor::patterned(
-                &format!("model.layers.0.block_sparse_moe.experts.{x}.{w}.weight"),
+                &format!("model.layers.0.moe_block.experts.{x}.{w}.weight"),
                 DType::F32,
                 &shape,
                 10 + x,
@@ -96,4 +98,114 @@ fn fused_runtime_experts_beside_per_expert_checkpoint_tensors_are_refused() {
         "--quiet",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// A Mixtral-style checkpoint and its fused offload entries; returns the model folder.
+fn moe(
+    tmp: &std::path::Path,
+    mixtral: bool,
+) -> (std::path::PathBuf, Vec<FixtureTensor>, [FixtureTensor; 2]) {
+    let dir = tmp.join(if mixtral { "mixtral" } else { "qwen2moe" });
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let (e, i, h) = (3u64, 4u64, 6u64);
+    let (block, gate, up, down) = if mixtral {
+        ("block_sparse_moe", "w1", "w3", "w2")
+    } else {
+        ("mlp", "gate_proj", "up_proj", "down_proj")
+    };
+    let mut tensors = vec![FixtureTensor::patterned(
+        "model.embed_tokens.weight",
+        DType::BF16,
+        &[16, h],
+        1,
+    )];
+    for x in 0..e {
+        for (w, shape) in [(gate, [i, h]), (down, [h, i]), (up, [i, h])] {
+            tensors.push(FixtureTensor::patterned(
+                &format!("model.layers.1.{block}.experts.{x}.{w}.weight"),
+                DType::BF16,
+                &shape,
+                10 + x,
+            ));
+        }
+    }
+    write_sharded(&dir, &tensors, 1).expect("checkpoint");
+    let fused = [
+        FixtureTensor::patterned(
+            "model.layers.1.mlp.experts.gate_up_proj",
+            DType::BF16,
+            &[e, 2 * i, h],
+            50,
+        ),
+        FixtureTensor::patterned(
+            "model.layers.1.mlp.experts.down_proj",
+            DType::BF16,
+            &[e, h, i],
+            51,
+        ),
+    ];
+    write_offload_per_tensor(&dir.join("offload"), &fused).expect("offload");
+    (dir, tensors, fused)
+}
+
+#[test]
+fn fused_offload_experts_are_read_back_as_the_checkpoints_tensors() {
+    for mixtral in [true, false] {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let (dir, tensors, fused) = moe(tmp.path(), mixtral);
+        let (block, gate, up, down) = if mixtral {
+            ("block_sparse_moe", "w1", "w3", "w2")
+        } else {
+            ("mlp", "gate_proj", "up_proj", "down_proj")
+        };
+        let out = tmp.path().join("out");
+        let o = devmap(&[
+            "save",
+            dir.to_str().expect("p"),
+            "--out",
+            out.to_str().expect("p"),
+            "--quiet",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let saved = common::read_saved(&out);
+        // Exactly the checkpoint's names: no fused tensor written.
+        let mut names: Vec<&String> = saved.keys().collect();
+        names.sort();
+        let mut want: Vec<&String> = tensors.iter().map(|t| &t.name).collect();
+        want.sort();
+        assert_eq!(names, want);
+        let (e, i, h) = (3usize, 4usize, 6usize);
+        let bf = 2;
+        for x in 0..e {
+            let at =
+                |n: &str| &saved[&format!("model.layers.1.{block}.experts.{x}.{n}.weight")].data;
+            let gate_up = &fused[0].data[x * 2 * i * h * bf..(x + 1) * 2 * i * h * bf];
+            assert_eq!(at(gate)[..], gate_up[..i * h * bf], "expert {x} gate");
+            assert_eq!(at(up)[..], gate_up[i * h * bf..], "expert {x} up");
+            assert_eq!(
+                at(down)[..],
+                fused[1].data[x * h * i * bf..(x + 1) * h * i * bf],
+                "expert {x} down"
+            );
+        }
+        // inspect counts the experts once and says where their values come from.
+        let o = devmap(&["inspect", dir.to_str().expect("p"), "--json"]);
+        let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+        let kinds: Vec<&str> = report["warnings"]
+            .as_array()
+            .expect("w")
+            .iter()
+            .filter_map(|w| w["kind"].as_str())
+            .collect();
+        assert!(
+            kinds.contains(&"experts_unfused") && !kinds.contains(&"converted_layout"),
+            "{kinds:?}"
+        );
+        let total: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
+        assert_eq!(
+            report["total_bytes"].as_u64(),
+            Some(total),
+            "experts counted once"
+        );
+    }
 }

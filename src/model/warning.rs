@@ -79,6 +79,9 @@ pub enum Warning {
     },
     /// Offload entries that point at the same bytes, with no tie between them.
     SharedOffloadBytes { tensors: Vec<String> },
+    /// An offload entry in transformers 5's fused-expert layout, read back as the
+    /// checkpoint's per-expert tensors (a note: nothing is wrong).
+    ExpertsUnfused { fused: String, experts: Vec<String> },
     /// Offload entries in transformers 5's converted layout (fused experts under runtime
     /// names) where the checkpoint stores experts one by one: a save would write both.
     ConvertedLayout { tensors: Vec<String> },
@@ -110,6 +113,7 @@ impl Warning {
             Warning::OffloadShapeDiffers { .. } => "offload_shape_differs",
             Warning::SharedOffloadBytes { .. } => "shared_offload_bytes",
             Warning::ConvertedLayout { .. } => "converted_layout",
+            Warning::ExpertsUnfused { .. } => "experts_unfused",
         }
     }
 
@@ -130,6 +134,9 @@ impl Warning {
             | Warning::DiskWithoutOffload { tensors, .. }
             | Warning::SharedOffloadBytes { tensors }
             | Warning::ConvertedLayout { tensors } => tensors.clone(),
+            Warning::ExpertsUnfused { fused, experts } => std::iter::once(fused.clone())
+                .chain(experts.iter().cloned())
+                .collect(),
             Warning::TiedAcrossDevices { members } => paired(members),
             Warning::OffloadNotOnDisk { tensors } | Warning::NoData { tensors } => paired(tensors),
             Warning::UnusedMapKeys { keys } => keys.clone(),
@@ -270,6 +277,12 @@ impl Warning {
                 "{} offload entries point at the same bytes: {}; they are not tied unless config.json or --tie says so, so each is saved (tie them with --tie to write one)",
                 tensors.len(),
                 name_list(tensors)
+            ),
+            Warning::ExpertsUnfused { fused, experts } => write!(
+                f,
+                "offload entry `{fused}` is transformers 5's fused layout of {} checkpoint tensors ({}): each takes its current value from its slice of it",
+                experts.len(),
+                name_list(experts)
             ),
             Warning::ConvertedLayout { tensors } => write!(
                 f,

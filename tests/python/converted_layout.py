@@ -1,43 +1,67 @@
-"""transformers 5 writes a Mixtral's disk-offloaded experts fused, under runtime names;
-devmap must name them in inspect and refuse to save both layouts, with nothing written.
+"""transformers 5 offloads a mixture-of-experts layer's experts fused, under runtime
+names (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`); devmap must read them
+back as the checkpoint's per-expert tensors. Mixtral and Qwen2-MoE: load with layer 1
+on disk, change the fused offload values (as an edit on disk would), save with devmap,
+and from_pretrained(OUT) must hold exactly the changed values and no extra keys.
 
 Usage: python converted_layout.py PATH/TO/devmap
 """
 
-import json
 import os
 import subprocess
 import sys
 import tempfile
 
 import torch
-from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig
 
 
-def main(devmap):
-    work = tempfile.mkdtemp(prefix="devmap-converted-")
+def check(devmap, family, config):
+    work = tempfile.mkdtemp(prefix=f"devmap-converted-{family}-")
     torch.manual_seed(0)
-    config = MixtralConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1,
-    )
-    src, off = os.path.join(work, "src"), os.path.join(work, "off")
-    MixtralForCausalLM(config).save_pretrained(src)
+    src, off, out = (os.path.join(work, d) for d in ("src", "off", "out"))
+    AutoModelForCausalLM.from_config(config).save_pretrained(src)
     device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
                   "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
     AutoModelForCausalLM.from_pretrained(src, device_map=device_map, offload_folder=off)
-    fused = sorted(f[: -len(".safetensors")] for f in os.listdir(off) if ".experts." in f)
+    fused = sorted(f for f in os.listdir(off) if ".experts." in f and f.endswith(".safetensors"))
     if not fused:
-        sys.exit(f"FAIL: this transformers wrote no fused experts: {os.listdir(off)}")
-    r = subprocess.run([devmap, "inspect", src, "--offload-folder", off, "--json"], capture_output=True, text=True, check=True)
-    kinds = {w["kind"]: w["names"] for w in json.loads(r.stdout)["warnings"]}
-    if sorted(kinds.get("converted_layout", [])) != fused:
-        sys.exit(f"FAIL: inspect does not name {fused}: {kinds}")
-    out = os.path.join(work, "out")
-    r = subprocess.run([devmap, "save", src, "--offload-folder", off, "--out", out], capture_output=True, text=True)
-    if r.returncode == 0 or os.path.exists(out) or fused[0] not in r.stderr:
-        sys.exit(f"FAIL: save must refuse with nothing written: {r.returncode} {r.stderr}")
-    print(f"ok: transformers' fused offload experts {fused} are named and the save is refused")
+        sys.exit(f"FAIL {family}: this transformers wrote no fused experts: {os.listdir(off)}")
+    changed = {}
+    for f in fused:
+        path = os.path.join(off, f)
+        with safe_open(path, "pt") as st:
+            (key,) = list(st.keys())
+            value = st.get_tensor(key)
+        value = (value.float() * 2 + 0.5).to(value.dtype)
+        save_file({key: value.contiguous()}, path, metadata={"format": "pt"})
+        changed[key] = value
+    r = subprocess.run([devmap, "save", src, "--offload-folder", off, "--out", out, "--quiet"], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"FAIL {family}: devmap save: {r.stderr}")
+    keys = set()
+    for f in os.listdir(out):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(out, f), "pt") as st:
+                keys |= set(st.keys())
+    with safe_open(os.path.join(src, "model.safetensors"), "pt") as st:
+        if keys != set(st.keys()):
+            sys.exit(f"FAIL {family}: names differ from the checkpoint's: {sorted(keys ^ set(st.keys()))[:6]}")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    params = dict(model.named_parameters())
+    for key, value in changed.items():
+        if not torch.equal(params[key].data, value):
+            sys.exit(f"FAIL {family}: {key} after from_pretrained(OUT) is not the changed offload value")
+    print(f"ok: {family}: {len(changed)} fused offload entries read back as per-expert tensors; transformers loads them exactly")
+
+
+def main(devmap):
+    small = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    check(devmap, "mixtral", MixtralConfig(intermediate_size=48, num_local_experts=3, num_experts_per_tok=1, **small))
+    check(devmap, "qwen2_moe", Qwen2MoeConfig(moe_intermediate_size=24, shared_expert_intermediate_size=40,
+                                              num_experts=3, num_experts_per_tok=1, **small))
 
 
 if __name__ == "__main__":

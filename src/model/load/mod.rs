@@ -1,6 +1,7 @@
 //! Reading a model directory: weights, config, device map, offload folder and ties.
 
 mod draft;
+mod experts;
 mod ties;
 
 use std::collections::{HashMap, HashSet};
@@ -141,6 +142,18 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
                 t.shape = entry.shape.into();
                 t.source = Source::Offload(range);
                 t.load_dtype = entry.load_dtype;
+            } else if let Some(pieces) = experts::unfuse(
+                &mut draft,
+                &entry.name,
+                &entry.shape,
+                entry.dtype,
+                range,
+                entry.load_dtype,
+            ) {
+                warnings.push(Warning::ExpertsUnfused {
+                    fused: entry.name.clone(),
+                    experts: pieces,
+                });
             } else {
                 added.push(Tensor {
                     name: entry.name,

@@ -1,0 +1,105 @@
+//! transformers 5's converted expert layouts, reversed. With disk offload, transformers
+//! 5 writes a mixture-of-experts layer's experts fused, under runtime names:
+//! `P.experts.gate_up_proj` `[E, 2I, H]` (each expert's gate rows, then its up rows)
+//! and `P.experts.down_proj` `[E, H, I]`, where the checkpoint has one tensor per
+//! expert. Every checkpoint tensor is a contiguous piece of the fused one, so the
+//! reversal is only a byte range: each per-expert tensor takes its current value from
+//! its slice of the offload entry, and the fused name is never written.
+//!
+//! Templates, from transformers' `conversion_mapping.py` (5.24):
+//! - `qwen2_moe` (and the model types that reuse it, e.g. `qwen3_moe`):
+//!   `P.experts.{e}.gate_proj/up_proj/down_proj.weight`;
+//! - `mixtral`: the same with `block_sparse_moe` for `mlp` and `w1`/`w3`/`w2`.
+
+use super::draft::Draft;
+use crate::model::checkpoint::{ByteRange, Source};
+use crate::types::dtype::DType;
+
+/// Checkpoint names per template: (module rename, gate, up, down).
+const TEMPLATES: [(Option<(&str, &str)>, &str, &str, &str); 2] = [
+    (None, "gate_proj", "up_proj", "down_proj"),
+    (Some((".mlp", ".block_sparse_moe")), "w1", "w3", "w2"),
+];
+
+/// If the offload entry `name` is a fused expert tensor whose per-expert pieces all
+/// exist in the checkpoint with the shapes the layout implies, points each of them at
+/// its slice of `range` (stored as `dtype`) and returns the names it took over.
+pub(super) fn unfuse(
+    draft: &mut Draft,
+    name: &str,
+    shape: &[u64],
+    dtype: DType,
+    range: ByteRange,
+    load_dtype: Option<DType>,
+) -> Option<Vec<String>> {
+    let (runtime_prefix, fused_gate_up) =
+        if let Some(p) = name.strip_suffix(".experts.gate_up_proj") {
+            (p, true)
+        } else {
+            (name.strip_suffix(".experts.down_proj")?, false)
+        };
+    let &[experts, rows, cols] = shape else {
+        return None;
+    };
+    let size = dtype.size();
+    if experts * rows * cols * size != range.len {
+        return None;
+    }
+    for (rename, gate, up, down) in TEMPLATES {
+        let prefix = match rename {
+            None => runtime_prefix.to_owned(),
+            Some((from, to)) => match runtime_prefix.strip_suffix(from) {
+                Some(base) => format!("{base}{to}"),
+                None => continue,
+            },
+        };
+        // (checkpoint part, row offset inside an expert's block, rows) per expert.
+        let parts: Vec<(&str, u64, u64)> = if fused_gate_up {
+            if rows % 2 != 0 {
+                continue;
+            }
+            vec![(gate, 0, rows / 2), (up, rows / 2, rows / 2)]
+        } else {
+            vec![(down, 0, rows)]
+        };
+        let mut pieces = Vec::new();
+        for e in 0..experts {
+            for &(part, row, n) in &parts {
+                let tensor = format!("{prefix}.experts.{e}.{part}.weight");
+                let Some(id) = draft.find(&tensor) else {
+                    pieces.clear();
+                    break;
+                };
+                if !draft.tensors[id].shape.iter().eq([n, cols]) {
+                    pieces.clear();
+                    break;
+                }
+                let offset = range.offset + (e * rows + row) * cols * size;
+                pieces.push((id, offset, n * cols * size));
+            }
+            if pieces.is_empty() {
+                break;
+            }
+        }
+        if pieces.is_empty() {
+            continue;
+        }
+        let mut names = Vec::with_capacity(pieces.len());
+        for (id, offset, len) in pieces {
+            let t = &mut draft.tensors[id];
+            if let Source::Checkpoint(old) = t.source {
+                draft.replaced.push((t.name.clone(), old, t.dtype));
+            }
+            t.dtype = dtype;
+            t.source = Source::Offload(ByteRange {
+                file: range.file,
+                offset,
+                len,
+            });
+            t.load_dtype = load_dtype;
+            names.push(t.name.clone());
+        }
+        return Some(names);
+    }
+    None
+}
