@@ -15,10 +15,28 @@ use super::draft::Draft;
 use crate::model::checkpoint::{ByteRange, Source};
 use crate::types::dtype::DType;
 
-/// Checkpoint names per template: (module rename, gate, up, down).
-const TEMPLATES: [(Option<(&str, &str)>, &str, &str, &str); 2] = [
-    (None, "gate_proj", "up_proj", "down_proj"),
-    (Some((".mlp", ".block_sparse_moe")), "w1", "w3", "w2"),
+/// How one model family names the pieces of a fused expert layer in its checkpoint.
+struct Template {
+    /// The module renamed between runtime and checkpoint (`.mlp` -> `.block_sparse_moe`).
+    rename: Option<(&'static str, &'static str)>,
+    gate: &'static str,
+    up: &'static str,
+    down: &'static str,
+}
+
+const TEMPLATES: [Template; 2] = [
+    Template {
+        rename: None,
+        gate: "gate_proj",
+        up: "up_proj",
+        down: "down_proj",
+    },
+    Template {
+        rename: Some((".mlp", ".block_sparse_moe")),
+        gate: "w1",
+        up: "w3",
+        down: "w2",
+    },
 ];
 
 /// If the offload entry `name` is a fused expert tensor whose per-expert pieces all
@@ -45,7 +63,13 @@ pub(super) fn unfuse(
     if experts * rows * cols * size != range.len {
         return None;
     }
-    for (rename, gate, up, down) in TEMPLATES {
+    for Template {
+        rename,
+        gate,
+        up,
+        down,
+    } in TEMPLATES
+    {
         let prefix = match rename {
             None => runtime_prefix.to_owned(),
             Some((from, to)) => match runtime_prefix.strip_suffix(from) {
