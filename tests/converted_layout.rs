@@ -209,3 +209,24 @@ fn fused_offload_experts_are_read_back_as_the_checkpoints_tensors() {
         );
     }
 }
+
+#[test]
+fn a_device_map_with_runtime_module_names_places_the_checkpoints_experts() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (dir, _, _) = moe(tmp.path(), true);
+    // What hf_device_map of a loaded transformers 5 Mixtral says: `mlp`, not
+    // `block_sparse_moe`.
+    write_json(
+        &dir.join("device_map.json"),
+        &serde_json::json!({"model.embed_tokens": "cpu", "model.layers.1.mlp": "disk"}),
+    )
+    .expect("map");
+    let o = devmap(&["inspect", dir.to_str().expect("p"), "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    for t in report["tensors"].as_array().expect("tensors") {
+        if t["name"].as_str().is_some_and(|n| n.contains(".experts.")) {
+            assert_eq!(t["placement"], "disk", "{t}");
+            assert_eq!(t["map_key"], "model.layers.1.mlp", "{t}");
+        }
+    }
+}
