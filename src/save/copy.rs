@@ -183,18 +183,12 @@ impl Copier {
             }
             let want = (len - read).min(chunk_in as u64) as usize;
             let input = &mut self.buffer[..want];
-            let mut got = 0;
-            while got < want {
-                let n = src
-                    .read_at(&mut input[got..], src_offset + read + got as u64)
-                    .map_err(CopyError::Io)?;
-                if n == 0 {
-                    return Err(CopyError::ShortSource {
-                        copied: read + got as u64,
-                    });
-                }
-                got += n;
-            }
+            read_exact_at(src, input, src_offset + read).map_err(|e| match e {
+                CopyError::ShortSource { copied } => CopyError::ShortSource {
+                    copied: read + copied,
+                },
+                e => e,
+            })?;
             match cast {
                 Some((from, to)) => {
                     let out_len = want / from.size() as usize * to.size() as usize;
@@ -215,6 +209,22 @@ impl Copier {
     pub fn used_kernel_copy(&self) -> bool {
         !self.kernel_copy_failed
     }
+}
+
+/// Fills `buf` from `src` at `at`; a source that ends first is
+/// [`CopyError::ShortSource`] (with the bytes of `buf` it did fill).
+pub(super) fn read_exact_at(src: &File, buf: &mut [u8], at: u64) -> Result<(), CopyError> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = src
+            .read_at(&mut buf[got..], at + got as u64)
+            .map_err(CopyError::Io)?;
+        if n == 0 {
+            return Err(CopyError::ShortSource { copied: got as u64 });
+        }
+        got += n;
+    }
+    Ok(())
 }
 
 /// Errors that mean "this kernel or file-system pair cannot copy_file_range", not

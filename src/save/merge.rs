@@ -15,7 +15,7 @@ use std::os::unix::fs::FileExt;
 
 use half::f16;
 
-use super::copy::{CopyError, Stop};
+use super::copy::{CopyError, Stop, read_exact_at};
 use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::model::merge::{Matrix, MergeKind, MergeStep};
 use crate::types::dtype::DType;
@@ -88,7 +88,7 @@ pub fn stream(
     cancel: &(dyn Stop + Sync),
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
-    let (rows, _) = layout(ckpt, id, from, len)?;
+    let (rows, cols) = layout(ckpt, id, from, len)?;
     stream_rows(
         ckpt,
         id,
@@ -96,7 +96,7 @@ pub fn stream(
         (from, to),
         open,
         cancel,
-        0..rows,
+        ((rows, cols), 0..rows),
         sink,
     )
 }
@@ -133,7 +133,7 @@ pub fn write_in_parallel(
                         (from, to),
                         open,
                         cancel,
-                        range,
+                        ((rows, cols), range),
                         &mut |bytes| {
                             dst.write_all_at(bytes, at)?;
                             at += bytes.len() as u64;
@@ -179,7 +179,8 @@ fn layout(
     Ok((rows, cols))
 }
 
-/// The merge of rows `range` of tensor `id`, streamed in order.
+/// The merge of rows `range` of tensor `id` (laid out as [`layout`] says), streamed in
+/// order.
 #[allow(clippy::too_many_arguments)]
 fn stream_rows(
     ckpt: &Checkpoint,
@@ -188,16 +189,9 @@ fn stream_rows(
     (from, to): (DType, DType),
     open: &(dyn Fn(FileId) -> io::Result<File> + Sync),
     cancel: &(dyn Stop + Sync),
-    range: std::ops::Range<usize>,
+    ((rows, cols), range): ((usize, usize), std::ops::Range<usize>),
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
-    let tensor = &ckpt.tensors()[id];
-    let dims: Vec<u64> = tensor.shape.iter().collect();
-    let (rows, cols) = match dims.as_slice() {
-        [n] => (1, *n as usize),
-        [r, c] => (*r as usize, *c as usize),
-        _ => (1, tensor.numel() as usize),
-    };
     let steps: Vec<Loaded> = ckpt
         .merges_of(id)
         .iter()
@@ -441,20 +435,6 @@ fn read_matrix(
     let mut values = vec![0f32; bytes.len() / m.dtype.size() as usize];
     widen(m.dtype, &bytes, &mut values);
     Ok(values)
-}
-
-fn read_exact_at(src: &File, buf: &mut [u8], at: u64) -> Result<(), CopyError> {
-    let mut got = 0;
-    while got < buf.len() {
-        let n = src
-            .read_at(&mut buf[got..], at + got as u64)
-            .map_err(CopyError::Io)?;
-        if n == 0 {
-            return Err(CopyError::ShortSource { copied: got as u64 });
-        }
-        got += n;
-    }
-    Ok(())
 }
 
 /// Little-endian elements of `dtype` to f32 (exact for the three dtypes merged).
