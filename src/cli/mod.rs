@@ -288,12 +288,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
                 "  `{dropped}` is tied to `{kept}`: written once as `{kept}` (--keep-tied writes both)"
             ))?;
         }
-        let merged = plan
-            .shards
-            .iter()
-            .flat_map(|s| &s.tensors)
-            .filter(|p| matches!(p.recipe, devmap::save::Recipe::Merge { .. }))
-            .count();
+        let merged = plan.merged_count();
         if !model.merge_lora.is_empty() {
             let replaced = ckpt
                 .tensors()

@@ -223,6 +223,18 @@ pub struct MemoryNeed {
 }
 
 impl SavePlan {
+    /// Every planned tensor, shard by shard.
+    pub fn planned(&self) -> impl Iterator<Item = &PlannedTensor> {
+        self.shards.iter().flat_map(|s| &s.tensors)
+    }
+
+    /// How many tensors the save computes through a LoRA merge.
+    pub fn merged_count(&self) -> usize {
+        self.planned()
+            .filter(|t| matches!(t.recipe, Recipe::Merge { .. }))
+            .count()
+    }
+
     /// The memory the save of this plan holds: a copy buffer per writer, a cast buffer
     /// per writer when it casts, and for LoRA merges the largest adapter pair in f32
     /// plus a block on every core. Never a shard, never a whole weight.
@@ -233,12 +245,7 @@ impl SavePlan {
             bytes: writers * chunk,
             parts: vec!["a copy buffer per writer"],
         };
-        let recipes = || {
-            self.shards
-                .iter()
-                .flat_map(|s| &s.tensors)
-                .map(|t| (t.tensor, t.recipe))
-        };
+        let recipes = || self.planned().map(|t| (t.tensor, t.recipe));
         if recipes().any(|(_, r)| matches!(r, Recipe::Cast { .. })) {
             need.bytes += writers * chunk;
             need.parts.push("a cast buffer per writer");

@@ -153,9 +153,7 @@ pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<S
 /// halfway through a shard.
 fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String> {
     let mut files: Vec<usize> = plan
-        .shards
-        .iter()
-        .flat_map(|s| &s.tensors)
+        .planned()
         .map(|t| t.recipe.source())
         .filter(|range| range.len > 0)
         .map(|range| range.file)

@@ -51,7 +51,7 @@ impl<'a> Expected<'a> {
     }
 
     pub(super) fn planned(&self) -> impl Iterator<Item = &PlannedTensor> {
-        self.plan.shards.iter().flat_map(|s| s.tensors.iter())
+        self.plan.planned()
     }
 }
 

@@ -196,12 +196,7 @@ impl App {
         let need = plan.memory_need(&self.ckpt, options.jobs);
         preview.memory = need.bytes;
         preview.memory_parts = need.parts.join(", ");
-        let merged = plan
-            .shards
-            .iter()
-            .flat_map(|s| &s.tensors)
-            .filter(|t| matches!(t.recipe, crate::save::Recipe::Merge { .. }))
-            .count();
+        let merged = plan.merged_count();
         if merged > 0 {
             let mut adapters: Vec<String> = self
                 .ckpt
