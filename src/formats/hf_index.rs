@@ -17,6 +17,12 @@ pub struct WeightIndex<'a> {
     pub weight_map: Vec<(Cow<'a, str>, Cow<'a, str>)>,
 }
 
+/// Whether an index's shard name is a plain file name beside the index: one path
+/// component, not `.` or `..` (an index naming `../x` or `a/b` would read elsewhere).
+pub fn is_shard_file_name(name: &str) -> bool {
+    Path::new(name).components().count() == 1 && name != ".." && name != "."
+}
+
 /// Reads the index file's text (parse it with [`parse_index`]).
 pub fn read_index_text(path: &Path) -> Result<String, FormatError> {
     super::input::read_json_text(path)

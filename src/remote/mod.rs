@@ -270,7 +270,7 @@ pub fn fetch(
             write(INDEX_FILE, text.as_bytes())?;
             let mut names: Vec<String> = Vec::new();
             for (tensor, file) in &index.weight_map {
-                if Path::new(file.as_ref()).components().count() != 1 || file == ".." {
+                if !crate::formats::hf_index::is_shard_file_name(file) {
                     return Err(FormatError::tensor(
                         Path::new(&url),
                         tensor.as_ref(),

@@ -301,7 +301,7 @@ fn named_shards(
         entry.0 += 1;
     }
     named.retain(|file| {
-        let plain = Path::new(file).components().count() == 1 && file != ".." && file != ".";
+        let plain = crate::formats::hf_index::is_shard_file_name(file);
         let (n, first) = count[file.as_str()];
         if !plain {
             findings.push(Finding::difference(

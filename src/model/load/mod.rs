@@ -305,7 +305,7 @@ fn read_weights(
         let mut order = Vec::new();
         for (name, file) in &index.weight_map {
             let (name, file): (&str, &str) = (name, file);
-            if Path::new(file).components().count() != 1 || file == ".." {
+            if !crate::formats::hf_index::is_shard_file_name(file) {
                 return Err(FormatError::tensor(
                     &index_path,
                     name,
