@@ -124,6 +124,20 @@ pub fn pattern_matches(pattern: &str, name: &str) -> Option<bool> {
     )
 }
 
+/// The value of the first key of `patterns` (a `rank_pattern` / `alpha_pattern`) that
+/// matches module `name` ([`pattern_matches`]), `Ok(None)` when none does, and
+/// `Err(key)` for a key in regular-expression syntax met first.
+pub fn pattern_value<T: Copy>(patterns: &[(String, T)], name: &str) -> Result<Option<T>, String> {
+    patterns
+        .iter()
+        .find_map(|(p, v)| match pattern_matches(p, name) {
+            Some(true) => Some(Ok(*v)),
+            Some(false) => None,
+            None => Some(Err(p.clone())),
+        })
+        .transpose()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::formats::FormatError;
 use crate::formats::adapter::{
-    ADAPTER_CONFIG, ADAPTER_WEIGHTS, pattern_matches, read_adapter_config,
+    ADAPTER_CONFIG, ADAPTER_WEIGHTS, pattern_value, read_adapter_config,
 };
 use crate::formats::safetensors::{HeaderTensor, read_header};
 use crate::model::checkpoint::{ByteRange, Checkpoint};
@@ -254,28 +254,16 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
                 ),
             ));
         }
-        let config_rank = config
-            .rank_pattern
-            .iter()
-            .find_map(|(p, r)| match pattern_matches(p, &module) {
-                Some(true) => Some(Ok(*r)),
-                Some(false) => None,
-                None => Some(Err(p.clone())),
-            })
-            .transpose()
-            .map_err(|p| unsupported(format!("rank_pattern key `{p}` is a regular expression; devmap matches plain module names and dotted suffixes")))?
+        let regex = |field: &str, p: String| {
+            unsupported(format!(
+                "{field} key `{p}` is a regular expression; devmap matches plain module names and dotted suffixes"
+            ))
+        };
+        let r = pattern_value(&config.rank_pattern, &module)
+            .map_err(|p| regex("rank_pattern", p))?
             .unwrap_or(config.r);
-        let r = config_rank;
-        let alpha = config
-            .alpha_pattern
-            .iter()
-            .find_map(|(p, a)| match pattern_matches(p, &module) {
-                Some(true) => Some(Ok(*a)),
-                Some(false) => None,
-                None => Some(Err(p.clone())),
-            })
-            .transpose()
-            .map_err(|p| unsupported(format!("alpha_pattern key `{p}` is a regular expression; devmap matches plain module names and dotted suffixes")))?
+        let alpha = pattern_value(&config.alpha_pattern, &module)
+            .map_err(|p| regex("alpha_pattern", p))?
             .unwrap_or(config.lora_alpha);
         if r != rank {
             return Err(key_error(

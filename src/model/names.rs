@@ -18,6 +18,20 @@ pub const EMBEDDING_SUFFIXES: [&str; 5] = [
     "shared.weight",
 ];
 
+/// The input embedding among `names`: a name ending as an embedding does
+/// ([`EMBEDDING_SUFFIXES`], the commoner ending first, then the shorter name), never a
+/// head. The tensor a tied head shares.
+pub fn input_embedding<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    names
+        .filter(|n| EMBEDDING_SUFFIXES.iter().any(|s| n.ends_with(s)) && !HEAD_NAMES.contains(n))
+        .min_by_key(|n| {
+            (
+                EMBEDDING_SUFFIXES.iter().position(|s| n.ends_with(s)),
+                n.len(),
+            )
+        })
+}
+
 /// Compares two dotted names in module order.
 pub fn module_order(a: &str, b: &str) -> Ordering {
     let mut left = a.split('.');

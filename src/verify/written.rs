@@ -11,7 +11,7 @@ use super::report::{Finding, Kind};
 use crate::formats::config::{ModelConfig, read_config};
 use crate::formats::hf_index::{INDEX_FILE, SINGLE_FILE, parse_index, read_index_text};
 use crate::formats::safetensors::read_header;
-use crate::model::names::{EMBEDDING_SUFFIXES, HEAD_NAMES};
+use crate::model::names::{HEAD_NAMES, input_embedding};
 use crate::types::dtype::DType;
 use crate::types::shape::Shape;
 
@@ -427,18 +427,7 @@ fn check_dtype(written: &Written, config: &ModelConfig, findings: &mut Vec<Findi
 
 fn check_head(written: &Written, config: &ModelConfig, findings: &mut Vec<Finding>) {
     let names: HashSet<&str> = written.tensors.iter().map(|t| t.name.as_str()).collect();
-    let Some(embedding) = written
-        .tensors
-        .iter()
-        .map(|t| t.name.as_str())
-        .filter(|n| EMBEDDING_SUFFIXES.iter().any(|s| n.ends_with(s)) && !HEAD_NAMES.contains(n))
-        .min_by_key(|n| {
-            (
-                EMBEDDING_SUFFIXES.iter().position(|s| n.ends_with(s)),
-                n.len(),
-            )
-        })
-    else {
+    let Some(embedding) = input_embedding(written.tensors.iter().map(|t| t.name.as_str())) else {
         return;
     };
     let heads: Vec<&str> = HEAD_NAMES

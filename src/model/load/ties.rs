@@ -5,7 +5,7 @@ use super::LoadError;
 use super::draft::Draft;
 use crate::formats::config::ModelConfig;
 use crate::model::checkpoint::{NO_KEY, Source, Tensor};
-use crate::model::names::{EMBEDDING_SUFFIXES, HEAD_NAMES};
+use crate::model::names::{HEAD_NAMES, input_embedding};
 use crate::model::warning::Warning;
 use crate::types::placement::{DeviceMap, Placement};
 
@@ -21,22 +21,9 @@ pub(super) fn config_ties(
     if !config.tie_word_embeddings {
         return Vec::new();
     }
-    let mut embeddings: Vec<&str> = draft
-        .tensors
-        .iter()
-        .map(|t| t.name.as_str())
-        .filter(|n| EMBEDDING_SUFFIXES.iter().any(|s| n.ends_with(s)) && !HEAD_NAMES.contains(n))
-        .collect();
-    embeddings.sort_by_key(|n| {
-        (
-            EMBEDDING_SUFFIXES
-                .iter()
-                .position(|s| n.ends_with(s))
-                .unwrap_or(usize::MAX),
-            n.len(),
-        )
-    });
-    let Some(embedding) = embeddings.first().map(|s| (*s).to_owned()) else {
+    let Some(embedding) =
+        input_embedding(draft.tensors.iter().map(|t| t.name.as_str())).map(str::to_owned)
+    else {
         return Vec::new();
     };
     let mut ties = Vec::new();
