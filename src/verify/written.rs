@@ -401,18 +401,13 @@ fn check_dtype(written: &Written, config: &ModelConfig, findings: &mut Vec<Findi
             ),
         ));
     }
-    let mut others: Vec<&WrittenTensor> = written
+    let others: Vec<&WrittenTensor> = written
         .tensors
         .iter()
         .filter(|t| crate::save::cast::is_floating(t.dtype) && t.dtype != main)
         .collect();
-    others.truncate(3);
     if let Some(first) = others.first() {
-        let count = written
-            .tensors
-            .iter()
-            .filter(|t| crate::save::cast::is_floating(t.dtype) && t.dtype != main)
-            .count();
+        let count = others.len();
         findings.push(Finding::note(
             Kind::ConfigDtype,
             &first.name,
