@@ -6,12 +6,12 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use color_eyre::eyre::{Result, WrapErr, eyre};
 use devmap::human_bytes;
 use devmap::save::SaveOptions;
-use devmap::verify::{Expected, Progress, verify};
+use devmap::verify::{Expected, Progress, verify_with_ticks};
 
 use super::args::{ModelArgs, VerifyArgs};
 use super::output::{OutputGone, err_line, out, print_error};
@@ -95,48 +95,31 @@ fn check(
     let tty = !quiet && std::io::stderr().is_terminal();
     let terminated = devmap::sys::catch_termination();
     let started = Instant::now();
-    let result = std::thread::scope(|scope| {
-        // The worker hands its result over a channel, so the wait ends the moment it
-        // is done, not at the next progress tick.
-        let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let shared = &progress;
-        scope.spawn(move || {
-            let _ = done_tx.send(verify(out, expected, shared));
-        });
-        let mut drawn = false;
-        let result = loop {
-            match done_rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(result) => break Ok(result),
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    break Err(eyre!("the verification thread panicked"));
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            }
-            if terminated.load(Ordering::SeqCst) {
-                progress.cancel.store(true, Ordering::SeqCst);
-            }
-            if tty {
-                let read = progress.read.load(Ordering::Relaxed);
-                let total = progress.total.load(Ordering::Relaxed).max(1);
-                let rate = read as f64 / started.elapsed().as_secs_f64().max(1e-3);
-                let mut err = std::io::stderr().lock();
-                let _ = write!(
-                    err,
-                    "\r\x1b[2Kverifying {}: {:>5.1}%  {} / {}  {}/s",
-                    devmap::text::path(out),
-                    read as f64 * 100.0 / total as f64,
-                    human_bytes(read),
-                    human_bytes(total),
-                    human_bytes(rate as u64)
-                );
-                let _ = err.flush();
-                drawn = true;
-            }
-        };
-        if drawn {
-            let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
+    let mut drawn = false;
+    let result = verify_with_ticks(out, expected, &progress, &mut |progress| {
+        if terminated.load(Ordering::SeqCst) {
+            progress.cancel.store(true, Ordering::SeqCst);
         }
-        result
-    })?;
+        if tty {
+            let read = progress.read.load(Ordering::Relaxed);
+            let total = progress.total.load(Ordering::Relaxed).max(1);
+            let rate = read as f64 / started.elapsed().as_secs_f64().max(1e-3);
+            let mut err = std::io::stderr().lock();
+            let _ = write!(
+                err,
+                "\r\x1b[2Kverifying {}: {:>5.1}%  {} / {}  {}/s",
+                devmap::text::path(out),
+                read as f64 * 100.0 / total as f64,
+                human_bytes(read),
+                human_bytes(total),
+                human_bytes(rate as u64)
+            );
+            let _ = err.flush();
+            drawn = true;
+        }
+    });
+    if drawn {
+        let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
+    }
     result.wrap_err_with(|| format!("cannot verify {}", devmap::text::path(out)))
 }

@@ -337,20 +337,11 @@ fn spawn_verify(
         .name("devmap-verify".into())
         .spawn(move || {
             let expected = crate::verify::Expected::from_plan(&ckpt, plan);
-            let result = std::thread::scope(|scope| {
-                let (done_tx, done_rx) = mpsc::channel();
-                let (out, expected, progress) = (&out, &expected, &progress);
-                scope.spawn(move || {
-                    let _ = done_tx.send(crate::verify::verify(out, Some(expected), progress));
-                });
-                loop {
-                    match done_rx.recv_timeout(Duration::from_millis(100)) {
-                        Ok(result) => break result,
-                        Err(RecvTimeoutError::Disconnected) => {
-                            break Err(crate::verify::VerifyError::Cancelled);
-                        }
-                        Err(RecvTimeoutError::Timeout) => {}
-                    }
+            let result = crate::verify::verify_with_ticks(
+                &out,
+                Some(&expected),
+                &progress,
+                &mut |progress| {
                     let read = progress.read.load(Ordering::Relaxed);
                     let total = progress.total.load(Ordering::Relaxed);
                     if tx
@@ -359,8 +350,8 @@ fn spawn_verify(
                     {
                         progress.cancel.store(true, Ordering::Relaxed);
                     }
-                }
-            });
+                },
+            );
             let _ = tx.send(Event::Verify(Action::Verified(
                 result.map_err(|e| e.to_string()),
             )));

@@ -47,6 +47,34 @@ pub enum VerifyError {
     Format(#[from] FormatError),
     #[error("verification cancelled")]
     Cancelled,
+    #[error("the verification thread panicked")]
+    Panicked,
+}
+
+/// Runs [`verify`] on a thread of its own and calls `tick` with its progress every
+/// 100 ms until it ends; the wait ends the moment the work does, not at the next tick.
+/// `tick` may stop it through `progress.cancel`.
+pub fn verify_with_ticks(
+    out: &Path,
+    expected: Option<&Expected>,
+    progress: &Progress,
+    tick: &mut dyn FnMut(&Progress),
+) -> Result<VerifyReport, VerifyError> {
+    std::thread::scope(|scope| {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        scope.spawn(move || {
+            let _ = done_tx.send(verify(out, expected, progress));
+        });
+        loop {
+            match done_rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                Ok(result) => return result,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(VerifyError::Panicked);
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => tick(progress),
+            }
+        }
+    })
 }
 
 /// Verifies the checkpoint in `out`, and compares it with `expected` when given.
