@@ -340,6 +340,17 @@ fn serve(options: ServerOptions) -> Served {
     }
 }
 
+/// `devmap inspect hf://acme/tiny` against `served`, which must fail: its stderr.
+fn inspect_fails(served: &Served) -> String {
+    let endpoint = served.server.endpoint();
+    let o = devmap_env(
+        &["inspect", "hf://acme/tiny"],
+        &[("HF_ENDPOINT", endpoint.as_str())],
+    );
+    assert!(!o.status.success(), "{}", stdout(&o));
+    stderr(&o)
+}
+
 fn model_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .expect("dir")
@@ -491,13 +502,8 @@ fn a_private_repo_needs_the_token_from_hf_token_or_the_login_file() {
         redirect: true,
         ..ServerOptions::default()
     });
+    let err = inspect_fails(&served);
     let endpoint = served.server.endpoint();
-    let o = devmap_env(
-        &["inspect", "hf://acme/tiny"],
-        &[("HF_ENDPOINT", endpoint.as_str())],
-    );
-    assert!(!o.status.success());
-    let err = stderr(&o);
     assert!(
         err.contains("HTTP 401") && err.contains("HF_TOKEN"),
         "{err}"
@@ -526,13 +532,7 @@ fn a_server_that_ignores_range_is_refused() {
         ignore_range: true,
         ..ServerOptions::default()
     });
-    let endpoint = served.server.endpoint();
-    let o = devmap_env(
-        &["inspect", "hf://acme/tiny"],
-        &[("HF_ENDPOINT", endpoint.as_str())],
-    );
-    assert!(!o.status.success());
-    let err = stderr(&o);
+    let err = inspect_fails(&served);
     assert!(err.contains("ignores Range requests"), "{err}");
     assert!(err.contains("will not download"), "{err}");
 }
@@ -553,13 +553,7 @@ fn a_truncated_header_is_named_with_its_url() {
         .open(&shard)
         .expect("open");
     f.set_len(header.data_start / 2).expect("truncate");
-    let endpoint = served.server.endpoint();
-    let o = devmap_env(
-        &["inspect", "hf://acme/tiny"],
-        &[("HF_ENDPOINT", endpoint.as_str())],
-    );
-    assert!(!o.status.success());
-    let err = stderr(&o);
+    let err = inspect_fails(&served);
     let name = shard
         .file_name()
         .expect("name")

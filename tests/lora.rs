@@ -44,6 +44,23 @@ fn adapter(dir: &Path, config: serde_json::Value, pairs: &[(&str, u64, u64, u64)
     dir.to_path_buf()
 }
 
+/// `devmap save MODEL --out OUT --quiet --merge-lora ADAPTER [extra]`, which must
+/// succeed.
+fn save_merged(model: &Path, adapter: &Path, out: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "save",
+        s(model),
+        "--out",
+        s(out),
+        "--quiet",
+        "--merge-lora",
+        s(adapter),
+    ];
+    args.extend_from_slice(extra);
+    let o = devmap(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 fn lora(r: u64, alpha: u64) -> serde_json::Value {
     serde_json::json!({"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": ["proj"]})
 }
@@ -95,16 +112,7 @@ fn merged_values_are_the_current_value_plus_the_delta() {
         ],
     );
     let out = m.out("merged");
-    let o = devmap(&[
-        "save",
-        s(&m.dir),
-        "--out",
-        s(&out),
-        "--quiet",
-        "--merge-lora",
-        s(&ad),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    save_merged(&m.dir, &ad, &out, &[]);
     let saved = read_saved(&out);
     for module in ["model.layers.2.proj", "model.layers.9.proj"] {
         let name = format!("{module}.weight");
@@ -147,16 +155,7 @@ fn verify_against_recomputes_the_merge() {
         &[("model.layers.5.proj", 2, 16, 16)],
     );
     let out = m.out("merged");
-    let o = devmap(&[
-        "save",
-        s(&m.dir),
-        "--out",
-        s(&out),
-        "--quiet",
-        "--merge-lora",
-        s(&ad),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    save_merged(&m.dir, &ad, &out, &[]);
     let o = devmap(&[
         "verify",
         s(&out),
@@ -197,22 +196,8 @@ fn a_cast_after_the_merge_is_the_merge_then_the_cast() {
         &[("model.layers.1.proj", 2, 16, 16)],
     );
     let (plain, cast) = (m.out("plain"), m.out("cast"));
-    for (out, extra) in [(&plain, None), (&cast, Some("float32"))] {
-        let mut args = vec![
-            "save",
-            s(&m.dir),
-            "--out",
-            s(out),
-            "--quiet",
-            "--merge-lora",
-            s(&ad),
-        ];
-        if let Some(d) = extra {
-            args.extend(["--dtype", d]);
-        }
-        let o = devmap(&args);
-        assert!(o.status.success(), "{}", stderr(&o));
-    }
+    save_merged(&m.dir, &ad, &plain, &[]);
+    save_merged(&m.dir, &ad, &cast, &["--dtype", "float32"]);
     let name = "model.layers.1.proj.weight";
     let merged = f16_values(&read_saved(&plain)[name].data);
     let widened: Vec<f64> = read_saved(&cast)[name]
@@ -363,17 +348,7 @@ fn a_merge_into_a_tied_embedding_changes_every_name_of_the_group() {
     write_safetensors(&dir.join("adapter_model.safetensors"), &refs).expect("w");
     write_json(&dir.join("adapter_config.json"), &lora(2, 2)).expect("c");
     let out = m.out("merged");
-    let o = devmap(&[
-        "save",
-        s(&m.dir),
-        "--out",
-        s(&out),
-        "--quiet",
-        "--keep-tied",
-        "--merge-lora",
-        s(&dir),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    save_merged(&m.dir, &dir, &out, &["--keep-tied"]);
     let saved = read_saved(&out);
     let embed = &saved["model.embed_tokens.weight"];
     assert_ne!(embed, &m.expected["model.embed_tokens.weight"], "merged");
