@@ -377,19 +377,14 @@ impl Checkpoint {
 pub fn place(map: Option<&DeviceMap>, name: &str) -> (Placement, u32) {
     match map {
         None => (Placement::Cpu, NO_KEY),
-        Some(m) => match m.locate(name).or_else(|| m.locate(&runtime_name(name)?)) {
+        Some(m) => match m
+            .locate(name)
+            .or_else(|| m.locate(&super::names::runtime_name(name)?))
+        {
             Some(hit) => (hit.placement, hit.index as u32),
             None => (Placement::Unmapped, NO_KEY),
         },
     }
-}
-
-/// The name transformers 5 gives a checkpoint tensor at run time, where it renames
-/// the module (Mixtral's `block_sparse_moe` is `mlp`): an `hf_device_map` written
-/// from a loaded model uses it.
-fn runtime_name(name: &str) -> Option<String> {
-    name.contains(".block_sparse_moe.")
-        .then(|| name.replacen(".block_sparse_moe.", ".mlp.", 1))
 }
 
 /// The pieces [`Checkpoint::assemble`] puts together. Tie groups are given by name.

@@ -18,6 +18,21 @@ pub const EMBEDDING_SUFFIXES: [&str; 5] = [
     "shared.weight",
 ];
 
+/// Modules transformers 5 renames between checkpoint and run time, as
+/// `(checkpoint, runtime)` components (from its `conversion_mapping.py`): Mixtral's
+/// `block_sparse_moe` is `mlp`. Device maps written from a loaded model and fused
+/// offload entries use the runtime name.
+pub const MODULE_RENAMES: [(&str, &str); 1] = [("block_sparse_moe", "mlp")];
+
+/// `name` with the first renamed module ([`MODULE_RENAMES`]) in its runtime form.
+pub fn runtime_name(name: &str) -> Option<String> {
+    MODULE_RENAMES.iter().find_map(|(checkpoint, runtime)| {
+        let from = format!(".{checkpoint}.");
+        name.contains(&from)
+            .then(|| name.replacen(&from, &format!(".{runtime}."), 1))
+    })
+}
+
 /// The input embedding among `names`: a name ending as an embedding does
 /// ([`EMBEDDING_SUFFIXES`], the commoner ending first, then the shorter name), never a
 /// head. The tensor a tied head shares.

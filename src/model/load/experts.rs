@@ -13,12 +13,14 @@
 
 use super::draft::Draft;
 use crate::model::checkpoint::{ByteRange, Source};
+use crate::model::names::MODULE_RENAMES;
 use crate::types::dtype::DType;
 
 /// How one model family names the pieces of a fused expert layer in its checkpoint.
 struct Template {
-    /// The module renamed between runtime and checkpoint (`.mlp` -> `.block_sparse_moe`).
-    rename: Option<(&'static str, &'static str)>,
+    /// Whether the layer's module has a runtime name of its own
+    /// (`names::MODULE_RENAMES`: Mixtral's `block_sparse_moe` is `mlp`).
+    renamed: bool,
     gate: &'static str,
     up: &'static str,
     down: &'static str,
@@ -26,13 +28,13 @@ struct Template {
 
 const TEMPLATES: [Template; 2] = [
     Template {
-        rename: None,
+        renamed: false,
         gate: "gate_proj",
         up: "up_proj",
         down: "down_proj",
     },
     Template {
-        rename: Some((".mlp", ".block_sparse_moe")),
+        renamed: true,
         gate: "w1",
         up: "w3",
         down: "w2",
@@ -64,18 +66,24 @@ pub(super) fn unfuse(
         return None;
     }
     for Template {
-        rename,
+        renamed,
         gate,
         up,
         down,
     } in TEMPLATES
     {
-        let prefix = match rename {
-            None => runtime_prefix.to_owned(),
-            Some((from, to)) => match runtime_prefix.strip_suffix(from) {
-                Some(base) => format!("{base}{to}"),
-                None => continue,
-            },
+        let prefix = if renamed {
+            let checkpoint_prefix = MODULE_RENAMES.iter().find_map(|(checkpoint, runtime)| {
+                runtime_prefix
+                    .strip_suffix(&format!(".{runtime}"))
+                    .map(|base| format!("{base}.{checkpoint}"))
+            });
+            let Some(prefix) = checkpoint_prefix else {
+                continue;
+            };
+            prefix
+        } else {
+            runtime_prefix.to_owned()
         };
         // (checkpoint part, row offset inside an expert's block, rows) per expert.
         let parts: Vec<(&str, u64, u64)> = if fused_gate_up {
