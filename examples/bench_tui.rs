@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use devmap::fixtures::{MoeShape, write_sparse_moe};
 use devmap::model::{LoadOptions, load};
-use devmap::tui::app::{Action, App};
+use devmap::tui::app::{Action, App, Effect};
 use devmap::tui::ui;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
@@ -118,12 +118,30 @@ fn main() -> std::io::Result<()> {
         searches.push(t.elapsed() / q.len() as u32);
         app.handle(Action::Close);
     }
-    // Key to frame (handle + draw) for each kind of key, as the runtime does it.
+    // Key to frame (handle + draw) for each kind of key, as the runtime does it. Work
+    // the key hands off (Effect::Compute) runs afterwards, as on its own thread: its
+    // time is reported apart, and so is the frame that shows its result.
+    let mut work_times = Vec::new();
+    let mut landing_frames = Vec::new();
     let mut key_to_frame = |app: &mut App, action: Action| {
         let t = Instant::now();
-        app.handle(action);
+        let effects = app.handle(action);
         let Ok(_) = terminal.draw(|f| ui::draw(app, f));
-        t.elapsed()
+        let key = t.elapsed();
+        let mut queue: std::collections::VecDeque<Effect> = effects.into();
+        while let Some(effect) = queue.pop_front() {
+            if let Effect::Compute(work) = effect {
+                let what = work.what;
+                let t = Instant::now();
+                let landed = work.run();
+                work_times.push((what, t.elapsed()));
+                let t = Instant::now();
+                queue.extend(app.handle(landed));
+                let Ok(_) = terminal.draw(|f| ui::draw(app, f));
+                landing_frames.push(t.elapsed());
+            }
+        }
+        key
     };
     let mut navigation = Vec::new();
     for i in 0..600 {
@@ -172,6 +190,28 @@ fn main() -> std::io::Result<()> {
     for _ in 0..10 {
         device_edits.push(key_to_frame(&mut app, Action::CycleDevice));
     }
+    let mut plans = Vec::new();
+    for _ in 0..3 {
+        key_to_frame(&mut app, Action::StartPlan);
+        key_to_frame(&mut app, Action::ClearField);
+        for c in "0=80GiB,1=80GiB,cpu=200GiB".chars() {
+            key_to_frame(&mut app, Action::Input(c));
+        }
+        plans.push(key_to_frame(&mut app, Action::Submit));
+        key_to_frame(&mut app, Action::Close);
+    }
+    let by_kind = |what: &str| -> Vec<Duration> {
+        work_times
+            .iter()
+            .filter(|(w, _)| *w == what)
+            .map(|(_, d)| *d)
+            .collect()
+    };
+    let (retotals, checks, plannings) = (
+        by_kind("re-totalling"),
+        by_kind("checking"),
+        by_kind("planning"),
+    );
     let (open_med, open_max) = stats(opens);
     let (draw_med, draw_max) = stats(draws);
     let (key_med, key_max) = stats(keys);
@@ -215,8 +255,28 @@ fn main() -> std::io::Result<()> {
             save_typing,
         ),
         ("typing the export path", export_typing),
-        ("`d` (re-place a module, re-total)", device_edits),
-        ("save preview after the keys stop (plan + checks)", previews),
+        ("`d` (re-place a module; re-total handed off)", device_edits),
+        ("save preview starts after the keys stop", previews),
+        ("`p` Enter (plan handed off)", plans),
+        ("frame showing handed-off work's result", landing_frames),
+    ] {
+        let (median, p99, worst) = percentiles(v.clone());
+        println!(
+            "| {name} | {} | {} | {} | {} |",
+            v.len(),
+            ms(median),
+            ms(p99),
+            ms(worst)
+        );
+    }
+    println!();
+    println!("work off the UI thread (the UI keeps drawing and taking keys meanwhile):");
+    println!("| work | n | median | p99 | worst |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for (name, v) in [
+        ("re-total after `d`", retotals),
+        ("save preview (plan + checks)", checks),
+        ("`p`: plan + re-total", plannings),
     ] {
         let (median, p99, worst) = percentiles(v.clone());
         println!(

@@ -174,6 +174,43 @@ fn inspect_save_and_quit_in_a_real_terminal() {
     assert_restored(&tmux);
 }
 
+/// Keys 8 ms apart fall inside the 16 ms frame throttle. With the samplers stopped
+/// (`DEVMAP_DEBUG_NO_TICKS`) nothing but input wakes the screen, so the last key shows
+/// only if the runtime schedules a trailing frame for it — which is what is checked,
+/// rather than a wall-clock limit (the time is printed, not asserted).
+#[test]
+fn the_last_key_is_drawn_without_a_later_tick() {
+    if skip_without_tmux("the_last_key_is_drawn_without_a_later_tick") {
+        return;
+    }
+    let m = mixed_model();
+    let tmux = start(
+        "lastkey",
+        &wrapped("DEVMAP_DEBUG_NO_TICKS=1", &format!("'{}'", m.dir.display())),
+    );
+    tmux.wait_for("Modules", Duration::from_secs(20));
+    tmux.wait_for("free ", Duration::from_secs(5));
+    for round in 0..5 {
+        tmux.keys(&["/"]);
+        let typed = format!("proj{round}");
+        for c in typed.chars() {
+            tmux.type_text(&c.to_string());
+            std::thread::sleep(Duration::from_millis(8));
+        }
+        let start = Instant::now();
+        tmux.wait_for(&format!("/{typed}▏"), Duration::from_secs(10));
+        eprintln!(
+            "round {round}: the last key showed {:?} after it was sent (capture-pane polls every 100 ms)",
+            start.elapsed()
+        );
+        tmux.keys(&["Escape"]);
+        tmux.wait_for("q quit", Duration::from_secs(10));
+    }
+    tmux.keys(&["q"]);
+    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
+    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
+}
+
 fn skip_without_tmux(test: &str) -> bool {
     if tmux_available() {
         return false;

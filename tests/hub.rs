@@ -622,8 +622,9 @@ fn the_inspectors_save_dialog_refuses_a_remote_model() {
         width: 120,
         height: 40,
     });
-    app.handle(Action::OpenSave);
-    app.handle(Action::Tick(std::time::Duration::from_secs(10)));
+    // The preview is work for another thread: done here.
+    let effects = app.handle(Action::OpenSave);
+    common::finish_work(&mut app, effects);
     let Mode::SaveDialog(dialog) = &app.mode else {
         panic!("the save dialog is open")
     };

@@ -489,8 +489,8 @@ fn the_inspector_marks_merged_tensors_and_the_save_dialog_names_the_adapter() {
         .find(|l| l.contains("weight") && l.contains('+'))
         .unwrap_or("");
     assert!(!row.is_empty(), "the tree marks the tensor: {screen}");
-    app.handle(Action::OpenSave);
-    app.handle(Action::Tick(std::time::Duration::from_secs(10)));
+    let effects = app.handle(Action::OpenSave);
+    common::finish_work(&mut app, effects);
     let Mode::SaveDialog(dialog) = &app.mode else {
         panic!("save dialog")
     };

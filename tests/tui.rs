@@ -7,7 +7,7 @@ mod common;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use common::{mixed_model, read_saved};
+use common::{finish_work, mixed_model, read_saved};
 use devmap::model::{LoadOptions, Placement, load};
 use devmap::monitor::MemorySample;
 use devmap::save::{Reporter, SaveEvent};
@@ -50,8 +50,16 @@ fn app_for(model: &common::Model) -> App {
     app
 }
 
-/// Presses keys through the real key map, collecting the effects.
+/// Presses keys through the real key map, collecting the effects. Work the App hands
+/// off (re-totals, plans, save previews) is done at once, as if its thread were
+/// instant; `press_async` leaves it pending.
 fn press(app: &mut App, keys: &[KeyEvent]) -> Vec<Effect> {
+    let effects = press_async(app, keys);
+    finish_work(app, effects)
+}
+
+/// Presses keys, returning the effects as the App made them (work not done).
+fn press_async(app: &mut App, keys: &[KeyEvent]) -> Vec<Effect> {
     let mut effects = Vec::new();
     for &k in keys {
         if let Some(action) = key_action(&app.mode, k) {
@@ -62,9 +70,10 @@ fn press(app: &mut App, keys: &[KeyEvent]) -> Vec<Effect> {
 }
 
 /// Lets the clock run past the save preview's quiet time, as a user who stopped
-/// typing does.
+/// typing does, and lets the preview's work land.
 fn settle(app: &mut App) {
-    app.handle(Action::Tick(app.clock + PREVIEW_DELAY));
+    let effects = app.handle(Action::Tick(app.clock + PREVIEW_DELAY));
+    finish_work(app, effects);
 }
 
 fn key(code: KeyCode) -> KeyEvent {
@@ -862,7 +871,9 @@ fn select(app: &mut App, name: &str) {
             return;
         }
         if name.starts_with(&format!("{at}.")) {
+            // Opens the module, or (open already) steps onto its first child.
             press(app, &[ch('l')]);
+            continue;
         }
         press(app, &[ch('j')]);
     }
@@ -920,6 +931,124 @@ fn d_cycles_through_every_known_gpu_and_edits_can_be_undone() {
     }
     assert_eq!(device(&app), Placement::Gpu(0), "back to the map as opened");
     assert_eq!(app.tree.nodes[app.tree.tensor_node[0]].depth, 2);
+}
+
+/// Re-totalling after `d` and `u` runs off the UI thread: the key returns at once with
+/// the work handed off, navigation goes on meanwhile, and map keys pressed meanwhile
+/// wait and are replayed on the map the first edit left, each on its own row.
+#[test]
+fn map_edits_retotal_off_the_ui_thread_and_later_keys_wait_for_them() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    select(&mut app, "model.layers.0");
+    let placement = |app: &App, name: &str| app.ckpt.tensor(name).expect("t").placement;
+    let layer0 = "model.layers.0.proj.weight";
+    let layer1 = "model.layers.1.proj.weight";
+    let (before0, before1) = (placement(&app, layer0), placement(&app, layer1));
+    let effects = press_async(&mut app, &[ch('d')]);
+    assert!(
+        matches!(effects.as_slice(), [Effect::Compute(_)]),
+        "{effects:?}"
+    );
+    assert!(app.busy.is_some());
+    assert_eq!(
+        placement(&app, layer0),
+        before0,
+        "old totals until the work lands"
+    );
+    assert!(frame(&app, 120, 40).contains("re-totalling…"));
+    // Navigation does not wait; `d` on the next row and `u` do.
+    let at = app.rows.selected;
+    press_async(&mut app, &[key(KeyCode::Down)]);
+    assert_ne!(app.rows.selected, at, "the selection moved while busy");
+    select(&mut app, "model.layers.1");
+    assert!(press_async(&mut app, &[ch('d')]).is_empty());
+    select(&mut app, "model.layers.0");
+    assert_eq!(app.queued.len(), 1);
+    finish_work(&mut app, effects);
+    assert!(app.busy.is_none() && app.queued.is_empty());
+    assert!(!frame(&app, 120, 40).contains("re-totalling"));
+    let cycle = app.device_cycle();
+    let next = |p: Placement| {
+        cycle[(cycle.iter().position(|&c| c == p).expect("in cycle") + 1) % cycle.len()]
+    };
+    assert_eq!(placement(&app, layer0), next(before0));
+    assert_eq!(
+        placement(&app, layer1),
+        next(before1),
+        "the waiting `d` moved the row it was pressed on, not the one selected now"
+    );
+    // The tree's totals are those of the new map.
+    let node = app.tree.tensor_node[app.ckpt.index_of(layer0).expect("id")];
+    assert_eq!(app.tree.nodes[node].single_placement(), Some(next(before0)));
+    // Two undos pressed together: the second waits for the first.
+    let effects = press_async(&mut app, &[ch('u'), ch('u')]);
+    assert_eq!(effects.len(), 1, "one edit at a time");
+    finish_work(&mut app, effects);
+    assert_eq!(
+        (placement(&app, layer0), placement(&app, layer1)),
+        (before0, before1)
+    );
+}
+
+/// The save preview is computed off the UI thread; one for an older edit that lands
+/// after a newer one started is dropped.
+#[test]
+fn the_save_preview_runs_off_the_ui_thread_and_late_results_are_dropped() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let opened = press_async(&mut app, &[ch('s')]);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(d.preview.plan.is_none() && d.preview_pending.is_some());
+    assert!(frame(&app, 120, 40).contains("checking…"));
+    // A new size, and the quiet time passes before the first preview lands.
+    press_async(&mut app, &[ctrl('u')]);
+    press_async(&mut app, &text("1KB"));
+    let newer = app.handle(Action::Tick(app.clock + PREVIEW_DELAY));
+    assert_eq!(newer.len(), 1);
+    finish_work(&mut app, opened);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(
+        d.preview.plan.is_none(),
+        "the preview of the old size is dropped"
+    );
+    finish_work(&mut app, newer);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(d.preview_pending.is_none());
+    assert!(
+        d.preview.shard_sizes.len() > 1,
+        "{:?}",
+        d.preview.shard_sizes
+    );
+    assert!(!frame(&app, 120, 40).contains("checking…"));
+}
+
+/// `p` plans off the UI thread; Esc while it runs drops the plan.
+#[test]
+fn planning_runs_off_the_ui_thread_and_esc_drops_it() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let map_before = app.ckpt.device_map.clone();
+    press(&mut app, &[ch('p'), ctrl('u')]);
+    press(&mut app, &text("0=3KB,cpu=3KB"));
+    let work = press_async(&mut app, &[key(KeyCode::Enter)]);
+    assert!(matches!(work.as_slice(), [Effect::Compute(_)]));
+    assert!(matches!(app.mode, Mode::Plan(_)), "the dialog waits");
+    assert!(frame(&app, 120, 40).contains("planning…"));
+    press_async(&mut app, &[key(KeyCode::Esc)]);
+    finish_work(&mut app, work);
+    assert_eq!(app.mode, Mode::Browse);
+    assert_eq!(
+        app.ckpt.device_map, map_before,
+        "a dropped plan changes nothing"
+    );
+    assert!(app.busy.is_none() && app.undo.is_empty());
 }
 
 #[test]

@@ -37,11 +37,19 @@ enum Event {
     Gpus(Vec<GpuInfo>, Option<String>),
     Save(SaveEvent),
     Verify(Action),
+    /// The result of an `Effect::Compute`.
+    Worked(Action),
+    /// SIGTERM, SIGHUP or SIGINT arrived (the flag is set too): wakes the loop, which
+    /// otherwise sleeps until input when nothing moves.
+    Terminated,
 }
 
 /// How often the screen may redraw for input, and for background progress alone.
 const FRAME: Duration = Duration::from_millis(16);
 const PROGRESS_FRAME: Duration = Duration::from_millis(250);
+/// How long the loop sleeps when nothing moves on screen: it wakes for events (keys,
+/// the memory sampler) or for a frame it owes, never to poll.
+const IDLE_WAIT: Duration = Duration::from_secs(3600);
 
 /// Whether colours are wanted: `NO_COLOR` set to anything non-empty turns them off.
 pub fn color_wanted() -> bool {
@@ -230,6 +238,21 @@ impl Runtime {
                     let error = std::fs::write(&path, contents).err().map(|e| e.to_string());
                     app.handle(Action::Written { path, error })
                 }
+                Effect::Compute(work) => {
+                    let tx = self.tx.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("devmap-work".into())
+                        .spawn(move || {
+                            let _ = tx.send(Event::Worked(work.run()));
+                        });
+                    match spawned {
+                        Ok(_) => Vec::new(),
+                        Err(e) => {
+                            app.work_not_started(&e.to_string());
+                            Vec::new()
+                        }
+                    }
+                }
                 Effect::Quit => {
                     self.quit = true;
                     Vec::new()
@@ -267,6 +290,7 @@ fn event_loop(
     let start = Instant::now();
     let mut last_draw: Option<Instant> = None;
     let terminated = crate::sys::catch_termination();
+    spawn_termination(runtime.tx.clone());
     terminal.draw(|f| ui::draw(&app, f))?;
     // A deliberate panic, for the test that the terminal is restored on panic.
     assert!(
@@ -281,7 +305,11 @@ fn event_loop(
         // Wake for whichever comes first: the frame a pending change is due in (so the
         // state after the last key is always drawn, even when it came inside the
         // throttle), the App's deferred work, or the slow tick.
-        let mut wait = PROGRESS_FRAME;
+        let mut wait = if app.animating() {
+            PROGRESS_FRAME
+        } else {
+            IDLE_WAIT
+        };
         if dirty {
             let interval = if urgent { FRAME } else { PROGRESS_FRAME };
             let since = last_draw.map_or(interval, |t| t.elapsed());
@@ -376,7 +404,7 @@ fn drain(
     };
     let mut urgent = false;
     let deferred_due = app.wake_at().is_some_and(|at| start.elapsed() >= at);
-    let mut any = first.is_some() || app.save_running() || deferred_due;
+    let mut any = first.is_some() || app.animating() || deferred_due;
     app.handle(Action::Tick(start.elapsed()));
     for event in first.into_iter().chain(rx.try_iter()) {
         let action = match event {
@@ -392,9 +420,14 @@ fn drain(
                 urgent = true;
                 Some(Action::Resize { width, height })
             }
-            Event::Terminal(_) => None,
+            // A signal only wakes the loop: the flag it set is read after the drain.
+            Event::Terminal(_) | Event::Terminated => None,
             Event::Memory(s) => Some(Action::Memory(s)),
             Event::Gpus(g, note) => Some(Action::Gpus(g, note)),
+            Event::Worked(action) => {
+                urgent = true;
+                Some(action)
+            }
             Event::Verify(action) => {
                 urgent |= matches!(action, Action::Verified(_));
                 Some(action)
@@ -428,12 +461,37 @@ fn spawn_input(tx: Sender<Event>) {
         });
 }
 
+/// Forwards termination signals to the loop as events, so a sleeping loop wakes for
+/// them (the handlers `sys::catch_termination` installs only set a flag).
+fn spawn_termination(tx: Sender<Event>) {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGTERM, SIGHUP, SIGINT]) else {
+        return;
+    };
+    let _ = std::thread::Builder::new()
+        .name("devmap-signals".into())
+        .spawn(move || {
+            for _ in signals.forever() {
+                if tx.send(Event::Terminated).is_err() {
+                    break;
+                }
+            }
+        });
+}
+
+/// Whether the samplers keep ticking. `DEVMAP_DEBUG_NO_TICKS` makes each send one
+/// reading and stop, so only input wakes the screen: the tmux test uses it to check
+/// that the last key's frame is drawn without a later tick to carry it.
+fn ticks_wanted() -> bool {
+    std::env::var_os("DEVMAP_DEBUG_NO_TICKS").is_none()
+}
+
 fn spawn_memory(tx: Sender<Event>, mut source: impl MemorySource + 'static) {
     let _ = std::thread::Builder::new()
         .name("devmap-memory".into())
         .spawn(move || {
             loop {
-                if tx.send(Event::Memory(source.sample())).is_err() {
+                if tx.send(Event::Memory(source.sample())).is_err() || !ticks_wanted() {
                     break;
                 }
                 std::thread::sleep(SAMPLE_INTERVAL);
@@ -451,7 +509,7 @@ fn spawn_gpus(tx: Sender<Event>) {
             loop {
                 let gpus = source.gpus();
                 let note = source.note();
-                if tx.send(Event::Gpus(gpus, note)).is_err() {
+                if tx.send(Event::Gpus(gpus, note)).is_err() || !ticks_wanted() {
                     break;
                 }
                 std::thread::sleep(Duration::from_secs(1));

@@ -16,7 +16,7 @@ pub enum PathKind {
     Other,
 }
 
-pub trait Probe: Send {
+pub trait Probe: Send + Sync {
     /// Every reason `devmap save` would refuse `plan` with `options` before writing.
     fn save_problems(
         &self,

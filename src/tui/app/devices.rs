@@ -1,10 +1,9 @@
 //! Ties, device edits (`d`) and re-planning (`p`).
 
-use std::sync::Arc;
-
 use super::{
-    Action, App, DeviceMap, Mode, Placement, PlanDialog, Tone, covers, edit_text, is_edit,
+    Action, App, DeviceMap, Effect, Mode, Placement, PlanDialog, Tone, covers, edit_text, is_edit,
 };
+use crate::model::checkpoint::Checkpoint;
 
 impl App {
     pub(super) fn jump_tie(&mut self) {
@@ -46,45 +45,46 @@ impl App {
     }
 
     /// Puts `map` in place of the current one, remembering the current one for `u`.
-    pub(super) fn edit_map(&mut self, map: Option<DeviceMap>) {
+    /// The totals follow off the UI thread (see `work`).
+    pub(super) fn edit_map(&mut self, map: Option<DeviceMap>) -> Vec<Effect> {
         let before = self.ckpt.device_map.clone();
         self.undo.push(before);
         self.redo.clear();
-        self.show_map(map);
+        self.start_map_work(map)
     }
 
-    fn show_map(&mut self, map: Option<DeviceMap>) {
-        Arc::make_mut(&mut self.ckpt).apply_device_map(map);
-        self.tree.recompute(&self.ckpt);
-        self.warnings = self.ckpt.all_warnings();
-        self.map_edited = true;
-    }
-
-    pub(super) fn undo_map(&mut self) {
+    pub(super) fn undo_map(&mut self) -> Vec<Effect> {
         let Some(earlier) = self.undo.pop() else {
             self.say("nothing to undo", Tone::Info);
-            return;
+            return Vec::new();
         };
         self.redo.push(self.ckpt.device_map.clone());
-        self.show_map(earlier);
         self.say(
             "undid the last device-map edit (Ctrl-R redoes it)",
             Tone::Info,
         );
+        self.start_map_work(earlier)
     }
 
-    pub(super) fn redo_map(&mut self) {
+    pub(super) fn redo_map(&mut self) -> Vec<Effect> {
         let Some(later) = self.redo.pop() else {
             self.say("nothing to redo", Tone::Info);
-            return;
+            return Vec::new();
         };
         self.undo.push(self.ckpt.device_map.clone());
-        self.show_map(later);
         self.say("redid the device-map edit", Tone::Info);
+        self.start_map_work(later)
     }
 
-    pub(super) fn cycle_device(&mut self) {
-        let Some(node) = self.selected() else { return };
+    pub(super) fn cycle_device(&mut self) -> Vec<Effect> {
+        match self.selected() {
+            Some(node) => self.cycle_device_of(node),
+            None => Vec::new(),
+        }
+    }
+
+    /// Moves `node`'s module to the next device in [`App::device_cycle`].
+    pub(super) fn cycle_device_of(&mut self, node: super::NodeId) -> Vec<Effect> {
         let n = &self.tree.nodes[node];
         let current = n.split.iter().max_by_key(|(_, b)| *b).map(|(p, _)| *p);
         let cycle = self.device_cycle();
@@ -107,7 +107,7 @@ impl App {
             .collect();
         map = DeviceMap::new(kept);
         map.set(key.clone(), next);
-        self.edit_map(Some(map));
+        let effects = self.edit_map(Some(map));
         let shown = if key.is_empty() {
             "the whole model".to_owned()
         } else {
@@ -117,6 +117,7 @@ impl App {
             format!("{shown} → {next}; w exports the edited map"),
             Tone::Info,
         );
+        effects
     }
 
     // ----- planning -----
@@ -163,10 +164,14 @@ impl App {
         });
     }
 
-    pub(super) fn plan_dialog(&mut self, action: Action) {
+    pub(super) fn plan_dialog(&mut self, action: Action) -> Vec<Effect> {
         let Mode::Plan(dialog) = &mut self.mode else {
-            return;
+            return Vec::new();
         };
+        // One plan at a time; the dialog waits for it (Esc drops it).
+        if self.busy.is_some() && action != Action::Close {
+            return Vec::new();
+        }
         match action {
             ref edit if is_edit(edit) => {
                 self.cursor = edit_text(&mut dialog.budgets, self.cursor, edit);
@@ -182,28 +187,30 @@ impl App {
                             no_split: Vec::new(),
                             dtype: None,
                         };
-                        match crate::plan::plan(&self.ckpt, &options) {
-                            Err(e) => dialog.error = Some(e.to_string()),
-                            Ok(planned) => self.apply_plan(planned, &spec),
-                        }
+                        dialog.error = None;
+                        return self.start_plan_work(options, spec);
                     }
                 }
             }
             _ => {}
         }
+        Vec::new()
     }
 
-    /// Replaces the map with a plan and lists what moved.
-    pub(super) fn apply_plan(&mut self, planned: crate::plan::Planned, spec: &str) {
-        let before: Vec<Placement> = self.ckpt.tensors().iter().map(|t| t.placement).collect();
-        let totals_before = self.ckpt.device_totals();
-        self.edit_map(Some(planned.map));
+    /// Lists what a plan, now in place, moved from the checkpoint as it was `before`.
+    pub(super) fn show_plan_result(
+        &mut self,
+        before: &Checkpoint,
+        planned: &crate::plan::Planned,
+        spec: &str,
+    ) {
+        let totals_before = before.device_totals();
         let moved = self
             .ckpt
             .tensors()
             .iter()
-            .zip(&before)
-            .filter(|(t, b)| t.placement != **b)
+            .zip(before.tensors())
+            .filter(|(t, b)| t.placement != b.placement)
             .count();
         let mut lines = vec![format!(
             "accelerate's plan for {spec}: {moved} of {} tensors move",

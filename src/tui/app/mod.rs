@@ -9,6 +9,9 @@ mod save;
 pub use save::{PREVIEW_DELAY, dtype_label};
 mod search;
 mod verify;
+mod work;
+
+pub use work::{Busy, MapApplied, Work};
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -121,9 +124,19 @@ pub enum Action {
         path: PathBuf,
         error: Option<String>,
     },
+    /// A device map applied off the UI thread (after `d`, `u`, `Ctrl-R` or `p`).
+    MapApplied(Arc<MapApplied>),
+    /// The plan of `p` could not be made.
+    PlanFailed(String),
+    /// The save preview computed off the UI thread, for the edit numbered `generation`
+    /// (an older one is dropped).
+    PreviewReady {
+        generation: u64,
+        preview: Box<Preview>,
+    },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Effect {
     StartSave {
         ckpt: Arc<Checkpoint>,
@@ -142,6 +155,8 @@ pub enum Effect {
         path: PathBuf,
         contents: String,
     },
+    /// Run this on another thread and hand its result back to the App.
+    Compute(Work),
     Quit,
 }
 
@@ -195,6 +210,8 @@ pub struct SaveDialog {
     /// When the preview is recomputed after the last edit: typing waits for nothing,
     /// and the plan and file checks run once the keys stop (or on Enter).
     pub preview_due: Option<Duration>,
+    /// The preview being computed off the UI thread (its generation), if one is.
+    pub preview_pending: Option<u64>,
 }
 
 /// What the save would do with the dialog's values, recomputed on every edit.
@@ -298,7 +315,8 @@ pub struct App {
     /// Shared with a running save, which reads it on its own thread; an edit while
     /// a save runs copies it once (`Arc::make_mut`).
     pub ckpt: Arc<Checkpoint>,
-    pub tree: ModuleTree,
+    /// Shared with work that re-totals it off the UI thread.
+    pub tree: Arc<ModuleTree>,
     pub rows: TreeRows,
     pub mode: Mode,
     pub warnings: Vec<crate::model::warning::Warning>,
@@ -334,8 +352,16 @@ pub struct App {
     pub budgets: Budgets,
     pub gpus: Vec<GpuInfo>,
     pub gpu_note: Option<String>,
-    /// Every file-system question the App asks goes through here.
-    probe: Box<dyn Probe>,
+    /// Every file-system question the App asks goes through here (also from the
+    /// preview's thread).
+    probe: Arc<dyn Probe>,
+    /// Work running off the UI thread that the map waits for.
+    pub busy: Option<Busy>,
+    /// Keys that read or change the map, waiting for `busy` to end, each with the row
+    /// selected when it was pressed.
+    pub queued: VecDeque<(Action, Option<NodeId>)>,
+    /// Numbers save previews, so a late one for an older edit is dropped.
+    pub preview_generation: u64,
 }
 
 /// What each device can hold, where known. Filled by the runtime (free disk is a
@@ -381,7 +407,7 @@ impl App {
         let warnings = ckpt.all_warnings();
         App {
             ckpt: Arc::new(ckpt),
-            tree,
+            tree: Arc::new(tree),
             rows,
             mode: Mode::Browse,
             warnings,
@@ -408,7 +434,10 @@ impl App {
             budgets: Budgets::default(),
             gpus: Vec::new(),
             gpu_note: None,
-            probe,
+            probe: Arc::from(probe),
+            busy: None,
+            queued: VecDeque::new(),
+            preview_generation: 0,
         }
     }
 
@@ -511,7 +540,15 @@ impl App {
         let effects = match action {
             Action::Tick(now) => {
                 self.clock = now;
-                self.refresh_preview_if_due();
+                self.refresh_preview_if_due()
+            }
+            Action::MapApplied(applied) => self.on_map_applied(applied),
+            Action::PlanFailed(why) => self.on_plan_failed(why),
+            Action::PreviewReady {
+                generation,
+                preview,
+            } => {
+                self.on_preview_ready(generation, *preview);
                 Vec::new()
             }
             Action::Resize { width, height } => {
@@ -591,10 +628,7 @@ impl App {
                 Vec::new()
             }
             Mode::Confirm(_) => self.confirm(action),
-            Mode::Plan(_) => {
-                self.plan_dialog(action);
-                Vec::new()
-            }
+            Mode::Plan(_) => self.plan_dialog(action),
             Mode::PlanResult(_) => {
                 match action {
                     Action::Close | Action::Submit | Action::Quit => {
@@ -666,6 +700,10 @@ impl App {
     }
 
     fn browse_tree(&mut self, action: Action) -> Vec<Effect> {
+        if self.busy.is_some() && Self::waits_for_map(&action) {
+            self.queue(action);
+            return Vec::new();
+        }
         let page = self.tree_height().max(1) as isize;
         match action {
             Action::Up => self.rows.move_by(-1),
@@ -706,10 +744,10 @@ impl App {
             Action::NextMatch => self.step_match(1),
             Action::PrevMatch => self.step_match(-1),
             Action::JumpTie => self.jump_tie(),
-            Action::CycleDevice => self.cycle_device(),
+            Action::CycleDevice => return self.cycle_device(),
             Action::StartExport => self.open_export(),
             Action::StartPlan => self.open_plan(),
-            Action::OpenSave => self.open_save(),
+            Action::OpenSave => return self.open_save(),
             Action::Help => self.mode = Mode::Help,
             Action::ShowWarnings => self.mode = Mode::Warnings,
             Action::Quit => {
@@ -735,8 +773,8 @@ impl App {
                     self.message = None;
                 }
             }
-            Action::Undo => self.undo_map(),
-            Action::Redo => self.redo_map(),
+            Action::Undo => return self.undo_map(),
+            Action::Redo => return self.redo_map(),
             Action::Click { column, row } => self.click(column, row),
             _ => {}
         }

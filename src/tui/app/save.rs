@@ -13,10 +13,10 @@ use crate::save::SaveError;
 pub const PREVIEW_DELAY: std::time::Duration = std::time::Duration::from_millis(150);
 
 impl App {
-    pub(super) fn open_save(&mut self) {
+    pub(super) fn open_save(&mut self) -> Vec<Effect> {
         if self.save_running() {
             self.say("a save is already running", Tone::Info);
-            return;
+            return Vec::new();
         }
         let out = self.beside_model("-saved").display().to_string();
         // The values of last time in this session, or the defaults.
@@ -28,10 +28,13 @@ impl App {
             dtype: crate::save::plan::DtypeChoice::Auto,
             preview: Preview::default(),
             preview_due: None,
+            preview_pending: None,
         });
         dialog.field = Field::ShardSize;
-        dialog.preview = self.preview(&dialog);
+        dialog.preview = Preview::default();
+        dialog.preview_due = Some(self.clock);
         self.mode = Mode::SaveDialog(Box::new(dialog));
+        self.refresh_preview_if_due()
     }
 
     pub(super) fn save_dialog(&mut self, action: Action) -> Vec<Effect> {
@@ -104,18 +107,38 @@ impl App {
         Vec::new()
     }
 
-    /// Recomputes the save preview once the keys have stopped for [`PREVIEW_DELAY`].
-    pub(super) fn refresh_preview_if_due(&mut self) {
+    /// Starts the save preview off the UI thread once the keys have stopped for
+    /// [`PREVIEW_DELAY`]; the dialog shows the last preview, marked as being checked,
+    /// until it lands.
+    pub(super) fn refresh_preview_if_due(&mut self) -> Vec<Effect> {
         let Mode::SaveDialog(dialog) = &self.mode else {
-            return;
+            return Vec::new();
         };
-        if dialog.preview_due.is_some_and(|due| self.clock >= due) {
-            let snapshot = (**dialog).clone();
-            let preview = self.preview(&snapshot);
-            if let Mode::SaveDialog(dialog) = &mut self.mode {
-                dialog.preview = preview;
-                dialog.preview_due = None;
+        if dialog.preview_due.is_none_or(|due| self.clock < due) {
+            return Vec::new();
+        }
+        let input = self.preview_input(dialog);
+        self.preview_generation += 1;
+        let generation = self.preview_generation;
+        if let Mode::SaveDialog(dialog) = &mut self.mode {
+            dialog.preview_due = None;
+            dialog.preview_pending = Some(generation);
+        }
+        vec![Effect::Compute(super::Work::new("checking", move || {
+            Action::PreviewReady {
+                generation,
+                preview: Box::new(input.compute()),
             }
+        }))]
+    }
+
+    /// A preview landed: shown if it is for the latest edit of the open dialog.
+    pub(super) fn on_preview_ready(&mut self, generation: u64, preview: Preview) {
+        if let Mode::SaveDialog(dialog) = &mut self.mode
+            && dialog.preview_pending == Some(generation)
+        {
+            dialog.preview = preview;
+            dialog.preview_pending = None;
         }
     }
 
@@ -125,6 +148,7 @@ impl App {
             let mut kept = (**dialog).clone();
             kept.preview = Preview::default();
             kept.preview_due = None;
+            kept.preview_pending = None;
             self.last_save_dialog = Some(kept);
         }
     }
@@ -152,84 +176,21 @@ impl App {
     }
 
     /// Plans the save for the dialog's values: what it would write, and every reason
-    /// it would be refused (the same checks `devmap save` makes).
+    /// it would be refused (the same checks `devmap save` makes). On the calling
+    /// thread: the dialog's own preview runs through [`App::refresh_preview_if_due`].
     pub fn preview(&self, dialog: &SaveDialog) -> Preview {
-        let mut preview = Preview {
-            memory: SAVE_MEMORY,
-            ..Preview::default()
-        };
-        let options = match self.options_for(dialog) {
-            Ok(o) => o,
-            Err(e) => {
-                preview.errors.push(e);
-                return preview;
-            }
-        };
-        let plan = match crate::save::plan(&self.ckpt, &options) {
-            Ok(p) => p,
-            Err(SaveError::Unsaveable(problems)) => {
-                preview.errors = problems;
-                return preview;
-            }
-            Err(e) => {
-                preview.errors = vec![e.to_string()];
-                return preview;
-            }
-        };
-        preview.errors = self
-            .probe
-            .save_problems(&self.ckpt, &plan, &options)
-            .into_iter()
-            .map(in_tui_words)
-            .collect();
-        preview.offer_overwrite = !dialog.overwrite && self.probe.has_entries(&options.out);
-        preview.shard_sizes = plan
-            .shards
-            .iter()
-            .map(crate::save::plan::ShardPlan::file_bytes)
-            .collect();
-        preview.largest.clone_from(&plan.largest_tensor);
-        preview.bytes = plan.file_bytes();
-        preview.tensors = plan.tensor_count();
-        preview.ties_once.clone_from(&plan.dropped_ties);
-        preview.cast_to = plan.cast_to;
-        let need = plan.memory_need(&self.ckpt, options.jobs);
-        preview.memory = need.bytes;
-        preview.memory_parts = need.parts.join(", ");
-        let merged = plan.merged_count();
-        if merged > 0 {
-            let mut adapters: Vec<String> = self
-                .ckpt
-                .merges
-                .values()
-                .flatten()
-                .map(|m| m.adapter.to_string())
-                .collect();
-            adapters.sort();
-            adapters.dedup();
-            preview.lora = Some((adapters, merged));
+        self.preview_input(dialog).compute()
+    }
+
+    /// Everything the preview reads, owned, so it can run on another thread.
+    fn preview_input(&self, dialog: &SaveDialog) -> PreviewInput {
+        PreviewInput {
+            ckpt: Arc::clone(&self.ckpt),
+            probe: Arc::clone(&self.probe),
+            options: self.options_for(dialog),
+            overwrite: dialog.overwrite,
+            memory: self.memory.back().copied(),
         }
-        if let Some(sample) = self.memory.back()
-            && sample.available < preview.memory * 4
-        {
-            preview.warnings.push(format!(
-                "only {} of RAM is free; the save needs about {}",
-                crate::human_bytes(sample.available),
-                crate::human_bytes(preview.memory)
-            ));
-        }
-        if let Some(&largest) = preview.shard_sizes.iter().max()
-            && let Some(sample) = self.memory.back()
-            && sample.available < largest
-        {
-            preview.warnings.push(format!(
-                "a shard-at-a-time save (transformers) would need {} of RAM, more than the {} free; devmap streams and does not",
-                crate::human_bytes(largest),
-                crate::human_bytes(sample.available)
-            ));
-        }
-        preview.plan = Some(plan);
-        preview
     }
 
     pub(super) fn start_save(&mut self) -> Vec<Effect> {
@@ -433,4 +394,94 @@ fn in_tui_words(problem: String) -> String {
         "pass --force to write into it",
         "press Ctrl-O to write into it",
     )
+}
+
+/// The save preview's inputs: a snapshot of the App taken when the keys stopped.
+struct PreviewInput {
+    ckpt: Arc<crate::model::checkpoint::Checkpoint>,
+    probe: Arc<dyn crate::tui::probe::Probe>,
+    options: Result<SaveOptions, String>,
+    overwrite: bool,
+    memory: Option<crate::monitor::MemorySample>,
+}
+
+impl PreviewInput {
+    fn compute(self) -> Preview {
+        let mut preview = Preview {
+            memory: SAVE_MEMORY,
+            ..Preview::default()
+        };
+        let options = match self.options {
+            Ok(o) => o,
+            Err(e) => {
+                preview.errors.push(e);
+                return preview;
+            }
+        };
+        let plan = match crate::save::plan(&self.ckpt, &options) {
+            Ok(p) => p,
+            Err(SaveError::Unsaveable(problems)) => {
+                preview.errors = problems;
+                return preview;
+            }
+            Err(e) => {
+                preview.errors = vec![e.to_string()];
+                return preview;
+            }
+        };
+        preview.errors = self
+            .probe
+            .save_problems(&self.ckpt, &plan, &options)
+            .into_iter()
+            .map(in_tui_words)
+            .collect();
+        preview.offer_overwrite = !self.overwrite && self.probe.has_entries(&options.out);
+        preview.shard_sizes = plan
+            .shards
+            .iter()
+            .map(crate::save::plan::ShardPlan::file_bytes)
+            .collect();
+        preview.largest.clone_from(&plan.largest_tensor);
+        preview.bytes = plan.file_bytes();
+        preview.tensors = plan.tensor_count();
+        preview.ties_once.clone_from(&plan.dropped_ties);
+        preview.cast_to = plan.cast_to;
+        let need = plan.memory_need(&self.ckpt, options.jobs);
+        preview.memory = need.bytes;
+        preview.memory_parts = need.parts.join(", ");
+        let merged = plan.merged_count();
+        if merged > 0 {
+            let mut adapters: Vec<String> = self
+                .ckpt
+                .merges
+                .values()
+                .flatten()
+                .map(|m| m.adapter.to_string())
+                .collect();
+            adapters.sort();
+            adapters.dedup();
+            preview.lora = Some((adapters, merged));
+        }
+        if let Some(sample) = self.memory.as_ref()
+            && sample.available < preview.memory * 4
+        {
+            preview.warnings.push(format!(
+                "only {} of RAM is free; the save needs about {}",
+                crate::human_bytes(sample.available),
+                crate::human_bytes(preview.memory)
+            ));
+        }
+        if let Some(&largest) = preview.shard_sizes.iter().max()
+            && let Some(sample) = self.memory.as_ref()
+            && sample.available < largest
+        {
+            preview.warnings.push(format!(
+                "a shard-at-a-time save (transformers) would need {} of RAM, more than the {} free; devmap streams and does not",
+                crate::human_bytes(largest),
+                crate::human_bytes(sample.available)
+            ));
+        }
+        preview.plan = Some(plan);
+        preview
+    }
 }

@@ -37,6 +37,9 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
         ])
     };
     let p = &d.preview;
+    // The preview below is for the values before the last edit until the new one lands.
+    let checking = (d.preview_due.is_some() || d.preview_pending.is_some())
+        .then(|| format!("{} checking…", super::spinner(app.clock)));
     let mut lines = vec![
         field("shard size", &d.size, d.field == Field::ShardSize, true),
         Line::from(Span::styled(
@@ -55,6 +58,9 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
         ),
         Line::from(""),
     ];
+    if let Some(checking) = checking {
+        lines.push(Line::from(Span::styled(checking, theme.dim())));
+    }
     if p.plan.is_some() {
         let sizes = summarize_sizes(&p.shard_sizes);
         lines.push(Line::from(format!(
@@ -287,6 +293,7 @@ fn wrap_words(text: &str, width: usize) -> Vec<String> {
 pub fn plan(
     d: &PlanDialog,
     cursor: Option<usize>,
+    busy: Option<String>,
     frame: &mut Frame<'_>,
     area: Rect,
     theme: Theme,
@@ -310,6 +317,9 @@ pub fn plan(
     ];
     if let Some(e) = &d.error {
         lines.push(Line::from(Span::styled(e.clone(), theme.bad())));
+    }
+    if let Some(busy) = busy {
+        lines.push(Line::from(Span::styled(busy, theme.warn())));
     }
     lines.push(Line::from(Span::styled(
         "Enter plan  Ctrl-U clear  Esc cancel",

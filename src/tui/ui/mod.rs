@@ -51,7 +51,16 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
         Mode::Help => dialogs::help(frame, area, theme),
         Mode::Warnings => dialogs::warnings(app, frame, area, theme),
         Mode::Confirm(c) => dialogs::confirm(c, frame, area, theme),
-        Mode::Plan(d) => dialogs::plan(d, app.cursor, frame, area, theme),
+        Mode::Plan(d) => dialogs::plan(
+            d,
+            app.cursor,
+            app.busy
+                .as_ref()
+                .map(|b| format!("{} {}…", spinner(app.clock), b.what)),
+            frame,
+            area,
+            theme,
+        ),
         Mode::PlanResult(lines) => {
             dialogs::plan_result(lines, app.result_scroll, frame, area, theme);
         }
@@ -123,7 +132,25 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         )),
         (mode, _) => Line::from(Span::styled(keys::hint(mode), theme.dim())),
     };
+    let line = match &app.busy {
+        // Work the map waits for: said first, so it shows at any width.
+        Some(busy) => {
+            let mut spans = vec![Span::styled(
+                format!("{} {}… ", spinner(app.clock), busy.what),
+                theme.warn(),
+            )];
+            spans.extend(line.spans);
+            Line::from(spans)
+        }
+        None => line,
+    };
     frame.render_widget(Paragraph::new(line), area);
+}
+
+/// One frame of a braille spinner, turning ten times a second with the app's clock.
+pub fn spinner(clock: std::time::Duration) -> &'static str {
+    const SPINNER: [&str; 8] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧"];
+    SPINNER[(clock.as_millis() / 100) as usize % SPINNER.len()]
 }
 
 /// A bordered block with a title.
@@ -189,8 +216,6 @@ fn wrapped_rows(lines: &[Line<'_>], width: u16) -> u16 {
 
 /// The screen while a model opens: its name, a spinner and the time so far.
 pub fn loading(frame: &mut Frame<'_>, what: &str, elapsed: std::time::Duration) {
-    const SPINNER: [&str; 8] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧"];
-    let tick = (elapsed.as_millis() / 100) as usize % SPINNER.len();
     let area = frame.area();
     let text = vec![
         Line::from(Span::styled(
@@ -200,7 +225,7 @@ pub fn loading(frame: &mut Frame<'_>, what: &str, elapsed: std::time::Duration) 
         Line::from(""),
         Line::from(format!(
             " {} opening {} … {:.1} s",
-            SPINNER[tick],
+            spinner(elapsed),
             crate::text::escaped(what),
             elapsed.as_secs_f64()
         )),

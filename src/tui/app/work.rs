@@ -1,0 +1,226 @@
+//! Work that can take longer than a frame on a big model — re-totalling the tree after
+//! a device-map edit (`d`, `u`, `Ctrl-R`), planning (`p`), the save preview — runs off
+//! the UI thread. The App hands it to the runtime as [`Effect::Compute`] and keeps
+//! drawing and taking keys; the result comes back as an [`Action`].
+//!
+//! Map edits run one at a time, each on the map the previous one left: keys that read or
+//! change the map while one runs wait in a queue and are replayed when it lands.
+//! Navigation, search and scrolling never wait.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::{Action, App, Effect, Mode, Tone};
+use crate::model::checkpoint::Checkpoint;
+use crate::model::tree::ModuleTree;
+use crate::model::warning::Warning;
+use crate::types::placement::DeviceMap;
+
+/// A computation for another thread, and the Action its result comes back as.
+pub struct Work {
+    /// What the user is waiting for, in words ("re-totalling").
+    pub what: &'static str,
+    job: Box<dyn FnOnce() -> Action + Send>,
+}
+
+impl Work {
+    pub fn new(what: &'static str, job: impl FnOnce() -> Action + Send + 'static) -> Work {
+        Work {
+            what,
+            job: Box::new(job),
+        }
+    }
+
+    /// Does the work (on whatever thread calls this) and returns its result.
+    pub fn run(self) -> Action {
+        (self.job)()
+    }
+}
+
+impl fmt::Debug for Work {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Work({})", self.what)
+    }
+}
+
+/// A device map applied to a copy of the checkpoint, with the tree and warnings that go
+/// with it: what the UI swaps in when the work lands.
+#[derive(Debug, Clone)]
+pub struct MapApplied {
+    pub ckpt: Arc<Checkpoint>,
+    pub tree: Arc<ModuleTree>,
+    pub warnings: Vec<Warning>,
+    /// The plan that made the map (`p`), for its summary.
+    pub plan: Option<(crate::plan::Planned, String)>,
+}
+
+/// The same result: the same checkpoint copy (the copy is never compared field by field).
+impl PartialEq for MapApplied {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.ckpt, &other.ckpt) && Arc::ptr_eq(&self.tree, &other.tree)
+    }
+}
+
+/// Applies `map` to a copy of `ckpt` and re-totals a copy of `tree`.
+pub fn apply_map(
+    ckpt: &Checkpoint,
+    tree: &ModuleTree,
+    map: Option<DeviceMap>,
+) -> (Arc<Checkpoint>, Arc<ModuleTree>, Vec<Warning>) {
+    let mut ckpt = ckpt.clone();
+    ckpt.apply_device_map(map);
+    let mut tree = tree.clone();
+    tree.recompute(&ckpt);
+    let warnings = ckpt.all_warnings();
+    (Arc::new(ckpt), Arc::new(tree), warnings)
+}
+
+/// Work in flight, shown in the status line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Busy {
+    pub what: &'static str,
+    pub since: std::time::Duration,
+}
+
+impl App {
+    /// Whether `action` reads or changes the device map, and so must wait for a map
+    /// edit that is still being applied.
+    pub(super) fn waits_for_map(action: &Action) -> bool {
+        matches!(
+            action,
+            Action::CycleDevice
+                | Action::Undo
+                | Action::Redo
+                | Action::StartExport
+                | Action::StartPlan
+                | Action::OpenSave
+                | Action::Quit
+        )
+    }
+
+    /// Starts applying `map` off the UI thread: the tree keeps its old totals, marked
+    /// as being re-totalled, until the result lands.
+    pub(super) fn start_map_work(&mut self, map: Option<DeviceMap>) -> Vec<Effect> {
+        let ckpt = Arc::clone(&self.ckpt);
+        let tree = Arc::clone(&self.tree);
+        self.busy = Some(Busy {
+            what: "re-totalling",
+            since: self.clock,
+        });
+        vec![Effect::Compute(Work::new("re-totalling", move || {
+            let (ckpt, tree, warnings) = apply_map(&ckpt, &tree, map);
+            Action::MapApplied(Arc::new(MapApplied {
+                ckpt,
+                tree,
+                warnings,
+                plan: None,
+            }))
+        }))]
+    }
+
+    /// Plans for `spec` off the UI thread; the plan dialog stays open meanwhile.
+    pub(super) fn start_plan_work(
+        &mut self,
+        options: crate::plan::PlanOptions,
+        spec: String,
+    ) -> Vec<Effect> {
+        let ckpt = Arc::clone(&self.ckpt);
+        let tree = Arc::clone(&self.tree);
+        self.busy = Some(Busy {
+            what: "planning",
+            since: self.clock,
+        });
+        vec![Effect::Compute(Work::new(
+            "planning",
+            move || match crate::plan::plan(&ckpt, &options) {
+                Err(e) => Action::PlanFailed(e.to_string()),
+                Ok(planned) => {
+                    let (ckpt, tree, warnings) = apply_map(&ckpt, &tree, Some(planned.map.clone()));
+                    Action::MapApplied(Arc::new(MapApplied {
+                        ckpt,
+                        tree,
+                        warnings,
+                        plan: Some((planned, spec)),
+                    }))
+                }
+            },
+        ))]
+    }
+
+    /// A map edit landed: swap it in, then replay the keys that waited for it.
+    pub(super) fn on_map_applied(&mut self, applied: Arc<MapApplied>) -> Vec<Effect> {
+        self.busy = None;
+        let applied = Arc::unwrap_or_clone(applied);
+        if let Some((planned, spec)) = applied.plan {
+            // The plan dialog was closed while planning: the plan is dropped.
+            if matches!(self.mode, Mode::Plan(_)) {
+                let before = Arc::clone(&self.ckpt);
+                self.undo.push(self.ckpt.device_map.clone());
+                self.redo.clear();
+                self.swap_in(applied.ckpt, applied.tree, applied.warnings);
+                self.show_plan_result(&before, &planned, &spec);
+            }
+        } else {
+            self.swap_in(applied.ckpt, applied.tree, applied.warnings);
+        }
+        self.replay_queued()
+    }
+
+    pub(super) fn on_plan_failed(&mut self, why: String) -> Vec<Effect> {
+        self.busy = None;
+        if let Mode::Plan(dialog) = &mut self.mode {
+            dialog.error = Some(why);
+        } else {
+            self.say(format!("plan failed: {why}"), Tone::Bad);
+        }
+        self.replay_queued()
+    }
+
+    /// The runtime could not start a thread for the work: nothing will land, so stop
+    /// waiting for it (the keys that waited are dropped with it).
+    pub fn work_not_started(&mut self, why: &str) {
+        self.busy = None;
+        self.queued.clear();
+        if let Mode::SaveDialog(dialog) = &mut self.mode {
+            dialog.preview_pending = None;
+        }
+        self.say(format!("could not start a worker thread: {why}"), Tone::Bad);
+    }
+
+    fn swap_in(&mut self, ckpt: Arc<Checkpoint>, tree: Arc<ModuleTree>, warnings: Vec<Warning>) {
+        self.ckpt = ckpt;
+        self.tree = tree;
+        self.warnings = warnings;
+        self.map_edited = true;
+    }
+
+    /// Whether something on screen moves by itself (a save's progress, a spinner), so
+    /// the runtime redraws now and then without input.
+    pub fn animating(&self) -> bool {
+        self.save_running()
+            || self.verify_running()
+            || self.busy.is_some()
+            || matches!(&self.mode, Mode::SaveDialog(d) if d.preview_pending.is_some() || d.preview_due.is_some())
+    }
+
+    /// Keeps a key that must wait for the map, with the row it was pressed on (`d`
+    /// moves that row's module even if the selection has moved on since).
+    pub(super) fn queue(&mut self, action: Action) {
+        let node = self.selected();
+        self.queued.push_back((action, node));
+    }
+
+    /// Handles the keys that waited, in order, until one starts another map edit.
+    fn replay_queued(&mut self) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        while self.busy.is_none()
+            && let Some((action, node)) = self.queued.pop_front()
+        {
+            effects.extend(match (action, node) {
+                (Action::CycleDevice, Some(node)) => self.cycle_device_of(node),
+                (action, _) => self.handle(action),
+            });
+        }
+        effects
+    }
+}
