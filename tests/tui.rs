@@ -1246,6 +1246,14 @@ fn search_counts_its_matches_and_esc_puts_the_tree_back() {
         "{:?}",
         app.message
     );
+    // A search that finds nothing: `n` repeats it and says it still finds nothing.
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("no-such-name"));
+    press(&mut app, &[key(KeyCode::Enter), ch('n')]);
+    assert_eq!(
+        app.message.as_ref().map(|m| m.text.as_str()),
+        Some("still no name contains `no-such-name`")
+    );
 }
 
 #[test]

@@ -91,7 +91,13 @@ impl App {
                 self.find_matches(&q);
             }
             if self.matches.is_empty() {
-                self.say("no search yet: press / to search", Tone::Info);
+                // `n` after a search that found nothing repeats it, and says so.
+                let said = if self.last_search.is_empty() {
+                    "no search yet: press / to search".to_owned()
+                } else {
+                    format!("still no name contains `{}`", self.last_search)
+                };
+                self.say(said, Tone::Info);
                 return;
             }
         }
