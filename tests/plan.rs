@@ -389,3 +389,285 @@ fn a_disk_budget_is_accepted_as_accelerate_accepts_it() {
         stdout(&o)
     );
 }
+
+/// Writes `names` (each 64×64 bf16, or [64] for norms and biases) with `config`.
+fn model_of(dir: &Path, names: &[String], config: serde_json::Value) {
+    use devmap::fixtures::FixtureTensor;
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let tensors: Vec<FixtureTensor> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let vector = n.rsplit('.').next() == Some("bias") || n.to_lowercase().contains("norm");
+            let shape: &[u64] = if vector { &[64] } else { &[64, 64] };
+            FixtureTensor::patterned(n, DType::BF16, shape, i as u64)
+        })
+        .collect();
+    let refs: Vec<_> = tensors.iter().collect();
+    write_safetensors(&dir.join("model.safetensors"), &refs).expect("write");
+    write_json(&dir.join("config.json"), &config).expect("config");
+}
+
+/// A T5 checkpoint as transformers 5 saves it: one `shared` embedding (the encoder's and
+/// decoder's `embed_tokens` and `lm_head` are ties of it).
+fn t5(dir: &Path, blocks: usize) {
+    let mut names = vec!["shared.weight".to_owned()];
+    for side in ["encoder", "decoder"] {
+        for b in 0..blocks {
+            let p = format!("{side}.block.{b}.layer");
+            for w in ["q", "k", "v", "o"] {
+                names.push(format!("{p}.0.SelfAttention.{w}.weight"));
+            }
+            names.push(format!("{p}.0.layer_norm.weight"));
+            let ff = if side == "decoder" {
+                for w in ["q", "k", "v", "o"] {
+                    names.push(format!("{p}.1.EncDecAttention.{w}.weight"));
+                }
+                names.push(format!("{p}.1.layer_norm.weight"));
+                2
+            } else {
+                1
+            };
+            names.push(format!("{p}.{ff}.DenseReluDense.wi.weight"));
+            names.push(format!("{p}.{ff}.DenseReluDense.wo.weight"));
+            names.push(format!("{p}.{ff}.layer_norm.weight"));
+        }
+        names.push(format!("{side}.final_layer_norm.weight"));
+    }
+    model_of(
+        dir,
+        &names,
+        serde_json::json!({
+            "architectures": ["T5ForConditionalGeneration"],
+            "model_type": "t5",
+            "d_model": 64,
+            "tie_word_embeddings": true,
+        }),
+    );
+}
+
+/// The order comes from transformers' T5 class: the encoder is defined before the
+/// decoder (by name, `decoder` sorts first), and inside a decoder block cross-attention
+/// comes before its norm and the MLP (a list of three classes keeps its indices).
+#[test]
+fn t5_is_planned_encoder_first_as_its_class_defines_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    t5(tmp.path(), 2);
+    let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
+    // The tied names transformers leaves out are known, tied to `shared`.
+    for name in [
+        "encoder.embed_tokens.weight",
+        "decoder.embed_tokens.weight",
+        "lm_head.weight",
+    ] {
+        let id = ckpt.index_of(name).unwrap_or_else(|| panic!("{name}"));
+        let group = ckpt.tie_group(id).expect("tied");
+        assert_eq!(ckpt.tensors()[group.kept()].name, "shared.weight");
+    }
+    // Room for about half: the encoder (and the shared embedding) on cpu, the decoder
+    // after it on disk.
+    let ckpt = planned(tmp.path(), "cpu=200KB", &[]);
+    assert_eq!(device_of(&ckpt, "shared.weight"), Placement::Cpu);
+    assert_eq!(
+        device_of(&ckpt, "encoder.block.1.layer.1.DenseReluDense.wo.weight"),
+        Placement::Cpu
+    );
+    assert_eq!(
+        device_of(&ckpt, "decoder.final_layer_norm.weight"),
+        Placement::Disk
+    );
+    // Inside a decoder block, as accelerate walks it: in layer 1 cross-attention
+    // before its norm (in layer 0 the norm follows self-attention; collapsing both
+    // indices to one would put the norm first).
+    let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
+    let tree = devmap::plan::order::PlanTree::build(&ckpt, &["none".to_owned()], None);
+    let children = |name: &str| -> Vec<String> {
+        let id = tree
+            .nodes
+            .iter()
+            .position(|n| n.name == name)
+            .unwrap_or_else(|| panic!("{name}"));
+        tree.children_in_order(id)
+            .into_iter()
+            .map(|c| tree.nodes[c].name.clone())
+            .collect()
+    };
+    assert_eq!(
+        children("decoder.block.0.layer.1"),
+        [
+            "decoder.block.0.layer.1.EncDecAttention",
+            "decoder.block.0.layer.1.layer_norm"
+        ]
+    );
+    assert_eq!(children("")[..3], ["shared", "encoder", "decoder"]);
+}
+
+/// BERT's masked-LM head is tied to the word embeddings (transformers does not save
+/// `cls.predictions.decoder.weight`), and its embeddings are never split.
+#[test]
+fn bert_ties_its_head_to_the_embeddings_and_keeps_them_whole() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut names: Vec<String> = [
+        "bert.embeddings.word_embeddings.weight",
+        "bert.embeddings.position_embeddings.weight",
+        "bert.embeddings.token_type_embeddings.weight",
+        "bert.embeddings.LayerNorm.weight",
+        "bert.embeddings.LayerNorm.bias",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    for l in 0..4 {
+        for part in [
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "attention.output.dense",
+            "intermediate.dense",
+            "output.dense",
+        ] {
+            names.push(format!("bert.encoder.layer.{l}.{part}.weight"));
+        }
+    }
+    names.extend(
+        [
+            "cls.predictions.bias",
+            "cls.predictions.transform.dense.weight",
+            "cls.predictions.transform.LayerNorm.weight",
+        ]
+        .map(str::to_owned),
+    );
+    model_of(
+        tmp.path(),
+        &names,
+        serde_json::json!({
+            "architectures": ["BertForMaskedLM"],
+            "model_type": "bert",
+            "hidden_size": 64,
+        }),
+    );
+    let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
+    let head = ckpt
+        .index_of("cls.predictions.decoder.weight")
+        .expect("the tied head is known");
+    let group = ckpt.tie_group(head).expect("tied");
+    assert_eq!(
+        ckpt.tensors()[group.kept()].name,
+        "bert.embeddings.word_embeddings.weight"
+    );
+    // A budget that ends inside the embeddings: they go on together, not split.
+    let ckpt = planned(tmp.path(), "0=20KB,cpu=1MB", &[]);
+    let embeddings: Vec<Placement> = names[..5].iter().map(|n| device_of(&ckpt, n)).collect();
+    assert!(
+        embeddings.iter().all(|&p| p == embeddings[0]),
+        "{embeddings:?}"
+    );
+}
+
+/// An architecture the table lacks plans by name heuristics, and `--explain` says so.
+#[test]
+fn an_unknown_architecture_is_planned_by_heuristics_with_a_note() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    llama(tmp.path(), 2);
+    let config = tmp.path().join("config.json");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        text.replace("LlamaForCausalLM", "HomeGrownForCausalLM"),
+    )
+    .expect("write");
+    let out = devmap(&[
+        "plan",
+        tmp.path().to_str().expect("utf8"),
+        "--max-memory",
+        "cpu=100KB",
+        "--explain",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(
+        said.contains("HomeGrownForCausalLM is not in devmap's architecture table"),
+        "{said}"
+    );
+}
+
+/// transformers 5 loads Mixtral's per-expert tensors fused (`mlp.experts.gate_up_proj`,
+/// `mlp.experts.down_proj`) and renames `block_sparse_moe` to `mlp`: a plan that splits
+/// inside a layer names those runtime modules, never the checkpoint's, and the map
+/// places every per-expert tensor.
+#[test]
+fn moe_plans_name_the_runtime_modules_transformers_loads() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut names: Vec<String> = vec!["model.embed_tokens.weight".into()];
+    for l in 0..3 {
+        let p = format!("model.layers.{l}");
+        for w in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            names.push(format!("{p}.self_attn.{w}.weight"));
+        }
+        names.push(format!("{p}.block_sparse_moe.gate.weight"));
+        for e in 0..4 {
+            for w in ["w1", "w2", "w3"] {
+                names.push(format!("{p}.block_sparse_moe.experts.{e}.{w}.weight"));
+            }
+        }
+        names.push(format!("{p}.input_layernorm.weight"));
+        names.push(format!("{p}.post_attention_layernorm.weight"));
+    }
+    names.push("model.norm.weight".into());
+    names.push("lm_head.weight".into());
+    model_of(
+        tmp.path(),
+        &names,
+        serde_json::json!({
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "tie_word_embeddings": false,
+        }),
+    );
+    let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
+    let planned = plan(
+        &ckpt,
+        &PlanOptions {
+            max_memory: parse_max_memory("0=150KB,cpu=150KB").expect("spec"),
+            no_split: vec!["none".into()],
+            dtype: None,
+        },
+    )
+    .expect("plan");
+    let keys: Vec<&str> = planned
+        .map
+        .entries()
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert!(
+        keys.iter().all(|k| !k.contains("block_sparse_moe")),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().any(|k| k.contains(".mlp.experts")),
+        "the plan splits inside a layer: {keys:?}"
+    );
+    let mut placed = ckpt.clone();
+    placed.apply_device_map(Some(planned.map));
+    for t in placed.tensors() {
+        assert!(
+            matches!(
+                t.placement,
+                Placement::Gpu(0) | Placement::Cpu | Placement::Disk
+            ),
+            "{} is {:?}",
+            t.name,
+            t.placement
+        );
+    }
+    // w1 and w3 are halves of one fused parameter: they go together.
+    for e in 0..4 {
+        let at = |w: &str| {
+            device_of(
+                &placed,
+                &format!("model.layers.1.block_sparse_moe.experts.{e}.{w}.weight"),
+            )
+        };
+        assert_eq!(at("w1"), at("w3"));
+    }
+}

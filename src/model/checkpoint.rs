@@ -377,9 +377,13 @@ impl Checkpoint {
 pub fn place(map: Option<&DeviceMap>, name: &str) -> (Placement, u32) {
     match map {
         None => (Placement::Cpu, NO_KEY),
+        // As stored; with transformers 5's module renames; as a piece of the fused
+        // expert parameter it is loaded into (a map made from the loaded model, or by
+        // `devmap plan`, names that).
         Some(m) => match m
             .locate(name)
             .or_else(|| m.locate(&super::names::runtime_name(name)?))
+            .or_else(|| m.locate(&super::names::expert_piece(name)?.fused))
         {
             Some(hit) => (hit.placement, hit.index as u32),
             None => (Placement::Unmapped, NO_KEY),

@@ -1,6 +1,7 @@
 //! The domain: tensors, their placement and data source, ties, and the module tree.
 //! Built from `formats`; knows nothing of terminals.
 
+pub mod arch;
 pub mod checkpoint;
 pub mod checks;
 pub mod load;

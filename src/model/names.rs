@@ -33,6 +33,78 @@ pub fn runtime_name(name: &str) -> Option<String> {
     })
 }
 
+/// How one model family names the pieces of a fused expert layer in its checkpoint
+/// (transformers 5's `conversion_mapping.py`; see `load::experts`).
+pub struct ExpertTemplate {
+    /// Whether the layer's module has a runtime name of its own ([`MODULE_RENAMES`]:
+    /// Mixtral's `block_sparse_moe` is `mlp`).
+    pub renamed: bool,
+    pub gate: &'static str,
+    pub up: &'static str,
+    pub down: &'static str,
+}
+
+/// `qwen2_moe` (and the model types that reuse it, e.g. `qwen3_moe`), then `mixtral`.
+pub const EXPERT_TEMPLATES: [ExpertTemplate; 2] = [
+    ExpertTemplate {
+        renamed: false,
+        gate: "gate_proj",
+        up: "up_proj",
+        down: "down_proj",
+    },
+    ExpertTemplate {
+        renamed: true,
+        gate: "w1",
+        up: "w3",
+        down: "w2",
+    },
+];
+
+/// Which piece of a fused expert parameter a per-expert checkpoint tensor is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpertPiece {
+    /// The fused runtime parameter: `P.experts.gate_up_proj` or `P.experts.down_proj`.
+    pub fused: String,
+    pub expert: u64,
+    /// 0 gate, 1 up (the halves of `gate_up_proj`, in that order), 2 down.
+    pub part: u8,
+}
+
+/// `P.experts.{e}.gate_proj.weight` (or Mixtral's `block_sparse_moe…w1.weight`) as a
+/// piece of the fused parameter transformers 5 loads it into. Only the name is read:
+/// whether a model is loaded fused is the architecture's to say (`model::arch`).
+pub fn expert_piece(name: &str) -> Option<ExpertPiece> {
+    let rest = name.strip_suffix(".weight")?;
+    let (rest, part_name) = rest.rsplit_once('.')?;
+    let (rest, expert) = rest.rsplit_once('.')?;
+    let expert: u64 = expert.parse().ok()?;
+    let prefix = rest.strip_suffix(".experts")?;
+    EXPERT_TEMPLATES.iter().find_map(|t| {
+        let part = [t.gate, t.up, t.down]
+            .iter()
+            .position(|p| *p == part_name)?;
+        let runtime_prefix = if t.renamed {
+            MODULE_RENAMES.iter().find_map(|(checkpoint, runtime)| {
+                prefix
+                    .strip_suffix(&format!(".{checkpoint}"))
+                    .map(|base| format!("{base}.{runtime}"))
+            })?
+        } else {
+            prefix.to_owned()
+        };
+        let fused = if part == 2 {
+            "down_proj"
+        } else {
+            "gate_up_proj"
+        };
+        Some(ExpertPiece {
+            fused: format!("{runtime_prefix}.experts.{fused}"),
+            expert,
+            part: part as u8,
+        })
+    })
+}
+
 /// The input embedding among `names`: a name ending as an embedding does
 /// ([`EMBEDDING_SUFFIXES`], the commoner ending first, then the shorter name), never a
 /// head. The tensor a tied head shares.

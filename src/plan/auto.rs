@@ -47,6 +47,25 @@ pub enum PlanningError {
     Empty,
 }
 
+/// Where the walk order, no-split modules and ties come from: transformers' own classes
+/// (the architecture table) or, for an architecture the table lacks, name heuristics.
+fn architecture_note(ckpt: &Checkpoint) -> String {
+    let archs = &ckpt.config.architectures;
+    let source = crate::model::arch::source();
+    match (crate::model::arch::lookup(archs), archs.first()) {
+        (Some(_), Some(arch)) => format!(
+            "{arch}: walk order, no-split modules and ties as {source}'s class defines them"
+        ),
+        (None, Some(_)) => format!(
+            "{} is not in devmap's architecture table ({source}): module order and no-split blocks follow name heuristics (embeddings, numbered blocks, norm, head), which may differ from accelerate",
+            archs.join(", ")
+        ),
+        (_, None) => format!(
+            "config.json names no architecture: module order and no-split blocks follow name heuristics ({source}'s table needs `architectures`), which may differ from accelerate"
+        ),
+    }
+}
+
 /// accelerate's device order: GPUs by index, then mps, then cpu, then disk.
 fn device_order(max_memory: &[(Placement, u64)]) -> Vec<Placement> {
     let mut gpus: Vec<Placement> = max_memory
@@ -72,6 +91,10 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
     if options.max_memory.is_empty() {
         return Err(PlanningError::NoDevices);
     }
+    // Planned under the names and layout the loaded model has (see `view`).
+    let view =
+        super::view::runtime_view(ckpt, crate::model::arch::lookup(&ckpt.config.architectures));
+    let ckpt = view.as_ref().unwrap_or(ckpt);
     let tree = PlanTree::build(ckpt, &options.no_split, options.dtype);
     let devices = device_order(&options.max_memory);
     let budget: HashMap<Placement, u64> = options.max_memory.iter().copied().collect();
@@ -101,7 +124,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
     let mut queue: VecDeque<usize> = tree.children_in_order(PlanTree::ROOT).into();
     let mut used: HashMap<Placement, i128> = devices.iter().map(|d| (*d, 0)).collect();
     let mut assigned: Vec<(String, Placement)> = Vec::new();
-    let mut explain = Vec::new();
+    let mut explain = vec![architecture_note(ckpt)];
     let mut current = 0usize;
     let (mut max_layer, mut max_layer_names) = tree.max_layer(queue.iter().copied());
 

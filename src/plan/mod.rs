@@ -3,6 +3,7 @@
 
 pub mod auto;
 pub mod order;
+pub mod view;
 
 pub use auto::{PlanOptions, Planned, PlanningError, plan};
 

@@ -10,6 +10,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::model::DType;
+use crate::model::arch::Arch;
 use crate::model::checkpoint::{Checkpoint, Tensor};
 use crate::model::tree::{ModuleTree, NodeId};
 
@@ -22,6 +23,10 @@ pub struct PlanNode {
     /// Parameters first, then submodules, in definition order.
     pub children: Vec<usize>,
     pub no_split: bool,
+    /// The module has child modules without parameters (`act_fn`), which the tree
+    /// leaves out: accelerate still treats it as having submodules (it can be split
+    /// into its parameters, and is not a "layer" of its own).
+    pub bare_children: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -130,6 +135,16 @@ fn role(tree: &ModuleTree, id: NodeId) -> u8 {
     }
 }
 
+/// A module or tensor name as the loaded model has it (transformers 5 renames some
+/// modules, e.g. Mixtral's `block_sparse_moe` to `mlp`), which is how the architecture
+/// table names it.
+fn runtime_module_name(name: &str) -> String {
+    match crate::model::names::runtime_name(&format!("{name}.")) {
+        Some(renamed) => renamed.trim_end_matches('.').to_owned(),
+        None => name.to_owned(),
+    }
+}
+
 /// `*` matches one whole name component (`model.layers.*`), or any text inside one
 /// (`*.experts.*`, `layers.1*`).
 pub fn pattern_matches(pattern: &str, name: &str) -> bool {
@@ -169,6 +184,7 @@ impl PlanTree {
     pub fn build(ckpt: &Checkpoint, no_split: &[String], dtype: Option<DType>) -> PlanTree {
         let tree = ModuleTree::build(ckpt);
         let order = family_order(&ckpt.config.architectures);
+        let arch = crate::model::arch::lookup(&ckpt.config.architectures);
         let mut nodes = Vec::with_capacity(tree.len());
         let mut by_name = HashMap::with_capacity(tree.len());
         let mut counted_ties = HashSet::new();
@@ -178,6 +194,7 @@ impl PlanTree {
         fn visit(
             tree: &ModuleTree,
             ckpt: &Checkpoint,
+            arch: Option<&Arch>,
             order: &[&str],
             dtype: Option<DType>,
             id: NodeId,
@@ -189,19 +206,23 @@ impl PlanTree {
             let name = tree.full_name(id);
             let is_param = tree.nodes[id].tensor.is_some();
             let index = nodes.len();
-            let split_rule = match no_split {
-                [] => is_repeated_block(tree, id),
-                [only] if only == "none" => false,
-                patterns => patterns.iter().any(|p| pattern_matches(p, &name)),
+            let split_rule = match (no_split, arch) {
+                ([], Some(arch)) => arch.is_no_split(&runtime_module_name(&name)),
+                ([], None) => is_repeated_block(tree, id),
+                ([only], _) if only == "none" => false,
+                (patterns, _) => patterns.iter().any(|p| pattern_matches(p, &name)),
             };
+            let bare_children =
+                !is_param && arch.is_some_and(|a| a.has_bare_children(&runtime_module_name(&name)));
             nodes.push(PlanNode {
                 name: name.clone(),
                 is_param,
                 size: 0,
                 children: Vec::new(),
                 no_split: split_rule && !is_param,
+                bare_children,
             });
-            by_name.insert(name, index);
+            by_name.insert(name.clone(), index);
             if let Some(t) = tree.nodes[id].tensor {
                 let first_of_group = match ckpt.tie_group(t) {
                     Some(g) => counted_ties.insert(g.kept()),
@@ -215,15 +236,22 @@ impl PlanTree {
                 return index;
             }
             let mut kids: Vec<NodeId> = tree.nodes[id].children.clone();
-            // Parameters first (weight before bias), then modules by role; the sort is
-            // stable, so module order breaks ties within a role.
-            kids.sort_by_key(|&c| {
+            // An architecture in the table: accelerate's own walk order, names it does
+            // not have after. Otherwise parameters first (weight before bias), then
+            // modules by role; the sort is stable, so module order breaks ties within a
+            // role.
+            kids.sort_by_cached_key(|&c| {
                 let n = &tree.nodes[c];
-                if n.tensor.is_some() {
+                let known = arch.and_then(|a| {
+                    let child = format!("{name}.{}", n.name);
+                    a.position(&runtime_module_name(child.trim_start_matches('.')))
+                });
+                let heuristic = if n.tensor.is_some() {
                     (0u8, (u8::from(&*n.name != "weight"), 0))
                 } else {
                     (1, rank(tree, c, order))
-                }
+                };
+                (known.unwrap_or(u32::MAX), heuristic)
             });
             let mut children = Vec::with_capacity(kids.len());
             let mut size = 0;
@@ -231,6 +259,7 @@ impl PlanTree {
                 let ci = visit(
                     tree,
                     ckpt,
+                    arch,
                     order,
                     dtype,
                     c,
@@ -249,6 +278,7 @@ impl PlanTree {
         visit(
             &tree,
             ckpt,
+            arch,
             order,
             dtype,
             ModuleTree::ROOT,
@@ -272,7 +302,9 @@ impl PlanTree {
     /// A module accelerate would split: it has submodules and is not no-split.
     pub fn splittable(&self, id: usize) -> bool {
         let n = &self.nodes[id];
-        !n.is_param && !n.no_split && n.children.iter().any(|&c| !self.nodes[c].is_param)
+        !n.is_param
+            && !n.no_split
+            && (n.bare_children || n.children.iter().any(|&c| !self.nodes[c].is_param))
     }
 
     /// accelerate's `get_max_layer_size`: the largest "layer" (a module without
@@ -290,7 +322,9 @@ impl PlanTree {
                 .copied()
                 .filter(|&c| !self.nodes[c].is_param)
                 .collect();
-            if n.is_param || submodules.is_empty() || n.no_split {
+            // A module whose only submodules hold no parameters is no layer: accelerate
+            // looks at its (empty) submodules and never at its own parameters.
+            if n.is_param || (submodules.is_empty() && !n.bare_children) || n.no_split {
                 if n.size > best {
                     best = n.size;
                     names = vec![n.name.clone()];

@@ -83,6 +83,51 @@ def families():
         num_attention_heads=4,
         max_position_embeddings=64,
     )
+    yield from more_families()
+
+
+def more_families():
+    """The rest of issue 11's eleven: each a different shape of model (Gemma's scaled
+    norms, Phi's final_layernorm, OPT's decoder with the final norm defined before the
+    layers, BERT's masked-LM head tied to the embeddings, T5's encoder-decoder with one
+    shared embedding, Mixtral's and Qwen3-MoE's experts)."""
+    from transformers import (
+        BertConfig,
+        GemmaConfig,
+        MixtralConfig,
+        OPTConfig,
+        PhiConfig,
+        Qwen3MoeConfig,
+        T5Config,
+    )
+
+    small = dict(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=6, num_attention_heads=4)
+    yield "gemma", GemmaConfig(**small, num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
+    yield "phi", PhiConfig(**small, max_position_embeddings=64)
+    yield "opt", OPTConfig(
+        vocab_size=512, hidden_size=64, ffn_dim=176, num_hidden_layers=6, num_attention_heads=4,
+        max_position_embeddings=64, word_embed_proj_dim=64,
+    )
+    yield "bert", BertConfig(**small, max_position_embeddings=64)
+    yield "t5", T5Config(vocab_size=512, d_model=64, d_kv=16, d_ff=176, num_layers=6, num_decoder_layers=6, num_heads=4)
+    yield "mixtral", MixtralConfig(
+        **small, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+    )
+    yield "qwen3_moe", Qwen3MoeConfig(
+        **small, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+        max_position_embeddings=64, head_dim=16,
+    )
+
+
+def model_class(config):
+    """The head each family is used with: causal LM, masked LM (BERT), seq2seq (T5)."""
+    from transformers import AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+    if config.model_type == "bert":
+        return AutoModelForMaskedLM
+    if config.model_type == "t5":
+        return AutoModelForSeq2SeqLM
+    return AutoModelForCausalLM
 
 
 def main(devmap):
@@ -150,9 +195,10 @@ def check_family(devmap, family, config, store=torch.bfloat16, load=None):
     work = tempfile.mkdtemp(prefix=f"devmap-plan-{family}-")
     torch.manual_seed(0)
     src = os.path.join(work, "src")
-    AutoModelForCausalLM.from_config(config).to(store).save_pretrained(src)
+    auto = model_class(config)
+    auto.from_config(config).to(store).save_pretrained(src)
     with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=store)
+        model = auto.from_config(config, torch_dtype=store)
     model.tie_weights()
     names = list(model.state_dict().keys())
     total = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -13,33 +13,8 @@
 
 use super::draft::Draft;
 use crate::model::checkpoint::{ByteRange, Source};
-use crate::model::names::MODULE_RENAMES;
+use crate::model::names::{EXPERT_TEMPLATES, ExpertTemplate, MODULE_RENAMES};
 use crate::types::dtype::DType;
-
-/// How one model family names the pieces of a fused expert layer in its checkpoint.
-struct Template {
-    /// Whether the layer's module has a runtime name of its own
-    /// (`names::MODULE_RENAMES`: Mixtral's `block_sparse_moe` is `mlp`).
-    renamed: bool,
-    gate: &'static str,
-    up: &'static str,
-    down: &'static str,
-}
-
-const TEMPLATES: [Template; 2] = [
-    Template {
-        renamed: false,
-        gate: "gate_proj",
-        up: "up_proj",
-        down: "down_proj",
-    },
-    Template {
-        renamed: true,
-        gate: "w1",
-        up: "w3",
-        down: "w2",
-    },
-];
 
 /// If the offload entry `name` is a fused expert tensor whose per-expert pieces all
 /// exist in the checkpoint with the shapes the layout implies, points each of them at
@@ -65,12 +40,12 @@ pub(super) fn unfuse(
     if experts * rows * cols * size != range.len {
         return None;
     }
-    for Template {
+    for ExpertTemplate {
         renamed,
         gate,
         up,
         down,
-    } in TEMPLATES
+    } in EXPERT_TEMPLATES
     {
         let prefix = if renamed {
             let checkpoint_prefix = MODULE_RENAMES.iter().find_map(|(checkpoint, runtime)| {

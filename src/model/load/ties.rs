@@ -18,6 +18,9 @@ pub(super) fn config_ties(
     map: Option<&DeviceMap>,
     warnings: &mut Vec<Warning>,
 ) -> Vec<Vec<String>> {
+    if let Some(arch) = crate::model::arch::lookup(&config.architectures) {
+        return table_ties(arch, config, draft, warnings);
+    }
     if !config.tie_word_embeddings {
         return Vec::new();
     }
@@ -59,6 +62,84 @@ pub(super) fn config_ties(
         }
     }
     ties
+}
+
+/// The ties transformers' class makes (from the architecture table): every group with
+/// a member in the checkpoint, the members the checkpoint leaves out added as tied
+/// copies (transformers saves one name of each group). A group that needs
+/// `tie_word_embeddings` applies only when the config ties them.
+fn table_ties(
+    arch: &crate::model::arch::Arch,
+    config: &ModelConfig,
+    draft: &mut Draft,
+    warnings: &mut Vec<Warning>,
+) -> Vec<Vec<String>> {
+    let mut groups = Vec::new();
+    for tie in &arch.ties {
+        if tie.needs_tied_word_embeddings && !config.tie_word_embeddings {
+            continue;
+        }
+        // Ties inside repeated blocks (`*`) are not expanded: no shipped model saves
+        // them apart.
+        if tie.members.iter().any(|m| m.split('.').any(|c| c == "*")) {
+            continue;
+        }
+        let names: Vec<String> = tie
+            .members
+            .iter()
+            .map(|m| checkpoint_name(m, draft))
+            .collect();
+        // The tensor kept on save: the first member the checkpoint holds (the table
+        // lists the one transformers keeps first).
+        let Some(kept) = names.iter().find_map(|n| draft.find(n)) else {
+            continue;
+        };
+        let mut group = vec![draft.tensors[kept].name.clone()];
+        let mut mismatch = false;
+        for name in &names {
+            if *name == group[0] {
+                continue;
+            }
+            match draft.find(name) {
+                Some(t) if draft.tensors[t].shape != draft.tensors[kept].shape => {
+                    warnings.push(Warning::TieShapesDiffer {
+                        head: name.clone(),
+                        head_shape: format!("{:?}", draft.tensors[t].shape),
+                        embedding: group[0].clone(),
+                        embedding_shape: format!("{:?}", draft.tensors[kept].shape),
+                    });
+                    mismatch = true;
+                }
+                Some(_) => group.push(name.clone()),
+                None => {
+                    let kept_now = draft.find(&group[0]).unwrap_or(kept);
+                    add_tied_copy(draft, name, kept_now);
+                    group.push(name.clone());
+                }
+            }
+        }
+        if !mismatch {
+            groups.push(group);
+        }
+    }
+    groups
+}
+
+/// A runtime name from the architecture table as this checkpoint writes it: as is, or
+/// with a module transformers 5 renames on load (Mixtral's `block_sparse_moe`, `mlp`
+/// at run time) under its checkpoint name when the checkpoint has that tensor.
+fn checkpoint_name(runtime: &str, draft: &Draft) -> String {
+    if draft.find(runtime).is_some() {
+        return runtime.to_owned();
+    }
+    crate::model::names::MODULE_RENAMES
+        .iter()
+        .find_map(|(checkpoint, renamed)| {
+            let from = format!(".{renamed}.");
+            let name = runtime.replacen(&from, &format!(".{checkpoint}."), 1);
+            (runtime.contains(&from) && draft.find(&name).is_some()).then_some(name)
+        })
+        .unwrap_or_else(|| runtime.to_owned())
 }
 
 fn add_tied_copy(draft: &mut Draft, name: &str, of: usize) {

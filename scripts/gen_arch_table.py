@@ -1,0 +1,184 @@
+"""Writes src/model/arch_table.txt: for each architecture transformers ships for
+language models (causal LM, seq2seq, masked LM, image-text-to-text), what accelerate's
+`infer_auto_device_map` sees of it, taken from transformers itself by instantiating the
+architecture on the `meta` device from its default config:
+
+- the order accelerate walks the model in: at every module its own parameters first
+  (registration order), then its children (definition order), the indices of a list of
+  one class collapsed to `*` (a list of several classes, like T5's `layer`, keeps them);
+  modules that hold no parameter are left out;
+- which of those modules are never split (their class is in `_no_split_modules`);
+- the tied parameters (`find_tied_parameters`), the one transformers saves first (the
+  source in `_tied_weights_keys`), and whether a tie holds only when the config's
+  `tie_word_embeddings` is true (instantiated both ways).
+
+devmap embeds the file (src/model/arch.rs reads it) and uses it for the planner's
+order and no-split rule and for tie inference. Run where torch and transformers are
+installed:
+
+    python scripts/gen_arch_table.py [OUT]
+
+tests/python/arch_table.py checks the committed file against the installed
+transformers for the families of the planner's acceptance test, in CI.
+
+Format: a header of `#` lines; then blocks, each opened by `= ARCH [ARCH...]` (the
+architectures that share the block), then one line per walk entry, indented one space
+per level below its parent, the last component of its name, ` !` when the module is
+never split, ` ~` when it has a child module without parameters (which accelerate
+still splits it into); then `tie A B [...]` lines (dotted names, `*` for indices), ending with
+` ?` when the tie needs `tie_word_embeddings`.
+"""
+
+import re
+import signal
+import sys
+import warnings
+
+import torch
+import transformers
+from accelerate import init_empty_weights
+from accelerate.utils import find_tied_parameters
+from transformers import AutoConfig
+from transformers.models.auto import modeling_auto
+
+MAPPINGS = [
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+]
+
+
+def collapse(name):
+    return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", name)
+
+
+def walk(model):
+    """({key: (is no-split, has a child without parameters)} in accelerate's order, {real name: key}) for the modules and
+    parameters that hold parameters. A key collapses the index of a list whose members
+    are all one class (`layers.*`); a list of different classes (T5's `layer`: self-
+    attention, cross-attention, feed-forward) keeps its indices."""
+    no_split = set(getattr(model, "_no_split_modules", None) or [])
+    seen = {}
+    keys = {}
+
+    def visit(module, prefix, key):
+        if not any(True for _ in module.parameters()):
+            return
+        if prefix:
+            keys[prefix] = key
+            if key not in seen:
+                # A child without parameters still makes a module splittable for
+                # accelerate (MixtralExperts: gate_up_proj, down_proj and act_fn).
+                bare = any(not any(True for _ in c.parameters()) for _, c in module.named_children())
+                seen[key] = (type(module).__name__ in no_split, bare)
+        for name, _ in module.named_parameters(recurse=False):
+            full = f"{prefix}.{name}" if prefix else name
+            keys[full] = f"{key}.{name}" if key else name
+            seen.setdefault(keys[full], (False, False))
+        children = list(module.named_children())
+        numbered = [c for n, c in children if n.isdigit()]
+        same_class = len({type(c).__name__ for c in numbered}) <= 1
+        for name, child in children:
+            part = "*" if name.isdigit() and same_class else name
+            visit(child, f"{prefix}.{name}" if prefix else name, f"{key}.{part}" if key else part)
+
+    visit(model, "", "")
+    return seen, keys
+
+
+def ties(model, keys):
+    """Tie groups, each with the name transformers keeps when saving first (the source
+    of `_tied_weights_keys`), then the others by name."""
+    declared = getattr(model, "_tied_weights_keys", None)
+    sources = {keys.get(v, collapse(v)) for v in declared.values()} if isinstance(declared, dict) else set()
+    groups = set()
+    for group in find_tied_parameters(model):
+        names = {keys.get(n, collapse(n)) for n in group}
+        groups.add(tuple(sorted(names, key=lambda n: (n not in sources, n))))
+    return groups
+
+
+def instantiate(cls, config):
+    with init_empty_weights(include_buffers=True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = cls._from_config(config)
+    # Outside init_empty_weights: inside it, tying registers a fresh meta parameter
+    # instead of sharing one, and no tie would be found.
+    model.tie_weights()
+    return model
+
+
+def describe(cls, model_type):
+    config = AutoConfig.for_model(model_type)
+    model = instantiate(cls, config)
+    order, keys = walk(model)
+    tied = ties(model, keys)
+    tied_words = getattr(config, "tie_word_embeddings", None)
+    conditional = set()
+    if tied_words is not None:
+        flipped = AutoConfig.for_model(model_type)
+        flipped.tie_word_embeddings = not tied_words
+        flipped_model = instantiate(cls, flipped)
+        other = ties(flipped_model, walk(flipped_model)[1])
+        with_words, without = (tied, other) if tied_words else (other, tied)
+        conditional = with_words - without
+        tied = with_words
+    return order, sorted(tied), conditional
+
+
+def render_block(order, tied, conditional):
+    lines = []
+    for name, (no_split, bare) in order.items():
+        depth = name.count(".")
+        lines.append(" " * depth + name.rsplit(".", 1)[-1] + (" !" if no_split else "") + (" ~" if bare else ""))
+    for group in tied:
+        lines.append("tie " + " ".join(group) + (" ?" if group in conditional else ""))
+    return "\n".join(lines)
+
+
+class TooSlow(Exception):
+    pass
+
+
+def too_slow(signum, frame):
+    raise TooSlow("took over 60 s on the meta device")
+
+
+def main(out):
+    signal.signal(signal.SIGALRM, too_slow)
+    classes = {}
+    for mapping in MAPPINGS:
+        for model_type, names in getattr(modeling_auto, mapping).items():
+            for name in names if isinstance(names, (list, tuple)) else [names]:
+                classes.setdefault(name, model_type)
+    blocks = {}
+    failed = []
+    for name, model_type in sorted(classes.items()):
+        cls = getattr(transformers, name, None)
+        if cls is None:
+            failed.append((name, "not importable"))
+            continue
+        print(name, "...", file=sys.stderr, flush=True)
+        signal.alarm(60)
+        try:
+            body = render_block(*describe(cls, model_type))
+        except Exception as e:  # a default config that cannot instantiate: left out
+            failed.append((name, f"{type(e).__name__}: {str(e)[:80]}"))
+            continue
+        finally:
+            signal.alarm(0)
+        blocks.setdefault(body, []).append(name)
+        print(name, "ok", file=sys.stderr)
+    with open(out, "w") as f:
+        f.write(f"# transformers {transformers.__version__}, torch {torch.__version__}: accelerate's walk order,\n")
+        f.write("# no-split modules and ties per architecture (generated by scripts/gen_arch_table.py)\n")
+        f.write(f"# {sum(len(v) for v in blocks.values())} architectures; {len(failed)} left out (no default config)\n")
+        for body, names in sorted(blocks.items(), key=lambda kv: kv[1][0]):
+            f.write("= " + " ".join(names) + "\n" + body + "\n")
+    for name, why in failed:
+        print(f"left out {name}: {why}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "src/model/arch_table.txt")

@@ -1,0 +1,115 @@
+//! The model as accelerate plans it. transformers 5 loads some checkpoints into another
+//! layout before `device_map="auto"` walks them: a mixture-of-experts layer's
+//! per-expert tensors become two fused parameters (`P.experts.gate_up_proj`
+//! `[E, 2I, H]`, `P.experts.down_proj` `[E, H, I]`) and Mixtral's `block_sparse_moe`
+//! is `mlp`. Planning on the checkpoint's own names would write map keys transformers
+//! does not know (`…block_sparse_moe.experts.3`) once the plan splits inside a layer,
+//! and would walk experts one by one where accelerate sees two parameters. So the
+//! planner walks a view of the checkpoint under runtime names; the map it returns uses
+//! them, and `checkpoint::place` finds per-expert tensors under them.
+
+use std::collections::BTreeMap;
+
+use crate::model::arch::Arch;
+use crate::model::checkpoint::{Checkpoint, NO_KEY, Parts, Source, Tensor};
+use crate::model::names::{expert_piece, runtime_name};
+use crate::types::placement::Placement;
+
+/// The checkpoint under the names and layout the loaded model has, when they differ
+/// (`None`: plan the checkpoint as it is). Only what planning reads is kept: names,
+/// dtypes, shapes, ties and the config.
+pub fn runtime_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint> {
+    let arch = arch?;
+    let fused = fused_experts(ckpt, arch);
+    let renamed = ckpt
+        .tensors()
+        .iter()
+        .any(|t| runtime_name(&t.name).is_some_and(|r| arch.position(&r).is_some()));
+    if fused.is_empty() && !renamed {
+        return None;
+    }
+    let plain = |t: &Tensor| Tensor {
+        name: runtime_name(&t.name)
+            .filter(|r| arch.position(r).is_some())
+            .unwrap_or_else(|| t.name.clone()),
+        placement: Placement::Cpu,
+        map_key: NO_KEY,
+        source: Source::None,
+        ..t.clone()
+    };
+    let mut tensors: Vec<Tensor> = ckpt
+        .tensors()
+        .iter()
+        .filter(|t| expert_piece(&t.name).is_none_or(|piece| !fused.contains_key(&piece.fused)))
+        .map(plain)
+        .collect();
+    for (name, (dtype, shape)) in fused {
+        tensors.push(Tensor {
+            name,
+            dtype,
+            shape: shape.into(),
+            placement: Placement::Cpu,
+            map_key: NO_KEY,
+            source: Source::None,
+            load_dtype: None,
+        });
+    }
+    let ties = ckpt
+        .ties
+        .iter()
+        .map(|g| {
+            g.members
+                .iter()
+                .map(|&m| plain(&ckpt.tensors()[m]).name)
+                .collect()
+        })
+        .collect();
+    Some(Checkpoint::assemble(Parts {
+        dir: ckpt.dir.clone(),
+        tensors,
+        ties,
+        config: ckpt.config.clone(),
+        ..Parts::default()
+    }))
+}
+
+/// A tensor's dtype and dims.
+type Layout = (crate::model::DType, Vec<u64>);
+
+/// The fused parameters the architecture loads per-expert tensors into, with their
+/// dtype and shape: for each, every expert `0..E` must be there with one dtype and one
+/// shape (else that layer is planned as stored).
+fn fused_experts(ckpt: &Checkpoint, arch: &Arch) -> BTreeMap<String, Layout> {
+    // fused name -> (expert, part) -> layout
+    let mut pieces: BTreeMap<String, BTreeMap<(u64, u8), Layout>> = BTreeMap::new();
+    for t in ckpt.tensors() {
+        if let Some(piece) = expert_piece(&t.name)
+            && arch.position(&piece.fused).is_some()
+        {
+            pieces
+                .entry(piece.fused)
+                .or_default()
+                .insert((piece.expert, piece.part), (t.dtype, t.shape.to_vec()));
+        }
+    }
+    let mut fused = BTreeMap::new();
+    for (name, parts) in pieces {
+        let down = name.ends_with(".down_proj");
+        let wanted: &[u8] = if down { &[2] } else { &[0, 1] };
+        let experts = parts.keys().map(|(e, _)| e + 1).max().unwrap_or(0);
+        let Some((dtype, shape)) = parts.values().next().cloned() else {
+            continue;
+        };
+        let complete = parts.len() as u64 == experts * wanted.len() as u64
+            && (0..experts).all(|e| wanted.iter().all(|p| parts.contains_key(&(e, *p))))
+            && parts.values().all(|(d, s)| *d == dtype && *s == shape);
+        let &[rows, cols] = shape.as_slice() else {
+            continue;
+        };
+        if complete {
+            let rows = rows * wanted.len() as u64;
+            fused.insert(name, (dtype, vec![experts, rows, cols]));
+        }
+    }
+    fused
+}

@@ -1,0 +1,71 @@
+"""The committed src/model/arch_table.txt against the installed transformers: for the
+architectures of the planner's acceptance test (and a few more), the block the
+generator writes now must be the block committed (regenerate with
+scripts/gen_arch_table.py after an upgrade). The whole table takes minutes to
+generate; these take seconds.
+
+Usage: python arch_table.py PATH/TO/devmap   (devmap is not needed; kept for symmetry)
+"""
+
+import os
+import sys
+
+import transformers
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
+from gen_arch_table import describe, render_block  # noqa: E402
+
+CHECKED = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "MistralForCausalLM": "mistral",
+    "GemmaForCausalLM": "gemma",
+    "PhiForCausalLM": "phi",
+    "GPT2LMHeadModel": "gpt2",
+    "GPTNeoXForCausalLM": "gpt_neox",
+    "OPTForCausalLM": "opt",
+    "BertForMaskedLM": "bert",
+    "T5ForConditionalGeneration": "t5",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+}
+
+
+def committed_blocks(path):
+    """{architecture: block text} as the file has them."""
+    blocks, names, lines = {}, None, []
+    with open(path) as f:
+        for line in f.read().splitlines():
+            if line.startswith("#"):
+                continue
+            if line.startswith("= "):
+                if names:
+                    for n in names:
+                        blocks[n] = "\n".join(lines)
+                names, lines = line[2:].split(" "), []
+            else:
+                lines.append(line)
+    for n in names or []:
+        blocks[n] = "\n".join(lines)
+    return blocks
+
+
+def main():
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "src", "model", "arch_table.txt")
+    with open(path) as f:
+        header = f.readline()
+    if f"transformers {transformers.__version__}," not in header:
+        raise SystemExit(f"the table is from {header.strip()}; this is transformers {transformers.__version__}: run scripts/gen_arch_table.py")
+    blocks = committed_blocks(path)
+    stale = []
+    for arch, model_type in CHECKED.items():
+        fresh = render_block(*describe(getattr(transformers, arch), model_type))
+        if blocks.get(arch) != fresh:
+            stale.append(arch)
+    if stale:
+        raise SystemExit(f"src/model/arch_table.txt differs from this transformers for {stale}: run scripts/gen_arch_table.py")
+    print(f"ok: {len(CHECKED)} architectures as committed, of {len(blocks)} in the table")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+//! The embedded architecture table (walk order, no-split modules, ties) against the
+//! installed transformers (see tests/python/arch_table.py). Ignored by a bare
+//! `cargo test`; `.ci/run` runs it with the reference libraries.
+
+mod common;
+
+#[test]
+#[ignore = "needs torch, transformers, accelerate: run .ci/run"]
+fn the_architecture_table_is_transformers_own() {
+    let (ok, out, err) = common::run_hf_script("arch_table.py");
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(out.matches("ok: ").count(), 1, "{out}");
+}
