@@ -230,3 +230,44 @@ fn a_device_map_with_runtime_module_names_places_the_checkpoints_experts() {
         }
     }
 }
+
+/// An offload folder used by accelerate (`index.json` + `.dat`) and by transformers 5
+/// (one `<name>.safetensors` per tensor): both are read; one name in both is refused,
+/// naming both files.
+#[test]
+fn per_tensor_files_beside_an_accelerate_index_are_read_and_a_name_in_both_is_refused() {
+    let m = common::mixed_model();
+    let offload = m.dir.join("offload");
+    // Layer 3 is on disk in the map but the index does not hold it.
+    let fresh = FixtureTensor::patterned("model.layers.3.proj.weight", DType::F16, &[16, 16], 777);
+    assert_ne!(m.expected["model.layers.3.proj.weight"].data, fresh.data);
+    write_offload_per_tensor(&offload, std::slice::from_ref(&fresh)).expect("file");
+    let out = m.out("both-forms");
+    let saved = devmap(&[
+        "save",
+        m.dir.to_str().expect("utf8"),
+        "--out",
+        out.to_str().expect("utf8"),
+    ]);
+    assert!(saved.status.success(), "{}", stderr(&saved));
+    let back = common::read_saved(&out);
+    assert_eq!(back["model.layers.3.proj.weight"].data, fresh.data);
+    // Everything else as before, the index's offload values included.
+    for (name, want) in &m.expected {
+        if name != "model.layers.3.proj.weight" {
+            assert_eq!(&back[name], want, "{name}");
+        }
+    }
+    // Layer 9 is in the index (`.dat`); a per-tensor file for it too is refused.
+    let twice = FixtureTensor::patterned("model.layers.9.proj.weight", DType::F16, &[16, 16], 778);
+    write_offload_per_tensor(&offload, &[twice]).expect("file");
+    let inspected = devmap(&["inspect", m.dir.to_str().expect("utf8")]);
+    assert!(!inspected.status.success(), "{}", stdout(&inspected));
+    let err = stderr(&inspected);
+    assert!(
+        err.contains("model.layers.9.proj.weight.safetensors")
+            && err.contains("model.layers.9.proj.weight.dat")
+            && err.contains("twice"),
+        "{err}"
+    );
+}

@@ -5,7 +5,9 @@
 //!    element);
 //! 2. `index.json` entries `{"safetensors_file", "weight_name", "dtype"}` pointing into a
 //!    safetensors file (transformers writes absolute paths);
-//! 3. transformers 5: one `<name>.safetensors` per tensor and no `index.json` on disk.
+//! 3. transformers 5: one `<name>.safetensors` per tensor and no `index.json` on disk —
+//!    or beside an `index.json` of form 1 or 2 (a folder used by both): then both are
+//!    read, and a name in both is an error naming both files.
 
 use std::path::{Path, PathBuf};
 
@@ -48,11 +50,29 @@ pub fn read_offload_folder(
     headers: &mut HeaderCache,
 ) -> Result<Vec<OffloadEntry>, FormatError> {
     let index_path = folder.join(OFFLOAD_INDEX);
-    if std::fs::symlink_metadata(&index_path).is_ok() {
-        read_index(folder, &index_path, model_dir, headers)
-    } else {
-        read_per_tensor_files(folder, headers)
+    if std::fs::symlink_metadata(&index_path).is_err() {
+        return read_per_tensor_files(folder, headers, &[]);
     }
+    // transformers 5 writes per-tensor files into a folder accelerate's index may
+    // already describe: both are read, and one name in both is an error.
+    let mut entries = read_index(folder, &index_path, model_dir, headers)?;
+    let indexed: Vec<PathBuf> = entries.iter().map(|e| e.file.clone()).collect();
+    let loose = read_per_tensor_files(folder, headers, &indexed)?;
+    for entry in &loose {
+        if let Some(other) = entries.iter().find(|e| e.name == entry.name) {
+            return Err(FormatError::tensor(
+                &entry.file,
+                &entry.name,
+                format!(
+                    "the offload folder holds this tensor twice: here and through {} ({}); remove one",
+                    crate::text::path(&index_path),
+                    crate::text::path(&other.file)
+                ),
+            ));
+        }
+    }
+    entries.extend(loose);
+    Ok(entries)
 }
 
 /// A tensor name becomes a file name in form 1 and 3, so it must not leave the folder.
@@ -233,13 +253,28 @@ fn resolve(folder: &Path, model_dir: &Path, file: &str) -> PathBuf {
     if in_model.exists() { in_model } else { beside }
 }
 
+/// Form 3: every `<name>.safetensors` in the folder but the files in `indexed` (those an
+/// `index.json` already points into).
 fn read_per_tensor_files(
     folder: &Path,
     headers: &mut HeaderCache,
+    indexed: &[PathBuf],
 ) -> Result<Vec<OffloadEntry>, FormatError> {
     let files = super::input::safetensors_files(folder)?;
+    // The index may spell a file another way (relative, through a link): compare the
+    // files themselves, each resolved once.
+    let resolve = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let indexed: std::collections::HashSet<PathBuf> = indexed
+        .iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|p| resolve(p))
+        .collect();
     let mut entries = Vec::with_capacity(files.len());
     for path in files {
+        if !indexed.is_empty() && indexed.contains(&resolve(&path)) {
+            continue;
+        }
         let Some(name) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else {
             continue;
         };
