@@ -660,6 +660,28 @@ fn moe_plans_name_the_runtime_modules_transformers_loads() {
             t.placement
         );
     }
+    // inspect names the runtime parameter each per-expert tensor is loaded into.
+    let out = devmap(&["inspect", tmp.path().to_str().expect("utf8"), "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    let loaded_as = |name: &str| {
+        report["tensors"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["name"] == name))
+            .map(|t| t["loaded_as"].clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        loaded_as("model.layers.1.block_sparse_moe.experts.2.w3.weight"),
+        "model.layers.1.mlp.experts.gate_up_proj"
+    );
+    assert_eq!(
+        loaded_as("model.layers.1.block_sparse_moe.gate.weight"),
+        "model.layers.1.mlp.gate.weight"
+    );
+    assert_eq!(
+        loaded_as("model.layers.1.self_attn.q_proj.weight"),
+        serde_json::Value::Null
+    );
     // w1 and w3 are halves of one fused parameter: they go together.
     for e in 0..4 {
         let at = |w: &str| {

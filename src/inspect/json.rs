@@ -34,6 +34,10 @@ struct TensorOut<'a> {
     placement: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     map_key: Option<&'a str>,
+    /// The name the loaded model has for it, where transformers 5 renames or fuses it
+    /// (device maps from a loaded model use this name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    loaded_as: Option<String>,
     source: SourceOut<'a>,
     /// LoRA merges a save applies to it (`--merge-lora`), in order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -96,6 +100,8 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
             bytes: t.bytes(),
             placement: t.placement.to_string(),
             map_key: ckpt.map_key(t),
+            loaded_as: crate::model::arch::loaded_as(&ckpt.config.architectures, &t.name)
+                .map(|(name, _)| name),
             source: match t.source {
                 Source::Checkpoint(r) => SourceOut::Safetensors {
                     file: file(r.file),

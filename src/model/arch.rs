@@ -122,6 +122,24 @@ pub fn lookup(architectures: &[String]) -> Option<&'static Arch> {
         .map(|&i| &t.archs[i])
 }
 
+/// How the loaded model names a checkpoint tensor, when transformers 5 renames or fuses
+/// it on load and the architecture says so: `(runtime name, what part of it)`, e.g.
+/// (`model.layers.1.mlp.experts.gate_up_proj`, `expert 3, gate rows`). Device maps
+/// written from a loaded model use these names.
+pub fn loaded_as(architectures: &[String], name: &str) -> Option<(String, String)> {
+    let arch = lookup(architectures)?;
+    if let Some(piece) = crate::model::names::expert_piece(name)
+        && arch.position(&piece.fused).is_some()
+    {
+        let part = ["gate rows", "up rows", "all"][usize::from(piece.part.min(2))];
+        return Some((piece.fused, format!("expert {}, {part}", piece.expert)));
+    }
+    let renamed = crate::model::names::runtime_name(name)?;
+    arch.position(&renamed)
+        .is_some()
+        .then(|| (renamed, "renamed module".to_owned()))
+}
+
 /// Where the table comes from, for notes: `transformers 5.24.0, torch 2.15.0`.
 pub fn source() -> &'static str {
     table().source

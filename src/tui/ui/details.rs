@@ -54,6 +54,11 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             Span::styled(tensor.placement.to_string(), theme.device(tensor.placement)),
         ]));
         lines.push(kv("because", because(app, app.ckpt.map_key(tensor))));
+        if let Some((runtime, part)) =
+            crate::model::arch::loaded_as(&app.ckpt.config.architectures, &tensor.name)
+        {
+            lines.push(kv("loaded as", format!("{runtime} ({part})")));
+        }
         lines.push(kv("bytes in", source_text(app, tensor.source)));
         if let (Source::Offload(_), Some(old)) = (tensor.source, app.ckpt.checkpoint_range(t)) {
             lines.push(kv(
