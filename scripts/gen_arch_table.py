@@ -128,10 +128,24 @@ def describe(cls, model_type):
 
 
 def render_block(order, tied, conditional):
+    """The walk as an indented tree. A key first met late (layer 3's experts, when layers
+    0-2 are dense and share the collapsed `layers.*.mlp`) goes under its own parent,
+    after that parent's earlier children: siblings keep the order they were met in."""
+    tree = {}
+    for name in order:
+        node = tree
+        for part in name.split("."):
+            node = node.setdefault(part, {})
     lines = []
-    for name, (no_split, bare) in order.items():
-        depth = name.count(".")
-        lines.append(" " * depth + name.rsplit(".", 1)[-1] + (" !" if no_split else "") + (" ~" if bare else ""))
+
+    def emit(node, prefix, depth):
+        for part, children in node.items():
+            name = f"{prefix}.{part}" if prefix else part
+            no_split, bare = order.get(name, (False, False))
+            lines.append(" " * depth + part + (" !" if no_split else "") + (" ~" if bare else ""))
+            emit(children, name, depth + 1)
+
+    emit(tree, "", 0)
     for group in tied:
         lines.append("tie " + " ".join(group) + (" ?" if group in conditional else ""))
     return "\n".join(lines)

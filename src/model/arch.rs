@@ -9,22 +9,43 @@
 //! collapsed to `*` (`model.layers.*.self_attn`). Architectures not in the table fall back to the
 //! heuristics in `plan::order` and `load::ties`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 /// The generated table (see the script for its format).
 const TABLE: &str = include_str!("arch_table.txt");
 
-/// One architecture's facts.
-#[derive(Debug, Default)]
+/// One architecture's facts: a tree of name components (`*` for a collapsed index), in
+/// accelerate's walk order, so a planner walking a model's tree steps through it one
+/// component at a time without building a name.
+#[derive(Debug)]
 pub struct Arch {
-    /// Each collapsed name's place in accelerate's walk.
-    order: HashMap<String, u32>,
-    no_split: HashSet<String>,
-    /// Modules with a child module that holds no parameter (`act_fn`): accelerate
-    /// splits them even when their parameters are their own.
-    bare_children: HashSet<String>,
+    nodes: Vec<Entry>,
     pub ties: Vec<Tie>,
+}
+
+/// A point in an architecture's tree (see [`Arch::step`]).
+pub type Cursor = u32;
+
+#[derive(Debug, Default)]
+struct Entry {
+    children: HashMap<Box<str>, Cursor>,
+    /// Place in accelerate's walk (the root: 0).
+    position: u32,
+    /// Of a `_no_split_modules` class.
+    no_split: bool,
+    /// Has a child module that holds no parameter (`act_fn`): accelerate splits it even
+    /// when its parameters are its own.
+    bare_children: bool,
+}
+
+impl Default for Arch {
+    fn default() -> Arch {
+        Arch {
+            nodes: vec![Entry::default()],
+            ties: Vec::new(),
+        }
+    }
 }
 
 /// Parameters that are one tensor in the loaded model.
@@ -36,43 +57,51 @@ pub struct Tie {
     pub needs_tied_word_embeddings: bool,
 }
 
+/// The table's index: which block each architecture is in. Blocks are parsed when first
+/// looked up (a process needs one or two of the 300), and kept for the process.
 struct Table {
-    archs: Vec<Arch>,
+    /// Each block's text (its lines after the `= …` line).
+    blocks: Vec<&'static str>,
     by_name: HashMap<&'static str, usize>,
     /// The transformers version the table came from (its first line).
     source: &'static str,
 }
 
 fn table() -> &'static Table {
-    static PARSED: OnceLock<Table> = OnceLock::new();
-    PARSED.get_or_init(|| parse(TABLE))
+    static INDEX: OnceLock<Table> = OnceLock::new();
+    INDEX.get_or_init(|| index(TABLE))
 }
 
-fn parse(text: &'static str) -> Table {
-    let mut archs: Vec<Arch> = Vec::new();
-    let mut by_name = HashMap::new();
-    let mut path: Vec<&str> = Vec::new();
+fn index(text: &'static str) -> Table {
     let source = text
         .lines()
         .next()
         .and_then(|l| l.strip_prefix("# "))
         .and_then(|l| l.split(':').next())
         .unwrap_or("transformers");
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        if let Some(names) = line.strip_prefix("= ") {
-            for name in names.split(' ') {
-                by_name.insert(name, archs.len());
-            }
-            archs.push(Arch::default());
-            path.clear();
-            continue;
+    let mut blocks = Vec::new();
+    let mut by_name = HashMap::new();
+    // Split at every line that opens a block; the first piece is the header.
+    for piece in text.split("\n= ").skip(1) {
+        let (names, body) = piece.split_once('\n').unwrap_or((piece, ""));
+        for name in names.split(' ') {
+            by_name.insert(name, blocks.len());
         }
-        let Some(arch) = archs.last_mut() else {
-            continue;
-        };
+        blocks.push(body);
+    }
+    Table {
+        blocks,
+        by_name,
+        source,
+    }
+}
+
+/// Parses one block (see the script for the format).
+fn parse_block(body: &str) -> Arch {
+    let mut arch = Arch::default();
+    // The cursor of the entry at each depth of the current line.
+    let mut path: Vec<Cursor> = Vec::new();
+    for line in body.lines().filter(|l| !l.is_empty()) {
         if let Some(tie) = line.strip_prefix("tie ") {
             let (members, needs) = match tie.strip_suffix(" ?") {
                 Some(m) => (m, true),
@@ -95,31 +124,44 @@ fn parse(text: &'static str) -> Table {
             None => (entry, false),
         };
         path.truncate(depth);
-        path.push(component);
-        let name = path.join(".");
-        if no_split {
-            arch.no_split.insert(name.clone());
+        let parent = path.last().copied().unwrap_or(Arch::ROOT);
+        let next = arch.nodes.len() as Cursor;
+        let at = *arch.nodes[parent as usize]
+            .children
+            .entry(component.into())
+            .or_insert(next);
+        if at == next {
+            arch.nodes.push(Entry {
+                position: next,
+                ..Entry::default()
+            });
         }
-        if bare {
-            arch.bare_children.insert(name.clone());
-        }
-        let at = u32::try_from(arch.order.len()).unwrap_or(u32::MAX);
-        arch.order.entry(name).or_insert(at);
+        let e = &mut arch.nodes[at as usize];
+        e.no_split |= no_split;
+        e.bare_children |= bare;
+        path.push(at);
     }
-    Table {
-        archs,
-        by_name,
-        source,
-    }
+    arch
 }
 
 /// The facts for the first of `architectures` (config.json's list) that the table has.
 pub fn lookup(architectures: &[String]) -> Option<&'static Arch> {
+    static PARSED: std::sync::Mutex<Vec<(usize, &'static Arch)>> =
+        std::sync::Mutex::new(Vec::new());
     let t = table();
-    architectures
+    let block = architectures
         .iter()
-        .find_map(|a| t.by_name.get(a.as_str()))
-        .map(|&i| &t.archs[i])
+        .find_map(|a| t.by_name.get(a.as_str()).copied())?;
+    let mut parsed = PARSED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(&(_, arch)) = parsed.iter().find(|(b, _)| *b == block) {
+        return Some(arch);
+    }
+    // Kept for the process: a handful of blocks at most, each parsed once.
+    let arch: &'static Arch = Box::leak(Box::new(parse_block(t.blocks[block])));
+    parsed.push((block, arch));
+    Some(arch)
 }
 
 /// How the loaded model names a checkpoint tensor, when transformers 5 renames or fuses
@@ -145,57 +187,61 @@ pub fn source() -> &'static str {
     table().source
 }
 
-/// The keys `name` may have in the table: every index collapsed first, then with one
-/// index kept (the last first), and so on — a list of modules of several classes keeps
-/// its indices in the table (T5's `layer.1` is cross-attention, `layer.2` the MLP).
-fn keys(name: &str) -> impl Iterator<Item = String> + '_ {
-    let parts: Vec<&str> = name.split('.').collect();
-    let numbered: Vec<usize> = parts
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()))
-        .map(|(i, _)| i)
-        .collect();
-    // Real names have a few indices; past eight, only the all-collapsed key is tried.
-    let masks: Vec<u32> = if numbered.len() > 8 {
-        vec![0]
-    } else {
-        let mut m: Vec<u32> = (0..1u32 << numbered.len()).collect();
-        // Fewer kept indices first; among equals, the later ones kept first.
-        m.sort_by_key(|&mask| (mask.count_ones(), std::cmp::Reverse(mask)));
-        m
-    };
-    masks.into_iter().map(move |mask| {
-        let mut key = parts.clone();
-        for (bit, &at) in numbered.iter().enumerate() {
-            if mask & (1 << bit) == 0 {
-                key[at] = "*";
-            }
-        }
-        key.join(".")
-    })
-}
-
 impl Arch {
-    /// The place of a (runtime, uncollapsed) name in accelerate's walk, if the
-    /// architecture has it.
+    pub const ROOT: Cursor = 0;
+
+    /// The entry for `component` under `at`. An all-digit component matches a collapsed
+    /// index (`*`, a list of one class) or, in a list of several classes (T5's
+    /// `layer`), itself; a module transformers 5 renames on load (Mixtral's
+    /// `block_sparse_moe`, `mlp` at run time) matches its runtime name.
+    pub fn step(&self, at: Cursor, component: &str) -> Option<Cursor> {
+        let children = &self.nodes.get(at as usize)?.children;
+        if !component.is_empty() && component.bytes().all(|b| b.is_ascii_digit()) {
+            return children
+                .get("*")
+                .or_else(|| children.get(component))
+                .copied();
+        }
+        children.get(component).copied().or_else(|| {
+            crate::model::names::MODULE_RENAMES
+                .iter()
+                .find(|(checkpoint, _)| *checkpoint == component)
+                .and_then(|(_, runtime)| children.get(*runtime).copied())
+        })
+    }
+
+    /// The entry for a dotted name (checkpoint or runtime form).
+    pub fn find(&self, name: &str) -> Option<Cursor> {
+        name.split('.')
+            .try_fold(Self::ROOT, |at, component| self.step(at, component))
+    }
+
+    /// Place in accelerate's walk.
+    pub fn position_at(&self, at: Cursor) -> u32 {
+        self.nodes[at as usize].position
+    }
+
+    pub fn no_split_at(&self, at: Cursor) -> bool {
+        self.nodes[at as usize].no_split
+    }
+
+    pub fn bare_children_at(&self, at: Cursor) -> bool {
+        self.nodes[at as usize].bare_children
+    }
+
+    /// The place of a name in accelerate's walk, if the architecture has it.
     pub fn position(&self, name: &str) -> Option<u32> {
-        keys(name).find_map(|k| self.order.get(&k).copied())
+        self.find(name).map(|at| self.position_at(at))
     }
 
     /// Whether the module `name` is of a class in `_no_split_modules`.
     pub fn is_no_split(&self, name: &str) -> bool {
-        self.key(name).is_some_and(|k| self.no_split.contains(&k))
+        self.find(name).is_some_and(|at| self.no_split_at(at))
     }
 
     /// Whether the module `name` has a child module without parameters.
     pub fn has_bare_children(&self, name: &str) -> bool {
-        self.key(name)
-            .is_some_and(|k| self.bare_children.contains(&k))
-    }
-
-    fn key(&self, name: &str) -> Option<String> {
-        keys(name).find(|k| self.order.contains_key(k))
+        self.find(name).is_some_and(|at| self.bare_children_at(at))
     }
 }
 
@@ -215,14 +261,31 @@ mod tests {
             assert!(lookup(&[arch.to_owned()]).is_some(), "{arch}");
         }
         assert!(source().starts_with("transformers 5."), "{}", source());
+        // DeepSeek-V3's first layers are dense, the rest MoE, under one collapsed
+        // `layers.*.mlp`: the experts met late still nest under `mlp`.
+        let deepseek = lookup(&["DeepseekV3ForCausalLM".to_owned()]).expect("deepseek");
+        assert!(
+            deepseek
+                .find("model.layers.7.mlp.experts.gate_up_proj")
+                .is_some()
+        );
+        assert!(
+            deepseek
+                .find("model.layers.7.post_attention_layernorm.experts")
+                .is_none()
+        );
+        assert!(
+            deepseek.position("model.layers.7.mlp.experts")
+                < deepseek.position("model.layers.7.input_layernorm")
+        );
     }
 
     #[test]
     fn blocks_nest_by_indent_and_mark_no_split_and_ties() {
-        let t = parse(
+        let t = index(
             "# transformers 9.9: test\n= AForX BForX\nmodel\n embed\n  weight\n layers\n  * !\n   proj\n    weight\n   experts ~\n    fused\nhead\n weight\ntie head.weight model.embed.weight ?\n= CForX\nhead\n",
         );
-        let a = &t.archs[t.by_name["BForX"]];
+        let a = parse_block(t.blocks[t.by_name["BForX"]]);
         assert_eq!(t.source, "transformers 9.9");
         assert!(a.position("model.embed.weight") < a.position("model.layers.3.proj"));
         assert!(a.position("model.layers.12.proj.weight") < a.position("head"));
@@ -239,17 +302,18 @@ mod tests {
                 needs_tied_word_embeddings: true
             }]
         );
-        assert_eq!(t.archs[t.by_name["CForX"]].position("head"), Some(0));
+        let c = parse_block(t.blocks[t.by_name["CForX"]]);
+        assert_eq!(c.position("head"), Some(1), "after the root");
     }
 
     #[test]
     fn a_list_of_several_classes_keeps_its_indices() {
         // T5-like: in every block, layer 0 is attention, layer 1 the MLP, each with
         // its own norm after it.
-        let t = parse(
+        let t = index(
             "# transformers 9.9: test\n= T\nblock\n * !\n  layer\n   0\n    attn\n    norm\n   1\n    mlp\n    norm\n",
         );
-        let a = &t.archs[0];
+        let a = parse_block(t.blocks[0]);
         let at = |n: &str| a.position(n).unwrap_or(u32::MAX);
         assert!(at("block.3.layer.0.attn") < at("block.3.layer.0.norm"));
         assert!(at("block.3.layer.0.norm") < at("block.3.layer.1.mlp"));

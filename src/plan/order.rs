@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::model::DType;
-use crate::model::arch::Arch;
+use crate::model::arch::{Arch, Cursor};
 use crate::model::checkpoint::{Checkpoint, Tensor};
 use crate::model::tree::{ModuleTree, NodeId};
 
@@ -135,16 +135,6 @@ fn role(tree: &ModuleTree, id: NodeId) -> u8 {
     }
 }
 
-/// A module or tensor name as the loaded model has it (transformers 5 renames some
-/// modules, e.g. Mixtral's `block_sparse_moe` to `mlp`), which is how the architecture
-/// table names it.
-fn runtime_module_name(name: &str) -> String {
-    match crate::model::names::runtime_name(&format!("{name}.")) {
-        Some(renamed) => renamed.trim_end_matches('.').to_owned(),
-        None => name.to_owned(),
-    }
-}
-
 /// `*` matches one whole name component (`model.layers.*`), or any text inside one
 /// (`*.experts.*`, `layers.1*`).
 pub fn pattern_matches(pattern: &str, name: &str) -> bool {
@@ -194,7 +184,8 @@ impl PlanTree {
         fn visit(
             tree: &ModuleTree,
             ckpt: &Checkpoint,
-            arch: Option<&Arch>,
+            // The architecture, and this node's entry in it (if it has one).
+            arch: Option<(&Arch, Option<Cursor>)>,
             order: &[&str],
             dtype: Option<DType>,
             id: NodeId,
@@ -207,13 +198,13 @@ impl PlanTree {
             let is_param = tree.nodes[id].tensor.is_some();
             let index = nodes.len();
             let split_rule = match (no_split, arch) {
-                ([], Some(arch)) => arch.is_no_split(&runtime_module_name(&name)),
+                ([], Some((arch, at))) => at.is_some_and(|at| arch.no_split_at(at)),
                 ([], None) => is_repeated_block(tree, id),
                 ([only], _) if only == "none" => false,
                 (patterns, _) => patterns.iter().any(|p| pattern_matches(p, &name)),
             };
-            let bare_children =
-                !is_param && arch.is_some_and(|a| a.has_bare_children(&runtime_module_name(&name)));
+            let bare_children = !is_param
+                && arch.is_some_and(|(a, at)| at.is_some_and(|at| a.bare_children_at(at)));
             nodes.push(PlanNode {
                 name: name.clone(),
                 is_param,
@@ -240,12 +231,13 @@ impl PlanTree {
             // not have after. Otherwise parameters first (weight before bias), then
             // modules by role; the sort is stable, so module order breaks ties within a
             // role.
+            let step = |c: NodeId| -> Option<Cursor> {
+                let (a, at) = arch?;
+                a.step(at?, &tree.nodes[c].name)
+            };
             kids.sort_by_cached_key(|&c| {
                 let n = &tree.nodes[c];
-                let known = arch.and_then(|a| {
-                    let child = format!("{name}.{}", n.name);
-                    a.position(&runtime_module_name(child.trim_start_matches('.')))
-                });
+                let known = arch.zip(step(c)).map(|((a, _), at)| a.position_at(at));
                 let heuristic = if n.tensor.is_some() {
                     (0u8, (u8::from(&*n.name != "weight"), 0))
                 } else {
@@ -259,7 +251,7 @@ impl PlanTree {
                 let ci = visit(
                     tree,
                     ckpt,
-                    arch,
+                    arch.map(|(a, _)| (a, step(c))),
                     order,
                     dtype,
                     c,
@@ -278,7 +270,7 @@ impl PlanTree {
         visit(
             &tree,
             ckpt,
-            arch,
+            arch.map(|a| (a, Some(Arch::ROOT))),
             order,
             dtype,
             ModuleTree::ROOT,

@@ -188,8 +188,15 @@ impl App {
     }
 
     fn swap_in(&mut self, ckpt: Arc<Checkpoint>, tree: Arc<ModuleTree>, warnings: Vec<Warning>) {
-        self.ckpt = ckpt;
-        self.tree = tree;
+        let old = (
+            std::mem::replace(&mut self.ckpt, ckpt),
+            std::mem::replace(&mut self.tree, tree),
+        );
+        // Freeing a big model's copy takes milliseconds: not on the UI thread (where no
+        // thread can be had, it is freed here).
+        let _ = std::thread::Builder::new()
+            .name("devmap-free".into())
+            .spawn(move || drop(old));
         self.warnings = warnings;
         self.map_edited = true;
     }
