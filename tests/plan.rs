@@ -693,3 +693,29 @@ fn moe_plans_name_the_runtime_modules_transformers_loads() {
         assert_eq!(at("w1"), at("w3"));
     }
 }
+
+/// A checkpoint whose names are not the ones its architecture's entry describes (here
+/// every name under another top-level module) is planned by the heuristics, repeated
+/// blocks kept whole, rather than with nothing protected.
+#[test]
+fn names_the_table_does_not_describe_fall_back_to_the_heuristics() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let names: Vec<String> = (0..3)
+        .flat_map(|l| {
+            ["q_proj", "k_proj"].map(|w| format!("backbone.layers.{l}.self_attn.{w}.weight"))
+        })
+        .collect();
+    model_of(
+        tmp.path(),
+        &names,
+        serde_json::json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}),
+    );
+    let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
+    let tree = devmap::plan::order::PlanTree::build(&ckpt, &[], None);
+    let layer = tree
+        .nodes
+        .iter()
+        .find(|n| n.name == "backbone.layers.1")
+        .expect("layer");
+    assert!(layer.no_split, "the repeated block stays whole");
+}

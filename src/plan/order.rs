@@ -174,7 +174,14 @@ impl PlanTree {
     pub fn build(ckpt: &Checkpoint, no_split: &[String], dtype: Option<DType>) -> PlanTree {
         let tree = ModuleTree::build(ckpt);
         let order = family_order(&ckpt.config.architectures);
-        let arch = crate::model::arch::lookup(&ckpt.config.architectures);
+        // The table's entry, if the checkpoint's names are the ones it describes (a
+        // checkpoint under other top-level names falls back to the heuristics).
+        let arch = crate::model::arch::lookup(&ckpt.config.architectures).filter(|a| {
+            tree.nodes[ModuleTree::ROOT]
+                .children
+                .iter()
+                .any(|&c| a.step(Arch::ROOT, &tree.nodes[c].name).is_some())
+        });
         let mut nodes = Vec::with_capacity(tree.len());
         let mut by_name = HashMap::with_capacity(tree.len());
         let mut counted_ties = HashSet::new();
@@ -198,7 +205,9 @@ impl PlanTree {
             let is_param = tree.nodes[id].tensor.is_some();
             let index = nodes.len();
             let split_rule = match (no_split, arch) {
-                ([], Some((arch, at))) => at.is_some_and(|at| arch.no_split_at(at)),
+                // A module the table does not know follows the heuristic.
+                ([], Some((arch, Some(at)))) => arch.no_split_at(at),
+                ([], Some((_, None))) => is_repeated_block(tree, id),
                 ([], None) => is_repeated_block(tree, id),
                 ([only], _) if only == "none" => false,
                 (patterns, _) => patterns.iter().any(|p| pattern_matches(p, &name)),
