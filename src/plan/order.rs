@@ -205,10 +205,9 @@ impl PlanTree {
             let is_param = tree.nodes[id].tensor.is_some();
             let index = nodes.len();
             let split_rule = match (no_split, arch) {
-                // A module the table does not know follows the heuristic.
                 ([], Some((arch, Some(at)))) => arch.no_split_at(at),
-                ([], Some((_, None))) => is_repeated_block(tree, id),
-                ([], None) => is_repeated_block(tree, id),
+                // A module the table does not know follows the heuristic.
+                ([], Some((_, None)) | None) => is_repeated_block(tree, id),
                 ([only], _) if only == "none" => false,
                 (patterns, _) => patterns.iter().any(|p| pattern_matches(p, &name)),
             };
