@@ -49,12 +49,15 @@ pub enum PlanningError {
 
 /// Where the walk order, no-split modules and ties come from: transformers' own classes
 /// (the architecture table) or, for an architecture the table lacks, name heuristics.
-fn architecture_note(ckpt: &Checkpoint) -> String {
+fn architecture_note(ckpt: &Checkpoint, from_table: bool) -> String {
     let archs = &ckpt.config.architectures;
     let source = crate::model::arch::source();
     match (crate::model::arch::lookup(archs), archs.first()) {
-        (Some(_), Some(arch)) => format!(
+        (Some(_), Some(arch)) if from_table => format!(
             "{arch}: walk order, no-split modules and ties as {source}'s class defines them"
+        ),
+        (Some(_), Some(arch)) => format!(
+            "{arch} is in devmap's architecture table ({source}), but not under these names: module order and no-split blocks follow name heuristics, which may differ from accelerate"
         ),
         (None, Some(_)) => format!(
             "{} is not in devmap's architecture table ({source}): module order and no-split blocks follow name heuristics (embeddings, numbered blocks, norm, head), which may differ from accelerate",
@@ -124,7 +127,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
     let mut queue: VecDeque<usize> = tree.children_in_order(PlanTree::ROOT).into();
     let mut used: HashMap<Placement, i128> = devices.iter().map(|d| (*d, 0)).collect();
     let mut assigned: Vec<(String, Placement)> = Vec::new();
-    let mut explain = vec![architecture_note(ckpt)];
+    let mut explain = vec![architecture_note(ckpt, tree.from_table)];
     let mut current = 0usize;
     let (mut max_layer, mut max_layer_names) = tree.max_layer(queue.iter().copied());
 

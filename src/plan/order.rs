@@ -33,6 +33,8 @@ pub struct PlanNode {
 pub struct PlanTree {
     pub nodes: Vec<PlanNode>,
     by_name: HashMap<String, usize>,
+    /// Whether the architecture table ordered it (else the name heuristics did).
+    pub from_table: bool,
 }
 
 const EMBEDDINGS: [&str; 6] = [
@@ -287,7 +289,11 @@ impl PlanTree {
             &mut by_name,
             &mut counted_ties,
         );
-        PlanTree { nodes, by_name }
+        PlanTree {
+            nodes,
+            by_name,
+            from_table: arch.is_some(),
+        }
     }
 
     pub fn children_in_order(&self, id: usize) -> Vec<usize> {
