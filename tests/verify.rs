@@ -467,6 +467,31 @@ fn save_verify_checks_what_it_wrote() {
     );
 }
 
+/// `--weights-only` asks for no config.json: verifying that save does not count the
+/// missing config against it (a plain `verify` of the folder still does).
+#[test]
+fn save_weights_only_verify_expects_no_config() {
+    let case = llama(DType::BF16);
+    let o = devmap(&[
+        "save",
+        s(&case.src),
+        "--out",
+        s(&case.out),
+        "--weights-only",
+        "--verify",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no differences"), "{}", stderr(&o));
+    assert!(!case.out.join("config.json").exists());
+    let o = devmap(&["verify", s(&case.out)]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stdout(&o).contains("config.json: is missing"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 #[test]
 fn the_text_report_names_each_difference_and_sums_up() {
     let case = llama(DType::BF16);

@@ -365,7 +365,10 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
     }
     match planned {
         Some(plan) => {
-            let expected = devmap::verify::Expected::from_plan(&ckpt, plan);
+            let mut expected = devmap::verify::Expected::from_plan(&ckpt, plan);
+            if a.weights_only {
+                expected = expected.weights_only();
+            }
             verify::after_save(&report.out, &expected, a.quiet)
         }
         None => Ok(ExitCode::SUCCESS),

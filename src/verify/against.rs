@@ -14,6 +14,8 @@ use crate::save::{SaveError, SaveOptions, SavePlan};
 pub struct Expected<'a> {
     pub(super) ckpt: &'a Checkpoint,
     pub(super) plan: SavePlan,
+    /// Whether the save copies config.json (not with `--weights-only`).
+    copies_config: bool,
 }
 
 impl<'a> Expected<'a> {
@@ -23,21 +25,34 @@ impl<'a> Expected<'a> {
         Ok(Expected {
             ckpt,
             plan: crate::save::plan(ckpt, options)?,
+            copies_config: true,
         })
     }
 
     /// A plan already made (the one a save just wrote).
     pub fn from_plan(ckpt: &'a Checkpoint, plan: SavePlan) -> Expected<'a> {
-        Expected { ckpt, plan }
+        Expected {
+            ckpt,
+            plan,
+            copies_config: true,
+        }
+    }
+
+    /// The save wrote the weights only (`--weights-only`): no config.json is expected.
+    #[must_use]
+    pub fn weights_only(mut self) -> Expected<'a> {
+        self.copies_config = false;
+        self
     }
 
     pub fn dir(&self) -> &Path {
         &self.ckpt.dir
     }
 
-    /// Whether the source has a config.json for the save to copy.
+    /// Whether the save copies a config.json: the source has one, and the save was
+    /// not `--weights-only`.
     pub fn has_config(&self) -> bool {
-        std::fs::symlink_metadata(self.ckpt.dir.join("config.json")).is_ok()
+        self.copies_config && std::fs::symlink_metadata(self.ckpt.dir.join("config.json")).is_ok()
     }
 
     pub(super) fn name(&self, p: &PlannedTensor) -> &str {
