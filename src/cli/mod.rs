@@ -290,10 +290,8 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
         }
         let merged = plan.merged_count();
         if !model.merge_lora.is_empty() {
-            let replaced = ckpt
-                .tensors()
-                .iter()
-                .filter(|t| matches!(t.source, devmap::model::Source::Adapter(_)))
+            let replaced = (0..ckpt.tensors().len())
+                .filter(|&id| ckpt.replaced_by_adapter(id))
                 .count();
             err_line(format!(
                 "  LoRA: {} adapter(s) merged into {merged} tensor(s), {replaced} tensor(s) replaced by adapter values (devmap inspect … --merge-lora lists them)",

@@ -147,12 +147,9 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
 /// What `--merge-lora` changes: every merged tensor with its adapter steps, and every
 /// tensor an adapter replaces.
 fn lora_section(ckpt: &Checkpoint, out: &mut String) {
-    use crate::model::checkpoint::Source;
-    let replaced: Vec<&str> = ckpt
-        .tensors()
-        .iter()
-        .filter(|t| matches!(t.source, Source::Adapter(_)))
-        .map(|t| t.name.as_str())
+    let replaced: Vec<&str> = (0..ckpt.tensors().len())
+        .filter(|&id| ckpt.replaced_by_adapter(id))
+        .map(|id| ckpt.tensors()[id].name.as_str())
         .collect();
     let merged: Vec<usize> = (0..ckpt.tensors().len())
         .filter(|&id| !ckpt.merges_of(id).is_empty())

@@ -321,6 +321,17 @@ impl Checkpoint {
         self.merges.get(&holder).map_or(&[], Vec::as_slice)
     }
 
+    /// Whether an adapter (`--merge-lora`) replaces the tensor's value outright (peft's
+    /// `modules_to_save`, a trained embedding), rather than merging into it.
+    pub fn replaced_by_adapter(&self, id: TensorId) -> bool {
+        matches!(self.tensors[id].source, Source::Adapter(_))
+    }
+
+    /// Whether an adapter changes the tensor on save: merged into, or replaced.
+    pub fn changed_by_adapter(&self, id: TensorId) -> bool {
+        self.replaced_by_adapter(id) || !self.merges_of(id).is_empty()
+    }
+
     /// Registers a file outside the model folder (an adapter's weights) as a source,
     /// returning its id; the same path twice gives the same id.
     pub fn add_source_file(&mut self, path: &Path, len: u64) -> FileId {
