@@ -640,3 +640,38 @@ fn the_inspectors_save_dialog_refuses_a_remote_model() {
     // Enter starts nothing.
     assert!(app.handle(Action::Submit).is_empty());
 }
+
+/// A fetch killed before it cleaned up leaves its header mirror behind; the next fetch
+/// removes mirrors whose devmap is gone, and nothing else.
+#[test]
+fn mirrors_left_by_a_killed_devmap_are_removed_by_the_next_fetch() {
+    let served = serve(ServerOptions::default());
+    let parent = tempfile::tempdir().expect("tmp");
+    // A process that has ended: its pid names the orphan.
+    let mut child = std::process::Command::new("true").spawn().expect("true");
+    let dead = child.id();
+    child.wait().expect("wait");
+    let orphan = parent.path().join(format!("devmap-remote-{dead}-0badf00d"));
+    std::fs::create_dir(&orphan).expect("orphan");
+    std::fs::write(orphan.join("model.safetensors"), b"header").expect("file");
+    // A running devmap's mirror (this process), and a folder only named alike.
+    let live = parent
+        .path()
+        .join(format!("devmap-remote-{}-00000001", std::process::id()));
+    std::fs::create_dir(&live).expect("live");
+    let other = parent.path().join("devmap-remote-notes");
+    std::fs::create_dir(&other).expect("other");
+    let mirror = devmap::remote::fetch(
+        &devmap::remote::Source::Hub {
+            endpoint: served.server.endpoint(),
+            repo: "acme/tiny".into(),
+            revision: "main".into(),
+        },
+        Some(parent.path()),
+        &|_, _| {},
+    )
+    .expect("fetch");
+    assert!(!orphan.exists(), "the orphan is removed");
+    assert!(live.exists() && other.exists());
+    drop(mirror);
+}

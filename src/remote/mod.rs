@@ -384,18 +384,51 @@ fn fetch_header(
     Ok(total)
 }
 
-/// A new, empty folder for a mirror.
+/// Mirror folders are `devmap-remote-PID-NANOS`.
+const MIRROR_PREFIX: &str = "devmap-remote-";
+
+/// A new, empty folder for a mirror. Mirrors left behind by a devmap that was killed
+/// (its process is gone) are removed first.
 fn mirror_dir(parent: Option<&Path>) -> Result<PathBuf, RemoteError> {
     let parent = parent.map_or_else(std::env::temp_dir, Path::to_path_buf);
+    remove_orphaned_mirrors(&parent);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    let dir = parent.join(format!("devmap-remote-{}-{nanos:08x}", std::process::id()));
+    let dir = parent.join(format!("{MIRROR_PREFIX}{}-{nanos:08x}", std::process::id()));
     std::fs::create_dir(&dir).map_err(|source| RemoteError::Mirror {
         path: dir.clone(),
         source,
     })?;
     Ok(dir)
+}
+
+/// Removes the mirror folders in `parent` whose devmap is no longer running (a fetch
+/// killed before its `Mirror` was dropped). Only folders named as mirrors are touched,
+/// and only where `/proc` says the process is gone; elsewhere nothing is removed.
+fn remove_orphaned_mirrors(parent: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(MIRROR_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .filter(|(_, nanos)| nanos.len() == 8 && nanos.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 #[cfg(test)]
