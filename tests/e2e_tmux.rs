@@ -211,6 +211,40 @@ fn the_last_key_is_drawn_without_a_later_tick() {
     assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
 }
 
+/// A remote model opens behind the same "opening …" screen as a local one (its fetch
+/// progress under the spinner, not printed over the terminal first), then the
+/// inspector shows it by its hf:// name.
+#[test]
+fn a_remote_model_opens_in_the_inspector() {
+    use devmap::fixtures::hub_server;
+    if skip_without_tmux("a_remote_model_opens_in_the_inspector") {
+        return;
+    }
+    let m = mixed_model();
+    let www = m.dir.parent().expect("parent").join("www");
+    hub_server::publish(&www, "acme/tiny", "main", &m.dir).expect("publish");
+    let server = hub_server::start(&www, hub_server::ServerOptions::default()).expect("server");
+    let tmux = start(
+        "remote",
+        &wrapped(
+            &format!("HF_ENDPOINT='{}'", server.endpoint()),
+            "hf://acme/tiny",
+        ),
+    );
+    let screen = tmux.wait_for("Modules", Duration::from_secs(20));
+    assert!(screen.contains("hf://acme/tiny"), "{screen}");
+    assert!(
+        !screen.contains("fetching the headers"),
+        "progress belongs to the opening screen, not the inspector:\n{screen}"
+    );
+    tmux.keys(&["q"]);
+    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
+    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
+    // Nothing was printed over the terminal before the inspector took it.
+    assert!(!after.contains("shard header(s) in"), "{after}");
+    assert_restored(&tmux);
+}
+
 fn skip_without_tmux(test: &str) -> bool {
     if tmux_available() {
         return false;

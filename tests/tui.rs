@@ -1797,7 +1797,14 @@ fn tab_completes_paths_then_moves_on() {
 fn the_opening_screen_names_the_model_and_counts_time() {
     let mut terminal = Terminal::new(TestBackend::new(80, 10)).expect("terminal");
     terminal
-        .draw(|f| ui::loading(f, "/models/llama", Duration::from_millis(2_345)))
+        .draw(|f| {
+            ui::loading(
+                f,
+                "/models/llama",
+                Duration::from_millis(2_345),
+                "fetching the headers: 12/160 shard(s)",
+            );
+        })
         .expect("draw");
     let buffer = terminal.backend().buffer().clone();
     let text: String = (0..10)
@@ -1810,4 +1817,9 @@ fn the_opening_screen_names_the_model_and_counts_time() {
         .collect();
     assert!(text.contains("opening /models/llama … 2.3 s"), "{text}");
     assert!(text.contains("q quits"), "{text}");
+    // What the loading thread says (a remote model's fetch) shows under it.
+    assert!(
+        text.contains("fetching the headers: 12/160 shard(s)"),
+        "{text}"
+    );
 }

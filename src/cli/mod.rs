@@ -60,20 +60,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 }
                 demo
             };
-            let remote = remote_source(&dir)?.is_some();
-            if std::io::stdout().is_terminal() && !remote {
-                // The terminal shows "opening …" at once while the model loads.
+            if std::io::stdout().is_terminal() {
+                // The terminal shows "opening …" at once while the model loads (a
+                // remote model's fetch progress under it).
                 let model = args.model.clone();
                 let what = dir.display().to_string();
-                let loaded = devmap::tui::run_loading(&what, move || open(&dir, &model))
-                    .wrap_err("the terminal interface failed")?;
+                let loaded = devmap::tui::run_loading(&what, move |status| {
+                    open_reporting(&dir, &model, &|line| status.set(line))
+                })
+                .wrap_err("the terminal interface failed")?;
                 if let devmap::tui::Loaded::Failed(e) = loaded {
                     return Err(e);
                 }
-            } else if std::io::stdout().is_terminal() {
-                // A remote model prints its fetch progress first.
-                let ckpt = open(&dir, &args.model)?;
-                devmap::tui::run(ckpt).wrap_err("the terminal interface failed")?;
             } else {
                 let ckpt = open(&dir, &args.model)?;
                 // Not a terminal (piped, redirected): the same picture as text.
@@ -88,13 +86,43 @@ pub fn run(args: Args) -> Result<ExitCode> {
 /// (`org/name[@revision]`, when no such path exists), or a remote model (`hf://…`,
 /// `https://…`) read by its headers alone.
 pub(super) fn open(arg: &Path, model: &ModelArgs) -> Result<Checkpoint> {
+    open_with(arg, model, None)
+}
+
+/// [`open`], with a remote fetch's progress going to `report` (the inspector's
+/// opening screen) instead of stderr.
+fn open_reporting(
+    arg: &Path,
+    model: &ModelArgs,
+    report: &(dyn Fn(String) + Sync),
+) -> Result<Checkpoint> {
+    open_with(arg, model, Some(report))
+}
+
+fn open_with(
+    arg: &Path,
+    model: &ModelArgs,
+    report: Option<&(dyn Fn(String) + Sync)>,
+) -> Result<Checkpoint> {
     let options = LoadOptions {
         device_map: model.device_map.clone(),
         offload_folder: model.offload_folder.clone(),
         ties: model.ties.clone(),
     };
     if let Some(source) = remote_source(arg)? {
-        let mirror = fetch_headers(&source)?;
+        let mirror = match report {
+            None => fetch_headers(&source)?,
+            Some(report) => {
+                let origin = source.display();
+                let progress = |done: usize, total: usize| {
+                    report(format!(
+                        "fetching the headers of {origin}: {done}/{total} shard(s)"
+                    ));
+                };
+                devmap::remote::fetch(&source, None, &progress)
+                    .wrap_err_with(|| format!("cannot read the remote model {origin}"))?
+            }
+        };
         let mut ckpt = load(&mirror.dir, &options)
             .wrap_err_with(|| format!("cannot read the model at {}", mirror.origin))?;
         ckpt.remote = Some(source.describe());

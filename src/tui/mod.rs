@@ -81,20 +81,40 @@ pub enum Loaded<E> {
     Failed(E),
 }
 
-/// Enters the terminal at once, shows "opening …" with a spinner while `load` reads the
-/// model on a thread (a big model takes a while; the screen is never blank), then runs
-/// the inspector on it. `q`, Esc or Ctrl-C while loading leave.
+/// A line the loading thread can put under the "opening …" spinner (a remote model's
+/// fetch progress).
+#[derive(Debug, Clone, Default)]
+pub struct LoadingStatus(Arc<std::sync::Mutex<String>>);
+
+impl LoadingStatus {
+    pub fn set(&self, text: impl Into<String>) {
+        if let Ok(mut line) = self.0.lock() {
+            *line = text.into();
+        }
+    }
+
+    pub fn get(&self) -> String {
+        self.0.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+}
+
+/// Enters the terminal at once, shows "opening …" with a spinner (and whatever `load`
+/// says through its [`LoadingStatus`]) while `load` reads the model on a thread (a big
+/// or remote model takes a while; the screen is never blank), then runs the inspector
+/// on it. `q`, Esc or Ctrl-C while loading leave.
 pub fn run_loading<E: Send + 'static>(
     what: &str,
-    load: impl FnOnce() -> Result<Checkpoint, E> + Send + 'static,
+    load: impl FnOnce(&LoadingStatus) -> Result<Checkpoint, E> + Send + 'static,
 ) -> io::Result<Loaded<E>> {
     install_panic_restore();
     let mut terminal = enter()?;
     let (tx, rx) = mpsc::channel();
+    let status = LoadingStatus::default();
+    let for_load = status.clone();
     std::thread::Builder::new()
         .name("devmap-open".into())
         .spawn(move || {
-            let _ = tx.send(load());
+            let _ = tx.send(load(&for_load));
         })?;
     let started = Instant::now();
     let terminated = crate::sys::catch_termination();
@@ -119,7 +139,8 @@ pub fn run_loading<E: Send + 'static>(
         if quit {
             break None;
         }
-        terminal.draw(|f| ui::loading(f, what, started.elapsed()))?;
+        let line = status.get();
+        terminal.draw(|f| ui::loading(f, what, started.elapsed(), &line))?;
     };
     let result = match outcome {
         None => Ok(Loaded::Ran),

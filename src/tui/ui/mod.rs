@@ -215,7 +215,7 @@ fn wrapped_rows(lines: &[Line<'_>], width: u16) -> u16 {
 }
 
 /// The screen while a model opens: its name, a spinner and the time so far.
-pub fn loading(frame: &mut Frame<'_>, what: &str, elapsed: std::time::Duration) {
+pub fn loading(frame: &mut Frame<'_>, what: &str, elapsed: std::time::Duration, status: &str) {
     let area = frame.area();
     let text = vec![
         Line::from(Span::styled(
@@ -231,5 +231,9 @@ pub fn loading(frame: &mut Frame<'_>, what: &str, elapsed: std::time::Duration) 
         )),
         Line::from(" reading every header, placing every tensor; q quits"),
     ];
+    let mut text = text;
+    if !status.is_empty() {
+        text.push(Line::from(format!(" {}", crate::text::escaped(status))));
+    }
     frame.render_widget(Paragraph::new(text), area);
 }
