@@ -82,8 +82,9 @@ pub struct PlanArgs {
     #[arg(long, value_name = "SPEC", value_parser = parse_max_memory)]
     pub max_memory: Option<Budgets>,
     /// A module never split across devices; `*` matches one name component
-    /// (e.g. model.layers.*). Repeatable. Default: the repeated decoder block;
-    /// `none` lets every module be split.
+    /// (e.g. model.layers.*). Repeatable. Default: the modules of the architecture's
+    /// _no_split_modules classes (devmap's table from transformers; else the repeated
+    /// decoder block); `none` lets every module be split.
     #[arg(long, value_name = "PATTERN")]
     pub no_split: Vec<String>,
     /// The dtype the model will be loaded as (from_pretrained's torch_dtype, e.g.
@@ -94,7 +95,8 @@ pub struct PlanArgs {
     /// Write the map to FILE instead of standard output (never over the input map).
     #[arg(long, short, value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// Also print, on standard error, why each module was split or moved on.
+    /// Also print, on standard error, why each module was split or moved on, and
+    /// where the module order came from (transformers' class, or name heuristics).
     #[arg(long)]
     pub explain: bool,
 }
