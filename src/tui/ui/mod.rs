@@ -99,6 +99,14 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
 }
 
 fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    // Work the map waits for is said first, so it shows at any width; the key hints
+    // fit in what is left.
+    let busy = app
+        .busy
+        .as_ref()
+        .map(|b| format!("{} {}… ", spinner(app.clock), b.what));
+    let hint_width =
+        usize::from(area.width).saturating_sub(busy.as_ref().map_or(0, |b| b.chars().count()));
     let line = match (&app.mode, &app.message) {
         (Mode::Search(q), _) => Line::from(vec![
             Span::styled("/", theme.title()),
@@ -126,19 +134,14 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 style,
             )])
         }
-        (Mode::Browse, None) => Line::from(Span::styled(
-            keys::browse_hint(usize::from(area.width)),
-            theme.dim(),
-        )),
+        (Mode::Browse, None) => {
+            Line::from(Span::styled(keys::browse_hint(hint_width), theme.dim()))
+        }
         (mode, _) => Line::from(Span::styled(keys::hint(mode), theme.dim())),
     };
-    let line = match &app.busy {
-        // Work the map waits for: said first, so it shows at any width.
+    let line = match busy {
         Some(busy) => {
-            let mut spans = vec![Span::styled(
-                format!("{} {}… ", spinner(app.clock), busy.what),
-                theme.warn(),
-            )];
+            let mut spans = vec![Span::styled(busy, theme.warn())];
             spans.extend(line.spans);
             Line::from(spans)
         }
