@@ -1,11 +1,14 @@
 //! The module tree as accelerate walks it: children in definition order, parameters
 //! before submodules, tied parameters counted once, and which modules are never split.
 //!
-//! A checkpoint records no definition order (headers and indexes are sorted by name),
-//! so children are ordered by role, the way Hugging Face models define them:
-//! embeddings, then the repeated blocks, then other modules by name, then the final
-//! norm, then output heads. Inside a block (split only when the user lifts the no-split
-//! rule) attention comes before the MLP.
+//! A checkpoint records no definition order (headers and indexes are sorted by name).
+//! For an architecture in devmap's table (`model::arch`, generated from transformers'
+//! classes) the order, the no-split modules and the modules with parameter-less
+//! children are transformers' own. Otherwise, and for names the table lacks, children
+//! are ordered by role, the way Hugging Face models define them: embeddings, then the
+//! repeated blocks, then other modules by name, then the final norm, then output heads;
+//! inside a block (split only when the user lifts the no-split rule) attention comes
+//! before the MLP.
 
 use std::collections::{HashMap, HashSet};
 
