@@ -991,6 +991,32 @@ fn map_edits_retotal_off_the_ui_thread_and_later_keys_wait_for_them() {
     );
 }
 
+/// Work that panicked on its thread comes back as `WorkFailed`: the App stops waiting,
+/// says why, and the keys that waited go on — `q` is never stuck behind it.
+#[test]
+fn failed_work_is_reported_and_the_waiting_keys_go_on() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    select(&mut app, "model.layers.0");
+    let map_before = app.ckpt.device_map.clone();
+    let work = press_async(&mut app, &[ch('d')]);
+    assert_eq!(work.len(), 1);
+    assert!(press_async(&mut app, &[ch('q')]).is_empty(), "q waits");
+    drop(work);
+    let effects = app.handle(Action::WorkFailed("re-totalling failed: boom".into()));
+    assert!(app.busy.is_none());
+    assert_eq!(app.ckpt.device_map, map_before, "nothing changed");
+    assert!(
+        app.undo.is_empty(),
+        "no undo entry for an edit that never landed"
+    );
+    assert!(
+        matches!(effects.as_slice(), [Effect::Quit]),
+        "the waiting q quits (the edit never landed): {effects:?}"
+    );
+    assert!(frame(&app, 120, 40).contains("re-totalling failed: boom"));
+}
+
 /// The save preview is computed off the UI thread; one for an older edit that lands
 /// after a newer one started is dropped.
 #[test]

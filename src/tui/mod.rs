@@ -178,16 +178,33 @@ fn leave() {
     );
 }
 
-/// Restores the terminal before the panic report is printed, so it is readable.
+/// The name of the threads that run `Effect::Compute` work.
+const WORKER: &str = "devmap-work";
+
+/// Restores the terminal before the panic report is printed, so it is readable. A
+/// panic in a worker is caught there and shown in the inspector instead: the terminal
+/// stays as it is and nothing is printed over the screen.
 fn install_panic_restore() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
+            if std::thread::current().name() == Some(WORKER) {
+                return;
+            }
             leave();
             previous(info);
         }));
     });
+}
+
+/// The text a panic was raised with.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 struct Runtime {
@@ -261,11 +278,25 @@ impl Runtime {
                 }
                 Effect::Compute(work) => {
                     let tx = self.tx.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name("devmap-work".into())
-                        .spawn(move || {
-                            let _ = tx.send(Event::Worked(work.run()));
-                        });
+                    let spawned =
+                        std::thread::Builder::new()
+                            .name(WORKER.into())
+                            .spawn(move || {
+                                // A panic in the work must not leave the App waiting for a
+                                // result forever (map keys wait for it, `q` included).
+                                let what = work.what;
+                                let result =
+                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                        work.run()
+                                    }));
+                                let action = result.unwrap_or_else(|payload| {
+                                    Action::WorkFailed(format!(
+                                        "{what} failed: {}",
+                                        panic_message(payload.as_ref())
+                                    ))
+                                });
+                                let _ = tx.send(Event::Worked(action));
+                            });
                     match spawned {
                         Ok(_) => Vec::new(),
                         Err(e) => {

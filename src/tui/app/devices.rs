@@ -47,13 +47,20 @@ impl App {
     /// Puts `map` in place of the current one, remembering the current one for `u`.
     /// The totals follow off the UI thread (see `work`).
     pub(super) fn edit_map(&mut self, map: Option<DeviceMap>) -> Vec<Effect> {
+        let stacks = self.undo_stacks();
         let before = self.ckpt.device_map.clone();
         self.undo.push(before);
         self.redo.clear();
-        self.start_map_work(map)
+        self.start_map_work(map, stacks)
+    }
+
+    /// The undo and redo stacks as they are, to put back if the edit fails.
+    fn undo_stacks(&self) -> super::work::UndoStacks {
+        (self.undo.clone(), self.redo.clone())
     }
 
     pub(super) fn undo_map(&mut self) -> Vec<Effect> {
+        let stacks = self.undo_stacks();
         let Some(earlier) = self.undo.pop() else {
             self.say("nothing to undo", Tone::Info);
             return Vec::new();
@@ -63,17 +70,18 @@ impl App {
             "undid the last device-map edit (Ctrl-R redoes it)",
             Tone::Info,
         );
-        self.start_map_work(earlier)
+        self.start_map_work(earlier, stacks)
     }
 
     pub(super) fn redo_map(&mut self) -> Vec<Effect> {
+        let stacks = self.undo_stacks();
         let Some(later) = self.redo.pop() else {
             self.say("nothing to redo", Tone::Info);
             return Vec::new();
         };
         self.undo.push(self.ckpt.device_map.clone());
         self.say("redid the device-map edit", Tone::Info);
-        self.start_map_work(later)
+        self.start_map_work(later, stacks)
     }
 
     pub(super) fn cycle_device(&mut self) -> Vec<Effect> {

@@ -128,6 +128,8 @@ pub enum Action {
     MapApplied(Arc<MapApplied>),
     /// The plan of `p` could not be made.
     PlanFailed(String),
+    /// Work handed off the UI thread panicked (the message says what and why).
+    WorkFailed(String),
     /// The save preview computed off the UI thread, for the edit numbered `generation`
     /// (an older one is dropped).
     PreviewReady {
@@ -544,6 +546,7 @@ impl App {
             }
             Action::MapApplied(applied) => self.on_map_applied(applied),
             Action::PlanFailed(why) => self.on_plan_failed(why),
+            Action::WorkFailed(why) => self.on_work_failed(&why),
             Action::PreviewReady {
                 generation,
                 preview,

@@ -75,11 +75,16 @@ pub fn apply_map(
     (Arc::new(ckpt), Arc::new(tree), warnings)
 }
 
+/// The undo and redo stacks of device maps.
+pub type UndoStacks = (Vec<Option<DeviceMap>>, Vec<Option<DeviceMap>>);
+
 /// Work in flight, shown in the status line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Busy {
     pub what: &'static str,
     pub since: std::time::Duration,
+    /// The undo and redo stacks before the edit, put back if it fails.
+    pub stacks_before: Option<UndoStacks>,
 }
 
 impl App {
@@ -100,12 +105,17 @@ impl App {
 
     /// Starts applying `map` off the UI thread: the tree keeps its old totals, marked
     /// as being re-totalled, until the result lands.
-    pub(super) fn start_map_work(&mut self, map: Option<DeviceMap>) -> Vec<Effect> {
+    pub(super) fn start_map_work(
+        &mut self,
+        map: Option<DeviceMap>,
+        stacks_before: UndoStacks,
+    ) -> Vec<Effect> {
         let ckpt = Arc::clone(&self.ckpt);
         let tree = Arc::clone(&self.tree);
         self.busy = Some(Busy {
             what: "re-totalling",
             since: self.clock,
+            stacks_before: Some(stacks_before),
         });
         vec![Effect::Compute(Work::new("re-totalling", move || {
             let (ckpt, tree, warnings) = apply_map(&ckpt, &tree, map);
@@ -126,9 +136,11 @@ impl App {
     ) -> Vec<Effect> {
         let ckpt = Arc::clone(&self.ckpt);
         let tree = Arc::clone(&self.tree);
+        // The plan's undo entry is made when it lands.
         self.busy = Some(Busy {
             what: "planning",
             since: self.clock,
+            stacks_before: None,
         });
         vec![Effect::Compute(Work::new(
             "planning",
@@ -176,10 +188,29 @@ impl App {
         self.replay_queued()
     }
 
+    /// The work panicked on its thread: nothing changed. Say so, stop waiting, and let
+    /// the keys that waited go on (on the map as it was).
+    pub(super) fn on_work_failed(&mut self, why: &str) -> Vec<Effect> {
+        if let Some((undo, redo)) = self.busy.take().and_then(|b| b.stacks_before) {
+            self.undo = undo;
+            self.redo = redo;
+        }
+        match &mut self.mode {
+            Mode::SaveDialog(dialog) => dialog.preview_pending = None,
+            Mode::Plan(dialog) => dialog.error = Some(why.to_owned()),
+            _ => {}
+        }
+        self.say(why.to_owned(), Tone::Bad);
+        self.replay_queued()
+    }
+
     /// The runtime could not start a thread for the work: nothing will land, so stop
     /// waiting for it (the keys that waited are dropped with it).
     pub fn work_not_started(&mut self, why: &str) {
-        self.busy = None;
+        if let Some((undo, redo)) = self.busy.take().and_then(|b| b.stacks_before) {
+            self.undo = undo;
+            self.redo = redo;
+        }
         self.queued.clear();
         if let Mode::SaveDialog(dialog) = &mut self.mode {
             dialog.preview_pending = None;
