@@ -245,6 +245,36 @@ fn a_remote_model_opens_in_the_inspector() {
     assert_restored(&tmux);
 }
 
+/// Work that panics on its thread (`DEVMAP_DEBUG_PANIC_WORK=1` makes every piece of it
+/// panic) is caught: the inspector stays on screen, says what failed, nothing is
+/// printed over it, and `q` still quits.
+#[test]
+fn a_panicking_worker_is_reported_in_the_inspector() {
+    if skip_without_tmux("a_panicking_worker_is_reported_in_the_inspector") {
+        return;
+    }
+    let m = mixed_model();
+    let tmux = start(
+        "workpanic",
+        &wrapped(
+            "DEVMAP_DEBUG_PANIC_WORK=1",
+            &format!("'{}'", m.dir.display()),
+        ),
+    );
+    tmux.wait_for("Modules", Duration::from_secs(20));
+    tmux.keys(&["j", "d"]);
+    let screen = tmux.wait_for("re-totalling failed", Duration::from_secs(10));
+    assert!(
+        screen.contains("┌ Modules"),
+        "still the inspector:\n{screen}"
+    );
+    assert!(!screen.contains("panicked at"), "{screen}");
+    tmux.keys(&["q"]);
+    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
+    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
+    assert_restored(&tmux);
+}
+
 fn skip_without_tmux(test: &str) -> bool {
     if tmux_available() {
         return false;

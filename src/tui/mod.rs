@@ -287,6 +287,11 @@ impl Runtime {
                                 let what = work.what;
                                 let result =
                                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                        // For the test that a worker's panic is caught.
+                                        assert!(
+                                            std::env::var_os("DEVMAP_DEBUG_PANIC_WORK").is_none(),
+                                            "DEVMAP_DEBUG_PANIC_WORK is set: panicking on purpose"
+                                        );
                                         work.run()
                                     }));
                                 let action = result.unwrap_or_else(|payload| {
