@@ -28,6 +28,18 @@ fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration, Duration) {
     (at(0.5), at(0.99), v[v.len() - 1])
 }
 
+/// A table row: name, count, median, p99, worst.
+fn print_row(name: &str, v: Vec<Duration>) {
+    let n = v.len();
+    let (median, p99, worst) = percentiles(v);
+    println!(
+        "| {name} | {n} | {} | {} | {} |",
+        ms(median),
+        ms(p99),
+        ms(worst)
+    );
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
@@ -260,14 +272,7 @@ fn main() -> std::io::Result<()> {
         ("`p` Enter (plan handed off)", plans),
         ("frame showing handed-off work's result", landing_frames),
     ] {
-        let (median, p99, worst) = percentiles(v.clone());
-        println!(
-            "| {name} | {} | {} | {} | {} |",
-            v.len(),
-            ms(median),
-            ms(p99),
-            ms(worst)
-        );
+        print_row(name, v);
     }
     println!();
     println!("work off the UI thread (the UI keeps drawing and taking keys meanwhile):");
@@ -278,14 +283,7 @@ fn main() -> std::io::Result<()> {
         ("save preview (plan + checks)", checks),
         ("`p`: plan + re-total", plannings),
     ] {
-        let (median, p99, worst) = percentiles(v.clone());
-        println!(
-            "| {name} | {} | {} | {} | {} |",
-            v.len(),
-            ms(median),
-            ms(p99),
-            ms(worst)
-        );
+        print_row(name, v);
     }
     Ok(())
 }
