@@ -26,7 +26,9 @@ architectures that share the block), then one line per walk entry, indented one 
 per level below its parent, the last component of its name, ` !` when the module is
 never split, ` ~` when it has a child module without parameters (which accelerate
 still splits it into); then `tie A B [...]` lines (dotted names, `*` for indices), ending with
-` ?` when the tie needs `tie_word_embeddings`.
+` ?` when the tie needs `tie_word_embeddings`; then `rename CHECKPOINT RUNTIME` lines:
+a name that starts with the checkpoint prefix (`*` matching an index) is loaded under
+the runtime prefix instead (how transformers 5 writes and reads the model's weights).
 """
 
 import re
@@ -99,6 +101,38 @@ def ties(model, keys):
     return groups
 
 
+def renames(model, keys):
+    """How the checkpoint names what the loaded model names otherwise, as transformers
+    5 writes it on save (`revert_weight_conversion`, one parameter at a time): pairs of
+    (checkpoint prefix, runtime prefix), their common tail cut off — Llava's
+    `language_model.model` is `model.language_model`, Mixtral's
+    `model.layers.*.block_sparse_moe` is `model.layers.*.mlp`. Parameters that one
+    checkpoint tensor does not map to one-to-one (fused experts) are left to devmap's
+    expert templates."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    done = set()
+    pairs = set()
+    for name, param in model.named_parameters():
+        key = keys.get(name, collapse(name))
+        if key in done:
+            continue
+        done.add(key)
+        try:
+            saved = list(revert_weight_conversion(model, {name: param}))
+        except Exception:
+            continue
+        if len(saved) != 1 or saved[0] == name:
+            continue
+        old, new = saved[0].split("."), name.split(".")
+        # The common tail goes, but not the last component on either side: a rule keeps
+        # the name it is about (`vision_tower` -> `model.vision_tower`, not "" -> `model`).
+        while len(old) > 1 and len(new) > 1 and old[-1] == new[-1]:
+            old, new = old[:-1], new[:-1]
+        pairs.add((collapse(".".join(old)), collapse(".".join(new))))
+    return sorted(pairs)
+
+
 def instantiate(cls, config):
     with init_empty_weights(include_buffers=True), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -114,6 +148,7 @@ def describe(cls, model_type):
     model = instantiate(cls, config)
     order, keys = walk(model)
     tied = ties(model, keys)
+    renamed = renames(model, keys)
     tied_words = getattr(config, "tie_word_embeddings", None)
     conditional = set()
     if tied_words is not None:
@@ -124,10 +159,10 @@ def describe(cls, model_type):
         with_words, without = (tied, other) if tied_words else (other, tied)
         conditional = with_words - without
         tied = with_words
-    return order, sorted(tied), conditional
+    return order, sorted(tied), conditional, renamed
 
 
-def render_block(order, tied, conditional):
+def render_block(order, tied, conditional, renamed=()):
     """The walk as an indented tree. A key first met late (layer 3's experts, when layers
     0-2 are dense and share the collapsed `layers.*.mlp`) goes under its own parent,
     after that parent's earlier children: siblings keep the order they were met in."""
@@ -148,6 +183,8 @@ def render_block(order, tied, conditional):
     emit(tree, "", 0)
     for group in tied:
         lines.append("tie " + " ".join(group) + (" ?" if group in conditional else ""))
+    for saved, runtime in renamed:
+        lines.append(f"rename {saved} {runtime}")
     return "\n".join(lines)
 
 
@@ -161,11 +198,21 @@ def too_slow(signum, frame):
 
 def main(out):
     signal.signal(signal.SIGALRM, too_slow)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    # Several model types can share a class (a legacy type loaded as Llama): describe it
+    # with its own model type's config (LlamaConfig for LlamaForCausalLM), whose
+    # conversions are the class's own, else the first.
+    def own(model_type, name):
+        config = CONFIG_MAPPING_NAMES.get(model_type, "")
+        return name.startswith(config.removesuffix("Config")) if config else False
+
     classes = {}
     for mapping in MAPPINGS:
         for model_type, names in getattr(modeling_auto, mapping).items():
             for name in names if isinstance(names, (list, tuple)) else [names]:
-                classes.setdefault(name, model_type)
+                if name not in classes or (own(model_type, name) and not own(classes[name], name)):
+                    classes[name] = model_type
     blocks = {}
     failed = []
     for name, model_type in sorted(classes.items()):

@@ -719,3 +719,120 @@ fn names_the_table_does_not_describe_fall_back_to_the_heuristics() {
         .expect("layer");
     assert!(layer.no_split, "the repeated block stays whole");
 }
+
+/// A Llava checkpoint as transformers 5 saves it (`language_model.model.layers.N`,
+/// `language_model.lm_head`, `vision_tower`, `multi_modal_projector`), which the loaded
+/// model names otherwise (`model.language_model.layers.N`, `lm_head`,
+/// `model.vision_tower`): a device map from the loaded model places every tensor, an
+/// offload entry under the loaded name is the tensor's value, and plans use the loaded
+/// names.
+#[test]
+fn vision_language_checkpoints_answer_to_the_names_the_loaded_model_has() {
+    use devmap::fixtures::{FixtureTensor, write_offload_per_tensor};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut names: Vec<String> = vec![
+        "language_model.model.embed_tokens.weight".into(),
+        "language_model.model.norm.weight".into(),
+        "language_model.lm_head.weight".into(),
+        "multi_modal_projector.linear_1.weight".into(),
+        "vision_tower.vision_model.embeddings.patch_embedding.weight".into(),
+    ];
+    for l in 0..3 {
+        for w in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            names.push(format!(
+                "language_model.model.layers.{l}.self_attn.{w}.weight"
+            ));
+        }
+        names.push(format!(
+            "language_model.model.layers.{l}.mlp.up_proj.weight"
+        ));
+    }
+    model_of(
+        tmp.path(),
+        &names,
+        serde_json::json!({
+            "architectures": ["LlavaForConditionalGeneration"],
+            "model_type": "llava",
+            "text_config": {"model_type": "llama", "tie_word_embeddings": false},
+            "tie_word_embeddings": false,
+        }),
+    );
+    // hf_device_map of the loaded model, and an offload entry under its runtime name.
+    write_json(
+        &tmp.path().join("device_map.json"),
+        &serde_json::json!({
+            "model.vision_tower": 0,
+            "model.multi_modal_projector": 0,
+            "model.language_model.embed_tokens": 0,
+            "model.language_model.layers.0": 0,
+            "model.language_model.layers.1": "cpu",
+            "model.language_model.layers.2": "disk",
+            "model.language_model.norm": "disk",
+            "lm_head": "disk",
+        }),
+    )
+    .expect("map");
+    let fresh = FixtureTensor::patterned(
+        "model.language_model.layers.2.mlp.up_proj.weight",
+        DType::BF16,
+        &[64, 64],
+        4242,
+    );
+    write_offload_per_tensor(&tmp.path().join("offload"), std::slice::from_ref(&fresh))
+        .expect("offload");
+    let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
+    assert_eq!(
+        ckpt.tensors().len(),
+        names.len(),
+        "no extra tensor for the entry"
+    );
+    for t in ckpt.tensors() {
+        assert!(
+            !matches!(t.placement, Placement::Unmapped),
+            "{} unmapped",
+            t.name
+        );
+    }
+    assert_eq!(
+        device_of(&ckpt, "language_model.model.layers.1.mlp.up_proj.weight"),
+        Placement::Cpu
+    );
+    assert_eq!(
+        device_of(&ckpt, "language_model.lm_head.weight"),
+        Placement::Disk
+    );
+    let up = ckpt
+        .tensor("language_model.model.layers.2.mlp.up_proj.weight")
+        .expect("up");
+    assert!(
+        matches!(up.source, devmap::model::Source::Offload(_)),
+        "the runtime-named offload entry is its value: {:?}",
+        up.source
+    );
+    // A plan names the loaded model's modules.
+    let planned = plan(
+        &ckpt,
+        &PlanOptions {
+            max_memory: parse_max_memory("0=100KB,cpu=60KB").expect("spec"),
+            no_split: vec![],
+            dtype: None,
+        },
+    )
+    .expect("plan");
+    let keys: Vec<&str> = planned
+        .map
+        .entries()
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert!(
+        keys.iter().all(|k| !k.starts_with("language_model")
+            && !k.starts_with("vision_tower")
+            && !k.starts_with("multi_modal_projector")),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().any(|k| k.starts_with("model.language_model")),
+        "{keys:?}"
+    );
+}

@@ -22,6 +22,16 @@ const TABLE: &str = include_str!("arch_table.txt");
 pub struct Arch {
     nodes: Vec<Entry>,
     pub ties: Vec<Tie>,
+    /// How checkpoint names become runtime names on load (see [`Arch::runtime_name`]).
+    renames: Vec<Rename>,
+}
+
+/// A name starting with `checkpoint` is loaded under `runtime` instead (components; `*`
+/// stands for an index, the same one on both sides).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rename {
+    checkpoint: Vec<Box<str>>,
+    runtime: Vec<Box<str>>,
 }
 
 /// A point in an architecture's tree (see [`Arch::step`]).
@@ -44,6 +54,7 @@ impl Default for Arch {
         Arch {
             nodes: vec![Entry::default()],
             ties: Vec::new(),
+            renames: Vec::new(),
         }
     }
 }
@@ -102,6 +113,16 @@ fn parse_block(body: &str) -> Arch {
     // The cursor of the entry at each depth of the current line.
     let mut path: Vec<Cursor> = Vec::new();
     for line in body.lines().filter(|l| !l.is_empty()) {
+        if let Some(rule) = line.strip_prefix("rename ") {
+            if let Some((checkpoint, runtime)) = rule.split_once(' ') {
+                let parts = |p: &str| p.split('.').map(Box::from).collect::<Vec<Box<str>>>();
+                arch.renames.push(Rename {
+                    checkpoint: parts(checkpoint),
+                    runtime: parts(runtime),
+                });
+            }
+            continue;
+        }
         if let Some(tie) = line.strip_prefix("tie ") {
             let (members, needs) = match tie.strip_suffix(" ?") {
                 Some(m) => (m, true),
@@ -170,16 +191,15 @@ pub fn lookup(architectures: &[String]) -> Option<&'static Arch> {
 /// written from a loaded model use these names.
 pub fn loaded_as(architectures: &[String], name: &str) -> Option<(String, String)> {
     let arch = lookup(architectures)?;
-    if let Some(piece) = crate::model::names::expert_piece(name)
-        && arch.position(&piece.fused).is_some()
-    {
-        let part = ["gate rows", "up rows", "all"][usize::from(piece.part.min(2))];
-        return Some((piece.fused, format!("expert {}, {part}", piece.expert)));
+    if let Some(piece) = crate::model::names::expert_piece(name) {
+        let fused = arch.runtime_or_same(&piece.fused);
+        if arch.position(&fused).is_some() {
+            let part = ["gate rows", "up rows", "all"][usize::from(piece.part.min(2))];
+            return Some((fused, format!("expert {}, {part}", piece.expert)));
+        }
     }
-    let renamed = crate::model::names::runtime_name(name)?;
-    arch.position(&renamed)
-        .is_some()
-        .then(|| (renamed, "renamed module".to_owned()))
+    let renamed = arch.loaded_name(name)?;
+    Some((renamed, "renamed on load".to_owned()))
 }
 
 /// Where the table comes from, for notes: `transformers 5.24.0, torch 2.15.0`.
@@ -192,8 +212,8 @@ impl Arch {
 
     /// The entry for `component` under `at`. An all-digit component matches a collapsed
     /// index (`*`, a list of one class) or, in a list of several classes (T5's
-    /// `layer`), itself; a module transformers 5 renames on load (Mixtral's
-    /// `block_sparse_moe`, `mlp` at run time) matches its runtime name.
+    /// `layer`), itself. Runtime names: a checkpoint's own names go through
+    /// [`Arch::runtime_name`] first (the planner walks `plan::view`'s renamed tree).
     pub fn step(&self, at: Cursor, component: &str) -> Option<Cursor> {
         let children = &self.nodes.get(at as usize)?.children;
         if !component.is_empty() && component.bytes().all(|b| b.is_ascii_digit()) {
@@ -202,18 +222,30 @@ impl Arch {
                 .or_else(|| children.get(component))
                 .copied();
         }
-        children.get(component).copied().or_else(|| {
-            crate::model::names::MODULE_RENAMES
-                .iter()
-                .find(|(checkpoint, _)| *checkpoint == component)
-                .and_then(|(_, runtime)| children.get(*runtime).copied())
-        })
+        children.get(component).copied()
     }
 
-    /// The entry for a dotted name (checkpoint or runtime form).
+    /// The entry for a dotted name, in its runtime form or as the checkpoint has it.
     pub fn find(&self, name: &str) -> Option<Cursor> {
+        self.walk(name)
+            .or_else(|| self.walk(&self.runtime_name(name)?))
+    }
+
+    /// The entry for a name exactly as given (no renaming).
+    fn walk(&self, name: &str) -> Option<Cursor> {
         name.split('.')
             .try_fold(Self::ROOT, |at, component| self.step(at, component))
+    }
+
+    /// The name the loaded model has for a checkpoint name, when it differs: renamed
+    /// by the rules, unless the name already is one the model has (a checkpoint saved
+    /// in the runtime layout is not renamed twice). The renamed name need not be in
+    /// the table: a sub-model's layout depends on its config (Llava's CLIP tower).
+    pub fn loaded_name(&self, checkpoint: &str) -> Option<String> {
+        if self.walk(checkpoint).is_some() {
+            return None;
+        }
+        self.runtime_name(checkpoint)
     }
 
     /// Place in accelerate's walk.
@@ -227,6 +259,24 @@ impl Arch {
 
     pub fn bare_children_at(&self, at: Cursor) -> bool {
         self.nodes[at as usize].bare_children
+    }
+
+    /// The name the loaded model has for a checkpoint tensor or module, where
+    /// transformers 5 renames it on load (Llava's `language_model.model.layers.3` is
+    /// `model.language_model.layers.3`; GPT-NeoX's `embed_out` is `lm_head`). `None`:
+    /// the same name. The longest matching rule wins.
+    pub fn runtime_name(&self, checkpoint: &str) -> Option<String> {
+        rename(&self.renames, checkpoint, |r| (&r.checkpoint, &r.runtime))
+    }
+
+    /// [`Arch::runtime_name`], or `name` itself when it is not renamed.
+    pub fn runtime_or_same(&self, name: &str) -> String {
+        self.runtime_name(name).unwrap_or_else(|| name.to_owned())
+    }
+
+    /// The other way: the checkpoint name of a runtime name.
+    pub fn checkpoint_name(&self, runtime: &str) -> Option<String> {
+        rename(&self.renames, runtime, |r| (&r.runtime, &r.checkpoint))
     }
 
     /// The place of a name in accelerate's walk, if the architecture has it.
@@ -243,6 +293,45 @@ impl Arch {
     pub fn has_bare_children(&self, name: &str) -> bool {
         self.find(name).is_some_and(|at| self.bare_children_at(at))
     }
+}
+
+/// Applies the longest rule whose `from` side (by `sides`) starts `name`; `*` matches
+/// an index, which the `to` side's `*` takes over, in order.
+fn rename(
+    rules: &[Rename],
+    name: &str,
+    sides: impl Fn(&Rename) -> (&Vec<Box<str>>, &Vec<Box<str>>),
+) -> Option<String> {
+    let parts: Vec<&str> = name.split('.').collect();
+    let (from, to) = rules
+        .iter()
+        .map(&sides)
+        .filter(|(from, _)| {
+            from.len() <= parts.len()
+                && from.iter().zip(&parts).all(|(f, p)| {
+                    &**f == *p
+                        || (&**f == "*" && !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                })
+        })
+        .max_by_key(|(from, _)| from.len())?;
+    let mut indices = from
+        .iter()
+        .zip(&parts)
+        .filter(|(f, _)| &***f == "*")
+        .map(|(_, p)| *p);
+    let mut out: Vec<&str> = to
+        .iter()
+        .map(|t| {
+            if &**t == "*" {
+                indices.next().unwrap_or("*")
+            } else {
+                t
+            }
+        })
+        .collect();
+    out.extend_from_slice(&parts[from.len()..]);
+    let renamed = out.join(".");
+    (renamed != name).then_some(renamed)
 }
 
 #[cfg(test)]
@@ -304,6 +393,48 @@ mod tests {
         );
         let c = parse_block(t.blocks[t.by_name["CForX"]]);
         assert_eq!(c.position("head"), Some(1), "after the root");
+    }
+
+    #[test]
+    fn rename_rules_map_checkpoint_names_to_runtime_names_and_back() {
+        let t = index(
+            "# transformers 9.9: test\n= V\nmodel\n language_model\n  layers\n   * !\n    mlp\n     w\nlm_head\n weight\nrename language_model.model model.language_model\nrename language_model.lm_head lm_head\nrename model.layers.*.moe model.layers.*.mlp\n",
+        );
+        let a = parse_block(t.blocks[0]);
+        assert_eq!(
+            a.runtime_name("language_model.model.layers.3.mlp.w")
+                .as_deref(),
+            Some("model.language_model.layers.3.mlp.w")
+        );
+        assert_eq!(
+            a.runtime_name("language_model.lm_head.weight").as_deref(),
+            Some("lm_head.weight")
+        );
+        assert_eq!(
+            a.runtime_name("model.layers.12.moe.gate.weight").as_deref(),
+            Some("model.layers.12.mlp.gate.weight"),
+            "an index carries over"
+        );
+        assert_eq!(a.runtime_name("model.layers.x.moe.gate"), None);
+        assert_eq!(a.runtime_name("lm_head.weight"), None);
+        assert_eq!(
+            a.checkpoint_name("model.language_model.layers.3.mlp.w")
+                .as_deref(),
+            Some("language_model.model.layers.3.mlp.w")
+        );
+        // The real table: Gemma 3's checkpoint layout, GPT-NeoX's head.
+        let gemma3 = lookup(&["Gemma3ForConditionalGeneration".to_owned()]).expect("gemma3");
+        assert_eq!(
+            gemma3
+                .runtime_name("language_model.model.layers.7.mlp.up_proj.weight")
+                .as_deref(),
+            Some("model.language_model.layers.7.mlp.up_proj.weight")
+        );
+        let neox = lookup(&["GPTNeoXForCausalLM".to_owned()]).expect("neox");
+        assert_eq!(
+            neox.runtime_name("embed_out.weight").as_deref(),
+            Some("lm_head.weight")
+        );
     }
 
     #[test]

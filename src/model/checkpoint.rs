@@ -290,8 +290,9 @@ impl Checkpoint {
 
     /// Re-places every tensor with `map` (used when the user edits the map).
     pub fn apply_device_map(&mut self, map: Option<DeviceMap>) {
+        let arch = super::arch::lookup(&self.config.architectures);
         for t in &mut self.tensors {
-            let (placement, key) = place(map.as_ref(), &t.name);
+            let (placement, key) = place(map.as_ref(), &t.name, arch);
             t.placement = placement;
             t.map_key = key;
         }
@@ -385,7 +386,12 @@ impl Checkpoint {
 }
 
 /// A tensor's placement and the entry that decided it. No map: everything is `cpu`.
-pub fn place(map: Option<&DeviceMap>, name: &str) -> (Placement, u32) {
+/// `arch` (the architecture table's entry) knows the names the loaded model has.
+pub fn place(
+    map: Option<&DeviceMap>,
+    name: &str,
+    arch: Option<&super::arch::Arch>,
+) -> (Placement, u32) {
     match map {
         None => (Placement::Cpu, NO_KEY),
         // As stored; with transformers 5's module renames; as a piece of the fused
@@ -393,9 +399,12 @@ pub fn place(map: Option<&DeviceMap>, name: &str) -> (Placement, u32) {
         // `devmap plan`, names that).
         Some(m) => match m
             .locate(name)
+            .or_else(|| m.locate(&arch?.loaded_name(name)?))
             .or_else(|| m.locate(&super::names::runtime_name(name)?))
-            .or_else(|| m.locate(&super::names::expert_piece(name)?.fused))
-        {
+            .or_else(|| {
+                let fused = super::names::expert_piece(name)?.fused;
+                m.locate(&arch.map_or_else(|| fused.clone(), |a| a.runtime_or_same(&fused)))
+            }) {
             Some(hit) => (hit.placement, hit.index as u32),
             None => (Placement::Unmapped, NO_KEY),
         },

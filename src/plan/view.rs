@@ -2,7 +2,9 @@
 //! layout before `device_map="auto"` walks them: a mixture-of-experts layer's
 //! per-expert tensors become two fused parameters (`P.experts.gate_up_proj`
 //! `[E, 2I, H]`, `P.experts.down_proj` `[E, H, I]`) and Mixtral's `block_sparse_moe`
-//! is `mlp`. Planning on the checkpoint's own names would write map keys transformers
+//! is `mlp` — and many checkpoints are saved under other names than the model loads
+//! (Llava, Gemma 3 and Qwen2-VL keep the language model elsewhere; the architecture
+//! table's rename rules say where). Planning on the checkpoint's own names would write map keys transformers
 //! does not know (`…block_sparse_moe.experts.3`) once the plan splits inside a layer,
 //! and would walk experts one by one where accelerate sees two parameters. So the
 //! planner walks a view of the checkpoint under runtime names; the map it returns uses
@@ -12,7 +14,7 @@ use std::collections::BTreeMap;
 
 use crate::model::arch::Arch;
 use crate::model::checkpoint::{Checkpoint, NO_KEY, Parts, Source, Tensor};
-use crate::model::names::{expert_piece, runtime_name};
+use crate::model::names::expert_piece;
 use crate::types::placement::Placement;
 
 /// The checkpoint under the names and layout the loaded model has, when they differ
@@ -21,17 +23,13 @@ use crate::types::placement::Placement;
 pub fn runtime_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint> {
     let arch = arch?;
     let fused = fused_experts(ckpt, arch);
-    let renamed = ckpt
-        .tensors()
-        .iter()
-        .any(|t| runtime_name(&t.name).is_some_and(|r| arch.position(&r).is_some()));
+    let runtime = |name: &str| arch.loaded_name(name);
+    let renamed = ckpt.tensors().iter().any(|t| runtime(&t.name).is_some());
     if fused.is_empty() && !renamed {
         return None;
     }
     let plain = |t: &Tensor| Tensor {
-        name: runtime_name(&t.name)
-            .filter(|r| arch.position(r).is_some())
-            .unwrap_or_else(|| t.name.clone()),
+        name: runtime(&t.name).unwrap_or_else(|| t.name.clone()),
         placement: Placement::Cpu,
         map_key: NO_KEY,
         source: Source::None,
@@ -84,10 +82,11 @@ fn fused_experts(ckpt: &Checkpoint, arch: &Arch) -> BTreeMap<String, Layout> {
     let mut pieces: BTreeMap<String, BTreeMap<(u64, u8), Layout>> = BTreeMap::new();
     for t in ckpt.tensors() {
         if let Some(piece) = expert_piece(&t.name)
-            && arch.position(&piece.fused).is_some()
+            && let fused = arch.runtime_or_same(&piece.fused)
+            && arch.position(&fused).is_some()
         {
             pieces
-                .entry(piece.fused)
+                .entry(fused)
                 .or_default()
                 .insert((piece.expert, piece.part), (t.dtype, t.shape.to_vec()));
         }

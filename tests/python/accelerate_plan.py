@@ -33,14 +33,6 @@ def placement(device_map, name):
         parts = parts[:-1]
 
 
-def checkpoint_name(family, name):
-    """The name a tensor has in the checkpoint devmap reads: transformers 5 saves
-    GPT-NeoX's `lm_head` under its historical name `embed_out`."""
-    if family == "gpt_neox" and name.startswith("lm_head."):
-        return "embed_out." + name[len("lm_head."):]
-    return name
-
-
 def families():
     """Small configs of several architectures, each with tied or untied heads."""
     from transformers import GPT2Config, GPTNeoXConfig, MistralConfig, Qwen2Config
@@ -84,6 +76,7 @@ def families():
         max_position_embeddings=64,
     )
     yield from more_families()
+    yield from vision_families()
 
 
 def more_families():
@@ -119,14 +112,34 @@ def more_families():
     )
 
 
+def vision_families():
+    """A vision-language model, which transformers 5 saves under other names than it
+    loads (`language_model.model.layers.N` in the checkpoint, `model.language_model.layers.N`
+    in the model): devmap plans under the loaded names."""
+    from transformers import CLIPVisionConfig, LlavaConfig
+
+    text = LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+    )
+    vision = CLIPVisionConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        image_size=32, patch_size=16,
+    )
+    yield "llava", LlavaConfig(text_config=text, vision_config=vision, image_token_index=511)
+
+
 def model_class(config):
-    """The head each family is used with: causal LM, masked LM (BERT), seq2seq (T5)."""
-    from transformers import AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+    """The head each family is used with: causal LM, masked LM (BERT), seq2seq (T5),
+    image-text-to-text (Llava)."""
+    from transformers import AutoModelForImageTextToText, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
     if config.model_type == "bert":
         return AutoModelForMaskedLM
     if config.model_type == "t5":
         return AutoModelForSeq2SeqLM
+    if config.model_type == "llava":
+        return AutoModelForImageTextToText
     return AutoModelForCausalLM
 
 
@@ -239,11 +252,9 @@ def check_family(devmap, family, config, store=torch.bfloat16, load=None):
             [devmap, "plan", src, "--max-memory", spec] + extra, check=True, capture_output=True, text=True
         ).stdout
         ours = json.loads(out)
-        diff = [
-            (n, placement(theirs, n), placement(ours, checkpoint_name(family, n)))
-            for n in names
-            if placement(theirs, n) != placement(ours, checkpoint_name(family, n))
-        ]
+        # devmap's map uses the names the loaded model has (GPT-NeoX's `lm_head`, saved
+        # as `embed_out`), as accelerate's does.
+        diff = [(n, placement(theirs, n), placement(ours, n)) for n in names if placement(theirs, n) != placement(ours, n)]
         status = "same" if not diff else f"{len(diff)} tensors differ, e.g. {diff[:3]}"
         print(f"{family}, {label} [{spec}]: {len(names)} tensors: {status}")
         if diff:

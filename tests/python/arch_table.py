@@ -28,6 +28,8 @@ CHECKED = {
     "T5ForConditionalGeneration": "t5",
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "LlavaForConditionalGeneration": "llava",
+    "Gemma3ForConditionalGeneration": "gemma3",
 }
 
 

@@ -86,8 +86,21 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         None => Some(dir.join("offload")).filter(|p| p.is_dir()),
     };
     let mut shared_offload: HashMap<(FileId, u64), Vec<String>> = HashMap::new();
+    let arch = crate::model::arch::lookup(&config.architectures);
     if let Some(folder) = &offload_dir {
         let mut entries = read_offload_folder(folder, dir, &mut headers)?;
+        // transformers 5 offloads under the names the loaded model has: an entry for
+        // a tensor the checkpoint saves under another name is that tensor's value.
+        if let Some(arch) = arch {
+            for e in &mut entries {
+                if draft.find(&e.name).is_none()
+                    && let Some(name) = arch.checkpoint_name(&e.name)
+                    && draft.find(&name).is_some()
+                {
+                    e.name = name;
+                }
+            }
+        }
         let keys: Vec<_> = entries
             .iter()
             .map(|e| super::names::order_key(&e.name))
@@ -207,7 +220,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
     }
 
     for t in &mut draft.tensors {
-        let (placement, key) = place(device_map.as_ref(), &t.name);
+        let (placement, key) = place(device_map.as_ref(), &t.name, arch);
         t.placement = placement;
         t.map_key = key;
     }

@@ -87,7 +87,7 @@ fn table_ties(
         let names: Vec<String> = tie
             .members
             .iter()
-            .map(|m| checkpoint_name(m, draft))
+            .map(|m| checkpoint_name(arch, m, draft))
             .collect();
         // The tensor kept on save: the first member the checkpoint holds (the table
         // lists the one transformers keeps first).
@@ -125,20 +125,16 @@ fn table_ties(
     groups
 }
 
-/// A runtime name from the architecture table as this checkpoint writes it: as is, or
-/// with a module transformers 5 renames on load (Mixtral's `block_sparse_moe`, `mlp`
-/// at run time) under its checkpoint name when the checkpoint has that tensor.
-fn checkpoint_name(runtime: &str, draft: &Draft) -> String {
+/// A runtime name from the architecture table as this checkpoint writes it.
+fn checkpoint_name(arch: &crate::model::arch::Arch, runtime: &str, draft: &Draft) -> String {
     if draft.find(runtime).is_some() {
         return runtime.to_owned();
     }
-    crate::model::names::MODULE_RENAMES
-        .iter()
-        .find_map(|(checkpoint, renamed)| {
-            let from = format!(".{renamed}.");
-            let name = runtime.replacen(&from, &format!(".{checkpoint}."), 1);
-            (runtime.contains(&from) && draft.find(&name).is_some()).then_some(name)
-        })
+    // The name the architecture saves it under (Gemma 3's head tie is
+    // `model.language_model.embed_tokens.weight` at run time,
+    // `language_model.model.embed_tokens.weight` in the checkpoint): found there, or
+    // the name of the tied copy that stands for it.
+    arch.checkpoint_name(runtime)
         .unwrap_or_else(|| runtime.to_owned())
 }
 
