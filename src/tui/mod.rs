@@ -65,15 +65,6 @@ pub fn system_budgets(ckpt: &Checkpoint) -> Budgets {
     }
 }
 
-/// Runs the inspector until the user quits.
-pub fn run(ckpt: Checkpoint) -> io::Result<()> {
-    install_panic_restore();
-    let mut terminal = enter()?;
-    let result = event_loop(&mut terminal, ckpt);
-    leave();
-    result
-}
-
 /// What [`run_loading`] ends with: the user's session, or the load's own error (the
 /// terminal restored first, so it can be printed).
 pub enum Loaded<E> {
