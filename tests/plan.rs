@@ -836,3 +836,36 @@ fn vision_language_checkpoints_answer_to_the_names_the_loaded_model_has() {
         "{keys:?}"
     );
 }
+
+/// A tie the table knows whose members differ in shape is no tie: a warning names
+/// them, and no tied copy is made for the members the checkpoint lacks.
+#[test]
+fn a_table_tie_with_shapes_that_differ_is_a_warning_and_no_tie() {
+    use devmap::fixtures::FixtureTensor;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let tensors = vec![
+        FixtureTensor::patterned("shared.weight", DType::BF16, &[64, 16], 1),
+        FixtureTensor::patterned("encoder.embed_tokens.weight", DType::BF16, &[32, 16], 2),
+        FixtureTensor::patterned(
+            "encoder.block.0.layer.0.SelfAttention.q.weight",
+            DType::BF16,
+            &[16, 16],
+            3,
+        ),
+    ];
+    let refs: Vec<_> = tensors.iter().collect();
+    write_safetensors(&tmp.path().join("model.safetensors"), &refs).expect("write");
+    write_json(
+        &tmp.path().join("config.json"),
+        &serde_json::json!({"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "tie_word_embeddings": true}),
+    )
+    .expect("config");
+    let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
+    assert!(ckpt.ties.is_empty(), "{:?}", ckpt.ties);
+    assert_eq!(ckpt.tensors().len(), 3, "no tied copies");
+    let warnings = common::warning_text(&ckpt);
+    assert!(
+        warnings.contains("encoder.embed_tokens.weight") && warnings.contains("shared.weight"),
+        "{warnings}"
+    );
+}

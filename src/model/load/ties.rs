@@ -94,33 +94,41 @@ fn table_ties(
         let Some(kept) = names.iter().find_map(|n| draft.find(n)) else {
             continue;
         };
-        let mut group = vec![draft.tensors[kept].name.clone()];
-        let mut mismatch = false;
-        for name in &names {
-            if *name == group[0] {
-                continue;
+        let kept_name = draft.tensors[kept].name.clone();
+        // Shapes first: a group with a member of another shape is no tie (and gets no
+        // tied copies).
+        let mismatched: Vec<&String> = names
+            .iter()
+            .filter(|n| {
+                draft
+                    .find(n)
+                    .is_some_and(|t| draft.tensors[t].shape != draft.tensors[kept].shape)
+            })
+            .collect();
+        if !mismatched.is_empty() {
+            for name in mismatched {
+                let t = draft.find(name).unwrap_or(kept);
+                warnings.push(Warning::TieShapesDiffer {
+                    head: name.clone(),
+                    head_shape: format!("{:?}", draft.tensors[t].shape),
+                    embedding: kept_name.clone(),
+                    embedding_shape: format!("{:?}", draft.tensors[kept].shape),
+                });
             }
-            match draft.find(name) {
-                Some(t) if draft.tensors[t].shape != draft.tensors[kept].shape => {
-                    warnings.push(Warning::TieShapesDiffer {
-                        head: name.clone(),
-                        head_shape: format!("{:?}", draft.tensors[t].shape),
-                        embedding: group[0].clone(),
-                        embedding_shape: format!("{:?}", draft.tensors[kept].shape),
-                    });
-                    mismatch = true;
-                }
-                Some(_) => group.push(name.clone()),
-                None => {
-                    let kept_now = draft.find(&group[0]).unwrap_or(kept);
-                    add_tied_copy(draft, name, kept_now);
-                    group.push(name.clone());
-                }
+            continue;
+        }
+        let mut group = vec![kept_name.clone()];
+        for name in names.iter().filter(|n| **n != kept_name) {
+            if draft.find(name).is_none() {
+                // Inserting shifts ids: find the kept tensor again each time.
+                let of = draft.find(&kept_name).unwrap_or(kept);
+                add_tied_copy(draft, name, of);
+            }
+            if !group.contains(name) {
+                group.push(name.clone());
             }
         }
-        if !mismatch {
-            groups.push(group);
-        }
+        groups.push(group);
     }
     groups
 }
