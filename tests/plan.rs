@@ -843,7 +843,7 @@ fn vision_language_checkpoints_answer_to_the_names_the_loaded_model_has() {
 fn a_table_tie_with_shapes_that_differ_is_a_warning_and_no_tie() {
     use devmap::fixtures::FixtureTensor;
     let tmp = tempfile::tempdir().expect("tmp");
-    let tensors = vec![
+    let tensors = [
         FixtureTensor::patterned("shared.weight", DType::BF16, &[64, 16], 1),
         FixtureTensor::patterned("encoder.embed_tokens.weight", DType::BF16, &[32, 16], 2),
         FixtureTensor::patterned(
