@@ -801,6 +801,9 @@ fn vision_language_checkpoints_answer_to_the_names_the_loaded_model_has() {
         device_of(&ckpt, "language_model.lm_head.weight"),
         Placement::Disk
     );
+    // transformers matches these keys against the loaded names too: no trap to warn of.
+    let warnings = common::warning_text(&ckpt);
+    assert!(!warnings.contains("transformers 5 puts"), "{warnings}");
     let up = ckpt
         .tensor("language_model.model.layers.2.mlp.up_proj.weight")
         .expect("up");

@@ -190,16 +190,7 @@ pub fn lookup(architectures: &[String]) -> Option<&'static Arch> {
 /// (`model.layers.1.mlp.experts.gate_up_proj`, `expert 3, gate rows`). Device maps
 /// written from a loaded model use these names.
 pub fn loaded_as(architectures: &[String], name: &str) -> Option<(String, String)> {
-    let arch = lookup(architectures)?;
-    if let Some(piece) = crate::model::names::expert_piece(name) {
-        let fused = arch.runtime_or_same(&piece.fused);
-        if arch.position(&fused).is_some() {
-            let part = ["gate rows", "up rows", "all"][usize::from(piece.part.min(2))];
-            return Some((fused, format!("expert {}, {part}", piece.expert)));
-        }
-    }
-    let renamed = arch.loaded_name(name)?;
-    Some((renamed, "renamed on load".to_owned()))
+    lookup(architectures)?.loaded_form(name)
 }
 
 /// Where the table comes from, for notes: `transformers 5.24.0, torch 2.15.0`.
@@ -235,6 +226,20 @@ impl Arch {
     fn walk(&self, name: &str) -> Option<Cursor> {
         name.split('.')
             .try_fold(Self::ROOT, |at, component| self.step(at, component))
+    }
+
+    /// [`loaded_as`] for this architecture: the loaded name of a checkpoint tensor, and
+    /// what part of it the tensor is, when it differs.
+    pub fn loaded_form(&self, name: &str) -> Option<(String, String)> {
+        if let Some(piece) = crate::model::names::expert_piece(name) {
+            let fused = self.runtime_or_same(&piece.fused);
+            if self.position(&fused).is_some() {
+                let part = ["gate rows", "up rows", "all"][usize::from(piece.part.min(2))];
+                return Some((fused, format!("expert {}, {part}", piece.expert)));
+            }
+        }
+        let renamed = self.loaded_name(name)?;
+        Some((renamed, "renamed on load".to_owned()))
     }
 
     /// The name the loaded model has for a checkpoint name, when it differs: renamed

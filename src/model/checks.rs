@@ -120,8 +120,12 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<Warning> {
     let order = map.transformers5_order();
     let fallback = map.get("").unwrap_or(Placement::Cpu);
     let mut traps: BTreeMap<(String, String), (Placement, Placement, usize)> = BTreeMap::new();
+    // transformers matches the keys against the names the loaded model has.
+    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
     for t in ckpt.tensors() {
-        let (their_key, theirs) = match map.locate_transformers5(&order, &t.name) {
+        let loaded = arch.and_then(|a| a.loaded_form(&t.name)).map(|(n, _)| n);
+        let name = loaded.as_deref().unwrap_or(&t.name);
+        let (their_key, theirs) = match map.locate_transformers5(&order, name) {
             Some(hit) => (hit.key.to_owned(), hit.placement),
             None => ("(none)".to_owned(), fallback),
         };
