@@ -31,6 +31,7 @@ a name that starts with the checkpoint prefix (`*` matching an index) is loaded 
 the runtime prefix instead (how transformers 5 writes and reads the model's weights).
 """
 
+import copy
 import re
 import signal
 import sys
@@ -143,8 +144,28 @@ def instantiate(cls, config):
     return model
 
 
-def describe(cls, model_type):
+def default_config(cls, model_type):
+    """The model type's default config, or its text config where the class is the text
+    half of a composite model (Llama 4's and Qwen 3.5's causal LMs take the
+    `text_config`; their top-level config has no vocabulary)."""
     config = AutoConfig.for_model(model_type)
+    try:
+        instantiate(cls, config)
+        return config
+    except Exception as first:
+        try:
+            text = config.get_text_config()
+            if text is config:
+                raise first
+            instantiate(cls, text)
+            return text
+        except Exception:
+            # The top-level config's error says more than the text config's.
+            raise first from None
+
+
+def describe(cls, model_type):
+    config = default_config(cls, model_type)
     model = instantiate(cls, config)
     order, keys = walk(model)
     tied = ties(model, keys)
@@ -152,7 +173,7 @@ def describe(cls, model_type):
     tied_words = getattr(config, "tie_word_embeddings", None)
     conditional = set()
     if tied_words is not None:
-        flipped = AutoConfig.for_model(model_type)
+        flipped = copy.deepcopy(config)
         flipped.tie_word_embeddings = not tied_words
         flipped_model = instantiate(cls, flipped)
         other = ties(flipped_model, walk(flipped_model)[1])
