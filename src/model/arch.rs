@@ -37,11 +37,11 @@ struct Rename {
 /// A point in an architecture's tree (see [`Arch::step`]).
 pub type Cursor = u32;
 
+/// One entry; its cursor is its place in accelerate's walk (entries are made in the
+/// table's order, the root first).
 #[derive(Debug, Default)]
 struct Entry {
     children: HashMap<Box<str>, Cursor>,
-    /// Place in accelerate's walk (the root: 0).
-    position: u32,
     /// Of a `_no_split_modules` class.
     no_split: bool,
     /// Has a child module that holds no parameter (`act_fn`): accelerate splits it even
@@ -152,10 +152,7 @@ fn parse_block(body: &str) -> Arch {
             .entry(component.into())
             .or_insert(next);
         if at == next {
-            arch.nodes.push(Entry {
-                position: next,
-                ..Entry::default()
-            });
+            arch.nodes.push(Entry::default());
         }
         let e = &mut arch.nodes[at as usize];
         e.no_split |= no_split;
@@ -253,9 +250,9 @@ impl Arch {
         self.runtime_name(checkpoint)
     }
 
-    /// Place in accelerate's walk.
+    /// Place in accelerate's walk: entries are numbered in walk order.
     pub fn position_at(&self, at: Cursor) -> u32 {
-        self.nodes[at as usize].position
+        at
     }
 
     pub fn no_split_at(&self, at: Cursor) -> bool {
@@ -287,16 +284,6 @@ impl Arch {
     /// The place of a name in accelerate's walk, if the architecture has it.
     pub fn position(&self, name: &str) -> Option<u32> {
         self.find(name).map(|at| self.position_at(at))
-    }
-
-    /// Whether the module `name` is of a class in `_no_split_modules`.
-    pub fn is_no_split(&self, name: &str) -> bool {
-        self.find(name).is_some_and(|at| self.no_split_at(at))
-    }
-
-    /// Whether the module `name` has a child module without parameters.
-    pub fn has_bare_children(&self, name: &str) -> bool {
-        self.find(name).is_some_and(|at| self.bare_children_at(at))
     }
 }
 
@@ -343,6 +330,14 @@ fn rename(
 mod tests {
     use super::*;
 
+    fn no_split(a: &Arch, name: &str) -> bool {
+        a.find(name).is_some_and(|at| a.no_split_at(at))
+    }
+
+    fn bare(a: &Arch, name: &str) -> bool {
+        a.find(name).is_some_and(|at| a.bare_children_at(at))
+    }
+
     #[test]
     fn the_embedded_table_parses_and_knows_the_common_families() {
         for arch in [
@@ -383,10 +378,10 @@ mod tests {
         assert_eq!(t.source, "transformers 9.9");
         assert!(a.position("model.embed.weight") < a.position("model.layers.3.proj"));
         assert!(a.position("model.layers.12.proj.weight") < a.position("head"));
-        assert!(a.is_no_split("model.layers.7"));
-        assert!(!a.is_no_split("model.layers"));
-        assert!(a.has_bare_children("model.layers.2.experts"));
-        assert!(!a.has_bare_children("model.layers.2.proj"));
+        assert!(no_split(&a, "model.layers.7"));
+        assert!(!no_split(&a, "model.layers"));
+        assert!(bare(&a, "model.layers.2.experts"));
+        assert!(!bare(&a, "model.layers.2.proj"));
         assert!(a.position("model.layers.2.experts.fused") > a.position("model.layers.2.proj"));
         assert_eq!(a.position("model.missing"), None);
         assert_eq!(
@@ -454,7 +449,7 @@ mod tests {
         assert!(at("block.3.layer.0.attn") < at("block.3.layer.0.norm"));
         assert!(at("block.3.layer.0.norm") < at("block.3.layer.1.mlp"));
         assert!(at("block.3.layer.1.mlp") < at("block.3.layer.1.norm"));
-        assert!(a.is_no_split("block.5"));
-        assert!(!a.is_no_split("block.5.layer.1"));
+        assert!(no_split(&a, "block.5"));
+        assert!(!no_split(&a, "block.5.layer.1"));
     }
 }
