@@ -61,18 +61,19 @@ impl PartialEq for MapApplied {
     }
 }
 
-/// Applies `map` to a copy of `ckpt` and re-totals a copy of `tree`.
-pub fn apply_map(
-    ckpt: &Checkpoint,
-    tree: &ModuleTree,
-    map: Option<DeviceMap>,
-) -> (Arc<Checkpoint>, Arc<ModuleTree>, Vec<Warning>) {
+/// Applies `map` to a copy of `ckpt` and re-totals a copy of `tree` (no plan attached).
+pub fn apply_map(ckpt: &Checkpoint, tree: &ModuleTree, map: Option<DeviceMap>) -> MapApplied {
     let mut ckpt = ckpt.clone();
     ckpt.apply_device_map(map);
     let mut tree = tree.clone();
     tree.recompute(&ckpt);
     let warnings = ckpt.all_warnings();
-    (Arc::new(ckpt), Arc::new(tree), warnings)
+    MapApplied {
+        ckpt: Arc::new(ckpt),
+        tree: Arc::new(tree),
+        warnings,
+        plan: None,
+    }
 }
 
 /// The undo and redo stacks of device maps.
@@ -82,7 +83,6 @@ pub type UndoStacks = (Vec<Option<DeviceMap>>, Vec<Option<DeviceMap>>);
 #[derive(Debug, Clone, PartialEq)]
 pub struct Busy {
     pub what: &'static str,
-    pub since: std::time::Duration,
     /// The undo and redo stacks before the edit, put back if it fails.
     pub stacks_before: Option<UndoStacks>,
 }
@@ -114,17 +114,10 @@ impl App {
         let tree = Arc::clone(&self.tree);
         self.busy = Some(Busy {
             what: "re-totalling",
-            since: self.clock,
             stacks_before: Some(stacks_before),
         });
         vec![Effect::Compute(Work::new("re-totalling", move || {
-            let (ckpt, tree, warnings) = apply_map(&ckpt, &tree, map);
-            Action::MapApplied(Arc::new(MapApplied {
-                ckpt,
-                tree,
-                warnings,
-                plan: None,
-            }))
+            Action::MapApplied(Arc::new(apply_map(&ckpt, &tree, map)))
         }))]
     }
 
@@ -139,7 +132,6 @@ impl App {
         // The plan's undo entry is made when it lands.
         self.busy = Some(Busy {
             what: "planning",
-            since: self.clock,
             stacks_before: None,
         });
         vec![Effect::Compute(Work::new(
@@ -147,12 +139,10 @@ impl App {
             move || match crate::plan::plan(&ckpt, &options) {
                 Err(e) => Action::PlanFailed(e.to_string()),
                 Ok(planned) => {
-                    let (ckpt, tree, warnings) = apply_map(&ckpt, &tree, Some(planned.map.clone()));
+                    let applied = apply_map(&ckpt, &tree, Some(planned.map.clone()));
                     Action::MapApplied(Arc::new(MapApplied {
-                        ckpt,
-                        tree,
-                        warnings,
                         plan: Some((planned, spec)),
+                        ..applied
                     }))
                 }
             },
