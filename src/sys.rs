@@ -76,6 +76,13 @@ pub(crate) fn drop_from_cache(file: &File, offset: u64, len: u64) {
     }
 }
 
+/// The signals that end devmap cleanly (a running save cancelled, the terminal restored).
+pub const TERMINATION_SIGNALS: [i32; 3] = [
+    signal_hook::consts::SIGTERM,
+    signal_hook::consts::SIGHUP,
+    signal_hook::consts::SIGINT,
+];
+
 /// Set when SIGTERM, SIGHUP or SIGINT arrives, once [`catch_termination`] ran.
 static TERMINATION: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 
@@ -85,11 +92,7 @@ static TERMINATION: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 pub fn catch_termination() -> &'static AtomicBool {
     TERMINATION.get_or_init(|| {
         let flag = Arc::new(AtomicBool::new(false));
-        for signal in [
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGHUP,
-            signal_hook::consts::SIGINT,
-        ] {
+        for signal in TERMINATION_SIGNALS {
             // Fails only for signals that cannot be caught (SIGKILL, SIGSTOP); without
             // the handler the default action (exit) still stops devmap.
             let _ = signal_hook::flag::register(signal, Arc::clone(&flag));

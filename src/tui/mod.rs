@@ -512,8 +512,8 @@ fn spawn_input(tx: Sender<Event>) {
 /// Forwards termination signals to the loop as events, so a sleeping loop wakes for
 /// them (the handlers `sys::catch_termination` installs only set a flag).
 fn spawn_termination(tx: Sender<Event>) {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGTERM, SIGHUP, SIGINT]) else {
+    let Ok(mut signals) = signal_hook::iterator::Signals::new(crate::sys::TERMINATION_SIGNALS)
+    else {
         return;
     };
     let _ = std::thread::Builder::new()
