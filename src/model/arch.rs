@@ -229,7 +229,7 @@ impl Arch {
     /// what part of it the tensor is, when it differs.
     pub fn loaded_form(&self, name: &str) -> Option<(String, String)> {
         if let Some(piece) = crate::model::names::expert_piece(name) {
-            let fused = self.runtime_or_same(&piece.fused);
+            let fused = self.loaded_or_same(&piece.fused);
             if self.position(&fused).is_some() {
                 let part = ["gate rows", "up rows", "all"][usize::from(piece.part.min(2))];
                 return Some((fused, format!("expert {}, {part}", piece.expert)));
@@ -271,9 +271,9 @@ impl Arch {
         rename(&self.renames, checkpoint, |r| (&r.checkpoint, &r.runtime))
     }
 
-    /// [`Arch::runtime_name`], or `name` itself when it is not renamed.
-    pub fn runtime_or_same(&self, name: &str) -> String {
-        self.runtime_name(name).unwrap_or_else(|| name.to_owned())
+    /// [`Arch::loaded_name`], or `name` itself when it is not renamed.
+    pub fn loaded_or_same(&self, name: &str) -> String {
+        self.loaded_name(name).unwrap_or_else(|| name.to_owned())
     }
 
     /// The other way: the checkpoint name of a runtime name.

@@ -403,7 +403,7 @@ pub fn place(
             .or_else(|| m.locate(&super::names::runtime_name(name)?))
             .or_else(|| {
                 let fused = super::names::expert_piece(name)?.fused;
-                m.locate(&arch.map_or_else(|| fused.clone(), |a| a.runtime_or_same(&fused)))
+                m.locate(&arch.map_or_else(|| fused.clone(), |a| a.loaded_or_same(&fused)))
             }) {
             Some(hit) => (hit.placement, hit.index as u32),
             None => (Placement::Unmapped, NO_KEY),

@@ -82,7 +82,7 @@ fn fused_experts(ckpt: &Checkpoint, arch: &Arch) -> BTreeMap<String, Layout> {
     let mut pieces: BTreeMap<String, BTreeMap<(u64, u8), Layout>> = BTreeMap::new();
     for t in ckpt.tensors() {
         if let Some(piece) = expert_piece(&t.name)
-            && let fused = arch.runtime_or_same(&piece.fused)
+            && let fused = arch.loaded_or_same(&piece.fused)
             && arch.position(&fused).is_some()
         {
             pieces
