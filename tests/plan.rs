@@ -44,14 +44,34 @@ fn planned_as(
     dtype: Option<DType>,
 ) -> devmap::model::Checkpoint {
     let mut ckpt = load(dir, &LoadOptions::default()).expect("load");
+    let map = plan_of(&ckpt, spec, no_split, dtype).map;
+    ckpt.apply_device_map(Some(map));
+    ckpt
+}
+
+/// The plan for `ckpt` with budgets `spec`.
+fn plan_of(
+    ckpt: &devmap::model::Checkpoint,
+    spec: &str,
+    no_split: &[&str],
+    dtype: Option<DType>,
+) -> devmap::plan::Planned {
     let options = PlanOptions {
         max_memory: parse_max_memory(spec).expect("spec"),
         no_split: no_split.iter().map(|s| (*s).to_owned()).collect(),
         dtype,
     };
-    let p = plan(&ckpt, &options).expect("plan");
-    ckpt.apply_device_map(Some(p.map));
-    ckpt
+    plan(ckpt, &options).expect("plan")
+}
+
+/// A plan's map keys, in order.
+fn map_keys(planned: &devmap::plan::Planned) -> Vec<&str> {
+    planned
+        .map
+        .entries()
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect()
 }
 
 fn device_of(ckpt: &devmap::model::Checkpoint, name: &str) -> Placement {
@@ -624,21 +644,8 @@ fn moe_plans_name_the_runtime_modules_transformers_loads() {
         }),
     );
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
-    let planned = plan(
-        &ckpt,
-        &PlanOptions {
-            max_memory: parse_max_memory("0=150KB,cpu=150KB").expect("spec"),
-            no_split: vec!["none".into()],
-            dtype: None,
-        },
-    )
-    .expect("plan");
-    let keys: Vec<&str> = planned
-        .map
-        .entries()
-        .iter()
-        .map(|(k, _)| k.as_str())
-        .collect();
+    let planned = plan_of(&ckpt, "0=150KB,cpu=150KB", &["none"], None);
+    let keys = map_keys(&planned);
     assert!(
         keys.iter().all(|k| !k.contains("block_sparse_moe")),
         "{keys:?}"
@@ -813,21 +820,8 @@ fn vision_language_checkpoints_answer_to_the_names_the_loaded_model_has() {
         up.source
     );
     // A plan names the loaded model's modules.
-    let planned = plan(
-        &ckpt,
-        &PlanOptions {
-            max_memory: parse_max_memory("0=100KB,cpu=60KB").expect("spec"),
-            no_split: vec![],
-            dtype: None,
-        },
-    )
-    .expect("plan");
-    let keys: Vec<&str> = planned
-        .map
-        .entries()
-        .iter()
-        .map(|(k, _)| k.as_str())
-        .collect();
+    let planned = plan_of(&ckpt, "0=100KB,cpu=60KB", &[], None);
+    let keys = map_keys(&planned);
     assert!(
         keys.iter().all(|k| !k.starts_with("language_model")
             && !k.starts_with("vision_tower")
