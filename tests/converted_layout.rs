@@ -10,6 +10,32 @@ use common::{devmap, stderr, stdout};
 use devmap::fixtures::{FixtureTensor, write_json, write_offload_per_tensor, write_sharded};
 use devmap::model::DType;
 
+/// transformers 5's fused offload entries for layer `layer`'s `e` experts
+/// (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]), written as per-tensor files.
+fn write_fused_experts(
+    dir: &std::path::Path,
+    layer: usize,
+    dtype: DType,
+    (e, i, h): (u64, u64, u64),
+) -> [FixtureTensor; 2] {
+    let fused = [
+        FixtureTensor::patterned(
+            &format!("model.layers.{layer}.mlp.experts.gate_up_proj"),
+            dtype,
+            &[e, 2 * i, h],
+            50,
+        ),
+        FixtureTensor::patterned(
+            &format!("model.layers.{layer}.mlp.experts.down_proj"),
+            dtype,
+            &[e, h, i],
+            51,
+        ),
+    ];
+    write_offload_per_tensor(&dir.join("offload"), &fused).expect("offload");
+    fused
+}
+
 #[test]
 fn fused_runtime_experts_without_a_template_are_refused() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -39,21 +65,7 @@ fn fused_runtime_experts_without_a_template_are_refused() {
         &serde_json::json!({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral"}),
     )
     .expect("config");
-    let fused = [
-        FixtureTensor::patterned(
-            "model.layers.0.mlp.experts.gate_up_proj",
-            DType::F32,
-            &[e, 2 * i, h],
-            50,
-        ),
-        FixtureTensor::patterned(
-            "model.layers.0.mlp.experts.down_proj",
-            DType::F32,
-            &[e, h, i],
-            51,
-        ),
-    ];
-    write_offload_per_tensor(&dir.join("offload"), &fused).expect("offload");
+    write_fused_experts(&dir, 0, DType::F32, (e, i, h));
 
     let o = devmap(&["inspect", dir.to_str().expect("p"), "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -130,21 +142,7 @@ fn moe(
         }
     }
     write_sharded(&dir, &tensors, 1).expect("checkpoint");
-    let fused = [
-        FixtureTensor::patterned(
-            "model.layers.1.mlp.experts.gate_up_proj",
-            DType::BF16,
-            &[e, 2 * i, h],
-            50,
-        ),
-        FixtureTensor::patterned(
-            "model.layers.1.mlp.experts.down_proj",
-            DType::BF16,
-            &[e, h, i],
-            51,
-        ),
-    ];
-    write_offload_per_tensor(&dir.join("offload"), &fused).expect("offload");
+    let fused = write_fused_experts(&dir, 1, DType::BF16, (e, i, h));
     (dir, tensors, fused)
 }
 
