@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use common::{devmap, mixed_model, stderr, stdout};
 use devmap::fixtures::{FixtureTensor, LlamaShape, llama_config, llama_like, write_json};
-use devmap::formats::safetensors::read_header;
+use devmap::formats::safetensors::{HeaderTensor, read_header};
 use devmap::model::DType;
 
 /// A small tied Llama in three shards, and where to save it.
@@ -106,6 +106,12 @@ fn write_index(out: &Path, value: &serde_json::Value) {
 
 /// The shard holding `tensor` and the tensor's absolute offset in it.
 fn locate(out: &Path, tensor: &str) -> (PathBuf, u64) {
+    let (path, t) = header_entry(out, tensor);
+    (path, t.offset)
+}
+
+/// The shard that holds `tensor` in a saved `out`, and the tensor's header entry.
+fn header_entry(out: &Path, tensor: &str) -> (PathBuf, HeaderTensor) {
     let file = index(out)["weight_map"][tensor]
         .as_str()
         .expect("in index")
@@ -114,10 +120,10 @@ fn locate(out: &Path, tensor: &str) -> (PathBuf, u64) {
     let header = read_header(&path).expect("header");
     let t = header
         .tensors
-        .iter()
+        .into_iter()
         .find(|t| t.name == tensor)
         .expect("in header");
-    (path, t.offset)
+    (path, t)
 }
 
 fn edit_config(out: &Path, key: &str, value: serde_json::Value) {
@@ -200,13 +206,8 @@ fn a_tensor_in_two_shards_is_named() {
     let case = llama(DType::BF16);
     save(&case, &[]);
     // A further shard that repeats VICTIM beside a tensor of its own.
-    let (path, offset) = locate(&case.out, VICTIM);
-    let header = read_header(&path).expect("header");
-    let t = header
-        .tensors
-        .iter()
-        .find(|t| t.name == VICTIM)
-        .expect("victim");
+    let (path, t) = header_entry(&case.out, VICTIM);
+    let offset = t.offset;
     let bytes = std::fs::read(&path).expect("shard");
     let copy = FixtureTensor {
         name: VICTIM.into(),
@@ -385,14 +386,8 @@ fn against_reads_the_offload_folder_like_save() {
 fn all_zero_and_uniform_tensors_are_notes_not_failures() {
     let case = llama(DType::BF16);
     save(&case, &[]);
-    let (path, offset) = locate(&case.out, VICTIM);
-    let header = read_header(&path).expect("header");
-    let len = header
-        .tensors
-        .iter()
-        .find(|t| t.name == VICTIM)
-        .expect("victim")
-        .len;
+    let (path, t) = header_entry(&case.out, VICTIM);
+    let (offset, len) = (t.offset, t.len);
     let mut bytes = std::fs::read(&path).expect("shard");
     bytes[offset as usize..(offset + len) as usize].fill(0);
     std::fs::write(&path, bytes).expect("write");
