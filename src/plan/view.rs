@@ -38,7 +38,10 @@ pub fn runtime_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint
     let mut tensors: Vec<Tensor> = ckpt
         .tensors()
         .iter()
-        .filter(|t| expert_piece(&t.name).is_none_or(|piece| !fused.contains_key(&piece.fused)))
+        .filter(|t| {
+            expert_piece(&t.name)
+                .is_none_or(|piece| !fused.contains_key(&arch.loaded_or_same(&piece.fused)))
+        })
         .map(plain)
         .collect();
     for (name, (dtype, shape)) in fused {
