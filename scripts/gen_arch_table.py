@@ -102,36 +102,74 @@ def ties(model, keys):
     return groups
 
 
-def renames(model, keys):
-    """How the checkpoint names what the loaded model names otherwise, as transformers
-    5 writes it on save (`revert_weight_conversion`, one parameter at a time): pairs of
-    (checkpoint prefix, runtime prefix), their common tail cut off — Llava's
-    `language_model.model` is `model.language_model`, Mixtral's
-    `model.layers.*.block_sparse_moe` is `model.layers.*.mlp`. Parameters that one
-    checkpoint tensor does not map to one-to-one (fused experts) are left to devmap's
-    expert templates."""
-    from transformers.core_model_loading import revert_weight_conversion
+def renames(model):
+    """How the checkpoint names what the loaded model names otherwise: the renamings
+    transformers 5 reverts on save (as `revert_weight_conversion` does: the model's
+    conversion mapping, reversed), applied to each parameter, as pairs of (checkpoint
+    prefix, runtime prefix) — Llava's `language_model.model` is
+    `model.language_model`, Mixtral's `model.layers.*.block_sparse_moe` is
+    `model.layers.*.mlp`. Parameters a converter makes (fused experts, anything whose
+    bytes change) are left out: devmap's expert templates handle those it knows.
 
-    done = set()
-    pairs = set()
-    for name, param in model.named_parameters():
-        key = keys.get(name, collapse(name))
-        if key in done:
+    Each pair keeps as little of the common tail as lets it stand alone: no two pairs
+    may give one prefix two meanings, and a pair where one side only adds or drops
+    components (`model` -> `model.language_model`) keeps the next component too, so it
+    does not also claim that prefix's other children (`model.visual`)."""
+    from collections import defaultdict
+
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import (
+        PrefixChange,
+        WeightConverter,
+        WeightRenaming,
+        apply_converters,
+        apply_renamings,
+    )
+
+    conversions = [c for c in get_model_conversion_mapping(model, add_legacy=False) if not isinstance(c, PrefixChange)]
+    reverse = [c.reverse_transform() for c in conversions[::-1]]
+    renamings = [r for r in reverse if isinstance(r, WeightRenaming)]
+    converters = [r for r in reverse if isinstance(r, WeightConverter)]
+    full = set()
+    for name, _ in model.named_parameters():
+        if apply_converters(name, converters)[1] is not None:
             continue
-        done.add(key)
-        try:
-            saved = list(revert_weight_conversion(model, {name: param}))
-        except Exception:
-            continue
-        if len(saved) != 1 or saved[0] == name:
-            continue
-        old, new = saved[0].split("."), name.split(".")
-        # The common tail goes, but not the last component on either side: a rule keeps
-        # the name it is about (`vision_tower` -> `model.vision_tower`, not "" -> `model`).
-        while len(old) > 1 and len(new) > 1 and old[-1] == new[-1]:
-            old, new = old[:-1], new[:-1]
-        pairs.add((collapse(".".join(old)), collapse(".".join(new))))
-    return sorted(pairs)
+        saved = apply_renamings(name, renamings)
+        if saved != name:
+            full.add((tuple(collapse(saved).split(".")), tuple(collapse(name).split("."))))
+    full = sorted(full)
+
+    def common_tail(old, new):
+        k = 0
+        while k < min(len(old), len(new)) - 1 and old[-1 - k] == new[-1 - k]:
+            k += 1
+        return k
+
+    def cut(pair, k):
+        old, new = pair
+        return old[: len(old) - k], new[: len(new) - k]
+
+    strip = [common_tail(old, new) for old, new in full]
+    while True:
+        pairs = [cut(p, k) for p, k in zip(full, strip)]
+        meanings, sources = defaultdict(set), defaultdict(set)
+        for old, new in pairs:
+            meanings[old].add(new)
+            sources[new].add(old)
+        changed = False
+        for i, (old, new) in enumerate(pairs):
+            prefix_only = old == new[: len(old)] or new == old[: len(new)]
+            if (len(meanings[old]) > 1 or len(sources[new]) > 1 or prefix_only) and strip[i] > 0:
+                strip[i] -= 1
+                changed = True
+        if not changed:
+            break
+    # Still ambiguous with nothing left to keep: no rule (the names stay as they are).
+    return sorted(
+        (".".join(old), ".".join(new))
+        for old, new in set(pairs)
+        if len(meanings[old]) == 1 and len(sources[new]) == 1
+    )
 
 
 def instantiate(cls, config):
@@ -169,7 +207,7 @@ def describe(cls, model_type):
     model = instantiate(cls, config)
     order, keys = walk(model)
     tied = ties(model, keys)
-    renamed = renames(model, keys)
+    renamed = renames(model)
     tied_words = getattr(config, "tie_word_embeddings", None)
     conditional = set()
     if tied_words is not None:
