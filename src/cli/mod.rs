@@ -66,7 +66,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 let model = args.model.clone();
                 let what = dir.display().to_string();
                 let loaded = devmap::tui::run_loading(&what, move |status| {
-                    open_reporting(&dir, &model, &|line| status.set(line))
+                    open_with(&dir, &model, Some(&|line| status.set(line)))
                 })
                 .wrap_err("the terminal interface failed")?;
                 if let devmap::tui::Loaded::Failed(e) = loaded {
@@ -89,16 +89,8 @@ pub(super) fn open(arg: &Path, model: &ModelArgs) -> Result<Checkpoint> {
     open_with(arg, model, None)
 }
 
-/// [`open`], with a remote fetch's progress going to `report` (the inspector's
+/// [`open`]; with `report`, a remote fetch's progress goes there (the inspector's
 /// opening screen) instead of stderr.
-fn open_reporting(
-    arg: &Path,
-    model: &ModelArgs,
-    report: &(dyn Fn(String) + Sync),
-) -> Result<Checkpoint> {
-    open_with(arg, model, Some(report))
-}
-
 fn open_with(
     arg: &Path,
     model: &ModelArgs,
@@ -110,19 +102,7 @@ fn open_with(
         ties: model.ties.clone(),
     };
     if let Some(source) = remote_source(arg)? {
-        let mirror = match report {
-            None => fetch_headers(&source)?,
-            Some(report) => {
-                let origin = source.display();
-                let progress = |done: usize, total: usize| {
-                    report(format!(
-                        "fetching the headers of {origin}: {done}/{total} shard(s)"
-                    ));
-                };
-                devmap::remote::fetch(&source, None, &progress)
-                    .wrap_err_with(|| format!("cannot read the remote model {origin}"))?
-            }
-        };
+        let mirror = fetch_headers(&source, report)?;
         let mut ckpt = load(&mirror.dir, &options)
             .wrap_err_with(|| format!("cannot read the model at {}", mirror.origin))?;
         ckpt.remote = Some(source.describe());
@@ -173,19 +153,24 @@ pub(super) fn local_model_dir(arg: &Path) -> Result<PathBuf> {
 
 /// Fetches a remote model's config, index and shard headers, with a progress line on
 /// a terminal's stderr and a summary after.
-fn fetch_headers(source: &devmap::remote::Source) -> Result<devmap::remote::Mirror> {
+fn fetch_headers(
+    source: &devmap::remote::Source,
+    report: Option<&(dyn Fn(String) + Sync)>,
+) -> Result<devmap::remote::Mirror> {
     use std::io::Write;
-    let tty = std::io::stderr().is_terminal();
+    let tty = report.is_none() && std::io::stderr().is_terminal();
     let origin = source.display();
     let started = std::time::Instant::now();
     let progress = |done: usize, total: usize| {
-        if tty {
+        let line = format!(
+            "fetching the headers of {}: {done}/{total} shard(s)",
+            devmap::text::escaped(&origin)
+        );
+        if let Some(report) = report {
+            report(line);
+        } else if tty {
             let mut err = std::io::stderr().lock();
-            let _ = write!(
-                err,
-                "\r\x1b[2Kfetching the headers of {}: {done}/{total} shard(s)",
-                devmap::text::escaped(&origin)
-            );
+            let _ = write!(err, "\r\x1b[2K{line}");
             let _ = err.flush();
         }
     };
@@ -194,6 +179,10 @@ fn fetch_headers(source: &devmap::remote::Source) -> Result<devmap::remote::Mirr
         let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
     }
     let mirror = mirror.wrap_err_with(|| format!("cannot read the remote model {origin}"))?;
+    if report.is_some() {
+        // The inspector takes the terminal next: no summary printed over it.
+        return Ok(mirror);
+    }
     err_line(format!(
         "{}: {} shard header(s) in {:.1} s, {} in {} request(s) ({:.4}% of the model's {})",
         devmap::text::escaped(&mirror.origin),
