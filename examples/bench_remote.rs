@@ -20,16 +20,7 @@ fn main() -> std::io::Result<()> {
     let repo = root.join("acme/giant/main");
     if !repo.join("model.safetensors.index.json").exists() {
         eprintln!("generating the sparse MoE in {} …", repo.display());
-        write_sparse_moe(
-            &repo,
-            MoeShape {
-                layers: 60,
-                experts: 256,
-                hidden: 7168,
-                expert_intermediate: 2048,
-                shards: 160,
-            },
-        )?;
+        write_sparse_moe(&repo, MoeShape::GIANT)?;
     }
     let server = hub_server::start(&root, ServerOptions::default())?;
     let source = Source::Hub {

@@ -49,16 +49,7 @@ fn main() -> std::io::Result<()> {
         .nth(1)
         .map_or_else(|| PathBuf::from("target/bench/moe"), PathBuf::from);
     if !dir.join("model.safetensors.index.json").exists() {
-        let (n, bytes) = write_sparse_moe(
-            &dir,
-            MoeShape {
-                layers: 60,
-                experts: 256,
-                hidden: 7168,
-                expert_intermediate: 2048,
-                shards: 160,
-            },
-        )?;
+        let (n, bytes) = write_sparse_moe(&dir, MoeShape::GIANT)?;
         println!(
             "generated {n} tensors describing {} in {}",
             devmap::human_bytes(bytes),

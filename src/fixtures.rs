@@ -251,6 +251,18 @@ pub struct MoeShape {
     pub shards: usize,
 }
 
+impl MoeShape {
+    /// The DeepSeek-V3-sized model the scale test and the benchmarks use: 60 layers of
+    /// 256 experts over 160 shards, 92,583 tensors describing 657 GiB.
+    pub const GIANT: MoeShape = MoeShape {
+        layers: 60,
+        experts: 256,
+        hidden: 7168,
+        expert_intermediate: 2048,
+        shards: 160,
+    };
+}
+
 /// Writes a giant MoE checkpoint whose data regions are holes (sparse files): every
 /// header is real, every tensor reads as zeros, and a "1 TB" model costs a few MB of
 /// disk. FP8 expert weights with F32 block scales, BF16 attention, F32 norms.

@@ -12,13 +12,7 @@ use devmap::model::{LoadOptions, ModuleTree, load};
 fn a_hundred_thousand_tensor_sparse_checkpoint_opens() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("moe");
-    let shape = MoeShape {
-        layers: 60,
-        experts: 256,
-        hidden: 7168,
-        expert_intermediate: 2048,
-        shards: 160,
-    };
+    let shape = MoeShape::GIANT;
     let (count, bytes) = write_sparse_moe(&dir, shape).expect("generate");
     assert!(count > 90_000, "{count} tensors");
     assert!(bytes > 600 << 30, "{bytes} bytes described");
