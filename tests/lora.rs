@@ -409,11 +409,7 @@ fn memory_stays_flat_on_a_model_far_larger_than_the_adapter() {
         .expect("run");
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
-    let peak: u64 = err
-        .lines()
-        .find_map(|l| l.strip_prefix("devmap-peak-rss-bytes="))
-        .and_then(|v| v.parse().ok())
-        .expect("peak RSS line");
+    let peak = common::peak_rss(&err);
     eprintln!("peak RSS {} MiB merging 18 pairs into 144 MiB", peak >> 20);
     // Two writers, each holding one pair in f32 and one block.
     assert!(

@@ -44,11 +44,7 @@ fn one_big_shard_stays_under_64_mib() {
         .expect("run");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    let peak: u64 = err
-        .lines()
-        .find_map(|l| l.strip_prefix("devmap-peak-rss-bytes="))
-        .and_then(|v| v.parse().ok())
-        .expect("peak RSS line");
+    let peak = common::peak_rss(&err);
     let written = std::fs::metadata(out.join("model.safetensors"))
         .expect("shard")
         .len();

@@ -373,3 +373,12 @@ pub fn finish_work(
     }
     rest
 }
+
+/// The peak resident set devmap printed on exit (`DEVMAP_REPORT_PEAK_RSS=1`), in bytes.
+pub fn peak_rss(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("devmap-peak-rss-bytes="))
+        .and_then(|v| v.parse().ok())
+        .expect("peak RSS line")
+}
