@@ -89,10 +89,7 @@ impl Source {
     /// http(s) URL. `None`: the text is not meant as a remote model at all.
     pub fn parse(text: &str) -> Option<Result<Source, RemoteError>> {
         if let Some(rest) = text.strip_prefix("hf://") {
-            let endpoint = std::env::var("HF_ENDPOINT")
-                .ok()
-                .filter(|e| !e.is_empty())
-                .unwrap_or_else(|| "https://huggingface.co".to_owned());
+            let endpoint = hub_endpoint();
             return Some(
                 crate::formats::hub_cache::parse_repo_id(rest.trim_end_matches('/'))
                     .map(|id| Source::Hub {
@@ -160,13 +157,23 @@ impl Source {
         }
     }
 
-    fn host(&self) -> Option<String> {
-        let url = match self {
-            Source::Hub { endpoint, .. } => endpoint.as_str(),
-            Source::Url { base, .. } => base.as_str(),
-        };
-        http::host_of(url).map(str::to_owned)
+    /// The origin the Hub token may go to: `HF_ENDPOINT`'s (default the Hub), for
+    /// `hf://` sources and for URLs alike. A URL's own host never decides it: a token
+    /// for the Hub is not sent to a server that a URL names.
+    fn token_origin(&self) -> Option<http::Origin> {
+        match self {
+            Source::Hub { endpoint, .. } => http::Origin::of(endpoint),
+            Source::Url { .. } => http::Origin::of(&hub_endpoint()),
+        }
     }
+}
+
+/// `HF_ENDPOINT`, else the public Hub.
+fn hub_endpoint() -> String {
+    std::env::var("HF_ENDPOINT")
+        .ok()
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| "https://huggingface.co".to_owned())
 }
 
 /// Percent-encodes all but unreserved characters (and `/` when `keep_slash`), as
@@ -229,7 +236,7 @@ pub fn fetch(
     parent: Option<&Path>,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Mirror, RemoteError> {
-    let client = Client::new(hub_token(), source.host());
+    let client = Client::new(hub_token(), source.token_origin());
     let dir = mirror_dir(parent)?;
     // Dropped on every error path: the folder goes with it.
     let mut mirror = Mirror {

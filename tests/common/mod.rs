@@ -11,6 +11,8 @@ use devmap::fixtures::{
 };
 use devmap::model::DType;
 
+pub mod journey;
+
 /// A tensor as read back from a saved checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {

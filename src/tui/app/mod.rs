@@ -84,6 +84,9 @@ pub enum Action {
     PrevPreset,
     NextPreset,
     Input(char),
+    /// Text pasted into the terminal (bracketed paste): one edit of the focused text
+    /// field, never keys that run as commands.
+    Paste(String),
     Backspace,
     ClearField,
     /// Ctrl-W: delete back to the previous `/` or space (a path's last part).
@@ -443,6 +446,29 @@ impl App {
         }
     }
 
+    /// A paste goes into the open text field as one edit (line breaks and other
+    /// control characters dropped, so a pasted line never submits); outside a field it
+    /// is ignored, with a word why.
+    fn paste(&mut self, text: &str) -> Vec<Effect> {
+        let clean: String = text.chars().filter(|c| !c.is_control()).collect();
+        let in_field = match &self.mode {
+            Mode::Search(_) | Mode::Export(_) | Mode::Plan(_) => true,
+            Mode::SaveDialog(d) => d.field != Field::Dtype,
+            _ => false,
+        };
+        if !in_field {
+            self.say(
+                "paste ignored: open a text field first (/ search, s save, w export, p plan)",
+                Tone::Info,
+            );
+            return Vec::new();
+        }
+        if clean.is_empty() {
+            return Vec::new();
+        }
+        self.handle_in_mode(Action::Paste(clean))
+    }
+
     pub fn selected(&self) -> Option<NodeId> {
         self.rows.selected_node()
     }
@@ -558,6 +584,7 @@ impl App {
                 self.size = (width, height);
                 Vec::new()
             }
+            Action::Paste(text) => self.paste(&text),
             Action::Memory(sample) => {
                 if self.memory.len() == MEMORY_HISTORY {
                     self.memory.pop_front();
@@ -802,6 +829,11 @@ fn edit_text(text: &mut String, cursor: Option<usize>, action: &Action) -> Optio
             text.insert(b, *c);
             at + 1
         }
+        Action::Paste(pasted) => {
+            let b = byte(at);
+            text.insert_str(b, pasted);
+            at + pasted.chars().count()
+        }
         Action::Backspace if at > 0 => {
             let b = byte(at - 1);
             text.remove(b);
@@ -879,6 +911,7 @@ fn is_edit(action: &Action) -> bool {
     matches!(
         action,
         Action::Input(_)
+            | Action::Paste(_)
             | Action::Backspace
             | Action::ClearField
             | Action::DeleteWord

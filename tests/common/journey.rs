@@ -1,0 +1,82 @@
+//! Journeys through the inspector's real runtime: the same loop, tick handling,
+//! effects and worker threads as in a terminal, fed by a script on a virtual clock and
+//! drawn on ratatui's `TestBackend`. Nothing here carries out an App's effects: the
+//! runtime does.
+
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use devmap::tui::app::App;
+use devmap::tui::runtime::{self, Event};
+use devmap::tui::script::{Script, Step};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::buffer::Buffer;
+use ratatui::crossterm::event::{Event as TermEvent, KeyCode, KeyEvent, KeyModifiers};
+
+pub fn key(code: KeyCode) -> KeyEvent {
+    KeyEvent::new(code, KeyModifiers::NONE)
+}
+
+pub fn ch(c: char) -> KeyEvent {
+    key(KeyCode::Char(c))
+}
+
+pub fn ctrl(c: char) -> KeyEvent {
+    KeyEvent::new(KeyCode::Char(c), KeyModifiers::CONTROL)
+}
+
+pub fn text(s: &str) -> Vec<KeyEvent> {
+    s.chars().map(ch).collect()
+}
+
+/// A key pressed once the background work before it has reported back.
+pub fn press_step(k: KeyEvent) -> Step {
+    Step::Event(Event::Terminal(TermEvent::Key(k)))
+}
+
+/// A key pressed at once, while background work may still run.
+pub fn press_now(k: KeyEvent) -> Step {
+    Step::Now(Event::Terminal(TermEvent::Key(k)))
+}
+
+/// Text pasted into the terminal (one bracketed-paste event).
+pub fn paste(s: &str) -> Step {
+    Step::Event(Event::Terminal(TermEvent::Paste(s.to_owned())))
+}
+
+/// Runs the runtime on `app` through `steps` (then lets owed frames and deferred work
+/// happen), on a terminal of the App's size. Returns the last frame drawn.
+pub fn drive(app: &mut App, steps: impl IntoIterator<Item = Step>) -> Buffer {
+    let (width, height) = app.size;
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("terminal");
+    let mut script = Script::new(steps).starting_at(app.clock);
+    let terminated = AtomicBool::new(false);
+    runtime::run(&mut terminal, app, &mut script, &terminated).expect("the runtime ran");
+    terminal.backend().buffer().clone()
+}
+
+/// Presses `keys` one after another through the runtime (each once the work of the
+/// one before has landed, as a user who waits for the screen). Returns the screen.
+pub fn press(app: &mut App, keys: &[KeyEvent]) -> String {
+    screen(&drive(app, keys.iter().map(|&k| press_step(k))))
+}
+
+/// Lets `time` pass with no input (the save preview's quiet time, say).
+pub fn wait(app: &mut App, time: Duration) -> String {
+    screen(&drive(app, [Step::Wait(time)]))
+}
+
+/// A buffer's text, one line per row, trailing spaces cut.
+pub fn screen(buffer: &Buffer) -> String {
+    let area = buffer.area;
+    let mut out = String::new();
+    for y in 0..area.height {
+        let line: String = (0..area.width)
+            .map(|x| buffer[(x, y)].symbol().to_owned())
+            .collect();
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}

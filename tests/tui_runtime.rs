@@ -1,0 +1,136 @@
+//! Journeys through the inspector's real runtime (event loop, ticks, effects, worker
+//! and save threads), scripted, on a virtual clock, drawn on `TestBackend`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::journey::{
+    ch, ctrl, drive, key, paste, press, press_now, press_step, screen, text, wait,
+};
+use common::{mixed_model, read_saved};
+use devmap::model::{LoadOptions, load};
+use devmap::tui::app::{App, Budgets, Field, Mode, Outcome};
+use devmap::tui::script::Step;
+use ratatui::crossterm::event::KeyCode;
+
+const GIB: u64 = 1 << 30;
+
+fn app_for(model: &common::Model) -> App {
+    let ckpt = load(&model.dir, &LoadOptions::default()).expect("load");
+    let mut app = App::new(ckpt);
+    app.budgets = Budgets {
+        disk_free: Some(100 * GIB),
+        gpu_total: vec![(0, 24 * GIB)],
+    };
+    app.size = (120, 40);
+    app
+}
+
+fn dialog(app: &App) -> &devmap::tui::app::SaveDialog {
+    match &app.mode {
+        Mode::SaveDialog(d) => d,
+        other => panic!("the save dialog is not open: {other:?}"),
+    }
+}
+
+/// The bug the App-only tests hid: the runtime dropped the effects of its ticks, so the
+/// debounced preview never started and the dialog said `checking…` forever.
+#[test]
+fn typing_a_shard_size_updates_the_preview_once_the_keys_stop() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let first = press(&mut app, &[ch('s')]);
+    assert!(first.contains("1 shard"), "{first}");
+    let mut keys = vec![ctrl('u')];
+    keys.extend(text("1KB"));
+    let typed = press(&mut app, &keys);
+    assert_eq!(dialog(&app).size, "1KB");
+    // Nothing but time passes: the runtime's tick starts the preview on a thread and
+    // the result lands.
+    let _ = typed;
+    let after = wait(&mut app, Duration::from_secs(1));
+    let d = dialog(&app);
+    assert!(d.preview_pending.is_none() && d.preview_due.is_none());
+    let shards = d.preview.shard_sizes.len();
+    assert!(shards > 3, "{shards} shards for 1KB\n{after}");
+    assert!(!after.contains("checking"), "{after}");
+    assert!(after.contains(&format!("→ {shards} shard")), "{after}");
+}
+
+#[test]
+fn a_save_and_its_verification_run_on_their_threads_to_the_end() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let out = m.out("saved-through-the-runtime");
+    let mut keys = vec![ch('s'), ctrl('u')];
+    keys.extend(text("1KB"));
+    keys.push(key(KeyCode::Tab));
+    keys.push(ctrl('u'));
+    keys.extend(text(out.to_str().expect("path")));
+    press(&mut app, &keys);
+    assert_eq!(dialog(&app).field, Field::Output);
+    // Enter before the preview's quiet time: the save starts from a fresh check.
+    let done = drive(
+        &mut app,
+        [
+            Step::Wait(Duration::from_millis(500)),
+            press_step(key(KeyCode::Enter)),
+        ],
+    );
+    let save = app.save.as_ref().expect("a save ran");
+    assert!(
+        matches!(save.outcome, Some(Outcome::Done(_))),
+        "{:?}\n{}",
+        save.outcome,
+        screen(&done)
+    );
+    assert!(save.shards.len() > 3, "{}", save.shards.len());
+    assert_eq!(read_saved(&out), m.expected);
+    let screen_text = screen(&done);
+    assert!(screen_text.contains("v verify"), "{screen_text}");
+
+    let verified = press(&mut app, &[ch('v')]);
+    assert!(verified.contains("verified"), "{verified}");
+    assert!(verified.contains("no differences"), "{verified}");
+}
+
+#[test]
+fn a_paste_is_one_edit_of_the_open_field_and_never_runs_as_keys() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let map_before = app.ckpt.device_map.clone();
+    // `/` then a paste of `layers.3⏎dq`: the text is the query, the line break and the
+    // letters after it do not move a layer or open the quit prompt.
+    let screen_text = screen(&drive(
+        &mut app,
+        [press_step(ch('/')), paste("layers.3\ndq")],
+    ));
+    assert_eq!(app.mode, Mode::Search("layers.3dq".into()), "{screen_text}");
+    assert_eq!(app.ckpt.device_map, map_before);
+    assert!(!app.quitting);
+    press(&mut app, &[key(KeyCode::Esc)]);
+    // Outside a text field a paste does nothing but say so.
+    let ignored = screen(&drive(&mut app, [paste("dddq")]));
+    assert_eq!(app.mode, Mode::Browse);
+    assert_eq!(app.ckpt.device_map, map_before);
+    assert!(ignored.contains("paste ignored"), "{ignored}");
+    // In the save dialog's path field it lands at the cursor, as typed text would.
+    press(&mut app, &[ch('s'), key(KeyCode::Tab), ctrl('u')]);
+    drive(&mut app, [paste("/tmp/pasted\r\n-out")]);
+    assert_eq!(dialog(&app).out, "/tmp/pasted-out");
+}
+
+#[test]
+fn keys_pressed_while_a_retotal_runs_wait_for_it_and_then_apply() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('j'), ch('j')]);
+    let selected = app.selected();
+    // `d` starts a re-total on a worker; `u` comes while it runs and waits for it.
+    drive(&mut app, [press_now(ch('d')), press_now(ch('u'))]);
+    assert!(app.busy.is_none(), "the work landed");
+    assert_eq!(app.selected(), selected);
+    assert!(app.undo.is_empty(), "u undid the d");
+    assert_eq!(app.redo.len(), 1);
+}
