@@ -675,3 +675,163 @@ fn mirrors_left_by_a_killed_devmap_are_removed_by_the_next_fetch() {
     assert!(live.exists() && other.exists());
     drop(mirror);
 }
+
+/// The Hub token goes to `HF_ENDPOINT`'s origin (scheme, host and port) and nowhere
+/// else: not to a server a URL names, not across a redirect to another port or name.
+#[test]
+fn the_token_goes_only_to_the_endpoints_origin() {
+    let auth = |served: &Served| {
+        served
+            .server
+            .stats
+            .with_authorization
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    // A URL source with HF_ENDPOINT unset: the token is the Hub's, not this server's.
+    let served = serve(ServerOptions::default());
+    let url = format!(
+        "{}/acme/tiny/resolve/main/model.safetensors.index.json",
+        served.server.endpoint()
+    );
+    let o = devmap_env(&["inspect", &url, "--json"], &[("HF_TOKEN", "hf_secret")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(auth(&served), 0, "the token was sent to a URL's own host");
+
+    // The same URL with HF_ENDPOINT on that very origin: the token goes with it.
+    let endpoint = served.server.endpoint();
+    let o = devmap_env(
+        &["inspect", &url, "--json"],
+        &[("HF_TOKEN", "hf_secret"), ("HF_ENDPOINT", &endpoint)],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(auth(&served) > 0, "the endpoint's own URLs carry the token");
+
+    // Another name for the same address and port is another origin.
+    let before = auth(&served);
+    let by_name = url.replace("127.0.0.1", "localhost");
+    let o = devmap_env(
+        &["inspect", &by_name, "--json"],
+        &[("HF_TOKEN", "hf_secret"), ("HF_ENDPOINT", &endpoint)],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(auth(&served), before, "localhost is not 127.0.0.1's origin");
+
+    // A redirect from the endpoint to another port: the token stays behind, and the
+    // endpoint's own requests still carry it.
+    let cdn = serve(ServerOptions::default());
+    let hub = serve(ServerOptions {
+        token: Some("hf_secret".into()),
+        redirect: true,
+        redirect_to: Some(cdn.server.endpoint()),
+        ..ServerOptions::default()
+    });
+    let o = devmap_env(
+        &["inspect", "hf://acme/tiny", "--json"],
+        &[
+            ("HF_TOKEN", "hf_secret"),
+            ("HF_ENDPOINT", &hub.server.endpoint()),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cdn_requests = cdn
+        .server
+        .stats
+        .requests
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        cdn_requests > 0,
+        "the shards were read through the redirect"
+    );
+    assert_eq!(
+        auth(&cdn),
+        0,
+        "the token crossed a redirect to another port"
+    );
+    assert!(auth(&hub) > 0);
+}
+
+#[test]
+fn redirects_resolve_as_browsers_resolve_them() {
+    use devmap::remote::http::resolve_location;
+    let from = "http://127.0.0.1:8080/acme/tiny/resolve/main/model.safetensors";
+    assert_eq!(
+        resolve_location(from, "/cdn/x").as_deref(),
+        Some("http://127.0.0.1:8080/cdn/x")
+    );
+    assert_eq!(
+        resolve_location(from, "https://cdn.example/x").as_deref(),
+        Some("https://cdn.example/x")
+    );
+    assert_eq!(
+        resolve_location(from, "//other:9/x").as_deref(),
+        Some("http://other:9/x")
+    );
+    assert_eq!(
+        resolve_location(from, "other.safetensors").as_deref(),
+        Some("http://127.0.0.1:8080/acme/tiny/resolve/main/other.safetensors")
+    );
+}
+
+#[test]
+fn origins_compare_scheme_host_and_port() {
+    use devmap::remote::http::Origin;
+    let hub = Origin::of("https://huggingface.co").expect("origin");
+    assert_eq!(
+        Origin::of("https://HuggingFace.co:443/x"),
+        Some(hub.clone())
+    );
+    assert_ne!(Origin::of("http://huggingface.co/x"), Some(hub.clone()));
+    assert_ne!(
+        Origin::of("https://huggingface.co:8443/x"),
+        Some(hub.clone())
+    );
+    assert_ne!(
+        Origin::of("https://huggingface.co.evil/x"),
+        Some(hub.clone())
+    );
+    assert_ne!(Origin::of("https://evil@x.org/huggingface.co"), Some(hub));
+    assert_eq!(Origin::of("ftp://x"), None);
+    assert_eq!(Origin::of("http://h:notaport/"), None);
+}
+
+/// A server that answers one byte at a time (slowloris) gets the request's whole time
+/// limit once, retries included — not once per attempt.
+#[test]
+fn the_time_limit_covers_a_request_and_its_retries() {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let connections = std::sync::Arc::new(AtomicU64::new(0));
+    let seen = std::sync::Arc::clone(&connections);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            seen.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request);
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n");
+                for _ in 0..1000 {
+                    if stream.write_all(b"{").is_err() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            });
+        }
+    });
+    let client = devmap::remote::http::Client::with_limit(
+        None,
+        None,
+        std::time::Duration::from_millis(1500),
+    );
+    let err = client
+        .get_json(&format!("http://{addr}/config.json"), false)
+        .expect_err("a 100 s answer within a 1.5 s limit");
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        1,
+        "no retry after the limit was spent: {err}"
+    );
+}

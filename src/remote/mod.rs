@@ -7,7 +7,7 @@
 //! totals, ties and plans are the same as for a local copy; the checkpoint is marked
 //! remote, and saving it is refused.
 
-mod http;
+pub mod http;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
