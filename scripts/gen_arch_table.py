@@ -1,5 +1,6 @@
 """Writes src/model/arch_table.txt: for each architecture transformers ships for
-language models (causal LM, seq2seq, masked LM, image-text-to-text), what accelerate's
+language models (causal LM, seq2seq, masked LM, image-text-to-text), speech seq2seq,
+sequence, token and image classification, and the bare models (`AutoModel`), what accelerate's
 `infer_auto_device_map` sees of it, taken from transformers itself by instantiating the
 architecture on the `meta` device from its default config:
 
@@ -28,7 +29,13 @@ never split, ` ~` when it has a child module without parameters (which accelerat
 still splits it into); then `tie A B [...]` lines (dotted names, `*` for indices), ending with
 ` ?` when the tie needs `tie_word_embeddings`; then `rename CHECKPOINT RUNTIME` lines:
 a name that starts with the checkpoint prefix (`*` matching an index) is loaded under
-the runtime prefix instead (how transformers 5 writes and reads the model's weights).
+the runtime prefix instead (how transformers 5 writes and reads the model's weights);
+then `fp32 NAME...` (`_keep_in_fp32_modules`: kept in float32 when the model is loaded
+in float16) and `fp32-strict NAME...` (`_keep_in_fp32_modules_strict`: kept in float32
+when loaded in float16 or bfloat16). transformers matches each NAME as a regular
+expression searched anywhere in a loaded parameter name (`.` any character, `*` any
+run), and so does devmap; then `empty NAME...`: modules that hold no parameter and no
+persistent buffer (every index `*`), which a device map may name.
 """
 
 import copy
@@ -49,7 +56,18 @@ MAPPINGS = [
     "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
     "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
     "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+    # The other classes `from_pretrained(device_map=...)` is used with.
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_MAPPING_NAMES",
 ]
+
+# What transformers' loader accepts in a keep-in-float32 entry, which it uses as a
+# regular expression: devmap matches `.` as any character and `*` as any run, and
+# nothing else, so anything else is refused here rather than matched wrongly.
+KEEP_PATTERN = re.compile(r"^[A-Za-z0-9_.*]+$")
 
 
 def collapse(name):
@@ -218,10 +236,46 @@ def describe(cls, model_type):
         with_words, without = (tied, other) if tied_words else (other, tied)
         conditional = with_words - without
         tied = with_words
-    return order, sorted(tied), conditional, renamed
+    keep = keep_in_fp32(model)
+    return order, sorted(tied), conditional, renamed, keep, empty_modules(model)
 
 
-def render_block(order, tied, conditional, renamed=()):
+def empty_modules(model):
+    """Modules that hold no parameter and no persistent buffer (`rotary_emb`, `act_fn`,
+    dropouts): transformers' `hf_device_map` may name them, and a map key for one is
+    no typo. The topmost of each such subtree, every index collapsed to `*`."""
+    found = set()
+
+    def holds_tensors(module):
+        return any(True for _ in module.parameters()) or bool(module.state_dict())
+
+    def visit(module, prefix):
+        for name, child in module.named_children():
+            full = f"{prefix}.{name}" if prefix else name
+            if holds_tensors(child):
+                visit(child, full)
+            else:
+                found.add(collapse(full))
+
+    visit(model, "")
+    return sorted(found)
+
+
+def keep_in_fp32(model):
+    """The model's `_keep_in_fp32_modules` and `_keep_in_fp32_modules_strict`, as
+    transformers gathers them from every sub-model at post_init: (kept when loaded in
+    float16, kept when loaded in float16 or bfloat16)."""
+    lists = []
+    for attribute in ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict"):
+        names = sorted(getattr(model, attribute, None) or [])
+        for n in names:
+            if not KEEP_PATTERN.match(n):
+                raise ValueError(f"{attribute} entry {n!r} is a pattern devmap cannot match")
+        lists.append(names)
+    return tuple(lists)
+
+
+def render_block(order, tied, conditional, renamed=(), keep=((), ()), empty=()):
     """The walk as an indented tree. A key first met late (layer 3's experts, when layers
     0-2 are dense and share the collapsed `layers.*.mlp`) goes under its own parent,
     after that parent's earlier children: siblings keep the order they were met in."""
@@ -244,6 +298,13 @@ def render_block(order, tied, conditional, renamed=()):
         lines.append("tie " + " ".join(group) + (" ?" if group in conditional else ""))
     for saved, runtime in renamed:
         lines.append(f"rename {saved} {runtime}")
+    fp16_only, strict = keep
+    if fp16_only:
+        lines.append("fp32 " + " ".join(fp16_only))
+    if strict:
+        lines.append("fp32-strict " + " ".join(strict))
+    if empty:
+        lines.append("empty " + " ".join(empty))
     return "\n".join(lines)
 
 

@@ -238,7 +238,7 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
         .find(|(p, _)| *p == Placement::Disk)
         .map_or(0, |x| x.1);
     assert_eq!(disk_after, disk_before + node.bytes);
-    assert!(app.map_edited);
+    assert!(app.map_edited());
     assert!(
         app.warnings
             .iter()
@@ -285,7 +285,7 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
         path: path.clone(),
         error: None,
     });
-    assert!(!app.map_edited);
+    assert!(!app.map_edited());
     // What was written is a device map devmap (and accelerate) reads back.
     let reread = devmap::formats::device_map::read_device_map(&target).expect("valid map");
     assert_eq!(reread.get("model.layers.4"), Some(Placement::Gpu(0)));
@@ -340,7 +340,7 @@ fn save_dialog_preview_and_a_real_save() {
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog")
     };
-    assert_eq!(d.size, "5GB");
+    assert_eq!(d.size, "50GB", "transformers 5's default");
     assert!(d.out.ends_with("model-saved"), "{}", d.out);
     assert_eq!(d.preview.shard_sizes.len(), 1);
     assert!(d.preview.errors.is_empty(), "{:?}", d.preview.errors);
@@ -351,11 +351,14 @@ fn save_dialog_preview_and_a_real_save() {
             "model.embed_tokens.weight".to_owned()
         )]
     );
-    // Presets.
+    // Presets: none past the largest; 5GB (transformers 4's default) one step left.
     press(&mut app, &[key(KeyCode::Right)]);
-    assert!(matches!(&app.mode, Mode::SaveDialog(d) if d.size == "10GB"));
-    press(&mut app, &[key(KeyCode::Left), key(KeyCode::Left)]);
-    assert!(matches!(&app.mode, Mode::SaveDialog(d) if d.size == "2GB"));
+    assert!(matches!(&app.mode, Mode::SaveDialog(d) if d.size == "50GB"));
+    press(
+        &mut app,
+        &[key(KeyCode::Left), key(KeyCode::Left), key(KeyCode::Left)],
+    );
+    assert!(matches!(&app.mode, Mode::SaveDialog(d) if d.size == "5GB"));
     // Typing an invalid size refuses; a small one makes several shards.
     press(&mut app, &[ctrl('u')]);
     press(&mut app, &text("12XB"));
@@ -694,7 +697,7 @@ fn plan_key_replans_shows_the_diff_and_exports() {
     };
     assert!(lines[0].contains("tensors move"), "{lines:?}");
     assert!(lines.iter().any(|l| l.contains("→ disk")), "{lines:?}");
-    assert!(app.map_edited);
+    assert!(app.map_edited());
     // A long result scrolls: its last line comes into view at 80x24.
     let last = lines.last().cloned().unwrap_or_default();
     let tail: String = last.chars().take(30).collect();
@@ -1588,9 +1591,9 @@ fn text_fields_edit_at_the_cursor() {
         Mode::SaveDialog(d) => d.size.clone(),
         _ => panic!("dialog"),
     };
-    assert_eq!(size(&app), "5GB");
-    press(&mut app, &[key(KeyCode::Right)]);
-    assert_eq!(size(&app), "10GB");
+    assert_eq!(size(&app), "50GB");
+    press(&mut app, &[key(KeyCode::Left)]);
+    assert_eq!(size(&app), "20GB");
     // The export dialog's path edits the same way, its cursor starting at the end.
     press(&mut app, &[key(KeyCode::Esc), ch('w'), ctrl('u')]);
     press(&mut app, &text("map.json"));

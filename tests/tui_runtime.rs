@@ -134,3 +134,23 @@ fn keys_pressed_while_a_retotal_runs_wait_for_it_and_then_apply() {
     assert!(app.undo.is_empty(), "u undid the d");
     assert_eq!(app.redo.len(), 1);
 }
+
+/// "Edited" means different from the map as opened (or last exported): `d` then `u`
+/// is no edit, and `q` quits without asking.
+#[test]
+fn an_edit_taken_back_is_no_edit() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let edited = press(&mut app, &[ch('j'), ch('d')]);
+    assert!(app.map_edited());
+    assert!(edited.contains("map edited"), "{edited}");
+    let undone = press(&mut app, &[ch('u')]);
+    assert!(!app.map_edited());
+    assert!(!undone.contains("map edited"), "{undone}");
+    press(&mut app, &[ch('q')]);
+    assert!(
+        app.quitting,
+        "q asked although nothing was edited: {:?}",
+        app.mode
+    );
+}

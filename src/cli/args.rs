@@ -146,8 +146,10 @@ pub struct SaveArgs {
     /// Output folder (created if missing; must be empty unless --force).
     #[arg(long, short, value_name = "OUT")]
     pub out: PathBuf,
-    /// Largest shard: 5GB = 5·10^9 bytes, 5GiB = 5·2^30, 500MB, 800KB, or bytes.
-    #[arg(long, default_value = "5GB", value_name = "SIZE", value_parser = parse_shard_size)]
+    /// Largest shard: 5GB = 5·10^9 bytes, 5GiB = 5·2^30, 500MB, 800KB, or bytes. The
+    /// default, 50GB, is what transformers 5's save_pretrained writes (transformers 4
+    /// wrote 5GB: pass --max-shard-size 5GB for that).
+    #[arg(long, default_value = devmap::save::DEFAULT_MAX_SHARD_SIZE_TEXT, value_name = "SIZE", value_parser = parse_shard_size)]
     pub max_shard_size: u64,
     /// Write every name of each tie group instead of once under the embedding's name.
     #[arg(long)]

@@ -300,6 +300,9 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
                 dtype.torch_name()
             ))?;
         }
+        for line in plan.fp32_lines() {
+            err_line(format!("  {line}"))?;
+        }
         for (dropped, kept) in &plan.dropped_ties {
             err_line(format!(
                 "  `{dropped}` is tied to `{kept}`: written once as `{kept}` (--keep-tied writes both)"

@@ -71,10 +71,10 @@ pub fn read_config(path: &Path) -> Result<ModelConfig, FormatError> {
                 .collect()
         })
         .unwrap_or_default();
-    let torch_dtype = root
-        .get("torch_dtype")
-        .or_else(|| root.get("dtype"))
-        .and_then(Value::as_str)
+    // transformers 5 reads `dtype` and falls back to the older `torch_dtype`.
+    let torch_dtype = ["dtype", "torch_dtype"]
+        .iter()
+        .find_map(|key| root.get(*key).and_then(Value::as_str))
         .map(str::to_owned);
     Ok(ModelConfig {
         tie_word_embeddings,

@@ -24,6 +24,14 @@ pub struct Arch {
     pub ties: Vec<Tie>,
     /// How checkpoint names become runtime names on load (see [`Arch::runtime_name`]).
     renames: Vec<Rename>,
+    /// `_keep_in_fp32_modules`: kept in float32 when the model loads in float16.
+    pub keep_fp32: Vec<String>,
+    /// `_keep_in_fp32_modules_strict`: kept in float32 when it loads in float16 or
+    /// bfloat16.
+    pub keep_fp32_strict: Vec<String>,
+    /// Modules with no parameter and no persistent buffer (`model.rotary_emb`,
+    /// `model.layers.*.mlp.act_fn`), every index `*`.
+    empty: std::collections::HashSet<String>,
 }
 
 /// A name starting with `checkpoint` is loaded under `runtime` instead (components; `*`
@@ -55,6 +63,9 @@ impl Default for Arch {
             nodes: vec![Entry::default()],
             ties: Vec::new(),
             renames: Vec::new(),
+            keep_fp32: Vec::new(),
+            keep_fp32_strict: Vec::new(),
+            empty: std::collections::HashSet::new(),
         }
     }
 }
@@ -123,6 +134,18 @@ fn parse_block(body: &str) -> Arch {
             }
             continue;
         }
+        if let Some(names) = line.strip_prefix("empty ") {
+            arch.empty = names.split(' ').map(str::to_owned).collect();
+            continue;
+        }
+        if let Some(names) = line.strip_prefix("fp32-strict ") {
+            arch.keep_fp32_strict = names.split(' ').map(str::to_owned).collect();
+            continue;
+        }
+        if let Some(names) = line.strip_prefix("fp32 ") {
+            arch.keep_fp32 = names.split(' ').map(str::to_owned).collect();
+            continue;
+        }
         if let Some(tie) = line.strip_prefix("tie ") {
             let (members, needs) = match tie.strip_suffix(" ?") {
                 Some(m) => (m, true),
@@ -160,6 +183,85 @@ fn parse_block(body: &str) -> Arch {
         path.push(at);
     }
     arch
+}
+
+impl Arch {
+    /// The entry of `_keep_in_fp32_modules(_strict)` that keeps the loaded parameter
+    /// `name` in float32 when the model is loaded in `dtype`, as transformers 5 decides
+    /// it: non-strict entries for float16 only, strict ones for float16 and bfloat16;
+    /// an entry keeps every parameter whose loaded name it matches anywhere, read as
+    /// the regular expression transformers makes of it (`.` any character, `*` any
+    /// run; no component boundary).
+    pub fn kept_in_fp32(&self, name: &str, dtype: crate::types::DType) -> Option<&str> {
+        use crate::types::DType;
+        let strict_applies = matches!(dtype, DType::F16 | DType::BF16);
+        let loose_applies = dtype == DType::F16;
+        let strict = self.keep_fp32_strict.iter().filter(|_| strict_applies);
+        let loose = self.keep_fp32.iter().filter(|_| loose_applies);
+        loose
+            .chain(strict)
+            .find(|pattern| search(pattern.as_bytes(), name.as_bytes()))
+            .map(String::as_str)
+    }
+}
+
+impl Arch {
+    /// Whether a device-map key names a module that holds no parameter and no
+    /// persistent buffer (or one inside it), under its loaded or checkpoint name.
+    pub fn is_empty_module(&self, key: &str) -> bool {
+        if self.empty.is_empty() {
+            return false;
+        }
+        fn collapsed(name: &str) -> Vec<&str> {
+            name.split('.')
+                .map(|c| {
+                    if !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()) {
+                        "*"
+                    } else {
+                        c
+                    }
+                })
+                .collect()
+        }
+        let inside_empty = |name: &str| {
+            let parts = collapsed(name);
+            (1..=parts.len()).any(|n| self.empty.contains(&parts[..n].join(".")))
+        };
+        inside_empty(key) || self.runtime_name(key).is_some_and(|r| inside_empty(&r))
+    }
+
+    /// [`Arch::kept_in_fp32`] for a checkpoint tensor, matched under the name the
+    /// loaded model has for it (renamed, or the fused expert parameter it becomes).
+    pub fn checkpoint_kept_in_fp32(&self, name: &str, dtype: crate::types::DType) -> Option<&str> {
+        match self.loaded_form(name) {
+            Some((loaded, _)) => self.kept_in_fp32(&loaded, dtype),
+            None => self.kept_in_fp32(name, dtype),
+        }
+    }
+
+    /// Whether any keep-in-float32 entry (strict or not) matches the checkpoint name.
+    pub fn may_keep_in_fp32(&self, name: &str) -> bool {
+        self.checkpoint_kept_in_fp32(name, crate::types::DType::F16)
+            .is_some()
+    }
+}
+
+/// Whether `pattern` (`.` any byte, `*` any run, anything else itself) matches
+/// somewhere in `text`: Python's `re.search` for the patterns the table holds (the
+/// generator refuses any other regular-expression syntax).
+fn search(pattern: &[u8], text: &[u8]) -> bool {
+    (0..=text.len()).any(|start| matches_at(pattern, &text[start..]))
+}
+
+/// Whether `pattern` matches a prefix of `text`.
+fn matches_at(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => true,
+        Some((b'*', rest)) => (0..=text.len()).any(|skip| matches_at(rest, &text[skip..])),
+        Some((&p, rest)) => text
+            .split_first()
+            .is_some_and(|(&t, tail)| (p == b'.' || p == t) && matches_at(rest, tail)),
+    }
 }
 
 /// The facts for the first of `architectures` (config.json's list) that the table has.
@@ -393,6 +495,45 @@ mod tests {
         );
         let c = parse_block(t.blocks[t.by_name["CForX"]]);
         assert_eq!(c.position("head"), Some(1), "after the root");
+    }
+
+    #[test]
+    fn keep_in_fp32_follows_transformers_dtype_rule_and_regex_search() {
+        use crate::types::DType;
+        let arch = parse_block(
+            "model\n layers\n  * !\n   mlp\n    gate\n     weight\nfp32 wo\nfp32-strict mlp.gate.weight e_score*bias\nempty model.rotary_emb model.layers.*.mlp.act_fn\n",
+        );
+        let gate = "model.layers.3.mlp.gate.weight";
+        // Strict entries for float16 and bfloat16; the others for float16 only.
+        assert_eq!(
+            arch.kept_in_fp32(gate, DType::BF16),
+            Some("mlp.gate.weight")
+        );
+        assert_eq!(arch.kept_in_fp32(gate, DType::F16), Some("mlp.gate.weight"));
+        assert_eq!(arch.kept_in_fp32(gate, DType::F32), None);
+        let wo = "encoder.block.0.layer.1.DenseReluDense.wo.weight";
+        assert_eq!(arch.kept_in_fp32(wo, DType::F16), Some("wo"));
+        assert_eq!(arch.kept_in_fp32(wo, DType::BF16), None);
+        // A search anywhere, `.` any character and `*` any run, as Python's re.search
+        // of the pattern transformers builds.
+        assert_eq!(
+            arch.kept_in_fp32("x.word_embeddings", DType::F16),
+            Some("wo")
+        );
+        assert_eq!(
+            arch.kept_in_fp32("a.mlpXgate_weight", DType::BF16),
+            Some("mlp.gate.weight")
+        );
+        assert_eq!(
+            arch.kept_in_fp32("layers.1.mlp.gate.e_score_correction_bias", DType::BF16),
+            Some("e_score*bias")
+        );
+        assert_eq!(arch.kept_in_fp32("model.norm.weight", DType::F16), None);
+        // Modules without tensors, under any index and below.
+        assert!(arch.is_empty_module("model.rotary_emb"));
+        assert!(arch.is_empty_module("model.layers.17.mlp.act_fn"));
+        assert!(!arch.is_empty_module("model.layers.17.mlp"));
+        assert!(!arch.is_empty_module("model.rotary"));
     }
 
     #[test]

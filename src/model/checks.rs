@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::checkpoint::{Checkpoint, Source};
-use super::names::covers;
 use super::warning::Warning;
 use crate::types::placement::Placement;
 
@@ -100,14 +99,38 @@ pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<Warning> {
         .iter()
         .filter_map(|t| ckpt.map_key(t))
         .collect();
-    let keys: Vec<String> = map
+    let mut unused = map
         .entries()
         .iter()
         .map(|(k, _)| k.as_str())
-        .filter(|k| !used.contains(k) && !ckpt.tensors().iter().any(|t| covers(k, &t.name)))
+        .filter(|k| !used.contains(k))
+        .peekable();
+    unused.peek()?;
+    // Every module a tensor lies in, once: a key is used when it names one of them.
+    // (One pass over the names, whatever the number of keys.)
+    let modules = module_prefixes(ckpt.tensors().iter().map(|t| t.name.as_str()));
+    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
+    let keys: Vec<String> = unused
+        // `""` covers every tensor there is.
+        .filter(|k| (!k.is_empty() || ckpt.tensors().is_empty()) && !modules.contains(k))
+        // A module the architecture has without tensors (`rotary_emb`, `act_fn`) is
+        // no typo: `hf_device_map` lists them.
+        .filter(|k| !arch.is_some_and(|a| a.is_empty_module(k)))
         .map(str::to_owned)
         .collect();
     (!keys.is_empty()).then_some(Warning::UnusedMapKeys { keys })
+}
+
+/// Every dotted prefix of every name, and the names themselves.
+fn module_prefixes<'a>(names: impl Iterator<Item = &'a str>) -> HashSet<&'a str> {
+    let mut prefixes = HashSet::new();
+    for name in names {
+        for (at, _) in name.match_indices('.') {
+            prefixes.insert(&name[..at]);
+        }
+        prefixes.insert(name);
+    }
+    prefixes
 }
 
 /// Tensors transformers 5 would put on another device than accelerate does: it reads
@@ -154,10 +177,16 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<Warning> {
 }
 
 /// Modules that hold no parameters yet appear in accelerate's `hf_device_map` (the
-/// rotary embedding's `inv_freq` is a non-persistent buffer, never in a checkpoint).
-fn holds_no_parameters(key: &str) -> bool {
+/// rotary embedding's `inv_freq` is a non-persistent buffer, never in a checkpoint):
+/// the architecture table's empty modules, else these names.
+fn holds_no_parameters(key: &str, arch: Option<&crate::model::arch::Arch>) -> bool {
+    if arch.is_some_and(|a| a.is_empty_module(key)) {
+        return true;
+    }
     let last = key.rsplit('.').next().unwrap_or(key);
-    last.contains("rotary") || last.contains("dropout") || matches!(last, "drop" | "act" | "act_fn")
+    last.contains("rotary")
+        || last.contains("dropout")
+        || matches!(last, "drop" | "act" | "act_fn" | "activation_fn")
 }
 
 /// Device-map keys under which no tensor has data: the weights of those modules exist
@@ -175,13 +204,25 @@ pub fn keys_without_data(ckpt: &Checkpoint) -> Vec<&str> {
         }
     }
     let keys: Vec<&str> = map.entries().iter().map(|(k, _)| k.as_str()).collect();
+    // Keys that stand behind a more specific key: every proper dotted prefix of a key
+    // (one pass; this was a pass over all keys for each key).
+    let mut parents: HashSet<&str> = HashSet::new();
+    for key in &keys {
+        for (at, _) in key.match_indices('.') {
+            parents.insert(&key[..at]);
+        }
+    }
     let is_parent = |key: &str| {
-        keys.iter()
-            .any(|other| *other != key && (key.is_empty() || other.starts_with(&format!("{key}."))))
+        if key.is_empty() {
+            keys.len() > 1
+        } else {
+            parents.contains(key)
+        }
     };
+    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
     keys.iter()
         .enumerate()
-        .filter(|&(i, key)| !has_data[i] && !holds_no_parameters(key) && !is_parent(key))
+        .filter(|&(i, key)| !has_data[i] && !holds_no_parameters(key, arch) && !is_parent(key))
         .map(|(_, key)| *key)
         .collect()
 }

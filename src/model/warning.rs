@@ -173,7 +173,7 @@ impl Warning {
                 file,
             } => write!(
                 f,
-                "offload entry `{tensor}` is stored as {stored} in {} but the index says the model loads it as {}; devmap saves the stored {stored}",
+                "offload entry `{tensor}` is stored as {stored} in {} but the index says the model holds it as {} (devmap reads the stored {stored}; the save's dtype lines say what is written)",
                 file.display(),
                 load.torch_name()
             ),

@@ -17,7 +17,9 @@ mod writer;
 pub use error::SaveError;
 pub use event::{Reporter, SaveEvent, SaveReport};
 pub use job::{SaveJob, write};
-pub use plan::{DEFAULT_MAX_SHARD_SIZE, SaveOptions, SavePlan, ShardPlan, plan};
+pub use plan::{
+    DEFAULT_MAX_SHARD_SIZE, DEFAULT_MAX_SHARD_SIZE_TEXT, SaveOptions, SavePlan, ShardPlan, plan,
+};
 pub use recipe::Recipe;
 
 use crate::model::Checkpoint;

@@ -78,8 +78,14 @@ pub fn runtime_dtype(ckpt: &Checkpoint) -> Option<DType> {
     use super::cast::is_castable;
     use crate::model::checkpoint::Source;
     let mut seen: std::collections::BTreeSet<DType> = std::collections::BTreeSet::new();
+    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
     for (id, t) in ckpt.tensors().iter().enumerate() {
         if !matches!(t.source, Source::Offload(_)) || !is_castable(t.dtype) {
+            continue;
+        }
+        // Modules transformers keeps in float32 do not show the dtype the rest of the
+        // model ran in.
+        if arch.is_some_and(|a| a.may_keep_in_fp32(&t.name)) {
             continue;
         }
         match t.load_dtype {
@@ -112,7 +118,7 @@ pub enum CachePolicy {
 }
 
 impl SaveOptions {
-    /// The defaults of `devmap save`: 5GB shards, ties collapsed, config files copied,
+    /// The defaults of `devmap save`: 50GB shards (transformers 5's), ties collapsed, config files copied,
     /// two shards at a time, fsync on.
     pub fn new(out: impl Into<PathBuf>) -> SaveOptions {
         SaveOptions {
@@ -136,7 +142,11 @@ impl SaveOptions {
 /// Shards written in parallel by default (see the README's Performance section).
 pub const DEFAULT_JOBS: usize = 2;
 
-pub const DEFAULT_MAX_SHARD_SIZE: u64 = 5_000_000_000;
+/// What transformers 5's `save_pretrained` writes by default (`max_shard_size="50GB"`;
+/// transformers 4 wrote 5GB, one preset away in the inspector).
+pub const DEFAULT_MAX_SHARD_SIZE: u64 = 50_000_000_000;
+/// [`DEFAULT_MAX_SHARD_SIZE`] as typed.
+pub const DEFAULT_MAX_SHARD_SIZE_TEXT: &str = "50GB";
 
 /// One tensor's place in a shard. Its name and shape are the checkpoint's (by id):
 /// a plan of a million tensors copies no names.
@@ -212,6 +222,13 @@ pub struct SavePlan {
     /// `(dropped, kept)`: tied names not written because their group's kept name is.
     pub dropped_ties: Vec<(String, String)>,
     pub largest_tensor: Option<(String, u64)>,
+    /// Tensors written as float32 although the save casts, because transformers
+    /// keeps them in float32 at the dtype cast to (`--dtype auto`), with the
+    /// `_keep_in_fp32_modules(_strict)` entry that keeps each.
+    pub kept_fp32: Vec<(String, String)>,
+    /// Tensors an explicit `--dtype` casts although transformers would keep them in
+    /// float32 at that dtype, with the entry.
+    pub cast_despite_fp32: Vec<(String, String)>,
 }
 
 /// What a save holds in memory, for the inspector's save preview: its bytes and what
@@ -223,6 +240,50 @@ pub struct MemoryNeed {
 }
 
 impl SavePlan {
+    /// What this save does about the modules transformers keeps in float32, in words,
+    /// grouped (one line each for kept and cast; none when neither happens).
+    pub fn fp32_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        let entries = |list: &[(String, String)]| {
+            let mut e: Vec<&str> = list.iter().map(|(_, m)| m.as_str()).collect();
+            e.sort_unstable();
+            e.dedup();
+            e.iter()
+                .map(|m| format!("`{m}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let names = |list: &[(String, String)]| {
+            let n: Vec<String> = list.iter().map(|(t, _)| format!("`{t}`")).collect();
+            crate::text::listed(&n, 3)
+        };
+        if !self.kept_fp32.is_empty() {
+            lines.push(format!(
+                "{} stay float32, as transformers keeps {} ({}): {}",
+                crate::text::count(self.kept_fp32.len(), "tensor", "tensors"),
+                if self.kept_fp32.len() == 1 {
+                    "it"
+                } else {
+                    "them"
+                },
+                entries(&self.kept_fp32),
+                names(&self.kept_fp32)
+            ));
+        }
+        if let (false, Some(to)) = (self.cast_despite_fp32.is_empty(), self.cast_to) {
+            lines.push(format!(
+                "{} cast to {} although transformers keeps {} in float32 at that dtype ({}): {}; --dtype auto would keep {}",
+                crate::text::count(self.cast_despite_fp32.len(), "tensor is", "tensors are"),
+                to.torch_name(),
+                if self.cast_despite_fp32.len() == 1 { "it" } else { "them" },
+                entries(&self.cast_despite_fp32),
+                names(&self.cast_despite_fp32),
+                if self.cast_despite_fp32.len() == 1 { "it" } else { "them" },
+            ));
+        }
+        lines
+    }
+
     /// Every planned tensor, shard by shard.
     pub fn planned(&self) -> impl Iterator<Item = &PlannedTensor> {
         self.shards.iter().flat_map(|s| &s.tensors)
@@ -350,6 +411,8 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     }
     let mut dropped_ties = Vec::new();
     let cast_to = resolve_dtype(ckpt, options.dtype);
+    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
+    let (mut kept_fp32, mut cast_despite_fp32) = (Vec::new(), Vec::new());
     let mut chosen: Vec<(TensorId, Recipe)> = Vec::new();
     for (id, tensor) in ckpt.tensors().iter().enumerate() {
         if tensor.name == "__metadata__" {
@@ -369,6 +432,21 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             ));
             continue;
         }
+        // What transformers keeps in float32 at the dtype the save casts to.
+        let keep = cast_to
+            .filter(|_| super::cast::is_floating(tensor.dtype))
+            .and_then(|to| arch?.checkpoint_kept_in_fp32(&tensor.name, to));
+        let cast_to = match (keep, options.dtype) {
+            (Some(entry), DtypeChoice::Auto) => {
+                kept_fp32.push((tensor.name.clone(), entry.to_owned()));
+                Some(DType::F32)
+            }
+            (Some(entry), _) => {
+                cast_despite_fp32.push((tensor.name.clone(), entry.to_owned()));
+                cast_to
+            }
+            (None, _) => cast_to,
+        };
         match ckpt.data_range(id) {
             Some(range) if range.len == tensor.bytes() => {
                 if ckpt.merges_of(id).is_empty() {
@@ -462,6 +540,8 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         total_parameters,
         dropped_ties,
         largest_tensor,
+        kept_fp32,
+        cast_despite_fp32,
     })
 }
 

@@ -32,7 +32,9 @@ use super::probe::{PathKind, Probe, SystemProbe};
 use super::rows::TreeRows;
 
 /// Shard sizes `←/→` step through in the save dialog.
-pub const SHARD_PRESETS: [&str; 7] = ["100MB", "500MB", "1GB", "2GB", "5GB", "10GB", "20GB"];
+pub const SHARD_PRESETS: [&str; 8] = [
+    "100MB", "500MB", "1GB", "2GB", "5GB", "10GB", "20GB", "50GB",
+];
 /// Memory samples kept for the sparkline: one minute at four a second.
 pub const MEMORY_HISTORY: usize = 240;
 /// What a save itself needs in memory: the copy buffer (see `save::copy`).
@@ -341,7 +343,8 @@ pub struct App {
     pub matches: Vec<NodeId>,
     pub clock: Duration,
     pub size: (u16, u16),
-    pub map_edited: bool,
+    /// The map as opened, or as last exported: "edited" means different from it.
+    pub unedited_map: Option<DeviceMap>,
     /// Earlier maps, newest last, for `u`; maps undone, for `Ctrl-R`.
     pub undo: Vec<Option<DeviceMap>>,
     pub redo: Vec<Option<DeviceMap>>,
@@ -410,6 +413,7 @@ impl App {
             })
             .unwrap_or_default();
         let warnings = ckpt.all_warnings();
+        let unedited_map = ckpt.device_map.clone();
         App {
             ckpt: Arc::new(ckpt),
             tree: Arc::new(tree),
@@ -428,7 +432,7 @@ impl App {
             matches: Vec::new(),
             clock: Duration::ZERO,
             size: (120, 40),
-            map_edited: false,
+            unedited_map,
             undo: Vec::new(),
             redo: Vec::new(),
             known_gpus,
@@ -467,6 +471,12 @@ impl App {
             return Vec::new();
         }
         self.handle_in_mode(Action::Paste(clean))
+    }
+
+    /// Whether the map differs from the one opened or last exported (`d` then `u` is
+    /// no edit).
+    pub fn map_edited(&self) -> bool {
+        self.ckpt.device_map != self.unedited_map
     }
 
     pub fn selected(&self) -> Option<NodeId> {
@@ -619,7 +629,7 @@ impl App {
             Action::Written { path, error } => {
                 match error {
                     None => {
-                        self.map_edited = false;
+                        self.unedited_map = self.ckpt.device_map.clone();
                         self.say(
                             format!("device map written to {}", path.display()),
                             Tone::Good,
@@ -783,7 +793,7 @@ impl App {
             Action::Quit => {
                 if self.save_running() {
                     self.mode = Mode::Confirm(Confirm::QuitDuringSave);
-                } else if self.map_edited {
+                } else if self.map_edited() {
                     self.mode = Mode::Confirm(Confirm::QuitUnexported);
                 } else {
                     self.quitting = true;

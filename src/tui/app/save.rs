@@ -21,7 +21,7 @@ impl App {
         let out = self.beside_model("-saved").display().to_string();
         // The values of last time in this session, or the defaults.
         let mut dialog = self.last_save_dialog.clone().unwrap_or(SaveDialog {
-            size: "5GB".into(),
+            size: crate::save::DEFAULT_MAX_SHARD_SIZE_TEXT.into(),
             out,
             field: Field::ShardSize,
             overwrite: false,

@@ -219,7 +219,6 @@ impl App {
             .name("devmap-free".into())
             .spawn(move || drop(old));
         self.warnings = warnings;
-        self.map_edited = true;
     }
 
     /// Whether something on screen moves by itself (a save's progress, a spinner), so

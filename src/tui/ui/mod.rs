@@ -86,7 +86,7 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             crate::inspect::human_count(root.params)
         )),
     ];
-    if app.map_edited {
+    if app.map_edited() {
         spans.push(Span::styled("  [map edited]", theme.warn()));
     }
     if !app.warnings.is_empty() {
