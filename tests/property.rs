@@ -162,13 +162,90 @@ proptest! {
         bytes.extend_from_slice(&body);
         bytes.resize(bytes.len() + data, 0);
         let len = bytes.len() as u64;
-        match devmap::formats::safetensors::parse_header(std::path::Path::new("x"), &bytes, len) {
+        let path = std::path::Path::new("header-under-test.safetensors");
+        match devmap::formats::safetensors::parse_header(path, &bytes, len) {
             // Anything accepted is a real layout: it covers the data exactly.
             Ok(h) => {
                 let covered: u64 = h.tensors.iter().map(|t| t.len).sum();
                 prop_assert_eq!(h.data_start + covered, len);
             }
-            Err(e) => prop_assert!(!e.to_string().is_empty()),
+            // A refusal names the file, as every error a user can cause does.
+            Err(e) => prop_assert!(
+                e.to_string().contains("header-under-test.safetensors"),
+                "an error that does not name the file: {e}"
+            ),
+        }
+    }
+
+    /// Headers laid out as the safetensors library lays them out — accepted, with
+    /// every tensor where it was put — and the same with one defect, refused naming
+    /// the file. (Random bytes almost never make a valid header, so this is where
+    /// acceptance is checked at all.)
+    #[test]
+    fn well_formed_headers_are_read_back_and_one_defect_is_refused(
+        tensors in prop::collection::vec((
+            prop::sample::select(vec![("F32", 4u64), ("BF16", 2), ("U8", 1), ("I64", 8)]),
+            prop::collection::vec(0u64..5, 0..3),
+        ), 1..6),
+        defect in 0usize..6,
+    ) {
+        let mut entries = Vec::new();
+        let mut offset = 0u64;
+        for (i, ((dtype, size), shape)) in tensors.iter().enumerate() {
+            let len = size * shape.iter().product::<u64>();
+            entries.push((format!("t{i}.weight"), *dtype, shape.clone(), offset, offset + len));
+            offset += len;
+        }
+        let data_len = offset;
+        // 0: none. 1: the last tensor ends one byte early. 2: an unknown dtype.
+        // 3: a name twice. 4: one byte of data too many. 5: one too few.
+        let last = entries.len() - 1;
+        match defect {
+            1 => entries[last].4 = entries[last].4.wrapping_sub(1),
+            2 => entries[0].1 = "F33",
+            3 if entries.len() > 1 => entries[1].0 = entries[0].0.clone(),
+            _ => {}
+        }
+        let body: Vec<String> = entries
+            .iter()
+            .map(|(n, d, s, a, b)| format!("{n:?}:{{\"dtype\":{d:?},\"shape\":{s:?},\"data_offsets\":[{a},{b}]}}"))
+            .collect();
+        let mut header = format!("{{{}}}", body.join(","));
+        while header.len() % 8 != 0 {
+            header.push(' ');
+        }
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        let data = match defect {
+            4 => data_len + 1,
+            5 => data_len.saturating_sub(1),
+            _ => data_len,
+        };
+        bytes.resize(bytes.len() + data as usize, 0);
+        let path = std::path::Path::new("header-under-test.safetensors");
+        let parsed = devmap::formats::safetensors::parse_header(path, &bytes, bytes.len() as u64);
+        // Some defects cannot be made: a name twice needs two tensors, one byte too
+        // few needs some data.
+        let broken = match defect {
+            1 | 2 | 4 => true,
+            3 => entries.len() > 1,
+            5 => data_len > 0,
+            _ => false,
+        };
+        match parsed {
+            Ok(h) => {
+                prop_assert!(!broken, "defect {defect} accepted");
+                prop_assert_eq!(h.tensors.len(), entries.len());
+                for (name, _, _, a, b) in &entries {
+                    let found = h.tensors.iter().find(|t| &t.name == name);
+                    prop_assert!(found.is_some(), "{name} missing");
+                    prop_assert_eq!(found.map(|t| t.len), Some(b - a));
+                }
+            }
+            Err(e) => {
+                prop_assert!(broken, "a well-formed header refused: {e}");
+                prop_assert!(e.to_string().contains("header-under-test.safetensors"), "{e}");
+            }
         }
     }
 

@@ -203,16 +203,41 @@ pub fn check_out_folder(options: &SaveOptions) -> Vec<String> {
                 entries.len()
             ));
         }
-        if let Ok(meta) = std::fs::metadata(&options.out)
-            && meta.permissions().readonly()
-        {
-            problems.push(format!(
-                "the output folder {} is read-only",
-                options.out.display()
-            ));
-        }
+    }
+    // Whether the save can create files there, asked of the file system itself (mode
+    // bits say nothing of owners, root, ACLs or read-only mounts).
+    let folder = if options.out.is_dir() {
+        options.out.clone()
+    } else {
+        nearest_existing(&options.out)
+    };
+    if folder.is_dir()
+        && let Err(e) = probe_writable(&folder)
+    {
+        problems.push(format!(
+            "cannot create files in {}{}: {e}",
+            folder.display(),
+            if folder == options.out {
+                String::new()
+            } else {
+                format!(
+                    " (where the output folder {} would go)",
+                    options.out.display()
+                )
+            }
+        ));
     }
     problems
+}
+
+/// Creates and removes an empty probe file in `folder`.
+fn probe_writable(folder: &Path) -> std::io::Result<()> {
+    let probe = folder.join(format!(".devmap-write-probe-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)?;
+    std::fs::remove_file(&probe)
 }
 
 /// Final names in OUT that are taken by something a file cannot replace (a folder, a

@@ -17,24 +17,20 @@ import tempfile
 import torch
 import transformers
 from accelerate.utils import offload_state_dict
-from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 
 def per_tensor_offload(folder, tensors):
-    """transformers 5 writes one `<name>.safetensors` per offloaded tensor."""
-    os.makedirs(folder, exist_ok=True)
-    try:  # the real writer, where this transformers has it
-        from transformers.integrations.accelerate import offload_weight
+    """transformers 5 writes one `<name>.safetensors` per offloaded tensor: written here
+    by transformers' own writer. Without it (an older or newer transformers that moved
+    it) this check fails rather than test devmap against a layout of its own making."""
+    from transformers.integrations.accelerate import offload_weight
 
-        index = {}
-        for name, t in tensors.items():
-            index = offload_weight(t, name, folder, index)
-        return "transformers.integrations.accelerate.offload_weight"
-    except (ImportError, TypeError):
-        for name, t in tensors.items():
-            save_file({name: t.contiguous()}, os.path.join(folder, f"{name}.safetensors"))
-        return "safetensors.torch.save_file (same layout)"
+    os.makedirs(folder, exist_ok=True)
+    index = {}
+    for name, t in tensors.items():
+        index = offload_weight(t, name, folder, index)
+    return "transformers.integrations.accelerate.offload_weight"
 
 
 def main(devmap):
