@@ -9,8 +9,9 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     match real_main() {
         Ok(code) => code,
-        // Output that cannot be written: nothing more can be said.
-        Err(report) if report.downcast_ref::<cli::OutputGone>().is_some() => {
+        // Output that cannot be written: said on stderr where stderr still works.
+        Err(ref report) if let Some(gone) = report.downcast_ref::<cli::OutputGone>() => {
+            cli::print_gone(gone);
             std::process::ExitCode::FAILURE
         }
         Err(report) => {

@@ -491,3 +491,46 @@ fn a_source_that_became_unreadable_is_found_before_writing() {
     );
     assert!(!out.exists(), "nothing written");
 }
+
+/// A stderr that is a non-blocking pipe, full for a moment (another process shares it
+/// and set O_NONBLOCK, as test harnesses do): the error message waits for room instead
+/// of being dropped, so a non-zero exit always says why.
+#[test]
+fn a_full_non_blocking_stderr_still_gets_the_reason() {
+    let script = r#"
+import os, subprocess, sys, time
+devmap, missing = sys.argv[1], sys.argv[2]
+r, w = os.pipe()
+os.set_blocking(w, False)
+filled = 0
+try:
+    while True:
+        filled += os.write(w, b"x" * 4096)
+except BlockingIOError:
+    pass
+p = subprocess.Popen([devmap, "inspect", missing], stderr=w, stdout=subprocess.DEVNULL)
+os.close(w)
+time.sleep(0.5)
+data = b""
+while True:
+    chunk = os.read(r, 65536)
+    if not chunk:
+        break
+    data += chunk
+p.wait()
+print(data[filled:].decode(errors="replace"))
+print("status=%d" % p.returncode)
+"#;
+    let missing = std::env::temp_dir().join("devmap-no-such-model-here");
+    let o = Command::new("python3")
+        .args(["-c", script, env!("CARGO_BIN_EXE_devmap")])
+        .arg(&missing)
+        .output()
+        .expect("python3");
+    let said = stdout(&o);
+    assert!(said.contains("status=1"), "{said}\n{}", stderr(&o));
+    assert!(
+        said.contains("error:") && said.contains("devmap-no-such-model-here"),
+        "the reason was dropped: {said}"
+    );
+}

@@ -15,7 +15,7 @@ use color_eyre::eyre::{Result, WrapErr, eyre};
 use devmap::model::{Checkpoint, LoadOptions, load};
 use devmap::save::{SaveEvent, SaveJob, SaveOptions, prepare};
 use devmap::{human_bytes, inspect};
-pub use output::{OutputGone, print_error};
+pub use output::{OutputGone, print_error, print_gone};
 use output::{err_line, out};
 use std::process::ExitCode;
 

@@ -56,7 +56,10 @@ pub fn run(a: &VerifyArgs, model: &ModelArgs) -> ExitCode {
     })();
     match result {
         Ok(code) => code,
-        Err(report) if report.downcast_ref::<OutputGone>().is_some() => ExitCode::FAILURE,
+        Err(ref report) if let Some(gone) = report.downcast_ref::<OutputGone>() => {
+            super::output::print_gone(gone);
+            ExitCode::FAILURE
+        }
         Err(report) => {
             print_error(&report);
             ExitCode::from(2)

@@ -321,9 +321,18 @@ pub fn fetch(
                 })
             })
             .collect();
+        // A fetch thread that panicked is an error like any other, never a shard
+        // silently missing from the mirror.
         workers
             .into_iter()
-            .flat_map(|w| w.join().unwrap_or_default())
+            .flat_map(|w| {
+                w.join().unwrap_or_else(|_| {
+                    vec![Err(RemoteError::Transport {
+                        url: source.display(),
+                        message: "a header-fetching thread stopped unexpectedly".into(),
+                    })]
+                })
+            })
             .collect()
     });
     for r in results {
