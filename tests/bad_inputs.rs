@@ -146,6 +146,34 @@ fn index_maps_a_tensor_its_shard_lacks() {
     );
 }
 
+/// An index that maps a tensor to `/`, `.`, `..` or a path: the error names the index
+/// and the tensor, never just the folder it would have opened.
+#[test]
+fn index_maps_a_tensor_to_something_that_is_not_a_shard_name() {
+    for bad in [
+        "/",
+        ".",
+        "..",
+        "../x.safetensors",
+        "/etc/passwd",
+        "sub/x.safetensors",
+    ] {
+        let m = mixed_model();
+        let p = m.dir.join("model.safetensors.index.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).expect("r")).expect("j");
+        v["weight_map"]["model.scale"] = bad.into();
+        std::fs::write(&p, v.to_string()).expect("w");
+        let err = refused(&m.dir, &m.out("o"), &[]);
+        assert!(
+            err.contains("model.safetensors.index.json")
+                && err.contains("`model.scale`")
+                && err.contains(&format!("shard `{bad}` is not a file name")),
+            "{bad}: {err}"
+        );
+    }
+}
+
 #[test]
 fn offload_dat_of_the_wrong_size() {
     let m = mixed_model();

@@ -513,3 +513,70 @@ fn the_inspector_marks_merged_tensors_and_the_save_dialog_names_the_adapter() {
     assert_eq!(adapters, [ad.to_string_lossy().into_owned()]);
     assert!(frame(&app).contains("merged into 1 tensor(s) as the save streams"));
 }
+
+/// NaN or ±Inf in an adapter, and a `lora_alpha` so large that the merge overflows:
+/// refused naming the key or the tensor, nothing written; `--allow-nonfinite` writes
+/// what peft would.
+#[test]
+fn non_finite_adapters_and_overflowing_merges_are_refused_by_name() {
+    let m = mixed_model();
+    for (label, value) in [("nan", f32::NAN), ("inf", f32::INFINITY)] {
+        let dir = adapter(
+            &m.out(&format!("ad-{label}")),
+            lora(4, 8),
+            &[("model.layers.2.proj", 4, 16, 16)],
+        );
+        // One value of lora_A made non-finite, in place.
+        let weights = dir.join("adapter_model.safetensors");
+        let header = devmap::formats::safetensors::read_header(&weights).expect("header");
+        let a = header
+            .tensors
+            .iter()
+            .find(|t| t.name.ends_with("lora_A.weight"))
+            .expect("lora_A");
+        let mut bytes = std::fs::read(&weights).expect("read");
+        let at = (a.offset + 4 * 5) as usize;
+        bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        std::fs::write(&weights, bytes).expect("write");
+        let out = m.out(&format!("out-{label}"));
+        let o = devmap(&["save", s(&m.dir), "--out", s(&out), "--merge-lora", s(&dir)]);
+        assert!(!o.status.success(), "{label}: merged");
+        let err = stderr(&o);
+        assert!(
+            err.contains("base_model.model.model.layers.2.proj.lora_A.weight")
+                && err.contains("1 NaN or infinite value(s) (the first at element 5)")
+                && err.contains("--allow-nonfinite"),
+            "{label}: {err}"
+        );
+        assert!(!out.exists(), "{label}: something was written");
+        // Allowed: the merge goes through and the weight holds non-finite values.
+        save_merged(&m.dir, &dir, &out, &["--allow-nonfinite"]);
+        let merged = f16_values(&read_saved(&out)["model.layers.2.proj.weight"].data);
+        assert!(merged.iter().any(|v| !v.is_finite()), "{label}");
+    }
+    // lora_alpha = 3e38: every delta is huge; the float16 weight overflows.
+    let dir = adapter(
+        &m.out("ad-alpha"),
+        serde_json::json!({"peft_type": "LORA", "r": 4, "lora_alpha": 3e38, "target_modules": ["proj"]}),
+        &[("model.layers.2.proj", 4, 16, 16)],
+    );
+    let out = m.out("out-alpha");
+    let o = devmap(&["save", s(&m.dir), "--out", s(&out), "--merge-lora", s(&dir)]);
+    assert!(!o.status.success(), "an overflowing merge was written");
+    let err = stderr(&o);
+    assert!(
+        err.contains("merging the adapter into `model.layers.2.proj.weight` makes element")
+            && err.contains("does not fit F16"),
+        "{err}"
+    );
+    assert!(
+        !out.exists() || std::fs::read_dir(&out).expect("ls").next().is_none(),
+        "something was kept"
+    );
+    save_merged(
+        &m.dir,
+        &dir,
+        &m.out("out-alpha-allowed"),
+        &["--allow-nonfinite"],
+    );
+}

@@ -118,6 +118,11 @@ pub struct ModelArgs {
     /// save writes the merged model; inspect shows what it changes.
     #[arg(long = "merge-lora", value_name = "ADAPTER", global = true)]
     pub merge_lora: Vec<PathBuf>,
+    /// Merge adapters that hold NaN or infinite values, and write merges whose result
+    /// overflows the output dtype, as peft would (refused by default, naming the
+    /// tensor).
+    #[arg(long, global = true)]
+    pub allow_nonfinite: bool,
 }
 
 #[derive(Debug, ClapArgs)]

@@ -119,12 +119,13 @@ fn open_with(
 /// Applies every `--merge-lora` adapter, in order.
 fn with_adapters(mut ckpt: Checkpoint, model: &ModelArgs) -> Result<Checkpoint> {
     for adapter in &model.merge_lora {
-        devmap::model::lora::apply_adapter(&mut ckpt, adapter).wrap_err_with(|| {
-            format!(
-                "cannot merge the adapter {} into the model",
-                devmap::text::path(adapter)
-            )
-        })?;
+        devmap::model::lora::apply_adapter_with(&mut ckpt, adapter, model.allow_nonfinite)
+            .wrap_err_with(|| {
+                format!(
+                    "cannot merge the adapter {} into the model",
+                    devmap::text::path(adapter)
+                )
+            })?;
     }
     Ok(ckpt)
 }

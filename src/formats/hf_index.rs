@@ -20,7 +20,9 @@ pub struct WeightIndex<'a> {
 /// Whether an index's shard name is a plain file name beside the index: one path
 /// component, not `.` or `..` (an index naming `../x` or `a/b` would read elsewhere).
 pub fn is_shard_file_name(name: &str) -> bool {
-    Path::new(name).components().count() == 1 && name != ".." && name != "."
+    // One plain component: not `/`, `.`, `..` or a path.
+    let mut parts = Path::new(name).components();
+    matches!(parts.next(), Some(std::path::Component::Normal(_))) && parts.next().is_none()
 }
 
 /// Reads the index file's text (parse it with [`parse_index`]).

@@ -45,6 +45,55 @@ pub struct AdapterSummary {
     pub replaced: Vec<String>,
 }
 
+/// Refuses an adapter whose floating-point values include NaN or ±Inf: merged, they
+/// would silently turn the weights they touch into NaN. Adapters are small (their
+/// values are read once here, 8 MiB at a time).
+fn refuse_nonfinite(
+    dir: &Path,
+    weights: &Path,
+    header: &crate::formats::safetensors::Header,
+) -> Result<(), LoraError> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(weights).map_err(|e| FormatError::io(weights, e))?;
+    let mut bytes = Vec::new();
+    for t in &header.tensors {
+        let size = t.dtype.size();
+        if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            continue;
+        }
+        let (mut bad, mut first) = (0u64, None);
+        let mut done = 0u64;
+        while done < t.len {
+            let n = (t.len - done).min(8 << 20);
+            bytes.resize(n as usize, 0);
+            file.read_exact_at(&mut bytes, t.offset + done)
+                .map_err(|e| FormatError::io(weights, e))?;
+            for (k, e) in bytes.chunks_exact(size as usize).enumerate() {
+                let finite = match t.dtype {
+                    DType::F32 => f32::from_le_bytes([e[0], e[1], e[2], e[3]]).is_finite(),
+                    DType::F16 => half::f16::from_le_bytes([e[0], e[1]]).is_finite(),
+                    _ => half::bf16::from_le_bytes([e[0], e[1]]).is_finite(),
+                };
+                if !finite {
+                    bad += 1;
+                    first.get_or_insert(done / size + k as u64);
+                }
+            }
+            done += n;
+        }
+        if let Some(first) = first {
+            return Err(LoraError::Key {
+                dir: dir.to_path_buf(),
+                key: t.name.clone(),
+                message: format!(
+                    "holds {bad} NaN or infinite value(s) (the first at element {first}); merged, they would make the weights they touch NaN or infinite. Nothing was written; pass --allow-nonfinite to merge anyway"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The pieces of one adapted module, by key suffix.
 #[derive(Default)]
 struct ModuleKeys {
@@ -57,8 +106,19 @@ struct ModuleKeys {
 }
 
 /// Reads the adapter in `dir` and records its merges and replacements on `ckpt`
-/// (after those of adapters applied before it).
+/// (after those of adapters applied before it). Adapter values that are NaN or
+/// infinite are refused, naming the key.
 pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary, LoraError> {
+    apply_adapter_with(ckpt, dir, false)
+}
+
+/// [`apply_adapter`]; `allow_nonfinite` (`--allow-nonfinite`) merges NaN and infinite
+/// adapter values, and results that overflow, as peft would, instead of refusing.
+pub fn apply_adapter_with(
+    ckpt: &mut Checkpoint,
+    dir: &Path,
+    allow_nonfinite: bool,
+) -> Result<AdapterSummary, LoraError> {
     let config_path = dir.join(ADAPTER_CONFIG);
     if std::fs::symlink_metadata(&config_path).is_err() {
         return Err(LoraError::NotAdapter(dir.to_path_buf()));
@@ -76,6 +136,9 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
     }
     let weights = dir.join(ADAPTER_WEIGHTS);
     let header = read_header(&weights)?;
+    if !allow_nonfinite {
+        refuse_nonfinite(dir, &weights, &header)?;
+    }
     let file = ckpt.add_source_file(&weights, header.file_len);
     let name: Arc<str> = Arc::from(dir.to_string_lossy().as_ref());
     let key_error = |key: &str, message: String| LoraError::Key {
@@ -328,6 +391,7 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
             rank,
             alpha,
             scale,
+            allow_nonfinite,
         });
         summary.merged.push(weight.clone());
         if let Some((key, t)) = &keys.b_bias {
@@ -357,6 +421,7 @@ pub fn apply_adapter(ckpt: &mut Checkpoint, dir: &Path) -> Result<AdapterSummary
                 rank,
                 alpha,
                 scale,
+                allow_nonfinite,
             });
             summary.merged.push(bias_name);
         }

@@ -46,6 +46,9 @@ pub struct MergeStep {
     pub alpha: f64,
     /// α/r, or α/√r with rsLoRA, rounded to f32 as torch multiplies by it.
     pub scale: f32,
+    /// `--allow-nonfinite`: a result that overflows to ±Inf is written as peft would
+    /// write it instead of stopping the save.
+    pub allow_nonfinite: bool,
 }
 
 impl MergeStep {

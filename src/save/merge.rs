@@ -200,6 +200,7 @@ fn stream_rows(
         .map_err(CopyError::Io)?;
     let size = from.size() as usize;
     let block_rows = (BLOCK_BYTES / (cols.max(1) * 4)).max(1);
+    let allow_nonfinite = ckpt.merges_of(id).iter().all(|s| s.allow_nonfinite);
     let mut buffers = Buffers::take();
     let result = (|| {
         let Buffers {
@@ -224,6 +225,9 @@ fn stream_rows(
                     apply(step, row + i, w, scratch, from);
                 }
             }
+            if !allow_nonfinite {
+                refuse_overflow(ckpt, id, (from, to), bytes, block, row * cols)?;
+            }
             narrow(from, block, bytes);
             if to == from {
                 sink(bytes).map_err(CopyError::Io)?;
@@ -238,6 +242,44 @@ fn stream_rows(
     })();
     buffers.give_back();
     result
+}
+
+/// Stops the save when the merge made an element that was finite NaN or infinite (a
+/// huge `lora_alpha`, or a sum past the dtype's range), or one that the cast to `to`
+/// would make infinite: naming the tensor and the element, before anything is kept.
+fn refuse_overflow(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    (from, to): (DType, DType),
+    before: &[u8],
+    after: &[f32],
+    first: usize,
+) -> Result<(), CopyError> {
+    // The largest finite value `to` holds, plus half its last step: past it, a cast
+    // rounds to infinity (float32 and bfloat16 share float32's range).
+    let limit = if to == DType::F16 {
+        65520.0
+    } else {
+        f32::INFINITY
+    };
+    let size = from.size() as usize;
+    for (k, v) in after.iter().enumerate() {
+        if v.is_finite() && v.abs() < limit {
+            continue;
+        }
+        let mut was = [0f32];
+        widen(from, &before[k * size..(k + 1) * size], &mut was);
+        if was[0].is_finite() {
+            return Err(CopyError::Io(io::Error::other(format!(
+                "merging the adapter into `{}` makes element {} {} (it was {}): the result does not fit {to}. Nothing was kept; pass --allow-nonfinite to write it anyway",
+                crate::text::escaped(&ckpt.tensors()[id].name),
+                first + k,
+                v,
+                was[0]
+            ))));
+        }
+    }
+    Ok(())
 }
 
 /// One step on one row `w` (values of dtype `dtype`, held as f32).
