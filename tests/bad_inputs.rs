@@ -413,3 +413,21 @@ fn ties_that_cannot_hold_are_refused_by_name() {
         stderr(&o)
     );
 }
+
+/// A config value of the wrong type is a warning naming the key, not ignored silently.
+#[test]
+fn a_config_value_of_the_wrong_type_is_named() {
+    let m = mixed_model();
+    let p = m.dir.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("r")).expect("j");
+    v["torch_dtype"] = 5.into();
+    std::fs::write(&p, v.to_string()).expect("w");
+    let o = common::devmap(&["inspect", m.dir.to_str().expect("p")]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let text = common::stdout(&o);
+    assert!(
+        text.contains("`torch_dtype` is a number (5), not a dtype name"),
+        "{text}"
+    );
+}

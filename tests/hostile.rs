@@ -307,7 +307,11 @@ fn json_inputs_over_the_size_cap_are_refused_without_reading_them() {
     f.set_len(1 << 30).expect("set_len");
     let o = devmap_within(&["inspect", arg(&m.dir), "--device-map", arg(&huge)], 20);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("is over 64 MiB"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("is 1 GiB (1073741824 bytes), over the 64 MiB"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

@@ -835,3 +835,71 @@ fn the_time_limit_covers_a_request_and_its_retries() {
         "no retry after the limit was spent: {err}"
     );
 }
+
+/// Small metadata files go through one bounded reader: a FIFO or a device as a cache
+/// ref, and a sparse gigabyte as `config.json`, are refused from what they are and
+/// their size — never read, never waited on.
+#[test]
+fn refs_and_configs_that_are_not_small_files_are_refused_unread() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("src");
+    model(&src, 1);
+    let root = tmp.path().join("hub");
+    cache(&root, "acme/tiny", COMMIT, &[], &src);
+    let refs = root.join("models--acme--tiny").join("refs");
+    std::fs::create_dir_all(&refs).expect("refs");
+    let fifo = refs.join("main");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    std::os::unix::fs::symlink("/dev/zero", refs.join("zero")).expect("symlink");
+    let env = [("HF_HUB_CACHE", s(&root))];
+    for (revision, what) in [("main", "a FIFO"), ("zero", "a device")] {
+        let o = devmap_env(&["inspect", &format!("acme/tiny@{revision}")], &env);
+        assert!(!o.status.success(), "{revision}");
+        let err = stderr(&o);
+        assert!(
+            err.contains(what) && err.contains("refs"),
+            "{revision}: {err}"
+        );
+    }
+    // A 1 GiB sparse config.json: refused from its size, at the memory of any run.
+    let sparse = tmp.path().join("sparse");
+    model(&sparse, 1);
+    let config = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(sparse.join("config.json"))
+        .expect("config");
+    config.set_len(1 << 30).expect("sparse");
+    let o = devmap_env(&["inspect", s(&sparse)], &[("DEVMAP_REPORT_PEAK_RSS", "1")]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("config.json")
+            && err.contains("1 GiB (1073741824 bytes)")
+            && err.contains("not read"),
+        "{err}"
+    );
+    let peak = common::peak_rss(&err);
+    assert!(peak < 32 << 20, "read before refusing: peak RSS {peak}");
+}
+
+/// A cache snapshot that is itself a symlink to a folder outside the cache is followed,
+/// and said.
+#[test]
+fn a_snapshot_that_leads_out_of_the_cache_is_named() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("src");
+    model(&src, 1);
+    let root = tmp.path().join("hub");
+    let snap = cache(&root, "acme/tiny", COMMIT, &["main"], &src);
+    std::fs::remove_dir_all(&snap).expect("rm");
+    std::os::unix::fs::symlink(&src, &snap).expect("symlink");
+    let o = devmap_env(&["inspect", "acme/tiny"], &[("HF_HUB_CACHE", s(&root))]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("the cache snapshot itself, outside"),
+        "followed silently:\n{text}"
+    );
+}

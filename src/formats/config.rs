@@ -13,6 +13,9 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     pub architectures: Vec<String>,
     pub torch_dtype: Option<String>,
+    /// Keys devmap reads whose value has the wrong type: (key, what it is, what it
+    /// should be). Ignored, and reported.
+    pub mistyped: Vec<(String, String, &'static str)>,
 }
 
 impl ModelConfig {
@@ -71,6 +74,34 @@ pub fn read_config(path: &Path) -> Result<ModelConfig, FormatError> {
                 .collect()
         })
         .unwrap_or_default();
+    let mut mistyped = Vec::new();
+    let kind = |v: &Value| match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    };
+    for key in ["dtype", "torch_dtype"] {
+        if let Some(v) = root.get(key).filter(|v| !v.is_string() && !v.is_null()) {
+            mistyped.push((
+                key.to_owned(),
+                format!("{} ({v})", kind(v)),
+                "a dtype name such as \"bfloat16\"",
+            ));
+        }
+    }
+    if let Some(v) = root
+        .get("architectures")
+        .filter(|v| !v.is_array() && !v.is_null())
+    {
+        mistyped.push((
+            "architectures".to_owned(),
+            format!("{} ({v})", kind(v)),
+            "a list of class names",
+        ));
+    }
     // transformers 5 reads `dtype` and falls back to the older `torch_dtype`.
     let torch_dtype = ["dtype", "torch_dtype"]
         .iter()
@@ -80,6 +111,7 @@ pub fn read_config(path: &Path) -> Result<ModelConfig, FormatError> {
         tie_word_embeddings,
         architectures,
         torch_dtype,
+        mistyped,
     })
 }
 

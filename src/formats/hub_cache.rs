@@ -135,14 +135,24 @@ pub fn resolve(id: &RepoId, root: &Path) -> Result<PathBuf, HubCacheError> {
         Some(id.revision.clone())
     } else {
         let ref_path = folder.join("refs").join(&id.revision);
-        match std::fs::read_to_string(&ref_path) {
-            Ok(text) => Some(text.trim().to_owned()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => {
-                return Err(HubCacheError::Unreadable {
-                    path: ref_path,
-                    message: e.to_string(),
-                });
+        if std::fs::symlink_metadata(&ref_path).is_err() {
+            None
+        } else {
+            // A ref holds a 40-character commit: a FIFO, a device or a large file there
+            // is refused rather than read.
+            match super::input::read_small_text(&ref_path, 4096, "a ref holds one commit hash") {
+                Ok(text) => Some(text.trim().to_owned()),
+                Err(super::FormatError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    None
+                }
+                Err(e) => {
+                    return Err(HubCacheError::Unreadable {
+                        path: ref_path,
+                        message: e.to_string(),
+                    });
+                }
             }
         }
     };

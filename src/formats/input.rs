@@ -88,19 +88,40 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>, FormatEr
 /// Reads a JSON input as text, refusing special files and files over
 /// [`MAX_JSON_BYTES`].
 pub fn read_json_text(path: &Path) -> Result<String, FormatError> {
+    read_small_text(
+        path,
+        MAX_JSON_BYTES,
+        "no config, index or device map is that large",
+    )
+}
+
+/// The one reader for small metadata files (configs, indexes, device maps, adapter
+/// configs, cache refs, the token file): special files are refused before a byte is
+/// read, a file whose size is over `cap` is refused from its size alone (a sparse
+/// gigabyte costs nothing), and the read itself stops at `cap` in case the file grows.
+/// `why` says why nothing that large is expected.
+pub fn read_small_text(path: &Path, cap: u64, why: &str) -> Result<String, FormatError> {
     let file = open_regular(path)?;
-    let mut text = String::new();
-    file.take(MAX_JSON_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| FormatError::io(path, e))?;
-    if text.len() as u64 > MAX_JSON_BYTES {
-        return Err(FormatError::invalid(
+    let too_large = |size: u64| {
+        FormatError::invalid(
             path,
             format!(
-                "is over {} MiB; no config, index or device map is that large, so it is not read",
-                MAX_JSON_BYTES >> 20
+                "is {} ({size} bytes), over the {} this file may be ({why}); it is not read",
+                crate::human_bytes(size),
+                crate::human_bytes(cap)
             ),
-        ));
+        )
+    };
+    let size = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    if size > cap {
+        return Err(too_large(size));
+    }
+    let mut text = String::with_capacity(size as usize);
+    file.take(cap + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| FormatError::io(path, e))?;
+    if text.len() as u64 > cap {
+        return Err(too_large(text.len() as u64));
     }
     Ok(text)
 }

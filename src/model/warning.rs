@@ -82,6 +82,14 @@ pub enum Warning {
     /// An offload entry in transformers 5's fused-expert layout, read back as the
     /// checkpoint's per-expert tensors (a note: nothing is wrong).
     ExpertsUnfused { fused: String, experts: Vec<String> },
+    /// A config.json key whose value has the wrong type (`"torch_dtype": 5`): ignored,
+    /// as transformers would not read it either.
+    ConfigValue {
+        file: PathBuf,
+        key: String,
+        found: String,
+        expected: &'static str,
+    },
     /// Offload entries in transformers 5's converted layout (fused experts under runtime
     /// names) where the checkpoint stores experts one by one: a save would write both.
     ConvertedLayout { tensors: Vec<String> },
@@ -114,6 +122,7 @@ impl Warning {
             Warning::SharedOffloadBytes { .. } => "shared_offload_bytes",
             Warning::ConvertedLayout { .. } => "converted_layout",
             Warning::ExpertsUnfused { .. } => "experts_unfused",
+            Warning::ConfigValue { .. } => "config_value",
         }
     }
 
@@ -134,6 +143,7 @@ impl Warning {
             | Warning::DiskWithoutOffload { tensors, .. }
             | Warning::SharedOffloadBytes { tensors }
             | Warning::ConvertedLayout { tensors } => tensors.clone(),
+            Warning::ConfigValue { key, .. } => vec![key.clone()],
             Warning::ExpertsUnfused { fused, experts } => std::iter::once(fused.clone())
                 .chain(experts.iter().cloned())
                 .collect(),
@@ -277,6 +287,16 @@ impl Warning {
                 "{} offload entries point at the same bytes: {}; they are not tied unless config.json or --tie says so, so each is saved (tie them with --tie to write one)",
                 tensors.len(),
                 name_list(tensors)
+            ),
+            Warning::ConfigValue {
+                file,
+                key,
+                found,
+                expected,
+            } => write!(
+                f,
+                "{}: `{key}` is {found}, not {expected}; it is ignored",
+                file.display()
             ),
             Warning::ExpertsUnfused { fused, experts } => write!(
                 f,

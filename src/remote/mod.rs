@@ -205,7 +205,8 @@ pub fn hub_token() -> Option<String> {
     let path = std::env::var_os("HF_TOKEN_PATH")
         .map(PathBuf::from)
         .or_else(|| crate::formats::hub_cache::hf_home().map(|h| h.join("token")))?;
-    let text = std::fs::read_to_string(path).ok()?;
+    let text =
+        crate::formats::input::read_small_text(&path, 64 << 10, "a token is one line").ok()?;
     Some(text.trim().to_owned()).filter(|t| !t.is_empty())
 }
 

@@ -66,6 +66,14 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
     } else {
         ModelConfig::absent()
     };
+    for (key, found, expected) in &config.mistyped {
+        warnings.push(Warning::ConfigValue {
+            file: config_path.clone(),
+            key: key.clone(),
+            found: found.clone(),
+            expected,
+        });
+    }
 
     let mut draft = Draft {
         replaced: Vec::new(),
@@ -273,10 +281,26 @@ fn note_symlinks(
     let Ok(root) = dir.canonicalize() else { return };
     // A Hugging Face cache snapshot is made of symlinks into the repo's own `blobs/`:
     // that is its layout, not news.
-    let blobs = crate::formats::hub_cache::is_snapshot(dir)
+    let snapshot = crate::formats::hub_cache::is_snapshot(dir);
+    let blobs = snapshot
         .then(|| dir.join("../../blobs").canonicalize().ok())
         .flatten();
     let mut outside = Vec::new();
+    // The snapshot folder itself a symlink out of its repo's cache folder: followed,
+    // and said (the files then come from wherever it points).
+    let repo_folder = dir.parent().and_then(Path::parent);
+    if snapshot
+        && std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink())
+        && let Some(repo) = repo_folder.and_then(|f| f.canonicalize().ok())
+        && !root.starts_with(&repo)
+    {
+        outside.push(format!(
+            "{} -> {} (the cache snapshot itself, outside {})",
+            dir.display(),
+            root.display(),
+            repo.display()
+        ));
+    }
     let candidates = files.iter().map(|f| f.path.as_path()).chain(offload);
     for path in candidates {
         let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
