@@ -903,3 +903,44 @@ fn a_snapshot_that_leads_out_of_the_cache_is_named() {
         "followed silently:\n{text}"
     );
 }
+
+/// An index naming thousands of shards is refused before a request is made for any of
+/// them (each costs two), and the flag that raises the cap is named.
+#[test]
+fn an_index_naming_too_many_shards_is_refused_before_fetching_them() {
+    let served = serve(ServerOptions::default());
+    let index_path = served
+        .root
+        .join("acme/tiny/main/model.safetensors.index.json");
+    let weight_map: serde_json::Map<String, serde_json::Value> = (0..5000)
+        .map(|i| {
+            (
+                format!("model.layers.{i}.w"),
+                format!("model-{:05}-of-05000.safetensors", i + 1).into(),
+            )
+        })
+        .collect();
+    let index = serde_json::json!({"metadata": {"total_size": 5000}, "weight_map": weight_map});
+    std::fs::write(&index_path, index.to_string()).expect("index");
+    let endpoint = served.server.endpoint();
+    let o = devmap_env(
+        &["inspect", "hf://acme/tiny"],
+        &[("HF_ENDPOINT", endpoint.as_str())],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("names 5000 shards, over the 4096")
+            && err.contains("--max-remote-shards 5000"),
+        "{err}"
+    );
+    let requests = served
+        .server
+        .stats
+        .requests
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        requests <= 3,
+        "{requests} requests: shard headers were fetched"
+    );
+}

@@ -123,6 +123,10 @@ pub struct ModelArgs {
     /// tensor).
     #[arg(long, global = true)]
     pub allow_nonfinite: bool,
+    /// Most shard headers to fetch for a remote model (two requests each); an index
+    /// naming more is refused before any request for them.
+    #[arg(long, value_name = "N", global = true, default_value_t = devmap::remote::DEFAULT_MAX_SHARDS)]
+    pub max_remote_shards: usize,
 }
 
 #[derive(Debug, ClapArgs)]

@@ -102,7 +102,7 @@ fn open_with(
         ties: model.ties.clone(),
     };
     if let Some(source) = remote_source(arg)? {
-        let mirror = fetch_headers(&source, report)?;
+        let mirror = fetch_headers(&source, report, model.max_remote_shards)?;
         let mut ckpt = load(&mirror.dir, &options)
             .wrap_err_with(|| format!("cannot read the model at {}", mirror.origin))?;
         ckpt.remote = Some(source.describe());
@@ -157,6 +157,7 @@ pub(super) fn local_model_dir(arg: &Path) -> Result<PathBuf> {
 fn fetch_headers(
     source: &devmap::remote::Source,
     report: Option<&(dyn Fn(String) + Sync)>,
+    max_shards: usize,
 ) -> Result<devmap::remote::Mirror> {
     use std::io::Write;
     let tty = report.is_none() && std::io::stderr().is_terminal();
@@ -175,7 +176,7 @@ fn fetch_headers(
             let _ = err.flush();
         }
     };
-    let mirror = devmap::remote::fetch(source, None, &progress);
+    let mirror = devmap::remote::fetch_with(source, None, &progress, max_shards);
     if tty {
         let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
     }

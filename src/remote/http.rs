@@ -145,6 +145,20 @@ impl Client {
         start: u64,
         len: u64,
     ) -> Result<(Vec<u8>, u64), RemoteError> {
+        let mut body = Vec::with_capacity(len as usize);
+        let total = self.get_range_into(url, start, len, &mut body)?;
+        Ok((body, total))
+    }
+
+    /// [`Client::get_range`], appending the bytes to `body` (a shard header is read
+    /// into the buffer that already holds its length prefix: one copy, not two).
+    pub fn get_range_into(
+        &self,
+        url: &str,
+        start: u64,
+        len: u64,
+        body: &mut Vec<u8>,
+    ) -> Result<u64, RemoteError> {
         let end = start + len.max(1) - 1;
         let response = self.get(url, Some(format!("bytes={start}-{end}")))?;
         let status = response.status().as_u16();
@@ -166,18 +180,18 @@ impl Client {
                 url: url.to_owned(),
                 message: "a 206 answer without `Content-Range: bytes a-b/LENGTH`".into(),
             })?;
-        let mut body = Vec::with_capacity(len as usize);
-        response
+        body.reserve_exact(len as usize);
+        let read = response
             .into_body()
             .into_reader()
             .take(len)
-            .read_to_end(&mut body)
+            .read_to_end(body)
             .map_err(|e| RemoteError::Transport {
                 url: url.to_owned(),
                 message: e.to_string(),
             })?;
-        self.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
-        Ok((body, total))
+        self.bytes.fetch_add(read as u64, Ordering::Relaxed);
+        Ok(total)
     }
 
     /// One GET, retried on connection failures, timeouts and 429/5xx answers, with

@@ -43,6 +43,14 @@ pub enum RemoteError {
         "`{0}` is not a remote model: use hf://ORG/NAME[@REVISION] or an http(s) URL of a .safetensors file or model.safetensors.index.json"
     )]
     BadSpec(String),
+    #[error(
+        "{url} names {count} shards, over the {max} devmap reads by default (two requests each); pass --max-remote-shards {count} to read them all"
+    )]
+    TooManyShards {
+        url: String,
+        count: usize,
+        max: usize,
+    },
     #[error(transparent)]
     Format(#[from] FormatError),
     #[error("cannot write the header mirror {}: {source}", crate::text::path(path))]
@@ -237,6 +245,22 @@ pub fn fetch(
     parent: Option<&Path>,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Mirror, RemoteError> {
+    fetch_with(source, parent, progress, DEFAULT_MAX_SHARDS)
+}
+
+/// The most shards a remote index may name before devmap asks for
+/// `--max-remote-shards`: the largest models on the Hub have a few hundred, and each
+/// shard costs two requests.
+pub const DEFAULT_MAX_SHARDS: usize = 4096;
+
+/// [`fetch`], reading at most `max_shards` shard headers (an index naming more is
+/// refused before any of them is requested).
+pub fn fetch_with(
+    source: &Source,
+    parent: Option<&Path>,
+    progress: &(dyn Fn(usize, usize) + Sync),
+    max_shards: usize,
+) -> Result<Mirror, RemoteError> {
     let client = Client::new(hub_token(), source.token_origin());
     let dir = mirror_dir(parent)?;
     // Dropped on every error path: the folder goes with it.
@@ -277,6 +301,7 @@ pub fn fetch(
             let index = parse_index(Path::new(&url), text)?;
             write(INDEX_FILE, text.as_bytes())?;
             let mut names: Vec<String> = Vec::new();
+            let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
             for (tensor, file) in &index.weight_map {
                 if !crate::formats::hf_index::is_shard_file_name(file) {
                     return Err(FormatError::tensor(
@@ -286,9 +311,16 @@ pub fn fetch(
                     )
                     .into());
                 }
-                if !names.iter().any(|n| n == file) {
+                if seen.insert(file.as_ref()) {
                     names.push(file.to_string());
                 }
+            }
+            if names.len() > max_shards {
+                return Err(RemoteError::TooManyShards {
+                    url,
+                    count: names.len(),
+                    max: max_shards,
+                });
             }
             names
         }
@@ -378,16 +410,16 @@ fn fetch_header(
                 RemoteError::from,
             ));
     }
-    let (header, _) = client.get_range(&url, 8, header_len)?;
-    if (header.len() as u64) < header_len {
+    // The header goes straight behind its length prefix: one buffer, no second copy.
+    let mut bytes = prefix;
+    client.get_range_into(&url, 8, header_len, &mut bytes)?;
+    if (bytes.len() as u64) < 8 + header_len {
         return Err(RemoteError::Truncated {
             url,
             wanted: header_len,
-            got: header.len() as u64,
+            got: bytes.len() as u64 - 8,
         });
     }
-    let mut bytes = prefix;
-    bytes.extend_from_slice(&header);
     // Validated here so errors name the URL, not the mirror.
     parse_header(Path::new(&url), &bytes, total)?;
     let path = dir.join(name);
