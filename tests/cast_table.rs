@@ -1,7 +1,8 @@
 //! devmap's casts against torch without torch: tests/data/cast_expected.txt holds
 //! fingerprints (FNV-1a 64) of torch's `.to()` results over a fixed set of inputs —
 //! every float16 and bfloat16 bit pattern, and a float32 grid around every rounding
-//! decision — made by scripts/gen_cast_table.py where torch is installed. This test
+//! decision — made by scripts/gen_cast_table.py where torch is installed (on x86-64
+//! with torch's AVX-512 kernels: the table is that platform's behaviour). This test
 //! builds the same inputs, casts them with devmap's code and must reach the same
 //! fingerprints. (tests/python/dtype_cast.py compares element by element in CI.)
 

@@ -1,4 +1,5 @@
-//! Floating-point casts as torch's `.to(dtype)` makes them on the CPU, bit for bit:
+//! Floating-point casts as torch's `.to(dtype)` makes them on an x86-64 CPU with its
+//! AVX2/AVX-512 kernels, bit for bit (with its scalar kernels only NaN payloads differ):
 //! round to nearest, ties to even; subnormals kept; infinities kept; and NaNs as torch
 //! writes them. Widening (f16 or bf16 to f32) is exact. Narrowing goes through the
 //! `half` crate's rounding, with torch's NaN patterns where they differ from it:

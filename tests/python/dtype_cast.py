@@ -64,6 +64,13 @@ def bits(t):
     return t.contiguous().view(BITS_VIEW[t.dtype])
 
 
+# Where the bit-exact claim holds, said by every run: x86-64 with torch's AVX2/AVX-512
+# CPU kernels. With ATEN_CPU_CAPABILITY=default (its scalar kernels) only NaN payloads
+# differ, and that is all this check then lets through.
+CAPABILITY = torch.backends.cpu.get_cpu_capability()
+SCALAR = CAPABILITY == "DEFAULT"
+
+
 def check_casts(devmap, work):
     rng = np.random.default_rng(0)
     src = os.path.join(work, "casts")
@@ -84,6 +91,7 @@ def check_casts(devmap, work):
         f.write(config_text)
     total = sum(t.numel() for t in inputs.values())
     for name, dtype in TARGETS.items():
+        payloads = 0
         out = os.path.join(work, f"out-{name}")
         subprocess.run([devmap, "save", src, "--out", out, "--dtype", name, "--quiet"], check=True)
         with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
@@ -92,7 +100,15 @@ def check_casts(devmap, work):
                 want = t.to(dtype)
                 if got.dtype != dtype:
                     raise SystemExit(f"{name}: {key} written as {got.dtype}")
-                differ = (bits(got) != bits(want)).nonzero().flatten()
+                differ = bits(got) != bits(want)
+                if SCALAR:
+                    # The one documented difference: torch's scalar kernels write NaN
+                    # payloads of their own (float32→bfloat16 NaN is 0x7FC0 there,
+                    # 0xFFFF in its AVX2/AVX-512 kernels, which devmap follows).
+                    nan_payloads = differ & torch.isnan(got.float()) & torch.isnan(want.float())
+                    payloads += int(nan_payloads.sum())
+                    differ = differ & ~nan_payloads
+                differ = differ.nonzero().flatten()
                 if len(differ):
                     i = int(differ[0])
                     raise SystemExit(
@@ -108,7 +124,10 @@ def check_casts(devmap, work):
         expected = config_text if name == "float32" else config_text.replace('"float32"', f'"{name}"')
         if written != expected:
             raise SystemExit(f"{name}: config.json is\n{written}\nexpected\n{expected}")
-        print(f"ok: --dtype {name}: {total} elements identical to torch's .to()")
+        if payloads:
+            print(f"ok: --dtype {name}: {total} elements identical to torch's .to() but {payloads} NaN payloads (torch's scalar kernels)")
+        else:
+            print(f"ok: --dtype {name}: {total} elements identical to torch's .to()")
 
 
 def check_auto(devmap, work):
@@ -176,7 +195,7 @@ def main(devmap):
     work = tempfile.mkdtemp(prefix="devmap-dtype-")
     check_casts(devmap, work)
     check_auto(devmap, work)
-    print(f"torch {torch.__version__}")
+    print(f"torch {torch.__version__}, CPU capability {CAPABILITY}, machine {os.uname().machine}")
 
 
 if __name__ == "__main__":
