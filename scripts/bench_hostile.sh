@@ -29,6 +29,48 @@ with open(sys.argv[1], "wb") as f:
     f.write(bytes(n))
 PY
 fi
+# The same million, other tree shapes: one module with a million children (`t.N.w`)
+# and an MoE-like one (layers × experts × three weights).
+WIDE="$WORK/million-wide"
+if [ ! -f "$WIDE/model.safetensors" ]; then
+    mkdir -p "$WIDE"
+    python3 - "$WIDE/model.safetensors" wide <<'PY'
+import json, struct, sys
+n = 1_000_000
+header = {"__metadata__": {"format": "pt"}}
+for i in range(n):
+    header[f"t.{i}.w"] = {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]}
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(text)))
+    f.write(text)
+    f.write(bytes(n))
+PY
+fi
+MOE="$WORK/million-moe"
+if [ ! -f "$MOE/model.safetensors" ]; then
+    mkdir -p "$MOE"
+    python3 - "$MOE/model.safetensors" <<'PY'
+import json, struct, sys
+header = {"__metadata__": {"format": "pt"}}
+i = 0
+for layer in range(61):
+    for expert in range(5464):
+        for w in ("g", "u", "d"):
+            if i == 1_000_000:
+                break
+            header[f"l.{layer}.e.{expert}.{w}"] = {
+                "dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]}
+            i += 1
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(text)))
+    f.write(text)
+    f.write(bytes(i))
+PY
+fi
 LONG="$WORK/long-name"
 if [ ! -f "$LONG/model.safetensors" ]; then
     mkdir -p "$LONG"
@@ -87,6 +129,9 @@ rm -rf "$WORK/million-out"
 measure "save, 1,000,000 tensors, one shard" "$DEVMAP" save "$MILLION" --out "$WORK/million-out" -q
 rm -rf "$WORK/million-out"
 measure "inspect (text), 1,000,000 tensors" "$DEVMAP" inspect "$MILLION"
+measure "inspect (text), 1,000,000 tensors in one module (t.N.w)" "$DEVMAP" inspect "$WIDE"
+measure "inspect --json, 1,000,000 tensors in one module" "$DEVMAP" inspect "$WIDE" --json
+measure "inspect (text), 1,000,000 MoE expert tensors" "$DEVMAP" inspect "$MOE"
 measure "inspect --json, a 600 KB dotted name" "$DEVMAP" inspect "$LONG" --json
 measure "inspect (text), a 600 KB dotted name" "$DEVMAP" inspect "$LONG"
 measure "inspect, a 4 MB name of dots" "$DEVMAP" inspect "$DOTS"

@@ -48,8 +48,12 @@ pub fn path(p: &std::path::Path) -> String {
 
 /// `1 tensor`, `2 tensors`: a count with its noun, singular or plural (`plural` for
 /// nouns that do not just add an `s`: `entry`/`entries`).
-pub fn count(n: usize, singular: &str, plural: &str) -> String {
-    if n == 1 {
+pub fn count<N: std::fmt::Display + PartialEq + From<u8>>(
+    n: N,
+    singular: &str,
+    plural: &str,
+) -> String {
+    if n == N::from(1) {
         format!("1 {singular}")
     } else {
         format!("{n} {plural}")

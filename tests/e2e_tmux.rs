@@ -265,7 +265,7 @@ fn a_remote_model_opens_in_the_inspector() {
     let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
     assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
     // Nothing was printed over the terminal before the inspector took it.
-    assert!(!after.contains("shard header(s) in"), "{after}");
+    assert!(!after.contains("shard headers in"), "{after}");
     assert_restored(&tmux);
 }
 

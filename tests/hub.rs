@@ -408,7 +408,7 @@ fn hf_urls_read_only_headers_and_give_the_same_tree_and_plan() {
         "only headers, config and index"
     );
     assert!(fetched < model_bytes(&served.src) / 4);
-    assert!(stderr(&o).contains("3 shard header(s)"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("3 shard headers"), "{}", stderr(&o));
     // The header mirror is gone once devmap is done.
     let scratch = served.root.with_file_name("scratch");
     std::fs::create_dir_all(&scratch).expect("scratch");

@@ -244,7 +244,7 @@ fn inspect_lists_what_the_adapter_changes() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(
-        text.contains("LORA (applied on save: 2 tensor(s) merged, 0 replaced)"),
+        text.contains("LORA (applied on save: 2 tensors merged, 0 replaced)"),
         "{text}"
     );
     assert!(text.contains("model.layers.0.proj.weight  += "), "{text}");
@@ -511,7 +511,7 @@ fn the_inspector_marks_merged_tensors_and_the_save_dialog_names_the_adapter() {
         .expect("the preview names the merge");
     assert_eq!(merged, 1);
     assert_eq!(adapters, [ad.to_string_lossy().into_owned()]);
-    assert!(frame(&app).contains("merged into 1 tensor(s) as the save streams"));
+    assert!(frame(&app).contains("merged into 1 tensor as the save streams"));
 }
 
 /// NaN or ±Inf in an adapter, and a `lora_alpha` so large that the merge overflows:
@@ -544,7 +544,7 @@ fn non_finite_adapters_and_overflowing_merges_are_refused_by_name() {
         let err = stderr(&o);
         assert!(
             err.contains("base_model.model.model.layers.2.proj.lora_A.weight")
-                && err.contains("1 NaN or infinite value(s) (the first at element 5)")
+                && err.contains("1 NaN or infinite value (the first at element 5)")
                 && err.contains("--allow-nonfinite"),
             "{label}: {err}"
         );

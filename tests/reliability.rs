@@ -293,7 +293,7 @@ fn a_map_whose_weights_exist_nowhere_is_refused_unless_allowed() {
     assert!(!o.status.success(), "an almost empty save must be refused");
     let err = stderr(&o);
     assert!(
-        err.contains("2 device-map key(s) cover no tensor that has data")
+        err.contains("2 device-map keys cover no tensor that has data")
             && err.contains("`model.embed_tokens`")
             && err.contains("`model.layers.0`")
             && err.contains("--allow-partial"),

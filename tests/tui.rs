@@ -1363,7 +1363,7 @@ fn v_verifies_a_finished_save_and_shows_the_verdict() {
     let screen = frame(&app, 120, 40);
     assert!(screen.contains("verify found problems"), "{screen}");
     assert!(
-        screen.contains("1 difference(s): model.layers.2.proj.weight"),
+        screen.contains("1 difference: model.layers.2.proj.weight"),
         "{screen}"
     );
     // Esc closes the finished panel.
@@ -1679,7 +1679,7 @@ fn the_devices_panel_grows_to_ten_devices_and_keeps_over_budget_rows() {
         "{screen}"
     );
     assert!(
-        screen.contains("more device(s), all within budget"),
+        screen.contains("more devices, all within budget"),
         "{screen}"
     );
 }
@@ -1831,7 +1831,7 @@ fn the_opening_screen_names_the_model_and_counts_time() {
                 f,
                 "/models/llama",
                 Duration::from_millis(2_345),
-                "fetching the headers: 12/160 shard(s)",
+                "fetching the headers: 12/160 shards",
             );
         })
         .expect("draw");
@@ -1848,7 +1848,7 @@ fn the_opening_screen_names_the_model_and_counts_time() {
     assert!(text.contains("q quits"), "{text}");
     // What the loading thread says (a remote model's fetch) shows under it.
     assert!(
-        text.contains("fetching the headers: 12/160 shard(s)"),
+        text.contains("fetching the headers: 12/160 shards"),
         "{text}"
     );
 }

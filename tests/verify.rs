@@ -499,5 +499,5 @@ fn the_text_report_names_each_difference_and_sums_up() {
         text.contains("difference: lm_head.weight: is missing"),
         "{text}"
     );
-    assert!(text.contains("1 difference(s)"), "{text}");
+    assert!(text.contains("1 difference,"), "{text}");
 }

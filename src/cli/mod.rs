@@ -165,7 +165,7 @@ fn fetch_headers(
     let started = std::time::Instant::now();
     let progress = |done: usize, total: usize| {
         let line = format!(
-            "fetching the headers of {}: {done}/{total} shard(s)",
+            "fetching the headers of {}: {done}/{total} shards",
             devmap::text::escaped(&origin)
         );
         if let Some(report) = report {
@@ -186,12 +186,12 @@ fn fetch_headers(
         return Ok(mirror);
     }
     err_line(format!(
-        "{}: {} shard header(s) in {:.1} s, {} in {} request(s) ({:.4}% of the model's {})",
+        "{}: {} in {:.1} s, {} in {} ({:.4}% of the model's {})",
         devmap::text::escaped(&mirror.origin),
-        mirror.shards,
+        devmap::text::count(mirror.shards, "shard header", "shard headers"),
         started.elapsed().as_secs_f64(),
         human_bytes(mirror.bytes),
-        mirror.requests,
+        devmap::text::count(mirror.requests, "request", "requests"),
         mirror.bytes as f64 * 100.0 / mirror.model_bytes.max(1) as f64,
         human_bytes(mirror.model_bytes)
     ))?;
@@ -290,10 +290,10 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
             err_line(format!("warning: {w}"))?;
         }
         err_line(format!(
-            "saving {} tensors ({}) into {} shard(s) in {}",
-            plan.tensor_count(),
+            "saving {} ({}) into {} in {}",
+            devmap::text::count(plan.tensor_count(), "tensor", "tensors"),
             human_bytes(plan.total_size),
-            plan.shards.len(),
+            devmap::text::count(plan.shards.len(), "shard", "shards"),
             a.out.display()
         ))?;
         if let Some(dtype) = plan.cast_to {
@@ -316,8 +316,10 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
                 .filter(|&id| ckpt.replaced_by_adapter(id))
                 .count();
             err_line(format!(
-                "  LoRA: {} adapter(s) merged into {merged} tensor(s), {replaced} tensor(s) replaced by adapter values (devmap inspect … --merge-lora lists them)",
-                model.merge_lora.len()
+                "  LoRA: {} merged into {}, {} replaced by adapter values (devmap inspect … --merge-lora lists them)",
+                devmap::text::count(model.merge_lora.len(), "adapter", "adapters"),
+                devmap::text::count(merged, "tensor", "tensors"),
+                devmap::text::count(replaced, "tensor", "tensors")
             ))?;
         }
     }
@@ -365,8 +367,8 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
     let report = result.map_err(|e| eyre!(e))?;
     if !a.quiet {
         err_line(format!(
-            "done: {} tensors, {} in {} ({}){}",
-            report.tensors,
+            "done: {}, {} in {} ({}){}",
+            devmap::text::count(report.tensors, "tensor", "tensors"),
             human_bytes(report.bytes),
             report.out.display(),
             report.shard_files.join(", "),

@@ -49,8 +49,8 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
     let _ = writeln!(out, "{}", ckpt.display_name());
     let _ = writeln!(
         out,
-        "  {} tensors · {} · {} parameters",
-        root.tensors,
+        "  {} · {} · {} parameters",
+        crate::text::count(root.tensors, "tensor", "tensors"),
         human_bytes(root.bytes),
         human_count(root.params)
     );
@@ -159,8 +159,8 @@ fn lora_section(ckpt: &Checkpoint, out: &mut String) {
     }
     let _ = writeln!(
         out,
-        "\nLORA (applied on save: {} tensor(s) merged, {} replaced)",
-        merged.len(),
+        "\nLORA (applied on save: {} merged, {} replaced)",
+        crate::text::count(merged.len(), "tensor", "tensors"),
         replaced.len()
     );
     for id in merged {

@@ -86,7 +86,8 @@ fn refuse_nonfinite(
                 dir: dir.to_path_buf(),
                 key: t.name.clone(),
                 message: format!(
-                    "holds {bad} NaN or infinite value(s) (the first at element {first}); merged, they would make the weights they touch NaN or infinite. Nothing was written; pass --allow-nonfinite to merge anyway"
+                    "holds {} (the first at element {first}); merged, they would make the weights they touch NaN or infinite. Nothing was written; pass --allow-nonfinite to merge anyway",
+                    crate::text::count(bad, "NaN or infinite value", "NaN or infinite values")
                 ),
             });
         }

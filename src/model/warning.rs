@@ -6,6 +6,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::text::count;
 use crate::types::dtype::DType;
 use crate::types::placement::Placement;
 
@@ -209,15 +210,15 @@ impl Warning {
             ),
             Warning::SymlinksOutside { dir, files } => write!(
                 f,
-                "{} input(s) are symlinks to files outside {} and are read from there: {}",
-                files.len(),
+                "{} outside {}, reached through symlinks, and read from there: {}",
+                count(files.len(), "input lies", "inputs lie"),
                 dir.display(),
                 name_list(files)
             ),
             Warning::Unmapped { tensors } => write!(
                 f,
-                "{} tensor(s) are covered by no device-map entry (unmapped): {}; accelerate would fail to dispatch them, add a key for their module or \"\"",
-                tensors.len(),
+                "{} covered by no device-map entry (unmapped): {}; accelerate would fail to dispatch them, add a key for their module or \"\"",
+                count(tensors.len(), "tensor is", "tensors are"),
                 name_list(tensors)
             ),
             Warning::TiedAcrossDevices { members } => {
@@ -233,8 +234,12 @@ impl Warning {
             }
             Warning::OffloadNotOnDisk { tensors } => write!(
                 f,
-                "{} offload-folder entr(ies) belong to tensors the device map does not put on disk: {}; devmap still treats the offload value as current",
-                tensors.len(),
+                "{} to tensors the device map does not put on disk: {}; devmap still treats the offload value as current",
+                count(
+                    tensors.len(),
+                    "offload-folder entry belongs",
+                    "offload-folder entries belong"
+                ),
                 name_list(&with_device(tensors))
             ),
             Warning::DiskWithoutOffload {
@@ -247,32 +252,37 @@ impl Warning {
                 };
                 write!(
                     f,
-                    "{} tensor(s) are placed on disk but {folder}: {}; their checkpoint bytes are used",
-                    tensors.len(),
+                    "{} placed on disk but {folder}: {}; their checkpoint bytes are used",
+                    count(tensors.len(), "tensor is", "tensors are"),
                     name_list(tensors)
                 )
             }
             Warning::NoData { tensors } => write!(
                 f,
-                "{} tensor(s) have no data anywhere, neither in the checkpoint, the offload folder nor a tie partner: {}; they can be inspected but not loaded or saved",
-                tensors.len(),
+                "{} no data anywhere, neither in the checkpoint, the offload folder nor a tie partner: {}; they can be inspected but not loaded or saved",
+                count(tensors.len(), "tensor has", "tensors have"),
                 name_list(&with_device(tensors))
             ),
             Warning::UnusedMapKeys { keys } => write!(
                 f,
-                "{} device-map key(s) match no tensor: {}; check for typos or a map from another model",
-                keys.len(),
+                "{} no tensor: {}; check for typos or a map from another model",
+                count(
+                    keys.len(),
+                    "device-map key matches",
+                    "device-map keys match"
+                ),
                 name_list(keys)
             ),
             Warning::Transformers5Placement {
-                count,
+                count: count_of,
                 key,
                 ours,
                 theirs,
                 their_key,
             } => write!(
                 f,
-                "transformers 5 puts {count} tensor(s) that key `{key}` places on {ours} on {theirs} instead, by key `{their_key}`: it matches keys as regex prefixes with no dot boundary; rename or add keys so both agree"
+                "transformers 5 puts {} that key `{key}` places on {ours} on {theirs} instead, by key `{their_key}`: it matches keys as regex prefixes with no dot boundary; rename or add keys so both agree",
+                count(*count_of, "tensor", "tensors")
             ),
             Warning::OffloadShapeDiffers {
                 tensor,

@@ -119,8 +119,8 @@ pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<S
         let empty = crate::model::checks::keys_without_data(ckpt);
         if !empty.is_empty() {
             problems.push(format!(
-                "{} device-map key(s) cover no tensor that has data, so the saved model would lack those modules: {}; the checkpoint holding their weights is missing (or the map is for another model). Pass --allow-partial to save the rest anyway",
-                empty.len(),
+                "{} no tensor that has data, so the saved model would lack those modules: {}; the checkpoint holding their weights is missing (or the map is for another model). Pass --allow-partial to save the rest anyway",
+                crate::text::count(empty.len(), "device-map key covers", "device-map keys cover"),
                 crate::model::checks::name_list(&empty)
             ));
         }
@@ -191,16 +191,16 @@ pub fn check_out_folder(options: &SaveOptions) -> Vec<String> {
             .collect();
         if !partial.is_empty() {
             problems.push(format!(
-                "{} holds {} unfinished file(s) from an interrupted save, or one still running (*{PARTIAL_SUFFIX} or *{BACKUP_SUFFIX}, e.g. {}); they are not valid shards: once no save is running, delete them, then save again",
+                "{} holds {} from an interrupted save, or one still running (*{PARTIAL_SUFFIX} or *{BACKUP_SUFFIX}, e.g. {}); they are not valid shards: once no save is running, delete them, then save again",
                 options.out.display(),
-                partial.len(),
+                crate::text::count(partial.len(), "unfinished file", "unfinished files"),
                 partial[0].to_string_lossy()
             ));
         } else if !entries.is_empty() && !options.force {
             problems.push(format!(
-                "the output folder {} is not empty ({} entries); pass --force to write into it (earlier weight files there are replaced)",
+                "the output folder {} is not empty ({}); pass --force to write into it (earlier weight files there are replaced)",
                 options.out.display(),
-                entries.len()
+                crate::text::count(entries.len(), "entry", "entries")
             ));
         }
     }

@@ -187,15 +187,19 @@ impl VerifyReport {
         });
         let verdict = match (self.differences(), self.notes()) {
             (0, 0) => "no differences".to_owned(),
-            (0, n) => format!("no differences, {n} note(s)"),
-            (d, n) => format!("{d} difference(s), {n} note(s)"),
+            (0, n) => format!("no differences, {}", crate::text::count(n, "note", "notes")),
+            (d, n) => format!(
+                "{}, {}",
+                crate::text::count(d, "difference", "differences"),
+                crate::text::count(n, "note", "notes")
+            ),
         };
         let _ = writeln!(
             text,
-            "{}: {} tensors in {} shard(s) checked{against}; {} read; {verdict}",
+            "{}: {} in {} checked{against}; {} read; {verdict}",
             crate::text::path(&self.out),
-            self.tensors,
-            self.shards,
+            crate::text::count(self.tensors, "tensor", "tensors"),
+            crate::text::count(self.shards, "shard", "shards"),
             crate::human_bytes(self.bytes_read),
         );
         text

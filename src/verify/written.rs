@@ -115,8 +115,8 @@ pub fn read(out: &Path, findings: &mut Vec<Finding>) -> Result<Written, VerifyEr
                 Kind::MissingIndex,
                 INDEX_FILE,
                 format!(
-                    "is missing, and without it transformers finds none of the {} shard file(s) here",
-                    present.len()
+                    "is missing, and without it transformers finds none of the {} here",
+                    crate::text::count(present.len(), "shard file", "shard files")
                 ),
             ));
         }
@@ -307,13 +307,13 @@ fn named_shards(
             findings.push(Finding::difference(
                 Kind::InvalidIndex,
                 file,
-                format!("the index names it for {n} tensor(s) (first `{first}`), but it is not a file name in this folder"),
+                format!("the index names it for {} (first `{first}`), but it is not a file name in this folder", crate::text::count(n, "tensor", "tensors")),
             ));
         } else if !present.contains(file) {
             findings.push(Finding::difference(
                 Kind::MissingShard,
                 file,
-                format!("the index names it for {n} tensor(s) (first `{first}`), but it is missing"),
+                format!("the index names it for {} (first `{first}`), but it is missing", crate::text::count(n, "tensor", "tensors")),
             ));
         }
         plain
@@ -412,9 +412,10 @@ fn check_dtype(written: &Written, config: &ModelConfig, findings: &mut Vec<Findi
             Kind::ConfigDtype,
             &first.name,
             format!(
-                "is {} while most floating-point tensors are {} ({count} such tensor(s); models that keep some modules in float32 do this)",
+                "is {} while most floating-point tensors are {} ({} like it; models that keep some modules in float32 do this)",
                 first.dtype.torch_name(),
-                main.torch_name()
+                main.torch_name(),
+                crate::text::count(count, "tensor", "tensors")
             ),
         ));
     }

@@ -372,8 +372,8 @@ fn read_weights(
                     &index_path,
                     names[0],
                     format!(
-                        "is mapped to shard {file}, which is missing ({} tensors point there)",
-                        names.len()
+                        "is mapped to shard {file}, which is missing ({} there)",
+                        crate::text::count(names.len(), "tensor points", "tensors point")
                     ),
                 )
                 .into());

@@ -221,8 +221,9 @@ impl App {
             .filter(|(t, b)| t.placement != b.placement)
             .count();
         let mut lines = vec![format!(
-            "accelerate's plan for {spec}: {moved} of {} tensors move",
-            self.ckpt.tensors().len()
+            "accelerate's plan for {spec}: {moved} of {} {}",
+            crate::text::count(self.ckpt.tensors().len(), "tensor", "tensors"),
+            if moved == 1 { "moves" } else { "move" }
         )];
         let totals_after = self.ckpt.device_totals();
         let mut devices: Vec<Placement> = totals_before

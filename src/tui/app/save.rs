@@ -286,9 +286,9 @@ impl App {
             SaveEvent::Finished(report) => {
                 save.written = save.total;
                 let text = format!(
-                    "saved {} tensors in {} shard(s) to {}",
-                    report.tensors,
-                    report.shard_files.len(),
+                    "saved {} in {} to {}",
+                    crate::text::count(report.tensors, "tensor", "tensors"),
+                    crate::text::count(report.shard_files.len(), "shard", "shards"),
                     report.out.display()
                 );
                 save.outcome = Some(Outcome::Done(report));

@@ -19,7 +19,11 @@ impl App {
                 let n = self.matches.len();
                 if n > 0 {
                     self.say(
-                        format!("{n} match(es) for `{}`: n / N to step", self.last_search),
+                        format!(
+                            "{} for `{}`: n / N to step",
+                            crate::text::count(n, "match", "matches"),
+                            self.last_search
+                        ),
                         Tone::Info,
                     );
                 } else if !self.last_search.is_empty() {

@@ -68,15 +68,19 @@ impl App {
         let (text, tone) = match &result {
             Ok(r) if r.differences() == 0 => (
                 format!(
-                    "verified: all {} tensors equal their source, no differences",
-                    r.compared
+                    "verified: {} their source, no differences",
+                    if r.compared == 1 {
+                        "the one tensor equals".to_owned()
+                    } else {
+                        format!("all {} tensors equal", r.compared)
+                    }
                 ),
                 Tone::Good,
             ),
             Ok(r) => (
                 format!(
-                    "verify found {} difference(s); devmap verify {} --against … lists them all",
-                    r.differences(),
+                    "verify found {}; devmap verify {} --against … lists them all",
+                    crate::text::count(r.differences(), "difference", "differences"),
                     r.out.display()
                 ),
                 Tone::Bad,

@@ -110,8 +110,8 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         lines.push(kv(
             "module",
             format!(
-                "{} tensors, {} params",
-                node.tensors,
+                "{}, {} params",
+                crate::text::count(node.tensors, "tensor", "tensors"),
                 human_count(node.params)
             ),
         ));

@@ -64,9 +64,9 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
     if p.plan.is_some() {
         let sizes = summarize_sizes(&p.shard_sizes);
         lines.push(Line::from(format!(
-            "{} tensors → {} shard(s) ({sizes}), {} to write",
-            p.tensors,
-            p.shard_sizes.len(),
+            "{} → {} ({sizes}), {} to write",
+            crate::text::count(p.tensors, "tensor", "tensors"),
+            crate::text::count(p.shard_sizes.len(), "shard", "shards"),
             human_bytes(p.bytes)
         )));
         lines.push(Line::from(match p.cast_to {
@@ -82,8 +82,9 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
         if let Some((adapters, merged)) = &p.lora {
             lines.push(Line::from(Span::styled(
                 format!(
-                    "LoRA: {} merged into {merged} tensor(s) as the save streams",
-                    adapters.join(" + ")
+                    "LoRA: {} merged into {} as the save streams",
+                    adapters.join(" + "),
+                    crate::text::count(*merged, "tensor", "tensors")
                 ),
                 theme.good(),
             )));

@@ -80,8 +80,8 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let mut spans = vec![
         Span::styled(" devmap ", theme.title()),
         Span::raw(format!(
-            "· {name} · {} tensors · {} · {} params",
-            root.tensors,
+            "· {name} · {} · {} · {} params",
+            crate::text::count(root.tensors, "tensor", "tensors"),
             crate::human_bytes(root.bytes),
             crate::inspect::human_count(root.params)
         )),
@@ -91,7 +91,10 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     }
     if !app.warnings.is_empty() {
         spans.push(Span::styled(
-            format!("  ! {} warning(s)", app.warnings.len()),
+            format!(
+                "  ! {}",
+                crate::text::count(app.warnings.len(), "warning", "warnings")
+            ),
             theme.warn(),
         ));
     }
@@ -115,8 +118,8 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 match app.match_position() {
                     Some((at, of)) => format!("   {at}/{of}   {}", keys::hint(&app.mode)),
                     None => format!(
-                        "   {} match(es)   {}",
-                        app.matches.len(),
+                        "   {}   {}",
+                        crate::text::count(app.matches.len(), "match", "matches"),
                         keys::hint(&app.mode)
                     ),
                 },

@@ -84,12 +84,18 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         let mut lines: Vec<Line> = chosen.iter().map(|&i| rows[i].0.clone()).collect();
         lines.push(if hidden_over > 0 {
             Line::from(Span::styled(
-                format!("… {hidden} more device(s), {hidden_over} of them OVER"),
+                format!(
+                    "… {hidden} more {}, {hidden_over} of them OVER",
+                    plural_devices(hidden)
+                ),
                 theme.bad(),
             ))
         } else {
             Line::from(Span::styled(
-                format!("… {hidden} more device(s), all within budget"),
+                format!(
+                    "… {hidden} more {}, all within budget",
+                    plural_devices(hidden)
+                ),
                 theme.dim(),
             ))
         });
@@ -270,8 +276,8 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         Some(Outcome::Done(r)) => {
             lines.push(Line::from(Span::styled(
                 format!(
-                    "{} shard(s) in {}: {}",
-                    r.shard_files.len(),
+                    "{} in {}: {}",
+                    crate::text::count(r.shard_files.len(), "shard", "shards"),
                     r.out.display(),
                     r.shard_files.join(", ")
                 ),
@@ -328,8 +334,8 @@ fn verify_line(save: &crate::tui::app::SaveProgress, bar_w: usize, theme: Theme)
         }
         Some(Ok(r)) if r.differences() == 0 => Line::from(Span::styled(
             format!(
-                "verified: {} tensors equal their source ({} read), no differences",
-                r.compared,
+                "verified: {} their source ({} read), no differences",
+                crate::text::count(r.compared, "tensor equals", "tensors equal"),
                 human_bytes(r.bytes_read)
             ),
             theme.good(),
@@ -342,7 +348,10 @@ fn verify_line(save: &crate::tui::app::SaveProgress, bar_w: usize, theme: Theme)
                 .map(|f| format!(": {f}"))
                 .unwrap_or_default();
             Line::from(Span::styled(
-                format!("verify: {} difference(s){first}", r.differences()),
+                format!(
+                    "verify: {}{first}",
+                    crate::text::count(r.differences(), "difference", "differences")
+                ),
                 theme.bad(),
             ))
         }
@@ -351,4 +360,8 @@ fn verify_line(save: &crate::tui::app::SaveProgress, bar_w: usize, theme: Theme)
             theme.bad(),
         )),
     }
+}
+
+fn plural_devices(n: usize) -> &'static str {
+    if n == 1 { "device" } else { "devices" }
 }
