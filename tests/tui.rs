@@ -1586,7 +1586,7 @@ fn text_fields_edit_at_the_cursor() {
     press(&mut app, &[key(KeyCode::Left), ctrl('u')]);
     assert_eq!(out(&app), "/");
     // In the size field ←/→ still step the presets.
-    press(&mut app, &[key(KeyCode::BackTab), key(KeyCode::BackTab)]);
+    press(&mut app, &[key(KeyCode::BackTab)]);
     let size = |app: &App| match &app.mode {
         Mode::SaveDialog(d) => d.size.clone(),
         _ => panic!("dialog"),
@@ -1796,6 +1796,24 @@ fn tab_completes_paths_then_moves_on() {
         (format!("{}/alp", base.display()), Field::Output),
         "as far as they agree"
     );
+    // Tab again on an ambiguous prefix: the candidates are named, and the keys after
+    // it still land in this field.
+    press(&mut app, &[key(KeyCode::Tab)]);
+    assert_eq!(
+        out(&app),
+        (format!("{}/alp", base.display()), Field::Output)
+    );
+    let said = app
+        .message
+        .as_ref()
+        .map(|m| m.text.clone())
+        .unwrap_or_default();
+    assert_eq!(said, "Tab: alpha_dir/  alpine.txt");
+    // Shift-Tab goes back a field, and Tab forward again.
+    press(&mut app, &[key(KeyCode::BackTab)]);
+    assert_eq!(out(&app).1, Field::ShardSize);
+    press(&mut app, &[key(KeyCode::Tab)]);
+    assert_eq!(out(&app).1, Field::Output);
     press(&mut app, &[ch('h'), key(KeyCode::Tab)]);
     assert_eq!(
         out(&app).0,

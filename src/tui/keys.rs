@@ -27,8 +27,8 @@ pub const HELP: &[(&str, &str)] = &[
     ("?", "this help"),
     ("click", "select a row; again opens or closes it"),
     (
-        "Tab",
-        "focus the next panel (tree, Details, Devices); ↑↓ scroll it",
+        "Tab  S-Tab",
+        "focus the next (previous) panel: tree, Details, Devices; ↑↓ scroll it",
     ),
     (
         "q  Ctrl-C",
@@ -115,7 +115,8 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
         Mode::SaveDialog(_) => text_keys(key).or(match key.code {
             KeyCode::Enter => Some(Action::Submit),
             KeyCode::Esc => Some(Action::Close),
-            KeyCode::Tab | KeyCode::BackTab => Some(Action::NextField),
+            KeyCode::Tab => Some(Action::NextField),
+            KeyCode::BackTab => Some(Action::PrevField),
             // Presets in the size and dtype fields; the cursor in a path.
             KeyCode::Left => Some(Action::PrevPreset),
             KeyCode::Right => Some(Action::NextPreset),
@@ -178,7 +179,8 @@ fn browse(key: KeyEvent) -> Option<Action> {
         KeyCode::Right | KeyCode::Char('l') | KeyCode::Enter => Action::Expand,
         KeyCode::Left | KeyCode::Char('h') => Action::Collapse,
         KeyCode::Char('/') => Action::StartSearch,
-        KeyCode::Tab | KeyCode::BackTab => Action::NextField,
+        KeyCode::Tab => Action::NextField,
+        KeyCode::BackTab => Action::PrevField,
         KeyCode::Char('n') => Action::NextMatch,
         KeyCode::Char('N') => Action::PrevMatch,
         KeyCode::Char('t') => Action::JumpTie,

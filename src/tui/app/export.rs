@@ -27,9 +27,10 @@ impl App {
                 self.cursor = edit_text(&mut dialog.path, self.cursor, edit);
             }
             Action::NextField => {
-                if let Some(done) = super::complete_path(self.probe.as_ref(), &dialog.path) {
-                    dialog.path = done;
-                    self.cursor = None;
+                let mut path = std::mem::take(&mut dialog.path);
+                self.tab_complete(&mut path);
+                if let Mode::Export(dialog) = &mut self.mode {
+                    dialog.path = path;
                 }
             }
             Action::Close => self.mode = Mode::Browse,

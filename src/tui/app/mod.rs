@@ -83,6 +83,8 @@ pub enum Action {
     Close,
     Submit,
     NextField,
+    /// Shift-Tab: the field (or panel) before.
+    PrevField,
     PrevPreset,
     NextPreset,
     Input(char),
@@ -702,12 +704,11 @@ impl App {
             self.wheel(column, row, down);
             return Vec::new();
         }
-        if action == Action::NextField {
-            self.focus = match self.focus {
-                Focus::Tree => Focus::Details,
-                Focus::Details => Focus::Devices,
-                Focus::Devices => Focus::Tree,
-            };
+        if matches!(action, Action::NextField | Action::PrevField) {
+            let order = [Focus::Tree, Focus::Details, Focus::Devices];
+            let at = order.iter().position(|f| *f == self.focus).unwrap_or(0);
+            let step = if action == Action::NextField { 1 } else { 2 };
+            self.focus = order[(at + step) % 3];
             return Vec::new();
         }
         // Movement scrolls the focused panel when it is not the tree.
@@ -878,10 +879,53 @@ fn edit_text(text: &mut String, cursor: Option<usize>, action: &Action) -> Optio
     (next < len).then_some(next)
 }
 
+/// What Tab does to a path typed in a field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Completion {
+    /// Completed as far as the entries agree (a single folder gets its `/`).
+    Completed(String),
+    /// Typed as far as several entries agree: these are the candidates (Tab stays).
+    Ambiguous(Vec<String>),
+    /// Nothing to complete: Tab moves on.
+    Nothing,
+}
+
+/// Up to this many candidates are named in the status line.
+const CANDIDATES_SHOWN: usize = 8;
+
+impl App {
+    /// Tab in a path field: completes it, or names the candidates in the status line
+    /// and stays; `true` when the key was used (the field keeps the focus).
+    fn tab_complete(&mut self, text: &mut String) -> bool {
+        match complete_path(self.probe.as_ref(), text) {
+            Completion::Completed(done) => {
+                *text = done;
+                self.cursor = None;
+                true
+            }
+            Completion::Ambiguous(names) => {
+                let more = names.len().saturating_sub(CANDIDATES_SHOWN);
+                let mut listed = names
+                    .iter()
+                    .take(CANDIDATES_SHOWN)
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join("  ");
+                if more > 0 {
+                    listed.push_str(&format!("  … {more} more"));
+                }
+                self.say(format!("Tab: {listed}"), Tone::Info);
+                true
+            }
+            Completion::Nothing => false,
+        }
+    }
+}
+
 /// Tab completion of a path typed in `text`: the entries of its folder that start with
-/// its last part, completed as far as they agree (a single folder gets its `/`).
-/// `None` when nothing would change.
-fn complete_path(probe: &dyn super::probe::Probe, text: &str) -> Option<String> {
+/// its last part, completed as far as they agree (a single folder gets its `/`); the
+/// candidates when they agree no further than what is typed.
+fn complete_path(probe: &dyn super::probe::Probe, text: &str) -> Completion {
     let (dir, prefix) = match text.rfind('/') {
         Some(i) => (&text[..=i], &text[i + 1..]),
         None => ("", text),
@@ -895,7 +939,9 @@ fn complete_path(probe: &dyn super::probe::Probe, text: &str) -> Option<String> 
         })
         .collect();
     matches.sort();
-    let first = matches.first()?;
+    let Some(first) = matches.first() else {
+        return Completion::Nothing;
+    };
     let mut common = first.0.clone();
     for (name, _) in &matches[1..] {
         let same = common
@@ -906,14 +952,22 @@ fn complete_path(probe: &dyn super::probe::Probe, text: &str) -> Option<String> 
         common = common.chars().take(same).collect();
     }
     if common == prefix {
-        // Typed as far as the entries agree (or a whole name): Tab moves on.
-        return None;
+        // A whole name typed, and nothing longer starts with it: Tab moves on.
+        if matches.len() == 1 || matches.iter().all(|(n, _)| n == prefix) {
+            return Completion::Nothing;
+        }
+        return Completion::Ambiguous(
+            matches
+                .iter()
+                .map(|(n, dir)| if *dir { format!("{n}/") } else { n.clone() })
+                .collect(),
+        );
     }
     let mut completed = format!("{dir}{common}");
     if matches.len() == 1 && first.1 {
         completed.push('/');
     }
-    Some(completed)
+    Completion::Completed(completed)
 }
 
 /// Whether an action edits the active text field.

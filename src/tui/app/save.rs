@@ -51,20 +51,28 @@ impl App {
                 self.mode = Mode::Browse;
                 return Vec::new();
             }
-            // Tab completes a path in the output field while it can; then it moves on.
-            Action::NextField
-                if dialog.field == Field::Output
-                    && self.cursor.is_none()
-                    && let Some(done) = super::complete_path(self.probe.as_ref(), field) =>
-            {
-                *field = done;
-            }
-            Action::NextField => {
-                dialog.field = match dialog.field {
-                    Field::ShardSize => Field::Output,
-                    Field::Output => Field::Dtype,
-                    Field::Dtype => Field::ShardSize,
+            // Tab completes a path in the output field while it can (or names the
+            // candidates and stays); then it moves on. Shift-Tab goes back.
+            Action::NextField if dialog.field == Field::Output && self.cursor.is_none() => {
+                let mut path = std::mem::take(field);
+                let used = self.tab_complete(&mut path);
+                let Mode::SaveDialog(dialog) = &mut self.mode else {
+                    return Vec::new();
                 };
+                dialog.out = path;
+                if used {
+                    dialog.preview_due = Some(self.clock + PREVIEW_DELAY);
+                } else {
+                    dialog.field = Field::Dtype;
+                    self.cursor = None;
+                }
+                return Vec::new();
+            }
+            Action::NextField | Action::PrevField => {
+                let order = [Field::ShardSize, Field::Output, Field::Dtype];
+                let at = order.iter().position(|f| *f == dialog.field).unwrap_or(0);
+                let step = if action == Action::NextField { 1 } else { 2 };
+                dialog.field = order[(at + step) % 3];
                 self.cursor = None;
                 return Vec::new();
             }
