@@ -54,7 +54,7 @@ fn assert_restored(tmux: &Tmux) -> String {
         .map_or("", str::trim);
     assert_eq!(mode, "icanon", "raw mode was not restored:\n{after}");
     assert!(
-        !after.contains("┌ Modules"),
+        !after.contains("Modules ·"),
         "still on the alternate screen:\n{after}"
     );
     after
@@ -287,7 +287,7 @@ fn a_panicking_worker_is_reported_in_the_inspector() {
     tmux.keys(&["j", "d"]);
     let screen = tmux.wait_for("re-totalling failed", Duration::from_secs(10));
     assert!(
-        screen.contains("┌ Modules"),
+        screen.contains("▶ Modules"),
         "still the inspector:\n{screen}"
     );
     assert!(!screen.contains("panicked at"), "{screen}");

@@ -1717,7 +1717,9 @@ fn tab_focuses_details_and_devices_which_then_scroll() {
     press(&mut app, &[key(KeyCode::Tab)]);
     let screen = frame(&app, 80, 24);
     assert!(screen.contains("Devices · ↑↓ scroll"), "{screen}");
-    assert!(!screen.contains("│gpu:7 "), "{screen}");
+    // The focused panel's border is thick.
+    let gpu7 = |screen: &str| screen.contains("│gpu:7 ") || screen.contains("┃gpu:7 ");
+    assert!(!gpu7(&screen), "{screen}");
     press(
         &mut app,
         &[
@@ -1728,10 +1730,7 @@ fn tab_focuses_details_and_devices_which_then_scroll() {
         ],
     );
     let screen = frame(&app, 80, 24);
-    assert!(
-        screen.contains("│gpu:7 "),
-        "scrolled to the later devices:\n{screen}"
-    );
+    assert!(gpu7(&screen), "scrolled to the later devices:\n{screen}");
     // Back to the tree: ↓ moves the selection again.
     press(&mut app, &[key(KeyCode::Tab), key(KeyCode::Down)]);
     assert_ne!(app.selected(), selected);
@@ -1869,4 +1868,24 @@ fn the_opening_screen_names_the_model_and_counts_time() {
         text.contains("fetching the headers: 12/160 shards"),
         "{text}"
     );
+}
+
+/// The focused panel shows it twice: a thick border marked `▶` (without colour too) and,
+/// in colour, a cyan border; the others keep a plain one.
+#[test]
+fn the_focused_panel_has_a_marked_thick_border_in_colour_and_without() {
+    let m = mixed_model();
+    for color in [true, false] {
+        let mut app = app_for(&m);
+        app.color = color;
+        let b = buffer(&app, 120, 40);
+        assert_eq!(b[(0, 1)].symbol(), "┏", "the tree's corner");
+        let cyan = b[(0, 1)].fg == ratatui::style::Color::Cyan;
+        assert_eq!(cyan, color, "colour {color}");
+        press(&mut app, &[key(KeyCode::Tab)]);
+        let b = buffer(&app, 120, 40);
+        assert_eq!(b[(0, 1)].symbol(), "┌", "the tree gave the focus away");
+        let screen = frame(&app, 120, 40);
+        assert!(screen.contains("▶ Details"), "{screen}");
+    }
 }

@@ -17,7 +17,12 @@ use crate::model::checkpoint::{ByteRange, Source};
 use crate::tui::app::App;
 
 pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let block = super::focusable("Details", app.focus == crate::tui::app::Focus::Details);
+    let block = super::focusable(
+        "Details",
+        app.focus == crate::tui::app::Focus::Details,
+        "↑↓ scroll, Tab next",
+        theme,
+    );
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let Some(id) = app.selected() else {

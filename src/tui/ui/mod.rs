@@ -166,16 +166,21 @@ fn panel(title: &str) -> Block<'_> {
         .title(format!(" {title} "))
 }
 
-/// A panel that can take the focus: when it has it, its border is bold and its title
-/// says how to scroll.
-fn focusable(title: &str, focused: bool) -> Block<'static> {
+/// A panel that can take the focus: when it has it, its border is thick, bold and (in
+/// colour) cyan, and its title is marked `▶` and says how to move, as gitui and btop
+/// mark theirs; without colour the thick border and the marker still show it.
+fn focusable(title: &str, focused: bool, hint: &str, theme: Theme) -> Block<'static> {
     let block = Block::default().borders(Borders::ALL);
     if focused {
+        let mut style =
+            ratatui::style::Style::default().add_modifier(ratatui::style::Modifier::BOLD);
+        if theme.color {
+            style = style.fg(ratatui::style::Color::Cyan);
+        }
         block
-            .border_style(
-                ratatui::style::Style::default().add_modifier(ratatui::style::Modifier::BOLD),
-            )
-            .title(format!(" {title} · ↑↓ scroll, Tab next "))
+            .border_type(ratatui::widgets::BorderType::Thick)
+            .border_style(style)
+            .title(format!(" ▶ {title} · {hint} "))
     } else {
         block.title(format!(" {title} "))
     }

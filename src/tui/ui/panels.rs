@@ -13,7 +13,12 @@ use crate::tui::app::{App, Outcome};
 use crate::types::placement::Placement;
 
 pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let block = super::focusable("Devices", app.focus == crate::tui::app::Focus::Devices);
+    let block = super::focusable(
+        "Devices",
+        app.focus == crate::tui::app::Focus::Devices,
+        "↑↓ scroll, Tab next",
+        theme,
+    );
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let root = &app.tree.nodes[crate::model::tree::ModuleTree::ROOT];

@@ -5,8 +5,8 @@ use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
+use super::bar;
 use super::theme::Theme;
-use super::{bar, panel};
 use crate::inspect::human_count;
 use crate::model::tree::Node;
 use crate::tui::app::App;
@@ -19,7 +19,12 @@ const BADGE_W: usize = 9;
 const NAME_MIN: usize = 24;
 
 pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
-    let block = panel("Modules");
+    let block = super::focusable(
+        "Modules",
+        app.focus == crate::tui::app::Focus::Tree,
+        "Tab next",
+        theme,
+    );
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let width = inner.width as usize;
