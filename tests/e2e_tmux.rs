@@ -415,3 +415,19 @@ fn a_model_that_cannot_be_opened_restores_the_terminal_and_says_why() {
     assert!(after.contains("which is missing"), "{after}");
     assert_restored(&tmux);
 }
+
+/// TERM=dumb gets the plain report and a note, not escapes and the alternate screen.
+#[test]
+#[ignore = "needs tmux (CI installs it)"]
+fn a_dumb_terminal_gets_the_plain_report() {
+    let m = mixed_model();
+    let tmux = start(
+        "dumb",
+        &wrapped("TERM=dumb", &format!("'{}'", m.dir.display())),
+    );
+    let screen = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(20));
+    assert!(screen.contains("DEVMAP-EXIT=0"), "{screen}");
+    assert!(screen.contains("note: TERM=dumb"), "{screen}");
+    assert!(screen.contains("lm_head"), "the report: {screen}");
+    assert!(!screen.contains("Modules ·"), "the inspector ran: {screen}");
+}

@@ -475,12 +475,20 @@ fn cancel_and_quit_ask_while_a_save_runs() {
     press(&mut app, &[key(KeyCode::Esc)]);
     let effects = press(&mut app, &[ch('y')]);
     assert!(matches!(effects.as_slice(), [Effect::CancelSave]));
+    app.handle(Action::Tick(app.clock + Duration::from_secs(3)));
     app.handle(Action::Save(SaveEvent::Cancelled));
     assert!(matches!(
         app.save.as_ref().and_then(|s| s.outcome.clone()),
         Some(Outcome::Cancelled)
     ));
     assert!(!app.save_running());
+    // A cancelled save's panel keeps no rate or ETA: they would be stale.
+    let screen = frame(&app, 120, 40);
+    assert!(screen.contains("Save — cancelled"), "{screen}");
+    assert!(
+        !screen.contains("ETA") && !screen.contains("/s "),
+        "{screen}"
+    );
 
     start_fake_save(&mut app, &m.out("y"));
     press(&mut app, &[ch('q')]);

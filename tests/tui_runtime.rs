@@ -154,3 +154,40 @@ fn an_edit_taken_back_is_no_edit() {
         app.mode
     );
 }
+
+/// A device that a plan empties keeps its row in the Devices panel, at 0 B: rows do not
+/// jump while the map is edited.
+#[test]
+fn a_device_emptied_by_a_plan_keeps_its_row() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let before = press(&mut app, &[]);
+    for device in ["gpu:0", "cpu", "disk"] {
+        assert!(
+            before.contains(&format!("│{device} ")),
+            "{device}:\n{before}"
+        );
+    }
+    let mut keys = vec![ch('p'), ctrl('u')];
+    keys.extend(text("cpu=1GB"));
+    keys.push(key(KeyCode::Enter));
+    let after = press(&mut app, &keys);
+    assert!(
+        app.tree.nodes[0]
+            .split
+            .iter()
+            .all(|(p, _)| p.to_string() == "cpu"),
+        "the plan put everything on cpu: {:?}",
+        app.tree.nodes[0].split
+    );
+    let row = |device: &str| {
+        after
+            .lines()
+            .find(|l| l.contains(&format!("│{device} ")) || l.contains(&format!("┃{device} ")))
+            .map(str::to_owned)
+    };
+    for device in ["gpu:0", "disk"] {
+        let line = row(device).unwrap_or_else(|| panic!("{device} lost its row:\n{after}"));
+        assert!(line.contains(" 0 B "), "{line}");
+    }
+}

@@ -60,7 +60,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 }
                 demo
             };
-            if std::io::stdout().is_terminal() {
+            // TERM=dumb (Emacs' shell, some CI logs) has no cursor addressing, colours
+            // or alternate screen: the plain report, said once.
+            let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
+            if dumb && std::io::stdout().is_terminal() {
+                err_line(
+                    "note: TERM=dumb: printing the report instead of the interactive inspector",
+                )?;
+            }
+            if std::io::stdout().is_terminal() && !dumb {
                 // The terminal shows "opening …" at once while the model loads (a
                 // remote model's fetch progress under it).
                 let model = args.model.clone();

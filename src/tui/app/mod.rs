@@ -372,6 +372,8 @@ pub struct App {
     pub queued: VecDeque<(Action, Option<NodeId>)>,
     /// Numbers save previews, so a late one for an older edit is dropped.
     pub preview_generation: u64,
+    /// The devices that held weights when the model opened.
+    pub opened_devices: Vec<Placement>,
 }
 
 /// What each device can hold, where known. Filled by the runtime (free disk is a
@@ -416,6 +418,11 @@ impl App {
             .unwrap_or_default();
         let warnings = ckpt.all_warnings();
         let unedited_map = ckpt.device_map.clone();
+        let opened_devices = tree.nodes[ModuleTree::ROOT]
+            .split
+            .iter()
+            .map(|&(p, _)| p)
+            .collect();
         App {
             ckpt: Arc::new(ckpt),
             tree: Arc::new(tree),
@@ -449,6 +456,7 @@ impl App {
             busy: None,
             queued: VecDeque::new(),
             preview_generation: 0,
+            opened_devices,
         }
     }
 
@@ -549,9 +557,20 @@ impl App {
         self.save.as_ref().map_or(0, |s| 2 + s.shards.len().max(2))
     }
 
-    /// Lines the Devices panel shows: one per device holding weights.
+    /// Lines the Devices panel shows: one per device.
     pub fn device_rows(&self) -> usize {
-        self.tree.nodes[ModuleTree::ROOT].split.len()
+        self.device_totals().len()
+    }
+
+    /// Bytes per device, for every device that holds weights now or did when the model
+    /// opened (a device emptied by edits keeps its row, at 0 B: rows never jump).
+    pub fn device_totals(&self) -> Vec<(Placement, u64)> {
+        let mut totals: std::collections::BTreeMap<Placement, u64> =
+            self.opened_devices.iter().map(|&p| (p, 0)).collect();
+        for &(p, bytes) in &self.tree.nodes[ModuleTree::ROOT].split {
+            totals.insert(p, bytes);
+        }
+        totals.into_iter().collect()
     }
 
     fn tree_height(&self) -> usize {

@@ -26,10 +26,10 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let bar_w = (inner.width as usize).saturating_sub(42).min(24);
     // The root's split is the per-device total, kept current by `recompute`: no walk
     // over every tensor per frame.
-    let rows: Vec<(Line, bool)> = root
-        .split
-        .iter()
-        .map(|&(p, bytes)| {
+    let rows: Vec<(Line, bool)> = app
+        .device_totals()
+        .into_iter()
+        .map(|(p, bytes)| {
             let budget = app.device_budget(p);
             let (fraction, of) = match budget {
                 Some(b) if b > 0 => (bytes as f64 / b as f64, format!(" of {}", human_bytes(b))),
@@ -253,15 +253,21 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     frame.render_widget(block, area);
     let width = inner.width as usize;
     let overall = save.written as f64 / save.total.max(1) as f64;
+    // While it runs: the rate and the time left. Done: the average rate. Cancelled or
+    // failed: neither (a rate or an ETA there would be stale).
     let rate = app
         .save_rate()
-        .map(|(r, eta)| {
-            let eta = if eta.is_finite() {
-                format!("{eta:.0}s")
-            } else {
-                "?".into()
-            };
-            format!("  {}/s  ETA {eta}", human_bytes(r as u64))
+        .and_then(|(r, eta)| match &save.outcome {
+            None => {
+                let eta = if eta.is_finite() {
+                    format!("{eta:.0}s")
+                } else {
+                    "?".into()
+                };
+                Some(format!("  {}/s  ETA {eta}", human_bytes(r as u64)))
+            }
+            Some(Outcome::Done(_)) => Some(format!("  {}/s", human_bytes(r as u64))),
+            Some(_) => None,
         })
         .unwrap_or_default();
     let head = format!(
