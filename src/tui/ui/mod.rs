@@ -186,6 +186,58 @@ fn focusable(title: &str, focused: bool, hint: &str, theme: Theme) -> Block<'sta
     }
 }
 
+/// `line` cut to `width` cells: unchanged when it fits; otherwise it ends in `…` at
+/// the last word boundary (a space, or after `,` `;` `:`) that leaves room for it, so
+/// no number or name is cut in the middle, nor a number parted from its unit. Styles are kept span by span.
+pub fn fit(line: Line<'_>, width: usize) -> Line<'_> {
+    use unicode_width::UnicodeWidthStr;
+    let total: usize = line.spans.iter().map(|s| s.content.width()).sum();
+    if total <= width || width == 0 {
+        return line;
+    }
+    // The text as one string, to find the cut, and each span's extent in it.
+    let text: String = line.spans.iter().map(|s| s.content.as_ref()).collect();
+    let budget = width - 1;
+    let mut end = 0;
+    let mut used = 0;
+    let mut boundary = None;
+    let mut previous = ' ';
+    for (i, c) in text.char_indices() {
+        let w = unicode_width::UnicodeWidthChar::width(c).unwrap_or(0);
+        if used + w > budget {
+            break;
+        }
+        used += w;
+        end = i + c.len_utf8();
+        // A number and its unit (`20.72 GiB`, `10 s`) stay together.
+        let before = std::mem::replace(&mut previous, c);
+        if c == ' ' && !before.is_ascii_digit() {
+            boundary = Some(i);
+        } else if matches!(c, ',' | ';' | ':') {
+            boundary = Some(end);
+        }
+    }
+    // Cut at a boundary unless that throws away most of the room (one long word); a
+    // cut at a boundary drops the separator and shows ` …`, a cut inside a word `…`.
+    let (keep, mark) = match boundary {
+        Some(b) if b * 2 >= end => (text[..b].trim_end_matches([' ', ',', ';', ':']), " …"),
+        _ => (&text[..end], "…"),
+    };
+    let mut spans = Vec::new();
+    let mut at = 0;
+    for span in line.spans {
+        let len = span.content.len();
+        if at >= keep.len() {
+            break;
+        }
+        let take = (keep.len() - at).min(len);
+        spans.push(Span::styled(span.content[..take].to_owned(), span.style));
+        at += len;
+    }
+    spans.push(Span::raw(mark));
+    Line::from(spans).style(line.style)
+}
+
 /// `[||||||    ]` of `width` cells filled to `fraction`.
 fn bar(fraction: f64, width: usize) -> String {
     let filled = ((fraction.clamp(0.0, 1.0) * width as f64).round() as usize).min(width);
@@ -247,4 +299,59 @@ pub fn loading(frame: &mut Frame<'_>, what: &str, elapsed: std::time::Duration, 
         text.push(Line::from(format!(" {}", crate::text::escaped(status))));
     }
     frame.render_widget(Paragraph::new(text), area);
+}
+
+#[cfg(test)]
+mod fit_tests {
+    use super::fit;
+    use ratatui::text::{Line, Span};
+
+    fn text(line: &Line<'_>) -> String {
+        line.spans.iter().map(|s| s.content.as_ref()).collect()
+    }
+
+    #[test]
+    fn lines_are_cut_at_a_boundary_never_inside_a_number() {
+        let cut = |s: &str, w| text(&fit(Line::from(s.to_owned()), w));
+        assert_eq!(
+            cut("0% of 20.72 GiB", 40),
+            "0% of 20.72 GiB",
+            "fits: unchanged"
+        );
+        assert_eq!(cut("0% of 20.72 GiB", 10), "0% of …");
+        assert_eq!(cut("free 20.1 GiB   cache 12.3 GiB", 20), "free 20.1 GiB …");
+        assert_eq!(cut("graph from 944.64 MiB", 20), "graph from …");
+        assert_eq!(
+            cut(
+                "3 shards in /o: model-1.safetensors, model-2.safetensors",
+                45
+            ),
+            "3 shards in /o: model-1.safetensors …"
+        );
+        // One long word: cut inside it, marked.
+        assert_eq!(cut("abcdefghijklmnop", 8), "abcdefg…");
+        for w in 1..30 {
+            let out = fit(
+                Line::from("used 1.2 GiB – 1.3 GiB in 60 s; graph from 1 GiB"),
+                w,
+            );
+            assert!(out.width() <= w, "{w}: {}", text(&out));
+        }
+    }
+
+    #[test]
+    fn styles_stay_with_their_spans() {
+        let styled = Line::from(vec![
+            Span::styled("gpu:0 ", ratatui::style::Style::default().bold()),
+            Span::raw("6.39 KiB 0% of 24 GiB"),
+        ]);
+        let out = fit(styled, 18);
+        assert_eq!(text(&out), "gpu:0 6.39 KiB …");
+        assert!(
+            out.spans[0]
+                .style
+                .add_modifier
+                .contains(ratatui::style::Modifier::BOLD)
+        );
+    }
 }

@@ -7,7 +7,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Sparkline};
 
 use super::theme::Theme;
-use super::{bar, panel};
+use super::{bar, fit, panel};
 use crate::human_bytes;
 use crate::tui::app::{App, Outcome};
 use crate::types::placement::Placement;
@@ -106,6 +106,10 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         });
         lines
     };
+    let lines: Vec<Line> = lines
+        .into_iter()
+        .map(|l| fit(l, inner.width as usize))
+        .collect();
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
@@ -152,18 +156,21 @@ pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     };
     frame.render_widget(Paragraph::new(gauge), rows[0]);
     frame.render_widget(
-        Paragraph::new(Line::from(vec![
-            Span::styled("devmap ", theme.dim()),
-            Span::raw(human_bytes(latest.rss)),
-            Span::styled(
-                format!("   free {}", human_bytes(latest.available)),
-                theme.dim(),
-            ),
-            Span::styled(
-                format!("   cache {}", human_bytes(latest.cached)),
-                theme.dim(),
-            ),
-        ])),
+        Paragraph::new(fit(
+            Line::from(vec![
+                Span::styled("devmap ", theme.dim()),
+                Span::raw(human_bytes(latest.rss)),
+                Span::styled(
+                    format!("   free {}", human_bytes(latest.available)),
+                    theme.dim(),
+                ),
+                Span::styled(
+                    format!("   cache {}", human_bytes(latest.cached)),
+                    theme.dim(),
+                ),
+            ]),
+            room,
+        )),
         rows[1],
     );
     let gpu_lines: Vec<Line> = if app.gpus.is_empty() {
@@ -193,6 +200,7 @@ pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             })
             .collect()
     };
+    let gpu_lines: Vec<Line> = gpu_lines.into_iter().map(|l| fit(l, room)).collect();
     frame.render_widget(Paragraph::new(gpu_lines), rows[2]);
     let rows = [rows[0], rows[1], rows[3]];
     // The last minute of used RAM, drawn above its own low point so that the change a
@@ -229,7 +237,10 @@ pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             crate::human_bytes(high),
             crate::human_bytes(floor),
         );
-        frame.render_widget(Paragraph::new(label).style(theme.dim()), scale);
+        frame.render_widget(
+            Paragraph::new(fit(Line::from(label), room)).style(theme.dim()),
+            scale,
+        );
     }
     frame.render_widget(spark, graph);
 }
@@ -323,6 +334,7 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             }
         }
     }
+    let lines: Vec<Line> = lines.into_iter().map(|l| fit(l, width)).collect();
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
