@@ -191,3 +191,41 @@ fn a_device_emptied_by_a_plan_keeps_its_row() {
         assert!(line.contains(" 0 B "), "{line}");
     }
 }
+
+/// The help overlay on a screen shorter than it: it says there is more, and scrolls to
+/// its last line.
+#[test]
+fn the_help_overlay_scrolls_on_a_short_screen() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.size = (80, 24);
+    let first = press(&mut app, &[ch('?')]);
+    assert!(first.contains("more (↑↓ scroll)"), "{first}");
+    assert!(!first.contains("Esc closes"), "{first}");
+    let last = press(&mut app, &[key(KeyCode::PageDown), key(KeyCode::PageDown)]);
+    assert!(last.contains("mouse wheel scrolls · Esc closes"), "{last}");
+    assert!(last.contains("above"), "{last}");
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert_eq!(app.mode, Mode::Browse);
+}
+
+/// A search query longer than the status line scrolls: the cursor and the match count
+/// stay on screen.
+#[test]
+fn a_long_search_query_keeps_its_cursor_and_count_in_view() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.size = (80, 24);
+    let mut keys = vec![ch('/')];
+    keys.extend(text(&"layers".repeat(20)));
+    let screen = press(&mut app, &keys);
+    let status = screen.lines().last().expect("status line").to_owned();
+    assert!(status.starts_with("/…"), "{status}");
+    assert!(status.contains("s▏"), "the cursor: {status}");
+    assert!(status.contains("0 matches"), "the count: {status}");
+    // The cursor moved to the start: the start shows, the end is marked cut.
+    let screen = press(&mut app, &[key(KeyCode::Home)]);
+    let status = screen.lines().last().expect("status line").to_owned();
+    assert!(status.starts_with("/▏layers"), "{status}");
+    assert!(status.contains("…   0 matches"), "{status}");
+}

@@ -87,7 +87,7 @@ pub fn hint(mode: &Mode) -> &'static str {
             "Tab field  ←→ preset/cursor  ^W ^U delete  ^O overwrite  Enter start  Esc close"
         }
         Mode::Export(_) => "Enter write  Ctrl-U clear  Esc cancel",
-        Mode::Help => "Esc or ? close",
+        Mode::Help => "↑↓ scroll  Esc or ? close",
         Mode::Warnings => "Esc or ! close",
         Mode::Confirm(_) => "y yes  n no",
         Mode::Plan(_) => "edit budgets (0=22GiB,cpu=64GiB)  Enter plan  Ctrl-U clear  Esc cancel",
@@ -132,12 +132,13 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
             KeyCode::PageDown => Some(Action::PageDown),
             _ => None,
         },
-        Mode::Warnings => match key.code {
-            KeyCode::Esc | KeyCode::Char('!' | 'q') | KeyCode::Enter => Some(Action::Close),
-            _ => None,
-        },
-        Mode::Help => match key.code {
-            KeyCode::Esc | KeyCode::Char('?' | 'q') | KeyCode::Enter => Some(Action::Close),
+        Mode::Warnings | Mode::Help => match key.code {
+            KeyCode::Esc | KeyCode::Char('!' | '?' | 'q') | KeyCode::Enter => Some(Action::Close),
+            // Overlays taller than the screen scroll.
+            KeyCode::Up | KeyCode::Char('k') => Some(Action::Up),
+            KeyCode::Down | KeyCode::Char('j') => Some(Action::Down),
+            KeyCode::PageUp => Some(Action::PageUp),
+            KeyCode::PageDown => Some(Action::PageDown),
             _ => None,
         },
         Mode::Confirm(_) => match key.code {

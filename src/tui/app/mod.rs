@@ -342,6 +342,9 @@ pub struct App {
     pub devices_scroll: u16,
     /// Lines scrolled in the plan result.
     pub result_scroll: u16,
+    /// Lines scrolled in the help or warnings overlay (when it is taller than the
+    /// screen; the drawing clamps it).
+    pub overlay_scroll: u16,
     pub matches: Vec<NodeId>,
     pub clock: Duration,
     pub size: (u16, u16),
@@ -438,6 +441,7 @@ impl App {
             details_scroll: 0,
             devices_scroll: 0,
             result_scroll: 0,
+            overlay_scroll: 0,
             matches: Vec::new(),
             clock: Duration::ZERO,
             size: (120, 40),
@@ -680,11 +684,24 @@ impl App {
             Mode::SaveDialog(_) => self.save_dialog(action),
             Mode::Export(_) => self.export_dialog(action),
             Mode::Help | Mode::Warnings => {
-                if matches!(
-                    action,
-                    Action::Close | Action::Help | Action::Quit | Action::ShowWarnings
-                ) {
-                    self.mode = Mode::Browse;
+                let scroll = &mut self.overlay_scroll;
+                match action {
+                    Action::Close | Action::Help | Action::Quit | Action::ShowWarnings => {
+                        self.mode = Mode::Browse;
+                        *scroll = 0;
+                    }
+                    Action::Up | Action::ScrollUp => *scroll = scroll.saturating_sub(1),
+                    Action::Down | Action::ScrollDown => *scroll = scroll.saturating_add(1),
+                    Action::PageUp => *scroll = scroll.saturating_sub(10),
+                    Action::PageDown => *scroll = scroll.saturating_add(10),
+                    Action::Wheel { down, .. } => {
+                        *scroll = if down {
+                            scroll.saturating_add(3)
+                        } else {
+                            scroll.saturating_sub(3)
+                        };
+                    }
+                    _ => {}
                 }
                 Vec::new()
             }

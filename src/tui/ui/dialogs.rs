@@ -206,7 +206,7 @@ pub fn confirm(c: &Confirm, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     );
 }
 
-pub fn help(frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+pub fn help(scroll: u16, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     const WIDTH: u16 = 66;
     const KEY: usize = 12;
     // Descriptions wrap at word boundaries under their key, never cut.
@@ -232,44 +232,54 @@ pub fn help(frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         theme.dim(),
     )));
     let inner = popup(frame, area, WIDTH, lines.len() as u16 + 2, "Keys");
-    frame.render_widget(Paragraph::new(lines), inner);
+    scrolled(lines, scroll, inner, frame, theme);
+}
+
+/// `lines` in `area` from line `scroll` on (clamped so the last line can be reached
+/// and no further); when they do not all fit, the last row says where the rest is.
+fn scrolled(lines: Vec<Line<'_>>, scroll: u16, area: Rect, frame: &mut Frame<'_>, theme: Theme) {
+    let rows = usize::from(area.height);
+    if lines.len() <= rows || rows < 2 {
+        frame.render_widget(Paragraph::new(lines), area);
+        return;
+    }
+    let shown = rows - 1;
+    let top = usize::from(scroll).min(lines.len() - shown);
+    let below = lines.len() - top - shown;
+    let mut visible: Vec<Line> = lines.into_iter().skip(top).take(shown).collect();
+    let at = match (top, below) {
+        (0, n) => format!("↓ {n} more (↑↓ scroll)"),
+        (n, 0) => format!("↑ {n} above"),
+        (a, b) => format!("↑ {a} above · ↓ {b} more"),
+    };
+    visible.push(Line::from(Span::styled(at, theme.dim())));
+    frame.render_widget(Paragraph::new(visible), area);
 }
 
 /// Every warning, wrapped to the popup; those that do not fit are counted.
 pub fn warnings(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let width = area.width.saturating_sub(4).min(110);
-    let room = usize::from(area.height.saturating_sub(6)).max(1);
     let text_width = usize::from(width.saturating_sub(4)).max(10);
+    // Every warning, wrapped; a list taller than the screen scrolls (↑↓, PgUp/PgDn).
     let mut lines: Vec<Line> = Vec::new();
-    let mut shown = 0;
     for w in &app.warnings {
-        let rows = wrap_words(&w.to_string(), text_width);
-        if lines.len() + rows.len() > room {
-            break;
-        }
-        for (i, row) in rows.into_iter().enumerate() {
+        for (i, row) in wrap_words(&w.to_string(), text_width)
+            .into_iter()
+            .enumerate()
+        {
             let mark = if i == 0 { "! " } else { "  " };
             lines.push(Line::from(vec![
                 Span::styled(mark, theme.warn()),
                 Span::raw(row),
             ]));
         }
-        shown += 1;
     }
     if app.warnings.is_empty() {
         lines.push(Line::from("no warnings"));
-    } else if shown < app.warnings.len() {
-        lines.push(Line::from(Span::styled(
-            format!(
-                "and {} more (devmap inspect lists them all)",
-                app.warnings.len() - shown
-            ),
-            theme.dim(),
-        )));
     }
     let title = format!("Warnings ({})", app.warnings.len());
     let inner = popup(frame, area, width, lines.len() as u16 + 2, &title);
-    frame.render_widget(Paragraph::new(lines), inner);
+    scrolled(lines, app.overlay_scroll, inner, frame, theme);
 }
 
 /// `text` in rows of at most `width` characters, broken between words (a word longer

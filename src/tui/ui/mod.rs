@@ -48,7 +48,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
     match &app.mode {
         Mode::SaveDialog(d) => dialogs::save(app, d, frame, area, theme),
         Mode::Export(d) => dialogs::export(d, app.cursor, frame, area, theme),
-        Mode::Help => dialogs::help(frame, area, theme),
+        Mode::Help => dialogs::help(app.overlay_scroll, frame, area, theme),
         Mode::Warnings => dialogs::warnings(app, frame, area, theme),
         Mode::Confirm(c) => dialogs::confirm(c, frame, area, theme),
         Mode::Plan(d) => dialogs::plan(
@@ -111,21 +111,30 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let hint_width =
         usize::from(area.width).saturating_sub(busy.as_ref().map_or(0, |b| b.chars().count()));
     let line = match (&app.mode, &app.message) {
-        (Mode::Search(q), _) => Line::from(vec![
-            Span::styled("/", theme.title()),
-            Span::raw(with_cursor(q, app.cursor)),
-            Span::styled(
-                match app.match_position() {
-                    Some((at, of)) => format!("   {at}/{of}   {}", keys::hint(&app.mode)),
-                    None => format!(
-                        "   {}   {}",
-                        crate::text::count(app.matches.len(), "match", "matches"),
-                        keys::hint(&app.mode)
-                    ),
-                },
-                theme.dim(),
-            ),
-        ]),
+        (Mode::Search(q), _) => {
+            // The count always shows; the query scrolls to keep its cursor in view;
+            // the key hint takes what is left.
+            let count = match app.match_position() {
+                Some((at, of)) => format!("   {at}/{of}"),
+                None => format!(
+                    "   {}",
+                    crate::text::count(app.matches.len(), "match", "matches")
+                ),
+            };
+            let hint = format!("   {}", keys::hint(&app.mode));
+            let field_room = hint_width.saturating_sub(1 + count.chars().count()).max(4);
+            let typed = q.chars().count() + 1;
+            let (field, hint) = if typed + hint.chars().count() <= field_room {
+                (with_cursor(q, app.cursor), hint)
+            } else {
+                (field_window(q, app.cursor, field_room), String::new())
+            };
+            Line::from(vec![
+                Span::styled("/", theme.title()),
+                Span::raw(field),
+                Span::styled(format!("{count}{hint}"), theme.dim()),
+            ])
+        }
         (Mode::Browse, Some(m)) => {
             let style = match m.tone {
                 Tone::Info => ratatui::style::Style::default(),
@@ -267,6 +276,31 @@ pub fn with_cursor(text: &str, cursor: Option<usize>) -> String {
         }
         _ => format!("{text}▏"),
     }
+}
+
+/// A text field with its cursor in at most `width` cells: scrolled so the cursor
+/// stays in view, a cut at either end marked `…`.
+pub fn field_window(text: &str, cursor: Option<usize>, width: usize) -> String {
+    let shown: Vec<char> = with_cursor(text, cursor).chars().collect();
+    if shown.len() <= width || width < 3 {
+        return shown.into_iter().take(width.max(1)).collect();
+    }
+    let at = shown
+        .iter()
+        .position(|&c| c == '▏')
+        .unwrap_or(shown.len() - 1);
+    // The window ends a little after the cursor, or at the end of the text.
+    let end = (at + 1 + width / 4).clamp(width.min(shown.len()), shown.len());
+    let start = end.saturating_sub(width);
+    let mut out: Vec<char> = shown[start..end].to_vec();
+    if start > 0 {
+        out[0] = '…';
+    }
+    if end < shown.len() {
+        let last = out.len() - 1;
+        out[last] = '…';
+    }
+    out.into_iter().collect()
 }
 
 /// About how many rows `lines` take wrapped to `width` (each line's width over the
