@@ -229,3 +229,55 @@ fn a_long_search_query_keeps_its_cursor_and_count_in_view() {
     assert!(status.starts_with("/▏layers"), "{status}");
     assert!(status.contains("…   0 matches"), "{status}");
 }
+
+/// Every view at the three sizes users run in (60×16 is the smallest the layout takes),
+/// reached through the runtime. The snapshots are read for text cut mid-word or
+/// mid-number, and kept.
+#[test]
+fn every_view_at_three_sizes() {
+    let m = mixed_model();
+    let out = m.out("snap-out");
+    type Keys = Vec<ratatui::crossterm::event::KeyEvent>;
+    let views: Vec<(&str, Keys)> = vec![
+        ("browse", vec![ch('j'), ch('j')]),
+        ("search", {
+            let mut k = vec![ch('/')];
+            k.extend(text("proj"));
+            k
+        }),
+        ("save_dialog", vec![ch('s')]),
+        ("export", vec![ch('w')]),
+        ("help", vec![ch('?')]),
+        ("warnings", vec![ch('!')]),
+        ("plan", vec![ch('p')]),
+        ("plan_result", {
+            let mut k = vec![ch('p'), ctrl('u')];
+            k.extend(text("0=4KB,cpu=4KB"));
+            k.push(key(KeyCode::Enter));
+            k
+        }),
+        ("quit_asks", vec![ch('j'), ch('d'), ch('q')]),
+        ("saved", {
+            let mut k = vec![ch('s'), ctrl('u')];
+            k.extend(text("2KB"));
+            k.push(key(KeyCode::Tab));
+            k.push(ctrl('u'));
+            k.extend(text(out.to_str().expect("path")));
+            k.push(key(KeyCode::Enter));
+            k
+        }),
+    ];
+    for (width, height) in [(60u16, 16u16), (80, 24), (100, 30)] {
+        for (name, keys) in &views {
+            let _ = std::fs::remove_dir_all(&out);
+            let mut app = app_for(&m);
+            app.size = (width, height);
+            let screen = press(&mut app, keys);
+            // The output path varies per run: name it the same in every snapshot.
+            let screen = screen.replace(out.to_str().expect("path"), "OUT");
+            let dir = m.dir.to_str().expect("path").to_owned();
+            let screen = screen.replace(&dir, "MODEL");
+            insta::assert_snapshot!(format!("view_{name}_{width}x{height}"), screen);
+        }
+    }
+}

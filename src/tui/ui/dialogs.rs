@@ -210,7 +210,8 @@ pub fn help(scroll: u16, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     const WIDTH: u16 = 66;
     const KEY: usize = 12;
     // Descriptions wrap at word boundaries under their key, never cut.
-    let text_width = usize::from(WIDTH.min(area.width).saturating_sub(2))
+    // The popup is at most the screen less a cell each side, its text less its border.
+    let text_width = usize::from(WIDTH.min(area.width.saturating_sub(2)).saturating_sub(2))
         .saturating_sub(KEY)
         .max(10);
     let mut lines: Vec<Line> = Vec::new();

@@ -98,7 +98,10 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             theme.warn(),
         ));
     }
-    frame.render_widget(Paragraph::new(Line::from(spans)), area);
+    frame.render_widget(
+        Paragraph::new(fit(Line::from(spans), usize::from(area.width))),
+        area,
+    );
 }
 
 fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
@@ -159,7 +162,7 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         }
         None => line,
     };
-    frame.render_widget(Paragraph::new(line), area);
+    frame.render_widget(Paragraph::new(fit(line, usize::from(area.width))), area);
 }
 
 /// One frame of a braille spinner, turning ten times a second with the app's clock.
