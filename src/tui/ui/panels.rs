@@ -23,7 +23,10 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     frame.render_widget(block, area);
     let root = &app.tree.nodes[crate::model::tree::ModuleTree::ROOT];
     let total = root.bytes.max(1);
-    let bar_w = (inner.width as usize).saturating_sub(42).min(24);
+    // The bar takes what the text leaves, up to half the panel.
+    let bar_w = (inner.width as usize)
+        .saturating_sub(42)
+        .min(inner.width as usize / 2);
     // The root's split is the per-device total, kept current by `recompute`: no walk
     // over every tensor per frame.
     let rows: Vec<(Line, bool)> = app

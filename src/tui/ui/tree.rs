@@ -33,8 +33,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let visible = app.rows.visible();
     let shown = || visible.iter().skip(start).take(height);
     // Columns give way by priority, as dua's do: the share bar first, then the
-    // parameter count; the name, size and device always stay. The split note of a
-    // mixed module gets room before the name grows past what it needs.
+    // parameter count; the name, size and device always stay (see below).
     let always = SIZE_W + 1 + BADGE_W + 1 + 1;
     let longest_name = shown()
         .map(|&id| {
@@ -48,20 +47,29 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         .max()
         .unwrap_or(0);
     let name_need = longest_name.clamp(8, 44);
-    let share = width >= always + SHARE_W + 1 + PARAMS_W + 1 + name_need;
-    let params = width >= always + PARAMS_W + 1 + name_need.min(NAME_MIN) || share;
-    let fixed =
-        always + if share { SHARE_W + 1 } else { 0 } + if params { PARAMS_W + 1 } else { 0 };
-    let room = width.saturating_sub(fixed);
-    // Names get what they need up to 44 columns, leaving the split note its room when
-    // there is enough for both.
-    let name_w = if room >= name_need + note_w {
-        name_need.max(room - note_w).min(44)
-    } else {
-        room.min(name_need).max(8)
-    };
-    // What is left after the columns, for the split note.
-    let note_room = width.saturating_sub(fixed + name_w);
+    // Room is handed out by priority: the name its minimum, then the split note of a
+    // mixed module (what a user debugging a map reads), then the rest of the name,
+    // then the parameter count, then the share bar; what is left goes to the note's
+    // column, so nothing is cut while columns stand empty.
+    let name_min = name_need.min(NAME_MIN);
+    let mut left = width.saturating_sub(always + name_min);
+    let note_fit = note_w.min(left);
+    left -= note_fit;
+    let name_extra = (name_need - name_min).min(left);
+    left -= name_extra;
+    let params = left >= PARAMS_W + 1;
+    if params {
+        left -= PARAMS_W + 1;
+    }
+    // The share bar only beside the parameter count: it gives way first.
+    let share = params && left >= SHARE_W + 1;
+    if share {
+        left -= SHARE_W + 1;
+    }
+    let name_w = (name_min + name_extra)
+        .min(width.saturating_sub(always))
+        .max(8);
+    let note_room = note_fit + left;
     let mut lines = Vec::with_capacity(inner.height as usize);
     let mut header = format!("{:<name_w$} {:>SIZE_W$} ", "name", "size");
     if share {
