@@ -57,12 +57,12 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     left -= note_fit;
     let name_extra = (name_need - name_min).min(left);
     left -= name_extra;
-    let params = left >= PARAMS_W + 1;
+    let params = left > PARAMS_W;
     if params {
         left -= PARAMS_W + 1;
     }
     // The share bar only beside the parameter count: it gives way first.
-    let share = params && left >= SHARE_W + 1;
+    let share = params && left > SHARE_W;
     if share {
         left -= SHARE_W + 1;
     }
