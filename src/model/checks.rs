@@ -1,7 +1,7 @@
 //! Checks a user debugging a device map wants to hear about. Each returns
 //! [`Warning`]s that name the tensors and devices involved.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::checkpoint::{Checkpoint, Source};
 use super::warning::Warning;
@@ -143,22 +143,38 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<Warning> {
     let order = map.transformers5_order();
     let fallback = map.get("").unwrap_or(Placement::Cpu);
     let mut traps: BTreeMap<(String, String), (Placement, Placement, usize)> = BTreeMap::new();
-    // transformers matches the keys against the names the loaded model has.
-    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
-    for t in ckpt.tensors() {
-        let loaded = arch.and_then(|a| a.loaded_form(&t.name)).map(|(n, _)| n);
-        let name = loaded.as_deref().unwrap_or(&t.name);
-        let (their_key, theirs) = match map.locate_transformers5(&order, name) {
-            Some(hit) => (hit.key.to_owned(), hit.placement),
-            None => ("(none)".to_owned(), fallback),
+    // A key matches the start of a name, so names that agree on their first `longest`
+    // bytes get the same answer: one search per distinct start (a few hundred at 92k
+    // tensors), not one per tensor.
+    let longest = map
+        .entries()
+        .iter()
+        .map(|(k, _)| k.len())
+        .max()
+        .unwrap_or(0);
+    let mut answers: HashMap<&str, Option<(usize, Placement)>> = HashMap::new();
+    for (id, t) in ckpt.tensors().iter().enumerate() {
+        // transformers matches the keys against the names the loaded model has.
+        let name = ckpt.loaded_name(id).unwrap_or(&t.name);
+        let mut cut = name.len().min(longest);
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let hit = *answers.entry(&name[..cut]).or_insert_with(|| {
+            map.locate_transformers5(&order, name)
+                .map(|hit| (hit.index, hit.placement))
+        });
+        let (their_key, theirs) = match hit {
+            Some((index, placement)) => (map.entries()[index].0.as_str(), placement),
+            None => ("(none)", fallback),
         };
         let ours = t.placement;
-        if theirs == ours || ours == Placement::Unmapped && their_key == "(none)" {
+        if theirs == ours || ours == Placement::Unmapped && hit.is_none() {
             continue;
         }
         let matched = ckpt.map_key(t).unwrap_or("(none)").to_owned();
         let e = traps
-            .entry((their_key, matched))
+            .entry((their_key.to_owned(), matched))
             .or_insert((theirs, ours, 0));
         e.2 += 1;
     }
