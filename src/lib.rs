@@ -18,7 +18,7 @@
 //! tui        App (state, actions, no I/O of its own), layout, views; cli in main.rs
 //! ```
 //!
-//! `sys` holds the few system calls std lacks and is the only module with `unsafe`.
+//! `sys` holds the few system calls std lacks (through rustix: no `unsafe` anywhere).
 //! Nothing below `tui` needs a terminal.
 
 #[cfg(feature = "fixtures")]

@@ -1,13 +1,11 @@
 //! The few system calls std does not offer: positioned `copy_file_range`, `statvfs`
-//! and `posix_fadvise`. This is the only module of devmap with `unsafe` code: the
-//! crate denies it everywhere else.
-#![allow(unsafe_code)]
+//! and `posix_fadvise`, through rustix's safe bindings (devmap has no `unsafe` code:
+//! the crate forbids it). `copy_file_range` and `posix_fadvise` are Linux's; elsewhere
+//! the copy falls back to reads and writes through a buffer and the cache advice is
+//! skipped.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
@@ -15,6 +13,7 @@ use std::sync::{Arc, OnceLock};
 /// Copies up to `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` in the
 /// kernel, without moving either file's cursor. Returns the bytes copied (0 at the
 /// source's end), or the OS error (`EXDEV`, `ENOSYS`, `EINVAL` mean "use a buffer").
+#[cfg(target_os = "linux")]
 pub(crate) fn copy_file_range(
     src: &File,
     src_offset: u64,
@@ -22,59 +21,44 @@ pub(crate) fn copy_file_range(
     dst_offset: u64,
     len: usize,
 ) -> io::Result<usize> {
-    let mut off_in = libc::off64_t::try_from(src_offset)
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let mut off_out = libc::off64_t::try_from(dst_offset)
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: both descriptors are open for the lifetime of the borrows; the offset
-    // pointers point at live stack variables the kernel updates; no memory of ours is
-    // read or written besides them.
-    let n = unsafe {
-        libc::copy_file_range(
-            src.as_raw_fd(),
-            &raw mut off_in,
-            dst.as_raw_fd(),
-            &raw mut off_out,
-            len,
-            0,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        // Non-negative and at most `len`.
-        Ok(n as usize)
-    }
+    let (mut off_in, mut off_out) = (src_offset, dst_offset);
+    rustix::fs::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), len)
+        .map_err(io::Error::from)
+}
+
+/// Elsewhere there is no `copy_file_range`: the copier's buffered path does the work.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn copy_file_range(
+    _src: &File,
+    _src_offset: u64,
+    _dst: &File,
+    _dst_offset: u64,
+    _len: usize,
+) -> io::Result<usize> {
+    Err(io::Error::from_raw_os_error(libc::ENOSYS))
 }
 
 /// Bytes available to an unprivileged user on the file system holding `path`.
 pub(crate) fn free_space(path: &Path) -> io::Result<u64> {
-    let c_path = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c_path` is a NUL-terminated string that outlives the call and `stat`
-    // is a valid, writable statvfs.
-    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &raw mut stat) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // The field types are u32 on some 32-bit targets, u64 here.
-    #[allow(clippy::useless_conversion)]
-    Ok(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
+    let stat = rustix::fs::statvfs(path).map_err(io::Error::from)?;
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
 /// Tells the kernel a range of `file` will not be read again, so copied input does not
 /// crowd the page cache. Advice only: errors are ignored.
+#[cfg(target_os = "linux")]
 pub(crate) fn drop_from_cache(file: &File, offset: u64, len: u64) {
-    let (Ok(off), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return;
-    };
-    // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is open.
-    unsafe {
-        libc::posix_fadvise(file.as_raw_fd(), off, len, libc::POSIX_FADV_DONTNEED);
-    }
+    let _ = rustix::fs::fadvise(
+        file,
+        offset,
+        std::num::NonZeroU64::new(len),
+        rustix::fs::Advice::DontNeed,
+    );
 }
+
+/// No `posix_fadvise` here: the page cache is left to the kernel, as `cp` leaves it.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn drop_from_cache(_file: &File, _offset: u64, _len: u64) {}
 
 /// The signals that end devmap cleanly (a running save cancelled, the terminal restored).
 pub const TERMINATION_SIGNALS: [i32; 3] = [
