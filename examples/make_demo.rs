@@ -67,5 +67,53 @@ fn main() -> std::io::Result<()> {
         .collect();
     write_offload_dat(&dir.join("offload"), &offloaded)?;
     println!("wrote {}", dir.display());
+    write_lora(&dir.with_file_name("demo-lora"), shape)?;
+    Ok(())
+}
+
+/// A peft LoRA adapter for the demo (`q_proj` and `v_proj` of every layer, r = 4,
+/// alpha = 8, float32), so `--merge-lora assets/demo-lora` can be tried as written.
+fn write_lora(dir: &std::path::Path, shape: LlamaShape) -> std::io::Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::create_dir_all(dir)?;
+    let (r, h) = (4u64, shape.hidden);
+    let mut tensors = Vec::new();
+    for layer in 0..shape.layers {
+        for (k, module) in ["q_proj", "v_proj"].iter().enumerate() {
+            let key = format!("base_model.model.model.layers.{layer}.self_attn.{module}");
+            for (part, dims) in [("lora_A", [r, h]), ("lora_B", [h, r])] {
+                // Small finite values, different per layer, module and part.
+                let n = (dims[0] * dims[1]) as usize;
+                let seed = layer * 7 + k * 3 + usize::from(part == "lora_B");
+                let data: Vec<u8> = (0..n)
+                    .flat_map(|i| {
+                        let v = (((i * 37 + seed * 101) % 29) as f32 - 14.0) / 400.0;
+                        v.to_le_bytes()
+                    })
+                    .collect();
+                tensors.push(FixtureTensor {
+                    name: format!("{key}.{part}.weight"),
+                    dtype: DType::F32,
+                    shape: dims.to_vec(),
+                    data,
+                });
+            }
+        }
+    }
+    let refs: Vec<&FixtureTensor> = tensors.iter().collect();
+    devmap::fixtures::write_safetensors(&dir.join("adapter_model.safetensors"), &refs)?;
+    write_json(
+        &dir.join("adapter_config.json"),
+        &serde_json::json!({
+            "peft_type": "LORA",
+            "r": r,
+            "lora_alpha": 8,
+            "target_modules": ["q_proj", "v_proj"],
+            "base_model_name_or_path": "assets/demo"
+        }),
+    )?;
+    println!("wrote {}", dir.display());
     Ok(())
 }

@@ -8,9 +8,10 @@ with a device map.
 It writes
 - `device_map.json` beside the checkpoint (or where `device_map_path` says): the
   model's `hf_device_map`;
-- `index.json` in the offload folder, when the folder has none: the offload index that
-  transformers 5 keeps only in memory, entries `{safetensors_file, weight_name, dtype}`
-  pointing into the checkpoint with the dtype the model loads them as.
+- `index.json` in the offload folder: the offload index that transformers 5 keeps only
+  in memory, entries `{safetensors_file, weight_name, dtype}` pointing into the
+  checkpoint (absolute paths) with the dtype the model loads them as; written again on
+  every export, unless the folder holds an index of another kind.
 
 What devmap can see is what is on disk: the checkpoint and the offload folder. Values
 changed only in RAM or on a GPU (an in-place edit of a cpu or cuda parameter) are not
@@ -34,16 +35,38 @@ def offload_index(model):
 
 
 def export(model, checkpoint_dir, offload_folder=None, device_map_path=None):
-    """Writes device_map.json (and the offload index, when on disk there is none)."""
+    """Writes device_map.json and the offload index; returns the paths written.
+
+    Paths in the index are absolute (the loader keeps them as they were given, relative
+    to the folder Python ran in, which need not be devmap's). Exporting again rewrites
+    an index export wrote before, so it follows the model's current offload state; an
+    index of another kind (accelerate's `.dat` index) is left alone."""
     path = device_map_path or os.path.join(checkpoint_dir, "device_map.json")
     with open(path, "w") as f:
         json.dump(model.hf_device_map, f, indent=2)
     written = [path]
     if offload_folder:
-        target = os.path.join(offload_folder, "index.json")
-        index = offload_index(model)
-        if index and not os.path.exists(target):
-            os.makedirs(offload_folder, exist_ok=True)
+        folder = os.path.abspath(offload_folder)
+        target = os.path.join(folder, "index.json")
+        index = {}
+        for name, entry in offload_index(model).items():
+            entry = dict(entry)
+            file = entry.get("safetensors_file")
+            if file is not None:
+                file = os.path.abspath(file)
+                # A per-tensor file in the offload folder itself is read by devmap as
+                # it is; listing it here too would name the tensor twice.
+                if os.path.dirname(file) == folder:
+                    continue
+                entry["safetensors_file"] = file
+            index[name] = entry
+        ours = True
+        if os.path.exists(target):
+            with open(target) as f:
+                existing = json.load(f)
+            ours = all(isinstance(e, dict) and "safetensors_file" in e for e in existing.values())
+        if index and ours:
+            os.makedirs(folder, exist_ok=True)
             with open(target, "w") as f:
                 json.dump(index, f, indent=2)
             written.append(target)

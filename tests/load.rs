@@ -368,3 +368,52 @@ fn devmap_without_arguments_reports_on_the_demo_when_not_in_a_terminal() {
         assert!(help.contains(sub), "--help lists {sub}: {help}");
     }
 }
+
+/// An installed devmap has no source tree: `devmap` with no argument unpacks the demo
+/// it carries into the temporary folder and opens that (DEVMAP_DEMO_EMBEDDED=1 makes a
+/// checkout's binary behave so). The unpacked files are the bundled ones, byte for byte.
+#[test]
+fn the_built_in_demo_opens_without_the_source_tree() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_devmap"))
+            .env("DEVMAP_DEMO_EMBEDDED", "1")
+            .env("TMPDIR", tmp.path())
+            .output()
+            .expect("devmap")
+    };
+    let o = run();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report = stdout(&o);
+    assert!(
+        report.contains("57 tensors") && report.contains("offload folder"),
+        "{report}"
+    );
+    let unpacked = tmp
+        .path()
+        .join(format!("devmap-demo-{}", env!("CARGO_PKG_VERSION")));
+    let bundled = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    // Every file of assets/demo (a file added there and not to the built-in list fails).
+    let mut names = Vec::new();
+    for dir in [bundled.clone(), bundled.join("offload")] {
+        for e in std::fs::read_dir(&dir).expect("ls") {
+            let path = e.expect("entry").path();
+            if path.is_file() {
+                names.push(path.strip_prefix(&bundled).expect("inside").to_path_buf());
+            }
+        }
+    }
+    assert!(names.len() > 10, "{names:?}");
+    for name in &names {
+        assert_eq!(
+            std::fs::read(unpacked.join(name)).expect("unpacked"),
+            std::fs::read(bundled.join(name)).expect("bundled"),
+            "{}",
+            name.display()
+        );
+    }
+    // A second run reuses the unpacked copy.
+    let o = run();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), report);
+}

@@ -1,6 +1,7 @@
 //! What each subcommand does with the library.
 
 mod args;
+mod demo;
 mod output;
 mod progress;
 mod verify;
@@ -18,13 +19,6 @@ use devmap::{human_bytes, inspect};
 pub use output::{OutputGone, print_error, print_gone};
 use output::{err_line, out};
 use std::process::ExitCode;
-
-/// The demo model shipped in the repository.
-pub fn demo_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("assets")
-        .join("demo")
-}
 
 pub fn run(args: Args) -> Result<ExitCode> {
     match args.command {
@@ -48,17 +42,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Some(Command::Plan(a)) => plan(&a, &args.model).map(|()| ExitCode::SUCCESS),
         Some(Command::Save(a)) => save(&a, &args.model),
         None => {
-            let dir = if let Some(d) = args.dir {
-                d
-            } else {
-                let demo = demo_dir();
-                if !demo.is_dir() {
-                    return Err(eyre!(
-                        "give a model directory: devmap DIR (the bundled demo lives in the source tree, and {} is not there)",
-                        demo.display()
-                    ));
-                }
-                demo
+            let dir = match args.dir {
+                Some(d) => d,
+                None => demo::demo_dir()?,
             };
             // TERM=dumb (Emacs' shell, some CI logs) has no cursor addressing, colours
             // or alternate screen: the plain report, said once.

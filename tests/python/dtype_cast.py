@@ -143,8 +143,12 @@ def check_auto(devmap, work):
                   "model.layers.2": "disk", "model.layers.3": "disk", "model.norm": "disk",
                   "model.rotary_emb": "cpu", "lm_head": "cpu"}
     offload = os.path.join(work, "offload")
-    loaded = AutoModelForCausalLM.from_pretrained(src, device_map=device_map,
-                                                  offload_folder=offload, dtype=torch.bfloat16)
+    # Loaded with relative paths, as users type them: the exported index must still
+    # work from any folder devmap runs in.
+    cwd = os.getcwd()
+    os.chdir(work)
+    loaded = AutoModelForCausalLM.from_pretrained("f32-model", device_map=device_map,
+                                                  offload_folder="offload", dtype=torch.bfloat16)
     theirs = os.path.join(work, "transformers-saved")
     loaded.save_pretrained(theirs)
     ours = os.path.join(work, "devmap-saved")
@@ -157,7 +161,12 @@ def check_auto(devmap, work):
     index = offload_index(loaded)
     if not index or not all(e.get("dtype") == "bfloat16" for e in index.values()):
         raise SystemExit(f"unexpected offload index from transformers: {list(index.items())[:2]}")
-    written = export(loaded, src, offload)
+    written = export(loaded, "f32-model", "offload")
+    os.chdir(cwd)
+    with open(os.path.join(offload, "index.json")) as f:
+        relative = [e["safetensors_file"] for e in json.load(f).values() if not os.path.isabs(e["safetensors_file"])]
+    if relative:
+        raise SystemExit(f"export wrote relative paths: {relative[:2]}")
     if len(written) != 2:
         raise SystemExit(f"devmap_export wrote {written}")
     subprocess.run([devmap, "save", src, "--offload-folder", offload, "--out", ours, "--quiet"],
