@@ -1,4 +1,4 @@
-//! The `--json` schema (documented in the README; keep it stable).
+//! The `--json` schema (documented in docs/guide.md; keep it stable).
 
 use serde::Serialize;
 use serde::ser::SerializeMap;

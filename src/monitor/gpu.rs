@@ -91,7 +91,7 @@ pub fn detect() -> Vec<GpuInfo> {
 }
 
 /// A fixed list, for tests of the gauges and budgets (real hardware is tested on a
-/// GPU machine; see the README).
+/// GPU machine; see docs/guide.md).
 #[derive(Debug, Clone, Default)]
 pub struct FixedGpus(pub Vec<GpuInfo>);
 

@@ -12,7 +12,7 @@ use super::RemoteError;
 const MAX_JSON: u64 = crate::formats::input::MAX_JSON_BYTES;
 const ATTEMPTS: u32 = 3;
 
-/// The most a request may take, retries and redirects included (the README's "60 s
+/// The most a request may take, retries and redirects included (docs/guide.md's "60 s
 /// in all").
 pub const REQUEST_LIMIT: Duration = Duration::from_secs(60);
 const MAX_REDIRECTS: u32 = 10;

@@ -7,7 +7,7 @@
 //! as fused multiply-adds, which is how torch's CPU matmul sums it with MKL's FMA GEMM
 //! on x86-64 (within one ulp, ≥ 99.5% bit-identical: the real-peft test checks). A BLAS
 //! that does not fuse (MKL_CBWR=COMPATIBLE) rounds each product; devmap's sum is then
-//! the more exact one (the README gives the bound CI checks). The loop over output columns is vectorised (AVX2+FMA where
+//! the more exact one (docs/guide.md gives the bound CI checks). The loop over output columns is vectorised (AVX2+FMA where
 //! the CPU has it, chosen at run time by the `multiversion` crate); the rank loop stays
 //! sequential. A general GEMM crate would reorder the sum and lose bit-equality.
 

@@ -139,7 +139,7 @@ impl SaveOptions {
     }
 }
 
-/// Shards written in parallel by default (see the README's Performance section).
+/// Shards written in parallel by default (see docs/performance.md).
 pub const DEFAULT_JOBS: usize = 2;
 
 /// What transformers 5's `save_pretrained` writes by default (`max_shard_size="50GB"`;
