@@ -34,6 +34,16 @@ def offload_index(model):
     return index
 
 
+def device_map(model):
+    """The model's `hf_device_map`; a model that transformers put on one device has
+    none, and is `{"": device}`."""
+    mapped = getattr(model, "hf_device_map", None)
+    if mapped:
+        return mapped
+    device = next(model.parameters()).device
+    return {"": device.index if device.type == "cuda" else device.type}
+
+
 def export(model, checkpoint_dir, offload_folder=None, device_map_path=None):
     """Writes device_map.json and the offload index; returns the paths written.
 
@@ -43,10 +53,13 @@ def export(model, checkpoint_dir, offload_folder=None, device_map_path=None):
     index of another kind (accelerate's `.dat` index) is left alone."""
     path = device_map_path or os.path.join(checkpoint_dir, "device_map.json")
     with open(path, "w") as f:
-        json.dump(model.hf_device_map, f, indent=2)
+        json.dump(device_map(model), f, indent=2)
     written = [path]
     if offload_folder:
         folder = os.path.abspath(offload_folder)
+        # The folder exists after an export even when nothing is offloaded (devmap
+        # refuses an --offload-folder that is not there).
+        os.makedirs(folder, exist_ok=True)
         target = os.path.join(folder, "index.json")
         index = {}
         for name, entry in offload_index(model).items():

@@ -1,0 +1,13 @@
+//! The README's quick start from a Python session, run as written against real
+//! transformers (see tests/python/readme_quickstart.py). Ignored by a bare `cargo test`;
+//! `.ci/run` runs it with `--include-ignored`.
+
+mod common;
+
+#[test]
+#[ignore = "needs torch, transformers, accelerate: run .ci/run"]
+fn the_readme_quick_start_runs_as_written() {
+    let (ok, out, err) = common::run_hf_script("readme_quickstart.py");
+    assert!(ok, "the README's quick start failed:\n{out}\n{err}");
+    assert_eq!(out.matches("ok: ").count(), 3, "{out}");
+}
