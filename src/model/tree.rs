@@ -11,6 +11,9 @@ use crate::types::placement::Placement;
 
 pub type NodeId = usize;
 
+/// Bytes per device, sorted by device: inline for a node on one device (most nodes).
+pub type Split = smallvec::SmallVec<[(Placement, u64); 1]>;
+
 /// Levels of modules the tree shows; deeper components of a name are kept together in
 /// one leaf (named with their dots). Real models are a few levels deep; a hostile name
 /// of four million dots would otherwise cost four million nodes.
@@ -23,15 +26,18 @@ pub struct Node {
     /// component, not one per node.
     pub name: Arc<str>,
     pub parent: Option<NodeId>,
-    pub children: Vec<NodeId>,
+    /// Most modules have one or two children and a tensor's node none: kept inline,
+    /// so a node costs no allocation of its own (a million-tensor tree is two million
+    /// nodes, and a map edit copies the tree).
+    pub children: smallvec::SmallVec<[NodeId; 2]>,
     /// The tensor whose full name ends at this node.
     pub tensor: Option<TensorId>,
     pub depth: u32,
     pub bytes: u64,
     pub params: u64,
     pub tensors: u32,
-    /// Bytes per device under this node, sorted by device.
-    pub split: Vec<(Placement, u64)>,
+    /// Bytes per device under this node, sorted by device (one device inline).
+    pub split: Split,
     /// Whether a tied tensor is at or under this node.
     pub has_tie: bool,
 }
@@ -61,13 +67,13 @@ impl ModuleTree {
         let mut nodes = vec![Node {
             name: Arc::from(""),
             parent: None,
-            children: Vec::new(),
+            children: smallvec::SmallVec::new(),
             tensor: None,
             depth: 0,
             bytes: 0,
             params: 0,
             tensors: 0,
-            split: Vec::new(),
+            split: Split::new(),
             has_tie: false,
         }];
         // Tensors are in module order, so names that share their first k components
@@ -85,21 +91,31 @@ impl ModuleTree {
                 path.truncate(depth);
                 let parent = path.last().map_or(Self::ROOT, |&(_, n)| n);
                 let c = nodes.len();
-                nodes.push(Node {
-                    name: Arc::clone(
+                // Names repeat (`weight`, `q_proj`, layer numbers): one allocation
+                // per distinct name. Large indices (`t.123456.w`) rarely repeat, and
+                // remembering each would cost more than it saves.
+                let large_index =
+                    component.len() >= 5 && component.bytes().all(|b| b.is_ascii_digit());
+                let name = if large_index {
+                    Arc::from(component)
+                } else {
+                    Arc::clone(
                         interned
                             .entry(component)
                             .or_insert_with(|| Arc::from(component)),
-                    ),
+                    )
+                };
+                nodes.push(Node {
+                    name,
                     parent: Some(parent),
-                    children: Vec::new(),
+                    children: smallvec::SmallVec::new(),
                     tensor: None,
                     // At most MAX_DEPTH: the components iterator stops there.
                     depth: (depth + 1) as u32,
                     bytes: 0,
                     params: 0,
                     tensors: 0,
-                    split: Vec::new(),
+                    split: Split::new(),
                     has_tie: false,
                 });
                 nodes[parent].children.push(c);
@@ -175,7 +191,7 @@ impl ModuleTree {
     }
 }
 
-fn add_split(split: &mut Vec<(Placement, u64)>, placement: Placement, bytes: u64) {
+fn add_split(split: &mut Split, placement: Placement, bytes: u64) {
     match split.binary_search_by_key(&placement, |(p, _)| *p) {
         Ok(i) => split[i].1 += bytes,
         Err(i) => split.insert(i, (placement, bytes)),

@@ -239,7 +239,7 @@ impl PlanTree {
                 };
                 return index;
             }
-            let mut kids: Vec<NodeId> = tree.nodes[id].children.clone();
+            let mut kids: Vec<NodeId> = tree.nodes[id].children.to_vec();
             // An architecture in the table: accelerate's own walk order, names it does
             // not have after. Otherwise parameters first (weight before bias), then
             // modules by role; the sort is stable, so module order breaks ties within a
