@@ -219,7 +219,7 @@ fn collect_rows(
     // (`lm_head.weight`, `rotary_emb.inv_freq`).
     let mut id = id;
     let mut name = tree.nodes[id].name.to_string();
-    while tree.nodes[id].tensor.is_none() && tree.nodes[id].children.len() == 1 {
+    while tree.nodes[id].tensor().is_none() && tree.nodes[id].children.len() == 1 {
         id = tree.nodes[id].children[0];
         name = format!("{name}.{}", tree.nodes[id].name);
     }
@@ -264,7 +264,7 @@ fn run_length(
     let first = &tree.nodes[children[start]];
     let numbered = |n: &Node| n.name.bytes().all(|b| b.is_ascii_digit()) && !n.name.is_empty();
     let closed = |n: &Node| !(level + 1 < options.depth || is_mixed(n));
-    if !numbered(first) || !closed(first) || first.tensor.is_some() {
+    if !numbered(first) || !closed(first) || first.tensor().is_some() {
         return 1;
     }
     children[start..]
@@ -273,7 +273,7 @@ fn run_length(
             let n = &tree.nodes[c];
             numbered(n)
                 && closed(n)
-                && n.tensor.is_none()
+                && n.tensor().is_none()
                 && n.bytes == first.bytes
                 && n.split.first().map(|s| s.0) == first.split.first().map(|s| s.0)
                 && !n.has_tie
@@ -284,7 +284,7 @@ fn run_length(
 
 fn node_row(ckpt: &Checkpoint, node: &Node, label: String) -> Row {
     let mut note = String::new();
-    if let Some(t) = node.tensor {
+    if let Some(t) = node.tensor() {
         let tensor = &ckpt.tensors()[t];
         note = format!("{} {:?}", tensor.dtype, tensor.shape);
         if let Some(group) = ckpt.tie_group(t) {

@@ -25,13 +25,16 @@ pub struct Node {
     /// nodes of the same name (`weight`, `bias`, `w17`): one allocation per distinct
     /// component, not one per node.
     pub name: Arc<str>,
-    pub parent: Option<NodeId>,
+    /// The parent's id; [`NONE`] for the root (see [`Node::parent`]). 32 bits: a tree
+    /// of a million tensors is two million nodes, and every map edit copies it.
+    parent: u32,
     /// Most modules have one or two children and a tensor's node none: kept inline,
     /// so a node costs no allocation of its own (a million-tensor tree is two million
     /// nodes, and a map edit copies the tree).
     pub children: smallvec::SmallVec<[NodeId; 2]>,
-    /// The tensor whose full name ends at this node.
-    pub tensor: Option<TensorId>,
+    /// The tensor whose full name ends at this node; [`NONE`] for none (see
+    /// [`Node::tensor`]).
+    tensor: u32,
     pub depth: u32,
     pub bytes: u64,
     pub params: u64,
@@ -42,7 +45,20 @@ pub struct Node {
     pub has_tie: bool,
 }
 
+/// No node, no tensor.
+const NONE: u32 = u32::MAX;
+
 impl Node {
+    /// The parent; `None` for the root.
+    pub fn parent(&self) -> Option<NodeId> {
+        (self.parent != NONE).then_some(self.parent as NodeId)
+    }
+
+    /// The tensor whose full name ends at this node, if one does.
+    pub fn tensor(&self) -> Option<TensorId> {
+        (self.tensor != NONE).then_some(self.tensor as TensorId)
+    }
+
     /// The device, when everything under this node is on one.
     pub fn single_placement(&self) -> Option<Placement> {
         if let [(p, _)] = self.split.as_slice() {
@@ -66,9 +82,9 @@ impl ModuleTree {
     pub fn build(ckpt: &Checkpoint) -> ModuleTree {
         let mut nodes = vec![Node {
             name: Arc::from(""),
-            parent: None,
+            parent: NONE,
             children: smallvec::SmallVec::new(),
-            tensor: None,
+            tensor: NONE,
             depth: 0,
             bytes: 0,
             params: 0,
@@ -107,9 +123,9 @@ impl ModuleTree {
                 };
                 nodes.push(Node {
                     name,
-                    parent: Some(parent),
+                    parent: parent as u32,
                     children: smallvec::SmallVec::new(),
-                    tensor: None,
+                    tensor: NONE,
                     // At most MAX_DEPTH: the components iterator stops there.
                     depth: (depth + 1) as u32,
                     bytes: 0,
@@ -124,7 +140,7 @@ impl ModuleTree {
             }
             path.truncate(depth);
             let at = path.last().map_or(Self::ROOT, |&(_, n)| n);
-            nodes[at].tensor = Some(id);
+            nodes[at].tensor = id as u32;
             tensor_node.push(at);
         }
         let mut tree = ModuleTree { nodes, tensor_node };
@@ -143,7 +159,7 @@ impl ModuleTree {
         }
         // Pre-order numbering: walking backwards visits children before parents.
         for id in (0..self.nodes.len()).rev() {
-            if let Some(t) = self.nodes[id].tensor {
+            if let Some(t) = self.nodes[id].tensor() {
                 let tensor = &ckpt.tensors()[t];
                 let n = &mut self.nodes[id];
                 n.bytes += tensor.bytes();
@@ -152,7 +168,7 @@ impl ModuleTree {
                 add_split(&mut n.split, tensor.placement, tensor.bytes());
                 n.has_tie |= ckpt.tie_group(t).is_some();
             }
-            if let Some(parent) = self.nodes[id].parent {
+            if let Some(parent) = self.nodes[id].parent() {
                 // A parent comes before its children in pre-order, so the two can be
                 // borrowed apart without copying the child's split.
                 let (before, from_child) = self.nodes.split_at_mut(id);
@@ -176,7 +192,7 @@ impl ModuleTree {
             if n != Self::ROOT {
                 parts.push(&*self.nodes[n].name);
             }
-            at = self.nodes[n].parent;
+            at = self.nodes[n].parent();
         }
         parts.reverse();
         parts.join(".")

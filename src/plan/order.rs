@@ -164,10 +164,10 @@ fn glob(pattern: &str, text: &str) -> bool {
 /// `…blocks.N`.
 fn is_repeated_block(tree: &ModuleTree, id: NodeId) -> bool {
     let node = &tree.nodes[id];
-    node.tensor.is_none()
+    node.tensor().is_none()
         && node.name.bytes().all(|b| b.is_ascii_digit())
         && node
-            .parent
+            .parent()
             .is_some_and(|p| BLOCK_CONTAINERS.contains(&tree.nodes[p].name.as_ref()))
 }
 
@@ -207,7 +207,7 @@ impl PlanTree {
             counted_ties: &mut HashSet<usize>,
         ) -> usize {
             let name = tree.full_name(id);
-            let is_param = tree.nodes[id].tensor.is_some();
+            let is_param = tree.nodes[id].tensor().is_some();
             let index = nodes.len();
             let split_rule = match (no_split, arch) {
                 ([], Some((arch, Some(at)))) => arch.no_split_at(at),
@@ -227,7 +227,7 @@ impl PlanTree {
                 bare_children,
             });
             by_name.insert(name.clone(), index);
-            if let Some(t) = tree.nodes[id].tensor {
+            if let Some(t) = tree.nodes[id].tensor() {
                 let first_of_group = match ckpt.tie_group(t) {
                     Some(g) => counted_ties.insert(g.kept()),
                     None => true,
@@ -251,7 +251,7 @@ impl PlanTree {
             kids.sort_by_cached_key(|&c| {
                 let n = &tree.nodes[c];
                 let known = arch.zip(step(c)).map(|((a, _), at)| a.position_at(at));
-                let heuristic = if n.tensor.is_some() {
+                let heuristic = if n.tensor().is_some() {
                     (0u8, (u8::from(&*n.name != "weight"), 0))
                 } else {
                     (1, rank(tree, c, order))

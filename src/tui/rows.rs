@@ -82,14 +82,14 @@ impl TreeRows {
 
     /// Opens every ancestor of `id` and selects it.
     pub fn reveal(&mut self, tree: &ModuleTree, id: NodeId) {
-        let mut at = tree.nodes[id].parent;
+        let mut at = tree.nodes[id].parent();
         let mut changed = false;
         while let Some(p) = at {
             if !self.expanded[p] {
                 self.expanded[p] = true;
                 changed = true;
             }
-            at = tree.nodes[p].parent;
+            at = tree.nodes[p].parent();
         }
         if changed {
             self.rebuild();

@@ -8,7 +8,7 @@ use crate::model::checkpoint::Checkpoint;
 impl App {
     pub(super) fn jump_tie(&mut self) {
         let Some(node) = self.selected() else { return };
-        let Some(tensor) = self.tree.nodes[node].tensor else {
+        let Some(tensor) = self.tree.nodes[node].tensor() else {
             self.say("t jumps between tied tensors: select a tensor", Tone::Info);
             return;
         };

@@ -806,7 +806,7 @@ impl App {
                 if let Some(id) = self.selected() {
                     if self.rows.is_expanded(id) && self.rows.has_children(id) {
                         self.rows.set_expanded(id, false);
-                    } else if let Some(parent) = self.tree.nodes[id].parent
+                    } else if let Some(parent) = self.tree.nodes[id].parent()
                         && parent != ModuleTree::ROOT
                     {
                         self.rows.select_node(parent);

@@ -80,7 +80,7 @@ impl App {
             let below = name[end..].matches('.').count();
             let mut node = self.tree.tensor_node[id];
             for _ in 0..below {
-                node = self.tree.nodes[node].parent.unwrap_or(node);
+                node = self.tree.nodes[node].parent().unwrap_or(node);
             }
             self.matches.push(node);
         }

@@ -41,7 +41,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             Span::raw(escaped(&v).into_owned()),
         ])
     };
-    if let Some(t) = node.tensor {
+    if let Some(t) = node.tensor() {
         let tensor = &app.ckpt.tensors()[t];
         lines.push(kv("dtype", tensor.dtype.to_string()));
         lines.push(kv("shape", format!("{:?}", tensor.shape)));

@@ -101,8 +101,13 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         }
         let (badge, badge_style) = badge(node, theme);
         // One marker column: ⇄ a tied tensor, + one a LoRA adapter changes on save.
-        let changed = node.tensor.is_some_and(|t| app.ckpt.changed_by_adapter(t));
-        let tie = if node.tensor.is_some_and(|t| app.ckpt.tie_group(t).is_some()) {
+        let changed = node
+            .tensor()
+            .is_some_and(|t| app.ckpt.changed_by_adapter(t));
+        let tie = if node
+            .tensor()
+            .is_some_and(|t| app.ckpt.tie_group(t).is_some())
+        {
             "⇄"
         } else if changed {
             "+"
