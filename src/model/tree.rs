@@ -23,8 +23,8 @@ pub const MAX_DEPTH: usize = 64;
 pub struct Node {
     /// The last name component (`"up_proj"`); empty for the root. Shared between
     /// nodes of the same name (`weight`, `bias`, `w17`): one allocation per distinct
-    /// component, not one per node.
-    pub name: Arc<str>,
+    /// component, not one per node; short ones that do not repeat sit inline.
+    pub name: Name,
     /// The parent's id; [`NONE`] for the root (see [`Node::parent`]). 32 bits: a tree
     /// of a million tensors is two million nodes, and every map edit copies it.
     parent: u32,
@@ -35,7 +35,7 @@ pub struct Node {
     /// The tensor whose full name ends at this node; [`NONE`] for none (see
     /// [`Node::tensor`]).
     tensor: u32,
-    pub depth: u32,
+    pub depth: u16,
     pub bytes: u64,
     pub params: u64,
     pub tensors: u32,
@@ -47,6 +47,60 @@ pub struct Node {
 
 /// No node, no tensor.
 const NONE: u32 = u32::MAX;
+
+/// A node's name: shared with every node of the same name, or, for a short name that
+/// rarely repeats (the index in `t.123456.w`), held inline with no allocation.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Name {
+    Shared(Arc<str>),
+    Inline { len: u8, bytes: [u8; 15] },
+}
+
+impl Name {
+    /// Inline when `text` fits, shared otherwise.
+    fn new(text: &str) -> Name {
+        match u8::try_from(text.len()) {
+            Ok(len) if text.len() <= 15 => {
+                let mut bytes = [0u8; 15];
+                bytes[..text.len()].copy_from_slice(text.as_bytes());
+                Name::Inline { len, bytes }
+            }
+            _ => Name::Shared(Arc::from(text)),
+        }
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            Name::Shared(s) => s,
+            // Copied from a `&str` whole: the first `len` bytes are UTF-8.
+            Name::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+        }
+    }
+}
+
+impl AsRef<str> for Name {
+    fn as_ref(&self) -> &str {
+        self
+    }
+}
+
+impl std::fmt::Debug for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
+    }
+}
 
 impl Node {
     /// The parent; `None` for the root.
@@ -80,8 +134,28 @@ impl ModuleTree {
     pub const ROOT: NodeId = 0;
 
     pub fn build(ckpt: &Checkpoint) -> ModuleTree {
-        let mut nodes = vec![Node {
-            name: Arc::from(""),
+        // The node count first (the same walk, nothing stored), so the arena is
+        // allocated once at its size: growing it by doubling would briefly hold the
+        // old and the new copy, a third more at the peak of a million-tensor tree.
+        let mut count = 1;
+        let mut previous: Vec<&str> = Vec::new();
+        for tensor in ckpt.tensors() {
+            let mut depth = 0;
+            for component in components(&tensor.name) {
+                if depth < previous.len() && previous[depth] == component {
+                    depth += 1;
+                    continue;
+                }
+                previous.truncate(depth);
+                previous.push(component);
+                depth += 1;
+                count += 1;
+            }
+            previous.truncate(depth);
+        }
+        let mut nodes = Vec::with_capacity(count);
+        nodes.push(Node {
+            name: Name::new(""),
             parent: NONE,
             children: smallvec::SmallVec::new(),
             tensor: NONE,
@@ -91,7 +165,7 @@ impl ModuleTree {
             tensors: 0,
             split: Split::new(),
             has_tie: false,
-        }];
+        });
         // Tensors are in module order, so names that share their first k components
         // are contiguous: a stack of the current path replaces a (parent, name) map.
         let mut tensor_node = Vec::with_capacity(ckpt.tensors().len());
@@ -113,13 +187,13 @@ impl ModuleTree {
                 let large_index =
                     component.len() >= 5 && component.bytes().all(|b| b.is_ascii_digit());
                 let name = if large_index {
-                    Arc::from(component)
+                    Name::new(component)
                 } else {
-                    Arc::clone(
+                    Name::Shared(Arc::clone(
                         interned
                             .entry(component)
                             .or_insert_with(|| Arc::from(component)),
-                    )
+                    ))
                 };
                 nodes.push(Node {
                     name,
@@ -127,7 +201,7 @@ impl ModuleTree {
                     children: smallvec::SmallVec::new(),
                     tensor: NONE,
                     // At most MAX_DEPTH: the components iterator stops there.
-                    depth: (depth + 1) as u32,
+                    depth: (depth + 1) as u16,
                     bytes: 0,
                     params: 0,
                     tensors: 0,
