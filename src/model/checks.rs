@@ -106,13 +106,16 @@ pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<Warning> {
         .filter(|k| !used.contains(k))
         .peekable();
     unused.peek()?;
-    // Every module a tensor lies in, once: a key is used when it names one of them.
-    // (One pass over the names, whatever the number of keys.)
-    let modules = module_prefixes(ckpt.tensors().iter().map(|t| t.name.as_str()));
+    // A key is used when it names a module some tensor lies in: a name that is the key,
+    // or starts with the key and a dot. Names sorted once, each key found by binary
+    // search: no cost per key that grows with the names, nor per name with its length.
+    let mut names: Vec<&str> = ckpt.tensors().iter().map(|t| t.name.as_str()).collect();
+    names.sort_unstable();
+    let names_a_module = |key: &str| covers_a_name(&names, key);
     let arch = crate::model::arch::lookup(&ckpt.config.architectures);
     let keys: Vec<String> = unused
         // `""` covers every tensor there is.
-        .filter(|k| (!k.is_empty() || ckpt.tensors().is_empty()) && !modules.contains(k))
+        .filter(|k| (!k.is_empty() || ckpt.tensors().is_empty()) && !names_a_module(k))
         // A module the architecture has without tensors (`rotary_emb`, `act_fn`) is
         // no typo: `hf_device_map` lists them.
         .filter(|k| !arch.is_some_and(|a| a.is_empty_module(k)))
@@ -121,16 +124,15 @@ pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<Warning> {
     (!keys.is_empty()).then_some(Warning::UnusedMapKeys { keys })
 }
 
-/// Every dotted prefix of every name, and the names themselves.
-fn module_prefixes<'a>(names: impl Iterator<Item = &'a str>) -> HashSet<&'a str> {
-    let mut prefixes = HashSet::new();
-    for name in names {
-        for (at, _) in name.match_indices('.') {
-            prefixes.insert(&name[..at]);
-        }
-        prefixes.insert(name);
+/// Whether some name in `sorted` is `key` or starts with `key.`.
+fn covers_a_name(sorted: &[&str], key: &str) -> bool {
+    if sorted.binary_search(&key).is_ok() {
+        return true;
     }
-    prefixes
+    // Names that start with `key.` sort together, from the first one at or after it.
+    let dotted = format!("{key}.");
+    let at = sorted.partition_point(|n| *n < dotted.as_str());
+    sorted.get(at).is_some_and(|n| n.starts_with(&dotted))
 }
 
 /// Tensors transformers 5 would put on another device than accelerate does: it reads
@@ -220,19 +222,18 @@ pub fn keys_without_data(ckpt: &Checkpoint) -> Vec<&str> {
         }
     }
     let keys: Vec<&str> = map.entries().iter().map(|(k, _)| k.as_str()).collect();
-    // Keys that stand behind a more specific key: every proper dotted prefix of a key
-    // (one pass; this was a pass over all keys for each key).
-    let mut parents: HashSet<&str> = HashSet::new();
-    for key in &keys {
-        for (at, _) in key.match_indices('.') {
-            parents.insert(&key[..at]);
-        }
-    }
+    // Keys that stand behind a more specific key: `""` when there is another, and any
+    // key some other key starts with followed by a dot (found by binary search in the
+    // sorted keys: no cost that grows with a key's length squared).
+    let mut sorted = keys.clone();
+    sorted.sort_unstable();
     let is_parent = |key: &str| {
         if key.is_empty() {
             keys.len() > 1
         } else {
-            parents.contains(key)
+            let dotted = format!("{key}.");
+            let at = sorted.partition_point(|k| *k < dotted.as_str());
+            sorted.get(at).is_some_and(|k| k.starts_with(&dotted))
         }
     };
     let arch = crate::model::arch::lookup(&ckpt.config.architectures);
