@@ -17,7 +17,7 @@ use devmap::model::{Checkpoint, LoadOptions, load};
 use devmap::save::{SaveEvent, SaveJob, SaveOptions, prepare};
 use devmap::{human_bytes, inspect};
 pub use output::{OutputGone, print_error, print_gone};
-use output::{err_line, out};
+use output::{err_line, out, out_with};
 use std::process::ExitCode;
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -30,7 +30,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                     .extend(devmap::plan::budget_warnings(&ckpt, &budgets.0));
             }
             if a.json {
-                out(inspect::to_json_string(&ckpt))?;
+                out_with(|w| inspect::write_json(&ckpt, w))?;
             } else {
                 out(inspect::to_text(
                     &ckpt,

@@ -62,6 +62,17 @@ pub fn out(text: impl Display) -> Result<(), OutputGone> {
         .map_err(|_| OutputGone("stdout"))
 }
 
+/// Writes to stdout through `write` as the text is made (a buffered, patient writer):
+/// a long report never sits whole in memory.
+pub fn out_with(
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), OutputGone> {
+    let mut stdout = std::io::BufWriter::with_capacity(64 << 10, Patient(std::io::stdout().lock()));
+    write(&mut stdout)
+        .and_then(|()| stdout.flush())
+        .map_err(|_| OutputGone("stdout"))
+}
+
 /// Writes one line to stderr.
 pub fn err_line(text: impl Display) -> Result<(), OutputGone> {
     let mut stderr = Patient(std::io::stderr().lock());

@@ -9,7 +9,7 @@ use crate::types::placement::Placement;
 #[derive(Serialize)]
 struct Report<'a> {
     model: String,
-    tensors: Vec<TensorOut<'a>>,
+    tensors: Tensors<'a>,
     ties: Vec<Vec<&'a str>>,
     devices: Devices,
     total_bytes: u64,
@@ -76,6 +76,32 @@ impl Serialize for Devices {
     }
 }
 
+/// Every tensor, each made into its record only while it is written: a million-tensor
+/// report never holds a million records.
+struct Tensors<'a>(&'a Checkpoint);
+
+impl Serialize for Tensors<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let ckpt = self.0;
+        let mut seq = s.serialize_seq(Some(ckpt.tensors().len()))?;
+        for id in 0..ckpt.tensors().len() {
+            seq.serialize_element(&tensor_out(ckpt, id))?;
+        }
+        seq.end()
+    }
+}
+
+/// The report written to `out` as it is made (pretty JSON, keys in schema order, a
+/// newline at the end): memory does not grow with the number of tensors.
+pub fn write_json(
+    ckpt: &Checkpoint,
+    out: &mut (impl std::io::Write + ?Sized),
+) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, &report(ckpt)).map_err(std::io::Error::from)?;
+    out.write_all(b"\n")
+}
+
 pub fn to_json(ckpt: &Checkpoint) -> serde_json::Value {
     serde_json::to_value(report(ckpt)).unwrap_or(serde_json::Value::Null)
 }
@@ -87,58 +113,56 @@ pub fn to_json_string(ckpt: &Checkpoint) -> String {
     text
 }
 
-fn report(ckpt: &Checkpoint) -> Report<'_> {
+fn tensor_out(ckpt: &Checkpoint, id: usize) -> TensorOut<'_> {
     let file = |id: usize| ckpt.file_label(id);
-    let tensors = ckpt
-        .tensors()
-        .iter()
-        .enumerate()
-        .map(|(id, t)| TensorOut {
-            name: &t.name,
-            dtype: t.dtype.safetensors_name(),
-            shape: &t.shape,
-            bytes: t.bytes(),
-            placement: t.placement.to_string(),
-            map_key: ckpt.map_key(t),
-            loaded_as: crate::model::arch::loaded_as(&ckpt.config.architectures, &t.name)
-                .map(|(name, _)| name),
-            source: match t.source {
-                Source::Checkpoint(r) => SourceOut::Safetensors {
-                    file: file(r.file),
-                    offset: r.offset,
-                },
-                Source::Offload(r) => SourceOut::Offload {
-                    file: file(r.file),
-                    offset: r.offset,
-                },
-                Source::Adapter(r) => SourceOut::Adapter {
-                    file: file(r.file),
-                    offset: r.offset,
-                },
-                Source::Tied(to) => SourceOut::Tied {
-                    to: &ckpt.tensors()[to].name,
-                },
-                Source::None => SourceOut::None,
+    let t = &ckpt.tensors()[id];
+    TensorOut {
+        name: &t.name,
+        dtype: t.dtype.safetensors_name(),
+        shape: &t.shape,
+        bytes: t.bytes(),
+        placement: t.placement.to_string(),
+        map_key: ckpt.map_key(t),
+        loaded_as: ckpt.loaded_name(id).map(str::to_owned),
+        source: match t.source {
+            Source::Checkpoint(r) => SourceOut::Safetensors {
+                file: file(r.file),
+                offset: r.offset,
             },
-            lora: ckpt
-                .merges_of(id)
-                .iter()
-                .map(|m| LoraOut {
-                    adapter: &m.adapter,
-                    kind: m.kind_name(),
-                    rank: m.rank,
-                    alpha: m.alpha,
-                    scale: m.scale,
-                })
-                .collect(),
-        })
-        .collect();
+            Source::Offload(r) => SourceOut::Offload {
+                file: file(r.file),
+                offset: r.offset,
+            },
+            Source::Adapter(r) => SourceOut::Adapter {
+                file: file(r.file),
+                offset: r.offset,
+            },
+            Source::Tied(to) => SourceOut::Tied {
+                to: &ckpt.tensors()[to].name,
+            },
+            Source::None => SourceOut::None,
+        },
+        lora: ckpt
+            .merges_of(id)
+            .iter()
+            .map(|m| LoraOut {
+                adapter: &m.adapter,
+                kind: m.kind_name(),
+                rank: m.rank,
+                alpha: m.alpha,
+                scale: m.scale,
+            })
+            .collect(),
+    }
+}
+
+fn report(ckpt: &Checkpoint) -> Report<'_> {
     Report {
         model: ckpt
             .remote
             .as_ref()
             .map_or_else(|| ckpt.dir.display().to_string(), |r| r.name.clone()),
-        tensors,
+        tensors: Tensors(ckpt),
         ties: ckpt
             .ties
             .iter()

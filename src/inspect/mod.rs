@@ -3,7 +3,7 @@
 mod json;
 mod text;
 
-pub use json::{to_json, to_json_string};
+pub use json::{to_json, to_json_string, write_json};
 pub use text::{TextOptions, to_text};
 
 /// Parameter counts as people say them: `1.24B`, `350M`, `12.5K`, `900`.
