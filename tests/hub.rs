@@ -944,3 +944,46 @@ fn an_index_naming_too_many_shards_is_refused_before_fetching_them() {
         "{requests} requests: shard headers were fetched"
     );
 }
+
+/// A shard whose header is 60 MB (whitespace JSON allows): fetched into one buffer,
+/// not two (the remote path held the length prefix and the header twice: 196 MiB for a
+/// 100 MB header), so the peak stays near one copy.
+#[test]
+fn a_large_remote_header_is_held_once() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let model = tmp.path().join("padded");
+    std::fs::create_dir_all(&model).expect("mkdir");
+    let padding = 60_000_000;
+    let mut header = Vec::with_capacity(padding + 100);
+    header.push(b'{');
+    header.resize(padding, b' ');
+    header.extend_from_slice(br#""w": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}"#);
+    while header.len() % 8 != 0 {
+        header.push(b' ');
+    }
+    let mut f = std::fs::File::create(model.join("model.safetensors")).expect("create");
+    f.write_all(&(header.len() as u64).to_le_bytes())
+        .expect("len");
+    f.write_all(&header).expect("header");
+    f.write_all(&[1, 2, 3, 4]).expect("data");
+    drop(f);
+    let root = tmp.path().join("www");
+    hub_server::publish(&root, "acme/padded", "main", &model).expect("publish");
+    let server = hub_server::start(&root, ServerOptions::default()).expect("server");
+    let endpoint = server.endpoint();
+    let o = devmap_env(
+        &["inspect", "hf://acme/padded"],
+        &[
+            ("HF_ENDPOINT", endpoint.as_str()),
+            ("DEVMAP_REPORT_PEAK_RSS", "1"),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let peak = common::peak_rss(&stderr(&o));
+    assert!(
+        peak < 90 << 20,
+        "a 60 MB header peaked at {} MiB: held more than once",
+        peak >> 20
+    );
+}
