@@ -583,7 +583,8 @@ fn bert_ties_its_head_to_the_embeddings_and_keeps_them_whole() {
     );
 }
 
-/// An architecture the table lacks plans by name heuristics, and `--explain` says so.
+/// An architecture the table lacks plans by name heuristics, and says so (with and
+/// without `--explain`).
 #[test]
 fn an_unknown_architecture_is_planned_by_heuristics_with_a_note() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -607,6 +608,35 @@ fn an_unknown_architecture_is_planned_by_heuristics_with_a_note() {
     assert!(
         said.contains("HomeGrownForCausalLM is not in devmap's architecture table"),
         "{said}"
+    );
+    // Without --explain too: a plan that may differ from accelerate's says so plainly.
+    let out = devmap(&[
+        "plan",
+        tmp.path().to_str().expect("utf8"),
+        "--max-memory",
+        "cpu=100KB",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .contains("warning: HomeGrownForCausalLM is not in devmap's architecture table"),
+        "{}",
+        stderr(&out)
+    );
+    // A known architecture plans from the table, with no such warning.
+    let known = tempfile::tempdir().expect("tmp");
+    llama(known.path(), 2);
+    let out = devmap(&[
+        "plan",
+        known.path().to_str().expect("utf8"),
+        "--max-memory",
+        "cpu=100KB",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("architecture table"),
+        "{}",
+        stderr(&out)
     );
 }
 

@@ -229,6 +229,11 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
         dtype: a.dtype,
     };
     let planned = devmap::plan::plan(&ckpt, &options)?;
+    // A plan from name heuristics may differ from accelerate's: said in the normal
+    // output, not only under --explain (where it is the first line anyway).
+    if let (Some(note), false) = (&planned.heuristics, a.explain) {
+        err_line(format!("warning: {note}"))?;
+    }
     if a.explain {
         for line in &planned.explain {
             err_line(line)?;

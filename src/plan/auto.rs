@@ -37,6 +37,9 @@ pub struct Planned {
     /// Bytes each device received (plus the reservation on main devices it was left
     /// with), as accelerate counts them.
     pub used: Vec<(Placement, u64)>,
+    /// Set when the walk order and no-split modules came from name heuristics, not
+    /// from the architecture table: the plan may differ from accelerate's, said plainly.
+    pub heuristics: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -127,7 +130,9 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
     let mut queue: VecDeque<usize> = tree.children_in_order(PlanTree::ROOT).into();
     let mut used: HashMap<Placement, i128> = devices.iter().map(|d| (*d, 0)).collect();
     let mut assigned: Vec<(String, Placement)> = Vec::new();
-    let mut explain = vec![architecture_note(ckpt, tree.from_table)];
+    let note = architecture_note(ckpt, tree.from_table);
+    let heuristics = (!tree.from_table).then(|| note.clone());
+    let mut explain = vec![note];
     let mut current = 0usize;
     let (mut max_layer, mut max_layer_names) = tree.max_layer(queue.iter().copied());
 
@@ -252,6 +257,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
         map: DeviceMap::new(cleaned),
         explain,
         used,
+        heuristics,
     })
 }
 
