@@ -15,7 +15,9 @@
 //!            range reads into a header mirror that `model::load` reads
 //! verify     devmap verify: a saved folder as transformers reads it, and compared
 //!            with what a save writes (through save's plan and recipes)
-//! tui        App (state, actions, no I/O of its own), layout, views; cli in main.rs
+//! tui        App (state, actions, no I/O of its own), layout, views, the runtime
+//!
+//! The command line is the binary's (`src/main.rs` and `src/cli/`).
 //! ```
 //!
 //! `sys` holds the few system calls std lacks (through rustix: no `unsafe` anywhere).

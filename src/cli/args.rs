@@ -57,7 +57,7 @@ pub struct VerifyArgs {
     pub against: Option<PathBuf>,
     /// The --dtype the save used (with --against).
     #[arg(long, default_value = "auto", value_name = "DTYPE", value_parser = parse_save_dtype)]
-    pub dtype: devmap::save::plan::DtypeChoice,
+    pub dtype: devmap::save::shards::DtypeChoice,
     /// The save used --keep-tied (with --against).
     #[arg(long)]
     pub keep_tied: bool,
@@ -170,7 +170,7 @@ pub struct SaveArgs {
     #[arg(long)]
     pub weights_only: bool,
     /// Shards written at the same time.
-    #[arg(long, short, default_value_t = devmap::save::plan::DEFAULT_JOBS, value_name = "N")]
+    #[arg(long, short, default_value_t = devmap::save::shards::DEFAULT_JOBS, value_name = "N")]
     pub jobs: usize,
     /// Skip the fsync of each shard before it is renamed into place: faster, like cp,
     /// but a power loss right after the save can leave shards incomplete.
@@ -185,7 +185,7 @@ pub struct SaveArgs {
     /// save_pretrained writes; else as stored), keep, float32, bfloat16 or float16.
     /// Casts round as torch's .to() does; config.json records the result.
     #[arg(long, default_value = "auto", value_name = "DTYPE", value_parser = parse_save_dtype)]
-    pub dtype: devmap::save::plan::DtypeChoice,
+    pub dtype: devmap::save::shards::DtypeChoice,
     /// Save even when device-map entries cover no tensor with data, i.e. the weights
     /// of those modules exist nowhere and the output will lack them.
     #[arg(long)]
@@ -222,9 +222,9 @@ fn parse_dtype(text: &str) -> Result<devmap::model::DType, String> {
         .ok_or_else(|| format!("`{text}` is not a dtype: use e.g. bfloat16, float16, float32"))
 }
 
-fn parse_save_dtype(text: &str) -> Result<devmap::save::plan::DtypeChoice, String> {
+fn parse_save_dtype(text: &str) -> Result<devmap::save::shards::DtypeChoice, String> {
     use devmap::model::DType;
-    use devmap::save::plan::DtypeChoice;
+    use devmap::save::shards::DtypeChoice;
     match text {
         "auto" => Ok(DtypeChoice::Auto),
         "keep" => Ok(DtypeChoice::Keep),
@@ -248,7 +248,7 @@ pub enum Cache {
     Keep,
 }
 
-impl From<Cache> for devmap::save::plan::CachePolicy {
+impl From<Cache> for devmap::save::shards::CachePolicy {
     fn from(c: Cache) -> Self {
         match c {
             Cache::Auto => Self::Auto,

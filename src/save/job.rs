@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::thread::JoinHandle;
 
+use super::check_written::verify_plan_covered;
 use super::commit::{Staging, write_synced};
 use super::error::SaveError;
 use super::event::{Reporter, SaveEvent, SaveReport};
-use super::plan::{CachePolicy, SaveOptions, SavePlan};
 use super::preflight::{self, files_to_copy};
-use super::verify::verify_plan_covered;
+use super::shards::{CachePolicy, SaveOptions, SavePlan};
 use super::writer::Shared;
 use crate::formats::hf_index::{INDEX_FILE, encode_index};
 use crate::model::checkpoint::Checkpoint;

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::plan::{SaveOptions, SavePlan};
+use super::shards::{SaveOptions, SavePlan};
 use crate::model::checkpoint::Checkpoint;
 
 /// Suffix of files a save is still writing. A file with it is never a finished shard.

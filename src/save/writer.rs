@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::SystemTime;
 
+use super::check_written::verify_shard;
 use super::commit::Staging;
 use super::copy::{Copier, CopyError};
 use super::error::SaveError;
 use super::event::{Reporter, SaveEvent};
-use super::plan::{SavePlan, ShardPlan};
 use super::recipe::Recipe;
-use super::verify::verify_shard;
+use super::shards::{SavePlan, ShardPlan};
 use crate::model::checkpoint::{Checkpoint, FileId};
 
 /// Input files a writer keeps open at once. An offload folder may hold thousands of

@@ -7,7 +7,7 @@ use std::path::Path;
 use super::report::{Finding, Kind};
 use super::written::Written;
 use crate::model::checkpoint::Checkpoint;
-use crate::save::plan::PlannedTensor;
+use crate::save::shards::PlannedTensor;
 use crate::save::{SaveError, SaveOptions, SavePlan};
 
 /// A model and the plan of saving it: the reference a checkpoint is compared with.

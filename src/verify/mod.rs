@@ -285,7 +285,7 @@ fn byte_midpoint(tensors: &[written::WrittenTensor]) -> usize {
 /// recipe (a cast converts exactly as the saver does).
 fn hash_expected(
     expected: &Expected,
-    pairs: &[(usize, &crate::save::plan::PlannedTensor)],
+    pairs: &[(usize, &crate::save::shards::PlannedTensor)],
     progress: &Progress,
 ) -> Result<(Vec<Option<u128>>, Vec<Finding>), VerifyError> {
     let mut copier = Copier::with_stream_chunk(READ_CHUNK);

@@ -90,7 +90,7 @@ pub struct SaveDialog {
     pub field: Field,
     pub overwrite: bool,
     /// `--dtype` of the save, stepped with ←/→ on its field.
-    pub dtype: crate::save::plan::DtypeChoice,
+    pub dtype: crate::save::shards::DtypeChoice,
     pub preview: Preview,
     /// When the preview is recomputed after the last edit: typing waits for nothing,
     /// and the plan and file checks run once the keys stop (or on Enter).

@@ -25,7 +25,7 @@ impl App {
             out,
             field: Field::ShardSize,
             overwrite: false,
-            dtype: crate::save::plan::DtypeChoice::Auto,
+            dtype: crate::save::shards::DtypeChoice::Auto,
             preview: Preview::default(),
             preview_due: None,
             preview_pending: None,
@@ -358,8 +358,8 @@ fn step_preset(current: &str, forward: bool) -> String {
 }
 
 /// The dtypes the save dialog steps through, in order.
-const DTYPE_CHOICES: [crate::save::plan::DtypeChoice; 5] = {
-    use crate::save::plan::DtypeChoice;
+const DTYPE_CHOICES: [crate::save::shards::DtypeChoice; 5] = {
+    use crate::save::shards::DtypeChoice;
     use crate::types::DType;
     [
         DtypeChoice::Auto,
@@ -371,9 +371,9 @@ const DTYPE_CHOICES: [crate::save::plan::DtypeChoice; 5] = {
 };
 
 fn step_dtype(
-    current: crate::save::plan::DtypeChoice,
+    current: crate::save::shards::DtypeChoice,
     forward: bool,
-) -> crate::save::plan::DtypeChoice {
+) -> crate::save::shards::DtypeChoice {
     let n = DTYPE_CHOICES.len();
     let at = DTYPE_CHOICES
         .iter()
@@ -387,8 +387,8 @@ fn step_dtype(
 }
 
 /// How the dialog names a dtype choice (the words of `--dtype`).
-pub fn dtype_label(choice: crate::save::plan::DtypeChoice) -> &'static str {
-    use crate::save::plan::DtypeChoice;
+pub fn dtype_label(choice: crate::save::shards::DtypeChoice) -> &'static str {
+    use crate::save::shards::DtypeChoice;
     match choice {
         DtypeChoice::Auto => "auto",
         DtypeChoice::Keep => "keep",
@@ -447,7 +447,7 @@ impl PreviewInput {
         preview.shard_sizes = plan
             .shards
             .iter()
-            .map(crate::save::plan::ShardPlan::file_bytes)
+            .map(crate::save::shards::ShardPlan::file_bytes)
             .collect();
         preview.largest.clone_from(&plan.largest_tensor);
         preview.bytes = plan.file_bytes();

@@ -1,13 +1,13 @@
-//! Checks a written checkpoint against its plan: each shard's header as the reference
+//! What this save wrote, checked against its plan: each shard's header as the reference
 //! safetensors parser reads it, and the plan's coverage of every tensor of the model.
-//! The future home of `devmap verify`.
+//! (`devmap verify`, in `crate::verify`, checks any saved folder.)
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 
 use super::error::SaveError;
-use super::plan::{SavePlan, ShardPlan};
+use super::shards::{SavePlan, ShardPlan};
 use crate::model::checkpoint::Checkpoint;
 
 /// Re-reads the written shard's header and compares it byte for byte with the one
