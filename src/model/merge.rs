@@ -1,6 +1,6 @@
 //! LoRA merges a checkpoint carries: for a tensor, the adapter steps that change its
 //! value when it is saved, in the order they apply. Read from peft adapter folders by
-//! [`super::lora`]; computed by `save::merge`, which the saver and `devmap verify`
+//! [`super::lora`]; computed by `save::lora_kernel`, which the saver and `devmap verify`
 //! share.
 
 use crate::types::dtype::DType;

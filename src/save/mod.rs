@@ -8,7 +8,7 @@ pub mod copy;
 mod error;
 mod event;
 mod job;
-pub mod merge;
+pub mod lora_kernel;
 pub mod preflight;
 pub mod recipe;
 pub mod shards;

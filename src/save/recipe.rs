@@ -5,7 +5,7 @@
 //! A [`Recipe::Copy`] moves the current value byte for byte with `copy_file_range`; a
 //! [`Recipe::Cast`] converts it through the copier's fixed buffer. Recipes still to
 //! come (a slice of a fused tensor) join this enum. A [`Recipe::Merge`] applies LoRA
-//! adapters as it streams (see `save::merge`).
+//! adapters as it streams (see `save::lora_kernel`).
 
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
@@ -24,7 +24,7 @@ pub enum Recipe {
     },
     /// The source's elements with the checkpoint's LoRA merges for this tensor applied
     /// (`Checkpoint::merges_of`), as peft merges them, then converted to `to`
-    /// (see `save::merge`).
+    /// (see `save::lora_kernel`).
     Merge {
         source: ByteRange,
         from: DType,

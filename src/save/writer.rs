@@ -224,7 +224,7 @@ impl ShardWriter<'_> {
                     } else {
                         1
                     };
-                    super::merge::write_in_parallel(
+                    super::lora_kernel::write_in_parallel(
                         ckpt,
                         t.tensor,
                         from,

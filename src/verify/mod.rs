@@ -332,7 +332,7 @@ fn hash_expected(
                 &mut digester,
             ),
             // The merged value, computed by the saver's own kernel.
-            Recipe::Merge { from, to, .. } => crate::save::merge::stream(
+            Recipe::Merge { from, to, .. } => crate::save::lora_kernel::stream(
                 expected.ckpt,
                 p.tensor,
                 (file, source.offset),
