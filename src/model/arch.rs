@@ -203,9 +203,7 @@ impl Arch {
             .find(|pattern| search(pattern.as_bytes(), name.as_bytes()))
             .map(String::as_str)
     }
-}
 
-impl Arch {
     /// Whether a device-map key names a module that holds no parameter and no
     /// persistent buffer (or one inside it), under its loaded or checkpoint name.
     pub fn is_empty_module(&self, key: &str) -> bool {
@@ -228,21 +226,6 @@ impl Arch {
             (1..=parts.len()).any(|n| self.empty.contains(&parts[..n].join(".")))
         };
         inside_empty(key) || self.runtime_name(key).is_some_and(|r| inside_empty(&r))
-    }
-
-    /// [`Arch::kept_in_fp32`] for a checkpoint tensor, matched under the name the
-    /// loaded model has for it (renamed, or the fused expert parameter it becomes).
-    pub fn checkpoint_kept_in_fp32(&self, name: &str, dtype: crate::types::DType) -> Option<&str> {
-        match self.loaded_form(name) {
-            Some((loaded, _)) => self.kept_in_fp32(&loaded, dtype),
-            None => self.kept_in_fp32(name, dtype),
-        }
-    }
-
-    /// Whether any keep-in-float32 entry (strict or not) matches the checkpoint name.
-    pub fn may_keep_in_fp32(&self, name: &str) -> bool {
-        self.checkpoint_kept_in_fp32(name, crate::types::DType::F16)
-            .is_some()
     }
 }
 

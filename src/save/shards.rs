@@ -83,9 +83,10 @@ pub fn runtime_dtype(ckpt: &Checkpoint) -> Option<DType> {
         if !matches!(t.source, Source::Offload(_)) || !is_castable(t.dtype) {
             continue;
         }
-        // Modules transformers keeps in float32 do not show the dtype the rest of the
-        // model ran in.
-        if arch.is_some_and(|a| a.may_keep_in_fp32(&t.name)) {
+        // Modules transformers keeps in float32 (at float16, where every entry, strict
+        // or not, applies) do not show the dtype the rest of the model ran in.
+        let loaded = ckpt.loaded_name(id).unwrap_or(&t.name);
+        if arch.is_some_and(|a| a.kept_in_fp32(loaded, DType::F16).is_some()) {
             continue;
         }
         match t.load_dtype {
@@ -433,9 +434,12 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             continue;
         }
         // What transformers keeps in float32 at the dtype the save casts to.
+        // Matched on the loaded name (renamed, or the fused expert parameter it becomes),
+        // as transformers matches it; computed once per checkpoint.
+        let loaded = ckpt.loaded_name(id).unwrap_or(&tensor.name);
         let keep = cast_to
             .filter(|_| super::cast::is_floating(tensor.dtype))
-            .and_then(|to| arch?.checkpoint_kept_in_fp32(&tensor.name, to));
+            .and_then(|to| arch?.kept_in_fp32(loaded, to));
         let cast_to = match (keep, options.dtype) {
             (Some(entry), DtypeChoice::Auto) => {
                 kept_fp32.push((tensor.name.clone(), entry.to_owned()));
