@@ -45,18 +45,8 @@ pub fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) {
         dst.len() / to.size() as usize
     );
     if (from, to) == (DType::F32, DType::BF16) {
-        // Round to nearest even on the bits, without branches but the NaN select,
-        // so the loop vectorises: the hot path of the commonest cast.
-        let one = |b: u32| -> u16 {
-            let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
-            if (b & 0x7FFF_FFFF) > 0x7F80_0000 {
-                0xFFFF
-            } else {
-                rounded
-            }
-        };
-        // Blocks of eight elements in fixed-size arrays: the compiler sees whole
-        // vectors, not one element at a time.
+        // The hot path of the commonest cast: blocks of eight elements in fixed-size
+        // arrays, so the compiler sees whole vectors, not one element at a time.
         let blocks = src.len() / 32;
         for (i, o) in src.chunks_exact(32).zip(dst.chunks_exact_mut(16)) {
             let mut words = [0u32; 8];
@@ -65,7 +55,7 @@ pub fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) {
             }
             let mut halves = [0u16; 8];
             for (h, &w) in halves.iter_mut().zip(&words) {
-                *h = one(w);
+                *h = bf16_bits(w, VECTOR_NAN);
             }
             for (b, h) in o.chunks_exact_mut(2).zip(halves) {
                 b.copy_from_slice(&h.to_le_bytes());
@@ -73,44 +63,31 @@ pub fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) {
         }
         let tail = src[blocks * 32..].chunks_exact(4);
         for (i, o) in tail.zip(dst[blocks * 16..].chunks_exact_mut(2)) {
-            let bits = one(u32::from_le_bytes([i[0], i[1], i[2], i[3]]));
+            let bits = bf16_bits(u32::from_le_bytes([i[0], i[1], i[2], i[3]]), VECTOR_NAN);
             o.copy_from_slice(&bits.to_le_bytes());
         }
         return;
     }
     match (from, to) {
         (a, b) if a == b => dst.copy_from_slice(src),
-        // float16 <-> float32 a block at a time through `half`'s slice conversions,
-        // which use the CPU's F16C instructions where it has them (the same rounding and
-        // NaN handling as the element-wise path, chosen at run time).
-        (DType::F32, DType::F16) => {
-            let mut wide = [0f32; BLOCK];
-            let mut narrow = [f16::ZERO; BLOCK];
-            for (i, o) in src.chunks(BLOCK * 4).zip(dst.chunks_mut(BLOCK * 2)) {
-                let n = i.len() / 4;
-                for (w, b) in wide.iter_mut().zip(i.chunks_exact(4)) {
-                    *w = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
-                narrow[..n].convert_from_f32_slice(&wide[..n]);
-                for (b, h) in o.chunks_exact_mut(2).zip(&narrow[..n]) {
-                    b.copy_from_slice(&h.to_bits().to_le_bytes());
-                }
-            }
-        }
-        (DType::F16, DType::F32) => {
-            let mut narrow = [f16::ZERO; BLOCK];
-            let mut wide = [0f32; BLOCK];
-            for (i, o) in src.chunks(BLOCK * 2).zip(dst.chunks_mut(BLOCK * 4)) {
-                let n = i.len() / 2;
-                for (h, b) in narrow.iter_mut().zip(i.chunks_exact(2)) {
-                    *h = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
-                }
-                narrow[..n].convert_to_f32_slice(&mut wide[..n]);
-                for (b, w) in o.chunks_exact_mut(4).zip(&wide[..n]) {
-                    b.copy_from_slice(&w.to_le_bytes());
-                }
-            }
-        }
+        // float16 <-> float32 (and the two 16-bit formats, through float32, exact for
+        // both) a block at a time through `half`'s slice conversions, which use the
+        // CPU's F16C instructions where it has them: the same rounding and NaN handling
+        // as the element-wise path, chosen at run time.
+        (DType::F32, DType::F16) => to_f16(src, 4, dst, |b| {
+            f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        }),
+        (DType::BF16, DType::F16) => to_f16(src, 2, dst, |b| {
+            f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
+        }),
+        (DType::F16, DType::F32) => from_f16(src, dst, 4, |w, b| {
+            b.copy_from_slice(&w.to_le_bytes());
+        }),
+        // torch computes this cast through float32 with its scalar rounding: every NaN
+        // becomes 0x7FC0.
+        (DType::F16, DType::BF16) => from_f16(src, dst, 2, |w, b| {
+            b.copy_from_slice(&bf16_bits(w.to_bits(), SCALAR_NAN).to_le_bytes());
+        }),
         (DType::BF16, DType::F32) => {
             // bfloat16 is the top half of a float32: a shift, signalling NaNs included;
             // eight at a time in fixed-size arrays, so the loop vectorises.
@@ -130,46 +107,61 @@ pub fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) {
                 o.copy_from_slice(&bits.to_le_bytes());
             }
         }
-        // Between the two 16-bit formats through float32 (exact for both), a block at
-        // a time: bfloat16 widens by a shift, float16 through `half`'s slices (F16C).
-        (DType::F16, DType::BF16) => {
-            let mut narrow = [f16::ZERO; BLOCK];
-            let mut wide = [0f32; BLOCK];
-            for (i, o) in src.chunks(BLOCK * 2).zip(dst.chunks_mut(BLOCK * 2)) {
-                let n = i.len() / 2;
-                for (h, b) in narrow.iter_mut().zip(i.chunks_exact(2)) {
-                    *h = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
-                }
-                narrow[..n].convert_to_f32_slice(&mut wide[..n]);
-                for (b, w) in o.chunks_exact_mut(2).zip(&wide[..n]) {
-                    // torch computes this cast through float32 with its scalar
-                    // rounding: every NaN becomes 0x7FC0.
-                    let x = w.to_bits();
-                    let bits = if (x & 0x7FFF_FFFF) > 0x7F80_0000 {
-                        0x7FC0
-                    } else {
-                        (x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16) as u16
-                    };
-                    b.copy_from_slice(&bits.to_le_bytes());
-                }
-            }
-        }
-        (DType::BF16, DType::F16) => {
-            let mut wide = [0f32; BLOCK];
-            let mut narrow = [f16::ZERO; BLOCK];
-            for (i, o) in src.chunks(BLOCK * 2).zip(dst.chunks_mut(BLOCK * 2)) {
-                let n = i.len() / 2;
-                for (w, b) in wide.iter_mut().zip(i.chunks_exact(2)) {
-                    *w = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
-                }
-                narrow[..n].convert_from_f32_slice(&wide[..n]);
-                for (b, h) in o.chunks_exact_mut(2).zip(&narrow[..n]) {
-                    b.copy_from_slice(&h.to_bits().to_le_bytes());
-                }
-            }
-        }
         // Guarded by is_castable: every other pair is refused before a save starts.
         _ => dst.fill(0),
+    }
+}
+
+/// The NaN torch's vectorised float32 -> bfloat16 kernel writes, and the one its scalar
+/// rounding writes (float16 -> bfloat16 goes that way).
+const VECTOR_NAN: u16 = 0xFFFF;
+const SCALAR_NAN: u16 = 0x7FC0;
+
+/// A float32's bits rounded to bfloat16, to nearest even, on the bits (no branch but
+/// the NaN select, so a loop over it vectorises); every NaN becomes `nan`.
+#[inline]
+fn bf16_bits(x: u32, nan: u16) -> u16 {
+    let rounded = (x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16) as u16;
+    if (x & 0x7FFF_FFFF) > 0x7F80_0000 {
+        nan
+    } else {
+        rounded
+    }
+}
+
+/// Elements of `size` bytes in `src`, read as float32 by `widen`, written to `dst` as
+/// float16, a block at a time.
+#[inline]
+fn to_f16(src: &[u8], size: usize, dst: &mut [u8], widen: impl Fn(&[u8]) -> f32) {
+    let mut wide = [0f32; BLOCK];
+    let mut narrow = [f16::ZERO; BLOCK];
+    for (i, o) in src.chunks(BLOCK * size).zip(dst.chunks_mut(BLOCK * 2)) {
+        let n = i.len() / size;
+        for (w, b) in wide.iter_mut().zip(i.chunks_exact(size)) {
+            *w = widen(b);
+        }
+        narrow[..n].convert_from_f32_slice(&wide[..n]);
+        for (b, h) in o.chunks_exact_mut(2).zip(&narrow[..n]) {
+            b.copy_from_slice(&h.to_bits().to_le_bytes());
+        }
+    }
+}
+
+/// float16 elements of `src`, widened to float32 a block at a time and written to
+/// `dst` by `write` as elements of `size` bytes.
+#[inline]
+fn from_f16(src: &[u8], dst: &mut [u8], size: usize, write: impl Fn(f32, &mut [u8])) {
+    let mut narrow = [f16::ZERO; BLOCK];
+    let mut wide = [0f32; BLOCK];
+    for (i, o) in src.chunks(BLOCK * 2).zip(dst.chunks_mut(BLOCK * size)) {
+        let n = i.len() / 2;
+        for (h, b) in narrow.iter_mut().zip(i.chunks_exact(2)) {
+            *h = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+        }
+        narrow[..n].convert_to_f32_slice(&mut wide[..n]);
+        for (b, &w) in o.chunks_exact_mut(size).zip(&wide[..n]) {
+            write(w, b);
+        }
     }
 }
 
