@@ -60,22 +60,6 @@ pub fn count<N: std::fmt::Display + PartialEq + From<u8>>(
     }
 }
 
-/// `a, b, c and 4 more`: the first `shown` items, then how many are left out.
-pub fn listed<S: AsRef<str>>(items: &[S], shown: usize) -> String {
-    let head: Vec<&str> = items.iter().take(shown).map(AsRef::as_ref).collect();
-    let rest = items.len().saturating_sub(shown);
-    match (head.len(), rest) {
-        (0, _) => String::new(),
-        (_, 0) if head.len() == 1 => head[0].to_owned(),
-        (_, 0) => format!(
-            "{} and {}",
-            head[..head.len() - 1].join(", "),
-            head[head.len() - 1]
-        ),
-        (_, rest) => format!("{} and {rest} more", head.join(", ")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -254,9 +254,10 @@ impl SavePlan {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        // The same "`a`, `b` … and N more" as every warning.
         let names = |list: &[(String, String)]| {
-            let n: Vec<String> = list.iter().map(|(t, _)| format!("`{t}`")).collect();
-            crate::text::listed(&n, 3)
+            let n: Vec<&str> = list.iter().map(|(t, _)| t.as_str()).collect();
+            crate::model::warning::name_list(&n)
         };
         if !self.kept_fp32.is_empty() {
             lines.push(format!(

@@ -93,16 +93,16 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         lines.push(if hidden_over > 0 {
             Line::from(Span::styled(
                 format!(
-                    "… {hidden} more {}, {hidden_over} of them OVER",
-                    plural_devices(hidden)
+                    "… {}, {hidden_over} of them OVER",
+                    crate::text::count(hidden, "more device", "more devices")
                 ),
                 theme.bad(),
             ))
         } else {
             Line::from(Span::styled(
                 format!(
-                    "… {hidden} more {}, all within budget",
-                    plural_devices(hidden)
+                    "… {}, all within budget",
+                    crate::text::count(hidden, "more device", "more devices")
                 ),
                 theme.dim(),
             ))
@@ -386,8 +386,4 @@ fn verify_line(save: &crate::tui::app::SaveProgress, bar_w: usize, theme: Theme)
             theme.bad(),
         )),
     }
-}
-
-fn plural_devices(n: usize) -> &'static str {
-    if n == 1 { "device" } else { "devices" }
 }
