@@ -126,10 +126,12 @@ pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<Warning> {
 
 /// Whether some name in `sorted` is `key` or starts with `key.`.
 fn covers_a_name(sorted: &[&str], key: &str) -> bool {
-    if sorted.binary_search(&key).is_ok() {
-        return true;
-    }
-    // Names that start with `key.` sort together, from the first one at or after it.
+    sorted.binary_search(&key).is_ok() || has_a_name_below(sorted, key)
+}
+
+/// Whether some name in `sorted` starts with `key.` (a module below `key`). Such names
+/// sort together, from the first one at or after `key.`: one binary search.
+fn has_a_name_below(sorted: &[&str], key: &str) -> bool {
     let dotted = format!("{key}.");
     let at = sorted.partition_point(|n| *n < dotted.as_str());
     sorted.get(at).is_some_and(|n| n.starts_with(&dotted))
@@ -231,9 +233,7 @@ pub fn keys_without_data(ckpt: &Checkpoint) -> Vec<&str> {
         if key.is_empty() {
             keys.len() > 1
         } else {
-            let dotted = format!("{key}.");
-            let at = sorted.partition_point(|k| *k < dotted.as_str());
-            sorted.get(at).is_some_and(|k| k.starts_with(&dotted))
+            has_a_name_below(&sorted, key)
         }
     };
     let arch = crate::model::arch::lookup(&ckpt.config.architectures);
