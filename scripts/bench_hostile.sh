@@ -11,66 +11,39 @@ cargo build --release --quiet
 DEVMAP=target/release/devmap
 mkdir -p "$WORK"
 
+# A million one-byte tensors in one of three tree shapes: layered
+# (`model.layers.N.block.wK`), one module with a million children (`t.N.w`), and
+# MoE-like (layers × experts × three weights).
+million_model() { # DIR SHAPE
+    [ -f "$1/model.safetensors" ] && return
+    mkdir -p "$1"
+    python3 - "$1/model.safetensors" "$2" <<'PY'
+import json, struct, sys
+n = 1_000_000
+shapes = {
+    "layered": (f"model.layers.{i // 100}.block.w{i % 100}" for i in range(n)),
+    "wide": (f"t.{i}.w" for i in range(n)),
+    "moe": (f"l.{layer}.e.{expert}.{w}" for layer in range(61)
+            for expert in range(5464) for w in ("g", "u", "d")),
+}
+header = {"__metadata__": {"format": "pt"}}
+for i, name in zip(range(n), shapes[sys.argv[2]]):
+    header[name] = {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]}
+count = len(header) - 1
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(text)))
+    f.write(text)
+    f.write(bytes(count))
+PY
+}
 MILLION="$WORK/million"
-if [ ! -f "$MILLION/model.safetensors" ]; then
-    mkdir -p "$MILLION"
-    python3 - "$MILLION/model.safetensors" <<'PY'
-import json, struct, sys
-n = 1_000_000
-header = {"__metadata__": {"format": "pt"}}
-for i in range(n):
-    header[f"model.layers.{i // 100}.block.w{i % 100}"] = {
-        "dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]}
-text = json.dumps(header, separators=(",", ":")).encode()
-text += b" " * ((8 - len(text) % 8) % 8)
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<Q", len(text)))
-    f.write(text)
-    f.write(bytes(n))
-PY
-fi
-# The same million, other tree shapes: one module with a million children (`t.N.w`)
-# and an MoE-like one (layers × experts × three weights).
 WIDE="$WORK/million-wide"
-if [ ! -f "$WIDE/model.safetensors" ]; then
-    mkdir -p "$WIDE"
-    python3 - "$WIDE/model.safetensors" wide <<'PY'
-import json, struct, sys
-n = 1_000_000
-header = {"__metadata__": {"format": "pt"}}
-for i in range(n):
-    header[f"t.{i}.w"] = {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]}
-text = json.dumps(header, separators=(",", ":")).encode()
-text += b" " * ((8 - len(text) % 8) % 8)
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<Q", len(text)))
-    f.write(text)
-    f.write(bytes(n))
-PY
-fi
 MOE="$WORK/million-moe"
-if [ ! -f "$MOE/model.safetensors" ]; then
-    mkdir -p "$MOE"
-    python3 - "$MOE/model.safetensors" <<'PY'
-import json, struct, sys
-header = {"__metadata__": {"format": "pt"}}
-i = 0
-for layer in range(61):
-    for expert in range(5464):
-        for w in ("g", "u", "d"):
-            if i == 1_000_000:
-                break
-            header[f"l.{layer}.e.{expert}.{w}"] = {
-                "dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]}
-            i += 1
-text = json.dumps(header, separators=(",", ":")).encode()
-text += b" " * ((8 - len(text) % 8) % 8)
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<Q", len(text)))
-    f.write(text)
-    f.write(bytes(i))
-PY
-fi
+million_model "$MILLION" layered
+million_model "$WIDE" wide
+million_model "$MOE" moe
 LONG="$WORK/long-name"
 if [ ! -f "$LONG/model.safetensors" ]; then
     mkdir -p "$LONG"
