@@ -330,14 +330,20 @@ fn an_output_folder_is_refused_exactly_when_it_cannot_be_written() {
         );
         assert_eq!(read_saved(&out), m.expected);
     } else {
-        assert!(!o.status.success());
-        assert!(
-            stderr(&o).contains("cannot create files in"),
-            "{}",
-            stderr(&o)
-        );
-        assert!(names_in(&out).is_empty());
+        refused_as_unwritable(&o, &out);
     }
+}
+
+/// The save failed before writing anything into `out`, saying it cannot create files
+/// there.
+fn refused_as_unwritable(o: &std::process::Output, out: &std::path::Path) {
+    assert!(!o.status.success(), "{}", stderr(o));
+    assert!(
+        stderr(o).contains("cannot create files in"),
+        "{}",
+        stderr(o)
+    );
+    assert!(names_in(out).is_empty());
 }
 
 /// A 0755 folder owned by root, saved into by another user: refused before writing
@@ -374,13 +380,7 @@ fn a_folder_owned_by_another_user_is_refused_before_writing() {
         ])
         .output()
         .expect("runuser");
-    assert!(!o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("cannot create files in"),
-        "{}",
-        stderr(&o)
-    );
-    assert!(names_in(&out).is_empty());
+    refused_as_unwritable(&o, &out);
 }
 
 #[test]
