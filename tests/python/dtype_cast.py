@@ -27,6 +27,7 @@ import tempfile
 import numpy as np
 import torch
 from safetensors import safe_open
+from saved import tensors
 from safetensors.numpy import save_file
 
 BITS_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
@@ -171,15 +172,6 @@ def check_auto(devmap, work):
         raise SystemExit(f"devmap_export wrote {written}")
     subprocess.run([devmap, "save", src, "--offload-folder", offload, "--out", ours, "--quiet"],
                    check=True)
-
-    def tensors(folder):
-        out = {}
-        for file in sorted(os.listdir(folder)):
-            if file.endswith(".safetensors"):
-                with safe_open(os.path.join(folder, file), "pt") as f:
-                    for key in f.keys():
-                        out[key] = f.get_tensor(key)
-        return out
 
     a, b = tensors(theirs), tensors(ours)
     if sorted(a) != sorted(b):

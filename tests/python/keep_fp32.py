@@ -16,7 +16,7 @@ import tempfile
 
 import torch
 import transformers
-from safetensors import safe_open
+from saved import tensors
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 SMALL = dict(
@@ -52,16 +52,6 @@ def tiny_config(model_type):
         if hasattr(config, key):
             setattr(config, key, value)
     return config
-
-
-def tensors(folder):
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".safetensors"):
-            with safe_open(os.path.join(folder, f), "pt") as st:
-                for k in st.keys():
-                    out[k] = st.get_tensor(k)
-    return out
 
 
 def check(devmap, work, model_type, auto_class, dtype, device_map):

@@ -21,6 +21,7 @@ import tempfile
 import torch
 from peft import LoHaConfig, LoraConfig, PeftModel, get_peft_model
 from safetensors import safe_open
+from saved import tensors
 from transformers import (
     AutoModelForCausalLM,
     GPT2Config,
@@ -98,16 +99,6 @@ def peft_route(base_dir, dtype, adapters, out):
     model.save_pretrained(out)
     with torch.no_grad():
         return model(INPUT).logits.float()
-
-
-def tensors(folder):
-    files = [f for f in os.listdir(folder) if f.endswith(".safetensors")]
-    out = {}
-    for f in files:
-        with safe_open(os.path.join(folder, f), "pt") as st:
-            for k in st.keys():
-                out[k] = st.get_tensor(k)
-    return out
 
 
 MANTISSA = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
