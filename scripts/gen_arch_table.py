@@ -316,8 +316,8 @@ def too_slow(signum, frame):
     raise TooSlow("took over 60 s on the meta device")
 
 
-def main(out):
-    signal.signal(signal.SIGALRM, too_slow)
+def wanted_classes():
+    """(class name, model type) for every architecture the table describes, by name."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     # Several model types can share a class (a legacy type loaded as Llama): describe it
@@ -333,9 +333,14 @@ def main(out):
             for name in names if isinstance(names, (list, tuple)) else [names]:
                 if name not in classes or (own(model_type, name) and not own(classes[name], name)):
                     classes[name] = model_type
+    return sorted(classes.items())
+
+
+def main(out):
+    signal.signal(signal.SIGALRM, too_slow)
     blocks = {}
     failed = []
-    for name, model_type in sorted(classes.items()):
+    for name, model_type in wanted_classes():
         cls = getattr(transformers, name, None)
         if cls is None:
             failed.append((name, "not importable"))

@@ -23,13 +23,27 @@ pub struct FixtureTensor {
 }
 
 impl FixtureTensor {
-    /// A tensor filled with a deterministic pattern derived from `seed`.
+    /// A tensor filled with a deterministic pattern derived from `seed`. Floating-point
+    /// elements are finite, as a real model's are (their top exponent bit is clear, so
+    /// every value lies within ±2): verify reports NaN and infinities.
     pub fn patterned(name: &str, dtype: DType, shape: &[u64], seed: u64) -> FixtureTensor {
         let len = byte_len(dtype, shape).unwrap_or(0) as usize;
         let mut data = pattern_bytes(seed, len);
         if dtype == DType::Bool {
             for b in &mut data {
                 *b &= 1;
+            }
+        }
+        // The byte holding the exponent's top bit (bit 6 of the last byte, little-endian).
+        let top = match dtype {
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::F8E4M3 | DType::F8E5M2 => {
+                Some(dtype.size() as usize)
+            }
+            _ => None,
+        };
+        if let Some(size) = top {
+            for element in data.chunks_exact_mut(size) {
+                element[size - 1] &= !0x40;
             }
         }
         FixtureTensor {

@@ -1321,7 +1321,7 @@ fn run_verify(app: &mut App, effect: Effect) {
     };
     let progress = devmap::verify::Progress::default();
     let expected = devmap::verify::Expected::from_plan(&ckpt, plan);
-    let result = devmap::verify::verify(&out, Some(&expected), &progress);
+    let result = devmap::verify::verify(&out, Some(&expected), false, &progress);
     app.handle(Action::VerifyProgress {
         read: progress.read.load(std::sync::atomic::Ordering::Relaxed) / 2,
         total: progress.total.load(std::sync::atomic::Ordering::Relaxed),

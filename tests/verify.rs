@@ -83,15 +83,27 @@ fn differences(report: &serde_json::Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `kind` about `subject` is found, and no other difference of the same check (a
+/// missing shard is also MISSING tensors to the check against the architecture).
 fn assert_only(report: &serde_json::Value, kind: &str, subject: &str) {
     let found = differences(report);
     assert!(
         found.iter().any(|(k, s)| k == kind && s == subject),
         "expected a `{kind}` difference about `{subject}`, got {found:?}"
     );
+    let check_of = |k: &str| {
+        report["findings"]
+            .as_array()
+            .and_then(|a| a.iter().find(|f| f["kind"] == k))
+            .map(|f| f["check"].clone())
+    };
+    let same_check: Vec<_> = found
+        .iter()
+        .filter(|(k, _)| check_of(k) == check_of(kind))
+        .collect();
     assert!(
-        found.iter().all(|(k, _)| k == kind),
-        "only `{kind}` differences expected, got {found:?}"
+        same_check.iter().all(|(k, _)| k == kind),
+        "only `{kind}` differences expected of its check, got {found:?}"
     );
 }
 
@@ -258,7 +270,25 @@ fn a_dropped_untied_head_is_named() {
     edit_config(&case.out, "tie_word_embeddings", false.into());
     let (code, report) = verify(&case.out, &[]);
     assert_eq!(code, 1);
+    // transformers' class says so: MISSING, as its load report would.
+    assert_only(&report, "missing", "lm_head.weight");
+    // An architecture devmap's table lacks: the name-based check still says it.
+    edit_config(
+        &case.out,
+        "architectures",
+        serde_json::json!(["ToyForCausalLM"]),
+    );
+    let (code, report) = verify(&case.out, &[]);
+    assert_eq!(code, 1);
     assert_only(&report, "tie-dropped", "lm_head.weight");
+    assert!(
+        report["findings"]
+            .as_array()
+            .expect("findings")
+            .iter()
+            .any(|f| f["kind"] == "not-checked" && f["severity"] == "note"),
+        "{report}"
+    );
 }
 
 #[test]
@@ -496,8 +526,104 @@ fn the_text_report_names_each_difference_and_sums_up() {
     assert_eq!(o.status.code(), Some(1));
     let text = stdout(&o);
     assert!(
-        text.contains("difference: lm_head.weight: is missing"),
+        text.contains("difference: lm_head.weight: MISSING: LlamaForCausalLM has it (shape [128, 32] by config.json)"),
         "{text}"
     );
     assert!(text.contains("1 difference,"), "{text}");
+    // Each check's verdict on its own: which proof failed.
+    assert!(
+        text.contains("files: 0 problems; as transformers expects (LlamaForCausalLM): 1 problem"),
+        "{text}"
+    );
+}
+
+/// The kinds of the differences `check` found.
+fn kinds_of(report: &serde_json::Value, check: &str) -> Vec<String> {
+    report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["severity"] == "difference" && f["check"] == check)
+        .map(|f| f["kind"].as_str().expect("kind").to_owned())
+        .collect()
+}
+
+#[test]
+fn a_config_that_disagrees_with_the_weights_is_mismatched_missing_or_unexpected() {
+    let case = llama(DType::BF16);
+    save(&case, &[]);
+    let (code, report) = verify(&case.out, &[]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["architecture"], "LlamaForCausalLM");
+    assert_eq!(report["checks"]["expects"], 0);
+
+    // A vocabulary resized in the config only: the embedding no longer fits it.
+    edit_config(&case.out, "vocab_size", 256.into());
+    let (code, report) = verify(&case.out, &[]);
+    assert_eq!(code, 1);
+    assert_only(&report, "mismatched", "model.embed_tokens.weight");
+
+    // One layer more than the weights hold: its tensors are MISSING.
+    edit_config(&case.out, "vocab_size", 128.into());
+    edit_config(&case.out, "num_hidden_layers", 4.into());
+    let (code, report) = verify(&case.out, &[]);
+    assert_eq!(code, 1);
+    assert_only(&report, "missing", "model.layers.3.mlp.up_proj.weight");
+    assert_eq!(kinds_of(&report, "expects").len(), 9, "{report}");
+
+    // One fewer: the last layer's are UNEXPECTED.
+    edit_config(&case.out, "num_hidden_layers", 2.into());
+    let (code, report) = verify(&case.out, &[]);
+    assert_eq!(code, 1);
+    assert_only(&report, "unexpected", "model.layers.2.mlp.up_proj.weight");
+}
+
+#[test]
+fn a_transposed_weight_is_mismatched_and_nan_is_a_difference_unless_allowed() {
+    let case = llama(DType::F32);
+    save(&case, &[]);
+    // Rewrite VICTIM's header entry as [hidden, intermediate]: same bytes, wrong shape.
+    let (path, t) = header_entry(&case.out, VICTIM);
+    let header = read_header(&path).expect("header");
+    // A NaN in another tensor of the same shard.
+    let nan_in = header
+        .tensors
+        .iter()
+        .find(|h| h.name != t.name && h.dtype == DType::F32 && h.len >= 4)
+        .map(|h| h.name.clone())
+        .expect("another float32 tensor in the shard");
+    let tensors: Vec<FixtureTensor> = {
+        let bytes = std::fs::read(&path).expect("shard");
+        header
+            .tensors
+            .iter()
+            .map(|h| {
+                let mut shape = h.shape.to_vec();
+                if h.name == t.name {
+                    shape.reverse();
+                }
+                let mut data = bytes[h.offset as usize..(h.offset + h.len) as usize].to_vec();
+                if h.name == nan_in {
+                    data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+                }
+                FixtureTensor {
+                    name: h.name.clone(),
+                    dtype: h.dtype,
+                    shape,
+                    data,
+                }
+            })
+            .collect()
+    };
+    let refs: Vec<&FixtureTensor> = tensors.iter().collect();
+    devmap::fixtures::write_safetensors(&path, &refs).expect("rewrite");
+    let (code, report) = verify(&case.out, &[]);
+    assert_eq!(code, 1);
+    let expects = kinds_of(&report, "expects");
+    assert!(expects.contains(&"mismatched".to_owned()), "{report}");
+    assert!(expects.contains(&"non-finite".to_owned()), "{report}");
+    // --allow-nonfinite makes the NaN a note; the transposed weight stays wrong.
+    let (code, report) = verify(&case.out, &["--allow-nonfinite"]);
+    assert_eq!(code, 1);
+    assert_eq!(kinds_of(&report, "expects"), vec!["mismatched".to_owned()]);
 }

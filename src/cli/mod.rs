@@ -390,7 +390,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
             if a.weights_only {
                 expected = expected.weights_only();
             }
-            verify::after_save(&report.out, &expected, a.quiet)
+            verify::after_save(&report.out, &expected, model.allow_nonfinite, a.quiet)
         }
         None => Ok(ExitCode::SUCCESS),
     }

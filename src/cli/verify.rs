@@ -46,7 +46,7 @@ pub fn run(a: &VerifyArgs, model: &ModelArgs) -> ExitCode {
             }
             _ => None,
         };
-        let report = check(&folder, expected.as_ref(), a.quiet)?;
+        let report = check(&folder, expected.as_ref(), model.allow_nonfinite, a.quiet)?;
         if a.json {
             out(report.to_json())?;
         } else {
@@ -69,8 +69,13 @@ pub fn run(a: &VerifyArgs, model: &ModelArgs) -> ExitCode {
 
 /// `devmap save --verify`: the content check of what was just written, reported on
 /// stderr like the rest of the save's messages.
-pub fn after_save(out: &Path, expected: &Expected, quiet: bool) -> Result<ExitCode> {
-    let report = check(out, Some(expected), quiet)?;
+pub fn after_save(
+    out: &Path,
+    expected: &Expected,
+    allow_nonfinite: bool,
+    quiet: bool,
+) -> Result<ExitCode> {
+    let report = check(out, Some(expected), allow_nonfinite, quiet)?;
     if !quiet || report.differences() > 0 {
         for line in report.to_text().lines() {
             err_line(format!("verify: {line}"))?;
@@ -92,6 +97,7 @@ fn status(report: &devmap::verify::VerifyReport) -> ExitCode {
 fn check(
     out: &Path,
     expected: Option<&Expected>,
+    allow_nonfinite: bool,
     quiet: bool,
 ) -> Result<devmap::verify::VerifyReport> {
     let progress = Progress::default();
@@ -99,7 +105,7 @@ fn check(
     let terminated = devmap::sys::catch_termination();
     let started = Instant::now();
     let mut drawn = false;
-    let result = verify_with_ticks(out, expected, &progress, &mut |progress| {
+    let result = verify_with_ticks(out, expected, allow_nonfinite, &progress, &mut |progress| {
         if terminated.load(Ordering::SeqCst) {
             progress.cancel.store(true, Ordering::SeqCst);
         }

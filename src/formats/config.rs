@@ -16,6 +16,8 @@ pub struct ModelConfig {
     /// Keys devmap reads whose value has the wrong type: (key, what it is, what it
     /// should be). Ignored, and reported.
     pub mistyped: Vec<(String, String, &'static str)>,
+    /// The whole file, for what reads other keys (verify's expected shapes).
+    pub raw: Value,
 }
 
 impl ModelConfig {
@@ -112,6 +114,7 @@ pub fn read_config(path: &Path) -> Result<ModelConfig, FormatError> {
         architectures,
         torch_dtype,
         mistyped,
+        raw: Value::Object(root),
     })
 }
 

@@ -12,6 +12,8 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+use super::table::{Blocks, Parsed, index};
+
 /// The generated table (see the script for its format).
 const TABLE: &str = include_str!("arch_table.txt");
 
@@ -79,43 +81,9 @@ pub struct Tie {
     pub needs_tied_word_embeddings: bool,
 }
 
-/// The table's index: which block each architecture is in. Blocks are parsed when first
-/// looked up (a process needs one or two of the 300), and kept for the process.
-struct Table {
-    /// Each block's text (its lines after the `= …` line).
-    blocks: Vec<&'static str>,
-    by_name: HashMap<&'static str, usize>,
-    /// The transformers version the table came from (its first line).
-    source: &'static str,
-}
-
-fn table() -> &'static Table {
-    static INDEX: OnceLock<Table> = OnceLock::new();
+fn table() -> &'static Blocks {
+    static INDEX: OnceLock<Blocks> = OnceLock::new();
     INDEX.get_or_init(|| index(TABLE))
-}
-
-fn index(text: &'static str) -> Table {
-    let source = text
-        .lines()
-        .next()
-        .and_then(|l| l.strip_prefix("# "))
-        .and_then(|l| l.split(':').next())
-        .unwrap_or("transformers");
-    let mut blocks = Vec::new();
-    let mut by_name = HashMap::new();
-    // Split at every line that opens a block; the first piece is the header.
-    for piece in text.split("\n= ").skip(1) {
-        let (names, body) = piece.split_once('\n').unwrap_or((piece, ""));
-        for name in names.split(' ') {
-            by_name.insert(name, blocks.len());
-        }
-        blocks.push(body);
-    }
-    Table {
-        blocks,
-        by_name,
-        source,
-    }
 }
 
 /// Parses one block (see the script for the format).
@@ -249,22 +217,10 @@ fn matches_at(pattern: &[u8], text: &[u8]) -> bool {
 
 /// The facts for the first of `architectures` (config.json's list) that the table has.
 pub fn lookup(architectures: &[String]) -> Option<&'static Arch> {
-    static PARSED: std::sync::Mutex<Vec<(usize, &'static Arch)>> =
-        std::sync::Mutex::new(Vec::new());
+    static PARSED: Parsed<Arch> = Parsed::new();
     let t = table();
-    let block = architectures
-        .iter()
-        .find_map(|a| t.by_name.get(a.as_str()).copied())?;
-    let mut parsed = PARSED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(&(_, arch)) = parsed.iter().find(|(b, _)| *b == block) {
-        return Some(arch);
-    }
-    // Kept for the process: a handful of blocks at most, each parsed once.
-    let arch: &'static Arch = Box::leak(Box::new(parse_block(t.blocks[block])));
-    parsed.push((block, arch));
-    Some(arch)
+    let block = t.find(architectures)?;
+    Some(PARSED.get(block, || parse_block(t.bodies[block])))
 }
 
 /// How the loaded model names a checkpoint tensor, when transformers 5 renames or fuses
@@ -459,7 +415,7 @@ mod tests {
         let t = index(
             "# transformers 9.9: test\n= AForX BForX\nmodel\n embed\n  weight\n layers\n  * !\n   proj\n    weight\n   experts ~\n    fused\nhead\n weight\ntie head.weight model.embed.weight ?\n= CForX\nhead\n",
         );
-        let a = parse_block(t.blocks[t.by_name["BForX"]]);
+        let a = parse_block(t.bodies[t.by_name["BForX"]]);
         assert_eq!(t.source, "transformers 9.9");
         assert!(a.position("model.embed.weight") < a.position("model.layers.3.proj"));
         assert!(a.position("model.layers.12.proj.weight") < a.position("head"));
@@ -476,7 +432,7 @@ mod tests {
                 needs_tied_word_embeddings: true
             }]
         );
-        let c = parse_block(t.blocks[t.by_name["CForX"]]);
+        let c = parse_block(t.bodies[t.by_name["CForX"]]);
         assert_eq!(c.position("head"), Some(1), "after the root");
     }
 
@@ -524,7 +480,7 @@ mod tests {
         let t = index(
             "# transformers 9.9: test\n= V\nmodel\n language_model\n  layers\n   * !\n    mlp\n     w\nlm_head\n weight\nrename language_model.model model.language_model\nrename language_model.lm_head lm_head\nrename model.layers.*.moe model.layers.*.mlp\n",
         );
-        let a = parse_block(t.blocks[0]);
+        let a = parse_block(t.bodies[0]);
         assert_eq!(
             a.runtime_name("language_model.model.layers.3.mlp.w")
                 .as_deref(),
@@ -568,7 +524,7 @@ mod tests {
         let t = index(
             "# transformers 9.9: test\n= T\nblock\n * !\n  layer\n   0\n    attn\n    norm\n   1\n    mlp\n    norm\n",
         );
-        let a = parse_block(t.blocks[0]);
+        let a = parse_block(t.bodies[0]);
         let at = |n: &str| a.position(n).unwrap_or(u32::MAX);
         assert!(at("block.3.layer.0.attn") < at("block.3.layer.0.norm"));
         assert!(at("block.3.layer.0.norm") < at("block.3.layer.1.mlp"));

@@ -345,6 +345,12 @@ impl Checkpoint {
         self.merges.get(&holder).map_or(&[], Vec::as_slice)
     }
 
+    /// Whether some merge was allowed to carry NaN or infinite values
+    /// (`--allow-nonfinite`): a check of the output then notes them rather than fails.
+    pub fn merges_allow_nonfinite(&self) -> bool {
+        self.merges.values().flatten().any(|s| s.allow_nonfinite)
+    }
+
     /// Whether an adapter (`--merge-lora`) replaces the tensor's value outright (peft's
     /// `modules_to_save`, a trained embedding), rather than merging into it.
     pub fn replaced_by_adapter(&self, id: TensorId) -> bool {

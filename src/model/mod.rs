@@ -4,10 +4,12 @@
 pub mod arch;
 pub mod checkpoint;
 pub mod checks;
+pub mod expect;
 pub mod load;
 pub mod lora;
 pub mod merge;
 pub mod names;
+mod table;
 pub use crate::types::shape;
 pub mod tree;
 pub mod warning;

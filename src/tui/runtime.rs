@@ -466,9 +466,12 @@ fn spawn_verify(
         .name("devmap-verify".into())
         .spawn(move || {
             let expected = crate::verify::Expected::from_plan(&ckpt, plan);
+            // A NaN the merges were allowed to carry is no surprise in the output.
+            let allow_nonfinite = ckpt.merges_allow_nonfinite();
             let result = crate::verify::verify_with_ticks(
                 &out,
                 Some(&expected),
+                allow_nonfinite,
                 &progress,
                 &mut |progress| {
                     let read = progress.read.load(Ordering::Relaxed);

@@ -1,13 +1,112 @@
-//! One tensor's bytes, summed up while they stream past: a 128-bit XXH3 hash, and
-//! whether every element is the same (and zero).
+//! One tensor's bytes, summed up while they stream past: a 128-bit XXH3 hash, whether
+//! every element is the same (and zero), and how many elements are NaN or infinite.
 
 use xxhash_rust::xxh3::Xxh3;
+
+use crate::types::dtype::DType;
 
 /// What a tensor's bytes amount to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Digest {
     pub hash: u128,
     pub uniform: Uniform,
+    pub nonfinite: NonFinite,
+}
+
+/// NaN and infinite elements of a floating-point tensor (zero for other dtypes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NonFinite {
+    pub nan: u64,
+    pub inf: u64,
+}
+
+/// How to tell a non-finite element by its little-endian bits: the exponent mask
+/// (all ones: not finite) and the mantissa mask (zero: infinite, else NaN).
+#[derive(Debug, Clone, Copy)]
+enum Float {
+    None,
+    /// One byte: float8 e4m3 (NaN is S.1111.111, no infinity) or e5m2.
+    E4M3,
+    E5M2,
+    Bits16 {
+        exponent: u16,
+        mantissa: u16,
+    },
+    Bits32,
+    Bits64,
+}
+
+impl Float {
+    fn of(dtype: DType) -> Float {
+        match dtype {
+            DType::F16 => Float::Bits16 {
+                exponent: 0x7c00,
+                mantissa: 0x03ff,
+            },
+            DType::BF16 => Float::Bits16 {
+                exponent: 0x7f80,
+                mantissa: 0x007f,
+            },
+            DType::F32 => Float::Bits32,
+            DType::F64 => Float::Bits64,
+            DType::F8E4M3 => Float::E4M3,
+            DType::F8E5M2 => Float::E5M2,
+            _ => Float::None,
+        }
+    }
+
+    /// Adds `chunk`'s (whole elements') NaNs and infinities to `count`. Written as
+    /// plain loops over fixed-size elements so the compiler vectorises them: this runs
+    /// on every byte verify reads.
+    fn count(self, chunk: &[u8], count: &mut NonFinite) {
+        fn tally<const N: usize>(
+            chunk: &[u8],
+            count: &mut NonFinite,
+            class: impl Fn([u8; N]) -> (bool, bool),
+        ) {
+            let (mut nan, mut inf) = (0u64, 0u64);
+            for e in chunk.chunks_exact(N) {
+                let mut bytes = [0u8; N];
+                bytes.copy_from_slice(e);
+                let (is_nan, is_inf) = class(bytes);
+                nan += u64::from(is_nan);
+                inf += u64::from(is_inf);
+            }
+            count.nan += nan;
+            count.inf += inf;
+        }
+        match self {
+            Float::None => {}
+            Float::E4M3 => tally::<1>(chunk, count, |[b]| (b & 0x7f == 0x7f, false)),
+            Float::E5M2 => tally::<1>(chunk, count, |[b]| {
+                let special = b & 0x7c == 0x7c;
+                (special && b & 0x03 != 0, special && b.trailing_zeros() >= 2)
+            }),
+            Float::Bits16 { exponent, mantissa } => tally::<2>(chunk, count, |b| {
+                let bits = u16::from_le_bytes(b);
+                let special = bits & exponent == exponent;
+                (
+                    special && bits & mantissa != 0,
+                    special && bits & mantissa == 0,
+                )
+            }),
+            Float::Bits32 => tally::<4>(chunk, count, |b| {
+                let bits = u32::from_le_bytes(b);
+                let special = bits & 0x7f80_0000 == 0x7f80_0000;
+                (
+                    special && bits & 0x007f_ffff != 0,
+                    special && bits.trailing_zeros() >= 23,
+                )
+            }),
+            Float::Bits64 => tally::<8>(chunk, count, |b| {
+                let bits = u64::from_le_bytes(b);
+                let exp = 0x7ff0_0000_0000_0000;
+                let man = 0x000f_ffff_ffff_ffff;
+                let special = bits & exp == exp;
+                (special && bits & man != 0, special && bits & man == 0)
+            }),
+        }
+    }
 }
 
 /// Whether all elements are equal.
@@ -28,22 +127,28 @@ pub struct Digester {
     first: Vec<u8>,
     seen: u64,
     same: bool,
+    float: Float,
+    nonfinite: NonFinite,
 }
 
 impl Digester {
-    /// For elements of `element` bytes.
-    pub fn new(element: usize) -> Digester {
+    /// For elements of `dtype`.
+    pub fn new(dtype: DType) -> Digester {
         Digester {
             hash: Xxh3::new(),
-            element: element.max(1),
+            element: (dtype.size() as usize).max(1),
             first: Vec::new(),
             seen: 0,
             same: true,
+            float: Float::of(dtype),
+            nonfinite: NonFinite::default(),
         }
     }
 
     pub fn update(&mut self, chunk: &[u8]) {
         self.hash.update(chunk);
+        // Chunks are whole elements (the copier cuts at element boundaries).
+        self.float.count(chunk, &mut self.nonfinite);
         if self.same {
             self.same = self.still_same(chunk);
         }
@@ -80,6 +185,7 @@ impl Digester {
         Digest {
             hash: self.hash.digest128(),
             uniform,
+            nonfinite: self.nonfinite,
         }
     }
 }
@@ -89,7 +195,16 @@ mod tests {
     use super::*;
 
     fn digest(element: usize, chunks: &[&[u8]]) -> Digest {
-        let mut d = Digester::new(element);
+        let dtype = match element {
+            2 => DType::BF16,
+            4 => DType::F32,
+            _ => DType::U8,
+        };
+        digest_as(dtype, chunks)
+    }
+
+    fn digest_as(dtype: DType, chunks: &[&[u8]]) -> Digest {
+        let mut d = Digester::new(dtype);
         for c in chunks {
             d.update(c);
         }
@@ -121,5 +236,59 @@ mod tests {
         let mut flipped = bytes.clone();
         flipped[9_999] ^= 1;
         assert_ne!(digest(2, &[&flipped]).hash, whole);
+    }
+
+    #[test]
+    fn nans_and_infinities_are_counted_per_dtype() {
+        let f32s: Vec<u8> = [
+            1.0f32,
+            f32::NAN,
+            f32::INFINITY,
+            -f32::INFINITY,
+            -0.0,
+            f32::MAX,
+        ]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+        let (a, b) = f32s.split_at(8);
+        assert_eq!(
+            digest_as(DType::F32, &[a, b]).nonfinite,
+            NonFinite { nan: 1, inf: 2 }
+        );
+        let f64s: Vec<u8> = [f64::NAN, 2.0, f64::NEG_INFINITY]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(
+            digest_as(DType::F64, &[&f64s]).nonfinite,
+            NonFinite { nan: 1, inf: 1 }
+        );
+        // bfloat16: 0x7fc0 NaN, 0xff80 -inf, 0x7f7f the largest finite.
+        let bf16 = [0xc0, 0x7f, 0x80, 0xff, 0x7f, 0x7f];
+        assert_eq!(
+            digest_as(DType::BF16, &[&bf16]).nonfinite,
+            NonFinite { nan: 1, inf: 1 }
+        );
+        // float16: 0x7c00 inf, 0x7e00 NaN, 0x7bff the largest finite.
+        let f16 = [0x00, 0x7c, 0x00, 0x7e, 0xff, 0x7b];
+        assert_eq!(
+            digest_as(DType::F16, &[&f16]).nonfinite,
+            NonFinite { nan: 1, inf: 1 }
+        );
+        // e4m3: 0x7f and 0xff NaN, 0x7e (448) finite; e5m2: 0x7c inf, 0x7d NaN.
+        assert_eq!(
+            digest_as(DType::F8E4M3, &[&[0x7f, 0xff, 0x7e]]).nonfinite,
+            NonFinite { nan: 2, inf: 0 }
+        );
+        assert_eq!(
+            digest_as(DType::F8E5M2, &[&[0x7c, 0x7d, 0x7b]]).nonfinite,
+            NonFinite { nan: 1, inf: 1 }
+        );
+        // Integers have no NaN.
+        assert_eq!(
+            digest_as(DType::I32, &[&[0xff; 8]]).nonfinite,
+            NonFinite::default()
+        );
     }
 }

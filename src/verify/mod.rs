@@ -1,15 +1,21 @@
-//! `devmap verify`: proves a saved checkpoint folder complete and correct before
-//! anyone deletes the original.
+//! `devmap verify`: checks a saved checkpoint folder before anyone deletes the
+//! original, in three parts that prove different things:
 //!
-//! Alone it checks structure as transformers reads it (index, shards, headers, totals,
-//! config dtype, tied head) and reads every tensor once, hashing it (XXH3-128) and
-//! noting tensors that are empty or uniform. With an [`Expected`] model it also
-//! computes, through the saver's own plan and recipes, what a save of that model
-//! writes, and compares every tensor's name, dtype, shape and hash. Both sides stream
-//! through one fixed buffer each, on two threads: memory stays flat.
+//! - files: the folder reads as transformers reads it (index, shards, headers,
+//!   totals), and every tensor is read once, hashed (XXH3-128), its NaNs and
+//!   infinities counted, empty and uniform tensors noted;
+//! - as transformers expects ([`expects`]): the tensors, shapes and float32 modules
+//!   config.json's architecture holds, from a table generated from transformers
+//!   itself, so it does not share the saver's assumptions;
+//! - as saved, with an [`Expected`] model (`--against`): what a save of that model
+//!   writes, computed through the saver's own plan and recipes, compared tensor by
+//!   tensor (name, dtype, shape, hash) — a proof of the copy, not of its meaning.
+//!
+//! Both sides stream through one fixed buffer each, on two threads: memory stays flat.
 
 mod against;
 mod digest;
+mod expects;
 mod report;
 mod written;
 
@@ -18,7 +24,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use against::Expected;
-pub use report::{Finding, Kind, Severity, VerifyReport};
+pub use expects::Coverage;
+pub use report::{Check, Finding, Kind, Severity, VerifyReport};
 
 use crate::formats::FormatError;
 use crate::save::copy::{Copier, CopyError};
@@ -57,13 +64,14 @@ pub enum VerifyError {
 pub fn verify_with_ticks(
     out: &Path,
     expected: Option<&Expected>,
+    allow_nonfinite: bool,
     progress: &Progress,
     tick: &mut dyn FnMut(&Progress),
 ) -> Result<VerifyReport, VerifyError> {
     std::thread::scope(|scope| {
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         scope.spawn(move || {
-            let _ = done_tx.send(verify(out, expected, progress));
+            let _ = done_tx.send(verify(out, expected, allow_nonfinite, progress));
         });
         loop {
             match done_rx.recv_timeout(std::time::Duration::from_millis(100)) {
@@ -77,10 +85,12 @@ pub fn verify_with_ticks(
     })
 }
 
-/// Verifies the checkpoint in `out`, and compares it with `expected` when given.
+/// Verifies the checkpoint in `out`, and compares it with `expected` when given. A
+/// NaN or infinity is a difference unless `allow_nonfinite`.
 pub fn verify(
     out: &Path,
     expected: Option<&Expected>,
+    allow_nonfinite: bool,
     progress: &Progress,
 ) -> Result<VerifyReport, VerifyError> {
     let mut findings = Vec::new();
@@ -94,6 +104,7 @@ pub fn verify(
         // A head the save itself writes (--keep-tied) is no extra copy.
         findings.retain(|f| !(f.kind == Kind::TieExtra && expected.writes(&f.subject)));
     }
+    let coverage = expects::check(&written, &mut findings);
     let pairs = match expected {
         Some(e) => against::match_up(&written, e, &mut findings),
         None => Vec::new(),
@@ -159,6 +170,23 @@ pub fn verify(
             ));
             continue;
         }
+        if let Some(n) = digest.map(|d| d.nonfinite).filter(|n| n.nan + n.inf > 0) {
+            let message = format!(
+                "holds {} and {} of {} elements",
+                crate::text::count(n.nan as usize, "NaN", "NaNs"),
+                crate::text::count(n.inf as usize, "infinity", "infinities"),
+                t.numel()
+            );
+            findings.push(if allow_nonfinite {
+                Finding::note(Kind::NonFinite, &t.name, message)
+            } else {
+                Finding::difference(
+                    Kind::NonFinite,
+                    &t.name,
+                    format!("{message} (--allow-nonfinite if the model means it)"),
+                )
+            });
+        }
         match digest.map(|d| d.uniform) {
             Some(Uniform::Zero) => findings.push(Finding::note(
                 Kind::AllZero,
@@ -207,6 +235,7 @@ pub fn verify(
         tensors: written.tensors.len(),
         compared,
         bytes_read,
+        coverage,
         findings,
     })
 }
@@ -240,7 +269,7 @@ fn digest_written(
             digests.push(None);
             continue;
         };
-        let mut digester = Digester::new(t.dtype.size() as usize);
+        let mut digester = Digester::new(t.dtype);
         match read_into(
             &mut copier,
             (file, t.offset),
@@ -313,7 +342,7 @@ fn hash_expected(
             hashes.push(None);
             continue;
         };
-        let mut digester = Digester::new(p.dtype.size() as usize);
+        let mut digester = Digester::new(p.dtype);
         let read = match p.recipe {
             Recipe::Copy(_) => read_into(
                 &mut copier,

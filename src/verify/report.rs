@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 use crate::text::escaped;
 
+/// Findings of one kind the text report lists before it only counts them.
+pub const SHOWN_PER_KIND: usize = 20;
+
 /// Whether a finding makes the checkpoint wrong or is only worth a look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Severity {
@@ -67,6 +70,41 @@ pub enum Kind {
     Content,
     /// A file could not be read to the end.
     Unreadable,
+    /// NaN or infinite elements (a difference unless `--allow-nonfinite`).
+    NonFinite,
+    /// The architecture has a tensor the checkpoint lacks (transformers: MISSING).
+    Missing,
+    /// The checkpoint has a tensor the architecture lacks (transformers: UNEXPECTED).
+    Unexpected,
+    /// A tensor whose shape is not what config.json gives (transformers: MISMATCHED).
+    Mismatched,
+    /// A tensor in the other layout (fused experts, runtime names) than the rest.
+    MixedLayout,
+    /// A tensor transformers keeps in float32 written in another dtype.
+    KeptFloat32,
+    /// The architecture is not in devmap's table: names and shapes not checked (a note).
+    NotChecked,
+}
+
+/// Which of verify's checks a finding comes from; each proves something else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// The files read as transformers reads them, every byte read once.
+    Files,
+    /// The names, shapes, dtypes and values transformers expects of the architecture.
+    Expects,
+    /// `--against`: what devmap's saver writes from the source.
+    Against,
+}
+
+impl Check {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Check::Files => "files",
+            Check::Expects => "expects",
+            Check::Against => "against",
+        }
+    }
 }
 
 impl Kind {
@@ -97,6 +135,32 @@ impl Kind {
             Kind::Shape => "shape",
             Kind::Content => "content",
             Kind::Unreadable => "unreadable",
+            Kind::NonFinite => "non-finite",
+            Kind::Missing => "missing",
+            Kind::Unexpected => "unexpected",
+            Kind::Mismatched => "mismatched",
+            Kind::MixedLayout => "mixed-layout",
+            Kind::KeptFloat32 => "kept-float32",
+            Kind::NotChecked => "not-checked",
+        }
+    }
+
+    pub fn check(self) -> Check {
+        match self {
+            Kind::MissingTensor | Kind::ExtraTensor | Kind::Dtype | Kind::Shape | Kind::Content => {
+                Check::Against
+            }
+            Kind::ConfigDtype
+            | Kind::TieDropped
+            | Kind::TieExtra
+            | Kind::NonFinite
+            | Kind::Missing
+            | Kind::Unexpected
+            | Kind::Mismatched
+            | Kind::MixedLayout
+            | Kind::KeptFloat32
+            | Kind::NotChecked => Check::Expects,
+            _ => Check::Files,
         }
     }
 }
@@ -147,6 +211,8 @@ pub struct VerifyReport {
     pub compared: usize,
     /// Bytes read: the checkpoint's tensors, and with `--against` the sources too.
     pub bytes_read: u64,
+    /// What the check against the architecture covered.
+    pub coverage: super::Coverage,
     pub findings: Vec<Finding>,
 }
 
@@ -166,16 +232,71 @@ impl VerifyReport {
             .count()
     }
 
+    /// Differences found by `check`.
+    pub fn differences_in(&self, check: Check) -> usize {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Difference && f.kind.check() == check)
+            .count()
+    }
+
+    /// One clause per check: what it found, so a reader sees which proof failed.
+    fn verdicts(&self) -> String {
+        let problems = |n| crate::text::count(n, "problem", "problems");
+        let mut parts = vec![format!(
+            "files: {}",
+            problems(self.differences_in(Check::Files))
+        )];
+        let expects = problems(self.differences_in(Check::Expects));
+        parts.push(match &self.coverage.architecture {
+            Some(arch) => format!("as transformers expects ({arch}): {expects}"),
+            None => format!("as transformers expects (names and shapes not checked): {expects}"),
+        });
+        if let Some(dir) = &self.against {
+            parts.push(format!(
+                "as saved from {}: {}",
+                crate::text::path(dir),
+                crate::text::count(
+                    self.differences_in(Check::Against),
+                    "difference",
+                    "differences"
+                )
+            ));
+        }
+        parts.join("; ")
+    }
+
     /// Every difference, then every note, one per line, and a summary.
+    /// A kind with more findings than [`SHOWN_PER_KIND`] shows that many and counts
+    /// the rest (a config.json for another model makes hundreds; `--json` has all).
     pub fn to_text(&self) -> String {
         let mut text = String::new();
         for severity in [Severity::Difference, Severity::Note] {
+            let label = match severity {
+                Severity::Difference => "difference",
+                Severity::Note => "note",
+            };
+            let mut shown: Vec<(Kind, usize)> = Vec::new();
             for f in self.findings.iter().filter(|f| f.severity == severity) {
-                let label = match severity {
-                    Severity::Difference => "difference",
-                    Severity::Note => "note",
+                let seen = match shown.iter_mut().find(|(k, _)| *k == f.kind) {
+                    Some((_, n)) => n,
+                    None => {
+                        shown.push((f.kind, 0));
+                        &mut shown.last_mut().expect("just pushed").1
+                    }
                 };
-                let _ = writeln!(text, "{label}: {f}");
+                *seen += 1;
+                if *seen <= SHOWN_PER_KIND {
+                    let _ = writeln!(text, "{label}: {f}");
+                }
+            }
+            for (kind, n) in shown.into_iter().filter(|(_, n)| *n > SHOWN_PER_KIND) {
+                let _ = writeln!(
+                    text,
+                    "{label}: … and {} more of kind {} (--json lists every one)",
+                    n - SHOWN_PER_KIND,
+                    kind.as_str()
+                );
             }
         }
         let against = self.against.as_ref().map_or(String::new(), |dir| {
@@ -202,6 +323,7 @@ impl VerifyReport {
             crate::text::count(self.shards, "shard", "shards"),
             crate::human_bytes(self.bytes_read),
         );
+        let _ = writeln!(text, "{}", self.verdicts());
         text
     }
 
@@ -217,6 +339,7 @@ impl VerifyReport {
                         Severity::Note => "note",
                     },
                     "kind": f.kind.as_str(),
+                    "check": f.kind.check().as_str(),
                     "subject": f.subject,
                     "message": f.message,
                 })
@@ -231,6 +354,12 @@ impl VerifyReport {
             "bytes_read": self.bytes_read,
             "differences": self.differences(),
             "notes": self.notes(),
+            "checks": {
+                "files": self.differences_in(Check::Files),
+                "expects": self.differences_in(Check::Expects),
+                "against": self.against.as_ref().map(|_| self.differences_in(Check::Against)),
+            },
+            "architecture": self.coverage.architecture,
             "findings": findings,
         });
         let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();

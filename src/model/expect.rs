@@ -1,0 +1,450 @@
+//! What a checkpoint of an architecture holds, as transformers itself says:
+//! `scripts/gen_expect_table.py` instantiates each class and records the tensors
+//! `save_pretrained` writes and their shapes as functions of config.json (see the
+//! script for how the shapes are fitted and for the format). `devmap verify` checks a
+//! folder against this, independently of how devmap saves.
+//!
+//! A [`Form`] is a tree: tensors, and lists (`model.layers`) whose members each take
+//! one of a few variants (dense and MoE layers). The saved form is what
+//! `save_pretrained` writes; the runtime form, where it differs, is the loaded
+//! model's own names and fused experts, which transformers loads as well.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use super::table::{Blocks, Parsed, index};
+
+const TABLE: &str = include_str!("expect_table.txt");
+
+/// One architecture's expected checkpoint.
+#[derive(Debug, Default)]
+pub struct Expect {
+    /// Config attributes' defaults: what an attribute config.json leaves out is.
+    defaults: HashMap<String, u64>,
+    /// `tie_word_embeddings` when config.json leaves it out (where a tie depends on it).
+    pub ties_by_default: Option<bool>,
+    pub saved: Form,
+    pub runtime: Option<Form>,
+    /// `_keys_to_ignore_on_load_missing`: absent tensors transformers does not report.
+    ignore_missing: Vec<String>,
+    /// `_keys_to_ignore_on_load_unexpected`: extra tensors it drops without a word.
+    ignore_unexpected: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Form {
+    pub root: Node,
+}
+
+/// Tensors and lists under one prefix.
+#[derive(Debug, Default)]
+pub struct Node {
+    pub tensors: Vec<ExpectedTensor>,
+    pub lists: Vec<List>,
+}
+
+#[derive(Debug)]
+pub struct ExpectedTensor {
+    /// Relative to the node's prefix.
+    pub name: String,
+    pub dims: Vec<Expr>,
+    pub tied: Tied,
+}
+
+/// Whether a tensor may be left out because transformers ties it to another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tied {
+    No,
+    /// Always a tied copy: `save_pretrained` leaves it out.
+    Always,
+    /// A tied copy while `tie_word_embeddings` is true.
+    IfTiedWords,
+}
+
+/// A list of numbered members (`model.layers.0`, `.1`, …).
+#[derive(Debug)]
+pub struct List {
+    pub path: String,
+    pub count: Expr,
+    pub variants: Vec<Variant>,
+}
+
+/// One form the members of a list take.
+#[derive(Debug)]
+pub struct Variant {
+    /// The indices it is the form of; `None`: any index no pinned variant claims.
+    pub pinned: Option<Vec<u64>>,
+    pub node: Node,
+}
+
+/// A size: unknown, or a product of integers and config attributes over another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expr {
+    Unknown,
+    Product { up: Vec<Factor>, down: Vec<Factor> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Factor {
+    Number(u64),
+    /// A config attribute's dotted path (`text_config.hidden_size`).
+    Attribute(String),
+}
+
+/// The first of `architectures` (config.json's list) the table has.
+pub fn lookup(architectures: &[String]) -> Option<&'static Expect> {
+    static PARSED: Parsed<Expect> = Parsed::new();
+    let t = table();
+    let block = t.find(architectures)?;
+    Some(PARSED.get(block, || parse_block(t.bodies[block])))
+}
+
+/// Where the table comes from, for reports: `transformers 5.24.0, torch 2.15.0`.
+pub fn source() -> &'static str {
+    table().source
+}
+
+fn table() -> &'static Blocks {
+    static INDEX: OnceLock<Blocks> = OnceLock::new();
+    INDEX.get_or_init(|| index(TABLE))
+}
+
+/// config.json's values as the shapes read them.
+pub struct Values<'a> {
+    expect: &'a Expect,
+    config: &'a Value,
+}
+
+impl Expect {
+    /// Whether transformers leaves `name` out of its MISSING report.
+    pub fn ignores_missing(&self, name: &str) -> bool {
+        self.ignore_missing.iter().any(|p| glob_search(p, name))
+    }
+
+    /// Whether transformers leaves `name` out of its UNEXPECTED report.
+    pub fn ignores_unexpected(&self, name: &str) -> bool {
+        self.ignore_unexpected.iter().any(|p| glob_search(p, name))
+    }
+
+    pub fn values<'a>(&'a self, config: &'a Value) -> Values<'a> {
+        Values {
+            expect: self,
+            config,
+        }
+    }
+}
+
+impl<'a> Values<'a> {
+    pub fn expect(&self) -> &'a Expect {
+        self.expect
+    }
+
+    /// An attribute's value: config.json's, else the default; `None` when config.json
+    /// gives something that is not a whole number (a `null`, a list).
+    pub fn attribute(&self, path: &str) -> Option<u64> {
+        let mut at = self.config;
+        for part in path.split('.') {
+            match at.get(part) {
+                Some(next) => at = next,
+                None => return self.expect.defaults.get(path).copied(),
+            }
+        }
+        at.as_u64()
+    }
+
+    /// Whether the word embeddings are tied: config.json's `tie_word_embeddings`, else
+    /// the architecture's default.
+    pub fn ties_words(&self) -> bool {
+        match self
+            .config
+            .get("tie_word_embeddings")
+            .and_then(Value::as_bool)
+        {
+            Some(b) => b,
+            None => self.expect.ties_by_default.unwrap_or(true),
+        }
+    }
+
+    /// The size `expr` stands for; `None` when unknown or not a whole number.
+    pub fn eval(&self, expr: &Expr) -> Option<u64> {
+        let Expr::Product { up, down } = expr else {
+            return None;
+        };
+        let value = |f: &Factor| match f {
+            Factor::Number(n) => Some(u128::from(*n)),
+            Factor::Attribute(a) => self.attribute(a).map(u128::from),
+        };
+        let mut num: u128 = 1;
+        for f in up {
+            num = num.checked_mul(value(f)?)?;
+        }
+        let mut den: u128 = 1;
+        for f in down {
+            den = den.checked_mul(value(f)?)?;
+        }
+        if den == 0 || !num.is_multiple_of(den) {
+            return None;
+        }
+        u64::try_from(num / den).ok()
+    }
+}
+
+impl std::fmt::Display for Expr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Expr::Product { up, down } = self else {
+            return f.write_str("?");
+        };
+        let show = |x: &Factor| match x {
+            Factor::Number(n) => n.to_string(),
+            Factor::Attribute(a) => a.clone(),
+        };
+        let ups: Vec<String> = up.iter().map(show).collect();
+        f.write_str(&if ups.is_empty() {
+            "1".to_owned()
+        } else {
+            ups.join("*")
+        })?;
+        for d in down {
+            write!(f, "/{}", show(d))?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `pattern` matches somewhere in `name`, as `re.search` would match the
+/// regular expression the generator translated it from: `^` and `$` anchor, `*` is any
+/// run, `?` any one character, anything else itself.
+fn glob_search(pattern: &str, name: &str) -> bool {
+    let (anchored, pattern) = match pattern.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, pattern),
+    };
+    let (ends, pattern) = match pattern.strip_suffix('$') {
+        Some(rest) => (true, rest),
+        None => (false, pattern),
+    };
+    fn at(p: &[u8], t: &[u8], ends: bool) -> bool {
+        match p.split_first() {
+            None => !ends || t.is_empty(),
+            Some((b'*', rest)) => (0..=t.len()).any(|skip| at(rest, &t[skip..], ends)),
+            Some((&c, rest)) => t
+                .split_first()
+                .is_some_and(|(&x, tail)| (c == b'?' || c == x) && at(rest, tail, ends)),
+        }
+    }
+    let (p, t) = (pattern.as_bytes(), name.as_bytes());
+    if anchored {
+        at(p, t, ends)
+    } else {
+        (0..=t.len()).any(|start| at(p, &t[start..], ends))
+    }
+}
+
+fn parse_expr(text: &str) -> Expr {
+    if text == "?" {
+        return Expr::Unknown;
+    }
+    let factor = |t: &str| match t.parse::<u64>() {
+        Ok(n) => Factor::Number(n),
+        Err(_) => Factor::Attribute(t.to_owned()),
+    };
+    let mut parts = text.split('/');
+    let up = parts
+        .next()
+        .unwrap_or("")
+        .split('*')
+        .filter(|t| !t.is_empty())
+        .map(factor)
+        .collect();
+    let down = parts.map(factor).collect();
+    Expr::Product { up, down }
+}
+
+/// A line of a block: its indent and its text.
+struct Line<'a> {
+    depth: usize,
+    text: &'a str,
+}
+
+fn lines(body: &str) -> Vec<Line<'_>> {
+    body.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let text = l.trim_start_matches(' ');
+            Line {
+                depth: l.len() - text.len(),
+                text,
+            }
+        })
+        .collect()
+}
+
+/// Parses one block (see the script for the format). The table is generated and
+/// embedded, so a line it does not understand is skipped rather than reported.
+fn parse_block(body: &str) -> Expect {
+    let mut expect = Expect::default();
+    let lines = lines(body);
+    let mut at = 0;
+    while at < lines.len() {
+        let text = lines[at].text;
+        at += 1;
+        if let Some(rest) = text.strip_prefix("default ") {
+            let (path, value) = rest.split_once(' ').unwrap_or((rest, ""));
+            if path == "tie_word_embeddings" {
+                expect.ties_by_default = Some(value == "true");
+            } else if let Ok(v) = value.parse() {
+                expect.defaults.insert(path.to_owned(), v);
+            }
+        } else if let Some(rest) = text.strip_prefix("ignore-missing ") {
+            expect.ignore_missing = rest.split(' ').map(str::to_owned).collect();
+        } else if let Some(rest) = text.strip_prefix("ignore-unexpected ") {
+            expect.ignore_unexpected = rest.split(' ').map(str::to_owned).collect();
+        } else if let Some(form) = text.strip_prefix("form ") {
+            let node = parse_node(&lines, &mut at, 0);
+            if form == "runtime" {
+                expect.runtime = Some(Form { root: node });
+            } else {
+                expect.saved = Form { root: node };
+            }
+        }
+    }
+    expect
+}
+
+fn parse_node(lines: &[Line<'_>], at: &mut usize, depth: usize) -> Node {
+    let mut node = Node::default();
+    while let Some(line) = lines.get(*at) {
+        if line.depth != depth || line.text.starts_with("form ") {
+            break;
+        }
+        *at += 1;
+        if let Some(rest) = line.text.strip_prefix("list ") {
+            let (path, count) = rest.split_once(' ').unwrap_or((rest, "?"));
+            let mut variants = Vec::new();
+            while let Some(v) = lines.get(*at) {
+                let Some(rest) = v.text.strip_prefix("variant") else {
+                    break;
+                };
+                if v.depth != depth + 1 {
+                    break;
+                }
+                *at += 1;
+                let pinned = rest.trim().strip_prefix('@').map(|list| {
+                    list.split(',')
+                        .filter_map(|i| i.parse().ok())
+                        .collect::<Vec<u64>>()
+                });
+                variants.push(Variant {
+                    pinned,
+                    node: parse_node(lines, at, depth + 2),
+                });
+            }
+            node.lists.push(List {
+                path: path.to_owned(),
+                count: parse_expr(count),
+                variants,
+            });
+        } else {
+            let mut words = line.text.split(' ');
+            let name = words.next().unwrap_or("").to_owned();
+            let dims = words
+                .next()
+                .and_then(|d| d.strip_prefix('[')?.strip_suffix(']'))
+                .map(|d| {
+                    if d.is_empty() {
+                        Vec::new()
+                    } else {
+                        d.split(',').map(parse_expr).collect()
+                    }
+                })
+                .unwrap_or_default();
+            let tied = match words.next() {
+                Some("tied") => Tied::Always,
+                Some("tied?") => Tied::IfTiedWords,
+                _ => Tied::No,
+            };
+            node.tensors.push(ExpectedTensor { name, dims, tied });
+        }
+    }
+    node
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BLOCK: &str = "default hidden_size 64\ndefault num_hidden_layers 2\ndefault tie_word_embeddings false\nform saved\nmodel.embed.weight [vocab_size,hidden_size]\nlm_head.weight [vocab_size,hidden_size] tied?\nlist model.layers num_hidden_layers\n variant @0\n  bias [?]\n  list experts 4\n   variant\n    w [2*hidden_size/4]\n variant\n  w [hidden_size,hidden_size]\nform runtime\nmodel.embed.weight [vocab_size,hidden_size]\n";
+
+    #[test]
+    fn a_block_parses_into_forms_lists_and_pinned_variants() {
+        let e = parse_block(BLOCK);
+        assert_eq!(e.ties_by_default, Some(false));
+        let root = &e.saved.root;
+        assert_eq!(root.tensors.len(), 2);
+        assert_eq!(root.tensors[1].tied, Tied::IfTiedWords);
+        let layers = &root.lists[0];
+        assert_eq!(layers.path, "model.layers");
+        assert_eq!(layers.variants.len(), 2);
+        assert_eq!(layers.variants[0].pinned, Some(vec![0]));
+        assert_eq!(layers.variants[1].pinned, None);
+        let experts = &layers.variants[0].node.lists[0];
+        assert_eq!(experts.path, "experts");
+        assert_eq!(
+            experts.variants[0].node.tensors[0].dims[0].to_string(),
+            "2*hidden_size/4"
+        );
+        assert_eq!(e.runtime.as_ref().map(|f| f.root.tensors.len()), Some(1));
+    }
+
+    #[test]
+    fn sizes_come_from_config_json_then_the_defaults() {
+        let e = parse_block(BLOCK);
+        let config = serde_json::json!({"vocab_size": 100, "sub": {"n": 3}, "head_dim": null});
+        let v = e.values(&config);
+        assert_eq!(v.attribute("vocab_size"), Some(100));
+        assert_eq!(v.attribute("hidden_size"), Some(64));
+        assert_eq!(v.attribute("sub.n"), Some(3));
+        assert_eq!(v.attribute("head_dim"), None);
+        assert_eq!(v.eval(&parse_expr("2*hidden_size/4")), Some(32));
+        assert_eq!(v.eval(&parse_expr("hidden_size/3")), None);
+        assert_eq!(v.eval(&parse_expr("?")), None);
+        assert!(!v.ties_words());
+        let tied = serde_json::json!({"tie_word_embeddings": true});
+        assert!(e.values(&tied).ties_words());
+    }
+
+    #[test]
+    fn ignore_patterns_match_as_re_search_does() {
+        assert!(glob_search("final_logits_bias", "final_logits_bias"));
+        assert!(glob_search(
+            "inv_freq",
+            "model.layers.0.self_attn.rotary_emb.inv_freq"
+        ));
+        assert!(glob_search("^mtp*", "mtp.layers.0.w"));
+        assert!(!glob_search("^mtp*", "model.mtp.w"));
+        assert!(glob_search(".mtp.*", "model.mtp.w"));
+        assert!(glob_search("model.layers.61*", "model.layers.61.mlp.w"));
+        assert!(glob_search("swin?layernorm*", "swin.layernorm.weight"));
+        assert!(glob_search("w$", "a.w"));
+        assert!(!glob_search("w$", "a.w.bias"));
+        let e =
+            parse_block("ignore-missing final_logits_bias\nignore-unexpected ^mtp*\nform saved\n");
+        assert!(e.ignores_missing("final_logits_bias"));
+        assert!(e.ignores_unexpected("mtp.0.w"));
+        assert!(!e.ignores_unexpected("model.mtp.0.w"));
+    }
+
+    #[test]
+    fn the_embedded_table_has_the_common_families() {
+        for arch in [
+            "LlamaForCausalLM",
+            "MixtralForCausalLM",
+            "T5ForConditionalGeneration",
+        ] {
+            let e = lookup(&[arch.to_owned()]).expect(arch);
+            assert!(!e.saved.root.lists.is_empty(), "{arch}");
+        }
+    }
+}

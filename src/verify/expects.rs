@@ -1,0 +1,373 @@
+//! The check against what transformers expects, independent of how the checkpoint was
+//! saved: the tensors config.json's architecture holds and their shapes
+//! ([`crate::model::expect`], generated from transformers), and the modules it keeps in
+//! float32. Names what transformers' loader would report: MISSING (it would be left
+//! randomly initialised), UNEXPECTED (ignored), MISMATCHED (refused).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use super::report::{Finding, Kind};
+use super::written::{Written, WrittenTensor};
+use crate::model::expect::{self, Expect, ExpectedTensor, Form, List, Node, Tied, Values};
+use crate::types::dtype::DType;
+
+/// What the check covered, for the report's summary.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Coverage {
+    /// The architecture checked against, when the table has it.
+    pub architecture: Option<String>,
+}
+
+/// Checks `written` against its config's architecture; findings go to `findings`.
+pub fn check(written: &Written, findings: &mut Vec<Finding>) -> Coverage {
+    let Some(config) = &written.config else {
+        return Coverage::default();
+    };
+    let Some(expect) = expect::lookup(&config.architectures) else {
+        let what = config.architectures.first().map_or(
+            "config.json names no architecture".to_owned(),
+            |a| {
+                format!(
+                    "{a} is not in devmap's table of {} architectures",
+                    expect::source()
+                )
+            },
+        );
+        findings.push(Finding::note(
+            Kind::NotChecked,
+            "config.json",
+            format!("{what}: the checks of names and shapes against the architecture were skipped"),
+        ));
+        check_kept_float32(written, findings);
+        return Coverage::default();
+    };
+    let architecture = config
+        .architectures
+        .iter()
+        .find(|a| expect::lookup(std::slice::from_ref(a)).is_some())
+        .cloned();
+    let values = expect.values(&config.raw);
+    let present = Present::new(written);
+    let saved = match_form(&expect.saved, &present, &values);
+    let runtime = expect
+        .runtime
+        .as_ref()
+        .map(|f| match_form(f, &present, &values));
+    let (chosen, other) = match runtime {
+        Some(r) if r.score(&present) < saved.score(&present) => (r, Some(saved)),
+        Some(r) => (saved, Some(r)),
+        None => (saved, None),
+    };
+    let arch = architecture.as_deref().unwrap_or("the architecture");
+    report(expect, &chosen, other.as_ref(), &present, arch, findings);
+    // The name-based tie check guesses; this one knows: a missing head is MISSING.
+    findings.retain(|f| f.kind != Kind::TieDropped);
+    check_kept_float32(written, findings);
+    Coverage { architecture }
+}
+
+/// The checkpoint's tensors by name, and sorted for prefix scans.
+struct Present<'a> {
+    by_name: HashMap<&'a str, &'a WrittenTensor>,
+    sorted: BTreeSet<&'a str>,
+}
+
+impl<'a> Present<'a> {
+    fn new(written: &'a Written) -> Present<'a> {
+        let by_name: HashMap<&str, &WrittenTensor> = written
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t))
+            .collect();
+        let sorted = by_name.keys().copied().collect();
+        Present { by_name, sorted }
+    }
+
+    /// The indices present under `prefix` (which ends in `.`): `model.layers.` gives
+    /// the numbers after it.
+    fn indices(&self, prefix: &str) -> BTreeSet<u64> {
+        self.sorted
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|n| n.starts_with(prefix))
+            .filter_map(|n| n[prefix.len()..].split('.').next()?.parse().ok())
+            .collect()
+    }
+}
+
+/// One thing a form's tree says is wrong.
+#[derive(Debug, Clone)]
+enum Problem {
+    Missing { name: String, shape: String },
+    Mismatched { name: String, shape: String },
+}
+
+/// A match of a form against the checkpoint.
+#[derive(Default)]
+struct Matched<'a> {
+    claimed: HashSet<&'a str>,
+    problems: Vec<Problem>,
+    /// Tensors whose expected shape has an unknown dimension, by the expectation they
+    /// met (its address): members of a list must agree with each other.
+    unknown: Vec<(usize, &'a str)>,
+}
+
+impl<'a> Matched<'a> {
+    /// Problems plus the tensors left unclaimed: the smaller, the better the fit.
+    fn score(&self, present: &Present<'_>) -> usize {
+        self.problems.len() + present.by_name.len() - self.claimed.len()
+    }
+
+    fn absorb(&mut self, other: Matched<'a>) {
+        self.claimed.extend(other.claimed);
+        self.problems.extend(other.problems);
+        self.unknown.extend(other.unknown);
+    }
+}
+
+fn match_form<'a>(form: &Form, present: &Present<'a>, values: &Values<'_>) -> Matched<'a> {
+    let mut matched = match_node(&form.root, "", present, values);
+    consistent(&mut matched, present);
+    matched
+}
+
+fn match_node<'a>(
+    node: &Node,
+    prefix: &str,
+    present: &Present<'a>,
+    values: &Values<'_>,
+) -> Matched<'a> {
+    let mut m = Matched::default();
+    for t in &node.tensors {
+        let name = format!("{prefix}{}", t.name);
+        if let Some((&key, written)) = present.by_name.get_key_value(name.as_str()) {
+            m.claimed.insert(key);
+            if let Some(want) = mismatch(t, written, values) {
+                m.problems.push(Problem::Mismatched { name, shape: want });
+            } else if t.dims.iter().any(|d| values.eval(d).is_none()) {
+                m.unknown.push((std::ptr::from_ref(t) as usize, key));
+            }
+            continue;
+        }
+        let optional = match t.tied {
+            Tied::Always => true,
+            Tied::IfTiedWords => values.ties_words(),
+            Tied::No => false,
+        };
+        if !optional && !values.expect().ignores_missing(&name) {
+            m.problems.push(Problem::Missing {
+                name,
+                shape: shape_text(t, values),
+            });
+        }
+    }
+    for list in &node.lists {
+        match_list(list, prefix, present, values, &mut m);
+    }
+    m
+}
+
+fn match_list<'a>(
+    list: &List,
+    prefix: &str,
+    present: &Present<'a>,
+    values: &Values<'_>,
+    m: &mut Matched<'a>,
+) {
+    let base = format!("{prefix}{}.", list.path);
+    let seen = present.indices(&base);
+    let count = values
+        .eval(&list.count)
+        .unwrap_or_else(|| seen.last().map_or(0, |i| i + 1));
+    for i in 0..count {
+        let member = format!("{base}{i}.");
+        let pinned: Vec<_> = list
+            .variants
+            .iter()
+            .filter(|v| v.pinned.as_ref().is_some_and(|p| p.contains(&i)))
+            .collect();
+        let candidates = if pinned.is_empty() {
+            list.variants
+                .iter()
+                .filter(|v| v.pinned.is_none())
+                .collect()
+        } else {
+            pinned
+        };
+        let best = candidates
+            .iter()
+            .map(|v| match_node(&v.node, &member, present, values))
+            .min_by_key(|c| c.problems.len() + present.indices_unclaimed(&member, &c.claimed));
+        if let Some(best) = best {
+            m.absorb(best);
+        }
+    }
+}
+
+impl Present<'_> {
+    /// Tensors under `prefix` a match left unclaimed.
+    fn indices_unclaimed(&self, prefix: &str, claimed: &HashSet<&str>) -> usize {
+        self.sorted
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|n| n.starts_with(prefix))
+            .filter(|n| !claimed.contains(*n))
+            .count()
+    }
+}
+
+/// The expected shape when the written one differs from it in rank or in a known
+/// dimension.
+fn mismatch(t: &ExpectedTensor, written: &WrittenTensor, values: &Values<'_>) -> Option<String> {
+    let dims: Vec<Option<u64>> = t.dims.iter().map(|d| values.eval(d)).collect();
+    let differs = dims.len() != written.shape.len()
+        || dims
+            .iter()
+            .zip(written.shape.iter())
+            .any(|(want, have)| want.is_some_and(|w| w != have));
+    differs.then(|| shape_text(t, values))
+}
+
+fn shape_text(t: &ExpectedTensor, values: &Values<'_>) -> String {
+    let dims: Vec<String> = t
+        .dims
+        .iter()
+        .map(|d| {
+            values
+                .eval(d)
+                .map_or_else(|| d.to_string(), |v| v.to_string())
+        })
+        .collect();
+    format!("[{}]", dims.join(", "))
+}
+
+/// Members that met one expectation with an unknown dimension must agree: the shape
+/// most of them have is taken as right, the others are MISMATCHED.
+fn consistent(m: &mut Matched<'_>, present: &Present<'_>) {
+    let mut groups: HashMap<usize, Vec<&str>> = HashMap::new();
+    for (k, name) in &m.unknown {
+        groups.entry(*k).or_default().push(name);
+    }
+    for names in groups.values() {
+        let shape = |n: &str| -> Vec<u64> { present.by_name[n].shape.iter().collect() };
+        let mut counts: HashMap<Vec<u64>, usize> = HashMap::new();
+        for n in names {
+            *counts.entry(shape(n)).or_default() += 1;
+        }
+        let Some((common, _)) = counts.iter().max_by_key(|(s, c)| (**c, s.len())) else {
+            continue;
+        };
+        if counts.len() < 2 {
+            continue;
+        }
+        let example = names
+            .iter()
+            .find(|n| &shape(n) == common)
+            .copied()
+            .unwrap_or_default();
+        for n in names {
+            if &shape(n) != common {
+                m.problems.push(Problem::Mismatched {
+                    name: (*n).to_owned(),
+                    shape: format!("{common:?} like `{example}`"),
+                });
+            }
+        }
+    }
+}
+
+fn report(
+    expect: &Expect,
+    chosen: &Matched<'_>,
+    other: Option<&Matched<'_>>,
+    present: &Present<'_>,
+    arch: &str,
+    findings: &mut Vec<Finding>,
+) {
+    for p in &chosen.problems {
+        match p {
+            Problem::Missing { name, shape } => findings.push(Finding::difference(
+                Kind::Missing,
+                name,
+                format!(
+                    "MISSING: {arch} has it (shape {shape} by config.json) but the checkpoint does not; transformers would leave it randomly initialised"
+                ),
+            )),
+            Problem::Mismatched { name, shape } => {
+                let have = &present.by_name[name.as_str()].shape;
+                findings.push(Finding::difference(
+                    Kind::Mismatched,
+                    name,
+                    format!(
+                        "MISMATCHED: shape {have:?}, but {arch} expects {shape}; transformers refuses to load it"
+                    ),
+                ));
+            }
+        }
+    }
+    let mut unexpected: Vec<&str> = present
+        .sorted
+        .iter()
+        .copied()
+        .filter(|n| !chosen.claimed.contains(n) && !expect.ignores_unexpected(n))
+        .collect();
+    unexpected.sort_unstable();
+    for name in unexpected {
+        if other.is_some_and(|o| o.claimed.contains(name)) {
+            findings.push(Finding::difference(
+                Kind::MixedLayout,
+                name,
+                format!(
+                    "UNEXPECTED: {arch}'s checkpoint holds this tensor in the other layout (fused experts or renamed modules) than the rest; a mix of the two does not load as one model"
+                ),
+            ));
+        } else {
+            findings.push(Finding::difference(
+                Kind::Unexpected,
+                name,
+                format!(
+                    "UNEXPECTED: {arch} has no such tensor for this config.json; transformers would ignore it"
+                ),
+            ));
+        }
+    }
+}
+
+/// Tensors transformers keeps in float32 (`_keep_in_fp32_modules(_strict)`) when it
+/// loads the model in config.json's dtype, written in another floating dtype.
+fn check_kept_float32(written: &Written, findings: &mut Vec<Finding>) {
+    let Some(config) = &written.config else {
+        return;
+    };
+    let Some(dtype) = config
+        .torch_dtype
+        .as_deref()
+        .and_then(DType::from_torch_name)
+    else {
+        return;
+    };
+    let Some(arch) = crate::model::arch::lookup(&config.architectures) else {
+        return;
+    };
+    for t in &written.tensors {
+        if t.dtype == DType::F32 || !crate::save::cast::is_floating(t.dtype) {
+            continue;
+        }
+        let loaded = arch.loaded_or_same(&t.name);
+        if let Some(pattern) = arch.kept_in_fp32(&loaded, dtype) {
+            findings.push(Finding::difference(
+                Kind::KeptFloat32,
+                &t.name,
+                format!(
+                    "is {}, but transformers keeps it in float32 when it loads the model in {} (`{pattern}` is in the architecture's keep-in-float32 list): the values it holds lost precision",
+                    t.dtype.torch_name(),
+                    dtype.torch_name()
+                ),
+            ));
+        }
+    }
+}

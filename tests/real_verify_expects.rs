@@ -1,0 +1,30 @@
+//! `devmap verify`'s check against what transformers expects, checked against
+//! transformers itself (see tests/python/verify_expects.py): pristine `save_pretrained`
+//! outputs of 12 architectures verify clean; 34 kinds of corruption each fail with the
+//! right kind, and transformers' own loader names the same tensor. Ignored by a bare
+//! `cargo test`; `.ci/run` runs it with `--include-ignored`.
+
+mod common;
+
+#[test]
+#[ignore = "needs torch, transformers: run .ci/run"]
+fn verify_finds_what_transformers_loader_reports() {
+    let (ok, out, err) = common::run_hf_script("verify_expects.py");
+    assert!(ok, "verify against transformers failed:\n{out}\n{err}");
+    let summary = out
+        .lines()
+        .find(|l| l.contains("broken folders"))
+        .unwrap_or_default();
+    let number = |word: &str| -> usize {
+        summary
+            .split(", ")
+            .find(|part| part.contains(word))
+            .and_then(|part| part.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(number("architectures") >= 10, "{summary}");
+    assert!(number("kinds of corruption") >= 30, "{summary}");
+    assert!(number("cross-checked") >= 100, "{summary}");
+    assert_eq!(out.matches("pristine verifies clean").count(), 12, "{out}");
+}
