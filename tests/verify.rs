@@ -627,3 +627,22 @@ fn a_transposed_weight_is_mismatched_and_nan_is_a_difference_unless_allowed() {
     assert_eq!(code, 1);
     assert_eq!(kinds_of(&report, "expects"), vec!["mismatched".to_owned()]);
 }
+
+#[test]
+fn a_config_for_another_model_lists_twenty_of_each_kind_and_counts_the_rest() {
+    let case = llama(DType::BF16);
+    save(&case, &[]);
+    edit_config(&case.out, "hidden_size", 64.into());
+    let o = devmap(&["verify", s(&case.out)]);
+    assert_eq!(o.status.code(), Some(1));
+    let text = stdout(&o);
+    let listed = text
+        .lines()
+        .filter(|l| l.starts_with("difference: ") && l.contains("MISMATCHED"))
+        .count();
+    assert_eq!(listed, 20, "{text}");
+    assert!(
+        text.contains("more of kind mismatched (--json lists every one)"),
+        "{text}"
+    );
+}

@@ -278,15 +278,15 @@ impl VerifyReport {
             };
             let mut shown: Vec<(Kind, usize)> = Vec::new();
             for f in self.findings.iter().filter(|f| f.severity == severity) {
-                let seen = match shown.iter_mut().find(|(k, _)| *k == f.kind) {
-                    Some((_, n)) => n,
-                    None => {
+                let at = shown
+                    .iter()
+                    .position(|(k, _)| *k == f.kind)
+                    .unwrap_or_else(|| {
                         shown.push((f.kind, 0));
-                        &mut shown.last_mut().expect("just pushed").1
-                    }
-                };
-                *seen += 1;
-                if *seen <= SHOWN_PER_KIND {
+                        shown.len() - 1
+                    });
+                shown[at].1 += 1;
+                if shown[at].1 <= SHOWN_PER_KIND {
                     let _ = writeln!(text, "{label}: {f}");
                 }
             }
