@@ -1,8 +1,8 @@
-"""The committed src/model/arch_table.txt against the installed transformers: for the
-architectures of the planner's acceptance test (and a few more), the block the
-generator writes now must be the block committed (regenerate with
-scripts/gen_arch_table.py after an upgrade). The whole table takes minutes to
-generate; these take seconds.
+"""The committed src/model/arch_table.txt and src/model/expect_table.txt against the
+installed transformers: for the architectures of the planner's acceptance test (and a
+few more), the block each generator writes now must be the block committed
+(regenerate with scripts/gen_arch_table.py and scripts/gen_expect_table.py after an
+upgrade). The whole tables take minutes to generate; these take seconds.
 
 Usage: python arch_table.py PATH/TO/devmap   (devmap is not needed; kept for symmetry)
 """
@@ -14,6 +14,7 @@ import transformers
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
 from gen_arch_table import describe, render_block  # noqa: E402
+import gen_expect_table  # noqa: E402
 
 CHECKED = {
     "LlamaForCausalLM": "llama",
@@ -67,6 +68,15 @@ def main():
             f"src/model/arch_table.txt ({header}) differs from this transformers "
             f"({transformers.__version__}) for {stale}: run scripts/gen_arch_table.py")
     print(f"ok: {len(CHECKED)} architectures as committed, of {len(blocks)} in the table")
+    expect_path = os.path.join(os.path.dirname(path), "expect_table.txt")
+    expected = committed_blocks(expect_path)
+    stale = [arch for arch, model_type in CHECKED.items()
+             if expected.get(arch) != gen_expect_table.describe(getattr(transformers, arch), model_type)]
+    if stale:
+        raise SystemExit(
+            f"src/model/expect_table.txt differs from this transformers ({transformers.__version__}) "
+            f"for {stale}: run scripts/gen_expect_table.py")
+    print(f"ok: {len(CHECKED)} architectures' expected tensors as committed, of {len(expected)} in the table")
 
 
 if __name__ == "__main__":

@@ -68,12 +68,16 @@ impl App {
         let (text, tone) = match &result {
             Ok(r) if r.differences() == 0 => (
                 format!(
-                    "verified: {} their source, no differences",
+                    "verified: {} their source{}, no differences",
                     if r.compared == 1 {
                         "the one tensor equals".to_owned()
                     } else {
                         format!("all {} tensors equal", r.compared)
-                    }
+                    },
+                    r.coverage
+                        .architecture
+                        .as_ref()
+                        .map_or(String::new(), |a| format!(", as {a} expects"))
                 ),
                 Tone::Good,
             ),

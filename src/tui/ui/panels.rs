@@ -360,8 +360,12 @@ fn verify_line(save: &crate::tui::app::SaveProgress, bar_w: usize, theme: Theme)
         }
         Some(Ok(r)) if r.differences() == 0 => Line::from(Span::styled(
             format!(
-                "verified: {} their source ({} read), no differences",
+                "verified: {} their source{} ({} read), no differences",
                 crate::text::count(r.compared, "tensor equals", "tensors equal"),
+                r.coverage
+                    .architecture
+                    .as_ref()
+                    .map_or(String::new(), |a| format!(", as {a} expects")),
                 human_bytes(r.bytes_read)
             ),
             theme.good(),
