@@ -301,6 +301,14 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
                 dtype.torch_name()
             ))?;
         }
+        if plan.dequantized > 0 {
+            err_line(format!(
+                "  dequantizing {} to {} ({} left out, and config.json's quantization_config)",
+                devmap::text::count(plan.dequantized, "FP8 weight", "FP8 weights"),
+                plan.cast_to.map_or("?", |d| d.torch_name()),
+                devmap::text::count(plan.dropped_scales.len(), "scale tensor", "scale tensors"),
+            ))?;
+        }
         for line in plan.fp32_lines() {
             err_line(format!("  {line}"))?;
         }

@@ -18,6 +18,123 @@ pub struct ModelConfig {
     pub mistyped: Vec<(String, String, &'static str)>,
     /// The whole file, for what reads other keys (verify's expected shapes).
     pub raw: Value,
+    /// `quantization_config`, when the weights are quantized.
+    pub quantization: Option<Quantization>,
+}
+
+/// What `quantization_config` says of how the weights are stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quantization {
+    /// `quant_method`: `fp8`, `mxfp4`, `compressed-tensors`, `bitsandbytes`, …
+    pub method: String,
+    /// `weight_block_size` for fine-grained FP8 (transformers' default: 128 × 128).
+    pub block: (u64, u64),
+}
+
+fn quantization(root: &serde_json::Map<String, Value>) -> Option<Quantization> {
+    let q = root.get("quantization_config")?.as_object()?;
+    let method = q
+        .get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_owned();
+    let block = q
+        .get("weight_block_size")
+        .and_then(Value::as_array)
+        .and_then(|b| Some((b.first()?.as_u64()?, b.get(1)?.as_u64()?)))
+        .unwrap_or((128, 128));
+    Some(Quantization { method, block })
+}
+
+/// `text` (a config.json) without its top-level `key` and that key's value; every
+/// other byte stays as it was. For the `quantization_config` of weights written
+/// dequantized.
+pub fn without_key(text: &str, key: &str) -> String {
+    let bytes = text.as_bytes();
+    let quoted = format!("\"{key}\"");
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                let end = string_end(bytes, i);
+                if depth == 1 && text[i..end] == quoted {
+                    let colon = skip_ws(bytes, end);
+                    if bytes.get(colon) == Some(&b':') {
+                        let value_end = value_end(bytes, skip_ws(bytes, colon + 1));
+                        let next = skip_ws(bytes, value_end);
+                        return if bytes.get(next) == Some(&b',') {
+                            // `"key": value,` and the space before the next key.
+                            format!("{}{}", &text[..i], &text[skip_ws(bytes, next + 1)..])
+                        } else {
+                            // The last key: drop the comma before it instead.
+                            let start = text[..i].trim_end().strip_suffix(',').map_or(i, str::len);
+                            format!("{}{}", &text[..start], &text[value_end..])
+                        };
+                    }
+                }
+                i = end;
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    text.to_owned()
+}
+
+/// The index just past the string that opens at `start`.
+fn string_end(bytes: &[u8], start: usize) -> usize {
+    let mut i = start + 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 2,
+            b'"' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    bytes.len()
+}
+
+fn skip_ws(bytes: &[u8], mut i: usize) -> usize {
+    while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    i
+}
+
+/// The index just past the JSON value that starts at `start`.
+fn value_end(bytes: &[u8], start: usize) -> usize {
+    let mut depth = 0usize;
+    let mut i = start;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i = string_end(bytes, i);
+                if depth == 0 {
+                    return i;
+                }
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                if depth == 0 {
+                    return i;
+                }
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            b',' if depth == 0 => return i,
+            c if depth == 0 && c.is_ascii_whitespace() => return i,
+            _ => {}
+        }
+        i += 1;
+    }
+    bytes.len()
 }
 
 impl ModelConfig {
@@ -109,12 +226,14 @@ pub fn read_config(path: &Path) -> Result<ModelConfig, FormatError> {
         .iter()
         .find_map(|key| root.get(*key).and_then(Value::as_str))
         .map(str::to_owned);
+    let quantization = quantization(&root);
     Ok(ModelConfig {
         tie_word_embeddings,
         architectures,
         torch_dtype,
         mistyped,
         raw: Value::Object(root),
+        quantization,
     })
 }
 
@@ -166,6 +285,25 @@ pub fn with_dtype(text: &str, dtype: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_top_level_key_is_removed_with_its_value_and_nothing_else() {
+        let text = "{\n  \"a\": 1,\n  \"quantization_config\": {\"x\": [1, {\"y\": \"}\"}]},\n  \"b\": {\"quantization_config\": 2}\n}\n";
+        assert_eq!(
+            without_key(text, "quantization_config"),
+            "{\n  \"a\": 1,\n  \"b\": {\"quantization_config\": 2}\n}\n"
+        );
+        let last = "{\n  \"a\": 1,\n  \"quantization_config\": {\"q\": 1}\n}";
+        assert_eq!(without_key(last, "quantization_config"), "{\n  \"a\": 1\n}");
+        let only = "{\"quantization_config\": null}";
+        assert_eq!(without_key(only, "quantization_config"), "{}");
+        assert_eq!(without_key(text, "absent"), text);
+        for t in [text, last, only] {
+            let v: Value =
+                serde_json::from_str(&without_key(t, "quantization_config")).expect("json");
+            assert!(v.get("quantization_config").is_none());
+        }
+    }
 
     #[test]
     fn an_absent_tie_key_means_the_model_types_default() {

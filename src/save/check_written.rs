@@ -76,7 +76,8 @@ impl std::io::Write for CompareWith<'_> {
     }
 }
 
-/// Every tensor of the model is written once, or dropped as a tied copy.
+/// Every tensor of the model is written once, or dropped as a tied copy or as the
+/// scale of a weight written dequantized.
 pub fn verify_plan_covered(ckpt: &Checkpoint, plan: &SavePlan) -> Result<(), SaveError> {
     let mut seen = vec![0u32; ckpt.tensors().len()];
     for s in &plan.shards {
@@ -90,11 +91,14 @@ pub fn verify_plan_covered(ckpt: &Checkpoint, plan: &SavePlan) -> Result<(), Sav
         .map(|(d, k)| (d.as_str(), k.as_str()))
         .collect();
     let written = |name: &str| ckpt.index_of(name).map_or(0, |id| seen[id]);
+    let scales: std::collections::HashSet<&str> =
+        plan.dropped_scales.iter().map(String::as_str).collect();
     let mut problems = Vec::new();
     for (id, t) in ckpt.tensors().iter().enumerate() {
         match (seen[id], dropped.get(t.name.as_str())) {
             (1, None) => {}
             (0, Some(kept)) if written(kept) == 1 => {}
+            (0, None) if scales.contains(t.name.as_str()) => {}
             (0, _) => problems.push(format!("`{}` is not written", t.name)),
             (n, _) => problems.push(format!("`{}` is written {n} times", t.name)),
         }

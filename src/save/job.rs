@@ -184,7 +184,12 @@ pub fn write(
             Some(dtype) if src.file_name().is_some_and(|n| n == "config.json") => {
                 let text = crate::formats::input::read_json_text(src)
                     .map_err(|e| SaveError::Refused(vec![e.to_string()]))?;
-                let text = crate::formats::config::with_dtype(&text, dtype.torch_name());
+                let mut text = crate::formats::config::with_dtype(&text, dtype.torch_name());
+                if plan.dequantized > 0 {
+                    // The weights are plain floats now: a quantization_config would make
+                    // transformers look for the scales.
+                    text = crate::formats::config::without_key(&text, "quantization_config");
+                }
                 write_synced(&staging, tmp, text.as_bytes())?;
             }
             _ => copy_beside(&staging, src, tmp)?,

@@ -5,6 +5,7 @@ pub mod cast;
 pub mod check_written;
 mod commit;
 pub mod copy;
+pub mod dequant;
 mod error;
 mod event;
 mod job;

@@ -30,6 +30,15 @@ pub enum Recipe {
         from: DType,
         to: DType,
     },
+    /// A fine-grained FP8 weight multiplied by its per-block scales (`scale`, the
+    /// `…_scale_inv` tensor's bytes), then converted to `to` (see `save::dequant`).
+    Dequant {
+        source: ByteRange,
+        from: DType,
+        to: DType,
+        scale: ByteRange,
+        blocks: crate::save::dequant::Fp8Blocks,
+    },
 }
 
 impl Recipe {
@@ -37,9 +46,11 @@ impl Recipe {
     pub fn output_len(&self) -> u64 {
         match self {
             Recipe::Copy(range) => range.len,
-            Recipe::Cast { source, from, to } | Recipe::Merge { source, from, to } => {
-                source.len / from.size() * to.size()
-            }
+            Recipe::Cast { source, from, to }
+            | Recipe::Merge { source, from, to }
+            | Recipe::Dequant {
+                source, from, to, ..
+            } => source.len / from.size() * to.size(),
         }
     }
 
@@ -48,7 +59,8 @@ impl Recipe {
         match self {
             Recipe::Copy(range)
             | Recipe::Cast { source: range, .. }
-            | Recipe::Merge { source: range, .. } => *range,
+            | Recipe::Merge { source: range, .. }
+            | Recipe::Dequant { source: range, .. } => *range,
         }
     }
 }

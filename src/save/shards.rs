@@ -62,12 +62,84 @@ pub enum DtypeChoice {
 }
 
 /// The dtype a save casts floating-point tensors to, if any.
+/// A quantized checkpoint (config.json's `quantization_config`) under `auto` is
+/// written as stored, as `save_pretrained` writes a quantized model.
 pub fn resolve_dtype(ckpt: &Checkpoint, choice: DtypeChoice) -> Option<DType> {
     match choice {
         DtypeChoice::Keep => None,
         DtypeChoice::To(d) => Some(d),
+        DtypeChoice::Auto if ckpt.config.quantization.is_some() => None,
         DtypeChoice::Auto => runtime_dtype(ckpt),
     }
+}
+
+/// Names of the tensors a fine-grained FP8 checkpoint holds beside its weights, which
+/// a dequantized model no longer has.
+const FP8_COMPANIONS: [&str; 3] = ["_scale_inv", ".activation_scale", ".input_scale"];
+
+/// How a dequantizing save (an explicit float `--dtype` on a quantized checkpoint)
+/// treats tensor `id`: `None` when it is not an FP8 weight or a companion of one.
+fn dequantized(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    block: (u64, u64),
+    to: DType,
+) -> Option<Result<Option<Recipe>, String>> {
+    let tensor = &ckpt.tensors()[id];
+    if FP8_COMPANIONS.iter().any(|c| tensor.name.ends_with(c)) {
+        // A scale is dropped: its values are in the dequantized weight.
+        return Some(Ok(None));
+    }
+    if !matches!(tensor.dtype, DType::F8E4M3 | DType::F8E5M2) {
+        return None;
+    }
+    let scale_name = format!("{}_scale_inv", tensor.name);
+    let Some(scale_id) = ckpt.index_of(&scale_name) else {
+        return Some(Err(format!(
+            "is {}, but there is no `{scale_name}` beside it to dequantize it with",
+            tensor.dtype
+        )));
+    };
+    let scale = &ckpt.tensors()[scale_id];
+    let dims: Vec<u64> = tensor.shape.iter().collect();
+    if dims.len() < 2 {
+        return Some(Err(format!(
+            "is {} with {} dimensions; fine-grained FP8 weights are matrices",
+            tensor.dtype,
+            dims.len()
+        )));
+    }
+    let blocks = super::dequant::Fp8Blocks {
+        rows: dims[dims.len() - 2],
+        cols: dims[dims.len() - 1],
+        block_rows: block.0,
+        block_cols: block.1,
+    };
+    let (sr, sc) = blocks.grid();
+    let mut want: Vec<u64> = dims[..dims.len() - 2].to_vec();
+    want.extend([sr, sc]);
+    let have: Vec<u64> = scale.shape.iter().collect();
+    if scale.dtype != DType::F32 || have != want {
+        return Some(Err(format!(
+            "has a `{scale_name}` of {} {have:?}, but its {}×{} blocks need float32 {want:?}",
+            scale.dtype, block.0, block.1
+        )));
+    }
+    if !ckpt.merges_of(id).is_empty() {
+        return Some(Err(
+            "is an FP8 weight a LoRA adapter merges into; devmap does not merge into quantized weights yet (merge after saving it dequantized)".to_owned(),
+        ));
+    }
+    let (Some(source), Some(scale_range)) = (ckpt.data_range(id), ckpt.data_range(scale_id)) else {
+        return Some(Err("or its scale has no data to read".to_owned()));
+    };
+    Some(Ok(Some(Recipe::Dequant {
+        source,
+        from: tensor.dtype,
+        to,
+        scale: scale_range,
+        blocks,
+    })))
 }
 
 /// The dtype the model ran in, where the offload folder shows it differs from the
@@ -230,6 +302,10 @@ pub struct SavePlan {
     /// Tensors an explicit `--dtype` casts although transformers would keep them in
     /// float32 at that dtype, with the entry.
     pub cast_despite_fp32: Vec<(String, String)>,
+    /// FP8 weights written dequantized, and their scale tensors left out: config.json
+    /// is then written without its `quantization_config`.
+    pub dequantized: usize,
+    pub dropped_scales: Vec<String>,
 }
 
 /// What a save holds in memory, for the inspector's save preview: its bytes and what
@@ -312,6 +388,18 @@ impl SavePlan {
         if recipes().any(|(_, r)| matches!(r, Recipe::Cast { .. })) {
             need.bytes += writers * chunk;
             need.parts.push("a cast buffer per writer");
+        }
+        let largest_scales = recipes()
+            .filter_map(|(_, r)| match r {
+                Recipe::Dequant { scale, .. } => Some(scale.len),
+                _ => None,
+            })
+            .max();
+        if let Some(scales) = largest_scales {
+            // A band of FP8 rows, its float32 values and its output, and the scales.
+            need.bytes += writers * (super::dequant::BAND_BYTES + scales);
+            need.parts
+                .push("a band of rows and the scales per dequantizing writer");
         }
         let largest_pair = recipes()
             .filter(|(_, r)| matches!(r, Recipe::Merge { .. }))
@@ -413,6 +501,32 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     }
     let mut dropped_ties = Vec::new();
     let cast_to = resolve_dtype(ckpt, options.dtype);
+    // An explicit float dtype on quantized weights dequantizes them, or refuses: never
+    // quantized bytes under a float promise.
+    let dequantize = match (&ckpt.config.quantization, options.dtype) {
+        (Some(q), DtypeChoice::To(to)) if q.method == "fp8" => {
+            if q.block.0 == 0 || q.block.1 == 0 {
+                problems.push(format!(
+                    "config.json's quantization_config gives a weight_block_size of {:?}: a block needs rows and columns",
+                    q.block
+                ));
+                return Err(SaveError::Unsaveable(problems));
+            }
+            Some((q.block, to))
+        }
+        (Some(q), DtypeChoice::To(to)) => {
+            problems.push(format!(
+                "config.json's quantization_config is `{}`, which devmap does not dequantize (it dequantizes fine-grained FP8, `fp8`): --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy the quantized checkpoint as it is",
+                q.method,
+                to.torch_name(),
+                to.torch_name()
+            ));
+            None
+        }
+        _ => None,
+    };
+    let mut dequantized_count = 0;
+    let mut dropped_scales = Vec::new();
     let arch = crate::model::arch::lookup(&ckpt.config.architectures);
     let (mut kept_fp32, mut cast_despite_fp32) = (Vec::new(), Vec::new());
     let mut chosen: Vec<(TensorId, Recipe)> = Vec::new();
@@ -432,6 +546,19 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                 tensor.name.clone(),
                 ckpt.tensors()[group.kept()].name.clone(),
             ));
+            continue;
+        }
+        if let Some((block, to)) = dequantize
+            && let Some(outcome) = dequantized(ckpt, id, block, to)
+        {
+            match outcome {
+                Ok(Some(recipe)) => {
+                    dequantized_count += 1;
+                    chosen.push((id, recipe));
+                }
+                Ok(None) => dropped_scales.push(tensor.name.clone()),
+                Err(why) => problems.push(format!("tensor `{}` {why}", tensor.name)),
+            }
             continue;
         }
         // What transformers keeps in float32 at the dtype the save casts to.
@@ -503,7 +630,9 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                 .map(|&(id, recipe)| PlannedTensor {
                     tensor: id,
                     dtype: match recipe {
-                        Recipe::Cast { to, .. } | Recipe::Merge { to, .. } => to,
+                        Recipe::Cast { to, .. }
+                        | Recipe::Merge { to, .. }
+                        | Recipe::Dequant { to, .. } => to,
                         Recipe::Copy(_) => ckpt.tensors()[id].dtype,
                     },
                     recipe,
@@ -547,6 +676,8 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         largest_tensor,
         kept_fp32,
         cast_despite_fp32,
+        dequantized: dequantized_count,
+        dropped_scales,
     })
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::SystemTime;
@@ -237,6 +238,31 @@ impl ShardWriter<'_> {
                     )
                     .map(&mut report)
                 }
+                Recipe::Dequant {
+                    from: from_dtype,
+                    to: to_dtype,
+                    scale,
+                    blocks,
+                    source: range,
+                } => open_source(ckpt, scale.file)
+                    .map_err(CopyError::Io)
+                    .and_then(|scale_file| {
+                        let mut written = 0u64;
+                        super::dequant::stream(
+                            &ckpt.tensors()[t.tensor].name,
+                            (src, range),
+                            (&scale_file, scale),
+                            blocks,
+                            (from_dtype, to_dtype),
+                            &stop,
+                            &mut |out| {
+                                dst.write_all_at(out, data_start + t.begin + written)?;
+                                written += out.len() as u64;
+                                report(out.len() as u64);
+                                Ok(())
+                            },
+                        )
+                    }),
             };
             moved
                 .map_err(|e| match e {

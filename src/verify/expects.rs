@@ -23,6 +23,17 @@ pub fn check(written: &Written, findings: &mut Vec<Finding>) -> Coverage {
     let Some(config) = &written.config else {
         return Coverage::default();
     };
+    if let Some(q) = config.quantization.as_ref().filter(|q| q.method != "fp8") {
+        findings.push(Finding::note(
+            Kind::NotChecked,
+            "config.json",
+            format!(
+                "the weights are quantized (`{}`), stored under other names and shapes than the architecture's: the checks of names and shapes were skipped",
+                q.method
+            ),
+        ));
+        return Coverage::default();
+    }
     let Some(expect) = expect::lookup(&config.architectures) else {
         let what = config.architectures.first().map_or(
             "config.json names no architecture".to_owned(),
@@ -59,7 +70,15 @@ pub fn check(written: &Written, findings: &mut Vec<Finding>) -> Coverage {
         None => (saved, None),
     };
     let arch = architecture.as_deref().unwrap_or("the architecture");
-    report(expect, &chosen, other.as_ref(), &present, arch, findings);
+    report(
+        config.quantization.is_some(),
+        expect,
+        &chosen,
+        other.as_ref(),
+        &present,
+        arch,
+        findings,
+    );
     // The name-based tie check guesses; this one knows: a missing head is MISSING.
     findings.retain(|f| f.kind != Kind::TieDropped);
     check_kept_float32(written, findings);
@@ -280,7 +299,12 @@ fn consistent(m: &mut Matched<'_>, present: &Present<'_>) {
     }
 }
 
+/// What a fine-grained FP8 checkpoint holds beside each weight (transformers' FP8
+/// layers have them as parameters).
+const FP8_COMPANIONS: [&str; 3] = ["_scale_inv", ".activation_scale", ".input_scale"];
+
 fn report(
+    quantized: bool,
     expect: &Expect,
     chosen: &Matched<'_>,
     other: Option<&Matched<'_>>,
@@ -313,7 +337,10 @@ fn report(
         .sorted
         .iter()
         .copied()
-        .filter(|n| !chosen.claimed.contains(n) && !expect.ignores_unexpected(n))
+        .filter(|n| {
+            let companion = quantized && FP8_COMPANIONS.iter().any(|c| n.ends_with(c));
+            !(chosen.claimed.contains(n) || expect.ignores_unexpected(n) || companion)
+        })
         .collect();
     unexpected.sort_unstable();
     for name in unexpected {

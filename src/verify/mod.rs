@@ -219,6 +219,9 @@ pub fn verify(
                         "the bytes differ from the source's value with the LoRA merges applied"
                             .to_owned()
                     }
+                    Recipe::Dequant { from, to, .. } => format!(
+                        "the bytes differ from the source's {from} values times their block scales, in {to}"
+                    ),
                 };
                 findings.push(Finding::difference(
                     Kind::Content,
@@ -360,6 +363,31 @@ fn hash_expected(
                 progress,
                 &mut digester,
             ),
+            Recipe::Dequant {
+                from,
+                to,
+                scale,
+                blocks,
+                source,
+            } => crate::formats::input::open_regular(expected.ckpt.file_path(scale.file))
+                .map_err(|e| CopyError::Io(std::io::Error::other(e)))
+                .and_then(|scale_file| {
+                    crate::save::dequant::stream(
+                        expected.name(p),
+                        (file, source),
+                        (&scale_file, scale),
+                        blocks,
+                        (from, to),
+                        &progress.cancel,
+                        &mut |chunk| {
+                            digester.update(chunk);
+                            progress
+                                .read
+                                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                            Ok(())
+                        },
+                    )
+                }),
             // The merged value, computed by the saver's own kernel.
             Recipe::Merge { from, to, .. } => crate::save::lora_kernel::stream(
                 expected.ckpt,

@@ -379,9 +379,15 @@ fn check_dtype(written: &Written, config: &ModelConfig, findings: &mut Vec<Findi
     let Some(said) = DType::from_torch_name(name) else {
         return;
     };
+    // A quantized checkpoint's FP8 weights are not what config.json's dtype describes:
+    // the rest of its floating-point tensors are.
+    let counted = |d: DType| {
+        crate::save::cast::is_floating(d)
+            && !(config.quantization.is_some() && matches!(d, DType::F8E4M3 | DType::F8E5M2))
+    };
     let mut bytes: HashMap<DType, u64> = HashMap::new();
     for t in &written.tensors {
-        if crate::save::cast::is_floating(t.dtype) {
+        if counted(t.dtype) {
             *bytes.entry(t.dtype).or_default() += t.len;
         }
     }
@@ -404,7 +410,7 @@ fn check_dtype(written: &Written, config: &ModelConfig, findings: &mut Vec<Findi
     let others: Vec<&WrittenTensor> = written
         .tensors
         .iter()
-        .filter(|t| crate::save::cast::is_floating(t.dtype) && t.dtype != main)
+        .filter(|t| counted(t.dtype) && t.dtype != main)
         .collect();
     if let Some(first) = others.first() {
         let count = others.len();

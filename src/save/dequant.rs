@@ -1,0 +1,217 @@
+//! Fine-grained FP8 dequantization while streaming (DeepSeek V3/R1 and the "-FP8"
+//! releases: `quantization_config.quant_method == "fp8"`). A weight `W` of F8_E4M3 (or
+//! F8_E5M2) with `[..., M, N]` elements has a `W_scale_inv` of F32 holding one scale per
+//! `bm × bn` block (`weight_block_size`), `[..., ⌈M/bm⌉, ⌈N/bn⌉]`; the value is
+//! `f32(W[i, j]) × s[i / bm, j / bn]`, one float32 multiply, then converted to the output
+//! dtype as torch's `.to()` rounds (`save::cast`).
+//!
+//! The block is the config's, as DeepSeek's kernel has it. transformers'
+//! `Fp8Dequantize` instead infers the block from the scale grid (`rows // scale_rows`),
+//! which gives other blocks where M or N is not a multiple of the block size; where
+//! they divide evenly the two agree bit for bit (tests/python/fp8_dequant.py).
+//!
+//! The scales (a few KiB per weight) are read whole; the weight streams through fixed
+//! buffers a band of whole rows at a time, so memory does not grow with the tensor.
+
+use std::fs::File;
+use std::io;
+use std::sync::OnceLock;
+
+use super::copy::{CopyError, Stop, read_exact_at};
+use crate::types::dtype::DType;
+use crate::types::range::ByteRange;
+
+/// Input bytes (FP8 elements) read per band of rows, at most.
+const BAND_ELEMENTS: usize = 1 << 20;
+
+/// The buffers of one dequantizing stream at most: the band, its float32 values and its
+/// output (up to float32). A band is one row when a row is longer.
+pub const BAND_BYTES: u64 = BAND_ELEMENTS as u64 * (1 + 4 + 4);
+
+/// The block layout of one quantized weight: its last two dimensions and the block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fp8Blocks {
+    /// M: rows of each matrix (the second-to-last dimension).
+    pub rows: u64,
+    /// N: columns (the last dimension).
+    pub cols: u64,
+    pub block_rows: u64,
+    pub block_cols: u64,
+}
+
+impl Fp8Blocks {
+    /// Scale rows and columns per matrix.
+    pub fn grid(&self) -> (u64, u64) {
+        (
+            self.rows.div_ceil(self.block_rows),
+            self.cols.div_ceil(self.block_cols),
+        )
+    }
+
+    /// Scale elements for a weight of `elements` FP8 values.
+    pub fn scale_count(&self, elements: u64) -> u64 {
+        let (sr, sc) = self.grid();
+        let matrices = elements / (self.rows * self.cols).max(1);
+        matrices * sr * sc
+    }
+}
+
+/// float32 value of each FP8 byte.
+fn table(from: DType) -> &'static [f32; 256] {
+    static E4M3: OnceLock<[f32; 256]> = OnceLock::new();
+    static E5M2: OnceLock<[f32; 256]> = OnceLock::new();
+    let decode = |exp_bits: u32, man_bits: u32, fn_nan: bool| {
+        let mut t = [0f32; 256];
+        let bias = (1i32 << (exp_bits - 1)) - 1;
+        for (b, slot) in t.iter_mut().enumerate() {
+            let b = b as u32;
+            let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
+            let e = (b >> man_bits) & ((1 << exp_bits) - 1);
+            let m = b & ((1 << man_bits) - 1);
+            let frac = m as f32 / (1u32 << man_bits) as f32;
+            let max_e = (1 << exp_bits) - 1;
+            *slot = if fn_nan && e == max_e && m == (1 << man_bits) - 1 {
+                // e4m3fn: S.1111.111 is NaN; there is no infinity.
+                f32::NAN
+            } else if !fn_nan && e == max_e {
+                if m == 0 {
+                    sign * f32::INFINITY
+                } else {
+                    f32::NAN
+                }
+            } else if e == 0 {
+                sign * frac * 2f32.powi(1 - bias)
+            } else {
+                sign * (1.0 + frac) * 2f32.powi(e as i32 - bias)
+            };
+        }
+        t
+    };
+    match from {
+        DType::F8E5M2 => E5M2.get_or_init(|| decode(5, 2, false)),
+        _ => E4M3.get_or_init(|| decode(4, 3, true)),
+    }
+}
+
+/// Reads weight `source` (`from`, FP8) and its scales, and hands `sink` the
+/// dequantized value converted to `to`, a band of rows at a time. `name` names the
+/// tensor in errors (a scale that is NaN, infinite or of the wrong size).
+#[allow(clippy::too_many_arguments)]
+pub fn stream(
+    name: &str,
+    (src, source): (&File, ByteRange),
+    (scale_file, scale): (&File, ByteRange),
+    blocks: Fp8Blocks,
+    (from, to): (DType, DType),
+    cancel: &dyn Stop,
+    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), CopyError> {
+    let elements = source.len;
+    let want_scales = blocks.scale_count(elements);
+    if scale.len != want_scales * 4 || blocks.cols == 0 || blocks.rows == 0 {
+        return Err(CopyError::Io(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "`{name}_scale_inv` holds {} bytes, but {} float32 scales are needed",
+                scale.len, want_scales
+            ),
+        )));
+    }
+    let mut raw = vec![0u8; scale.len as usize];
+    read_exact_at(scale_file, &mut raw, scale.offset)?;
+    let scales: Vec<f32> = raw
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    if let Some(bad) = scales.iter().position(|s| !s.is_finite()) {
+        return Err(CopyError::Io(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "`{name}_scale_inv` holds {} at element {bad}: the weight cannot be dequantized",
+                scales[bad]
+            ),
+        )));
+    }
+    let lut = table(from);
+    let (sr, sc) = blocks.grid();
+    let cols = blocks.cols as usize;
+    let band_rows = (BAND_ELEMENTS / cols).max(1);
+    let total_rows = elements / blocks.cols;
+    let mut input = vec![0u8; band_rows * cols];
+    let mut values = vec![0u8; band_rows * cols * 4];
+    let mut output = vec![0u8; band_rows * cols * to.size() as usize];
+    let mut row = 0u64;
+    while row < total_rows {
+        if cancel.stop() {
+            return Err(CopyError::Cancelled);
+        }
+        let n = (total_rows - row).min(band_rows as u64) as usize;
+        let input = &mut input[..n * cols];
+        read_exact_at(src, input, source.offset + row * blocks.cols).map_err(|e| match e {
+            CopyError::ShortSource { copied } => CopyError::ShortSource {
+                copied: row * blocks.cols + copied,
+            },
+            e => e,
+        })?;
+        for (k, band_row) in input.chunks_exact(cols).enumerate() {
+            let r = row + k as u64;
+            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
+            let scale_row =
+                &scales[((matrix * sr + i / blocks.block_rows) * sc) as usize..][..sc as usize];
+            let out = &mut values[k * cols * 4..(k + 1) * cols * 4];
+            for ((block, bytes), s) in band_row
+                .chunks(blocks.block_cols as usize)
+                .zip(out.chunks_mut(blocks.block_cols as usize * 4))
+                .zip(scale_row)
+            {
+                for (b, o) in block.iter().zip(bytes.chunks_exact_mut(4)) {
+                    o.copy_from_slice(&(lut[*b as usize] * s).to_le_bytes());
+                }
+            }
+        }
+        let values = &values[..n * cols * 4];
+        if to == DType::F32 {
+            sink(values).map_err(CopyError::Io)?;
+        } else {
+            let out = &mut output[..n * cols * to.size() as usize];
+            super::cast::cast(DType::F32, to, values, out);
+            sink(out).map_err(CopyError::Io)?;
+        }
+        row += n as u64;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_bytes_decode_as_the_formats_define() {
+        let e4m3 = table(DType::F8E4M3);
+        assert_eq!(e4m3[0x00].to_bits(), 0f32.to_bits());
+        assert_eq!(e4m3[0x38].to_bits(), 1f32.to_bits()); // exponent 7 = bias
+        assert_eq!(e4m3[0x7e].to_bits(), 448f32.to_bits()); // the largest finite
+        assert!(e4m3[0x7f].is_nan() && e4m3[0xff].is_nan());
+        assert_eq!(e4m3[0x01].to_bits(), (2f32.powi(-9)).to_bits()); // the smallest subnormal
+        assert_eq!(e4m3[0xb8].to_bits(), (-1f32).to_bits());
+        let e5m2 = table(DType::F8E5M2);
+        assert_eq!(e5m2[0x3c].to_bits(), 1f32.to_bits());
+        assert_eq!(e5m2[0x7b].to_bits(), 57344f32.to_bits());
+        assert_eq!(e5m2[0x7c].to_bits(), f32::INFINITY.to_bits());
+        assert!(e5m2[0x7d].is_nan());
+        assert_eq!(e5m2[0x01].to_bits(), (2f32.powi(-16)).to_bits());
+    }
+
+    #[test]
+    fn blocks_that_do_not_divide_the_shape_take_the_last_partial_block() {
+        let b = Fp8Blocks {
+            rows: 200,
+            cols: 136,
+            block_rows: 128,
+            block_cols: 128,
+        };
+        assert_eq!(b.grid(), (2, 2));
+        assert_eq!(b.scale_count(200 * 136 * 3), 12);
+    }
+}

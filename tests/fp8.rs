@@ -1,0 +1,237 @@
+//! Fine-grained FP8 checkpoints: `devmap save --dtype` dequantizes them (checked here
+//! against the formula computed independently in the test; against torch and
+//! transformers in tests/real_fp8_dequant.rs), copies them as stored under `auto` and
+//! `keep`, and refuses what it cannot dequantize, naming the tensor, writing nothing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{devmap, stderr};
+use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
+use devmap::model::DType;
+
+/// float32 value of an e4m3fn byte, decoded from its fields.
+fn e4m3(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = i32::from((b >> 3) & 0xf);
+    if e == 15 && b & 7 == 7 {
+        return f32::NAN;
+    }
+    let m = f32::from(b & 7);
+    if e == 0 {
+        sign * m / 8.0 * 2f32.powi(-6)
+    } else {
+        sign * (1.0 + m / 8.0) * 2f32.powi(e - 7)
+    }
+}
+
+struct Fp8Case {
+    _tmp: tempfile::TempDir,
+    src: PathBuf,
+    out: PathBuf,
+    weight: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+const ROWS: u64 = 5;
+const COLS: u64 = 7;
+const BLOCK: (u64, u64) = (2, 4);
+
+/// A 5×7 FP8 weight in 2×4 blocks (a 3×2 scale grid, partial blocks at both ends), a
+/// bfloat16 norm, and a config with `quantization_config`.
+fn fp8_case(method: &str, scales: Option<Vec<f32>>) -> Fp8Case {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir");
+    // Every finite e4m3 pattern but the NaNs, in turn.
+    let weight: Vec<u8> = (0..ROWS * COLS)
+        .map(|i| {
+            let b = (i * 37 % 256) as u8;
+            if b & 0x7f == 0x7f { 0x3c } else { b }
+        })
+        .collect();
+    let scales = scales.unwrap_or_else(|| vec![0.5, 2.0, 0.125, 3.0, 1.0e-3, 7.5]);
+    let w = FixtureTensor {
+        name: "model.layers.0.mlp.down_proj.weight".into(),
+        dtype: DType::F8E4M3,
+        shape: vec![ROWS, COLS],
+        data: weight.clone(),
+    };
+    let s = FixtureTensor {
+        name: "model.layers.0.mlp.down_proj.weight_scale_inv".into(),
+        dtype: DType::F32,
+        shape: vec![3, 2],
+        data: scales.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    };
+    let norm = FixtureTensor::patterned("model.norm.weight", DType::BF16, &[COLS], 3);
+    write_safetensors(&src.join("model.safetensors"), &[&w, &s, &norm]).expect("weights");
+    write_json(
+        &src.join("config.json"),
+        &serde_json::json!({
+            "architectures": ["ToyForCausalLM"],
+            "dtype": "bfloat16",
+            "quantization_config": {"quant_method": method, "weight_block_size": [BLOCK.0, BLOCK.1]},
+        }),
+    )
+    .expect("config");
+    let out = tmp.path().join("out");
+    Fp8Case {
+        _tmp: tmp,
+        src,
+        out,
+        weight,
+        scales,
+    }
+}
+
+fn save(case: &Fp8Case, dtype: &str) -> std::process::Output {
+    devmap(&[
+        "save",
+        s(&case.src),
+        "--out",
+        s(&case.out),
+        "--dtype",
+        dtype,
+        "--quiet",
+    ])
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8")
+}
+
+fn read(out: &Path) -> safetensors::SafeTensors<'static> {
+    let bytes = std::fs::read(out.join("model.safetensors")).expect("written");
+    safetensors::SafeTensors::deserialize(Box::leak(bytes.into_boxed_slice())).expect("reads")
+}
+
+#[test]
+fn fp8_weights_are_dequantized_with_their_block_scales() {
+    let case = fp8_case("fp8", None);
+    let o = save(&case, "float32");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let st = read(&case.out);
+    let w = st
+        .tensor("model.layers.0.mlp.down_proj.weight")
+        .expect("weight");
+    assert_eq!(w.dtype(), safetensors::Dtype::F32);
+    assert_eq!(w.shape(), [5, 7]);
+    for i in 0..ROWS as usize {
+        for j in 0..COLS as usize {
+            let scale = case.scales[i / BLOCK.0 as usize * 2 + j / BLOCK.1 as usize];
+            let want = e4m3(case.weight[i * COLS as usize + j]) * scale;
+            let at = (i * COLS as usize + j) * 4;
+            let got = f32::from_le_bytes(w.data()[at..at + 4].try_into().expect("4 bytes"));
+            assert_eq!(got.to_bits(), want.to_bits(), "element ({i}, {j})");
+        }
+    }
+    // The scale is gone; the bfloat16 norm is cast like every float; the config says
+    // float32 and no longer says quantized.
+    assert!(
+        st.tensor("model.layers.0.mlp.down_proj.weight_scale_inv")
+            .is_err()
+    );
+    assert_eq!(
+        st.tensor("model.norm.weight").expect("norm").dtype(),
+        safetensors::Dtype::F32
+    );
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(case.out.join("config.json")).expect("config"),
+    )
+    .expect("json");
+    assert!(config.get("quantization_config").is_none(), "{config}");
+    assert_eq!(config["dtype"], "float32");
+    // verify --against recomputes it through the same recipe.
+    let o = devmap(&[
+        "verify",
+        s(&case.out),
+        "--against",
+        s(&case.src),
+        "--dtype",
+        "float32",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", common::stdout(&o));
+}
+
+#[test]
+fn auto_and_keep_copy_a_quantized_checkpoint_as_stored() {
+    for choice in ["auto", "keep"] {
+        let case = fp8_case("fp8", None);
+        let o = save(&case, choice);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let st = read(&case.out);
+        let w = st
+            .tensor("model.layers.0.mlp.down_proj.weight")
+            .expect("weight");
+        assert_eq!(w.dtype(), safetensors::Dtype::F8_E4M3, "{choice}");
+        assert_eq!(w.data(), &case.weight[..]);
+        assert!(
+            st.tensor("model.layers.0.mlp.down_proj.weight_scale_inv")
+                .is_ok()
+        );
+    }
+}
+
+/// `--dtype bfloat16` is refused with a message that contains `needle`, and nothing
+/// is written.
+fn refused(case: &Fp8Case, needle: &str) {
+    let o = save(case, "bfloat16");
+    assert!(!o.status.success(), "saved although it should refuse");
+    let err = stderr(&o);
+    assert!(err.contains(needle), "{err}");
+    assert!(!case.out.join("model.safetensors").exists());
+}
+
+#[test]
+fn what_cannot_be_dequantized_is_refused_by_name() {
+    refused(
+        &fp8_case("mxfp4", None),
+        "quantization_config is `mxfp4`, which devmap does not dequantize",
+    );
+    refused(
+        &fp8_case("compressed-tensors", None),
+        "quantization_config is `compressed-tensors`",
+    );
+    // A scale grid of the wrong shape for the config's blocks.
+    let case = fp8_case("fp8", None);
+    let config = serde_json::json!({
+        "architectures": ["ToyForCausalLM"],
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [4, 4]},
+    });
+    write_json(&case.src.join("config.json"), &config).expect("config");
+    refused(
+        &case,
+        "tensor `model.layers.0.mlp.down_proj.weight` has a `model.layers.0.mlp.down_proj.weight_scale_inv` of F32 [3, 2], but its 4×4 blocks need float32 [2, 2]",
+    );
+    // A block of no size.
+    let case = fp8_case("fp8", None);
+    let config = serde_json::json!({
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [0, 128]},
+    });
+    write_json(&case.src.join("config.json"), &config).expect("config");
+    refused(&case, "weight_block_size of (0, 128)");
+    // A NaN scale: found while streaming, the save discarded.
+    let case = fp8_case("fp8", Some(vec![0.5, f32::NAN, 1.0, 1.0, 1.0, 1.0]));
+    refused(
+        &case,
+        "`model.layers.0.mlp.down_proj.weight_scale_inv` holds NaN at element 1",
+    );
+}
+
+#[test]
+fn a_weight_without_its_scale_is_refused() {
+    let case = fp8_case("fp8", None);
+    let w = FixtureTensor {
+        name: "model.layers.0.mlp.down_proj.weight".into(),
+        dtype: DType::F8E4M3,
+        shape: vec![ROWS, COLS],
+        data: case.weight.clone(),
+    };
+    write_safetensors(&case.src.join("model.safetensors"), &[&w]).expect("weights");
+    refused(
+        &case,
+        "tensor `model.layers.0.mlp.down_proj.weight` is F8_E4M3, but there is no `model.layers.0.mlp.down_proj.weight_scale_inv` beside it",
+    );
+}

@@ -1,0 +1,21 @@
+//! Fine-grained FP8 dequantization against torch and transformers (see
+//! tests/python/fp8_dequant.py): bit-exact with DeepSeek's formula for every output
+//! dtype, with transformers' `Fp8Dequantize` where blocks divide the weights,
+//! `from_pretrained(OUT)` loads with no missing or unexpected key and the reference
+//! logits. Ignored by a bare `cargo test`; `.ci/run` runs it with `--include-ignored`.
+
+mod common;
+
+#[test]
+#[ignore = "needs torch, transformers: run .ci/run"]
+fn fp8_checkpoints_dequantize_bit_exact_with_torch_and_transformers() {
+    let (ok, out, err) = common::run_hf_script("fp8_dequant.py");
+    assert!(ok, "FP8 dequantization check failed:\n{out}\n{err}");
+    assert_eq!(out.matches("bit-exact").count(), 6, "{out}");
+    assert_eq!(
+        out.matches("(and with transformers' Fp8Dequantize)")
+            .count(),
+        3,
+        "{out}"
+    );
+}
