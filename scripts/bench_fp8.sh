@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# devmap save --dtype bfloat16 of a fine-grained FP8 checkpoint (dequantized while
+# streaming) against cp of the same number of output bytes, side by side in one run,
+# warm cache; peak RSS from GNU time. The checkpoint: SIZE_MB of F8_E4M3 weights
+# (4096-wide, 128x128 blocks, float32 scales) made with numpy, and its output is twice
+# that in bfloat16.
+# Usage: [RUNS=3] scripts/bench_fp8.sh [SIZE_MB=512] [WORKDIR=target/bench]
+# Needs a Python with numpy and safetensors (DEVMAP_HF_PYTHON, else python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SIZE_MB=${1:-512}
+WORK=${2:-target/bench}
+RUNS=${RUNS:-3}
+PY=${DEVMAP_HF_PYTHON:-python3}
+command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)"; exit 1; }
+cargo build --release --quiet
+DEVMAP=target/release/devmap
+MODEL="$WORK/model-fp8-$SIZE_MB"
+OUT="$WORK/fp8-bf16"
+mkdir -p "$WORK"
+if [ ! -d "$MODEL" ]; then
+    "$PY" - "$MODEL" "$SIZE_MB" <<'PY'
+import json, os, sys
+import numpy as np
+from safetensors.numpy import save_file
+folder, size_mb = sys.argv[1], int(sys.argv[2])
+os.makedirs(folder)
+rng = np.random.default_rng(0)
+rows, cols, block = 4096, 4096, 128
+count = max(1, size_mb * 2**20 // (rows * cols))
+shard = {}
+for i in range(count):
+    w = rng.integers(0, 256, size=(rows, cols), dtype=np.uint8)
+    w[(w & 0x7F) == 0x7F] = 0x38  # no NaN patterns
+    name = f"model.layers.{i}.mlp.down_proj.weight"
+    shard[name] = w
+    shard[name + "_scale_inv"] = rng.random((rows // block, cols // block), dtype=np.float32)
+save_file(shard, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+# numpy has no float8: the header's dtype is rewritten to F8_E4M3 (same byte width).
+path = os.path.join(folder, "model.safetensors")
+with open(path, "r+b") as f:
+    n = int.from_bytes(f.read(8), "little")
+    header = f.read(n).decode()
+    fixed = header.replace('"U8"', '"F8_E4M3"')
+    f.seek(8)
+    f.write(fixed.ljust(n).encode())
+with open(os.path.join(folder, "config.json"), "w") as f:
+    json.dump({"architectures": ["ToyForCausalLM"], "dtype": "bfloat16",
+               "quantization_config": {"quant_method": "fp8", "weight_block_size": [block, block]}}, f)
+PY
+fi
+rm -rf "$OUT"
+"$DEVMAP" save "$MODEL" --out "$OUT" --dtype bfloat16 --no-fsync -q
+OUT_BYTES=$(du -cb "$OUT"/*.safetensors | tail -1 | cut -f1)
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+time_it() {  # prints "seconds peak_kib"
+    /usr/bin/time -f "%e %M" "$@" 2>&1 >/dev/null | tail -1
+}
+dq=(); cpt=(); rss=0
+for _ in $(seq "$RUNS"); do
+    rm -rf "$OUT" "$WORK/fp8-cp"; mkdir -p "$WORK/fp8-cp"
+    read -r t m < <(time_it "$DEVMAP" save "$MODEL" --out "$OUT" --dtype bfloat16 --no-fsync -q)
+    dq+=("$t"); rss=$m
+    read -r t _ < <(time_it cp "$OUT"/model.safetensors "$WORK/fp8-cp/")
+    cpt+=("$t")
+done
+d=$(printf '%s\n' "${dq[@]}" | median); c=$(printf '%s\n' "${cpt[@]}" | median)
+echo "| run | seconds (median of $RUNS) | vs cp | peak RSS (MiB) |"
+echo "| --- | ---: | ---: | ---: |"
+echo "| cp of the $((OUT_BYTES / 1048576)) MiB output | $c | 1.00 | — |"
+echo "| devmap save --dtype bfloat16 ($((SIZE_MB)) MiB FP8 in) | $d | $(awk -v a="$d" -v b="$c" 'BEGIN{printf "%.2f", a/b}') | $((rss / 1024)) |"
+rm -rf "$WORK/fp8-cp"
