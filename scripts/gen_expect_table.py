@@ -367,15 +367,11 @@ def describe(cls, model_type):
 
 
 def glob_of(regex):
-    """A `_keys_to_ignore_on_load_*` regular expression as the table's patterns
+    """A `_keys_to_ignore_on_load_*` regular expression (groups expanded) as the table's patterns
     (searched anywhere in a name, as `re.search` does: `^` and `$` anchor, `*` any run,
     `?` any character, the rest literal), or None when it uses more of the syntax."""
-    alternatives = [regex]
-    if regex.startswith("(^|\\.)"):
-        rest = regex[len("(^|\\.)"):]
-        alternatives = ["^" + rest, "\\." + rest]
     out = []
-    for r in alternatives:
+    for r in [regex]:
         g, i = "", 0
         while i < len(r):
             if r.startswith("\\.", i):
@@ -396,11 +392,66 @@ def glob_of(regex):
     return out
 
 
+def expand(regex, limit=64):
+    """`regex` without groups and character classes: one regex per alternative
+    (`(?:a|b)` gives two, an optional `(x)?` gives one with and one without, `[qkv]`
+    three), or None past `limit` alternatives."""
+    out, todo = [], [regex]
+    while todo:
+        r = todo.pop()
+        i = next((k for k, c in enumerate(r) if c in "([" and (k == 0 or r[k - 1] != "\\")), None)
+        if i is None:
+            out.append(r)
+        elif r[i] == "[":
+            j = r.index("]", i)
+            todo += [r[:i] + c + r[j + 1:] for c in r[i + 1:j]]
+        else:
+            depth, j = 0, i
+            while True:
+                if r[j] == "(" and (j == 0 or r[j - 1] != "\\"):
+                    depth += 1
+                elif r[j] == ")" and r[j - 1] != "\\":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                j += 1
+            inner = r[i + 1:j]
+            if inner.startswith("?:"):
+                inner = inner[2:]
+            optional = r[j + 1:j + 2] == "?"
+            rest = r[j + 2:] if optional else r[j + 1:]
+            parts, depth, start = [], 0, 0
+            for k, c in enumerate(inner):
+                if c in "([":
+                    depth += 1
+                elif c in ")]":
+                    depth -= 1
+                elif c == "|" and depth == 0:
+                    parts.append(inner[start:k])
+                    start = k + 1
+            parts.append(inner[start:])
+            if optional:
+                parts.append("")
+            todo += [r[:i] + p + rest for p in parts]
+        if len(out) + len(todo) > limit:
+            return None
+    return out
+
+
 def ignored(model, attribute):
     """The model's `_keys_to_ignore_on_load_missing` or `_unexpected` as patterns."""
     patterns = []
     for regex in sorted(getattr(model, attribute, None) or []):
-        globs = glob_of(regex)
+        alternatives = expand(regex)
+        globs = None
+        if alternatives is not None:
+            globs = []
+            for a in alternatives:
+                g = glob_of(a)
+                if g is None:
+                    globs = None
+                    break
+                globs += g
         if globs is None:
             print(f"  {attribute} entry {regex!r} left out: more regex than devmap matches", file=sys.stderr)
             continue

@@ -235,3 +235,27 @@ fn a_weight_without_its_scale_is_refused() {
         "tensor `model.layers.0.mlp.down_proj.weight` is F8_E4M3, but there is no `model.layers.0.mlp.down_proj.weight_scale_inv` beside it",
     );
 }
+
+#[test]
+fn inspect_says_the_checkpoint_is_quantized() {
+    let case = fp8_case("fp8", None);
+    let o = devmap(&["inspect", s(&case.src)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = common::stdout(&o);
+    assert!(
+        text.contains(
+            "quantized: fp8, 2×4 blocks: 1 FP8 weight with their scales (save --dtype bfloat16 dequantizes)"
+        ),
+        "{text}"
+    );
+    let o = devmap(&["inspect", s(&case.src), "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&common::stdout(&o)).expect("json");
+    assert_eq!(
+        json["quantization"],
+        serde_json::json!({"method": "fp8", "block": [2, 4]})
+    );
+    let plain = fp8_case("mxfp4", None);
+    let o = devmap(&["inspect", s(&plain.src), "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&common::stdout(&o)).expect("json");
+    assert_eq!(json["quantization"], serde_json::json!({"method": "mxfp4"}));
+}

@@ -13,7 +13,17 @@ struct Report<'a> {
     ties: Vec<Vec<&'a str>>,
     devices: Devices,
     total_bytes: u64,
+    /// config.json's `quantization_config`: its method and FP8 block, or null.
+    quantization: Option<QuantizationOut>,
     warnings: Vec<WarningOut>,
+}
+
+#[derive(Serialize)]
+struct QuantizationOut {
+    method: String,
+    /// Fine-grained FP8's `weight_block_size` (rows, columns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    block: Option<[u64; 2]>,
 }
 
 /// A warning as `--json` reports it: a stable kind, every name it is about, and the
@@ -175,6 +185,10 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
             .collect(),
         devices: Devices(ckpt.device_totals()),
         total_bytes: ckpt.total_bytes(),
+        quantization: ckpt.config.quantization.as_ref().map(|q| QuantizationOut {
+            method: q.method.clone(),
+            block: (q.method == "fp8").then_some([q.block.0, q.block.1]),
+        }),
         warnings: ckpt
             .all_warnings()
             .iter()

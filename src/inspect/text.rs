@@ -67,6 +67,9 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
     if let Some(dir) = &ckpt.offload_dir {
         let _ = writeln!(out, "  offload folder: {}", crate::text::path(dir));
     }
+    if let Some(q) = ckpt.quantization_summary() {
+        let _ = writeln!(out, "  quantized: {q}");
+    }
     out.push('\n');
 
     let mut rows = vec![Row {

@@ -345,6 +345,29 @@ impl Checkpoint {
         self.merges.get(&holder).map_or(&[], Vec::as_slice)
     }
 
+    /// config.json's `quantization_config` in words, with the FP8 weights counted:
+    /// `fp8, 128×128 blocks: 61 F8_E4M3 weights with their scales`.
+    pub fn quantization_summary(&self) -> Option<String> {
+        let q = self.config.quantization.as_ref()?;
+        if q.method != "fp8" {
+            return Some(format!(
+                "{} (devmap copies it as stored; it dequantizes fine-grained FP8 only)",
+                q.method
+            ));
+        }
+        let weights = self
+            .tensors
+            .iter()
+            .filter(|t| matches!(t.dtype, DType::F8E4M3 | DType::F8E5M2))
+            .count();
+        Some(format!(
+            "fp8, {}×{} blocks: {} with their scales (save --dtype bfloat16 dequantizes)",
+            q.block.0,
+            q.block.1,
+            crate::text::count(weights, "FP8 weight", "FP8 weights")
+        ))
+    }
+
     /// Whether some merge was allowed to carry NaN or infinite values
     /// (`--allow-nonfinite`): a check of the output then notes them rather than fails.
     pub fn merges_allow_nonfinite(&self) -> bool {
