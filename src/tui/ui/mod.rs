@@ -86,6 +86,9 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             crate::inspect::human_count(root.params)
         )),
     ];
+    if let Some(q) = &app.ckpt.config.quantization {
+        spans.push(Span::raw(format!(" · {} quantized", q.method)));
+    }
     if app.map_edited() {
         spans.push(Span::styled("  [map edited]", theme.warn()));
     }
