@@ -39,7 +39,8 @@ transformers does not report: `^`/`$` anchor, `*` any run, `?` any character, se
 anywhere in a name); then `form saved` and
 optionally `form runtime`, each followed by its tree, one space of indent per level:
 `NAME [D,D,...]` a tensor (` tied` when it is a tied copy transformers does not save,
-` tied?` when that holds only while `tie_word_embeddings` is true), `list PATH COUNT`
+` tied?` when that holds only while `tie_word_embeddings` is true, ` optional` when
+only some configs have it), `list PATH COUNT`
 a list, `variant [@I,I...]` one form of its members. A dimension or count is `?` or a
 product like `2*num_attention_heads*head_dim/3` of integers and attribute paths.
 """
@@ -60,6 +61,9 @@ from gen_arch_table import MAPPINGS, TooSlow, default_config, instantiate, too_s
 
 # Constant factors above this are more likely an attribute the fit missed.
 MAX_CONSTANT = 16
+# A list whose length no attribute changed is a fixed few (T5's `layer`), or a count
+# the fit missed: beyond this it is `?`.
+MAX_COUNT = 4
 
 
 def flat_ints(d, prefix=""):
@@ -68,6 +72,8 @@ def flat_ints(d, prefix=""):
     out = {}
     for k, v in d.items():
         path = f"{prefix}{k}"
+        if not isinstance(k, str):
+            continue
         if isinstance(v, dict):
             out.update(flat_ints(v, path + "."))
         elif isinstance(v, int) and not isinstance(v, bool) and v > 0:
@@ -84,10 +90,10 @@ def other_value(value):
     return value // 2 if value >= 4 and value % 2 == 0 else value * 2
 
 
-def with_value(config, path, value):
-    """`config` with the attribute at `path` set to `value`; a list beside it as long
-    as the old value (`layer_types` for `num_hidden_layers`) is cut or repeated to
-    the new length, as the config would otherwise be refused."""
+def with_value(config, path, value, resize=False):
+    """`config` with the attribute at `path` set to `value`; with `resize`, a list
+    beside it as long as the old value (`layer_types` for `num_hidden_layers`) is cut
+    or repeated to the new length, as the config would otherwise be refused."""
     d = copy.deepcopy(config.to_dict())
     node = d
     parts = path.split(".")
@@ -95,7 +101,7 @@ def with_value(config, path, value):
         node = node[p]
     old = node[parts[-1]]
     node[parts[-1]] = value
-    if isinstance(old, int) and not isinstance(old, bool) and old > 0 and value != old:
+    if resize and isinstance(old, int) and not isinstance(old, bool) and old > 0 and value != old:
         for k, v in node.items():
             if isinstance(v, list) and len(v) == old:
                 node[k] = (v * (value // old + 1))[:value]
@@ -202,7 +208,8 @@ def fit(base, changed, together):
         constant = Fraction(v0)
         for value, _, power in powers.values():
             constant /= Fraction(value) ** power
-        if constant.numerator > MAX_CONSTANT or constant.denominator > MAX_CONSTANT:
+        limit = MAX_COUNT if slot[-1][0] == "count" else MAX_CONSTANT
+        if constant.numerator > limit or constant.denominator > MAX_CONSTANT:
             exprs[slot] = None
             continue
         if together is not None:
@@ -280,17 +287,33 @@ def fitted(cls, config, form_names):
     model = instantiate(cls, config)
     bases = {form: build(saved_state(model, form == "saved")[0]) for form in form_names}
     changed = {form: {} for form in form_names}
+    optional = {form: {} for form in form_names}
     for path, value in flat_ints(config.to_dict()).items():
-        new = other_value(value)
-        try:
-            m = instantiate(cls, with_value(config, path, new))
-        except TooSlow:
-            raise
-        except Exception:
+        m = None
+        # Halved (or doubled) alone first; with same-length lists resized, which a layer
+        # count needs (`layer_types`) and a head count must not get (32 heads, 32
+        # layers); then the other way.
+        for new, resize in [(other_value(value), False), (other_value(value), True), (value * 2, False), (value * 2, True)]:
+            if new == value:
+                continue
+            try:
+                m = instantiate(cls, with_value(config, path, new, resize))
+                break
+            except TooSlow:
+                raise
+            except Exception:
+                continue
+        if m is None:
             continue
         for form in form_names:
             try:
-                changed[form][path] = (value, new, slots(build(saved_state(m, form == "saved")[0])))
+                tree = build(saved_state(m, form == "saved")[0])
+                changed[form][path] = (value, new, slots(tree))
+                # Top-level tensors only some configs have (OPT's project_in when the
+                # embedding is narrower than the model): allowed, never required.
+                for name, shape in tree["keys"].items():
+                    if name not in bases[form]["keys"]:
+                        optional[form][name] = len(shape)
             except Exception:
                 pass
     out = {}
@@ -310,7 +333,7 @@ def fitted(cls, config, form_names):
                 raise
             except Exception:
                 together = None
-        out[form] = (bases[form], fit(base, changed[form], together))
+        out[form] = (bases[form], fit(base, changed[form], together), optional[form])
     return out
 
 
@@ -342,13 +365,14 @@ def describe(cls, model_type):
             second = None
     rendered, used = {}, set()
     for form in names:
-        tree, exprs = main[form]
+        tree, exprs, optional = main[form]
         extra = None
         if second is not None:
-            extra, extra_exprs = second[form]
+            extra, extra_exprs, _ = second[form]
             exprs = {**extra_exprs, **exprs}
         tied = forms[form][1]
         rendered[form] = render(tree, exprs, tied | conditional, conditional, extra)
+        rendered[form] += [f"{name} [{','.join('?' * rank)}] optional" for name, rank in sorted(optional.items())]
         used |= set(attributes_used(exprs))
     values = config.to_dict()
     lines = [f"default {p} {'?' if derived(config, p, used) else _get(values, p)}" for p in sorted(used)]
@@ -543,7 +567,7 @@ def main(out):
     with open(out, "w") as f:
         f.write(f"# transformers {transformers.__version__}, torch {torch.__version__}: the tensors a checkpoint holds\n")
         f.write("# and their shapes per architecture (generated by scripts/gen_expect_table.py)\n")
-        f.write(f"# {sum(len(v) for v in blocks.values())} architectures; {len(failed)} left out\n")
+        f.write(f"# {sum(len(v) for v in blocks.values())} architectures; {len(failed)} left out (a default config transformers {transformers.__version__} cannot instantiate)\n")
         for body, names in sorted(blocks.items(), key=lambda kv: kv[1][0]):
             f.write("= " + " ".join(names) + "\n" + body + "\n")
     for name, why in failed:

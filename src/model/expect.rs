@@ -53,7 +53,8 @@ pub struct ExpectedTensor {
     pub tied: Tied,
 }
 
-/// Whether a tensor may be left out because transformers ties it to another.
+/// Whether a tensor may be left out: a tied copy transformers does not save, or one
+/// only some configs have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tied {
     No,
@@ -61,6 +62,8 @@ pub enum Tied {
     Always,
     /// A tied copy while `tie_word_embeddings` is true.
     IfTiedWords,
+    /// Only some configs have it (OPT's `project_in`): allowed, never required.
+    Optional,
 }
 
 /// A list of numbered members (`model.layers.0`, `.1`, …).
@@ -363,6 +366,7 @@ fn parse_node(lines: &[Line<'_>], at: &mut usize, depth: usize) -> Node {
             let tied = match words.next() {
                 Some("tied") => Tied::Always,
                 Some("tied?") => Tied::IfTiedWords,
+                Some("optional") => Tied::Optional,
                 _ => Tied::No,
             };
             node.tensors.push(ExpectedTensor { name, dims, tied });

