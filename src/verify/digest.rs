@@ -55,56 +55,74 @@ impl Float {
         }
     }
 
-    /// Adds `chunk`'s (whole elements') NaNs and infinities to `count`. Written as
-    /// plain loops over fixed-size elements so the compiler vectorises them: this runs
-    /// on every byte verify reads.
+    /// Adds `chunk`'s (whole elements') NaNs and infinities to `count`. This runs on
+    /// every byte verify reads, so it first counts the elements whose exponent is all
+    /// ones with a loop the compiler vectorises; only a chunk that has some (rare in a
+    /// model) is classified element by element.
     fn count(self, chunk: &[u8], count: &mut NonFinite) {
-        fn tally<const N: usize>(
-            chunk: &[u8],
-            count: &mut NonFinite,
-            class: impl Fn([u8; N]) -> (bool, bool),
-        ) {
-            let (mut nan, mut inf) = (0u64, 0u64);
-            for e in chunk.chunks_exact(N) {
-                let mut bytes = [0u8; N];
-                bytes.copy_from_slice(e);
-                let (is_nan, is_inf) = class(bytes);
-                nan += u64::from(is_nan);
-                inf += u64::from(is_inf);
-            }
-            count.nan += nan;
-            count.inf += inf;
-        }
         match self {
             Float::None => {}
-            Float::E4M3 => tally::<1>(chunk, count, |[b]| (b & 0x7f == 0x7f, false)),
-            Float::E5M2 => tally::<1>(chunk, count, |[b]| {
-                let special = b & 0x7c == 0x7c;
-                (special && b & 0x03 != 0, special && b.trailing_zeros() >= 2)
-            }),
-            Float::Bits16 { exponent, mantissa } => tally::<2>(chunk, count, |b| {
-                let bits = u16::from_le_bytes(b);
-                let special = bits & exponent == exponent;
-                (
-                    special && bits & mantissa != 0,
-                    special && bits & mantissa == 0,
-                )
-            }),
-            Float::Bits32 => tally::<4>(chunk, count, |b| {
-                let bits = u32::from_le_bytes(b);
-                let special = bits & 0x7f80_0000 == 0x7f80_0000;
-                (
-                    special && bits & 0x007f_ffff != 0,
-                    special && bits.trailing_zeros() >= 23,
-                )
-            }),
-            Float::Bits64 => tally::<8>(chunk, count, |b| {
-                let bits = u64::from_le_bytes(b);
-                let exp = 0x7ff0_0000_0000_0000;
-                let man = 0x000f_ffff_ffff_ffff;
-                let special = bits & exp == exp;
-                (special && bits & man != 0, special && bits & man == 0)
-            }),
+            Float::E4M3 => {
+                // e4m3fn: S.1111.111 is NaN; there is no infinity.
+                count.nan += chunk.iter().filter(|&&b| b & 0x7f == 0x7f).count() as u64;
+            }
+            Float::E5M2 => {
+                for &b in chunk.iter().filter(|&&b| b & 0x7c == 0x7c) {
+                    if b & 0x03 == 0 {
+                        count.inf += 1;
+                    } else {
+                        count.nan += 1;
+                    }
+                }
+            }
+            Float::Bits16 { exponent, mantissa } => {
+                let bits = || {
+                    chunk
+                        .chunks_exact(2)
+                        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                };
+                // Zero exactly when some element's exponent is all ones (a min over
+                // the lanes, which vectorises).
+                if bits().fold(u16::MAX, |m, b| m.min(!b & exponent)) == 0 {
+                    for b in bits().filter(|b| b & exponent == exponent) {
+                        if b & mantissa == 0 {
+                            count.inf += 1;
+                        } else {
+                            count.nan += 1;
+                        }
+                    }
+                }
+            }
+            Float::Bits32 => {
+                const EXP: u32 = 0x7f80_0000;
+                let bits = || {
+                    chunk
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                };
+                if bits().fold(u32::MAX, |m, b| m.min(!b & EXP)) == 0 {
+                    for b in bits().filter(|b| b & EXP == EXP) {
+                        if b.trailing_zeros() >= 23 {
+                            count.inf += 1;
+                        } else {
+                            count.nan += 1;
+                        }
+                    }
+                }
+            }
+            Float::Bits64 => {
+                const EXP: u64 = 0x7ff0_0000_0000_0000;
+                for c in chunk.chunks_exact(8) {
+                    let b = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+                    if b & EXP == EXP {
+                        if b.trailing_zeros() >= 52 {
+                            count.inf += 1;
+                        } else {
+                            count.nan += 1;
+                        }
+                    }
+                }
+            }
         }
     }
 }
