@@ -68,7 +68,7 @@ impl Float {
             }
             Float::E5M2 => {
                 for &b in chunk.iter().filter(|&&b| b & 0x7c == 0x7c) {
-                    if b & 0x03 == 0 {
+                    if b.trailing_zeros() >= 2 {
                         count.inf += 1;
                     } else {
                         count.nan += 1;
