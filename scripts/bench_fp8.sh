@@ -2,10 +2,10 @@
 # devmap save --dtype bfloat16 of a fine-grained FP8 checkpoint (dequantized while
 # streaming) against cp of the same number of output bytes, side by side in one run,
 # warm cache; peak RSS from GNU time. The checkpoint: SIZE_MB of F8_E4M3 weights
-# (4096-wide, 128x128 blocks, float32 scales) made with numpy, and its output is twice
+# (4096-wide, 128x128 blocks, float32 scales) made with torch, and its output is twice
 # that in bfloat16.
 # Usage: [RUNS=3] scripts/bench_fp8.sh [SIZE_MB=512] [WORKDIR=target/bench]
-# Needs a Python with numpy and safetensors (DEVMAP_HF_PYTHON, else python3).
+# Needs a Python with torch and safetensors (DEVMAP_HF_PYTHON, else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE_MB=${1:-512}
@@ -22,7 +22,8 @@ if [ ! -d "$MODEL" ]; then
     "$PY" - "$MODEL" "$SIZE_MB" <<'PY'
 import json, os, sys
 import numpy as np
-from safetensors.numpy import save_file
+import torch
+from safetensors.torch import save_file
 folder, size_mb = sys.argv[1], int(sys.argv[2])
 os.makedirs(folder)
 rng = np.random.default_rng(0)
@@ -33,17 +34,9 @@ for i in range(count):
     w = rng.integers(0, 256, size=(rows, cols), dtype=np.uint8)
     w[(w & 0x7F) == 0x7F] = 0x38  # no NaN patterns
     name = f"model.layers.{i}.mlp.down_proj.weight"
-    shard[name] = w
-    shard[name + "_scale_inv"] = rng.random((rows // block, cols // block), dtype=np.float32)
+    shard[name] = torch.from_numpy(w).view(torch.float8_e4m3fn)
+    shard[name + "_scale_inv"] = torch.from_numpy(rng.random((rows // block, cols // block), dtype=np.float32))
 save_file(shard, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-# numpy has no float8: the header's dtype is rewritten to F8_E4M3 (same byte width).
-path = os.path.join(folder, "model.safetensors")
-with open(path, "r+b") as f:
-    n = int.from_bytes(f.read(8), "little")
-    header = f.read(n).decode()
-    fixed = header.replace('"U8"', '"F8_E4M3"')
-    f.seek(8)
-    f.write(fixed.ljust(n).encode())
 with open(os.path.join(folder, "config.json"), "w") as f:
     json.dump({"architectures": ["ToyForCausalLM"], "dtype": "bfloat16",
                "quantization_config": {"quant_method": "fp8", "weight_block_size": [block, block]}}, f)
