@@ -38,9 +38,11 @@ pub enum Command {
     Save(SaveArgs),
     /// Compute the device map accelerate's infer_auto_device_map gives for budgets.
     Plan(PlanArgs),
-    /// Check a saved checkpoint: its structure alone, or every tensor against the
-    /// model it was saved from (--against). Exit 0: all is well; 1: differences;
-    /// 2: the input cannot be used.
+    /// Check a saved checkpoint: its files as transformers reads them, its tensors,
+    /// shapes, float32 modules and values against what config.json's architecture
+    /// expects (from transformers' own classes), and with --against every tensor
+    /// against the model it was saved from. Exit 0: all is well; 1: differences; 2:
+    /// the input cannot be used.
     Verify(VerifyArgs),
 }
 
@@ -120,7 +122,7 @@ pub struct ModelArgs {
     pub merge_lora: Vec<PathBuf>,
     /// Merge adapters that hold NaN or infinite values, and write merges whose result
     /// overflows the output dtype, as peft would (refused by default, naming the
-    /// tensor).
+    /// tensor); for verify, report NaN and infinities as notes, not differences.
     #[arg(long, global = true)]
     pub allow_nonfinite: bool,
     /// Most shard headers to fetch for a remote model (two requests each); an index
