@@ -580,3 +580,45 @@ fn non_finite_adapters_and_overflowing_merges_are_refused_by_name() {
         &["--allow-nonfinite"],
     );
 }
+
+#[test]
+fn an_adapter_naming_modules_as_the_loaded_model_does_merges_into_the_checkpoint_names() {
+    // A Llava checkpoint names its text tower `language_model.model.…`; peft saves
+    // the adapter under the loaded model's `model.language_model.…`.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let base = tmp.path().join("base");
+    std::fs::create_dir_all(&base).expect("mkdir");
+    let weight = FixtureTensor::patterned(
+        "language_model.model.layers.0.self_attn.q_proj.weight",
+        DType::F32,
+        &[8, 8],
+        1,
+    );
+    let norm = FixtureTensor::patterned("language_model.model.norm.weight", DType::F32, &[8], 2);
+    devmap::fixtures::write_safetensors(&base.join("model.safetensors"), &[&weight, &norm])
+        .expect("base");
+    devmap::fixtures::write_json(
+        &base.join("config.json"),
+        &serde_json::json!({"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava"}),
+    )
+    .expect("config");
+    let adapter = tmp.path().join("adapter");
+    std::fs::create_dir_all(&adapter).expect("mkdir");
+    let module = "base_model.model.model.language_model.layers.0.self_attn.q_proj";
+    let a = FixtureTensor::patterned(&format!("{module}.lora_A.weight"), DType::F32, &[2, 8], 3);
+    let b = FixtureTensor::patterned(&format!("{module}.lora_B.weight"), DType::F32, &[8, 2], 4);
+    devmap::fixtures::write_safetensors(&adapter.join("adapter_model.safetensors"), &[&a, &b])
+        .expect("adapter");
+    devmap::fixtures::write_json(
+        &adapter.join("adapter_config.json"),
+        &serde_json::json!({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}),
+    )
+    .expect("adapter config");
+    let mut ckpt =
+        devmap::model::load(&base, &devmap::model::LoadOptions::default()).expect("load");
+    let summary = devmap::model::lora::apply_adapter(&mut ckpt, &adapter).expect("merges");
+    assert_eq!(
+        summary.merged,
+        vec!["language_model.model.layers.0.self_attn.q_proj.weight".to_owned()]
+    );
+}

@@ -11,5 +11,6 @@ mod common;
 fn merges_match_peft_merge_and_unload() {
     let (ok, out, err) = common::run_hf_script("lora_merge.py");
     assert!(ok, "LoRA merge check failed:\n{out}\n{err}");
-    assert_eq!(out.matches("ok: ").count(), 10, "{out}");
+    assert_eq!(out.matches("ok: ").count(), 11, "{out}");
+    assert!(out.contains("ok: llava-renamed-modules"), "{out}");
 }

@@ -106,6 +106,17 @@ struct ModuleKeys {
     magnitude: Option<(String, HeaderTensor)>,
 }
 
+/// The tensor an adapter key's module names: as the checkpoint names it, or as the
+/// loaded model does (peft saves under the loaded names: Llava's
+/// `model.language_model.layers.0…` for the checkpoint's `language_model.model.layers.0…`),
+/// through the architecture's rename rules, as device maps and offload entries are.
+fn model_tensor(ckpt: &Checkpoint, name: &str) -> Option<crate::model::TensorId> {
+    ckpt.index_of(name).or_else(|| {
+        let arch = super::arch::lookup(&ckpt.config.architectures)?;
+        ckpt.index_of(&arch.checkpoint_name(name)?)
+    })
+}
+
 /// Reads the adapter in `dir` and records its merges and replacements on `ckpt`
 /// (after those of adapters applied before it). Adapter values that are NaN or
 /// infinite are refused, naming the key.
@@ -187,7 +198,7 @@ pub fn apply_adapter_with(
         replaced: Vec::new(),
     };
     for (key, target, t) in replacements {
-        let Some(id) = ckpt.index_of(&target) else {
+        let Some(id) = model_tensor(ckpt, &target) else {
             return Err(key_error(
                 &key,
                 format!("replaces `{target}`, which the model does not have"),
@@ -262,7 +273,7 @@ pub fn apply_adapter_with(
                 }
             };
         let weight = format!("{module}.weight");
-        let Some(id) = ckpt.index_of(&weight) else {
+        let Some(id) = model_tensor(ckpt, &weight) else {
             return Err(key_error(
                 &a_key.0,
                 format!("adapts `{module}`, but the model has no tensor `{weight}`"),
@@ -394,10 +405,10 @@ pub fn apply_adapter_with(
             scale,
             allow_nonfinite,
         });
-        summary.merged.push(weight.clone());
+        summary.merged.push(ckpt.tensors()[id].name.clone());
         if let Some((key, t)) = &keys.b_bias {
             let bias_name = format!("{module}.bias");
-            let Some(bias_id) = ckpt.index_of(&bias_name) else {
+            let Some(bias_id) = model_tensor(ckpt, &bias_name) else {
                 return Err(key_error(
                     key,
                     format!("is a lora_bias, but the model has no `{bias_name}`"),

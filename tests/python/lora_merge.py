@@ -24,6 +24,10 @@ from safetensors import safe_open
 from saved import tensors
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    CLIPVisionConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -72,9 +76,20 @@ def qwen2():
     )
 
 
-def make_adapter(base_dir, dtype, config, seed, name):
+def llava():
+    """A tiny Llava: peft names its modules as the loaded model does
+    (`model.language_model.layers.0…`), the checkpoint as `language_model.model.layers.0…`."""
+    torch.manual_seed(0)
+    text = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=4)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                              image_size=28, patch_size=14, projection_dim=32)
+    return LlavaForConditionalGeneration(LlavaConfig(text_config=text, vision_config=vision, image_token_index=95))
+
+
+def make_adapter(base_dir, dtype, config, seed, name, auto=AutoModelForCausalLM):
     """peft's own adapter over the saved base, every trainable weight randomised."""
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
+    base = auto.from_pretrained(base_dir, dtype=dtype)
     peft_model = get_peft_model(base, config)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -92,8 +107,8 @@ def make_adapter(base_dir, dtype, config, seed, name):
     return out
 
 
-def peft_route(base_dir, dtype, adapters, out):
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
+def peft_route(base_dir, dtype, adapters, out, auto=AutoModelForCausalLM):
+    model = auto.from_pretrained(base_dir, dtype=dtype)
     for a in adapters:
         model = PeftModel.from_pretrained(model, a).merge_and_unload()
     model.save_pretrained(out)
@@ -161,7 +176,7 @@ def dora_magnitude(adapters, module):
     return None
 
 
-def compare(case, ours_dir, ref_dir, base_dir, dtype, ref_logits, ulps=1, adapters=()):
+def compare(case, ours_dir, ref_dir, base_dir, dtype, ref_logits, ulps=1, adapters=(), auto=AutoModelForCausalLM):
     ours, ref, base = tensors(ours_dir), tensors(ref_dir), tensors(base_dir)
     if sorted(ours) != sorted(ref):
         sys.exit(f"FAIL {case}: names differ: only devmap {sorted(set(ours) - set(ref))}, only peft {sorted(set(ref) - set(ours))}")
@@ -204,7 +219,7 @@ def compare(case, ours_dir, ref_dir, base_dir, dtype, ref_logits, ulps=1, adapte
     # The bit-identical share is a claim about the FMA GEMM only.
     if share < 0.995 and not COMPATIBLE:
         sys.exit(f"FAIL {case}: only {share:.4%} of elements bit-identical")
-    model = AutoModelForCausalLM.from_pretrained(ours_dir, dtype=dtype)
+    model = auto.from_pretrained(ours_dir, dtype=dtype)
     with torch.no_grad():
         logits = model(INPUT).logits.float()
     limit = 1e-3 if dtype == torch.float32 else 2e-2
@@ -223,7 +238,7 @@ def devmap_save(devmap, base_dir, adapters, out, *extra):
         sys.exit(f"FAIL: devmap save with {adapters}: {r.stderr}")
 
 
-def case(devmap, name, model_fn, dtype, configs, ulps=1):
+def case(devmap, name, model_fn, dtype, configs, ulps=1, auto=AutoModelForCausalLM):
     base_dir = os.path.join(WORK, f"{name}-base")
     model_fn().save_pretrained(base_dir)
     adapters = []
@@ -231,16 +246,16 @@ def case(devmap, name, model_fn, dtype, configs, ulps=1):
     for i, c in enumerate(configs):
         # Each adapter is made over the model the earlier ones merged into, as a user
         # stacking adapters would.
-        adapters.append(make_adapter(merged_dirs[-1], dtype, c, 100 + i, f"{name}-adapter{i}"))
+        adapters.append(make_adapter(merged_dirs[-1], dtype, c, 100 + i, f"{name}-adapter{i}", auto))
         if i + 1 < len(configs):
             step = os.path.join(WORK, f"{name}-merged{i}")
-            peft_route(merged_dirs[-1], dtype, [adapters[-1]], step)
+            peft_route(merged_dirs[-1], dtype, [adapters[-1]], step, auto)
             merged_dirs.append(step)
     ref_dir = os.path.join(WORK, f"{name}-peft")
-    ref_logits = peft_route(base_dir, dtype, adapters, ref_dir)
+    ref_logits = peft_route(base_dir, dtype, adapters, ref_dir, auto)
     ours = os.path.join(WORK, f"{name}-devmap")
     devmap_save(devmap, base_dir, adapters, ours)
-    compare(name, ours, ref_dir, base_dir, dtype, ref_logits, ulps, adapters)
+    compare(name, ours, ref_dir, base_dir, dtype, ref_logits, ulps, adapters, auto)
 
 
 def main(devmap):
@@ -267,6 +282,11 @@ def main(devmap):
     case(devmap, "llama-two-adapters", lambda: llama(torch.float32), torch.float32,
          [LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
           LoraConfig(r=8, lora_alpha=4, target_modules=["v_proj", "down_proj"], init_lora_weights=False)])
+
+    # peft names Llava's modules as the loaded model does; devmap maps them back.
+    case(devmap, "llava-renamed-modules", llava, torch.float32,
+         [LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "linear_1"], init_lora_weights=False)],
+         auto=AutoModelForImageTextToText)
 
     # An adapter devmap cannot merge: refused, naming the type, nothing left.
     base_dir = os.path.join(WORK, "llama-f32-base")
