@@ -281,3 +281,34 @@ fn every_view_at_three_sizes() {
         }
     }
 }
+
+#[test]
+fn the_title_says_a_quantized_checkpoint_is_quantized() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("fp8");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let w = devmap::fixtures::FixtureTensor::patterned(
+        "model.layers.0.mlp.down_proj.weight",
+        devmap::model::DType::F8E4M3,
+        &[4, 4],
+        1,
+    );
+    let s = devmap::fixtures::FixtureTensor::patterned(
+        "model.layers.0.mlp.down_proj.weight_scale_inv",
+        devmap::model::DType::F32,
+        &[1, 1],
+        2,
+    );
+    devmap::fixtures::write_safetensors(&dir.join("model.safetensors"), &[&w, &s])
+        .expect("weights");
+    devmap::fixtures::write_json(
+        &dir.join("config.json"),
+        &serde_json::json!({"quantization_config": {"quant_method": "fp8"}}),
+    )
+    .expect("config");
+    let mut app = App::new(load(&dir, &LoadOptions::default()).expect("load"));
+    app.size = (100, 20);
+    let shown = wait(&mut app, Duration::from_millis(50));
+    let title = shown.lines().next().unwrap_or_default();
+    assert!(title.contains("· fp8 quantized"), "{shown}");
+}
