@@ -346,23 +346,25 @@ fn hash_expected(
             continue;
         };
         let mut digester = Digester::new(p.dtype);
+        // What every recipe's bytes go through: the hash, and the progress count.
+        let mut feed = |chunk: &[u8]| {
+            digester.update(chunk);
+            progress
+                .read
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            Ok(())
+        };
+        let at = (file, source.offset);
         let read = match p.recipe {
-            Recipe::Copy(_) => read_into(
-                &mut copier,
-                (file, source.offset),
-                source.len,
-                None,
-                progress,
-                &mut digester,
-            ),
-            Recipe::Cast { from, to, .. } => read_into(
-                &mut copier,
-                (file, source.offset),
+            Recipe::Copy(_) => copier.stream(at, source.len, None, &progress.cancel, &mut feed),
+            Recipe::Cast { from, to, .. } => copier.stream(
+                at,
                 source.len,
                 Some((from, to)),
-                progress,
-                &mut digester,
+                &progress.cancel,
+                &mut feed,
             ),
+            // Dequantized and merged values, computed by the saver's own kernels.
             Recipe::Dequant {
                 from,
                 to,
@@ -379,20 +381,13 @@ fn hash_expected(
                         blocks,
                         (from, to),
                         &progress.cancel,
-                        &mut |chunk| {
-                            digester.update(chunk);
-                            progress
-                                .read
-                                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                            Ok(())
-                        },
+                        &mut feed,
                     )
                 }),
-            // The merged value, computed by the saver's own kernel.
             Recipe::Merge { from, to, .. } => crate::save::lora_kernel::stream(
                 expected.ckpt,
                 p.tensor,
-                (file, source.offset),
+                at,
                 source.len,
                 (from, to),
                 &|id| {
@@ -400,13 +395,7 @@ fn hash_expected(
                         .map_err(std::io::Error::other)
                 },
                 &progress.cancel,
-                &mut |chunk| {
-                    digester.update(chunk);
-                    progress
-                        .read
-                        .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                    Ok(())
-                },
+                &mut feed,
             ),
         };
         match read {
