@@ -22,7 +22,10 @@ import torch
 from peft import LoHaConfig, LoraConfig, PeftModel, get_peft_model
 from safetensors import safe_open
 from saved import tensors
+from transformers.conversion_mapping import get_model_conversion_mapping
+from transformers.core_model_loading import WeightRenaming, apply_renamings
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
     CLIPVisionConfig,
@@ -178,6 +181,12 @@ def dora_magnitude(adapters, module):
 
 def compare(case, ours_dir, ref_dir, base_dir, dtype, ref_logits, ulps=1, adapters=(), auto=AutoModelForCausalLM):
     ours, ref, base = tensors(ours_dir), tensors(ref_dir), tensors(base_dir)
+    # peft keys modules by the loaded model's names (Llava's `model.language_model.…`);
+    # transformers' own renamings give them for the checkpoint's names.
+    with torch.device("meta"):
+        loaded = auto.from_config(AutoConfig.from_pretrained(base_dir))
+    renamings = [r for r in get_model_conversion_mapping(loaded) if isinstance(r, WeightRenaming)]
+    loaded_module = lambda m: apply_renamings(m + ".weight", renamings)[: -len(".weight")]
     if sorted(ours) != sorted(ref):
         sys.exit(f"FAIL {case}: names differ: only devmap {sorted(set(ours) - set(ref))}, only peft {sorted(set(ref) - set(ours))}")
     same = total = 0
@@ -202,6 +211,8 @@ def compare(case, ours_dir, ref_dir, base_dir, dtype, ref_logits, ulps=1, adapte
         if COMPATIBLE and k.endswith(".weight") and a.dim() == 2:
             module = k[: -len(".weight")]
             delta, rank = adapter_bound(adapters, module, tuple(a.shape))
+            if rank == 0:
+                delta, rank = adapter_bound(adapters, loaded_module(module), tuple(a.shape))
             before = ulp(w.abs() + delta) + rank * ulp(delta) * (delta > 0)
             magnitude = dora_magnitude(adapters, module)
             if magnitude is not None:
