@@ -98,10 +98,18 @@ pub enum Factor {
 
 /// The first of `architectures` (config.json's list) the table has.
 pub fn lookup(architectures: &[String]) -> Option<&'static Expect> {
+    lookup_named(architectures).map(|(_, e)| e)
+}
+
+/// [`lookup`], with the name of the architecture found.
+pub fn lookup_named(architectures: &[String]) -> Option<(&str, &'static Expect)> {
     static PARSED: Parsed<Expect> = Parsed::new();
     let t = table();
-    let block = t.find(architectures)?;
-    Some(PARSED.get(block, || parse_block(t.bodies[block])))
+    let name = architectures
+        .iter()
+        .find(|a| t.by_name.contains_key(a.as_str()))?;
+    let block = t.by_name[name.as_str()];
+    Some((name, PARSED.get(block, || parse_block(t.bodies[block]))))
 }
 
 /// Where the table comes from, for reports: `transformers 5.24.0, torch 2.15.0`.

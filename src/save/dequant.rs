@@ -21,6 +21,15 @@ use super::copy::{CopyError, Stop, read_exact_at};
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
 
+/// What a fine-grained FP8 checkpoint holds beside each weight (transformers' FP8
+/// layers have them as parameters); a dequantized model has none of them.
+const COMPANIONS: [&str; 3] = ["_scale_inv", ".activation_scale", ".input_scale"];
+
+/// Whether `name` is a scale an FP8 weight carries beside it.
+pub fn is_companion(name: &str) -> bool {
+    COMPANIONS.iter().any(|c| name.ends_with(c))
+}
+
 /// Input bytes (FP8 elements) read per band of rows, at most.
 const BAND_ELEMENTS: usize = 1 << 20;
 

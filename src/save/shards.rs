@@ -73,41 +73,46 @@ pub fn resolve_dtype(ckpt: &Checkpoint, choice: DtypeChoice) -> Option<DType> {
     }
 }
 
-/// Names of the tensors a fine-grained FP8 checkpoint holds beside its weights, which
-/// a dequantized model no longer has.
-const FP8_COMPANIONS: [&str; 3] = ["_scale_inv", ".activation_scale", ".input_scale"];
+/// What a dequantizing save does with one tensor.
+enum Dequantized {
+    /// Not FP8: planned as any other tensor.
+    NotFp8,
+    /// A scale beside an FP8 weight: left out, its values are in the weight.
+    Dropped,
+    /// An FP8 weight, written through this recipe.
+    Written(Recipe),
+}
 
 /// How a dequantizing save (an explicit float `--dtype` on a quantized checkpoint)
-/// treats tensor `id`: `None` when it is not an FP8 weight or a companion of one.
+/// treats tensor `id`; an FP8 weight it cannot dequantize is an error saying why.
 fn dequantized(
     ckpt: &Checkpoint,
     id: TensorId,
     block: (u64, u64),
     to: DType,
-) -> Option<Result<Option<Recipe>, String>> {
+) -> Result<Dequantized, String> {
     let tensor = &ckpt.tensors()[id];
-    if FP8_COMPANIONS.iter().any(|c| tensor.name.ends_with(c)) {
-        // A scale is dropped: its values are in the dequantized weight.
-        return Some(Ok(None));
+    if super::dequant::is_companion(&tensor.name) {
+        return Ok(Dequantized::Dropped);
     }
     if !matches!(tensor.dtype, DType::F8E4M3 | DType::F8E5M2) {
-        return None;
+        return Ok(Dequantized::NotFp8);
     }
     let scale_name = format!("{}_scale_inv", tensor.name);
     let Some(scale_id) = ckpt.index_of(&scale_name) else {
-        return Some(Err(format!(
+        return Err(format!(
             "is {}, but there is no `{scale_name}` beside it to dequantize it with",
             tensor.dtype
-        )));
+        ));
     };
     let scale = &ckpt.tensors()[scale_id];
     let dims: Vec<u64> = tensor.shape.iter().collect();
     if dims.len() < 2 {
-        return Some(Err(format!(
+        return Err(format!(
             "is {} with {} dimensions; fine-grained FP8 weights are matrices",
             tensor.dtype,
             dims.len()
-        )));
+        ));
     }
     let blocks = super::dequant::Fp8Blocks {
         rows: dims[dims.len() - 2],
@@ -120,26 +125,26 @@ fn dequantized(
     want.extend([sr, sc]);
     let have: Vec<u64> = scale.shape.iter().collect();
     if scale.dtype != DType::F32 || have != want {
-        return Some(Err(format!(
+        return Err(format!(
             "has a `{scale_name}` of {} {have:?}, but its {}×{} blocks need float32 {want:?}",
             scale.dtype, block.0, block.1
-        )));
-    }
-    if !ckpt.merges_of(id).is_empty() {
-        return Some(Err(
-            "is an FP8 weight a LoRA adapter merges into; devmap does not merge into quantized weights yet (merge after saving it dequantized)".to_owned(),
         ));
     }
+    if !ckpt.merges_of(id).is_empty() {
+        return Err(
+            "is an FP8 weight a LoRA adapter merges into; devmap does not merge into quantized weights yet (merge after saving it dequantized)".to_owned(),
+        );
+    }
     let (Some(source), Some(scale_range)) = (ckpt.data_range(id), ckpt.data_range(scale_id)) else {
-        return Some(Err("or its scale has no data to read".to_owned()));
+        return Err("or its scale has no data to read".to_owned());
     };
-    Some(Ok(Some(Recipe::Dequant {
+    Ok(Dequantized::Written(Recipe::Dequant {
         source,
         from: tensor.dtype,
         to,
         scale: scale_range,
         blocks,
-    })))
+    }))
 }
 
 /// The dtype the model ran in, where the offload folder shows it differs from the
@@ -548,18 +553,23 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             ));
             continue;
         }
-        if let Some((block, to)) = dequantize
-            && let Some(outcome) = dequantized(ckpt, id, block, to)
-        {
-            match outcome {
-                Ok(Some(recipe)) => {
+        if let Some((block, to)) = dequantize {
+            match dequantized(ckpt, id, block, to) {
+                Ok(Dequantized::NotFp8) => {}
+                Ok(Dequantized::Written(recipe)) => {
                     dequantized_count += 1;
                     chosen.push((id, recipe));
+                    continue;
                 }
-                Ok(None) => dropped_scales.push(tensor.name.clone()),
-                Err(why) => problems.push(format!("tensor `{}` {why}", tensor.name)),
+                Ok(Dequantized::Dropped) => {
+                    dropped_scales.push(tensor.name.clone());
+                    continue;
+                }
+                Err(why) => {
+                    problems.push(format!("tensor `{}` {why}", tensor.name));
+                    continue;
+                }
             }
-            continue;
         }
         // What transformers keeps in float32 at the dtype the save casts to.
         // Matched on the loaded name (renamed, or the fused expert parameter it becomes),

@@ -8,6 +8,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::report::{Finding, Kind};
 use super::written::{Written, WrittenTensor};
+use crate::formats::config::ModelConfig;
 use crate::model::expect::{self, Expect, ExpectedTensor, Form, List, Node, Tied, Values};
 use crate::types::dtype::DType;
 
@@ -16,6 +17,20 @@ use crate::types::dtype::DType;
 pub struct Coverage {
     /// The architecture checked against, when the table has it.
     pub architecture: Option<String>,
+}
+
+/// The architecture config.json's tensor names and shapes are checked against, and its
+/// name: none for an architecture the table lacks, nor for quantized formats stored
+/// under other names and shapes (all but fine-grained FP8).
+pub fn checked_against(config: &ModelConfig) -> Option<(&str, &'static Expect)> {
+    if config
+        .quantization
+        .as_ref()
+        .is_some_and(|q| q.method != "fp8")
+    {
+        return None;
+    }
+    expect::lookup_named(&config.architectures)
 }
 
 /// Checks `written` against its config's architecture; findings go to `findings`.
@@ -34,7 +49,7 @@ pub fn check(written: &Written, findings: &mut Vec<Finding>) -> Coverage {
         ));
         return Coverage::default();
     }
-    let Some(expect) = expect::lookup(&config.architectures) else {
+    let Some((architecture, expect)) = checked_against(config) else {
         let what = config.architectures.first().map_or(
             "config.json names no architecture".to_owned(),
             |a| {
@@ -52,11 +67,6 @@ pub fn check(written: &Written, findings: &mut Vec<Finding>) -> Coverage {
         check_kept_float32(written, findings);
         return Coverage::default();
     };
-    let architecture = config
-        .architectures
-        .iter()
-        .find(|a| expect::lookup(std::slice::from_ref(a)).is_some())
-        .cloned();
     let values = expect.values(&config.raw);
     let present = Present::new(written);
     let saved = match_form(&expect.saved, &present, &values);
@@ -69,20 +79,19 @@ pub fn check(written: &Written, findings: &mut Vec<Finding>) -> Coverage {
         Some(r) => (saved, Some(r)),
         None => (saved, None),
     };
-    let arch = architecture.as_deref().unwrap_or("the architecture");
     report(
         config.quantization.is_some(),
         expect,
         &chosen,
         other.as_ref(),
         &present,
-        arch,
+        architecture,
         findings,
     );
-    // The name-based tie check guesses; this one knows: a missing head is MISSING.
-    findings.retain(|f| f.kind != Kind::TieDropped);
     check_kept_float32(written, findings);
-    Coverage { architecture }
+    Coverage {
+        architecture: Some(architecture.to_owned()),
+    }
 }
 
 /// The checkpoint's tensors by name, and sorted for prefix scans.
@@ -102,15 +111,21 @@ impl<'a> Present<'a> {
         Present { by_name, sorted }
     }
 
-    /// The indices present under `prefix` (which ends in `.`): `model.layers.` gives
-    /// the numbers after it.
-    fn indices(&self, prefix: &str) -> BTreeSet<u64> {
+    /// The names that start with `prefix`, in order.
+    fn under<'p>(&self, prefix: &'p str) -> impl Iterator<Item = &'a str> + use<'a, '_, 'p> {
         self.sorted
             .range::<str, _>((
                 std::ops::Bound::Included(prefix),
                 std::ops::Bound::Unbounded,
             ))
-            .take_while(|n| n.starts_with(prefix))
+            .copied()
+            .take_while(move |n| n.starts_with(prefix))
+    }
+
+    /// The indices present under `prefix` (which ends in `.`): `model.layers.` gives
+    /// the numbers after it.
+    fn indices(&self, prefix: &str) -> BTreeSet<u64> {
+        self.under(prefix)
             .filter_map(|n| n[prefix.len()..].split('.').next()?.parse().ok())
             .collect()
     }
@@ -218,7 +233,7 @@ fn match_list<'a>(
         let best = candidates
             .iter()
             .map(|v| match_node(&v.node, &member, present, values))
-            .min_by_key(|c| c.problems.len() + present.indices_unclaimed(&member, &c.claimed));
+            .min_by_key(|c| c.problems.len() + present.unclaimed_under(&member, &c.claimed));
         if let Some(best) = best {
             m.absorb(best);
         }
@@ -227,15 +242,8 @@ fn match_list<'a>(
 
 impl Present<'_> {
     /// Tensors under `prefix` a match left unclaimed.
-    fn indices_unclaimed(&self, prefix: &str, claimed: &HashSet<&str>) -> usize {
-        self.sorted
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|n| n.starts_with(prefix))
-            .filter(|n| !claimed.contains(*n))
-            .count()
+    fn unclaimed_under(&self, prefix: &str, claimed: &HashSet<&str>) -> usize {
+        self.under(prefix).filter(|n| !claimed.contains(n)).count()
     }
 }
 
@@ -299,10 +307,6 @@ fn consistent(m: &mut Matched<'_>, present: &Present<'_>) {
     }
 }
 
-/// What a fine-grained FP8 checkpoint holds beside each weight (transformers' FP8
-/// layers have them as parameters).
-const FP8_COMPANIONS: [&str; 3] = ["_scale_inv", ".activation_scale", ".input_scale"];
-
 fn report(
     quantized: bool,
     expect: &Expect,
@@ -338,7 +342,7 @@ fn report(
         .iter()
         .copied()
         .filter(|n| {
-            let companion = quantized && FP8_COMPANIONS.iter().any(|c| n.ends_with(c));
+            let companion = quantized && crate::save::dequant::is_companion(n);
             !(chosen.claimed.contains(n) || expect.ignores_unexpected(n) || companion)
         })
         .collect();

@@ -95,9 +95,14 @@ pub fn verify(
 ) -> Result<VerifyReport, VerifyError> {
     let mut findings = Vec::new();
     let written = written::read(out, &mut findings)?;
+    let names_checked = written
+        .config
+        .as_ref()
+        .is_some_and(|c| expects::checked_against(c).is_some());
     written::check_config(
         &written,
         expected.is_none_or(Expected::has_config),
+        names_checked,
         &mut findings,
     );
     if let Some(expected) = expected {

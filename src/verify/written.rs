@@ -353,8 +353,15 @@ fn check_totals(
 }
 
 /// config.json against the tensors: present (unless the source had none either), its
-/// dtype the tensors' dtype, and the output head written exactly when untied.
-pub fn check_config(written: &Written, config_expected: bool, findings: &mut Vec<Finding>) {
+/// dtype the tensors' dtype, and the output head written exactly when untied. A
+/// dropped head is guessed from names only where the tensors are not checked against
+/// the architecture (`names_checked`), which knows it: MISSING.
+pub fn check_config(
+    written: &Written,
+    config_expected: bool,
+    names_checked: bool,
+    findings: &mut Vec<Finding>,
+) {
     if !written.config_present {
         if config_expected {
             findings.push(Finding::difference(
@@ -369,7 +376,7 @@ pub fn check_config(written: &Written, config_expected: bool, findings: &mut Vec
         return;
     };
     check_dtype(written, config, findings);
-    check_head(written, config, findings);
+    check_head(written, config, !names_checked, findings);
 }
 
 fn check_dtype(written: &Written, config: &ModelConfig, findings: &mut Vec<Finding>) {
@@ -427,7 +434,12 @@ fn check_dtype(written: &Written, config: &ModelConfig, findings: &mut Vec<Findi
     }
 }
 
-fn check_head(written: &Written, config: &ModelConfig, findings: &mut Vec<Finding>) {
+fn check_head(
+    written: &Written,
+    config: &ModelConfig,
+    guess_dropped: bool,
+    findings: &mut Vec<Finding>,
+) {
     let names: HashSet<&str> = written.tensors.iter().map(|t| t.name.as_str()).collect();
     let Some(embedding) = input_embedding(written.tensors.iter().map(|t| t.name.as_str())) else {
         return;
@@ -451,7 +463,7 @@ fn check_head(written: &Written, config: &ModelConfig, findings: &mut Vec<Findin
                 ),
             ));
         }
-    } else if heads.is_empty() && causal_lm {
+    } else if guess_dropped && heads.is_empty() && causal_lm {
         findings.push(Finding::difference(
             Kind::TieDropped,
             HEAD_NAMES[0],
