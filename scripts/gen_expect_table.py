@@ -46,7 +46,6 @@ product like `2*num_attention_heads*head_dim/3` of integers and attribute paths.
 """
 
 import copy
-import signal
 import sys
 import warnings
 from fractions import Fraction
@@ -57,7 +56,7 @@ from transformers.core_model_loading import revert_weight_conversion
 from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from gen_arch_table import MAPPINGS, TooSlow, default_config, instantiate, too_slow, wanted_classes  # noqa: E402
+from gen_arch_table import MAPPINGS, TooSlow, default_config, instantiate, wanted_classes, write_table  # noqa: E402
 
 # Constant factors above this are more likely an attribute the fit missed.
 MAX_CONSTANT = 16
@@ -281,11 +280,12 @@ def attributes_used(exprs):
     return sorted({p for e in exprs.values() if e is not None for p in e[1]})
 
 
-def fitted(cls, config, form_names):
-    """For a base config: per form, (tree, {slot: expression}) fitted by changing each
+def fitted(cls, config, states):
+    """For a base config and its forms' `states` ({form: saved_state}): per form,
+    (tree, {slot: expression}, optional top-level tensors) fitted by changing each
     integer attribute alone, then all the fitted ones together."""
-    model = instantiate(cls, config)
-    bases = {form: build(saved_state(model, form == "saved")[0]) for form in form_names}
+    form_names = list(states)
+    bases = {form: build(state[0]) for form, state in states.items()}
     changed = {form: {} for form in form_names}
     optional = {form: {} for form in form_names}
     for path, value in flat_ints(config.to_dict()).items():
@@ -350,7 +350,7 @@ def describe(cls, model_type):
         with_words, without = (forms["saved"][1], flipped_tied) if tie_words else (flipped_tied, forms["saved"][1])
         conditional = with_words - without
     names = list(forms)
-    main = fitted(cls, config, names)
+    main = fitted(cls, config, forms)
     second = None
     zeros = [p for p, v in flat_zero_ints(config.to_dict()).items() if any(w in p.rsplit(".", 1)[-1] for w in STRUCTURAL)]
     if zeros:
@@ -358,7 +358,8 @@ def describe(cls, model_type):
         try:
             for p in zeros:
                 bumped = with_value(bumped, p, 1)
-            second = fitted(cls, bumped, names)
+            bumped_model = instantiate(cls, bumped)
+            second = fitted(cls, bumped, {form: saved_state(bumped_model, form == "saved") for form in names})
         except TooSlow:
             raise
         except Exception:
@@ -390,30 +391,28 @@ def describe(cls, model_type):
     return "\n".join(lines)
 
 
-def glob_of(regex):
-    """A `_keys_to_ignore_on_load_*` regular expression (groups expanded) as the table's patterns
-    (searched anywhere in a name, as `re.search` does: `^` and `$` anchor, `*` any run,
-    `?` any character, the rest literal), or None when it uses more of the syntax."""
-    out = []
-    for r in [regex]:
-        g, i = "", 0
-        while i < len(r):
-            if r.startswith("\\.", i):
-                g, i = g + ".", i + 2
-            elif r.startswith("\\d+", i):
-                g, i = g + "*", i + 3
-            elif r.startswith(".*", i):
-                g, i = g + "*", i + 2
-            elif r[i] == ".":
-                g, i = g + "?", i + 1
-            elif (r[i] == "^" and i == 0) or (r[i] == "$" and i == len(r) - 1):
-                g, i = g + r[i], i + 1
-            elif r[i].isalnum() or r[i] in "_-/":
-                g, i = g + r[i], i + 1
-            else:
-                return None
-        out.append(g)
-    return out
+def glob_of(r):
+    """A `_keys_to_ignore_on_load_*` regular expression, its groups expanded, as the
+    table's pattern (searched anywhere in a name, as `re.search` does: `^` and `$`
+    anchor, `*` any run, `?` any character, the rest literal), or None when it uses more
+    of the syntax."""
+    g, i = "", 0
+    while i < len(r):
+        if r.startswith("\\.", i):
+            g, i = g + ".", i + 2
+        elif r.startswith("\\d+", i):
+            g, i = g + "*", i + 3
+        elif r.startswith(".*", i):
+            g, i = g + "*", i + 2
+        elif r[i] == ".":
+            g, i = g + "?", i + 1
+        elif (r[i] == "^" and i == 0) or (r[i] == "$" and i == len(r) - 1):
+            g, i = g + r[i], i + 1
+        elif r[i].isalnum() or r[i] in "_-/":
+            g, i = g + r[i], i + 1
+        else:
+            return None
+    return g
 
 
 def expand(regex, limit=64):
@@ -467,16 +466,8 @@ def ignored(model, attribute):
     patterns = []
     for regex in sorted(getattr(model, attribute, None) or []):
         alternatives = expand(regex)
-        globs = None
-        if alternatives is not None:
-            globs = []
-            for a in alternatives:
-                g = glob_of(a)
-                if g is None:
-                    globs = None
-                    break
-                globs += g
-        if globs is None:
+        globs = [glob_of(a) for a in alternatives] if alternatives is not None else [None]
+        if None in globs:
             print(f"  {attribute} entry {regex!r} left out: more regex than devmap matches", file=sys.stderr)
             continue
         patterns += globs
@@ -534,9 +525,6 @@ def _get(d, path):
 
 
 def main(out):
-    signal.signal(signal.SIGALRM, too_slow)
-    blocks = {}
-    failed = []
     only = set(sys.argv[2:])
     from transformers.models.auto import modeling_auto
 
@@ -548,30 +536,15 @@ def main(out):
         for names in getattr(modeling_auto, mapping).values()
         for n in (names if isinstance(names, (list, tuple)) else [names])
     }
-    for name, model_type in wanted_classes():
-        if name not in saved_from or (only and name not in only):
-            continue
-        cls = getattr(transformers, name, None)
-        if cls is None:
-            continue
-        print(name, "...", file=sys.stderr, flush=True)
-        signal.alarm(300)
-        try:
-            body = describe(cls, model_type)
-        except Exception as e:
-            failed.append((name, f"{type(e).__name__}: {str(e)[:80]}"))
-            continue
-        finally:
-            signal.alarm(0)
-        blocks.setdefault(body, []).append(name)
-    with open(out, "w") as f:
-        f.write(f"# transformers {transformers.__version__}, torch {torch.__version__}: the tensors a checkpoint holds\n")
-        f.write("# and their shapes per architecture (generated by scripts/gen_expect_table.py)\n")
-        f.write(f"# {sum(len(v) for v in blocks.values())} architectures; {len(failed)} left out (a default config transformers {transformers.__version__} cannot instantiate)\n")
-        for body, names in sorted(blocks.items(), key=lambda kv: kv[1][0]):
-            f.write("= " + " ".join(names) + "\n" + body + "\n")
-    for name, why in failed:
-        print(f"left out {name}: {why}", file=sys.stderr)
+    classes = [(n, t) for n, t in wanted_classes() if n in saved_from and (not only or n in only)]
+    write_table(
+        out,
+        classes,
+        describe,
+        300,
+        ("the tensors a checkpoint holds", "and their shapes per architecture (generated by scripts/gen_expect_table.py)"),
+        f"a default config transformers {transformers.__version__} cannot instantiate",
+    )
 
 
 if __name__ == "__main__":

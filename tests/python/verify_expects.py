@@ -140,6 +140,11 @@ def matrix(names, t, square=False):
     return None
 
 
+def expert_count(c):
+    """The config's number of experts, under whichever name the family uses."""
+    return c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
+
+
 def experts(names):
     """(prefix before the expert index, per-expert names of expert 0) of the first MoE
     layer written per expert."""
@@ -182,7 +187,7 @@ def c_drop_last_expert_everywhere(t, c, _):
     p, _ = experts(t)
     if not p:
         return None
-    count = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
+    count = expert_count(c)
     gone = [n for n in t if re.search(rf"\.experts\.{count - 1}\.", n)]
     for n in gone:
         t.pop(n)
@@ -193,7 +198,7 @@ def c_extra_expert(t, c, _):
     p, names = experts(t)
     if not p:
         return None
-    count = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
+    count = expert_count(c)
     added = []
     for n in names:
         new = n.replace(p + "0.", f"{p}{count}.", 1)
@@ -229,7 +234,7 @@ def c_fused_mix(t, c, _):
     layer = p[: -len("experts.")]
     # transformers' fused name sits under the runtime module name (`mlp`).
     runtime = re.sub(r"block_sparse_moe\.$", "mlp.", layer)
-    count = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
+    count = expert_count(c)
     rows = t[up[0]].shape[0]
     fused = f"{runtime}experts.gate_up_proj"
     t[fused] = torch.zeros(count, 2 * rows, t[up[0]].shape[1])
