@@ -605,7 +605,9 @@ fn saving_a_remote_model_is_refused_before_any_request() {
 
 #[test]
 fn the_inspectors_save_dialog_refuses_a_remote_model() {
-    use devmap::tui::app::{Action, App, Mode};
+    use common::journey::{ch, key, press};
+    use devmap::tui::app::{App, Mode};
+    use ratatui::crossterm::event::KeyCode;
     let served = serve(ServerOptions::default());
     let source = devmap::remote::Source::Hub {
         endpoint: served.server.endpoint(),
@@ -618,13 +620,8 @@ fn the_inspectors_save_dialog_refuses_a_remote_model() {
     ckpt.remote = Some(source.describe());
     drop(mirror);
     let mut app = App::new(ckpt);
-    app.handle(Action::Resize {
-        width: 120,
-        height: 40,
-    });
-    // The preview is work for another thread: done here.
-    let effects = app.handle(Action::OpenSave);
-    common::finish_work(&mut app, effects);
+    // Through the inspector's runtime: the preview runs on its worker thread.
+    press(&mut app, &[ch('s')]);
     let Mode::SaveDialog(dialog) = &app.mode else {
         panic!("the save dialog is open")
     };
@@ -638,7 +635,8 @@ fn the_inspectors_save_dialog_refuses_a_remote_model() {
         dialog.preview.errors
     );
     // Enter starts nothing.
-    assert!(app.handle(Action::Submit).is_empty());
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(app.save.is_none() && matches!(app.mode, Mode::SaveDialog(_)));
 }
 
 /// A fetch killed before it cleaned up leaves its header mirror behind; the next fetch

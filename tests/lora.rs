@@ -434,9 +434,11 @@ fn memory_stays_flat_on_a_model_far_larger_than_the_adapter() {
 
 #[test]
 fn the_inspector_marks_merged_tensors_and_the_save_dialog_names_the_adapter() {
-    use devmap::tui::app::{Action, App, Mode};
+    use common::journey::{ch, key, press};
+    use devmap::tui::app::{App, Mode};
     use ratatui::Terminal;
     use ratatui::backend::TestBackend;
+    use ratatui::crossterm::event::KeyCode;
     let m = mixed_model();
     let ad = adapter(
         &m.out("adapter"),
@@ -447,10 +449,7 @@ fn the_inspector_marks_merged_tensors_and_the_save_dialog_names_the_adapter() {
         devmap::model::load(&m.dir, &devmap::model::LoadOptions::default()).expect("load");
     devmap::model::lora::apply_adapter(&mut ckpt, &ad).expect("adapter");
     let mut app = App::new(ckpt);
-    app.handle(Action::Resize {
-        width: 140,
-        height: 45,
-    });
+    app.size = (140, 45);
     let frame = |app: &App| {
         let mut terminal = Terminal::new(TestBackend::new(140, 45)).expect("terminal");
         terminal
@@ -475,7 +474,7 @@ fn the_inspector_marks_merged_tensors_and_the_save_dialog_names_the_adapter() {
         {
             break;
         }
-        app.handle(Action::Expand);
+        press(&mut app, &[key(KeyCode::Right)]);
     }
     let mut found = false;
     for _ in 0..80 {
@@ -484,8 +483,7 @@ fn the_inspector_marks_merged_tensors_and_the_save_dialog_names_the_adapter() {
             found = true;
             break;
         }
-        app.handle(Action::Expand);
-        app.handle(Action::Down);
+        press(&mut app, &[key(KeyCode::Right), key(KeyCode::Down)]);
     }
     assert!(found, "reached the merged tensor");
     let screen = frame(&app);
@@ -499,8 +497,7 @@ fn the_inspector_marks_merged_tensors_and_the_save_dialog_names_the_adapter() {
         .find(|l| l.contains("weight") && l.contains('+'))
         .unwrap_or("");
     assert!(!row.is_empty(), "the tree marks the tensor: {screen}");
-    let effects = app.handle(Action::OpenSave);
-    common::finish_work(&mut app, effects);
+    press(&mut app, &[ch('s')]);
     let Mode::SaveDialog(dialog) = &app.mode else {
         panic!("save dialog")
     };

@@ -1,24 +1,28 @@
-//! The TUI without a terminal: journeys (scripted keys into the App, state asserted
-//! after each step) and frames drawn on ratatui's TestBackend, snapshotted with insta.
-//! Clock, memory readings, budgets and the save job are injected or run in-process.
+//! Journeys through the inspector: keys go through the real runtime (event loop, ticks,
+//! effects, worker and save threads) from a script on a virtual clock, frames are drawn
+//! on ratatui's `TestBackend` and snapshotted with insta. Readings the terminal's
+//! samplers would send (memory, GPUs) and the size are handed to the App as the
+//! runtime hands them; nothing the App asks for is carried out here — the runtime does
+//! it. Orders the threads would race for (a key while a re-total runs, a preview that
+//! lands late) are pinned with the script's `Hold` and `Release`.
 
 mod common;
 
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use common::{finish_work, mixed_model, read_saved};
+use common::journey::{
+    Journey, ch, ctrl, drive, key, press, press_now, press_step, screen, text, type_keys, wait,
+};
+use common::{mixed_model, read_saved};
 use devmap::model::{LoadOptions, Placement, load};
 use devmap::monitor::MemorySample;
-use devmap::save::{Reporter, SaveEvent};
-use devmap::tui::app::{
-    Action, App, Budgets, Confirm, Effect, Field, Mode, Outcome, PREVIEW_DELAY,
-};
-use devmap::tui::keys::{key_action, mouse_action};
+use devmap::tui::app::{Action, App, Budgets, Confirm, Field, Mode, Outcome, PREVIEW_DELAY};
+use devmap::tui::runtime::Event;
+use devmap::tui::script::Step;
 use devmap::tui::ui;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
-use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKind};
+use ratatui::crossterm::event::{KeyCode, KeyModifiers, MouseEvent, MouseEventKind};
 
 const GIB: u64 = 1 << 30;
 
@@ -40,56 +44,43 @@ fn app_for(model: &common::Model) -> App {
         disk_free: Some(100 * GIB),
         gpu_total: vec![(0, 24 * GIB)],
     };
-    for i in 0..40 {
-        app.handle(Action::Memory(sample(4.0 + f64::from(i % 7) * 0.1, 11.0)));
-    }
-    app.handle(Action::Resize {
-        width: 120,
-        height: 40,
-    });
+    app.size = (120, 40);
+    drive(
+        &mut app,
+        (0..40).map(|i| Step::Event(Event::Memory(sample(4.0 + f64::from(i % 7) * 0.1, 11.0)))),
+    );
     app
 }
 
-/// Presses keys through the real key map, collecting the effects. Work the App hands
-/// off (re-totals, plans, save previews) is done at once, as if its thread were
-/// instant; `press_async` leaves it pending.
-fn press(app: &mut App, keys: &[KeyEvent]) -> Vec<Effect> {
-    let effects = press_async(app, keys);
-    finish_work(app, effects)
-}
-
-/// Presses keys, returning the effects as the App made them (work not done).
-fn press_async(app: &mut App, keys: &[KeyEvent]) -> Vec<Effect> {
-    let mut effects = Vec::new();
-    for &k in keys {
-        if let Some(action) = key_action(&app.mode, k) {
-            effects.extend(app.handle(action));
-        }
-    }
-    effects
-}
-
 /// Lets the clock run past the save preview's quiet time, as a user who stopped
-/// typing does, and lets the preview's work land.
+/// typing does; the runtime's tick starts the preview and its result lands.
 fn settle(app: &mut App) {
-    let effects = app.handle(Action::Tick(app.clock + PREVIEW_DELAY));
-    finish_work(app, effects);
+    wait(app, PREVIEW_DELAY + Duration::from_millis(1));
 }
 
-fn key(code: KeyCode) -> KeyEvent {
-    KeyEvent::new(code, KeyModifiers::NONE)
+/// The App's screen at another size: a resize as the terminal sends it, through the
+/// runtime.
+fn resized(app: &mut App, width: u16, height: u16) -> String {
+    app.size = (width, height);
+    screen(&drive(
+        app,
+        [press_event(ratatui::crossterm::event::Event::Resize(
+            width, height,
+        ))],
+    ))
 }
 
-fn ch(c: char) -> KeyEvent {
-    key(KeyCode::Char(c))
+fn press_event(event: ratatui::crossterm::event::Event) -> Step {
+    Step::Event(Event::Terminal(event))
 }
 
-fn ctrl(c: char) -> KeyEvent {
-    KeyEvent::new(KeyCode::Char(c), KeyModifiers::CONTROL)
+/// A reading the terminal's samplers send (memory, GPUs), through the runtime.
+fn sampled(app: &mut App, event: Event) {
+    drive(app, [Step::Event(event)]);
 }
 
-fn text(s: &str) -> Vec<KeyEvent> {
-    s.chars().map(ch).collect()
+fn mouse(event: MouseEvent) -> Step {
+    press_event(ratatui::crossterm::event::Event::Mouse(event))
 }
 
 fn selected_name(app: &App) -> String {
@@ -163,10 +154,9 @@ fn navigation_keys() {
         modifiers: KeyModifiers::NONE,
     };
     let before = app.rows.selected;
-    let action = mouse_action(wheel(MouseEventKind::ScrollDown)).expect("wheel");
-    app.handle(action);
+    drive(&mut app, [mouse(wheel(MouseEventKind::ScrollDown))]);
     assert_eq!(app.rows.selected, before + 3);
-    app.handle(mouse_action(wheel(MouseEventKind::ScrollUp)).expect("wheel"));
+    drive(&mut app, [mouse(wheel(MouseEventKind::ScrollUp))]);
     assert_eq!(app.rows.selected, before);
 }
 
@@ -258,11 +248,15 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
     press(&mut app, &[ch('w')]);
     assert!(matches!(app.mode, Mode::Export(_)));
     press(&mut app, &[ctrl('u')]);
-    press(
-        &mut app,
-        &text(m.dir.join("device_map.json").to_str().expect("p")),
+    let input_map = m.dir.join("device_map.json");
+    let input_before = std::fs::read(&input_map).expect("read the input map");
+    press(&mut app, &text(input_map.to_str().expect("p")));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(
+        std::fs::read(&input_map).expect("read the input map"),
+        input_before,
+        "the input map is never written"
     );
-    assert!(press(&mut app, &[key(KeyCode::Enter)]).is_empty());
     let Mode::Export(d) = &app.mode else {
         panic!("still exporting")
     };
@@ -275,16 +269,9 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
     let target = m.tmp.path().join("edited.json");
     press(&mut app, &[ctrl('u')]);
     press(&mut app, &text(target.to_str().expect("p")));
-    let effects = press(&mut app, &[key(KeyCode::Enter)]);
-    let [Effect::WriteFile { path, contents }] = effects.as_slice() else {
-        panic!("one write: {effects:?}")
-    };
-    assert_eq!(path, &target);
-    std::fs::write(path, contents).expect("write");
-    app.handle(Action::Written {
-        path: path.clone(),
-        error: None,
-    });
+    let written = press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(target.is_file(), "{written}");
+    assert_eq!(app.mode, Mode::Browse);
     assert!(!app.map_edited());
     // What was written is a device map devmap (and accelerate) reads back.
     let reread = devmap::formats::device_map::read_device_map(&target).expect("valid map");
@@ -297,39 +284,14 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
         app.mode,
         Mode::Confirm(Confirm::OverwriteExport(_))
     ));
-    let effects = press(&mut app, &[ch('y')]);
-    assert!(matches!(effects.as_slice(), [Effect::WriteFile { .. }]));
-}
-
-/// Runs a save the App asked for on this thread, feeding its events back.
-fn run_save(app: &mut App, effect: Effect) {
-    let Effect::StartSave {
-        ckpt,
-        plan,
-        options,
-    } = effect
-    else {
-        panic!("not a save: {effect:?}")
-    };
-    let (tx, rx) = std::sync::mpsc::sync_channel(100_000);
-    let cancel = AtomicBool::new(false);
-    let result = devmap::save::write(
-        &ckpt,
-        &plan,
-        &options,
-        &cancel,
-        &Reporter::new(Some(&tx), &cancel),
+    std::fs::write(&target, "{}").expect("spoil the export");
+    press(&mut app, &[ch('y')]);
+    let reread = devmap::formats::device_map::read_device_map(&target).expect("valid map");
+    assert_eq!(
+        reread.get("model.layers.4"),
+        Some(Placement::Gpu(0)),
+        "y wrote it again"
     );
-    drop(tx);
-    for (i, e) in rx.iter().enumerate() {
-        app.handle(Action::Tick(Duration::from_millis(100 * i as u64 + 100)));
-        app.handle(Action::Save(e));
-    }
-    let last = match result {
-        Ok(report) => SaveEvent::Finished(report),
-        Err(e) => SaveEvent::Failed(e.to_string()),
-    };
-    app.handle(Action::Save(last));
 }
 
 #[test]
@@ -362,10 +324,8 @@ fn save_dialog_preview_and_a_real_save() {
     // Typing an invalid size refuses; a small one makes several shards.
     press(&mut app, &[ctrl('u')]);
     press(&mut app, &text("12XB"));
-    assert!(
-        press(&mut app, &[key(KeyCode::Enter)]).is_empty(),
-        "invalid size must not start"
-    );
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(app.save.is_none(), "invalid size must not start");
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog stays")
     };
@@ -377,15 +337,9 @@ fn save_dialog_preview_and_a_real_save() {
         "{:?}",
         d.preview.errors
     );
-    press(
-        &mut app,
-        &[
-            key(KeyCode::Backspace),
-            key(KeyCode::Backspace),
-            key(KeyCode::Backspace),
-        ],
-    );
-    press(&mut app, &text("KB"));
+    let mut keys = vec![key(KeyCode::Backspace); 3];
+    keys.extend(text("KB"));
+    type_keys(&mut app, &keys);
     // Typing shows at once; the preview waits until the keys stop.
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog")
@@ -421,21 +375,30 @@ fn save_dialog_preview_and_a_real_save() {
         d.preview.errors
     );
     assert!(d.preview.offer_overwrite);
-    assert!(press(&mut app, &[key(KeyCode::Enter)]).is_empty());
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(app.save.is_none(), "a non-empty folder is refused");
     press(&mut app, &[ctrl('o')]);
     settle(&mut app);
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog")
     };
     assert!(d.preview.errors.is_empty(), "{:?}", d.preview.errors);
-    let mut effects = press(&mut app, &[key(KeyCode::Enter)]);
+    // Navigation keeps working while the save runs: `j` lands while its events are
+    // held back.
+    let mut journey = Journey::start(&mut app);
+    journey.steps(
+        &mut app,
+        [
+            Step::Hold,
+            press_step(key(KeyCode::Enter)),
+            press_step(ch('j')),
+        ],
+    );
     assert_eq!(app.mode, Mode::Browse);
     assert!(app.save_running());
-    assert_eq!(effects.len(), 1);
-    // Navigation keeps working while the save runs.
-    press(&mut app, &[ch('j')]);
     assert_eq!(selected_name(&app), "model");
-    run_save(&mut app, effects.remove(0));
+    journey.steps(&mut app, [Step::Release]);
+    journey.end(&app);
     let save = app.save.as_ref().expect("progress");
     assert!(
         matches!(save.outcome, Some(Outcome::Done(_))),
@@ -448,40 +411,72 @@ fn save_dialog_preview_and_a_real_save() {
     assert!(out.join("notes.txt").exists(), "unrelated files stay");
     // Esc closes the dialog without starting anything.
     press(&mut app, &[ch('s')]);
-    assert!(press(&mut app, &[key(KeyCode::Esc)]).is_empty());
+    let files = std::fs::read_dir(&out).expect("out").count();
+    press(&mut app, &[key(KeyCode::Esc)]);
     assert_eq!(app.mode, Mode::Browse);
+    assert_eq!(std::fs::read_dir(&out).expect("out").count(), files);
 }
 
-fn start_fake_save(app: &mut App, out: &std::path::Path) -> Effect {
-    press(app, &[ch('s'), ctrl('u')]);
-    press(app, &text("2KB"));
-    press(app, &[key(KeyCode::Tab), ctrl('u')]);
-    press(app, &text(out.to_str().expect("p")));
-    let mut effects = press(app, &[key(KeyCode::Enter)]);
-    assert_eq!(effects.len(), 1, "{:?}", app.mode);
-    effects.remove(0)
+/// Starts a save of 2 KB shards into `out` that stops after its first tensor and stays
+/// running (the saver's test pause) until it is cancelled or the pause file goes; its
+/// events are held back until a `Step::Release`. Returns the journey it runs in and
+/// the pause file.
+fn start_paused_save(app: &mut App, out: &std::path::Path) -> (Journey, std::path::PathBuf) {
+    let pause = out.with_extension("pause");
+    std::fs::write(&pause, b"").expect("pause file");
+    app.save_pause = Some(pause.clone());
+    let mut journey = Journey::start(app);
+    let mut keys = vec![ch('s'), ctrl('u')];
+    keys.extend(text("2KB"));
+    keys.extend([key(KeyCode::Tab), ctrl('u')]);
+    keys.extend(text(out.to_str().expect("p")));
+    journey.press(app, &keys);
+    // Enter, its events held back (the steps go on without waiting for a save that
+    // waits), then wait (real time) until the save has reached its pause.
+    journey.steps(app, [Step::Hold, press_now(key(KeyCode::Enter))]);
+    let reached = pause.with_extension("pause.reached");
+    for _ in 0..2000 {
+        if reached.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(reached.exists(), "the save reached its pause");
+    assert!(app.save_running(), "{:?}", app.mode);
+    (journey, pause)
 }
 
 #[test]
 fn cancel_and_quit_ask_while_a_save_runs() {
     let m = mixed_model();
     let mut app = app_for(&m);
-    start_fake_save(&mut app, &m.out("x"));
+    let out = m.out("x");
+    let (mut journey, _pause) = start_paused_save(&mut app, &out);
     // Esc asks to cancel; n keeps it running.
-    press(&mut app, &[key(KeyCode::Esc)]);
+    journey.steps(&mut app, [press_now(key(KeyCode::Esc))]);
     assert_eq!(app.mode, Mode::Confirm(Confirm::CancelSave));
-    assert!(press(&mut app, &[ch('n')]).is_empty());
+    journey.steps(&mut app, [press_now(ch('n'))]);
+    assert_eq!(app.mode, Mode::Browse);
     assert!(app.save_running());
-    press(&mut app, &[key(KeyCode::Esc)]);
-    let effects = press(&mut app, &[ch('y')]);
-    assert!(matches!(effects.as_slice(), [Effect::CancelSave]));
-    app.handle(Action::Tick(app.clock + Duration::from_secs(3)));
-    app.handle(Action::Save(SaveEvent::Cancelled));
+    // Esc, y: the save stops, its files go.
+    journey.steps(
+        &mut app,
+        [
+            press_now(key(KeyCode::Esc)),
+            press_now(ch('y')),
+            Step::Release,
+            Step::Wait(Duration::from_secs(3)),
+        ],
+    );
     assert!(matches!(
         app.save.as_ref().and_then(|s| s.outcome.clone()),
         Some(Outcome::Cancelled)
     ));
     assert!(!app.save_running());
+    assert!(
+        !out.exists() || std::fs::read_dir(&out).expect("out").next().is_none(),
+        "a cancelled save leaves nothing"
+    );
     // A cancelled save's panel keeps no rate or ETA: they would be stale.
     let screen = frame(&app, 120, 40);
     assert!(screen.contains("Save — cancelled"), "{screen}");
@@ -489,15 +484,20 @@ fn cancel_and_quit_ask_while_a_save_runs() {
         !screen.contains("ETA") && !screen.contains("/s "),
         "{screen}"
     );
+    journey.end(&app);
 
-    start_fake_save(&mut app, &m.out("y"));
-    press(&mut app, &[ch('q')]);
+    // q while a save runs asks; y cancels it and quits.
+    let out = m.out("y");
+    let (mut journey, _pause) = start_paused_save(&mut app, &out);
+    journey.steps(&mut app, [press_now(ch('q'))]);
     assert_eq!(app.mode, Mode::Confirm(Confirm::QuitDuringSave));
-    let effects = press(&mut app, &[ch('y')]);
-    assert!(matches!(
-        effects.as_slice(),
-        [Effect::CancelSave, Effect::Quit]
-    ));
+    journey.steps(&mut app, [press_now(ch('y'))]);
+    assert!(journey.quit());
+    journey.end(&app);
+    assert!(
+        !out.join("model.safetensors.index.json").exists(),
+        "the quit cancelled the save"
+    );
 }
 
 #[test]
@@ -508,15 +508,13 @@ fn quit_help_and_ctrl_c() {
     assert_eq!(app.mode, Mode::Help);
     press(&mut app, &[key(KeyCode::Esc)]);
     assert_eq!(app.mode, Mode::Browse);
-    assert!(matches!(
-        press(&mut app, &[ch('q')]).as_slice(),
-        [Effect::Quit]
-    ));
+    let mut journey = Journey::start(&mut app);
+    journey.press(&mut app, &[ch('q')]);
+    assert!(journey.quit());
     let mut app = app_for(&m);
-    assert!(matches!(
-        press(&mut app, &[ctrl('c')]).as_slice(),
-        [Effect::Quit]
-    ));
+    let mut journey = Journey::start(&mut app);
+    journey.press(&mut app, &[ctrl('c')]);
+    assert!(journey.quit());
 }
 
 #[test]
@@ -536,16 +534,10 @@ fn main_screen_at_three_sizes() {
         ],
     );
     for (w, h) in [(80, 24), (120, 40), (160, 50)] {
-        app.handle(Action::Resize {
-            width: w,
-            height: h,
-        });
+        resized(&mut app, w, h);
         insta::assert_snapshot!(format!("main_{w}x{h}"), frame(&app, w, h));
     }
-    app.handle(Action::Resize {
-        width: 50,
-        height: 12,
-    });
+    resized(&mut app, 50, 12);
     let small = frame(&app, 50, 12);
     assert!(small.contains("needs at least 60×16"), "{small}");
 }
@@ -556,7 +548,7 @@ fn save_dialog_with_preview_and_warning_snapshot() {
     let mut app = app_for(&m);
     app.color = false;
     // Little free RAM: the preview warns.
-    app.handle(Action::Memory(sample(15.99, 0.01)));
+    sampled(&mut app, Event::Memory(sample(15.99, 0.01)));
     press(&mut app, &[ch('s'), ctrl('u')]);
     press(&mut app, &text("1KB"));
     press(&mut app, &[key(KeyCode::Tab), ctrl('u')]);
@@ -574,37 +566,28 @@ fn progress_panel_snapshot() {
     let m = mixed_model();
     let mut app = app_for(&m);
     app.color = false;
-    let Effect::StartSave { plan, .. } =
-        start_fake_save(&mut app, std::path::Path::new("saved-model"))
-    else {
-        panic!("save")
-    };
-    // Half way through shard 2, at t = 2 s.
-    app.handle(Action::Save(SaveEvent::ShardStarted {
-        index: 0,
-        count: plan.shards.len(),
-        file_name: plan.shards[0].file_name.clone(),
-        bytes: 0,
-    }));
-    app.handle(Action::Save(SaveEvent::ShardFinished { index: 0 }));
-    let first = plan.shards[0].data_bytes;
-    let half = plan.shards[1].data_bytes / 2;
-    app.handle(Action::Save(SaveEvent::ShardStarted {
-        index: 1,
-        count: plan.shards.len(),
-        file_name: plan.shards[1].file_name.clone(),
-        bytes: 0,
-    }));
-    app.handle(Action::Save(SaveEvent::Progress {
-        index: 1,
-        shard_written: half,
-        total_written: first + half,
-    }));
-    app.handle(Action::Tick(Duration::from_secs(2)));
+    let out = m.out("saved-model");
+    let (mut journey, _pause) = start_paused_save(&mut app, &out);
+    // The events of the first tensor land; two seconds pass.
+    journey.steps(
+        &mut app,
+        [Step::HandOver, Step::Wait(Duration::from_secs(2))],
+    );
+    let save = app.save.as_ref().expect("a save runs");
+    assert!(save.written > 0 && save.written < save.total, "{save:?}");
     let (rate, eta) = app.save_rate().expect("rate");
-    assert!((rate - (first + half) as f64 / 2.0).abs() < 1.0);
-    assert!(eta > 0.0);
-    insta::assert_snapshot!("progress", frame(&app, 120, 40));
+    assert!(rate > 0.0 && eta > 0.0);
+    // The temporary folder's random name, as a name of the same length.
+    let tmp_name = m
+        .tmp
+        .path()
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let screen = frame(&app, 120, 40).replace(&tmp_name, &"X".repeat(tmp_name.len()));
+    insta::assert_snapshot!("progress", screen);
+    journey.end(&app);
 }
 
 #[test]
@@ -641,7 +624,7 @@ fn gpu_gauges_and_budgets_come_from_the_gpu_source() {
     let mut app = app_for(&m);
     app.color = false;
     app.budgets.gpu_total.clear();
-    app.handle(Action::Gpus(fixed_gpus(), None));
+    sampled(&mut app, Event::Gpus(fixed_gpus(), None));
     // GPU budgets are the free memory; cpu's is the available RAM.
     assert_eq!(app.device_budget(Placement::Gpu(1)), Some(6 * GIB));
     assert_eq!(app.device_budget(Placement::Cpu), Some(11 * GIB));
@@ -663,7 +646,7 @@ fn gpu_gauges_and_budgets_come_from_the_gpu_source() {
     // one line, no gauge, no error.
     use devmap::monitor::gpu::{GpuSource, Nvml};
     let mut no_driver = Nvml::open_library(std::ffi::OsStr::new("/nonexistent/libnvidia-ml.so.1"));
-    app.handle(Action::Gpus(no_driver.gpus(), no_driver.note()));
+    sampled(&mut app, Event::Gpus(no_driver.gpus(), no_driver.note()));
     let screen = frame(&app, 120, 40);
     assert!(
         screen.contains("no GPU gauges: no NVIDIA driver found") && !screen.contains("GPU0"),
@@ -675,7 +658,7 @@ fn gpu_gauges_and_budgets_come_from_the_gpu_source() {
 fn plan_key_replans_shows_the_diff_and_exports() {
     let m = mixed_model();
     let mut app = app_for(&m);
-    app.handle(Action::Gpus(fixed_gpus(), None));
+    sampled(&mut app, Event::Gpus(fixed_gpus(), None));
     press(&mut app, &[ch('p')]);
     let Mode::Plan(d) = &app.mode else {
         panic!("plan dialog")
@@ -735,13 +718,10 @@ fn plan_key_replans_shows_the_diff_and_exports() {
     let target = m.tmp.path().join("planned.json");
     press(&mut app, &[ch('w'), ctrl('u')]);
     press(&mut app, &text(target.to_str().expect("p")));
-    let effects = press(&mut app, &[key(KeyCode::Enter)]);
-    let [Effect::WriteFile { contents, .. }] = effects.as_slice() else {
-        panic!("{effects:?}")
-    };
+    press(&mut app, &[key(KeyCode::Enter)]);
     assert_eq!(
-        contents,
-        &devmap::formats::device_map::encode_device_map(&planned.map)
+        std::fs::read_to_string(&target).expect("the export was written"),
+        devmap::formats::device_map::encode_device_map(&planned.map)
     );
 }
 
@@ -820,8 +800,9 @@ fn the_app_asks_its_probe_and_checks_once_the_keys_stop() {
     press(&mut app, &[ch('s')]);
     let opened = checks.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(opened, 1, "opening the dialog checks once");
-    press(&mut app, &[key(KeyCode::Tab), ctrl('u')]);
-    press(&mut app, &text(nonempty.to_str().expect("p")));
+    let mut keys = vec![key(KeyCode::Tab), ctrl('u')];
+    keys.extend(text(nonempty.to_str().expect("p")));
+    type_keys(&mut app, &keys);
     assert_eq!(
         checks.load(std::sync::atomic::Ordering::SeqCst),
         opened,
@@ -835,13 +816,14 @@ fn the_app_asks_its_probe_and_checks_once_the_keys_stop() {
     assert_eq!(d.preview.errors, vec!["not empty (fake)".to_owned()]);
     assert!(d.preview.offer_overwrite);
     // Enter re-checks at once, and refuses.
-    assert!(press(&mut app, &[key(KeyCode::Enter)]).is_empty());
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(app.save.is_none() && matches!(app.mode, Mode::SaveDialog(_)));
     assert_eq!(checks.load(std::sync::atomic::Ordering::SeqCst), opened + 2);
     press(&mut app, &[key(KeyCode::Esc)]);
     // Export: the probe says the path is a folder.
     press(&mut app, &[ch('w'), ctrl('u')]);
     press(&mut app, &text(folder.to_str().expect("p")));
-    assert!(press(&mut app, &[key(KeyCode::Enter)]).is_empty());
+    press(&mut app, &[key(KeyCode::Enter)]);
     assert!(
         matches!(&app.mode, Mode::Export(d) if d.error.as_deref() == Some("that is a folder; type a file path")),
         "{:?}",
@@ -858,10 +840,7 @@ fn names_with_control_characters_are_drawn_escaped() {
     write_safetensors(&tmp.path().join("model.safetensors"), &[&t]).expect("w");
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     let mut app = App::new(ckpt);
-    app.handle(Action::Resize {
-        width: 120,
-        height: 40,
-    });
+    resized(&mut app, 120, 40);
     // Open the last module and select the tensor, so the tree and details show it.
     press(&mut app, &[ch('G'), ch('l'), ch('G')]);
     let screen = frame(&app, 120, 40);
@@ -875,7 +854,14 @@ fn names_with_control_characters_are_drawn_escaped() {
 /// Selects the module `name` by pressing keys, as a user would: from the top, down,
 /// opening the modules on its path.
 fn select(app: &mut App, name: &str) {
-    press(app, &[ch('g')]);
+    let mut journey = Journey::start(app);
+    select_in(&mut journey, app, name);
+    journey.end(app);
+}
+
+/// [`select`] within a journey (while work it started may be running).
+fn select_in(journey: &mut Journey, app: &mut App, name: &str) {
+    journey.press(app, &[ch('g')]);
     for _ in 0..200 {
         let at = selected_name(app);
         if at == name {
@@ -883,10 +869,10 @@ fn select(app: &mut App, name: &str) {
         }
         if name.starts_with(&format!("{at}.")) {
             // Opens the module, or (open already) steps onto its first child.
-            press(app, &[ch('l')]);
+            journey.press(app, &[ch('l')]);
             continue;
         }
-        press(app, &[ch('j')]);
+        journey.press(app, &[ch('j')]);
     }
     panic!("{name} is not in the visible tree");
 }
@@ -904,7 +890,7 @@ fn d_cycles_through_every_known_gpu_and_edits_can_be_undone() {
             free: 20 * GIB,
         })
         .collect();
-    app.handle(Action::Gpus(gpus, None));
+    sampled(&mut app, Event::Gpus(gpus, None));
     select(&mut app, "model.layers.0");
     let device = |app: &App| {
         app.ckpt
@@ -956,29 +942,28 @@ fn map_edits_retotal_off_the_ui_thread_and_later_keys_wait_for_them() {
     let layer0 = "model.layers.0.proj.weight";
     let layer1 = "model.layers.1.proj.weight";
     let (before0, before1) = (placement(&app, layer0), placement(&app, layer1));
-    let effects = press_async(&mut app, &[ch('d')]);
-    assert!(
-        matches!(effects.as_slice(), [Effect::Compute(_)]),
-        "{effects:?}"
-    );
+    let mut journey = Journey::start(&mut app);
+    // The re-total's result is held back: the App is between the key and the result.
+    let busy = journey.steps(&mut app, [Step::Hold, press_step(ch('d'))]);
     assert!(app.busy.is_some());
     assert_eq!(
         placement(&app, layer0),
         before0,
         "old totals until the work lands"
     );
-    assert!(frame(&app, 120, 40).contains("re-totalling…"));
+    assert!(busy.contains("re-totalling…"), "{busy}");
     // Navigation does not wait; `d` on the next row and `u` do.
     let at = app.rows.selected;
-    press_async(&mut app, &[key(KeyCode::Down)]);
+    journey.press(&mut app, &[key(KeyCode::Down)]);
     assert_ne!(app.rows.selected, at, "the selection moved while busy");
-    select(&mut app, "model.layers.1");
-    assert!(press_async(&mut app, &[ch('d')]).is_empty());
-    select(&mut app, "model.layers.0");
+    select_in(&mut journey, &mut app, "model.layers.1");
+    journey.press(&mut app, &[ch('d')]);
+    select_in(&mut journey, &mut app, "model.layers.0");
     assert_eq!(app.queued.len(), 1);
-    finish_work(&mut app, effects);
+    assert_eq!(placement(&app, layer1), before1, "the second d waits");
+    let landed = journey.steps(&mut app, [Step::Release]);
     assert!(app.busy.is_none() && app.queued.is_empty());
-    assert!(!frame(&app, 120, 40).contains("re-totalling"));
+    assert!(!landed.contains("re-totalling"), "{landed}");
     let cycle = app.device_cycle();
     let next = |p: Placement| {
         cycle[(cycle.iter().position(|&c| c == p).expect("in cycle") + 1) % cycle.len()]
@@ -993,28 +978,38 @@ fn map_edits_retotal_off_the_ui_thread_and_later_keys_wait_for_them() {
     let node = app.tree.tensor_node[app.ckpt.index_of(layer0).expect("id")];
     assert_eq!(app.tree.nodes[node].single_placement(), Some(next(before0)));
     // Two undos pressed together: the second waits for the first.
-    let effects = press_async(&mut app, &[ch('u'), ch('u')]);
-    assert_eq!(effects.len(), 1, "one edit at a time");
-    finish_work(&mut app, effects);
+    journey.steps(
+        &mut app,
+        [Step::Hold, press_now(ch('u')), press_now(ch('u'))],
+    );
+    assert!(app.busy.is_some());
+    assert_eq!(app.queued.len(), 1, "one edit at a time");
+    journey.steps(&mut app, [Step::Release]);
     assert_eq!(
         (placement(&app, layer0), placement(&app, layer1)),
         (before0, before1)
     );
+    journey.end(&app);
 }
 
-/// Work that panicked on its thread comes back as `WorkFailed`: the App stops waiting,
-/// says why, and the keys that waited go on — `q` is never stuck behind it.
+/// Work that panicked on its thread comes back as `WorkFailed` (what the runtime's
+/// worker sends when it catches the panic; the panic itself is the tmux test's): the
+/// App stops waiting, says why, and the keys that waited go on — `q` is never stuck
+/// behind it.
 #[test]
 fn failed_work_is_reported_and_the_waiting_keys_go_on() {
     let m = mixed_model();
     let mut app = app_for(&m);
     select(&mut app, "model.layers.0");
     let map_before = app.ckpt.device_map.clone();
-    let work = press_async(&mut app, &[ch('d')]);
-    assert_eq!(work.len(), 1);
-    assert!(press_async(&mut app, &[ch('q')]).is_empty(), "q waits");
-    drop(work);
-    let effects = app.handle(Action::WorkFailed("re-totalling failed: boom".into()));
+    let mut journey = Journey::start(&mut app);
+    journey.steps(
+        &mut app,
+        [Step::Hold, press_now(ch('d')), press_now(ch('q'))],
+    );
+    assert!(!journey.quit(), "q waits");
+    let failed = Event::Worked(Action::WorkFailed("re-totalling failed: boom".into()));
+    journey.steps(&mut app, [Step::Now(failed)]);
     assert!(app.busy.is_none());
     assert_eq!(app.ckpt.device_map, map_before, "nothing changed");
     assert!(
@@ -1022,10 +1017,11 @@ fn failed_work_is_reported_and_the_waiting_keys_go_on() {
         "no undo entry for an edit that never landed"
     );
     assert!(
-        matches!(effects.as_slice(), [Effect::Quit]),
-        "the waiting q quits (the edit never landed): {effects:?}"
+        journey.quit(),
+        "the waiting q quits (the edit never landed)"
     );
     assert!(frame(&app, 120, 40).contains("re-totalling failed: boom"));
+    journey.end(&app);
 }
 
 /// The save preview is computed off the UI thread; one for an older edit that lands
@@ -1034,26 +1030,34 @@ fn failed_work_is_reported_and_the_waiting_keys_go_on() {
 fn the_save_preview_runs_off_the_ui_thread_and_late_results_are_dropped() {
     let m = mixed_model();
     let mut app = app_for(&m);
-    let opened = press_async(&mut app, &[ch('s')]);
+    let mut journey = Journey::start(&mut app);
+    // The first preview finishes and is held back.
+    let opened = journey.steps(
+        &mut app,
+        [Step::Hold, press_now(ch('s')), Step::AwaitHeld(1)],
+    );
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog")
     };
     assert!(d.preview.plan.is_none() && d.preview_pending.is_some());
-    assert!(frame(&app, 120, 40).contains("checking…"));
-    // A new size, and the quiet time passes before the first preview lands.
-    press_async(&mut app, &[ctrl('u')]);
-    press_async(&mut app, &text("1KB"));
-    let newer = app.handle(Action::Tick(app.clock + PREVIEW_DELAY));
-    assert_eq!(newer.len(), 1);
-    finish_work(&mut app, opened);
+    assert!(opened.contains("checking…"), "{opened}");
+    // A new size, and the quiet time passes: a second preview starts, and finishes.
+    let mut steps = vec![press_now(ctrl('u'))];
+    steps.extend(text("1KB").into_iter().map(press_now));
+    steps.push(Step::Wait(PREVIEW_DELAY + Duration::from_millis(1)));
+    steps.push(Step::AwaitHeld(2));
+    journey.steps(&mut app, steps);
+    // The first (the old size's) lands now, after the second started: dropped.
+    let late = journey.steps(&mut app, [Step::ReleaseFirst]);
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog")
     };
     assert!(
-        d.preview.plan.is_none(),
+        d.preview.plan.is_none() && d.preview_pending.is_some(),
         "the preview of the old size is dropped"
     );
-    finish_work(&mut app, newer);
+    assert!(late.contains("checking…"), "{late}");
+    let landed = journey.steps(&mut app, [Step::Release]);
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog")
     };
@@ -1063,7 +1067,8 @@ fn the_save_preview_runs_off_the_ui_thread_and_late_results_are_dropped() {
         "{:?}",
         d.preview.shard_sizes
     );
-    assert!(!frame(&app, 120, 40).contains("checking…"));
+    assert!(!landed.contains("checking…"), "{landed}");
+    journey.end(&app);
 }
 
 /// `p` plans off the UI thread; Esc while it runs drops the plan.
@@ -1074,18 +1079,18 @@ fn planning_runs_off_the_ui_thread_and_esc_drops_it() {
     let map_before = app.ckpt.device_map.clone();
     press(&mut app, &[ch('p'), ctrl('u')]);
     press(&mut app, &text("0=3KB,cpu=3KB"));
-    let work = press_async(&mut app, &[key(KeyCode::Enter)]);
-    assert!(matches!(work.as_slice(), [Effect::Compute(_)]));
+    let mut journey = Journey::start(&mut app);
+    let planning = journey.steps(&mut app, [Step::Hold, press_now(key(KeyCode::Enter))]);
     assert!(matches!(app.mode, Mode::Plan(_)), "the dialog waits");
-    assert!(frame(&app, 120, 40).contains("planning…"));
-    press_async(&mut app, &[key(KeyCode::Esc)]);
-    finish_work(&mut app, work);
+    assert!(planning.contains("planning…"), "{planning}");
+    journey.steps(&mut app, [press_now(key(KeyCode::Esc)), Step::Release]);
     assert_eq!(app.mode, Mode::Browse);
     assert_eq!(
         app.ckpt.device_map, map_before,
         "a dropped plan changes nothing"
     );
     assert!(app.busy.is_none() && app.undo.is_empty());
+    journey.end(&app);
 }
 
 #[test]
@@ -1093,14 +1098,18 @@ fn quitting_with_an_unexported_map_asks() {
     let m = mixed_model();
     let mut app = app_for(&m);
     select(&mut app, "model.layers.0");
-    press(&mut app, &[ch('d')]);
-    assert!(press(&mut app, &[ch('q')]).is_empty());
+    let mut journey = Journey::start(&mut app);
+    journey.press(&mut app, &[ch('d')]);
+    let asked = journey.press(&mut app, &[ch('q')]);
+    assert!(!journey.quit());
     assert_eq!(app.mode, Mode::Confirm(Confirm::QuitUnexported));
-    assert!(frame(&app, 120, 40).contains("not exported"));
-    assert!(press(&mut app, &[ch('n')]).is_empty());
+    assert!(asked.contains("not exported"), "{asked}");
+    journey.press(&mut app, &[ch('n')]);
+    assert!(!journey.quit());
     assert_eq!(app.mode, Mode::Browse);
-    let effects = press(&mut app, &[ch('q'), ch('y')]);
-    assert!(matches!(effects.as_slice(), [Effect::Quit]), "{effects:?}");
+    journey.press(&mut app, &[ch('q'), ch('y')]);
+    assert!(journey.quit());
+    journey.end(&app);
 }
 
 #[test]
@@ -1108,24 +1117,36 @@ fn a_save_that_ends_while_cancel_is_asked_closes_the_question() {
     let m = mixed_model();
     let mut app = app_for(&m);
     let out = m.out("ends");
-    let effect = start_fake_save(&mut app, &out);
+    let (mut journey, pause) = start_paused_save(&mut app, &out);
     // Esc asks whether to cancel; meanwhile the save finishes.
-    press(&mut app, &[key(KeyCode::Esc)]);
+    journey.steps(&mut app, [press_now(key(KeyCode::Esc))]);
     assert_eq!(app.mode, Mode::Confirm(Confirm::CancelSave));
-    app.handle(Action::Tick(Duration::from_secs(2)));
-    run_save(&mut app, effect);
+    std::fs::remove_file(&pause).expect("unpause");
+    journey.steps(
+        &mut app,
+        [Step::Wait(Duration::from_secs(2)), Step::Release],
+    );
+    assert!(matches!(
+        app.save.as_ref().and_then(|s| s.outcome.clone()),
+        Some(Outcome::Done(_))
+    ));
     assert_eq!(app.mode, Mode::Browse, "the question closes with the save");
+    assert_eq!(read_saved(&out), m.expected);
     // A late `y` cancels nothing and says nothing about cancelling.
-    assert!(press(&mut app, &[ch('y')]).is_empty());
-    let screen = frame(&app, 120, 40);
+    let screen = journey.press(&mut app, &[ch('y')]);
     assert!(!screen.contains("cancelling"), "{screen}");
+    assert!(matches!(
+        app.save.as_ref().and_then(|s| s.outcome.clone()),
+        Some(Outcome::Done(_))
+    ));
     // The rate is the final average: it does not fall as time passes.
     let rate = app.save_rate().expect("rate").0;
-    app.handle(Action::Tick(Duration::from_secs(600)));
+    journey.steps(&mut app, [Step::Wait(Duration::from_secs(600))]);
     assert!((app.save_rate().expect("rate").0 - rate).abs() < 1e-9);
     // Esc dismisses the finished save's panel.
-    press(&mut app, &[key(KeyCode::Esc)]);
+    journey.press(&mut app, &[key(KeyCode::Esc)]);
     assert!(app.save.is_none());
+    journey.end(&app);
 }
 
 #[test]
@@ -1178,8 +1199,8 @@ fn the_ram_graph_says_what_its_height_spans() {
     let mut app = app_for(&m);
     app.color = false;
     // A 100 MB swing on 16 GiB: the graph magnifies it, and says so.
-    app.handle(Action::Memory(sample(4.0, 11.0)));
-    app.handle(Action::Memory(sample(4.1, 10.9)));
+    sampled(&mut app, Event::Memory(sample(4.0, 11.0)));
+    sampled(&mut app, Event::Memory(sample(4.1, 10.9)));
     let screen = frame(&app, 160, 50);
     assert!(
         screen.contains("used 4 GiB – 4.60 GiB in 10 s; graph from"),
@@ -1313,20 +1334,20 @@ fn bang_lists_every_warning_in_full() {
     assert_eq!(app.mode, Mode::Browse);
 }
 
-/// Runs a verification the App asked for on this thread, feeding progress and the
-/// result back as the runtime does.
-fn run_verify(app: &mut App, effect: Effect) {
-    let Effect::StartVerify { ckpt, plan, out } = effect else {
-        panic!("not a verification: {effect:?}")
-    };
-    let progress = devmap::verify::Progress::default();
-    let expected = devmap::verify::Expected::from_plan(&ckpt, plan);
-    let result = devmap::verify::verify(&out, Some(&expected), false, &progress);
-    app.handle(Action::VerifyProgress {
-        read: progress.read.load(std::sync::atomic::Ordering::Relaxed) / 2,
-        total: progress.total.load(std::sync::atomic::Ordering::Relaxed),
-    });
-    app.handle(Action::Verified(result.map_err(|e| e.to_string())));
+/// Saves the model into `out` through the dialog (the runtime runs it to the end).
+fn save_through_the_dialog(app: &mut App, out: &std::path::Path) {
+    press(app, &[ch('s'), key(KeyCode::Tab), ctrl('u')]);
+    press(app, &text(out.to_str().expect("p")));
+    settle(app);
+    press(app, &[key(KeyCode::Enter)]);
+    assert!(
+        matches!(
+            app.save.as_ref().and_then(|s| s.outcome.clone()),
+            Some(Outcome::Done(_))
+        ),
+        "{:?}",
+        app.save.as_ref().map(|s| &s.outcome)
+    );
 }
 
 #[test]
@@ -1334,24 +1355,27 @@ fn v_verifies_a_finished_save_and_shows_the_verdict() {
     let m = mixed_model();
     let mut app = app_for(&m);
     // Nothing to verify yet.
-    assert!(press(&mut app, &[ch('v')]).is_empty());
-    press(&mut app, &[ch('s'), key(KeyCode::Tab), ctrl('u')]);
+    let nothing = press(&mut app, &[ch('v')]);
+    assert!(nothing.contains("save first"), "{nothing}");
+    assert!(app.save.is_none());
     let out = m.out("verified");
-    press(&mut app, &text(out.to_str().expect("p")));
-    settle(&mut app);
-    let mut effects = press(&mut app, &[key(KeyCode::Enter)]);
-    run_save(&mut app, effects.remove(0));
+    save_through_the_dialog(&mut app, &out);
     assert!(
         frame(&app, 120, 40).contains("v verify"),
         "the panel offers v"
     );
 
-    let mut effects = press(&mut app, &[ch('v')]);
+    // v, and v again while it runs (its result held back): one verification.
+    let mut journey = Journey::start(&mut app);
+    journey.steps(&mut app, [Step::Hold, press_now(ch('v'))]);
     assert!(app.verify_running());
-    // A second v while it runs starts nothing more.
-    assert!(press(&mut app, &[ch('v')]).is_empty());
-    run_verify(&mut app, effects.remove(0));
-    let screen = frame(&app, 120, 40);
+    let message = app.message.clone();
+    journey.steps(&mut app, [press_now(ch('v'))]);
+    assert!(app.verify_running());
+    assert_eq!(app.message, message, "a second v starts nothing");
+    let screen = journey.steps(&mut app, [Step::Release]);
+    journey.end(&app);
+    assert!(!app.verify_running());
     assert!(screen.contains("Save — done · verified"), "{screen}");
     assert!(screen.contains("no differences"), "{screen}");
 
@@ -1366,9 +1390,7 @@ fn v_verifies_a_finished_save_and_shows_the_verdict() {
     let mut bytes = std::fs::read(&file).expect("read");
     bytes[t.offset as usize] ^= 0xff;
     std::fs::write(&file, bytes).expect("write");
-    let mut effects = press(&mut app, &[ch('v')]);
-    run_verify(&mut app, effects.remove(0));
-    let screen = frame(&app, 120, 40);
+    let screen = press(&mut app, &[ch('v')]);
     assert!(screen.contains("verify found problems"), "{screen}");
     assert!(
         screen.contains("1 difference: model.layers.2.proj.weight"),
@@ -1379,23 +1401,28 @@ fn v_verifies_a_finished_save_and_shows_the_verdict() {
     assert!(app.save.is_none());
 }
 
+/// Esc while a verification runs asks it to stop; what the stopped verification
+/// sends back (given here as its thread would send it, the real result held back so
+/// a fast machine cannot finish first) is shown as such.
 #[test]
 fn esc_stops_a_running_verification() {
     let m = mixed_model();
     let mut app = app_for(&m);
-    press(&mut app, &[ch('s'), key(KeyCode::Tab), ctrl('u')]);
-    press(&mut app, &text(m.out("stopped").to_str().expect("p")));
-    settle(&mut app);
-    let mut effects = press(&mut app, &[key(KeyCode::Enter)]);
-    run_save(&mut app, effects.remove(0));
-    press(&mut app, &[ch('v')]);
-    let effects = press(&mut app, &[key(KeyCode::Esc)]);
-    assert!(
-        matches!(effects.as_slice(), [Effect::CancelVerify]),
-        "{effects:?}"
+    save_through_the_dialog(&mut app, &m.out("stopped"));
+    let mut journey = Journey::start(&mut app);
+    journey.steps(
+        &mut app,
+        [Step::Hold, press_now(ch('v')), press_now(key(KeyCode::Esc))],
     );
-    app.handle(Action::Verified(Err("verification cancelled".into())));
-    assert!(frame(&app, 120, 40).contains("could not verify: verification cancelled"));
+    assert!(app.verify_running(), "it runs until it says it stopped");
+    let stopped = Event::Verify(Action::Verified(Err("verification cancelled".into())));
+    let screen = journey.steps(&mut app, [Step::Now(stopped)]);
+    assert!(!app.verify_running());
+    assert!(
+        screen.contains("could not verify: verification cancelled"),
+        "{screen}"
+    );
+    journey.end(&app);
 }
 
 /// The buffer of one frame, for tests that look at styles, not only symbols.
@@ -1480,14 +1507,15 @@ fn a_click_selects_a_row_and_a_second_click_opens_it() {
             .expect("row on screen") as u16
     };
     let click = |app: &mut App, row: u16| {
-        let action = mouse_action(MouseEvent {
-            kind: MouseEventKind::Down(ratatui::crossterm::event::MouseButton::Left),
-            column: 6,
-            row,
-            modifiers: KeyModifiers::NONE,
-        })
-        .expect("a click is an action");
-        app.handle(action);
+        drive(
+            app,
+            [mouse(MouseEvent {
+                kind: MouseEventKind::Down(ratatui::crossterm::event::MouseButton::Left),
+                column: 6,
+                row,
+                modifiers: KeyModifiers::NONE,
+            })],
+        );
     };
     let y = row_of(&app, "layers");
     click(&mut app, y);
@@ -1519,10 +1547,7 @@ fn narrow_screens_drop_share_and_params_before_names_and_devices() {
     let m = mixed_model();
     let mut app = app_for(&m);
     for (w, h) in [(60, 16), (80, 24), (120, 40), (160, 50)] {
-        app.handle(Action::Resize {
-            width: w,
-            height: h,
-        });
+        resized(&mut app, w, h);
         let screen = frame(&app, w, h);
         let header = screen
             .lines()
@@ -1657,7 +1682,7 @@ fn ten_devices(m: &common::Model) -> App {
         gpu_total: (0..8).map(|i| (i, 24 * GIB)).collect(),
     };
     // About 200 bytes of RAM available: cpu is over its budget too.
-    app.handle(Action::Memory(sample(4.0, 2e-7)));
+    sampled(&mut app, Event::Memory(sample(4.0, 2e-7)));
     app
 }
 
@@ -1665,10 +1690,7 @@ fn ten_devices(m: &common::Model) -> App {
 fn the_devices_panel_grows_to_ten_devices_and_keeps_over_budget_rows() {
     let m = mixed_model();
     let mut app = ten_devices(&m);
-    app.handle(Action::Resize {
-        width: 200,
-        height: 60,
-    });
+    resized(&mut app, 200, 60);
     let screen = frame(&app, 200, 60);
     for d in 0..8 {
         assert!(
@@ -1680,10 +1702,7 @@ fn the_devices_panel_grows_to_ten_devices_and_keeps_over_budget_rows() {
     assert_eq!(over.len(), 2, "cpu and disk are over:\n{screen}");
     insta::assert_snapshot!("main_200x60_ten_devices", screen);
     // On a small screen not every device fits; those over budget still show.
-    app.handle(Action::Resize {
-        width: 80,
-        height: 24,
-    });
+    resized(&mut app, 80, 24);
     let screen = frame(&app, 80, 24);
     assert!(
         screen.contains("│cpu ") && screen.contains("│disk "),
@@ -1704,10 +1723,7 @@ fn the_devices_panel_grows_to_ten_devices_and_keeps_over_budget_rows() {
 fn tab_focuses_details_and_devices_which_then_scroll() {
     let m = mixed_model();
     let mut app = ten_devices(&m);
-    app.handle(Action::Resize {
-        width: 80,
-        height: 24,
-    });
+    resized(&mut app, 80, 24);
     // A tensor with a long Details text: the embedding (tied, with its source).
     press(&mut app, &[ch('/')]);
     press(&mut app, &text("embed_tokens.weight"));
@@ -1756,24 +1772,22 @@ fn tab_focuses_details_and_devices_which_then_scroll() {
 fn the_wheel_scrolls_the_panel_under_the_pointer() {
     let m = mixed_model();
     let mut app = ten_devices(&m);
-    app.handle(Action::Resize {
-        width: 80,
-        height: 24,
-    });
+    resized(&mut app, 80, 24);
     let areas = devmap::tui::layout::areas(
         ratatui::layout::Rect::new(0, 0, 80, 24),
         app.progress_rows(),
         app.device_rows(),
     );
     let wheel = |app: &mut App, column: u16, row: u16| {
-        let action = mouse_action(MouseEvent {
-            kind: MouseEventKind::ScrollDown,
-            column,
-            row,
-            modifiers: KeyModifiers::NONE,
-        })
-        .expect("wheel");
-        app.handle(action);
+        drive(
+            app,
+            [mouse(MouseEvent {
+                kind: MouseEventKind::ScrollDown,
+                column,
+                row,
+                modifiers: KeyModifiers::NONE,
+            })],
+        );
     };
     let selected = app.rows.selected;
     wheel(&mut app, areas.devices.x + 3, areas.devices.y + 2);

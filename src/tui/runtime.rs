@@ -243,88 +243,170 @@ pub fn run<B: Backend, S: EventSource>(
 where
     B::Error: Send + Sync + 'static,
 {
-    let size = terminal.size().map_err(io::Error::other)?;
-    app.handle(Action::Resize {
-        width: size.width,
-        height: size.height,
-    });
-    let mut runtime = Runtime {
-        tx: source.sender(),
-        cancel: None,
-        save_thread: None,
-        saving: false,
-        verify: None,
-        verifying: false,
-        computing: 0,
-        quit: false,
-    };
-    let mut last_draw: Option<Duration> = None;
-    draw(terminal, app)?;
-    // A deliberate panic, for the test that the terminal is restored on panic.
-    assert!(
-        std::env::var_os("DEVMAP_DEBUG_PANIC").is_none(),
-        "DEVMAP_DEBUG_PANIC is set: panicking on purpose after the first frame"
-    );
-    // Whether something changed since the last frame, and whether it was input (drawn
-    // within one frame interval) or only progress (drawn at a slower rate).
-    let mut dirty = false;
-    let mut urgent = false;
-    loop {
-        // Wake for whichever comes first: the frame a pending change is due in (so the
-        // state after the last key is always drawn, even when it came inside the
-        // throttle), the App's deferred work, or the slow tick.
-        let now = source.now();
-        let mut wait = if app.animating() {
-            PROGRESS_FRAME
-        } else {
-            IDLE_WAIT
-        };
-        if dirty {
-            let interval = if urgent { FRAME } else { PROGRESS_FRAME };
-            let since = last_draw.map_or(interval, |t| now.saturating_sub(t));
-            wait = wait.min(interval.saturating_sub(since));
-        }
-        if let Some(at) = app.wake_at() {
-            wait = wait.min(at.saturating_sub(now));
-        }
-        let Some((input, any)) = drain(source, app, &mut runtime, wait)? else {
-            break;
-        };
-        dirty |= any;
-        urgent |= input;
-        if terminated.load(Ordering::SeqCst) {
-            // SIGTERM / SIGHUP: cancel a running save (its files are removed when its
-            // thread ends, awaited below) and leave through the normal restore path.
-            if let Some(s) = &mut app.save {
-                s.cancel_requested = true;
-            }
-            runtime.apply(app, vec![Effect::CancelSave, Effect::Quit]);
-        }
-        if runtime.quit {
-            break;
-        }
-        let interval = if urgent { FRAME } else { PROGRESS_FRAME };
-        let now = source.now();
-        if dirty && last_draw.is_none_or(|t| now.saturating_sub(t) >= interval) {
-            draw(terminal, app)?;
-            last_draw = Some(now);
-            dirty = false;
-            urgent = false;
-        }
-    }
-    if dirty {
+    let mut runner = Runner::start(terminal, app, source.sender())?;
+    runner.run(terminal, app, source, terminated)?;
+    runner.finish(terminal, app)
+}
+
+/// The loop's state between events: what the runtime started and what the screen
+/// owes. [`run`] drives it from start to finish; a test journey may run it in parts,
+/// looking at the App between them, with a save still running across them.
+pub struct Runner {
+    runtime: Runtime,
+    last_draw: Option<Duration>,
+    /// Whether something changed since the last frame, and whether it was input
+    /// (drawn within one frame interval) or only progress (drawn at a slower rate).
+    dirty: bool,
+    urgent: bool,
+}
+
+impl Runner {
+    /// Sizes the App to the terminal and draws the first frame. The threads the
+    /// runtime starts send to `tx`.
+    ///
+    /// # Panics
+    /// With `DEVMAP_DEBUG_PANIC` set, after the first frame.
+    pub fn start<B: Backend>(
+        terminal: &mut Terminal<B>,
+        app: &mut App,
+        tx: Sender<Event>,
+    ) -> io::Result<Runner>
+    where
+        B::Error: Send + Sync + 'static,
+    {
+        let size = terminal.size().map_err(io::Error::other)?;
+        app.handle(Action::Resize {
+            width: size.width,
+            height: size.height,
+        });
         draw(terminal, app)?;
+        // A deliberate panic, for the test that the terminal is restored on panic.
+        assert!(
+            std::env::var_os("DEVMAP_DEBUG_PANIC").is_none(),
+            "DEVMAP_DEBUG_PANIC is set: panicking on purpose after the first frame"
+        );
+        Ok(Runner {
+            runtime: Runtime {
+                tx,
+                cancel: None,
+                save_thread: None,
+                saving: false,
+                verify: None,
+                verifying: false,
+                computing: 0,
+                quit: false,
+            },
+            last_draw: None,
+            dirty: false,
+            urgent: false,
+        })
     }
-    // A cancelled save removes its files before its thread ends: wait for that.
-    if let Some(t) = runtime.save_thread.take() {
-        let _ = t.join();
+
+    /// Whether the App asked to quit (or a termination signal made it).
+    pub fn quit(&self) -> bool {
+        self.runtime.quit
     }
-    // A verification only reads: stop it and let it end.
-    if let Some((progress, thread)) = runtime.verify.take() {
-        progress.cancel.store(true, Ordering::Relaxed);
-        let _ = thread.join();
+
+    /// Takes events until the App quits, a termination signal arrives or the source
+    /// ends.
+    pub fn run<B: Backend, S: EventSource>(
+        &mut self,
+        terminal: &mut Terminal<B>,
+        app: &mut App,
+        source: &mut S,
+        terminated: &AtomicBool,
+    ) -> io::Result<()>
+    where
+        B::Error: Send + Sync + 'static,
+    {
+        while !self.runtime.quit {
+            // Wake for whichever comes first: the frame a pending change is due in (so
+            // the state after the last key is always drawn, even when it came inside
+            // the throttle), the App's deferred work, or the slow tick.
+            let now = source.now();
+            let mut wait = if app.animating() {
+                PROGRESS_FRAME
+            } else {
+                IDLE_WAIT
+            };
+            if self.dirty {
+                let interval = if self.urgent { FRAME } else { PROGRESS_FRAME };
+                let since = self.last_draw.map_or(interval, |t| now.saturating_sub(t));
+                wait = wait.min(interval.saturating_sub(since));
+            }
+            if let Some(at) = app.wake_at() {
+                wait = wait.min(at.saturating_sub(now));
+            }
+            let Some((input, any)) = drain(source, app, &mut self.runtime, wait)? else {
+                break;
+            };
+            self.dirty |= any;
+            self.urgent |= input;
+            if terminated.load(Ordering::SeqCst) {
+                // SIGTERM / SIGHUP: cancel a running save (its files are removed when
+                // its thread ends, awaited in `finish`) and leave through the normal
+                // restore path.
+                if let Some(s) = &mut app.save {
+                    s.cancel_requested = true;
+                }
+                self.runtime
+                    .apply(app, vec![Effect::CancelSave, Effect::Quit]);
+            }
+            if self.runtime.quit {
+                break;
+            }
+            let interval = if self.urgent { FRAME } else { PROGRESS_FRAME };
+            let now = source.now();
+            if self.dirty
+                && self
+                    .last_draw
+                    .is_none_or(|t| now.saturating_sub(t) >= interval)
+            {
+                draw(terminal, app)?;
+                self.last_draw = Some(now);
+                self.dirty = false;
+                self.urgent = false;
+            }
+        }
+        if self.dirty {
+            draw(terminal, app)?;
+            self.dirty = false;
+            self.urgent = false;
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Draws what is still owed, then ends what the loop started (see the `Drop`).
+    pub fn finish<B: Backend>(self, terminal: &mut Terminal<B>, app: &App) -> io::Result<()>
+    where
+        B::Error: Send + Sync + 'static,
+    {
+        if self.dirty {
+            draw(terminal, app)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Runner {
+    /// Ends what the loop started, however it ended: a save still running is
+    /// cancelled (it was asked before quitting; a cancelled save removes its files
+    /// before its thread ends, so that is awaited), a verification only reads and is
+    /// stopped.
+    fn drop(&mut self) {
+        if let Some(t) = self.runtime.save_thread.take() {
+            if let Some(cancel) = &self.runtime.cancel
+                && !t.is_finished()
+            {
+                cancel.store(true, Ordering::Relaxed);
+            }
+            let _ = t.join();
+        }
+        if let Some((progress, thread)) = self.runtime.verify.take() {
+            progress.cancel.store(true, Ordering::Relaxed);
+            let _ = thread.join();
+        }
+    }
 }
 
 fn draw<B: Backend>(terminal: &mut Terminal<B>, app: &App) -> io::Result<()>

@@ -2,7 +2,9 @@
 //! threads, fed with steps instead of a terminal, on a virtual clock that moves only
 //! when the loop waits. Background work (re-totals, previews, saves, verifications)
 //! runs on real threads; a plain step is delivered only once all of it has reported
-//! back, so a journey is deterministic without sleeping.
+//! back, so a journey is deterministic without sleeping. [`Step::Hold`] and
+//! [`Step::Release`] pin down an order the threads would otherwise race for: what they
+//! send meanwhile is kept back, and handed over at the release.
 
 use std::io;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -23,6 +25,22 @@ pub enum Step {
     Now(Event),
     /// Time passes with no input.
     Wait(Duration),
+    /// From here on, what background work sends (results, save and verify events) is
+    /// kept back, and the steps after this one go on without waiting for it.
+    Hold,
+    /// Hands over, in order, what was kept back since [`Step::Hold`]; from here on the
+    /// steps wait for background work again.
+    Release,
+    /// Waits (real time, up to the work limit) until this many events are kept back:
+    /// work started by the steps before has surely finished.
+    AwaitHeld(usize),
+    /// Hands over the first event kept back, and goes on holding the rest.
+    ReleaseFirst,
+    /// Hands over what was kept back so far, and goes on holding what comes next.
+    HandOver,
+    /// Ends this part of the script here, with no time passing for work that is owed
+    /// later (the save preview's quiet time): the state right after the keys.
+    Stop,
 }
 
 /// The steps, the virtual clock, and the channel the runtime's threads send to.
@@ -34,6 +52,10 @@ pub struct Script {
     /// Loop turns allowed after the last step for frames and deferred work still
     /// owed (a spinner could otherwise keep the loop going forever).
     settle: u32,
+    /// Events kept back while held (`Some`), in the order they came.
+    held: Option<std::collections::VecDeque<Event>>,
+    /// Events released and not yet handed over.
+    released: std::collections::VecDeque<Event>,
 }
 
 impl Script {
@@ -45,7 +67,16 @@ impl Script {
             tx,
             rx,
             settle: 200,
+            held: None,
+            released: std::collections::VecDeque::new(),
         }
+    }
+
+    /// More steps, after those not yet taken (a journey run in parts); the turns let
+    /// for owed frames start afresh.
+    pub fn push(&mut self, steps: impl IntoIterator<Item = Step>) {
+        self.steps.extend(steps);
+        self.settle = 200;
     }
 
     /// The same script on a clock that starts at `now` (an App that already ran keeps
@@ -63,7 +94,13 @@ impl EventSource for Script {
     }
 
     fn next(&mut self, wait: Duration, busy: bool) -> io::Result<Next> {
-        if let Ok(event) = self.rx.try_recv() {
+        if let Some(event) = self.released.pop_front() {
+            return Ok(Next::Event(event));
+        }
+        if let Some(held) = &mut self.held {
+            // Keep back whatever the threads sent; the steps go on regardless.
+            held.extend(self.rx.try_iter());
+        } else if let Ok(event) = self.rx.try_recv() {
             return Ok(Next::Event(event));
         }
         if matches!(self.steps.front(), Some(Step::Now(_)))
@@ -71,7 +108,7 @@ impl EventSource for Script {
         {
             return Ok(Next::Event(event));
         }
-        if busy {
+        if busy && self.held.is_none() {
             return match self.rx.recv_timeout(WORK_LIMIT) {
                 Ok(event) => Ok(Next::Event(event)),
                 Err(RecvTimeoutError::Timeout) => Err(io::Error::other(format!(
@@ -93,8 +130,53 @@ impl EventSource for Script {
                 }
                 Ok(Next::Timeout)
             }
+            Some(Step::Hold) => {
+                self.held.get_or_insert_with(Default::default);
+                self.next(wait, busy)
+            }
+            Some(Step::AwaitHeld(count)) => {
+                let held = self.held.get_or_insert_with(Default::default);
+                let deadline = std::time::Instant::now() + WORK_LIMIT;
+                while held.len() < count {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    match self.rx.recv_timeout(left) {
+                        Ok(event) => held.push_back(event),
+                        Err(_) => {
+                            return Err(io::Error::other(format!(
+                                "{count} events were not sent within {WORK_LIMIT:?}"
+                            )));
+                        }
+                    }
+                }
+                self.next(wait, busy)
+            }
+            Some(Step::ReleaseFirst) => {
+                let held = self.held.get_or_insert_with(Default::default);
+                held.extend(self.rx.try_iter());
+                if let Some(first) = held.pop_front() {
+                    self.released.push_back(first);
+                }
+                self.next(wait, busy)
+            }
+            Some(Step::Stop) => Ok(Next::End),
+            Some(Step::HandOver) => {
+                let held = self.held.get_or_insert_with(Default::default);
+                held.extend(self.rx.try_iter());
+                self.released.extend(held.drain(..));
+                self.next(wait, busy)
+            }
+            Some(Step::Release) => {
+                let mut held = self.held.take().unwrap_or_default();
+                held.extend(self.rx.try_iter());
+                self.released = held;
+                self.next(wait, busy)
+            }
             None => {
-                // A frame or deferred work still owed is let happen; then the end.
+                // A frame or deferred work still owed is let happen; then the end. While
+                // events are held a spinner may run: a few turns draw what is owed.
+                if self.held.is_some() {
+                    self.settle = self.settle.min(8);
+                }
                 if wait < Duration::from_secs(60) && self.settle > 0 {
                     self.settle -= 1;
                     self.now += wait;
@@ -107,6 +189,12 @@ impl EventSource for Script {
     }
 
     fn try_next(&mut self) -> Option<Event> {
+        if let Some(event) = self.released.pop_front() {
+            return Some(event);
+        }
+        if self.held.is_some() {
+            return None;
+        }
         self.rx.try_recv().ok()
     }
 

@@ -359,25 +359,6 @@ pub fn warning_text(ckpt: &devmap::model::Checkpoint) -> String {
         .join("\n")
 }
 
-/// Runs every `Effect::Compute` the App handed off (re-totals, plans, save previews)
-/// on this thread, as if its worker were instant, with the work its results start;
-/// returns the other effects.
-pub fn finish_work(
-    app: &mut devmap::tui::app::App,
-    effects: Vec<devmap::tui::app::Effect>,
-) -> Vec<devmap::tui::app::Effect> {
-    use devmap::tui::app::Effect;
-    let mut rest = Vec::new();
-    let mut queue: std::collections::VecDeque<Effect> = effects.into();
-    while let Some(effect) = queue.pop_front() {
-        match effect {
-            Effect::Compute(work) => queue.extend(app.handle(work.run())),
-            other => rest.push(other),
-        }
-    }
-    rest
-}
-
 /// The peak resident set devmap printed on exit (`DEVMAP_REPORT_PEAK_RSS=1`), in bytes.
 pub fn peak_rss(stderr: &str) -> u64 {
     stderr

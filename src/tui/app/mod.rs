@@ -253,6 +253,10 @@ pub struct App {
     pub preview_generation: u64,
     /// The devices that held weights when the model opened.
     pub opened_devices: Vec<Placement>,
+    /// For tests: the [`SaveOptions::pause_file`] of the saves this App starts, so a
+    /// journey can cancel or quit a save that is surely still running.
+    #[doc(hidden)]
+    pub save_pause: Option<std::path::PathBuf>,
 }
 
 /// What each device can hold, where known. Filled by the runtime (free disk is a
@@ -328,6 +332,7 @@ impl App {
             last_save_dialog: None,
             search_origin: None,
             quitting: false,
+            save_pause: None,
             color: true,
             budgets: Budgets::default(),
             gpus: Vec::new(),

@@ -179,6 +179,14 @@ impl App {
             dtype: dialog.dtype,
             force: dialog.overwrite,
             available_ram: self.memory.back().map(|m| m.available),
+            pause_file: self.save_pause.clone(),
+            // A save paused for a test writes one shard at a time, so where it stands
+            // at the pause is the same on every run.
+            jobs: if self.save_pause.is_some() {
+                1
+            } else {
+                crate::save::shards::DEFAULT_JOBS
+            },
             ..SaveOptions::new(dialog.out.trim())
         })
     }
