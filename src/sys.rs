@@ -38,6 +38,47 @@ pub(crate) fn copy_file_range(
     Err(io::Error::from_raw_os_error(libc::ENOSYS))
 }
 
+/// A folder opened once, whose files are looked at by name relative to it: one path
+/// component resolved per file instead of the whole path again (an offload folder
+/// holds tens of thousands of files).
+pub(crate) struct Folder(std::os::fd::OwnedFd);
+
+/// What [`Folder::stat`] says of a file.
+pub(crate) struct FileStat {
+    pub is_file: bool,
+    pub len: u64,
+    pub modified: Option<std::time::SystemTime>,
+}
+
+impl Folder {
+    pub(crate) fn open(path: &Path) -> io::Result<Folder> {
+        use rustix::fs::{Mode, OFlags};
+        rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map(Folder)
+        .map_err(io::Error::from)
+    }
+
+    /// The file `name` in this folder, links followed (as `std::fs::metadata`).
+    pub(crate) fn stat(&self, name: &str) -> io::Result<FileStat> {
+        let st = rustix::fs::statat(&self.0, name, rustix::fs::AtFlags::empty())
+            .map_err(io::Error::from)?;
+        let modified = u64::try_from(st.st_mtime).ok().map(|secs| {
+            std::time::UNIX_EPOCH
+                + std::time::Duration::new(secs, u32::try_from(st.st_mtime_nsec).unwrap_or(0))
+        });
+        Ok(FileStat {
+            is_file: rustix::fs::FileType::from_raw_mode(st.st_mode)
+                == rustix::fs::FileType::RegularFile,
+            len: u64::try_from(st.st_size).unwrap_or(0),
+            modified,
+        })
+    }
+}
+
 /// Bytes available to an unprivileged user on the file system holding `path`.
 pub(crate) fn free_space(path: &Path) -> io::Result<u64> {
     let stat = rustix::fs::statvfs(path).map_err(io::Error::from)?;

@@ -8,31 +8,35 @@ use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 
 /// A JSON object read with its keys in file order and duplicates kept, so a reader can
-/// refuse them by name. (`serde_json::Map` keeps only the last of a duplicate.)
+/// refuse them by name. (`serde_json::Map` keeps only the last of a duplicate.) The
+/// values are `V`: any JSON by default, or a reader's own type.
 #[derive(Debug)]
-pub struct OrderedObject(pub Vec<(String, Value)>);
+pub struct OrderedObject<V = Value>(pub Vec<(String, V)>);
 
-impl<'de> Deserialize<'de> for OrderedObject {
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for OrderedObject<V> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ObjectVisitor;
-        impl<'de> Visitor<'de> for ObjectVisitor {
-            type Value = OrderedObject;
+        struct ObjectVisitor<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for ObjectVisitor<V> {
+            type Value = OrderedObject<V>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<OrderedObject, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<OrderedObject<V>, A::Error> {
                 let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
-                while let Some((key, value)) = map.next_entry::<String, Value>()? {
+                while let Some((key, value)) = map.next_entry::<String, V>()? {
                     entries.push((key, value));
                 }
                 Ok(OrderedObject(entries))
             }
         }
-        deserializer.deserialize_map(ObjectVisitor)
+        deserializer.deserialize_map(ObjectVisitor(std::marker::PhantomData))
     }
 }
 
-impl OrderedObject {
+impl<V> OrderedObject<V> {
     /// The first key that appears twice, if any.
     pub fn first_duplicate(&self) -> Option<&str> {
         let mut seen = std::collections::HashSet::with_capacity(self.0.len());

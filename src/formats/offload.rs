@@ -40,6 +40,9 @@ pub struct OffloadEntry {
     /// For form 2: the dtype the index says the model loads the tensor as, when it
     /// differs from the stored one.
     pub load_dtype: Option<DType>,
+    /// The file's length and modification time, when reading the entry looked at
+    /// them already (form 1), so the loader need not ask the file system again.
+    pub file_stat: Option<(u64, Option<std::time::SystemTime>)>,
 }
 
 /// Reads an offload folder. `model_dir` resolves relative `safetensors_file` paths
@@ -111,7 +114,7 @@ pub fn parse_index(
     model_dir: &Path,
     headers: &mut HeaderCache,
 ) -> Result<Vec<OffloadEntry>, FormatError> {
-    let object: OrderedObject = serde_json::from_str(text).map_err(|e| {
+    let object: OrderedObject<IndexEntry> = serde_json::from_str(text).map_err(|e| {
         FormatError::invalid(
             index_path,
             format!("an offload index must be a JSON object of tensor name to entry: {e}"),
@@ -125,23 +128,24 @@ pub fn parse_index(
         ));
     }
     let mut entries = Vec::with_capacity(object.0.len());
+    let mut dat_files = Vec::new();
     for (name, info) in object.0 {
         let bad = |m: &str| FormatError::tensor(index_path, &name, m);
-        if !info.is_object() {
+        if !info.object {
             return Err(bad("entry is not an object"));
         }
-        let dtype_field = match info.get("dtype") {
+        let dtype_field = match &info.dtype {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(
                 DType::from_torch_name(s).ok_or_else(|| bad(&format!("unknown dtype `{s}`")))?,
             ),
             Some(_) => return Err(bad("`dtype` is not a string")),
         };
-        if let Some(file) = info.get("safetensors_file") {
+        if let Some(file) = &info.safetensors_file {
             let file = file
                 .as_str()
                 .ok_or_else(|| bad("`safetensors_file` is not a string"))?;
-            let weight_name = match info.get("weight_name") {
+            let weight_name = match &info.weight_name {
                 None | Some(Value::Null) => name.as_str(),
                 Some(Value::String(s)) => s.as_str(),
                 Some(_) => return Err(bad("`weight_name` is not a string")),
@@ -177,12 +181,14 @@ pub fn parse_index(
                 len: t.len,
                 form: OffloadForm::IndexedSafetensors,
                 load_dtype: dtype_field.filter(|d| *d != t.dtype),
+                file_stat: None,
             });
             continue;
         }
         let dtype = dtype_field.ok_or_else(|| bad("has neither `safetensors_file` nor `dtype`"))?;
         let shape = info
-            .get("shape")
+            .shape
+            .as_ref()
             .and_then(Value::as_array)
             .ok_or_else(|| bad("has neither `safetensors_file` nor a `shape` list"))?
             .iter()
@@ -193,39 +199,7 @@ pub fn parse_index(
         let len = byte_len(dtype, &shape)
             .ok_or_else(|| bad(&format!("shape {shape:?} overflows 64 bits")))?;
         let file = folder.join(format!("{name}.dat"));
-        match std::fs::metadata(&file) {
-            Ok(meta) if !meta.is_file() => {
-                return Err(FormatError::tensor(
-                    &file,
-                    &name,
-                    "is not a regular file (a folder, FIFO or device); the offload folder is damaged",
-                ));
-            }
-            Ok(meta) if meta.len() == len => {}
-            Ok(meta) => {
-                return Err(FormatError::tensor(
-                    &file,
-                    &name,
-                    format!(
-                        "holds {} bytes but the offload index says {} {shape:?}, which is {len} bytes; the offload folder is damaged or from another model",
-                        meta.len(),
-                        dtype.torch_name()
-                    ),
-                ));
-            }
-            // numpy cannot memory-map an empty file, so accelerate never writes one.
-            Err(_) if len == 0 => {}
-            Err(e) => {
-                return Err(FormatError::tensor(
-                    &file,
-                    &name,
-                    format!(
-                        "is listed in {} but cannot be read: {e}",
-                        index_path.display()
-                    ),
-                ));
-            }
-        }
+        dat_files.push(entries.len());
         entries.push(OffloadEntry {
             name,
             dtype,
@@ -235,9 +209,168 @@ pub fn parse_index(
             len,
             form: OffloadForm::Dat,
             load_dtype: None,
+            file_stat: None,
         });
     }
+    check_dat_files(folder, index_path, &mut entries, &dat_files)?;
     Ok(entries)
+}
+
+/// How many threads look at `.dat` files at once: the file system answers several
+/// questions at a time (and a cold one waits on the disk for each).
+const STAT_THREADS: usize = 4;
+
+/// Checks that each `.dat` file of `entries` (at the indexes `dat_files`) is a regular
+/// file of the length its entry says, and keeps its length and time for the loader.
+/// The files are looked at on a few threads; the first problem in index order is the
+/// one reported.
+fn check_dat_files(
+    folder: &Path,
+    index_path: &Path,
+    entries: &mut [OffloadEntry],
+    dat_files: &[usize],
+) -> Result<(), FormatError> {
+    let opened = crate::sys::Folder::open(folder).ok();
+    let stat = |entry: &OffloadEntry| match &opened {
+        Some(f) => f.stat(&format!("{}.dat", entry.name)),
+        None => std::fs::metadata(&entry.file).map(|m| crate::sys::FileStat {
+            is_file: m.is_file(),
+            len: m.len(),
+            modified: m.modified().ok(),
+        }),
+    };
+    let chunk = dat_files.len().div_ceil(STAT_THREADS).max(1);
+    let entries_read: &[OffloadEntry] = entries;
+    let stats: Vec<std::io::Result<crate::sys::FileStat>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = dat_files
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .map(|&i| stat(&entries_read[i]))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    if stats.len() != dat_files.len() {
+        return Err(FormatError::invalid(
+            index_path,
+            "the offload folder's files could not all be looked at",
+        ));
+    }
+    for (&i, stat) in dat_files.iter().zip(stats) {
+        let entry = &mut entries[i];
+        let (file, name, len) = (&entry.file, &entry.name, entry.len);
+        match stat {
+            Ok(meta) if !meta.is_file => {
+                return Err(FormatError::tensor(
+                    file,
+                    name,
+                    "is not a regular file (a folder, FIFO or device); the offload folder is damaged",
+                ));
+            }
+            Ok(meta) if meta.len == len => entry.file_stat = Some((len, meta.modified)),
+            Ok(meta) => {
+                return Err(FormatError::tensor(
+                    file,
+                    name,
+                    format!(
+                        "holds {} bytes but the offload index says {} {:?}, which is {len} bytes; the offload folder is damaged or from another model",
+                        meta.len,
+                        entry.dtype.torch_name(),
+                        entry.shape
+                    ),
+                ));
+            }
+            // numpy cannot memory-map an empty file, so accelerate never writes one.
+            Err(_) if len == 0 => {}
+            Err(e) => {
+                return Err(FormatError::tensor(
+                    file,
+                    name,
+                    format!(
+                        "is listed in {} but cannot be read: {e}",
+                        index_path.display()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One entry of an offload index as written: the fields devmap reads (anything else is
+/// skipped unread), or a note that the entry is not an object. Cheaper than a map per
+/// entry on an index of tens of thousands.
+#[derive(Debug, Default)]
+struct IndexEntry {
+    object: bool,
+    dtype: Option<Value>,
+    shape: Option<Value>,
+    safetensors_file: Option<Value>,
+    weight_name: Option<Value>,
+}
+
+impl<'de> serde::Deserialize<'de> for IndexEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
+        struct EntryVisitor;
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = IndexEntry;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an offload index entry")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<IndexEntry, A::Error> {
+                let mut entry = IndexEntry {
+                    object: true,
+                    ..IndexEntry::default()
+                };
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let field = match key.as_ref() {
+                        "dtype" => &mut entry.dtype,
+                        "shape" => &mut entry.shape,
+                        "safetensors_file" => &mut entry.safetensors_file,
+                        "weight_name" => &mut entry.weight_name,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    *field = Some(map.next_value()?);
+                }
+                Ok(entry)
+            }
+            // Anything else is not an object: read past it, and say so later by name.
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<IndexEntry, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(IndexEntry::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<IndexEntry, E> {
+                Ok(IndexEntry::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<IndexEntry, E> {
+                Ok(IndexEntry::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<IndexEntry, E> {
+                Ok(IndexEntry::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<IndexEntry, E> {
+                Ok(IndexEntry::default())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<IndexEntry, E> {
+                Ok(IndexEntry::default())
+            }
+            fn visit_unit<E>(self) -> Result<IndexEntry, E> {
+                Ok(IndexEntry::default())
+            }
+        }
+        deserializer.deserialize_any(EntryVisitor)
+    }
 }
 
 fn resolve(folder: &Path, model_dir: &Path, file: &str) -> PathBuf {
@@ -261,6 +394,11 @@ fn read_per_tensor_files(
     indexed: &[PathBuf],
 ) -> Result<Vec<OffloadEntry>, FormatError> {
     let files = super::input::safetensors_files(folder)?;
+    if files.is_empty() {
+        // The usual case (accelerate's `.dat` folder): nothing to resolve. Resolving
+        // every indexed file is a dozen system calls each — seconds on a big folder.
+        return Ok(Vec::new());
+    }
     // The index may spell a file another way (relative, through a link): compare the
     // files themselves, each resolved once.
     let resolve = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
@@ -300,6 +438,7 @@ fn read_per_tensor_files(
             len: t.len,
             form: OffloadForm::PerTensorSafetensors,
             load_dtype: None,
+            file_stat: None,
         });
     }
     Ok(entries)

@@ -186,10 +186,7 @@ impl Checkpoint {
             }
             groups.push(TieGroup { members });
         }
-        let replaced = replaced
-            .into_iter()
-            .filter_map(|(name, r, d)| Some((search(&tensors, &name).ok()?, (r, d))))
-            .collect();
+        let replaced = find_in_order(&tensors, replaced);
         let mut ckpt = Checkpoint {
             dir,
             files,
@@ -484,6 +481,30 @@ pub struct Parts {
 /// Binary search of tensors kept in module order: where `name` is, or would go.
 pub(crate) fn search(tensors: &[Tensor], name: &str) -> Result<TensorId, TensorId> {
     tensors.binary_search_by(|t| super::names::module_order(&t.name, name))
+}
+
+/// The tensors replaced by other values (offload entries), by id. They come in module
+/// order, as the loader merged them: found by walking both lists together, not by a
+/// search per name (tens of thousands on a big offload folder).
+fn find_in_order(
+    tensors: &[Tensor],
+    mut replaced: Vec<(String, ByteRange, DType)>,
+) -> std::collections::HashMap<TensorId, (ByteRange, DType)> {
+    let order = |a: &str, b: &str| super::names::module_order(a, b);
+    if !replaced.is_sorted_by(|a, b| order(&a.0, &b.0).is_le()) {
+        replaced.sort_by(|a, b| order(&a.0, &b.0));
+    }
+    let mut found = std::collections::HashMap::with_capacity(replaced.len());
+    let mut at = 0;
+    for (name, range, dtype) in replaced {
+        while at < tensors.len() && order(&tensors[at].name, &name).is_lt() {
+            at += 1;
+        }
+        if tensors.get(at).is_some_and(|t| t.name == name) {
+            found.insert(at, (range, dtype));
+        }
+    }
+    found
 }
 
 /// Sorts tensors into module order.

@@ -11,18 +11,11 @@ pub use super::warning::name_list;
 
 /// All checks, in the order a report lists them.
 pub fn run(ckpt: &Checkpoint) -> Vec<Warning> {
-    let offloaded: HashSet<&str> = ckpt
-        .tensors()
-        .iter()
-        .filter(|t| matches!(t.source, Source::Offload(_)))
-        .map(|t| t.name.as_str())
-        .collect();
-    let offloaded = &offloaded;
     let mut out = Vec::new();
     out.extend(unmapped(ckpt));
     out.extend(ties_across_devices(ckpt));
-    out.extend(offload_not_on_disk(ckpt, offloaded));
-    out.extend(disk_without_offload(ckpt, offloaded));
+    out.extend(offload_not_on_disk(ckpt));
+    out.extend(disk_without_offload(ckpt));
     out.extend(meta_without_data(ckpt));
     out.extend(unused_map_keys(ckpt));
     out.extend(transformers_prefix_traps(ckpt));
@@ -60,22 +53,27 @@ pub fn ties_across_devices(ckpt: &Checkpoint) -> Vec<Warning> {
         .collect()
 }
 
-pub fn offload_not_on_disk(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Option<Warning> {
+/// Whether the tensor's value comes from the offload folder.
+fn offloaded(t: &crate::model::Tensor) -> bool {
+    matches!(t.source, Source::Offload(_))
+}
+
+pub fn offload_not_on_disk(ckpt: &Checkpoint) -> Option<Warning> {
     ckpt.device_map.as_ref()?;
     let tensors: Vec<(String, Placement)> = ckpt
         .tensors()
         .iter()
-        .filter(|t| offloaded.contains(t.name.as_str()) && t.placement != Placement::Disk)
+        .filter(|t| offloaded(t) && t.placement != Placement::Disk)
         .map(|t| (t.name.clone(), t.placement))
         .collect();
     (!tensors.is_empty()).then_some(Warning::OffloadNotOnDisk { tensors })
 }
 
-pub fn disk_without_offload(ckpt: &Checkpoint, offloaded: &HashSet<&str>) -> Option<Warning> {
+pub fn disk_without_offload(ckpt: &Checkpoint) -> Option<Warning> {
     let tensors: Vec<String> = ckpt
         .tensors()
         .iter()
-        .filter(|t| t.placement == Placement::Disk && !offloaded.contains(t.name.as_str()))
+        .filter(|t| t.placement == Placement::Disk && !offloaded(t))
         .map(|t| t.name.clone())
         .collect();
     (!tensors.is_empty()).then(|| Warning::DiskWithoutOffload {

@@ -67,10 +67,41 @@ impl Draft {
             return id;
         }
         let meta = std::fs::metadata(path).ok();
+        let len = meta.as_ref().map_or(0, std::fs::Metadata::len);
+        let modified = meta.and_then(|m| m.modified().ok());
+        self.stated_file_id(path, len, modified)
+    }
+
+    /// A file no other tensor reads (an offload `.dat`), whose length and time were
+    /// read already: added without looking it up.
+    pub(super) fn push_file(
+        &mut self,
+        path: &Path,
+        len: u64,
+        modified: Option<std::time::SystemTime>,
+    ) -> FileId {
         self.files.push(SourceFile {
             path: path.to_path_buf(),
-            len: meta.as_ref().map_or(0, std::fs::Metadata::len),
-            modified: meta.and_then(|m| m.modified().ok()),
+            len,
+            modified,
+        });
+        self.files.len() - 1
+    }
+
+    /// [`Draft::plain_file_id`] for a file whose length and time were read already.
+    pub(super) fn stated_file_id(
+        &mut self,
+        path: &Path,
+        len: u64,
+        modified: Option<std::time::SystemTime>,
+    ) -> FileId {
+        if let Some(&id) = self.file_ids.get(path) {
+            return id;
+        }
+        self.files.push(SourceFile {
+            path: path.to_path_buf(),
+            len,
+            modified,
         });
         self.file_ids
             .insert(path.to_path_buf(), self.files.len() - 1);

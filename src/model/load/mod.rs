@@ -96,33 +96,38 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
     let mut shared_offload: HashMap<(FileId, u64), Vec<String>> = HashMap::new();
     let arch = crate::model::arch::lookup(&config.architectures);
     if let Some(folder) = &offload_dir {
-        let mut entries = read_offload_folder(folder, dir, &mut headers)?;
-        // transformers 5 offloads under the names the loaded model has: an entry for
-        // a tensor the checkpoint saves under another name is that tensor's value.
-        if let Some(arch) = arch {
-            for e in &mut entries {
-                if draft.find(&e.name).is_none()
-                    && let Some(name) = arch.checkpoint_name(&e.name)
-                    && draft.find(&name).is_some()
-                {
-                    e.name = name;
-                }
-            }
-        }
-        let keys: Vec<_> = entries
-            .iter()
-            .map(|e| super::names::order_key(&e.name))
-            .collect();
-        let mut order: Vec<usize> = (0..entries.len()).collect();
-        order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
-        drop(keys);
-        let mut slots: Vec<Option<_>> = entries.drain(..).map(Some).collect();
-        let sorted: Vec<_> = order.into_iter().filter_map(|i| slots[i].take()).collect();
-        // Both lists are in module order: walk them together.
+        let entries = read_offload_folder(folder, dir, &mut headers)?;
+        let sorted = in_module_order(entries);
+        // Both lists are in module order: walk them together (a search per entry is
+        // a second per 100k entries on a big offload folder).
         let mut at = 0;
         let mut added = Vec::new();
-        for entry in sorted {
-            let file = draft.plain_file_id(&entry.file);
+        for mut entry in sorted {
+            while at < draft.tensors.len()
+                && super::names::module_order(&draft.tensors[at].name, &entry.name).is_lt()
+            {
+                at += 1;
+            }
+            let held = if draft.tensors.get(at).is_some_and(|t| t.name == entry.name) {
+                Some(at)
+            } else {
+                // transformers 5 offloads under the names the loaded model has: an
+                // entry for a tensor the checkpoint saves under another name is that
+                // tensor's value.
+                arch.and_then(|arch| arch.checkpoint_name(&entry.name))
+                    .and_then(|name| Some((draft.find(&name)?, name)))
+                    .map(|(i, name)| {
+                        entry.name = name;
+                        i
+                    })
+            };
+            let file = match (entry.form, entry.file_stat) {
+                // One `.dat` per tensor: no other entry shares its file.
+                (OffloadForm::Dat, Some((len, modified))) => {
+                    draft.push_file(&entry.file, len, modified)
+                }
+                _ => draft.plain_file_id(&entry.file),
+            };
             let range = ByteRange {
                 file,
                 offset: entry.offset,
@@ -142,13 +147,8 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
                     file: entry.file.clone(),
                 });
             }
-            while at < draft.tensors.len()
-                && super::names::module_order(&draft.tensors[at].name, &entry.name).is_lt()
-            {
-                at += 1;
-            }
-            if at < draft.tensors.len() && draft.tensors[at].name == entry.name {
-                let t = &mut draft.tensors[at];
+            if let Some(i) = held {
+                let t = &mut draft.tensors[i];
                 if let Source::Checkpoint(old) = t.source {
                     draft.replaced.push((t.name.clone(), old, t.dtype));
                 }
@@ -302,10 +302,32 @@ fn note_symlinks(
         ));
     }
     let candidates = files.iter().map(|f| f.path.as_path()).chain(offload);
+    // Whether a folder inside the model leads outside it, resolved once per folder:
+    // an offload folder holds tens of thousands of files, and resolving a path is a
+    // dozen system calls.
+    let mut leads_out: HashMap<&Path, bool> = HashMap::new();
+    // The links in each folder, from one listing of it (the listing says which entries
+    // are links without a system call per file).
+    let mut links_in: HashMap<&Path, Option<std::collections::HashSet<std::ffi::OsString>>> =
+        HashMap::new();
     for path in candidates {
-        let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+        let listed = path
+            .parent()
+            .zip(path.file_name())
+            .and_then(|(folder, name)| {
+                links_in
+                    .entry(folder)
+                    .or_insert_with(|| symlinks_in(folder))
+                    .as_ref()
+                    .map(|links| links.contains(name))
+            });
+        let is_link = listed.unwrap_or_else(|| {
+            std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+        });
         let parent_link = path.parent().is_some_and(|p| {
-            p.canonicalize().is_ok_and(|c| !c.starts_with(&root)) && p.starts_with(dir)
+            *leads_out.entry(p).or_insert_with(|| {
+                p.canonicalize().is_ok_and(|c| !c.starts_with(&root)) && p.starts_with(dir)
+            })
         });
         if !(is_link || parent_link) {
             continue;
@@ -323,6 +345,37 @@ fn note_symlinks(
             files: outside,
         });
     }
+}
+
+/// Offload entries in module order (as the checkpoint's tensors are).
+fn in_module_order(
+    mut entries: Vec<crate::formats::offload::OffloadEntry>,
+) -> Vec<crate::formats::offload::OffloadEntry> {
+    // accelerate writes its index in the order of the state dict: usually sorted.
+    if entries.is_sorted_by(|a, b| super::names::module_order(&a.name, &b.name).is_le()) {
+        return entries;
+    }
+    let keys: Vec<_> = entries
+        .iter()
+        .map(|e| super::names::order_key(&e.name))
+        .collect();
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
+    drop(keys);
+    let mut slots: Vec<Option<_>> = entries.drain(..).map(Some).collect();
+    order.into_iter().filter_map(|i| slots[i].take()).collect()
+}
+
+/// The names of the symlinks in `folder`, or `None` when it cannot be listed.
+fn symlinks_in(folder: &Path) -> Option<std::collections::HashSet<std::ffi::OsString>> {
+    let mut links = std::collections::HashSet::new();
+    for entry in std::fs::read_dir(folder).ok()? {
+        let entry = entry.ok()?;
+        if entry.file_type().ok()?.is_symlink() {
+            links.insert(entry.file_name());
+        }
+    }
+    Some(links)
 }
 
 /// Finds and reads the checkpoint's safetensors files. Returns the files that make up
