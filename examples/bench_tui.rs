@@ -56,6 +56,46 @@ fn main() -> std::io::Result<()> {
             dir.display()
         );
     }
+    // With the four-device map and the offload folder `gen_offload_map` writes beside
+    // it (when it has): `inspect`'s work against the inspector's first full frame, each
+    // from the files, alternated so a busy machine slows both alike.
+    let offloaded = dir.with_file_name(format!(
+        "{}-map/offloaded",
+        dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    ));
+    if offloaded.join("offload/index.json").exists() {
+        let mut reports = Vec::new();
+        let mut first_frames = Vec::new();
+        for _ in 0..7 {
+            let t = Instant::now();
+            let c = load(&offloaded, &LoadOptions::default()).map_err(std::io::Error::other)?;
+            std::hint::black_box(devmap::inspect::to_text(
+                &c,
+                devmap::inspect::TextOptions::default(),
+            ));
+            reports.push(t.elapsed());
+            drop(c);
+            let t = Instant::now();
+            let c = load(&offloaded, &LoadOptions::default()).map_err(std::io::Error::other)?;
+            let mut app = App::new(c);
+            app.handle(Action::Resize {
+                width: 160,
+                height: 50,
+            });
+            let Ok(mut terminal) = Terminal::new(TestBackend::new(160, 50));
+            let Ok(_) = terminal.draw(|f| ui::draw(&app, f));
+            first_frames.push(t.elapsed());
+        }
+        let (report, _) = stats(reports);
+        let (frame, _) = stats(first_frames);
+        println!(
+            "with {}'s map and offload folder: inspect report {} median, inspector's first frame {} median ({:.2}x)",
+            offloaded.display(),
+            ms(report),
+            ms(frame),
+            frame.as_secs_f64() / report.as_secs_f64()
+        );
+    }
     let mut opens = Vec::new();
     let mut ckpt = None;
     for _ in 0..5 {
