@@ -1,6 +1,6 @@
 //! transformers 5's fused offload experts read back as the checkpoint's per-expert
-//! tensors, on real transformers output (tests/python/converted_layout.py): Mixtral and
-//! Qwen2-MoE. Ignored by a bare `cargo test`; `.ci/run` runs it with the reference
+//! tensors, on real transformers output (tests/python/converted_layout.py): Mixtral,
+//! Qwen2-MoE and LFM2-MoE. Ignored by a bare `cargo test`; `.ci/run` runs it with the reference
 //! libraries installed.
 
 mod common;

@@ -44,8 +44,9 @@ pub struct ExpertTemplate {
     pub down: &'static str,
 }
 
-/// `qwen2_moe` (and the model types that reuse it, e.g. `qwen3_moe`), then `mixtral`.
-pub const EXPERT_TEMPLATES: [ExpertTemplate; 2] = [
+/// `qwen2_moe` (and the model types that reuse it, e.g. `qwen3_moe`), `mixtral`, then
+/// `lfm2_moe` (Mixtral's piece names under a module that keeps its name).
+pub const EXPERT_TEMPLATES: [ExpertTemplate; 3] = [
     ExpertTemplate {
         renamed: false,
         gate: "gate_proj",
@@ -54,6 +55,12 @@ pub const EXPERT_TEMPLATES: [ExpertTemplate; 2] = [
     },
     ExpertTemplate {
         renamed: true,
+        gate: "w1",
+        up: "w3",
+        down: "w2",
+    },
+    ExpertTemplate {
+        renamed: false,
         gate: "w1",
         up: "w3",
         down: "w2",

@@ -1,6 +1,7 @@
 """transformers 5 offloads a mixture-of-experts layer's experts fused, under runtime
 names (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`); devmap must read them
-back as the checkpoint's per-expert tensors. Mixtral and Qwen2-MoE: load with layer 1
+back as the checkpoint's per-expert tensors. Mixtral, Qwen2-MoE and LFM2-MoE (w1/w3/w2
+under `feed_forward`, not renamed): load with layer 1
 on disk, change the fused offload values (as an edit on disk would), save with devmap,
 and from_pretrained(OUT) must hold exactly the changed values and no extra keys.
 
@@ -15,16 +16,17 @@ import tempfile
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig
+from transformers import AutoModelForCausalLM, Lfm2MoeConfig, MixtralConfig, Qwen2MoeConfig
+
+LLAMA_LIKE_MAP = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
+                  "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
 
 
-def check(devmap, family, config):
+def check(devmap, family, config, device_map=LLAMA_LIKE_MAP):
     work = tempfile.mkdtemp(prefix=f"devmap-converted-{family}-")
     torch.manual_seed(0)
     src, off, out = (os.path.join(work, d) for d in ("src", "off", "out"))
     AutoModelForCausalLM.from_config(config).save_pretrained(src)
-    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
-                  "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
     AutoModelForCausalLM.from_pretrained(src, device_map=device_map, offload_folder=off)
     fused = sorted(f for f in os.listdir(off) if ".experts." in f and f.endswith(".safetensors"))
     if not fused:
@@ -62,6 +64,12 @@ def main(devmap):
     check(devmap, "mixtral", MixtralConfig(intermediate_size=48, num_local_experts=3, num_experts_per_tok=1, **small))
     check(devmap, "qwen2_moe", Qwen2MoeConfig(moe_intermediate_size=24, shared_expert_intermediate_size=40,
                                               num_experts=3, num_experts_per_tok=1, **small))
+    # Layer 0 dense, layer 1 a convolution block with fused experts.
+    lfm2 = Lfm2MoeConfig(intermediate_size=48, moe_intermediate_size=24, num_experts=3, num_experts_per_tok=1,
+                         num_dense_layers=1, layer_types=["full_attention", "conv"], **small)
+    check(devmap, "lfm2_moe", lfm2, {"model.embed_tokens": "cpu", "model.layers.0": "cpu",
+                                     "model.layers.1": "disk", "model.pos_emb": "cpu",
+                                     "model.embedding_norm": "cpu", "lm_head": "cpu"})
 
 
 if __name__ == "__main__":
