@@ -77,6 +77,7 @@ def families():
     )
     yield from more_families()
     yield from vision_families()
+    yield from wider_families()
 
 
 def more_families():
@@ -112,6 +113,44 @@ def more_families():
     )
 
 
+def wider_families():
+    """Issue 20's widening to 30 families: encoder-decoders (BART, Whisper's speech
+    seq2seq), encoders (RoBERTa, DeBERTa-v2 with its non-persistent `position_ids`
+    buffer, which accelerate counts), and more decoder shapes."""
+    import transformers as t
+
+    small = dict(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=6, num_attention_heads=4)
+    decoder = dict(small, max_position_embeddings=64)
+    yield "bart", t.BartConfig(
+        vocab_size=512, d_model=64, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=176, decoder_ffn_dim=176, max_position_embeddings=64,
+    )
+    yield "whisper", t.WhisperConfig(
+        vocab_size=512, d_model=64, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=176, decoder_ffn_dim=176, num_mel_bins=16,
+        max_source_positions=32, max_target_positions=64, pad_token_id=1, bos_token_id=2, eos_token_id=3,
+        decoder_start_token_id=2,
+    )
+    yield "roberta", t.RobertaConfig(**small, max_position_embeddings=66)
+    yield "deberta_v2", t.DebertaV2Config(**small, max_position_embeddings=64)
+    yield "falcon", t.FalconConfig(vocab_size=512, hidden_size=64, num_hidden_layers=6, num_attention_heads=4)
+    yield "bloom", t.BloomConfig(vocab_size=512, hidden_size=64, n_layer=6, n_head=4)
+    yield "gptj", t.GPTJConfig(vocab_size=512, n_embd=64, n_layer=6, n_head=4, n_positions=64, rotary_dim=8)
+    yield "gpt_neo", t.GPTNeoConfig(
+        vocab_size=512, hidden_size=64, num_layers=6, num_heads=4, max_position_embeddings=64,
+        attention_types=[[["global", "local"], 3]],
+    )
+    yield "stablelm", t.StableLmConfig(**decoder, num_key_value_heads=4)
+    yield "phi3", t.Phi3Config(**decoder, num_key_value_heads=4, pad_token_id=0)
+    yield "starcoder2", t.Starcoder2Config(**decoder, num_key_value_heads=2)
+    yield "olmo", t.OlmoConfig(**decoder, num_key_value_heads=4)
+    yield "gemma2", t.Gemma2Config(**decoder, num_key_value_heads=2, head_dim=16)
+    yield "qwen3", t.Qwen3Config(**decoder, num_key_value_heads=2, head_dim=16)
+    yield "granite", t.GraniteConfig(**decoder, num_key_value_heads=2)
+    yield "cohere", t.CohereConfig(**decoder, num_key_value_heads=2)
+    yield "olmo2", t.Olmo2Config(**decoder, num_key_value_heads=4)
+
+
 def vision_families():
     """A vision-language model, which transformers 5 saves under other names than it
     loads (`language_model.model.layers.N` in the checkpoint, `model.language_model.layers.N`
@@ -132,12 +171,19 @@ def vision_families():
 def model_class(config):
     """The head each family is used with: causal LM, masked LM (BERT), seq2seq (T5),
     image-text-to-text (Llava)."""
-    from transformers import AutoModelForImageTextToText, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+    from transformers import (
+        AutoModelForImageTextToText,
+        AutoModelForMaskedLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSpeechSeq2Seq,
+    )
 
-    if config.model_type == "bert":
+    if config.model_type in ("bert", "roberta", "deberta-v2", "deberta_v2"):
         return AutoModelForMaskedLM
-    if config.model_type == "t5":
+    if config.model_type in ("t5", "bart"):
         return AutoModelForSeq2SeqLM
+    if config.model_type == "whisper":
+        return AutoModelForSpeechSeq2Seq
     if config.model_type == "llava":
         return AutoModelForImageTextToText
     return AutoModelForCausalLM
@@ -157,6 +203,14 @@ def main(devmap):
     if not only or only == "llama-f32":
         _, llama = next(families())
         f, n = check_family(devmap, "llama-f32", llama, store=torch.float32, load=torch.bfloat16)
+        failures += f
+        total_cases += n
+    # Every family again stored in float32 (five budgets each): sizes double, so other
+    # boundaries are crossed.
+    for family, config in families():
+        if only and only != f"{family}-f32":
+            continue
+        f, n = check_family(devmap, f"{family}-f32", config, store=torch.float32, first=5)
         failures += f
         total_cases += n
     if not only:
@@ -204,7 +258,9 @@ def check_transformers5_rule(devmap):
     return (0 if status == "same" else 1), 1
 
 
-def check_family(devmap, family, config, store=torch.bfloat16, load=None):
+def check_family(devmap, family, config, store=torch.bfloat16, load=None, first=None):
+    """Plans `family` stored as `store` (loaded as `load`) under every budget below (the
+    `first` N only, when given), against accelerate's infer_auto_device_map."""
     work = tempfile.mkdtemp(prefix=f"devmap-plan-{family}-")
     torch.manual_seed(0)
     src = os.path.join(work, "src")
@@ -237,6 +293,8 @@ def check_family(devmap, family, config, store=torch.bfloat16, load=None):
     }
     failures = 0
     runs = [(label, b, True) for label, b in cases.items()] + [(label, b, False) for label, b in splittable.items()]
+    if first is not None:
+        runs = runs[:first]
     for label, budgets, protect in runs:
         theirs = infer_auto_device_map(
             model,
