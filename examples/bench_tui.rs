@@ -61,7 +61,8 @@ fn main() -> std::io::Result<()> {
     // from the files, alternated so a busy machine slows both alike.
     let offloaded = dir.with_file_name(format!(
         "{}-map/offloaded",
-        dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        dir.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
     ));
     if offloaded.join("offload/index.json").exists() {
         let mut reports = Vec::new();

@@ -184,7 +184,11 @@ fn no_map_means_cpu_and_no_warnings() {
     let tmp = tiny_dir(&["a.w", "b.w"]);
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     assert!(ckpt.tensors().iter().all(|t| t.placement == Placement::Cpu));
-    assert!(ckpt.all_warnings().is_empty(), "{:?}", ckpt.all_warnings());
+    assert!(
+        devmap::model::checks::all_warnings(&ckpt).is_empty(),
+        "{:?}",
+        devmap::model::checks::all_warnings(&ckpt)
+    );
 }
 
 #[test]

@@ -285,7 +285,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
     };
     let plan = prepare(&ckpt, &options)?;
     if !a.quiet {
-        for w in &ckpt.all_warnings() {
+        for w in &devmap::model::checks::all_warnings(&ckpt) {
             err_line(format!("warning: {w}"))?;
         }
         err_line(format!(

@@ -189,8 +189,7 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
             method: q.method.clone(),
             block: (q.method == "fp8").then_some([q.block.0, q.block.1]),
         }),
-        warnings: ckpt
-            .all_warnings()
+        warnings: crate::model::checks::all_warnings(ckpt)
             .iter()
             .map(|w| WarningOut {
                 kind: w.kind(),

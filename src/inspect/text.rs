@@ -137,7 +137,7 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
         }
     }
     lora_section(ckpt, &mut out);
-    let warnings = ckpt.all_warnings();
+    let warnings = crate::model::checks::all_warnings(ckpt);
     if !warnings.is_empty() {
         out.push_str("\nWARNINGS\n");
         for w in &warnings {

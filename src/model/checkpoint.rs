@@ -328,13 +328,6 @@ impl Checkpoint {
         totals.into_iter().collect()
     }
 
-    /// Loader warnings followed by every placement check.
-    pub fn all_warnings(&self) -> Vec<super::warning::Warning> {
-        let mut all = self.warnings.clone();
-        all.extend(super::checks::run(self));
-        all
-    }
-
     /// The LoRA merges that change a tensor's value (a tie group's merges are
     /// every member's).
     pub fn merges_of(&self, id: TensorId) -> &[super::merge::MergeStep] {

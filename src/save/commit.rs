@@ -11,13 +11,12 @@
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::SaveError;
-use super::preflight::{BACKUP_SUFFIX, PARTIAL_SUFFIX, blocked_target, is_saved_weights_name};
+use super::names::{BACKUP_SUFFIX, PARTIAL_SUFFIX, blocked_target, is_saved_weights_name};
 
 /// Temporary files of one save, removed unless the save completes; holds the lock on
 /// OUT for as long as it lives.
@@ -243,10 +242,4 @@ fn stale_weights(out: &Path, keep: &[String]) -> Result<Vec<String>, SaveError> 
         .collect();
     stale.sort();
     Ok(stale)
-}
-
-/// Whether `name` is a file a save left while it ran: a temporary or moved-aside file.
-pub fn is_unfinished_name(name: &OsStr) -> bool {
-    let bytes = name.as_bytes();
-    bytes.ends_with(PARTIAL_SUFFIX.as_bytes()) || bytes.ends_with(BACKUP_SUFFIX.as_bytes())
 }

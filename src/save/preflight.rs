@@ -2,13 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+use super::names::{BACKUP_SUFFIX, PARTIAL_SUFFIX, blocked_target, is_weight_file_name};
 use super::shards::{SaveOptions, SavePlan};
 use crate::model::checkpoint::Checkpoint;
-
-/// Suffix of files a save is still writing. A file with it is never a finished shard.
-pub const PARTIAL_SUFFIX: &str = ".devmap-partial";
-/// Suffix of earlier files a commit moved aside; they are deleted once it completes.
-pub const BACKUP_SUFFIX: &str = ".devmap-old";
 
 /// Other files of the model directory that a save copies: top-level regular files
 /// that are not weights, indexes, the device map or offload data.
@@ -26,42 +22,12 @@ pub fn files_to_copy(ckpt: &Checkpoint) -> Vec<PathBuf> {
             let raw = p.file_name().unwrap_or_default();
             let name = raw.to_str().unwrap_or("");
             !is_weight_file_name(name)
-                && !super::commit::is_unfinished_name(raw)
+                && !super::names::is_unfinished_name(raw)
                 && name != "device_map.json"
         })
         .collect();
     files.sort();
     files
-}
-
-/// Names of weight files a loader would pick up: never copied from the input, and
-/// removed from the output when a forced save replaces them.
-pub fn is_weight_file_name(name: &str) -> bool {
-    // Weights of any framework and their indexes: OUT gets the model's current values
-    // from devmap and nothing a loader could mistake for them.
-    const WEIGHTS: [&str; 11] = [
-        ".safetensors",
-        ".bin",
-        ".h5",
-        ".msgpack",
-        ".gguf",
-        ".pt",
-        ".pth",
-        ".ckpt",
-        ".onnx",
-        ".dat",
-        ".index.json",
-    ];
-    WEIGHTS.iter().any(|ext| name.ends_with(ext))
-}
-
-/// Files a save of its own writes: `model.safetensors`, `model-0000K-of-0000N.safetensors`
-/// and the index. With `--force`, earlier ones that the new save does not overwrite
-/// are removed so a loader never mixes old and new shards; nothing else is touched.
-pub fn is_saved_weights_name(name: &str) -> bool {
-    name == crate::formats::hf_index::SINGLE_FILE
-        || name == crate::formats::hf_index::INDEX_FILE
-        || (name.starts_with("model-") && name.contains("-of-") && name.ends_with(".safetensors"))
 }
 
 /// Resolves `path` as far as it exists, so `out/../x` and symlinks compare truly.
@@ -187,7 +153,7 @@ pub fn check_out_folder(options: &SaveOptions) -> Vec<String> {
             .unwrap_or_default();
         let partial: Vec<&std::ffi::OsString> = entries
             .iter()
-            .filter(|n| super::commit::is_unfinished_name(n))
+            .filter(|n| super::names::is_unfinished_name(n))
             .collect();
         if !partial.is_empty() {
             problems.push(format!(
@@ -262,19 +228,6 @@ fn check_targets(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> V
         .chain(index)
         .filter_map(|name| blocked_target(&options.out.join(name)))
         .collect()
-}
-
-/// Why `dest` cannot take a saved file: it exists as something other than a regular
-/// file (a rename onto a folder fails; onto a FIFO or symlink it replaces the wrong
-/// thing).
-pub(super) fn blocked_target(dest: &Path) -> Option<String> {
-    let meta = std::fs::symlink_metadata(dest).ok()?;
-    (!meta.file_type().is_file()).then(|| {
-        format!(
-            "{} exists and is not a regular file; the save needs that name for a file",
-            dest.display()
-        )
-    })
 }
 
 fn nearest_existing(path: &Path) -> PathBuf {

@@ -352,7 +352,7 @@ pub fn run_hf_script(script: &str) -> (bool, String, String) {
 
 /// Every warning of `ckpt` as the reports print it, one per line.
 pub fn warning_text(ckpt: &devmap::model::Checkpoint) -> String {
-    ckpt.all_warnings()
+    devmap::model::checks::all_warnings(ckpt)
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()

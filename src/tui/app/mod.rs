@@ -299,7 +299,7 @@ impl App {
                     .collect()
             })
             .unwrap_or_default();
-        let warnings = ckpt.all_warnings();
+        let warnings = crate::model::checks::all_warnings(&ckpt);
         let unedited_map = ckpt.device_map.clone();
         let opened_devices = tree.nodes[ModuleTree::ROOT]
             .split

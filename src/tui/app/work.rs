@@ -67,7 +67,7 @@ pub fn apply_map(ckpt: &Checkpoint, tree: &ModuleTree, map: Option<DeviceMap>) -
     ckpt.apply_device_map(map);
     let mut tree = tree.clone();
     tree.recompute(&ckpt);
-    let warnings = ckpt.all_warnings();
+    let warnings = crate::model::checks::all_warnings(&ckpt);
     MapApplied {
         ckpt: Arc::new(ckpt),
         tree: Arc::new(tree),
