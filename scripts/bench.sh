@@ -64,8 +64,8 @@ row "devmap save, 500MB shards, --no-fsync, -j2" "$DEVMAP" save "$MODEL" -o "$WO
 row "devmap save, 500MB shards, fsync, -j1" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size $SHARD -j 1 -q
 row "devmap save, 500MB shards, fsync, -j2 (default)" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size $SHARD -q
 row "devmap save, 1 shard, fsync (default)" "$DEVMAP" save "$MODEL" -o "$WORK/out" --max-shard-size 100GB -q
-row "Python peer, 500MB shards" .venv/bin/python benches/python_peer.py "$MODEL" "$WORK/out" $SHARD
-row "Python peer, 1 shard" .venv/bin/python benches/python_peer.py "$MODEL" "$WORK/out" 100000000000
+row "Python peer, 500MB shards" .venv/bin/python scripts/peers/python_peer.py "$MODEL" "$WORK/out" $SHARD
+row "Python peer, 1 shard" .venv/bin/python scripts/peers/python_peer.py "$MODEL" "$WORK/out" 100000000000
 
 cp_s=$(echo "${ROWS[0]}" | cut -d'|' -f2)
 echo

@@ -49,7 +49,7 @@ row() {
 }
 row "devmap save (no adapter)" "$RUNS" "$DEVMAP" save "$MODEL" -o "$OUT" -q --no-fsync
 row "devmap save --merge-lora" "$RUNS" "$DEVMAP" save "$MODEL" -o "$OUT" -q --no-fsync --merge-lora "$ADAPTER"
-row "peft: load, merge_and_unload, save_pretrained" 1 "$PY" benches/peft_merge.py "$MODEL" "$ADAPTER" "$OUT"
+row "peft: load, merge_and_unload, save_pretrained" 1 "$PY" scripts/peers/peft_merge.py "$MODEL" "$ADAPTER" "$OUT"
 
 plain=$(echo "${ROWS[0]}" | cut -d'|' -f2)
 echo
