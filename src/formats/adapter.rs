@@ -24,6 +24,9 @@ pub struct AdapterConfig {
     pub use_dora: bool,
     pub modules_to_save: Vec<String>,
     pub lora_bias: bool,
+    /// Parameters adapted directly (`target_parameters`: fused experts'
+    /// `mlp.experts.gate_up_proj`), as dotted suffixes of the loaded model's names.
+    pub target_parameters: Vec<String>,
 }
 
 pub fn read_adapter_config(path: &Path) -> Result<AdapterConfig, FormatError> {
@@ -70,15 +73,19 @@ pub fn read_adapter_config(path: &Path) -> Result<AdapterConfig, FormatError> {
     if r < 1.0 || r.fract() != 0.0 {
         return Err(bad("r", "a positive whole number"));
     }
-    let modules_to_save = match root.get("modules_to_save") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| v.as_str().map(str::to_owned))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad("modules_to_save", "a list of module names"))?,
-        Some(_) => return Err(bad("modules_to_save", "a list of module names")),
+    let names = |key: &str| -> Result<Vec<String>, FormatError> {
+        match root.get(key) {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| bad(key, "a list of names")),
+            Some(_) => Err(bad(key, "a list of names")),
+        }
     };
+    let modules_to_save = names("modules_to_save")?;
+    let target_parameters = names("target_parameters")?;
     let rank_pattern = pattern("rank_pattern")?
         .into_iter()
         .map(|(k, v)| {
@@ -100,6 +107,7 @@ pub fn read_adapter_config(path: &Path) -> Result<AdapterConfig, FormatError> {
         use_dora: flag("use_dora")?,
         modules_to_save,
         lora_bias: flag("lora_bias")?,
+        target_parameters,
     })
 }
 

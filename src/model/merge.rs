@@ -30,6 +30,17 @@ pub enum MergeKind {
     Embedding,
     /// A bias with `lora_bias`: b′ = dtype(f32(b) + scale·B.bias); `b` holds B's bias.
     Bias,
+    /// One expert's slice of a LoRA on a fused experts parameter (peft's
+    /// `target_parameters`: A `[r·E, in]`, B `[out, r·E]`; expert e's delta is
+    /// `B[:, k·E+e] · A[e·r+k, :]` over k), for the per-expert checkpoint tensor whose
+    /// rows are the delta's rows from `delta_row` on. peft computes the delta in f32
+    /// (scale·Σ), rounds it to the weight's dtype, then adds in that dtype (rounded
+    /// again), as for an embedding.
+    Expert {
+        expert: u64,
+        experts: u64,
+        delta_row: u64,
+    },
 }
 
 /// One adapter's change to one tensor.
@@ -65,6 +76,7 @@ impl MergeStep {
             MergeKind::Linear { .. } => "linear",
             MergeKind::Embedding => "embedding",
             MergeKind::Bias => "bias",
+            MergeKind::Expert { .. } => "experts",
         }
     }
 }

@@ -327,8 +327,10 @@ fn apply_with(
                 *v = round(*v + *d);
             }
         }
-        MergeKind::Embedding => {
-            // peft casts an embedding's delta to the weight's dtype before adding.
+        MergeKind::Embedding | MergeKind::Expert { .. } => {
+            // peft casts an embedding's delta, and a fused experts parameter's (its
+            // `param.data += delta` in the weight's dtype), to the weight's dtype before
+            // adding.
             for (v, d) in w.iter_mut().zip(delta.iter()) {
                 *v = round(*v + round(*d));
             }
@@ -416,6 +418,33 @@ fn load(
     let rank = step.rank as usize;
     let (p, q) = match (&step.kind, &step.a) {
         (MergeKind::Bias, _) => (Vec::new(), b),
+        (
+            &MergeKind::Expert {
+                expert,
+                experts,
+                delta_row,
+            },
+            Some(a),
+        ) => {
+            let a = read_matrix(a, open)?;
+            let (e, n) = (expert as usize, experts as usize);
+            let wide = rank * n;
+            let p = (0..rows)
+                .flat_map(|i| (0..rank).map(move |k| (delta_row as usize + i) * wide + k * n + e))
+                .map(|at| b.get(at).copied())
+                .collect::<Option<Vec<f32>>>();
+            let q = a
+                .get(e * rank * cols..(e + 1) * rank * cols)
+                .map(<[f32]>::to_vec);
+            match (p, q) {
+                (Some(p), Some(q)) => (p, q),
+                _ => {
+                    return Err(io::Error::other(
+                        "an expert's LoRA slice lies outside its matrices",
+                    ));
+                }
+            }
+        }
         (kind, Some(a)) => {
             let a = read_matrix(a, open)?;
             let transposed = matches!(

@@ -35,7 +35,9 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    MixtralConfig,
     Qwen2Config,
+    Qwen3MoeConfig,
     Qwen2ForCausalLM,
 )
 
@@ -88,6 +90,18 @@ def llava():
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                               image_size=28, patch_size=14, projection_dim=32)
     return LlavaForConditionalGeneration(LlavaConfig(text_config=text, vision_config=vision, image_token_index=95))
+
+
+def moe(config_class, dtype, **extra):
+    """A tiny mixture-of-experts model: transformers 5 loads its experts fused
+    (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]), the
+    checkpoint holds them one by one."""
+    def make():
+        torch.manual_seed(0)
+        config = config_class(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, num_experts_per_tok=2, **extra)
+        return AutoModelForCausalLM.from_config(config).to(dtype)
+    return make
 
 
 def make_adapter(base_dir, dtype, config, seed, name, auto=AutoModelForCausalLM):
@@ -293,6 +307,19 @@ def main(devmap):
     case(devmap, "llama-two-adapters", lambda: llama(torch.float32), torch.float32,
          [LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
           LoraConfig(r=8, lora_alpha=4, target_modules=["v_proj", "down_proj"], init_lora_weights=False)])
+
+    # peft's target_parameters on fused experts: each expert's slice of the delta goes
+    # to its per-expert checkpoint tensors (Mixtral's w1/w3/w2, Qwen3-MoE's
+    # gate_proj/up_proj/down_proj), in float32 and bfloat16.
+    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    mixtral = dict(intermediate_size=48, num_local_experts=4)
+    case(devmap, "mixtral-target-parameters", moe(MixtralConfig, torch.float32, **mixtral), torch.float32,
+         [LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], target_parameters=experts, init_lora_weights=False)])
+    case(devmap, "mixtral-target-parameters-bf16", moe(MixtralConfig, torch.bfloat16, **mixtral), torch.bfloat16,
+         [LoraConfig(r=4, lora_alpha=8, target_modules=[], target_parameters=experts, init_lora_weights=False)])
+    case(devmap, "qwen3-moe-target-parameters", moe(Qwen3MoeConfig, torch.float32, moe_intermediate_size=32,
+                                                    num_experts=4, head_dim=16), torch.float32,
+         [LoraConfig(r=4, lora_alpha=8, target_modules=[], target_parameters=experts, init_lora_weights=False)])
 
     # peft names Llava's modules as the loaded model does; devmap maps them back.
     case(devmap, "llava-renamed-modules", llava, torch.float32,

@@ -16,6 +16,8 @@ use crate::model::checkpoint::{ByteRange, Checkpoint};
 use crate::model::merge::{Matrix, MergeKind, MergeStep};
 use crate::types::dtype::DType;
 
+mod experts;
+
 /// peft prefixes every key of a saved adapter with this.
 const KEY_PREFIX: &str = "base_model.model.";
 
@@ -104,6 +106,83 @@ struct ModuleKeys {
     embedding_a: Option<(String, HeaderTensor)>,
     embedding_b: Option<(String, HeaderTensor)>,
     magnitude: Option<(String, HeaderTensor)>,
+}
+
+/// One LoRA pair on a fused experts parameter, with what its steps carry.
+struct ExpertPair<'a> {
+    a: &'a HeaderTensor,
+    b: &'a HeaderTensor,
+    adapter: &'a Arc<str>,
+    alpha: f64,
+    use_rslora: bool,
+    allow_nonfinite: bool,
+}
+
+/// Records the merge of one LoRA pair on a fused experts parameter into every expert
+/// tensor it changes ([`experts::targets`]). Returns their names.
+fn merge_into_experts(
+    ckpt: &mut Checkpoint,
+    pieces: &experts::Pieces,
+    target_parameters: &[String],
+    module: &str,
+    pair: &ExpertPair<'_>,
+    file: crate::types::range::FileId,
+) -> Result<Vec<String>, String> {
+    let matrix = |t: &HeaderTensor| -> Option<Matrix> {
+        let mut dims = t.shape.iter();
+        let (rows, cols) = (dims.next()?, dims.next()?);
+        dims.next().is_none().then_some(Matrix {
+            range: ByteRange {
+                file,
+                offset: t.offset,
+                len: t.len,
+            },
+            dtype: t.dtype,
+            rows,
+            cols,
+        })
+    };
+    let (Some(a), Some(b)) = (matrix(pair.a), matrix(pair.b)) else {
+        return Err("A and B must be matrices".into());
+    };
+    let (rank, targets) = experts::targets(
+        ckpt,
+        pieces,
+        target_parameters,
+        module,
+        (a.rows, a.cols),
+        (b.rows, b.cols),
+    )?;
+    let scale = if pair.use_rslora {
+        pair.alpha / (rank as f64).sqrt()
+    } else {
+        pair.alpha / rank as f64
+    } as f32;
+    let mut names = Vec::with_capacity(targets.len());
+    for target in targets {
+        let tensor = &ckpt.tensors()[target.id];
+        if !matches!(tensor.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(format!(
+                "adapts `{}`, which is {}; devmap merges into float32, float16 and bfloat16 weights",
+                tensor.name, tensor.dtype
+            ));
+        }
+        names.push(tensor.name.clone());
+        let holder = ckpt
+            .tie_group(target.id)
+            .map_or(target.id, crate::model::TieGroup::kept);
+        ckpt.merges.entry(holder).or_default().push(MergeStep {
+            adapter: Arc::clone(pair.adapter),
+            kind: target.kind,
+            a: Some(a),
+            b,
+            rank,
+            alpha: pair.alpha,
+            scale,
+            allow_nonfinite: pair.allow_nonfinite,
+        });
+    }
+    Ok(names)
 }
 
 /// The tensor an adapter key's module names: as the checkpoint names it, or as the
@@ -246,6 +325,7 @@ pub fn apply_adapter_with(
             cols,
         })
     };
+    let mut expert_pieces: Option<experts::Pieces> = None;
     for (module, keys) in modules {
         let (embedding, a_key, b_key) =
             match (&keys.a, &keys.b, &keys.embedding_a, &keys.embedding_b) {
@@ -273,6 +353,31 @@ pub fn apply_adapter_with(
                 }
             };
         let weight = format!("{module}.weight");
+        if !embedding
+            && !config.target_parameters.is_empty()
+            && model_tensor(ckpt, &weight).is_none()
+        {
+            let pieces = expert_pieces.get_or_insert_with(|| experts::pieces(ckpt));
+            let step = ExpertPair {
+                a: &a_key.1,
+                b: &b_key.1,
+                adapter: &name,
+                alpha: config.lora_alpha,
+                use_rslora: config.use_rslora,
+                allow_nonfinite,
+            };
+            merge_into_experts(
+                ckpt,
+                pieces,
+                &config.target_parameters,
+                &module,
+                &step,
+                file,
+            )
+            .map(|names| summary.merged.extend(names))
+            .map_err(|message| key_error(&a_key.0, message))?;
+            continue;
+        }
         let Some(id) = model_tensor(ckpt, &weight) else {
             return Err(key_error(
                 &a_key.0,
