@@ -1,7 +1,9 @@
 //! `devmap save --merge-lora` against peft's own merge (tests/python/lora_merge.py):
 //! Llama f32 and bf16, rsLoRA with rank and alpha patterns, GPT-2 Conv1D with
 //! fan_in_fan_out, Qwen2 embedding LoRA with modules_to_save, lora_bias, DoRA, a tied
-//! embedding, two adapters in sequence, and a LoHa adapter refused. Ignored by a bare
+//! embedding, two adapters in sequence, peft's target_parameters on fused experts
+//! (Mixtral f32 and bf16, GraniteMoE, Qwen3-MoE), Llava's renamed modules, and a LoHa
+//! adapter refused. Ignored by a bare
 //! `cargo test`; `.ci/run` runs it with the reference libraries installed.
 
 mod common;
@@ -11,6 +13,17 @@ mod common;
 fn merges_match_peft_merge_and_unload() {
     let (ok, out, err) = common::run_hf_script("lora_merge.py");
     assert!(ok, "LoRA merge check failed:\n{out}\n{err}");
-    assert_eq!(out.matches("ok: ").count(), 11, "{out}");
+    assert_eq!(out.matches("ok: ").count(), 15, "{out}");
     assert!(out.contains("ok: llava-renamed-modules"), "{out}");
+    for case in [
+        "mixtral-target-parameters:",
+        "mixtral-target-parameters-bf16:",
+        "granitemoe-target-parameters:",
+        "qwen3-moe-target-parameters:",
+    ] {
+        assert!(
+            out.contains(&format!("ok: {case}")),
+            "{case} missing:\n{out}"
+        );
+    }
 }

@@ -30,14 +30,15 @@ pub enum MergeKind {
     Embedding,
     /// A bias with `lora_bias`: b′ = dtype(f32(b) + scale·B.bias); `b` holds B's bias.
     Bias,
-    /// One expert's slice of a LoRA on a fused experts parameter (peft's
-    /// `target_parameters`: A `[r·E, in]`, B `[out, r·E]`; expert e's delta is
-    /// `B[:, k·E+e] · A[e·r+k, :]` over k), for the per-expert checkpoint tensor whose
-    /// rows are the delta's rows from `delta_row` on. peft computes the delta in f32
+    /// A LoRA on a fused experts parameter (peft's `target_parameters`: A `[r·E, in]`,
+    /// B `[out, r·E]`; expert e's delta is `B[:, k·E+e] · A[e·r+k, :]` over k): into the
+    /// per-expert checkpoint tensor of `expert`, whose rows are that expert's delta rows
+    /// from `delta_row` on, or (`expert: None`) into a checkpoint tensor that holds
+    /// every expert as transformers loads it (`[E, out, in]`, GraniteMoE's). peft computes the delta in f32
     /// (scale·Σ), rounds it to the weight's dtype, then adds in that dtype (rounded
     /// again), as for an embedding.
     Expert {
-        expert: u64,
+        expert: Option<u64>,
         experts: u64,
         delta_row: u64,
     },

@@ -72,6 +72,9 @@ struct Loaded {
     rank: usize,
     p: Vec<f32>,
     q: Vec<f32>,
+    /// Rows that share one `r × cols` block of q, the next rows reading the next block
+    /// (a tensor holding every expert); 0: one block for all rows.
+    q_block_rows: usize,
     magnitude: Vec<f32>,
     scale: f32,
 }
@@ -168,6 +171,8 @@ fn layout(
     let (rows, cols) = match dims.as_slice() {
         [n] => (1, *n as usize),
         [r, c] => (*r as usize, *c as usize),
+        // Fused experts `[E, out, in]`: E·out rows of `in`.
+        [lead @ .., c] if !lead.is_empty() => (lead.iter().product::<u64>() as usize, *c as usize),
         _ => (1, tensor.numel() as usize),
     };
     let size = from.size() as usize;
@@ -367,6 +372,10 @@ fn row_delta(step: &Loaded, i: usize, delta: &mut [f32]) {
     delta.fill(0.0);
     let cols = delta.len();
     let p = &step.p[i * step.rank..(i + 1) * step.rank];
+    let q = match step.q_block_rows {
+        0 => &step.q[..],
+        block => &step.q[(i / block) * step.rank * cols..],
+    };
     // Two steps per pass over the row: the same fused multiply-adds in the same order,
     // with half the trips of the row through memory.
     let mut k = 0;
@@ -374,15 +383,15 @@ fn row_delta(step: &Loaded, i: usize, delta: &mut [f32]) {
         fma_row2(
             (p[k], p[k + 1]),
             (
-                &step.q[k * cols..(k + 1) * cols],
-                &step.q[(k + 1) * cols..(k + 2) * cols],
+                &q[k * cols..(k + 1) * cols],
+                &q[(k + 1) * cols..(k + 2) * cols],
             ),
             delta,
         );
         k += 2;
     }
     if k < step.rank {
-        fma_row(p[k], &step.q[k * cols..(k + 1) * cols], delta);
+        fma_row(p[k], &q[k * cols..(k + 1) * cols], delta);
     }
     for d in delta.iter_mut() {
         *d *= step.scale;
@@ -416,6 +425,7 @@ fn load(
 ) -> io::Result<Loaded> {
     let b = read_matrix(&step.b, open)?;
     let rank = step.rank as usize;
+    let mut q_block_rows = 0;
     let (p, q) = match (&step.kind, &step.a) {
         (MergeKind::Bias, _) => (Vec::new(), b),
         (
@@ -427,23 +437,14 @@ fn load(
             Some(a),
         ) => {
             let a = read_matrix(a, open)?;
-            let (e, n) = (expert as usize, experts as usize);
-            let wide = rank * n;
-            let p = (0..rows)
-                .flat_map(|i| (0..rank).map(move |k| (delta_row as usize + i) * wide + k * n + e))
-                .map(|at| b.get(at).copied())
-                .collect::<Option<Vec<f32>>>();
-            let q = a
-                .get(e * rank * cols..(e + 1) * rank * cols)
-                .map(<[f32]>::to_vec);
-            match (p, q) {
-                (Some(p), Some(q)) => (p, q),
-                _ => {
-                    return Err(io::Error::other(
-                        "an expert's LoRA slice lies outside its matrices",
-                    ));
-                }
-            }
+            let factors = expert_factors(&a, &b, (rows, cols, rank), (expert, experts, delta_row));
+            let Some((p, q, block)) = factors else {
+                return Err(io::Error::other(
+                    "an expert's LoRA slice lies outside its matrices",
+                ));
+            };
+            q_block_rows = block;
+            (p, q)
         }
         (kind, Some(a)) => {
             let a = read_matrix(a, open)?;
@@ -476,9 +477,49 @@ fn load(
         rank,
         p,
         q,
+        q_block_rows,
         magnitude,
         scale: step.scale,
     })
+}
+
+/// The factors of a LoRA on a fused experts parameter for the weight's rows (A
+/// `[r·E, in]`, B `[out, r·E]`: expert e's delta is `Σ_k B[o][k·E+e]·A[e·r+k]`). For one
+/// expert's tensor (`expert` given), its rows are delta rows `delta_row…`: p is
+/// `rows × r`, q that expert's `r × cols` block of A. For a tensor that holds every
+/// expert (`[E, out, in]`, rows E·out), row i is expert `i / out`'s delta row `i % out`:
+/// q is all of A, and each row reads its expert's block (the returned block height,
+/// `out` rows; 0 when q is one block).
+fn expert_factors(
+    lora_a: &[f32],
+    lora_b: &[f32],
+    (rows, cols, rank): (usize, usize, usize),
+    (expert, experts, delta_row): (Option<u64>, u64, u64),
+) -> Option<(Vec<f32>, Vec<f32>, usize)> {
+    let count = experts as usize;
+    let wide = rank * count;
+    let out = (lora_b.len() / wide.max(1)).max(1);
+    // B's entries that multiply A's rows for delta row `row` of expert `e`.
+    let b_row = |row: usize, e: usize| (0..rank).map(move |k| row * wide + k * count + e);
+    let picked = |(row, e): (usize, usize)| b_row(row, e).map(|at| lora_b.get(at).copied());
+    if let Some(e) = expert {
+        let e = e as usize;
+        let p = (0..rows)
+            .map(|i| (delta_row as usize + i, e))
+            .flat_map(picked)
+            .collect::<Option<Vec<f32>>>()?;
+        let q = lora_a.get(e * rank * cols..(e + 1) * rank * cols)?.to_vec();
+        return Some((p, q, 0));
+    }
+    if lora_a.len() != count * rank * cols || rows != count * out {
+        return None;
+    }
+    let p = (0..rows)
+        .map(|i| (i % out, i / out))
+        .flat_map(picked)
+        .collect::<Option<Vec<f32>>>()?;
+    let factors = (p, lora_a.to_vec(), out);
+    Some(factors)
 }
 
 /// `m` (`r × c`, row-major) transposed.
@@ -608,6 +649,7 @@ mod tests {
             rank: r,
             p: b.clone(),
             q: a.clone(),
+            q_block_rows: 0,
             magnitude: Vec::new(),
             scale: 0.5,
         };
@@ -639,6 +681,7 @@ mod tests {
             rank: 3,
             p: vec![1.0, 1.0, 1.0],
             q: vec![1.0, 3e-8, 3e-8],
+            q_block_rows: 0,
             magnitude: Vec::new(),
             scale: 1.0,
         };
@@ -659,6 +702,7 @@ mod tests {
             rank: r,
             p: transpose(&a, r, num),
             q: transpose(&b, dim, r),
+            q_block_rows: 0,
             magnitude: Vec::new(),
             scale: 1.0,
         };
@@ -685,6 +729,7 @@ mod tests {
             rank: 1,
             p: vec![1.0],
             q: vec![delta_value],
+            q_block_rows: 0,
             magnitude: Vec::new(),
             scale: 1.0,
         };
@@ -726,6 +771,7 @@ mod tests {
             rank: 1,
             p: vec![1.0],
             q: vec![0.0, 1.0],
+            q_block_rows: 0,
             magnitude: vec![10.0],
             scale: 1.0,
         };
@@ -734,5 +780,67 @@ mod tests {
         apply(&step, 0, &mut w, &mut scratch, DType::F32);
         // W + delta = [3, 4], norm 5, magnitude 10: doubled.
         assert_eq!(w, [6.0, 8.0]);
+    }
+
+    /// A tensor holding every expert reads each row's factors from its own expert:
+    /// the same delta as the per-expert tensors, stacked.
+    #[test]
+    fn every_expert_in_one_tensor_is_the_per_expert_tensors_stacked() {
+        let (experts, out, r, inp) = (3usize, 4usize, 2usize, 5usize);
+        let lora_a = values(r * experts * inp, 3);
+        let lora_b = values(out * r * experts, 4);
+        let loaded = |factors: (Vec<f32>, Vec<f32>, usize)| Loaded {
+            kind: MergeKind::Linear {
+                fan_in_fan_out: false,
+                magnitude: None,
+            },
+            rank: r,
+            p: factors.0,
+            q: factors.1,
+            q_block_rows: factors.2,
+            magnitude: Vec::new(),
+            scale: 1.0,
+        };
+        let all = loaded(
+            expert_factors(
+                &lora_a,
+                &lora_b,
+                (experts * out, inp, r),
+                (None, experts as u64, 0),
+            )
+            .expect("fits"),
+        );
+        let mut stacked = vec![0f32; inp];
+        let mut alone = vec![0f32; inp];
+        for e in 0..experts {
+            let one = loaded(
+                expert_factors(
+                    &lora_a,
+                    &lora_b,
+                    (out, inp, r),
+                    (Some(e as u64), experts as u64, 0),
+                )
+                .expect("fits"),
+            );
+            for o in 0..out {
+                row_delta(&all, e * out + o, &mut stacked);
+                row_delta(&one, o, &mut alone);
+                assert_eq!(stacked, alone, "expert {e}, row {o}");
+                // And the definition: Σ_k B[o][k·E+e]·A[e·r+k].
+                for j in 0..inp {
+                    let want: f32 = (0..r)
+                        .map(|k| {
+                            lora_b[o * r * experts + k * experts + e]
+                                * lora_a[(e * r + k) * inp + j]
+                        })
+                        .sum();
+                    assert!(
+                        (alone[j] - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{} vs {want}",
+                        alone[j]
+                    );
+                }
+            }
+        }
     }
 }

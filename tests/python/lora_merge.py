@@ -35,6 +35,7 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    GraniteMoeConfig,
     MixtralConfig,
     Qwen2Config,
     Qwen3MoeConfig,
@@ -317,6 +318,10 @@ def main(devmap):
          [LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], target_parameters=experts, init_lora_weights=False)])
     case(devmap, "mixtral-target-parameters-bf16", moe(MixtralConfig, torch.bfloat16, **mixtral), torch.bfloat16,
          [LoraConfig(r=4, lora_alpha=8, target_modules=[], target_parameters=experts, init_lora_weights=False)])
+    # GraniteMoE's checkpoint holds the experts fused already (`input_linear` [E, 2I, H]).
+    granite = ["block_sparse_moe.experts.gate_up_proj", "block_sparse_moe.experts.down_proj"]
+    case(devmap, "granitemoe-target-parameters", moe(GraniteMoeConfig, torch.float32, **mixtral), torch.float32,
+         [LoraConfig(r=4, lora_alpha=8, target_modules=[], target_parameters=granite, init_lora_weights=False)])
     case(devmap, "qwen3-moe-target-parameters", moe(Qwen3MoeConfig, torch.float32, moe_intermediate_size=32,
                                                     num_experts=4, head_dim=16), torch.float32,
          [LoraConfig(r=4, lora_alpha=8, target_modules=[], target_parameters=experts, init_lora_weights=False)])

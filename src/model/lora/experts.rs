@@ -30,6 +30,46 @@ pub(super) fn pieces(ckpt: &Checkpoint) -> Pieces {
     by_fused
 }
 
+/// A fused experts parameter the checkpoint holds whole (`[E, out, in]` under the name
+/// transformers renames it from: GraniteMoE's `block_sparse_moe.input_linear.weight`
+/// for `…experts.gate_up_proj`).
+fn whole(
+    ckpt: &Checkpoint,
+    fused: &str,
+    (a_rows, a_cols): (u64, u64),
+    (b_rows, b_cols): (u64, u64),
+) -> Result<(u64, Vec<Target>), String> {
+    let stored = ckpt.index_of(fused).or_else(|| {
+        let arch = crate::model::arch::lookup(&ckpt.config.architectures)?;
+        ckpt.index_of(&arch.checkpoint_name(fused)?)
+    });
+    let Some(id) = stored else {
+        return Err(format!(
+            "`{fused}`: the checkpoint has neither per-expert tensors nor the whole parameter"
+        ));
+    };
+    let dims: Vec<u64> = ckpt.tensors()[id].shape.iter().collect();
+    let &[experts, out, cols] = dims.as_slice() else {
+        return Err(format!("`{fused}` is {dims:?}, not [experts, out, in]"));
+    };
+    let fits =
+        experts > 0 && a_rows % experts == 0 && a_cols == cols && b_rows == out && b_cols == a_rows;
+    if !fits {
+        return Err(format!(
+            "`{fused}` [{experts}, {out}, {cols}] needs A [r·{experts}, {cols}] and B [{out}, r·{experts}]"
+        ));
+    }
+    let target = Target {
+        id,
+        kind: MergeKind::Expert {
+            expert: None,
+            experts,
+            delta_row: 0,
+        },
+    };
+    Ok((a_rows / experts, vec![target]))
+}
+
 /// One expert tensor an adapter pair changes, and how.
 pub(super) struct Target {
     pub id: TensorId,
@@ -70,9 +110,10 @@ pub(super) fn targets(
     for param in params {
         let fused = format!("{experts_module}.{param}");
         let Some(found) = pieces.get(&fused) else {
-            tried.push(format!(
-                "`{fused}`: no per-expert tensors in the checkpoint"
-            ));
+            match whole(ckpt, &fused, (a_rows, a_cols), (b_rows, b_cols)) {
+                Ok(found) => return Ok(found),
+                Err(why) => tried.push(why),
+            }
             continue;
         };
         let experts = found.iter().map(|&(e, _, _)| e + 1).max().unwrap_or(0);
@@ -131,7 +172,7 @@ pub(super) fn targets(
                     Some(Target {
                         id: ids[p as usize]?,
                         kind: MergeKind::Expert {
-                            expert: e as u64,
+                            expert: Some(e as u64),
                             experts,
                             delta_row: half as u64 * rows,
                         },
