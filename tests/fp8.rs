@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{devmap, stderr};
+use common::{arg, devmap, stderr};
 use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
 use devmap::model::DType;
 
@@ -86,19 +86,7 @@ fn fp8_case(method: &str, scales: Option<Vec<f32>>) -> Fp8Case {
 }
 
 fn save(case: &Fp8Case, dtype: &str) -> std::process::Output {
-    devmap(&[
-        "save",
-        s(&case.src),
-        "--out",
-        s(&case.out),
-        "--dtype",
-        dtype,
-        "--quiet",
-    ])
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8")
+    common::save(&case.src, &case.out, &["--dtype", dtype])
 }
 
 fn read(out: &Path) -> safetensors::SafeTensors<'static> {
@@ -145,9 +133,9 @@ fn fp8_weights_are_dequantized_with_their_block_scales() {
     // verify --against recomputes it through the same recipe.
     let o = devmap(&[
         "verify",
-        s(&case.out),
+        arg(&case.out),
         "--against",
-        s(&case.src),
+        arg(&case.src),
         "--dtype",
         "float32",
         "--quiet",
@@ -239,7 +227,7 @@ fn a_weight_without_its_scale_is_refused() {
 #[test]
 fn inspect_says_the_checkpoint_is_quantized() {
     let case = fp8_case("fp8", None);
-    let o = devmap(&["inspect", s(&case.src)]);
+    let o = devmap(&["inspect", arg(&case.src)]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = common::stdout(&o);
     assert!(
@@ -248,14 +236,14 @@ fn inspect_says_the_checkpoint_is_quantized() {
         ),
         "{text}"
     );
-    let o = devmap(&["inspect", s(&case.src), "--json"]);
+    let o = devmap(&["inspect", arg(&case.src), "--json"]);
     let json: serde_json::Value = serde_json::from_str(&common::stdout(&o)).expect("json");
     assert_eq!(
         json["quantization"],
         serde_json::json!({"method": "fp8", "block": [2, 4]})
     );
     let plain = fp8_case("mxfp4", None);
-    let o = devmap(&["inspect", s(&plain.src), "--json"]);
+    let o = devmap(&["inspect", arg(&plain.src), "--json"]);
     let json: serde_json::Value = serde_json::from_str(&common::stdout(&o)).expect("json");
     assert_eq!(json["quantization"], serde_json::json!({"method": "mxfp4"}));
 }

@@ -8,13 +8,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{devmap, mixed_model, read_saved, stderr, stdout};
+use common::{arg, devmap, mixed_model, read_saved, stderr, stdout};
 use devmap::fixtures::{FixtureTensor, write_json, write_offload_dat, write_safetensors};
 use devmap::model::DType;
-
-fn arg(p: &Path) -> &str {
-    p.to_str().expect("utf-8 test path")
-}
 
 /// Runs devmap and fails the test if it has not finished within `secs`: the point of
 /// several tests here is that devmap does not hang.

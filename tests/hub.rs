@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::Ordering;
 
-use common::{snapshot, stderr, stdout};
+use common::{arg, snapshot, stderr, stdout};
 use devmap::fixtures::hub_server::{self, HubServer, ServerOptions};
 use devmap::fixtures::{LlamaShape, llama_config, llama_like, write_json, write_sharded};
 use devmap::model::DType;
@@ -86,10 +86,6 @@ fn devmap_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     cmd.output().expect("run devmap")
 }
 
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8")
-}
-
 fn json(o: &Output) -> serde_json::Value {
     assert!(o.status.success(), "devmap failed: {}", stderr(o));
     serde_json::from_str(&stdout(o)).expect("json report")
@@ -129,11 +125,11 @@ fn a_repo_id_opens_its_cache_snapshot() {
     model(&src, 2);
     let root = tmp.path().join("hub");
     let snap = cache(&root, "acme/tiny-llama", COMMIT, &["main"], &src);
-    let env = [("HF_HUB_CACHE", s(&root))];
-    let direct = json(&devmap_env(&["inspect", s(&src), "--json"], &[]));
+    let env = [("HF_HUB_CACHE", arg(&root))];
+    let direct = json(&devmap_env(&["inspect", arg(&src), "--json"], &[]));
     let o = devmap_env(&["inspect", "acme/tiny-llama", "--json"], &env);
     let cached = json(&o);
-    assert_eq!(cached["model"], s(&snap));
+    assert_eq!(cached["model"], arg(&snap));
     // The symlinks into blobs/ are the cache's layout, not worth a warning.
     assert!(!stdout(&o).contains("symlinks_outside"), "{}", stdout(&o));
     same_model(&direct, &cached);
@@ -143,7 +139,7 @@ fn a_repo_id_opens_its_cache_snapshot() {
         &env,
     );
     assert!(o.status.success(), "{}", stderr(&o));
-    let p = devmap_env(&["plan", s(&src), "--max-memory", "cpu=40KB"], &[]);
+    let p = devmap_env(&["plan", arg(&src), "--max-memory", "cpu=40KB"], &[]);
     assert_eq!(stdout(&o), stdout(&p));
 }
 
@@ -155,8 +151,8 @@ fn the_cache_root_follows_huggingface_hubs_variables() {
     // HF_HOME/hub
     let home = tmp.path().join("hf-home");
     let snap = cache(&home.join("hub"), "acme/m", COMMIT, &["main"], &src);
-    let o = devmap_env(&["inspect", "acme/m", "--json"], &[("HF_HOME", s(&home))]);
-    assert_eq!(json(&o)["model"], s(&snap));
+    let o = devmap_env(&["inspect", "acme/m", "--json"], &[("HF_HOME", arg(&home))]);
+    assert_eq!(json(&o)["model"], arg(&snap));
     // XDG_CACHE_HOME/huggingface/hub
     let xdg = tmp.path().join("xdg");
     let snap = cache(
@@ -168,9 +164,9 @@ fn the_cache_root_follows_huggingface_hubs_variables() {
     );
     let o = devmap_env(
         &["inspect", "acme/m", "--json"],
-        &[("XDG_CACHE_HOME", s(&xdg))],
+        &[("XDG_CACHE_HOME", arg(&xdg))],
     );
-    assert_eq!(json(&o)["model"], s(&snap));
+    assert_eq!(json(&o)["model"], arg(&snap));
     // HOME/.cache/huggingface/hub
     let user = tmp.path().join("user");
     let snap = cache(
@@ -180,14 +176,14 @@ fn the_cache_root_follows_huggingface_hubs_variables() {
         &["main"],
         &src,
     );
-    let o = devmap_env(&["inspect", "acme/m", "--json"], &[("HOME", s(&user))]);
-    assert_eq!(json(&o)["model"], s(&snap));
+    let o = devmap_env(&["inspect", "acme/m", "--json"], &[("HOME", arg(&user))]);
+    assert_eq!(json(&o)["model"], arg(&snap));
     // HF_HUB_CACHE wins over HF_HOME.
     let o = devmap_env(
         &["inspect", "acme/m", "--json"],
         &[
             ("HF_HOME", "/nonexistent"),
-            ("HF_HUB_CACHE", s(&xdg.join("huggingface/hub"))),
+            ("HF_HUB_CACHE", arg(&xdg.join("huggingface/hub"))),
         ],
     );
     assert!(o.status.success(), "{}", stderr(&o));
@@ -202,14 +198,14 @@ fn revisions_resolve_through_refs_or_as_commits() {
     let root = tmp.path().join("hub");
     cache(&root, "acme/m", COMMIT, &["main"], &one);
     let v2 = cache(&root, "acme/m", OTHER_COMMIT, &["v2", "refs/pr/3"], &two);
-    let env = [("HF_HUB_CACHE", s(&root))];
+    let env = [("HF_HUB_CACHE", arg(&root))];
     for spec in [
         "acme/m@v2",
         "acme/m@refs/pr/3",
         &format!("acme/m@{OTHER_COMMIT}"),
     ] {
         let o = devmap_env(&["inspect", spec, "--json"], &env);
-        assert_eq!(json(&o)["model"], s(&v2), "{spec}");
+        assert_eq!(json(&o)["model"], arg(&v2), "{spec}");
     }
 }
 
@@ -221,7 +217,7 @@ fn a_missing_repo_or_revision_says_what_the_cache_has() {
     let root = tmp.path().join("hub");
     cache(&root, "acme/m", COMMIT, &["main", "v1"], &src);
     cache(&root, "other/x", COMMIT, &["main"], &src);
-    let env = [("HF_HUB_CACHE", s(&root))];
+    let env = [("HF_HUB_CACHE", arg(&root))];
     let o = devmap_env(&["inspect", "acme/absent"], &env);
     assert!(!o.status.success());
     let err = stderr(&o);
@@ -252,7 +248,7 @@ fn save_from_the_cache_is_a_save_from_the_folder_and_leaves_the_cache_alone() {
     let root = tmp.path().join("hub");
     cache(&root, "acme/m", COMMIT, &["main"], &src);
     let before = snapshot(&root);
-    let env = [("HF_HUB_CACHE", s(&root))];
+    let env = [("HF_HUB_CACHE", arg(&root))];
     let (a, b) = (
         tmp.path().join("from-cache"),
         tmp.path().join("from-folder"),
@@ -262,7 +258,7 @@ fn save_from_the_cache_is_a_save_from_the_folder_and_leaves_the_cache_alone() {
             "save",
             "acme/m",
             "--out",
-            s(&a),
+            arg(&a),
             "--quiet",
             "--max-shard-size",
             "20KB",
@@ -273,9 +269,9 @@ fn save_from_the_cache_is_a_save_from_the_folder_and_leaves_the_cache_alone() {
     let o = devmap_env(
         &[
             "save",
-            s(&src),
+            arg(&src),
             "--out",
-            s(&b),
+            arg(&b),
             "--quiet",
             "--max-shard-size",
             "20KB",
@@ -298,7 +294,7 @@ fn save_from_the_cache_is_a_save_from_the_folder_and_leaves_the_cache_alone() {
     );
     assert_eq!(snapshot(&root), before, "the cache was modified");
     // And verify takes the repo id too.
-    let o = devmap_env(&["verify", s(&a), "--against", "acme/m"], &env);
+    let o = devmap_env(&["verify", arg(&a), "--against", "acme/m"], &env);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 }
 
@@ -365,7 +361,7 @@ fn hf_urls_read_only_headers_and_give_the_same_tree_and_plan() {
     let served = serve(ServerOptions::default());
     let endpoint = served.server.endpoint();
     let env = [("HF_ENDPOINT", endpoint.as_str())];
-    let local = json(&devmap_env(&["inspect", s(&served.src), "--json"], &[]));
+    let local = json(&devmap_env(&["inspect", arg(&served.src), "--json"], &[]));
     let o = devmap_env(&["inspect", "hf://acme/tiny", "--json"], &env);
     let remote = json(&o);
     assert_eq!(remote["model"], "hf://acme/tiny");
@@ -414,13 +410,16 @@ fn hf_urls_read_only_headers_and_give_the_same_tree_and_plan() {
     std::fs::create_dir_all(&scratch).expect("scratch");
     let o = devmap_env(
         &["inspect", "hf://acme/tiny"],
-        &[("HF_ENDPOINT", endpoint.as_str()), ("TMPDIR", s(&scratch))],
+        &[
+            ("HF_ENDPOINT", endpoint.as_str()),
+            ("TMPDIR", arg(&scratch)),
+        ],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read_dir(&scratch).expect("scratch").count(), 0);
 
     let args = ["--max-memory", "0=30KB,cpu=30KB"];
-    let p_local = devmap_env(&[&["plan", s(&served.src)], &args[..]].concat(), &[]);
+    let p_local = devmap_env(&[&["plan", arg(&served.src)], &args[..]].concat(), &[]);
     let p_remote = devmap_env(&[&["plan", "hf://acme/tiny"], &args[..]].concat(), &env);
     assert!(p_remote.status.success(), "{}", stderr(&p_remote));
     assert_eq!(stdout(&p_local), stdout(&p_remote));
@@ -439,7 +438,7 @@ fn redirects_are_followed_with_their_ranges() {
     );
     let remote = json(&o);
     same_model(
-        &json(&devmap_env(&["inspect", s(&served.src), "--json"], &[])),
+        &json(&devmap_env(&["inspect", arg(&served.src), "--json"], &[])),
         &remote,
     );
     assert!(model_bytes(&served.src) / 4 > served.server.stats.body_bytes.load(Ordering::Relaxed));
@@ -459,7 +458,7 @@ fn a_plain_url_of_an_index_or_a_file_works_too() {
     );
     let remote = json(&o);
     same_model(
-        &json(&devmap_env(&["inspect", s(&served.src), "--json"], &[])),
+        &json(&devmap_env(&["inspect", arg(&served.src), "--json"], &[])),
         &remote,
     );
     // One shard file alone: its tensors.
@@ -521,7 +520,7 @@ fn a_private_repo_needs_the_token_from_hf_token_or_the_login_file() {
     std::fs::write(home.join("token"), "hf_secret\n").expect("token");
     let o = devmap_env(
         &["inspect", "hf://acme/tiny", "--json"],
-        &[("HF_ENDPOINT", endpoint.as_str()), ("HF_HOME", s(&home))],
+        &[("HF_ENDPOINT", endpoint.as_str()), ("HF_HOME", arg(&home))],
     );
     assert!(o.status.success(), "{}", stderr(&o));
 }
@@ -568,7 +567,7 @@ fn saving_a_remote_model_is_refused_before_any_request() {
     let endpoint = served.server.endpoint();
     let out = served.root.with_file_name("out");
     let o = devmap_env(
-        &["save", "hf://acme/tiny", "--out", s(&out)],
+        &["save", "hf://acme/tiny", "--out", arg(&out)],
         &[("HF_ENDPOINT", endpoint.as_str())],
     );
     assert!(!o.status.success());
@@ -850,7 +849,7 @@ fn refs_and_configs_that_are_not_small_files_are_refused_unread() {
     let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
     assert!(made.success());
     std::os::unix::fs::symlink("/dev/zero", refs.join("zero")).expect("symlink");
-    let env = [("HF_HUB_CACHE", s(&root))];
+    let env = [("HF_HUB_CACHE", arg(&root))];
     for (revision, what) in [("main", "a FIFO"), ("zero", "a device")] {
         let o = devmap_env(&["inspect", &format!("acme/tiny@{revision}")], &env);
         assert!(!o.status.success(), "{revision}");
@@ -869,7 +868,10 @@ fn refs_and_configs_that_are_not_small_files_are_refused_unread() {
         .open(sparse.join("config.json"))
         .expect("config");
     config.set_len(1 << 30).expect("sparse");
-    let o = devmap_env(&["inspect", s(&sparse)], &[("DEVMAP_REPORT_PEAK_RSS", "1")]);
+    let o = devmap_env(
+        &["inspect", arg(&sparse)],
+        &[("DEVMAP_REPORT_PEAK_RSS", "1")],
+    );
     assert!(!o.status.success());
     let err = stderr(&o);
     assert!(
@@ -893,7 +895,7 @@ fn a_snapshot_that_leads_out_of_the_cache_is_named() {
     let snap = cache(&root, "acme/tiny", COMMIT, &["main"], &src);
     std::fs::remove_dir_all(&snap).expect("rm");
     std::os::unix::fs::symlink(&src, &snap).expect("symlink");
-    let o = devmap_env(&["inspect", "acme/tiny"], &[("HF_HUB_CACHE", s(&root))]);
+    let o = devmap_env(&["inspect", "acme/tiny"], &[("HF_HUB_CACHE", arg(&root))]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{devmap, mixed_model, read_saved, stderr, stdout};
+use common::{arg, devmap, mixed_model, read_saved, stderr, stdout};
 use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
 use devmap::model::DType;
 
@@ -47,26 +47,14 @@ fn adapter(dir: &Path, config: serde_json::Value, pairs: &[(&str, u64, u64, u64)
 /// `devmap save MODEL --out OUT --quiet --merge-lora ADAPTER [extra]`, which must
 /// succeed.
 fn save_merged(model: &Path, adapter: &Path, out: &Path, extra: &[&str]) {
-    let mut args = vec![
-        "save",
-        s(model),
-        "--out",
-        s(out),
-        "--quiet",
-        "--merge-lora",
-        s(adapter),
-    ];
+    let mut args = vec!["--merge-lora", arg(adapter)];
     args.extend_from_slice(extra);
-    let o = devmap(&args);
+    let o = common::save(model, out, &args);
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
 fn lora(r: u64, alpha: u64) -> serde_json::Value {
     serde_json::json!({"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": ["proj"]})
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8")
 }
 
 fn f16_values(bytes: &[u8]) -> Vec<f64> {
@@ -172,20 +160,20 @@ fn verify_against_recomputes_the_merge() {
     save_merged(&m.dir, &ad, &out, &[]);
     let o = devmap(&[
         "verify",
-        s(&out),
+        arg(&out),
         "--against",
-        s(&m.dir),
+        arg(&m.dir),
         "--merge-lora",
-        s(&ad),
+        arg(&ad),
         "--quiet",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     // Without the adapter, exactly the merged tensor differs.
     let o = devmap(&[
         "verify",
-        s(&out),
+        arg(&out),
         "--against",
-        s(&m.dir),
+        arg(&m.dir),
         "--json",
         "--quiet",
     ]);
@@ -240,7 +228,7 @@ fn inspect_lists_what_the_adapter_changes() {
             ("model.layers.3.proj", 2, 16, 16),
         ],
     );
-    let o = devmap(&["inspect", s(&m.dir), "--merge-lora", s(&ad)]);
+    let o = devmap(&["inspect", arg(&m.dir), "--merge-lora", arg(&ad)]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(
@@ -251,7 +239,7 @@ fn inspect_lists_what_the_adapter_changes() {
     // rsLoRA: 8/√4 = 4 and 8/√2 ≈ 5.656854.
     assert!(text.contains("linear, rank 4, scale 4"), "{text}");
     assert!(text.contains("linear, rank 2, scale 5.656854"), "{text}");
-    let o = devmap(&["inspect", s(&m.dir), "--merge-lora", s(&ad), "--json"]);
+    let o = devmap(&["inspect", arg(&m.dir), "--merge-lora", arg(&ad), "--json"]);
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
     let t = report["tensors"]
         .as_array()
@@ -311,20 +299,27 @@ fn adapter_problems_are_refused_before_writing() {
     let before = common::snapshot(&m.dir);
     for (dir, message) in cases {
         let out = m.out("never");
-        let o = devmap(&["save", s(&m.dir), "--out", s(&out), "--merge-lora", s(&dir)]);
+        let o = devmap(&[
+            "save",
+            arg(&m.dir),
+            "--out",
+            arg(&out),
+            "--merge-lora",
+            arg(&dir),
+        ]);
         assert!(!o.status.success(), "{} was accepted", dir.display());
         let err = stderr(&o);
         assert!(err.contains(message), "{}: {err}", dir.display());
-        assert!(err.contains(s(&dir)), "the adapter is named: {err}");
+        assert!(err.contains(arg(&dir)), "the adapter is named: {err}");
         assert!(!out.exists(), "nothing may be written");
     }
     let o = devmap(&[
         "save",
-        s(&m.dir),
+        arg(&m.dir),
         "--out",
-        s(&m.out("never")),
+        arg(&m.out("never")),
         "--merge-lora",
-        s(&m.dir),
+        arg(&m.dir),
     ]);
     assert!(
         stderr(&o).contains("not a peft adapter folder"),
@@ -410,13 +405,13 @@ fn memory_stays_flat_on_a_model_far_larger_than_the_adapter() {
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_devmap"))
         .args([
             "save",
-            s(&dir),
+            arg(&dir),
             "--out",
-            s(&out),
+            arg(&out),
             "--quiet",
             "--no-fsync",
             "--merge-lora",
-            s(&ad),
+            arg(&ad),
         ])
         .env("DEVMAP_REPORT_PEAK_RSS", "1")
         .output()
@@ -536,7 +531,14 @@ fn non_finite_adapters_and_overflowing_merges_are_refused_by_name() {
         bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
         std::fs::write(&weights, bytes).expect("write");
         let out = m.out(&format!("out-{label}"));
-        let o = devmap(&["save", s(&m.dir), "--out", s(&out), "--merge-lora", s(&dir)]);
+        let o = devmap(&[
+            "save",
+            arg(&m.dir),
+            "--out",
+            arg(&out),
+            "--merge-lora",
+            arg(&dir),
+        ]);
         assert!(!o.status.success(), "{label}: merged");
         let err = stderr(&o);
         assert!(
@@ -558,7 +560,14 @@ fn non_finite_adapters_and_overflowing_merges_are_refused_by_name() {
         &[("model.layers.2.proj", 4, 16, 16)],
     );
     let out = m.out("out-alpha");
-    let o = devmap(&["save", s(&m.dir), "--out", s(&out), "--merge-lora", s(&dir)]);
+    let o = devmap(&[
+        "save",
+        arg(&m.dir),
+        "--out",
+        arg(&out),
+        "--merge-lora",
+        arg(&dir),
+    ]);
     assert!(!o.status.success(), "an overflowing merge was written");
     let err = stderr(&o);
     assert!(

@@ -10,14 +10,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use common::{Stored, devmap, mixed_model, read_saved, snapshot, stderr};
+use common::{Stored, arg, mixed_model, read_saved, snapshot, stderr};
 use devmap::fixtures::{FixtureTensor, write_json, write_offload_dat};
 use devmap::model::{DType, LoadOptions, load};
 use devmap::save::{Reporter, SaveOptions, prepare, write};
-
-fn arg(p: &Path) -> &str {
-    p.to_str().expect("utf-8 test path")
-}
 
 /// Files a save leaves while it runs; none may remain after it ends.
 fn unfinished(out: &Path) -> Vec<String> {
@@ -54,12 +50,6 @@ fn listing(out: &Path) -> BTreeMap<PathBuf, (String, Vec<u8>)> {
     all
 }
 
-fn save_args<'a>(dir: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec!["save", arg(dir), "--out", arg(out), "-q"];
-    args.extend_from_slice(extra);
-    args
-}
-
 #[test]
 fn a_save_is_refused_while_another_holds_the_output_folder() {
     let m = mixed_model();
@@ -68,7 +58,7 @@ fn a_save_is_refused_while_another_holds_the_output_folder() {
     // What a running save holds: an exclusive lock on the folder itself.
     let held = std::fs::File::open(&out).expect("open out");
     held.try_lock().expect("lock");
-    let o = devmap(&save_args(&m.dir, &out, &["--force"]));
+    let o = common::save(&m.dir, &out, &["--force"]);
     assert!(!o.status.success());
     let err = stderr(&o);
     assert!(err.contains("another devmap save is writing into"), "{err}");
@@ -78,7 +68,7 @@ fn a_save_is_refused_while_another_holds_the_output_folder() {
         "wrote nothing"
     );
     drop(held);
-    let o = devmap(&save_args(&m.dir, &out, &["--force"]));
+    let o = common::save(&m.dir, &out, &["--force"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(read_saved(&out), m.expected);
 }
@@ -94,7 +84,7 @@ fn racing_saves_leave_one_complete_save_never_a_mix() {
     let b_extra = ["--force", "--offload-folder", arg(&empty_offload)];
     let reference = |name: &str, extra: &[&str]| {
         let out = m.out(name);
-        let o = devmap(&save_args(&m.dir, &out, extra));
+        let o = common::save(&m.dir, &out, extra);
         assert!(o.status.success(), "{}", stderr(&o));
         read_saved(&out)
     };
@@ -102,12 +92,10 @@ fn racing_saves_leave_one_complete_save_never_a_mix() {
     let b = reference("ref-b", &b_extra);
     assert_ne!(a, b, "fixture: the two saves must differ");
 
-    let bin = env!("CARGO_BIN_EXE_devmap");
     for round in 0..8 {
         let out = m.out(&format!("race-{round}"));
         let spawn = |extra: &[&str]| {
-            std::process::Command::new(bin)
-                .args(save_args(&m.dir, &out, extra))
+            common::save_command(&m.dir, &out, extra)
                 .stderr(std::process::Stdio::piped())
                 .spawn()
                 .expect("spawn")
@@ -211,7 +199,7 @@ fn names_taken_by_a_folder_or_fifo_are_refused_before_writing() {
         ("tokenizer.json", "dir"),
     ] {
         let out = m.out(&format!("taken-{name}"));
-        let o = devmap(&save_args(&m.dir, &out, &[]));
+        let o = common::save(&m.dir, &out, &[]);
         assert!(o.status.success(), "{}", stderr(&o));
         let target = out.join(name);
         std::fs::remove_file(&target).expect("rm");
@@ -227,7 +215,7 @@ fn names_taken_by_a_folder_or_fifo_are_refused_before_writing() {
             assert!(ok, "mkfifo");
         }
         let before = listing(&out);
-        let o = devmap(&save_args(&m.dir, &out, &["--force"]));
+        let o = common::save(&m.dir, &out, &["--force"]);
         assert!(!o.status.success(), "{name}: must refuse");
         let err = stderr(&o);
         assert!(
@@ -247,7 +235,7 @@ fn files_whose_names_differ_only_in_non_utf8_bytes_are_both_copied() {
         std::fs::write(m.dir.join(OsStr::from_bytes(name)), format!("note {i}")).expect("w");
     }
     let out = m.out("o");
-    let o = devmap(&save_args(&m.dir, &out, &[]));
+    let o = common::save(&m.dir, &out, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     for (i, name) in names.iter().enumerate() {
         let copied = std::fs::read(out.join(OsStr::from_bytes(name))).expect("copied");
@@ -289,7 +277,7 @@ fn model_without_checkpoint() -> (tempfile::TempDir, PathBuf, BTreeMap<String, S
 fn a_map_whose_weights_exist_nowhere_is_refused_unless_allowed() {
     let (tmp, dir, expected) = model_without_checkpoint();
     let out = tmp.path().join("out");
-    let o = devmap(&save_args(&dir, &out, &[]));
+    let o = common::save(&dir, &out, &[]);
     assert!(!o.status.success(), "an almost empty save must be refused");
     let err = stderr(&o);
     assert!(
@@ -306,7 +294,7 @@ fn a_map_whose_weights_exist_nowhere_is_refused_unless_allowed() {
     );
     assert!(!out.exists(), "nothing written");
 
-    let o = devmap(&save_args(&dir, &out, &["--allow-partial"]));
+    let o = common::save(&dir, &out, &["--allow-partial"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(read_saved(&out), expected);
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{devmap, mixed_model, stderr, stdout};
+use common::{arg, devmap, mixed_model, stderr, stdout};
 use devmap::fixtures::{FixtureTensor, LlamaShape, llama_config, llama_like, write_json};
 use devmap::formats::safetensors::{HeaderTensor, read_header};
 use devmap::model::DType;
@@ -38,28 +38,16 @@ fn llama(dtype: DType) -> Case {
     }
 }
 
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8 path")
-}
-
 fn save(case: &Case, extra: &[&str]) {
-    let mut args = vec![
-        "save",
-        s(&case.src),
-        "--out",
-        s(&case.out),
-        "--quiet",
-        "--max-shard-size",
-        "20KB",
-    ];
+    let mut args = vec!["--max-shard-size", "20KB"];
     args.extend_from_slice(extra);
-    let o = devmap(&args);
+    let o = common::save(&case.src, &case.out, &args);
     assert!(o.status.success(), "save failed: {}", stderr(&o));
 }
 
 /// Runs `devmap verify OUT --json [extra]`; returns the exit status and the report.
 fn verify(out: &Path, extra: &[&str]) -> (i32, serde_json::Value) {
-    let mut args = vec!["verify", s(out), "--json", "--quiet"];
+    let mut args = vec!["verify", arg(out), "--json", "--quiet"];
     args.extend_from_slice(extra);
     let o = devmap(&args);
     let code = o.status.code().expect("exit status");
@@ -156,7 +144,7 @@ fn a_clean_save_verifies_clean_alone_and_against_its_source() {
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["differences"], 0);
     assert!(report["shards"].as_u64().expect("shards") > 1);
-    let (code, report) = verify(&case.out, &["--against", s(&case.src)]);
+    let (code, report) = verify(&case.out, &["--against", arg(&case.src)]);
     assert_eq!(code, 0, "{report}");
     let tensors = report["tensors"].as_u64().expect("tensors");
     assert_eq!(report["compared"].as_u64(), Some(tensors));
@@ -178,7 +166,7 @@ fn one_flipped_byte_is_named_by_the_content_check() {
     // Structure alone cannot see it...
     assert_eq!(verify(&case.out, &[]).0, 0);
     // ...the comparison with the source does.
-    let (code, report) = verify(&case.out, &["--against", s(&case.src)]);
+    let (code, report) = verify(&case.out, &["--against", arg(&case.src)]);
     assert_eq!(code, 1);
     assert_only(&report, "content", VICTIM);
 }
@@ -194,7 +182,7 @@ fn a_missing_shard_is_named() {
     assert_eq!(code, 1);
     assert_only(&report, "missing-shard", shard);
     // Against the source, the lost tensors are named too.
-    let (_, report) = verify(&case.out, &["--against", s(&case.src)]);
+    let (_, report) = verify(&case.out, &["--against", arg(&case.src)]);
     assert!(differences(&report).contains(&("missing-tensor".into(), VICTIM.into())));
 }
 
@@ -299,10 +287,10 @@ fn an_extra_tied_copy_is_named_unless_the_save_asked_for_it() {
     assert_eq!(code, 1);
     assert_only(&report, "tie-extra", "lm_head.weight");
     // Against a save with the same --keep-tied, the copy is expected.
-    let (code, report) = verify(&case.out, &["--against", s(&case.src), "--keep-tied"]);
+    let (code, report) = verify(&case.out, &["--against", arg(&case.src), "--keep-tied"]);
     assert_eq!(code, 0, "{report}");
     // Against a default save, it is a copy that save would not write.
-    let (code, report) = verify(&case.out, &["--against", s(&case.src)]);
+    let (code, report) = verify(&case.out, &["--against", arg(&case.src)]);
     assert_eq!(code, 1);
     assert!(differences(&report).contains(&("extra-tensor".into(), "lm_head.weight".into())));
 }
@@ -342,12 +330,12 @@ fn casts_are_recomputed_through_the_savers_recipe() {
     save(&case, &["--dtype", "bfloat16"]);
     let (code, report) = verify(
         &case.out,
-        &["--against", s(&case.src), "--dtype", "bfloat16"],
+        &["--against", arg(&case.src), "--dtype", "bfloat16"],
     );
     assert_eq!(code, 0, "{report}");
     // The dtype the save used matters: compared with a plain copy, every floating
     // tensor's dtype differs.
-    let (code, report) = verify(&case.out, &["--against", s(&case.src)]);
+    let (code, report) = verify(&case.out, &["--against", arg(&case.src)]);
     assert_eq!(code, 1);
     assert!(differences(&report).iter().all(|(k, _)| k == "dtype"));
     let (path, offset) = locate(&case.out, VICTIM);
@@ -356,7 +344,7 @@ fn casts_are_recomputed_through_the_savers_recipe() {
     std::fs::write(&path, bytes).expect("write");
     let (code, report) = verify(
         &case.out,
-        &["--against", s(&case.src), "--dtype", "bfloat16"],
+        &["--against", arg(&case.src), "--dtype", "bfloat16"],
     );
     assert_eq!(code, 1);
     assert_only(&report, "content", VICTIM);
@@ -368,15 +356,15 @@ fn against_reads_the_offload_folder_like_save() {
     let out = m.out("saved");
     let o = devmap(&[
         "save",
-        s(&m.dir),
+        arg(&m.dir),
         "--out",
-        s(&out),
+        arg(&out),
         "--quiet",
         "--max-shard-size",
         "1KB",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let (code, report) = verify(&out, &["--against", s(&m.dir)]);
+    let (code, report) = verify(&out, &["--against", arg(&m.dir)]);
     assert_eq!(code, 0, "{report}");
     // The zero-element tensor is reported, not failed.
     let notes: Vec<_> = report["findings"]
@@ -401,7 +389,7 @@ fn against_reads_the_offload_folder_like_save() {
     std::fs::create_dir_all(&empty).expect("mkdir");
     let (code, report) = verify(
         &out,
-        &["--against", s(&m.dir), "--offload-folder", s(&empty)],
+        &["--against", arg(&m.dir), "--offload-folder", arg(&empty)],
     );
     assert_eq!(code, 1);
     let found = differences(&report);
@@ -436,12 +424,12 @@ fn all_zero_and_uniform_tensors_are_notes_not_failures() {
 #[test]
 fn unusable_input_exits_2_with_a_message() {
     let case = llama(DType::BF16);
-    let o = devmap(&["verify", s(&case.out)]);
+    let o = devmap(&["verify", arg(&case.out)]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("is not a directory"), "{}", stderr(&o));
     save(&case, &[]);
     let missing = case.src.with_file_name("nowhere");
-    let o = devmap(&["verify", s(&case.out), "--against", s(&missing)]);
+    let o = devmap(&["verify", arg(&case.out), "--against", arg(&missing)]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("nowhere"), "{}", stderr(&o));
 }
@@ -477,9 +465,9 @@ fn save_verify_checks_what_it_wrote() {
     let case = llama(DType::BF16);
     let o = devmap(&[
         "save",
-        s(&case.src),
+        arg(&case.src),
         "--out",
-        s(&case.out),
+        arg(&case.out),
         "--verify",
         "--max-shard-size",
         "20KB",
@@ -499,16 +487,16 @@ fn save_weights_only_verify_expects_no_config() {
     let case = llama(DType::BF16);
     let o = devmap(&[
         "save",
-        s(&case.src),
+        arg(&case.src),
         "--out",
-        s(&case.out),
+        arg(&case.out),
         "--weights-only",
         "--verify",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("no differences"), "{}", stderr(&o));
     assert!(!case.out.join("config.json").exists());
-    let o = devmap(&["verify", s(&case.out)]);
+    let o = devmap(&["verify", arg(&case.out)]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stdout(&o).contains("config.json: is missing"),
@@ -522,7 +510,7 @@ fn the_text_report_names_each_difference_and_sums_up() {
     let case = llama(DType::BF16);
     save(&case, &[]);
     edit_config(&case.out, "tie_word_embeddings", false.into());
-    let o = devmap(&["verify", s(&case.out)]);
+    let o = devmap(&["verify", arg(&case.out)]);
     assert_eq!(o.status.code(), Some(1));
     let text = stdout(&o);
     assert!(
@@ -633,7 +621,7 @@ fn a_config_for_another_model_lists_twenty_of_each_kind_and_counts_the_rest() {
     let case = llama(DType::BF16);
     save(&case, &[]);
     edit_config(&case.out, "hidden_size", 64.into());
-    let o = devmap(&["verify", s(&case.out)]);
+    let o = devmap(&["verify", arg(&case.out)]);
     assert_eq!(o.status.code(), Some(1));
     let text = stdout(&o);
     let listed = text

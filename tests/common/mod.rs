@@ -240,6 +240,26 @@ pub fn devmap(args: &[&str]) -> Output {
         .expect("run devmap")
 }
 
+/// A test path as a command-line argument (every path a test makes is UTF-8).
+pub fn arg(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 test path")
+}
+
+/// `devmap save DIR --out OUT --quiet EXTRA...`, its output as it came.
+pub fn save(dir: &Path, out: &Path, extra: &[&str]) -> Output {
+    save_command(dir, out, extra).output().expect("run devmap")
+}
+
+/// The command [`save`] runs, for a test that starts it and waits later.
+pub fn save_command(dir: &Path, out: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_devmap"));
+    command
+        .args(["save", arg(dir), "--out", arg(out), "--quiet"])
+        .args(extra)
+        .env_remove("RUST_BACKTRACE");
+    command
+}
+
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
