@@ -171,6 +171,89 @@ fn is_repeated_block(tree: &ModuleTree, id: NodeId) -> bool {
             .is_some_and(|p| BLOCK_CONTAINERS.contains(&tree.nodes[p].name.as_ref()))
 }
 
+/// What [`PlanTree::build`] walks with, and what it has built so far.
+struct Builder<'a> {
+    tree: &'a ModuleTree,
+    ckpt: &'a Checkpoint,
+    order: &'a [&'a str],
+    dtype: Option<DType>,
+    no_split: &'a [String],
+    nodes: Vec<PlanNode>,
+    by_name: HashMap<String, usize>,
+    counted_ties: HashSet<usize>,
+}
+
+impl Builder<'_> {
+    /// Adds node `id` and, depth-first in definition order, everything under it (so
+    /// tie dedup meets members in the order `named_parameters` would). `arch` is the
+    /// architecture and this node's entry in it (if it has one). Returns its index.
+    fn visit(&mut self, arch: Option<(&Arch, Option<Cursor>)>, id: NodeId) -> usize {
+        let tree = self.tree;
+        let name = tree.full_name(id);
+        let is_param = tree.nodes[id].tensor().is_some();
+        let index = self.nodes.len();
+        let split_rule = match (self.no_split, arch) {
+            ([], Some((arch, Some(at)))) => arch.no_split_at(at),
+            // A module the table does not know follows the heuristic.
+            ([], Some((_, None)) | None) => is_repeated_block(tree, id),
+            ([only], _) if only == "none" => false,
+            (patterns, _) => patterns.iter().any(|p| pattern_matches(p, &name)),
+        };
+        let bare_children =
+            !is_param && arch.is_some_and(|(a, at)| at.is_some_and(|at| a.bare_children_at(at)));
+        self.nodes.push(PlanNode {
+            name: name.clone(),
+            is_param,
+            size: 0,
+            children: Vec::new(),
+            no_split: split_rule && !is_param,
+            bare_children,
+        });
+        self.by_name.insert(name, index);
+        if let Some(t) = tree.nodes[id].tensor() {
+            let first_of_group = match self.ckpt.tie_group(t) {
+                Some(g) => self.counted_ties.insert(g.kept()),
+                None => true,
+            };
+            self.nodes[index].size = if first_of_group {
+                loaded_bytes(&self.ckpt.tensors()[t], self.dtype)
+            } else {
+                0
+            };
+            return index;
+        }
+        let mut kids: Vec<NodeId> = tree.nodes[id].children.to_vec();
+        // An architecture in the table: accelerate's own walk order, names it does not
+        // have after. Otherwise parameters first (weight before bias), then modules by
+        // role; the sort is stable, so module order breaks ties within a role.
+        let step = |c: NodeId| -> Option<Cursor> {
+            let (a, at) = arch?;
+            a.step(at?, &tree.nodes[c].name)
+        };
+        let order = self.order;
+        kids.sort_by_cached_key(|&c| {
+            let n = &tree.nodes[c];
+            let known = arch.zip(step(c)).map(|((a, _), at)| a.position_at(at));
+            let heuristic = if n.tensor().is_some() {
+                (0u8, (u8::from(&*n.name != "weight"), 0))
+            } else {
+                (1, rank(tree, c, order))
+            };
+            (known.unwrap_or(u32::MAX), heuristic)
+        });
+        let mut children = Vec::with_capacity(kids.len());
+        let mut size = 0;
+        for c in kids {
+            let ci = self.visit(arch.map(|(a, _)| (a, step(c))), c);
+            size += self.nodes[ci].size;
+            children.push(ci);
+        }
+        self.nodes[index].children = children;
+        self.nodes[index].size = size;
+        index
+    }
+}
+
 impl PlanTree {
     pub const ROOT: usize = 0;
 
@@ -187,111 +270,18 @@ impl PlanTree {
                 .iter()
                 .any(|&c| a.step(Arch::ROOT, &tree.nodes[c].name).is_some())
         });
-        let mut nodes = Vec::with_capacity(tree.len());
-        let mut by_name = HashMap::with_capacity(tree.len());
-        let mut counted_ties = HashSet::new();
-        // Depth-first in definition order, so tie dedup meets members in the order
-        // `named_parameters` would.
-        #[allow(clippy::too_many_arguments)]
-        fn visit(
-            tree: &ModuleTree,
-            ckpt: &Checkpoint,
-            // The architecture, and this node's entry in it (if it has one).
-            arch: Option<(&Arch, Option<Cursor>)>,
-            order: &[&str],
-            dtype: Option<DType>,
-            id: NodeId,
-            no_split: &[String],
-            nodes: &mut Vec<PlanNode>,
-            by_name: &mut HashMap<String, usize>,
-            counted_ties: &mut HashSet<usize>,
-        ) -> usize {
-            let name = tree.full_name(id);
-            let is_param = tree.nodes[id].tensor().is_some();
-            let index = nodes.len();
-            let split_rule = match (no_split, arch) {
-                ([], Some((arch, Some(at)))) => arch.no_split_at(at),
-                // A module the table does not know follows the heuristic.
-                ([], Some((_, None)) | None) => is_repeated_block(tree, id),
-                ([only], _) if only == "none" => false,
-                (patterns, _) => patterns.iter().any(|p| pattern_matches(p, &name)),
-            };
-            let bare_children = !is_param
-                && arch.is_some_and(|(a, at)| at.is_some_and(|at| a.bare_children_at(at)));
-            nodes.push(PlanNode {
-                name: name.clone(),
-                is_param,
-                size: 0,
-                children: Vec::new(),
-                no_split: split_rule && !is_param,
-                bare_children,
-            });
-            by_name.insert(name.clone(), index);
-            if let Some(t) = tree.nodes[id].tensor() {
-                let first_of_group = match ckpt.tie_group(t) {
-                    Some(g) => counted_ties.insert(g.kept()),
-                    None => true,
-                };
-                nodes[index].size = if first_of_group {
-                    loaded_bytes(&ckpt.tensors()[t], dtype)
-                } else {
-                    0
-                };
-                return index;
-            }
-            let mut kids: Vec<NodeId> = tree.nodes[id].children.to_vec();
-            // An architecture in the table: accelerate's own walk order, names it does
-            // not have after. Otherwise parameters first (weight before bias), then
-            // modules by role; the sort is stable, so module order breaks ties within a
-            // role.
-            let step = |c: NodeId| -> Option<Cursor> {
-                let (a, at) = arch?;
-                a.step(at?, &tree.nodes[c].name)
-            };
-            kids.sort_by_cached_key(|&c| {
-                let n = &tree.nodes[c];
-                let known = arch.zip(step(c)).map(|((a, _), at)| a.position_at(at));
-                let heuristic = if n.tensor().is_some() {
-                    (0u8, (u8::from(&*n.name != "weight"), 0))
-                } else {
-                    (1, rank(tree, c, order))
-                };
-                (known.unwrap_or(u32::MAX), heuristic)
-            });
-            let mut children = Vec::with_capacity(kids.len());
-            let mut size = 0;
-            for c in kids {
-                let ci = visit(
-                    tree,
-                    ckpt,
-                    arch.map(|(a, _)| (a, step(c))),
-                    order,
-                    dtype,
-                    c,
-                    no_split,
-                    nodes,
-                    by_name,
-                    counted_ties,
-                );
-                size += nodes[ci].size;
-                children.push(ci);
-            }
-            nodes[index].children = children;
-            nodes[index].size = size;
-            index
-        }
-        visit(
-            &tree,
+        let mut builder = Builder {
+            tree: &tree,
             ckpt,
-            arch.map(|a| (a, Some(Arch::ROOT))),
             order,
             dtype,
-            ModuleTree::ROOT,
             no_split,
-            &mut nodes,
-            &mut by_name,
-            &mut counted_ties,
-        );
+            nodes: Vec::with_capacity(tree.len()),
+            by_name: HashMap::with_capacity(tree.len()),
+            counted_ties: HashSet::new(),
+        };
+        builder.visit(arch.map(|a| (a, Some(Arch::ROOT))), ModuleTree::ROOT);
+        let Builder { nodes, by_name, .. } = builder;
         PlanTree {
             nodes,
             by_name,

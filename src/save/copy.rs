@@ -123,7 +123,6 @@ impl Copier {
     /// Reads `len` bytes of `from` elements at `(src, src_offset)`, converts them to
     /// `to` (see `save::cast`) and writes them at `(dst, dst_offset)`, one chunk at a
     /// time through two fixed buffers. `progress(n)` counts output bytes.
-    #[allow(clippy::too_many_arguments)]
     pub fn cast(
         &mut self,
         (src, src_offset): (&File, u64),

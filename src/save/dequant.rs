@@ -105,7 +105,6 @@ fn table(from: DType) -> &'static [f32; 256] {
 /// Reads weight `source` (`from`, FP8) and its scales, and hands `sink` the
 /// dequantized value converted to `to`, a band of rows at a time. `name` names the
 /// tensor in errors (a scale that is NaN, infinite or of the wrong size).
-#[allow(clippy::too_many_arguments)]
 pub fn stream(
     name: &str,
     (src, source): (&File, ByteRange),

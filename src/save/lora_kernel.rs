@@ -79,72 +79,53 @@ struct Loaded {
     scale: f32,
 }
 
-/// Streams the merged value of tensor `id` (stored as `from` at `(src, offset)`, `len`
-/// bytes), converted to `to`, into `sink` one block of rows at a time. `open` opens an
-/// adapter's weight file.
-#[allow(clippy::too_many_arguments)]
-pub fn stream(
-    ckpt: &Checkpoint,
-    id: TensorId,
-    (src, offset): (&File, u64),
-    len: u64,
-    (from, to): (DType, DType),
-    open: &(dyn Fn(FileId) -> io::Result<File> + Sync),
-    cancel: &(dyn Stop + Sync),
-    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
-) -> Result<(), CopyError> {
-    let (rows, cols) = layout(ckpt, id, from, len)?;
-    stream_rows(
-        ckpt,
-        id,
-        (src, offset),
-        (from, to),
-        open,
-        cancel,
-        ((rows, cols), 0..rows),
-        sink,
-    )
+/// What a merge reads: tensor `id` of `ckpt`, stored as `dtypes.0` at `src` (file,
+/// offset; `len` bytes), written as `dtypes.1`; `open` opens an adapter's weight file,
+/// `cancel` says when to stop.
+#[derive(Clone, Copy)]
+pub struct MergeInput<'a> {
+    pub ckpt: &'a Checkpoint,
+    pub id: TensorId,
+    pub src: (&'a File, u64),
+    pub len: u64,
+    pub dtypes: (DType, DType),
+    pub open: &'a (dyn Fn(FileId) -> io::Result<File> + Sync),
+    pub cancel: &'a (dyn Stop + Sync),
 }
 
-/// Writes the merged value of tensor `id` at `(dst, dst_offset)`, its rows split among
-/// `threads` threads (each reads, merges and writes its own rows in place), and
+/// Streams the merged value of `input`'s tensor, converted to its output dtype, into
+/// `sink` one block of rows at a time.
+pub fn stream(
+    input: MergeInput<'_>,
+    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), CopyError> {
+    let (rows, cols) = layout(input.ckpt, input.id, input.dtypes.0, input.len)?;
+    stream_rows(input, ((rows, cols), 0..rows), sink)
+}
+
+/// Writes the merged value of `input`'s tensor at `(dst, dst_offset)`, its rows split
+/// among `threads` threads (each reads, merges and writes its own rows in place), and
 /// returns the bytes written. The value is the one [`stream`] yields.
-#[allow(clippy::too_many_arguments)]
 pub fn write_in_parallel(
-    ckpt: &Checkpoint,
-    id: TensorId,
-    (src, offset): (&File, u64),
-    len: u64,
-    (from, to): (DType, DType),
-    open: &(dyn Fn(FileId) -> io::Result<File> + Sync),
-    cancel: &(dyn Stop + Sync),
+    input: MergeInput<'_>,
     (dst, dst_offset): (&File, u64),
     threads: usize,
 ) -> Result<u64, CopyError> {
-    let (rows, cols) = layout(ckpt, id, from, len)?;
+    let (rows, cols) = layout(input.ckpt, input.id, input.dtypes.0, input.len)?;
     let threads = threads.clamp(1, rows.max(1));
     let per = rows.div_ceil(threads);
-    let out_row = (cols * to.size() as usize) as u64;
+    let out_row = (cols * input.dtypes.1.size() as usize) as u64;
     let results: Vec<Result<(), CopyError>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
                 let range = (t * per).min(rows)..((t + 1) * per).min(rows);
                 scope.spawn(move || {
                     let mut at = dst_offset + range.start as u64 * out_row;
-                    stream_rows(
-                        ckpt,
-                        id,
-                        (src, offset),
-                        (from, to),
-                        open,
-                        cancel,
-                        ((rows, cols), range),
-                        &mut |bytes| {
-                            dst.write_all_at(bytes, at)?;
-                            at += bytes.len() as u64;
-                            Ok(())
-                        },
-                    )
+                    stream_rows(input, ((rows, cols), range), &mut |bytes| {
+                        dst.write_all_at(bytes, at)?;
+                        at += bytes.len() as u64;
+                        Ok(())
+                    })
                 })
             })
             .collect();
@@ -186,19 +167,22 @@ fn layout(
     Ok((rows, cols))
 }
 
-/// The merge of rows `range` of tensor `id` (laid out as [`layout`] says), streamed in
-/// order.
-#[allow(clippy::too_many_arguments)]
+/// The merge of rows `range` of `input`'s tensor (laid out as [`layout`] says),
+/// streamed in order.
 fn stream_rows(
-    ckpt: &Checkpoint,
-    id: TensorId,
-    (src, offset): (&File, u64),
-    (from, to): (DType, DType),
-    open: &(dyn Fn(FileId) -> io::Result<File> + Sync),
-    cancel: &(dyn Stop + Sync),
+    input: MergeInput<'_>,
     ((rows, cols), range): ((usize, usize), std::ops::Range<usize>),
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
+    let MergeInput {
+        ckpt,
+        id,
+        src: (src, offset),
+        dtypes: (from, to),
+        open,
+        cancel,
+        ..
+    } = input;
     let steps: Vec<Loaded> = ckpt
         .merges_of(id)
         .iter()

@@ -226,13 +226,15 @@ impl ShardWriter<'_> {
                         1
                     };
                     super::lora_kernel::write_in_parallel(
-                        ckpt,
-                        t.tensor,
-                        from,
-                        source.len,
-                        (from_dtype, to_dtype),
-                        &|file| open_source(ckpt, file),
-                        &stop,
+                        super::lora_kernel::MergeInput {
+                            ckpt,
+                            id: t.tensor,
+                            src: from,
+                            len: source.len,
+                            dtypes: (from_dtype, to_dtype),
+                            open: &|file| open_source(ckpt, file),
+                            cancel: &stop,
+                        },
                         to,
                         threads,
                     )

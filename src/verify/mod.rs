@@ -390,16 +390,18 @@ fn hash_expected(
                     )
                 }),
             Recipe::Merge { from, to, .. } => crate::save::lora_kernel::stream(
-                expected.ckpt,
-                p.tensor,
-                at,
-                source.len,
-                (from, to),
-                &|id| {
-                    crate::formats::input::open_regular(expected.ckpt.file_path(id))
-                        .map_err(std::io::Error::other)
+                crate::save::lora_kernel::MergeInput {
+                    ckpt: expected.ckpt,
+                    id: p.tensor,
+                    src: at,
+                    len: source.len,
+                    dtypes: (from, to),
+                    open: &|id| {
+                        crate::formats::input::open_regular(expected.ckpt.file_path(id))
+                            .map_err(std::io::Error::other)
+                    },
+                    cancel: &progress.cancel,
                 },
-                &progress.cancel,
                 &mut feed,
             ),
         };
