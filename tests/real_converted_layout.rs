@@ -10,5 +10,6 @@ mod common;
 fn transformers_fused_offload_experts_are_read_back() {
     let (ok, out, err) = common::run_hf_script("converted_layout.py");
     assert!(ok, "{out}\n{err}");
-    assert_eq!(out.matches("ok: ").count(), 2, "{out}");
+    assert_eq!(out.matches("ok: ").count(), 3, "{out}");
+    assert!(out.contains("ok: lfm2_moe"), "{out}");
 }
