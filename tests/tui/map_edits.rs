@@ -1,0 +1,391 @@
+//! Editing the device map: `d`, undo and redo, plans, exports, re-totals off the UI
+//! thread and the keys that wait for them, warnings, quitting with an unexported map.
+
+use super::*;
+
+#[test]
+fn cycle_device_updates_totals_and_export_writes_the_map() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let disk_before = app
+        .ckpt
+        .device_totals()
+        .into_iter()
+        .find(|(p, _)| *p == Placement::Disk)
+        .map_or(0, |x| x.1);
+    // model.layers.4 is on cpu; d moves it to disk.
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("layers.4"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(selected_name(&app), "model.layers.4");
+    press(&mut app, &[ch('d')]);
+    let node = &app.tree.nodes[app.selected().expect("sel")];
+    assert_eq!(node.single_placement(), Some(Placement::Disk));
+    let disk_after = app
+        .ckpt
+        .device_totals()
+        .into_iter()
+        .find(|(p, _)| *p == Placement::Disk)
+        .map_or(0, |x| x.1);
+    assert_eq!(disk_after, disk_before + node.bytes);
+    assert!(app.map_edited());
+    assert!(
+        app.warnings
+            .iter()
+            .map(ToString::to_string)
+            .any(|w| w.contains("placed on disk") && w.contains("model.layers.4.")),
+        "{:?}",
+        app.warnings
+    );
+    // d again: disk → the first GPU.
+    press(&mut app, &[ch('d')]);
+    assert_eq!(
+        app.tree.nodes[app.selected().expect("sel")].single_placement(),
+        Some(Placement::Gpu(0))
+    );
+
+    // Export: the input map is refused, a new path is written.
+    press(&mut app, &[ch('w')]);
+    assert!(matches!(app.mode, Mode::Export(_)));
+    press(&mut app, &[ctrl('u')]);
+    let input_map = m.dir.join("device_map.json");
+    let input_before = std::fs::read(&input_map).expect("read the input map");
+    press(&mut app, &text(input_map.to_str().expect("p")));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(
+        std::fs::read(&input_map).expect("read the input map"),
+        input_before,
+        "the input map is never written"
+    );
+    let Mode::Export(d) = &app.mode else {
+        panic!("still exporting")
+    };
+    assert!(
+        d.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("input device map")
+    );
+    let target = m.tmp.path().join("edited.json");
+    press(&mut app, &[ctrl('u')]);
+    press(&mut app, &text(target.to_str().expect("p")));
+    let written = press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(target.is_file(), "{written}");
+    assert_eq!(app.mode, Mode::Browse);
+    assert!(!app.map_edited());
+    // What was written is a device map devmap (and accelerate) reads back.
+    let reread = devmap::formats::device_map::read_device_map(&target).expect("valid map");
+    assert_eq!(reread.get("model.layers.4"), Some(Placement::Gpu(0)));
+    // A second export to the same path asks first.
+    press(&mut app, &[ch('w'), ctrl('u')]);
+    press(&mut app, &text(target.to_str().expect("p")));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(matches!(
+        app.mode,
+        Mode::Confirm(Confirm::OverwriteExport(_))
+    ));
+    std::fs::write(&target, "{}").expect("spoil the export");
+    press(&mut app, &[ch('y')]);
+    let reread = devmap::formats::device_map::read_device_map(&target).expect("valid map");
+    assert_eq!(
+        reread.get("model.layers.4"),
+        Some(Placement::Gpu(0)),
+        "y wrote it again"
+    );
+}
+
+#[test]
+fn plan_key_replans_shows_the_diff_and_exports() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    sampled(&mut app, Event::Gpus(fixed_gpus(), None));
+    press(&mut app, &[ch('p')]);
+    let Mode::Plan(d) = &app.mode else {
+        panic!("plan dialog")
+    };
+    assert_eq!(
+        d.budgets, "0=20GiB,1=6144MiB,cpu=11GiB",
+        "prefilled with what the devices have free"
+    );
+    // A budget string that does not parse is refused in place.
+    press(&mut app, &[ctrl('u')]);
+    press(&mut app, &text("0=lots"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    let Mode::Plan(d) = &app.mode else {
+        panic!("still planning")
+    };
+    assert!(
+        d.error.as_deref().unwrap_or("").contains("not a size"),
+        "{:?}",
+        d.error
+    );
+    // Tight budgets: the plan moves tensors, and says how many.
+    press(&mut app, &[ctrl('u')]);
+    press(&mut app, &text("0=3KB,cpu=3KB"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    let Mode::PlanResult(lines) = &app.mode else {
+        panic!("result: {:?}", app.mode)
+    };
+    assert!(lines[0].contains("tensors move"), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("→ disk")), "{lines:?}");
+    assert!(app.map_edited());
+    // A long result scrolls: its last line comes into view at 80x24.
+    let last = lines.last().cloned().unwrap_or_default();
+    let tail: String = last.chars().take(30).collect();
+    if !frame(&app, 80, 24).contains(&tail) {
+        for _ in 0..40 {
+            press(&mut app, &[key(KeyCode::Down)]);
+        }
+        assert!(frame(&app, 80, 24).contains(&tail), "scrolled to `{tail}`");
+    }
+    let planned = devmap::plan::plan(
+        &load(&m.dir, &LoadOptions::default()).expect("load"),
+        &devmap::plan::PlanOptions {
+            max_memory: devmap::plan::parse_max_memory("0=3KB,cpu=3KB").expect("spec"),
+            no_split: vec![],
+            dtype: None,
+        },
+    )
+    .expect("plan");
+    assert_eq!(
+        app.ckpt.device_map.as_ref(),
+        Some(&planned.map),
+        "the TUI applies the same plan as devmap plan"
+    );
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert_eq!(app.mode, Mode::Browse);
+    // w exports the planned map.
+    let target = m.tmp.path().join("planned.json");
+    press(&mut app, &[ch('w'), ctrl('u')]);
+    press(&mut app, &text(target.to_str().expect("p")));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(
+        std::fs::read_to_string(&target).expect("the export was written"),
+        devmap::formats::device_map::encode_device_map(&planned.map)
+    );
+}
+
+#[test]
+fn export_defaults_to_a_path_beside_the_model_not_inside_it() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('w')]);
+    let Mode::Export(d) = &app.mode else {
+        panic!("export dialog")
+    };
+    let path = std::path::PathBuf::from(&d.path);
+    assert!(
+        !path.starts_with(&m.dir),
+        "{} is inside the model directory",
+        path.display()
+    );
+    assert_eq!(path.parent(), m.dir.parent());
+}
+
+#[test]
+fn d_cycles_through_every_known_gpu_and_edits_can_be_undone() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    // Four GPUs detected; the map uses only GPU 0.
+    let gpus: Vec<devmap::monitor::gpu::GpuInfo> = (0..4)
+        .map(|index| devmap::monitor::gpu::GpuInfo {
+            index,
+            name: "Test GPU".into(),
+            total: 24 * GIB,
+            free: 20 * GIB,
+        })
+        .collect();
+    sampled(&mut app, Event::Gpus(gpus, None));
+    select(&mut app, "model.layers.0");
+    let device = |app: &App| {
+        app.ckpt
+            .tensor("model.layers.0.proj.weight")
+            .expect("t")
+            .placement
+    };
+    assert_eq!(device(&app), Placement::Gpu(0));
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        press(&mut app, &[ch('d')]);
+        seen.push(device(&app));
+    }
+    assert_eq!(
+        seen,
+        [
+            Placement::Gpu(1),
+            Placement::Gpu(2),
+            Placement::Gpu(3),
+            Placement::Cpu,
+            Placement::Disk,
+            Placement::Gpu(0),
+        ],
+        "every GPU stays in the cycle"
+    );
+    // Undo walks back one edit at a time; Ctrl-R walks forward again.
+    press(&mut app, &[ch('u')]);
+    assert_eq!(device(&app), Placement::Disk);
+    press(&mut app, &[ch('u'), ch('u')]);
+    assert_eq!(device(&app), Placement::Gpu(3));
+    press(&mut app, &[ctrl('r')]);
+    assert_eq!(device(&app), Placement::Cpu);
+    for _ in 0..10 {
+        press(&mut app, &[ch('u')]);
+    }
+    assert_eq!(device(&app), Placement::Gpu(0), "back to the map as opened");
+    assert_eq!(app.tree.nodes[app.tree.tensor_node[0]].depth, 2);
+}
+
+/// Re-totalling after `d` and `u` runs off the UI thread: the key returns at once with
+/// the work handed off, navigation goes on meanwhile, and map keys pressed meanwhile
+/// wait and are replayed on the map the first edit left, each on its own row.
+#[test]
+fn map_edits_retotal_off_the_ui_thread_and_later_keys_wait_for_them() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    select(&mut app, "model.layers.0");
+    let placement = |app: &App, name: &str| app.ckpt.tensor(name).expect("t").placement;
+    let layer0 = "model.layers.0.proj.weight";
+    let layer1 = "model.layers.1.proj.weight";
+    let (before0, before1) = (placement(&app, layer0), placement(&app, layer1));
+    let mut journey = Journey::start(&mut app);
+    // The re-total's result is held back: the App is between the key and the result.
+    let busy = journey.steps(&mut app, [Step::Hold, press_step(ch('d'))]);
+    assert!(app.busy.is_some());
+    assert_eq!(
+        placement(&app, layer0),
+        before0,
+        "old totals until the work lands"
+    );
+    assert!(busy.contains("re-totalling…"), "{busy}");
+    // Navigation does not wait; `d` on the next row and `u` do.
+    let at = app.rows.selected;
+    journey.press(&mut app, &[key(KeyCode::Down)]);
+    assert_ne!(app.rows.selected, at, "the selection moved while busy");
+    select_in(&mut journey, &mut app, "model.layers.1");
+    journey.press(&mut app, &[ch('d')]);
+    select_in(&mut journey, &mut app, "model.layers.0");
+    assert_eq!(app.queued.len(), 1);
+    assert_eq!(placement(&app, layer1), before1, "the second d waits");
+    let landed = journey.steps(&mut app, [Step::Release]);
+    assert!(app.busy.is_none() && app.queued.is_empty());
+    assert!(!landed.contains("re-totalling"), "{landed}");
+    let cycle = app.device_cycle();
+    let next = |p: Placement| {
+        cycle[(cycle.iter().position(|&c| c == p).expect("in cycle") + 1) % cycle.len()]
+    };
+    assert_eq!(placement(&app, layer0), next(before0));
+    assert_eq!(
+        placement(&app, layer1),
+        next(before1),
+        "the waiting `d` moved the row it was pressed on, not the one selected now"
+    );
+    // The tree's totals are those of the new map.
+    let node = app.tree.tensor_node[app.ckpt.index_of(layer0).expect("id")];
+    assert_eq!(app.tree.nodes[node].single_placement(), Some(next(before0)));
+    // Two undos pressed together: the second waits for the first.
+    journey.steps(
+        &mut app,
+        [Step::Hold, press_now(ch('u')), press_now(ch('u'))],
+    );
+    assert!(app.busy.is_some());
+    assert_eq!(app.queued.len(), 1, "one edit at a time");
+    journey.steps(&mut app, [Step::Release]);
+    assert_eq!(
+        (placement(&app, layer0), placement(&app, layer1)),
+        (before0, before1)
+    );
+    journey.end(&app);
+}
+
+/// Work that panicked on its thread comes back as `WorkFailed` (what the runtime's
+/// worker sends when it catches the panic; the panic itself is the tmux test's): the
+/// App stops waiting, says why, and the keys that waited go on — `q` is never stuck
+/// behind it.
+#[test]
+fn failed_work_is_reported_and_the_waiting_keys_go_on() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    select(&mut app, "model.layers.0");
+    let map_before = app.ckpt.device_map.clone();
+    let mut journey = Journey::start(&mut app);
+    journey.steps(
+        &mut app,
+        [Step::Hold, press_now(ch('d')), press_now(ch('q'))],
+    );
+    assert!(!journey.quit(), "q waits");
+    let failed = Event::Worked(Action::WorkFailed("re-totalling failed: boom".into()));
+    journey.steps(&mut app, [Step::Now(failed)]);
+    assert!(app.busy.is_none());
+    assert_eq!(app.ckpt.device_map, map_before, "nothing changed");
+    assert!(
+        app.undo.is_empty(),
+        "no undo entry for an edit that never landed"
+    );
+    assert!(
+        journey.quit(),
+        "the waiting q quits (the edit never landed)"
+    );
+    assert!(frame(&app, 120, 40).contains("re-totalling failed: boom"));
+    journey.end(&app);
+}
+
+/// `p` plans off the UI thread; Esc while it runs drops the plan.
+#[test]
+fn planning_runs_off_the_ui_thread_and_esc_drops_it() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let map_before = app.ckpt.device_map.clone();
+    press(&mut app, &[ch('p'), ctrl('u')]);
+    press(&mut app, &text("0=3KB,cpu=3KB"));
+    let mut journey = Journey::start(&mut app);
+    let planning = journey.steps(&mut app, [Step::Hold, press_now(key(KeyCode::Enter))]);
+    assert!(matches!(app.mode, Mode::Plan(_)), "the dialog waits");
+    assert!(planning.contains("planning…"), "{planning}");
+    journey.steps(&mut app, [press_now(key(KeyCode::Esc)), Step::Release]);
+    assert_eq!(app.mode, Mode::Browse);
+    assert_eq!(
+        app.ckpt.device_map, map_before,
+        "a dropped plan changes nothing"
+    );
+    assert!(app.busy.is_none() && app.undo.is_empty());
+    journey.end(&app);
+}
+
+#[test]
+fn quitting_with_an_unexported_map_asks() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    select(&mut app, "model.layers.0");
+    let mut journey = Journey::start(&mut app);
+    journey.press(&mut app, &[ch('d')]);
+    let asked = journey.press(&mut app, &[ch('q')]);
+    assert!(!journey.quit());
+    assert_eq!(app.mode, Mode::Confirm(Confirm::QuitUnexported));
+    assert!(asked.contains("not exported"), "{asked}");
+    journey.press(&mut app, &[ch('n')]);
+    assert!(!journey.quit());
+    assert_eq!(app.mode, Mode::Browse);
+    journey.press(&mut app, &[ch('q'), ch('y')]);
+    assert!(journey.quit());
+    journey.end(&app);
+}
+
+#[test]
+fn bang_lists_every_warning_in_full() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    select(&mut app, "model.layers.4");
+    // cpu -> disk: layer 4 has no offload entry, which is worth a warning.
+    press(&mut app, &[ch('d')]);
+    assert!(!app.warnings.is_empty());
+    press(&mut app, &[ch('!')]);
+    assert_eq!(app.mode, Mode::Warnings);
+    let screen = frame(&app, 160, 50);
+    assert!(
+        screen.contains(&format!("Warnings ({})", app.warnings.len())),
+        "{screen}"
+    );
+    assert!(screen.contains("placed on disk"), "{screen}");
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert_eq!(app.mode, Mode::Browse);
+}

@@ -1,0 +1,254 @@
+//! Whole screens: snapshots at several sizes, the GPU and RAM gauges, the selection bar,
+//! narrow screens, many devices, the opening screen and the focused panel.
+
+use super::*;
+
+#[test]
+fn main_screen_at_three_sizes() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    press(
+        &mut app,
+        &[
+            ch('j'),
+            ch('j'),
+            ch('j'),
+            ch('j'),
+            key(KeyCode::Right),
+            ch('j'),
+        ],
+    );
+    for (w, h) in [(80, 24), (120, 40), (160, 50)] {
+        resized(&mut app, w, h);
+        insta::assert_snapshot!(format!("main_{w}x{h}"), frame(&app, w, h));
+    }
+    resized(&mut app, 50, 12);
+    let small = frame(&app, 50, 12);
+    assert!(small.contains("needs at least 60×16"), "{small}");
+}
+
+#[test]
+fn help_overlay_snapshot() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    press(&mut app, &[ch('?')]);
+    insta::assert_snapshot!("help", frame(&app, 100, 30));
+}
+
+#[test]
+fn gpu_gauges_and_budgets_come_from_the_gpu_source() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    app.budgets.gpu_total.clear();
+    sampled(&mut app, Event::Gpus(fixed_gpus(), None));
+    // GPU budgets are the free memory; cpu's is the available RAM.
+    assert_eq!(app.device_budget(Placement::Gpu(1)), Some(6 * GIB));
+    assert_eq!(app.device_budget(Placement::Cpu), Some(11 * GIB));
+    let screen = frame(&app, 120, 40);
+    assert!(
+        screen.contains("GPU0") && screen.contains("4 GiB/24 GiB"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("GPU1") && screen.contains("18 GiB/24 GiB"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("of 20 GiB"),
+        "gpu:0 measured against its free memory: {screen}"
+    );
+    insta::assert_snapshot!("gpus", screen);
+    // No GPU: what the real NVML source reports without a driver library shows as
+    // one line, no gauge, no error.
+    use devmap::monitor::gpu::{GpuSource, Nvml};
+    let mut no_driver = Nvml::open_library(std::ffi::OsStr::new("/nonexistent/libnvidia-ml.so.1"));
+    sampled(&mut app, Event::Gpus(no_driver.gpus(), no_driver.note()));
+    let screen = frame(&app, 120, 40);
+    assert!(
+        screen.contains("no GPU gauges: no NVIDIA driver found") && !screen.contains("GPU0"),
+        "{screen}"
+    );
+}
+
+#[test]
+fn the_ram_graph_says_what_its_height_spans() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    // A 100 MB swing on 16 GiB: the graph magnifies it, and says so.
+    sampled(&mut app, Event::Memory(sample(4.0, 11.0)));
+    sampled(&mut app, Event::Memory(sample(4.1, 10.9)));
+    let screen = frame(&app, 160, 50);
+    assert!(
+        screen.contains("used 4 GiB – 4.60 GiB in 10 s; graph from"),
+        "{screen}"
+    );
+}
+
+#[test]
+fn the_selection_bar_covers_the_whole_row_in_colour_and_without() {
+    use ratatui::style::Modifier;
+    let m = mixed_model();
+    for color in [true, false] {
+        let mut app = app_for(&m);
+        app.color = color;
+        press(&mut app, &[key(KeyCode::Down), key(KeyCode::Down)]);
+        let areas = devmap::tui::layout::areas(
+            ratatui::layout::Rect::new(0, 0, 120, 40),
+            app.progress_rows(),
+            app.device_rows(),
+        );
+        let buf = buffer(&app, 120, 40);
+        let inner = (areas.tree.x + 1)..(areas.tree.x + areas.tree.width - 1);
+        let reversed = |y: u16| {
+            inner
+                .clone()
+                .filter(|&x| buf[(x, y)].modifier.contains(Modifier::REVERSED))
+                .count()
+        };
+        let rows: Vec<u16> = (areas.tree.y..areas.tree.y + areas.tree.height)
+            .filter(|&y| reversed(y) > 0)
+            .collect();
+        assert_eq!(rows.len(), 1, "one selected row (color {color})");
+        assert_eq!(
+            reversed(rows[0]),
+            inner.len(),
+            "every cell of the row, the coloured bar and badge included (color {color})"
+        );
+    }
+}
+
+#[test]
+fn narrow_screens_drop_share_and_params_before_names_and_devices() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    for (w, h) in [(60, 16), (80, 24), (120, 40), (160, 50)] {
+        resized(&mut app, w, h);
+        let screen = frame(&app, w, h);
+        let header = screen
+            .lines()
+            .find(|l| l.contains("name") && l.contains("size"))
+            .expect("the header");
+        assert!(
+            header.contains("device"),
+            "{w}x{h}: the device column stays:\n{screen}"
+        );
+        if w >= 80 {
+            assert!(
+                screen.contains("embed_tokens ") && screen.contains("lm_head "),
+                "{w}x{h}: names are whole:\n{screen}"
+            );
+        } else {
+            // At 60 columns the name is what shrinks, after share and params.
+            assert!(screen.contains("embed_to"), "{w}x{h}:\n{screen}");
+        }
+        assert!(screen.contains("gpu:0"), "{w}x{h}:\n{screen}");
+        if w >= 120 {
+            // The split note of a mixed module (what a map is debugged by) comes whole
+            // before the params and share columns.
+            assert!(
+                screen.contains("gpu:0 48% cpu 26% disk 27%"),
+                "{w}x{h}: the split note is cut:\n{screen}"
+            );
+        }
+        if w == 60 {
+            assert!(
+                !header.contains("share"),
+                "share gives way first at {w}x{h}"
+            );
+        }
+        if w >= 160 {
+            assert!(
+                header.contains("share") && header.contains("params"),
+                "{w}x{h}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_devices_panel_grows_to_ten_devices_and_keeps_over_budget_rows() {
+    let m = mixed_model();
+    let mut app = ten_devices(&m);
+    resized(&mut app, 200, 60);
+    let screen = frame(&app, 200, 60);
+    for d in 0..8 {
+        assert!(
+            screen.contains(&format!("│gpu:{d} ")),
+            "gpu:{d} shows:\n{screen}"
+        );
+    }
+    let over: Vec<&str> = screen.lines().filter(|l| l.contains(" OVER")).collect();
+    assert_eq!(over.len(), 2, "cpu and disk are over:\n{screen}");
+    insta::assert_snapshot!("main_200x60_ten_devices", screen);
+    // On a small screen not every device fits; those over budget still show.
+    resized(&mut app, 80, 24);
+    let screen = frame(&app, 80, 24);
+    assert!(
+        screen.contains("│cpu ") && screen.contains("│disk "),
+        "{screen}"
+    );
+    assert_eq!(
+        screen.lines().filter(|l| l.contains(" OVER")).count(),
+        2,
+        "{screen}"
+    );
+    assert!(
+        screen.contains("more devices, all within budget"),
+        "{screen}"
+    );
+}
+
+#[test]
+fn the_opening_screen_names_the_model_and_counts_time() {
+    let mut terminal = Terminal::new(TestBackend::new(80, 10)).expect("terminal");
+    terminal
+        .draw(|f| {
+            ui::loading(
+                f,
+                "/models/llama",
+                Duration::from_millis(2_345),
+                "fetching the headers: 12/160 shards",
+            );
+        })
+        .expect("draw");
+    let buffer = terminal.backend().buffer().clone();
+    let text: String = (0..10)
+        .map(|y| {
+            (0..80)
+                .map(|x| buffer[(x, y)].symbol().to_owned())
+                .collect::<String>()
+                + "\n"
+        })
+        .collect();
+    assert!(text.contains("opening /models/llama … 2.3 s"), "{text}");
+    assert!(text.contains("q quits"), "{text}");
+    // What the loading thread says (a remote model's fetch) shows under it.
+    assert!(
+        text.contains("fetching the headers: 12/160 shards"),
+        "{text}"
+    );
+}
+
+/// The focused panel shows it twice: a thick border marked `▶` (without colour too) and,
+/// in colour, a cyan border; the others keep a plain one.
+#[test]
+fn the_focused_panel_has_a_marked_thick_border_in_colour_and_without() {
+    let m = mixed_model();
+    for color in [true, false] {
+        let mut app = app_for(&m);
+        app.color = color;
+        let b = buffer(&app, 120, 40);
+        assert_eq!(b[(0, 1)].symbol(), "┏", "the tree's corner");
+        let cyan = b[(0, 1)].fg == ratatui::style::Color::Cyan;
+        assert_eq!(cyan, color, "colour {color}");
+        press(&mut app, &[key(KeyCode::Tab)]);
+        let b = buffer(&app, 120, 40);
+        assert_eq!(b[(0, 1)].symbol(), "┌", "the tree gave the focus away");
+        let screen = frame(&app, 120, 40);
+        assert!(screen.contains("▶ Details"), "{screen}");
+    }
+}
