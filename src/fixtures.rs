@@ -5,6 +5,7 @@
 //! reads in its tests is what users have on disk.
 
 pub mod hub_server;
+pub mod torch_bin;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;

@@ -10,7 +10,10 @@ pub mod hub_cache;
 pub mod input;
 pub mod json;
 pub mod offload;
+pub mod pickle;
 pub mod safetensors;
 pub mod size;
+pub mod torch_bin;
+pub mod zip;
 
 pub use error::FormatError;

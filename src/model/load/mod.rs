@@ -387,7 +387,58 @@ fn read_weights(
 ) -> Result<Vec<PathBuf>, LoadError> {
     let index_path = dir.join(INDEX_FILE);
     let single = dir.join(SINGLE_FILE);
-    if std::fs::symlink_metadata(&index_path).is_ok() {
+    let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+    if exists(&index_path) {
+        return read_indexed(dir, &index_path, draft, warnings);
+    }
+    let mut paths = if exists(&single) {
+        vec![single]
+    } else {
+        crate::formats::input::safetensors_files(dir)?
+    };
+    // No safetensors: the legacy `pytorch_model.bin` (sharded or not), as transformers
+    // falls back to it.
+    if paths.is_empty() {
+        let bin_index = dir.join(crate::formats::torch_bin::BIN_INDEX);
+        if exists(&bin_index) {
+            return read_indexed(dir, &bin_index, draft, warnings);
+        }
+        let bin = dir.join(crate::formats::torch_bin::SINGLE_BIN);
+        if exists(&bin) {
+            paths.push(bin);
+        }
+    }
+    for path in &paths {
+        let header = read_weight_file(path)?;
+        let id = draft.file_id(path, &header);
+        draft.tensors.reserve(header.tensors.len());
+        for t in header.tensors {
+            add_checkpoint_tensor(draft, id, t);
+        }
+    }
+    Ok(paths)
+}
+
+/// A weight file's tensors: a safetensors header, or a `torch.save` archive's state
+/// dict described the same way.
+fn read_weight_file(path: &Path) -> Result<crate::formats::safetensors::Header, FormatError> {
+    if path.extension().is_some_and(|e| e == "bin") {
+        crate::formats::torch_bin::read_bin(path)
+    } else {
+        read_header(path)
+    }
+}
+
+/// The shards an index (`model.safetensors.index.json` or
+/// `pytorch_model.bin.index.json`) lists, each holding the tensors it maps to it.
+fn read_indexed(
+    dir: &Path,
+    index_path: &Path,
+    draft: &mut Draft,
+    warnings: &mut Vec<Warning>,
+) -> Result<Vec<PathBuf>, LoadError> {
+    {
+        let index_path = index_path.to_path_buf();
         let index_text = read_index_text(&index_path)?;
         let index = parse_index(&index_path, &index_text)?;
         // Names per shard file, in the index's order of first mention.
@@ -431,7 +482,7 @@ fn read_weights(
                 )
                 .into());
             }
-            let header = read_header(&path)?;
+            let header = read_weight_file(&path)?;
             let id = draft.file_id(&path, &header);
             let present: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
             let missing: Vec<&str> = names
@@ -472,22 +523,8 @@ fn read_weights(
             }
             files.push(path);
         }
-        return Ok(files);
+        Ok(files)
     }
-    let paths = if std::fs::symlink_metadata(&single).is_ok() {
-        vec![single]
-    } else {
-        crate::formats::input::safetensors_files(dir)?
-    };
-    for path in &paths {
-        let header = read_header(path)?;
-        let id = draft.file_id(path, &header);
-        draft.tensors.reserve(header.tensors.len());
-        for t in header.tensors {
-            add_checkpoint_tensor(draft, id, t);
-        }
-    }
-    Ok(paths)
 }
 
 fn add_checkpoint_tensor(

@@ -1,0 +1,540 @@
+//! A restricted reader for the pickles `torch.save` writes (`data.pkl`): it builds
+//! values from the opcodes of protocols 2–4 and understands only the globals a state
+//! dict uses (`collections.OrderedDict`, `torch._utils._rebuild_tensor_v2` and
+//! `_rebuild_parameter`, the typed storage classes named in persistent ids). Any other
+//! global is refused by name; nothing is ever called or imported.
+
+use crate::types::dtype::DType;
+
+/// A tensor as the pickle describes it: a view of a storage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorRef {
+    pub storage: StorageRef,
+    /// In elements of the storage's dtype.
+    pub offset: u64,
+    pub shape: Vec<u64>,
+    pub stride: Vec<u64>,
+}
+
+/// A storage named by a persistent id: its dtype, its key (the member
+/// `data/<key>` of the archive) and its length in elements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StorageRef {
+    pub dtype: DType,
+    pub key: String,
+    pub elements: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Bytes(Vec<u8>),
+    Tuple(Vec<Value>),
+    List(Vec<Value>),
+    /// A dict or an OrderedDict, in insertion order.
+    Dict(Vec<(Value, Value)>),
+    /// A global the reader allows, not yet called.
+    Global(&'static str),
+    Storage(StorageRef),
+    Tensor(TensorRef),
+}
+
+/// What went wrong, in words (the caller names the file).
+pub type Error = String;
+
+/// The dtype of a typed storage class (`torch.BFloat16Storage`).
+fn storage_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "FloatStorage" => DType::F32,
+        "DoubleStorage" => DType::F64,
+        "HalfStorage" => DType::F16,
+        "BFloat16Storage" => DType::BF16,
+        "LongStorage" => DType::I64,
+        "IntStorage" => DType::I32,
+        "ShortStorage" => DType::I16,
+        "CharStorage" => DType::I8,
+        "ByteStorage" => DType::U8,
+        "BoolStorage" => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// The globals a state dict pickle may name, as the reader spells them.
+fn allowed(module: &str, name: &str) -> Option<&'static str> {
+    Some(match (module, name) {
+        ("collections", "OrderedDict") => "OrderedDict",
+        ("torch._utils", "_rebuild_tensor_v2") => "_rebuild_tensor_v2",
+        ("torch._utils", "_rebuild_parameter") => "_rebuild_parameter",
+        ("torch", s) => match storage_dtype(s)? {
+            DType::F32 => "FloatStorage",
+            DType::F64 => "DoubleStorage",
+            DType::F16 => "HalfStorage",
+            DType::BF16 => "BFloat16Storage",
+            DType::I64 => "LongStorage",
+            DType::I32 => "IntStorage",
+            DType::I16 => "ShortStorage",
+            DType::I8 => "CharStorage",
+            DType::U8 => "ByteStorage",
+            DType::Bool => "BoolStorage",
+            _ => return None,
+        },
+        _ => return None,
+    })
+}
+
+/// The most values on the stack or in the memo, so a hostile pickle cannot grow them
+/// without bound.
+const MAX_VALUES: usize = 1 << 24;
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], Error> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let end =
+            end.ok_or_else(|| format!("the pickle ends inside an opcode at byte {}", self.at))?;
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, Error> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<usize, Error> {
+        let b = self.take(2)?;
+        Ok(usize::from(u16::from_le_bytes([b[0], b[1]])))
+    }
+    fn u32(&mut self) -> Result<usize, Error> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+    fn line(&mut self) -> Result<String, Error> {
+        let rest = &self.bytes[self.at..];
+        let n = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or("a GLOBAL opcode without its newline")?;
+        let s = String::from_utf8_lossy(&rest[..n]).into_owned();
+        self.at += n + 1;
+        Ok(s)
+    }
+    fn text(&mut self, n: usize) -> Result<String, Error> {
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| "a string that is not UTF-8".to_owned())
+    }
+}
+
+fn as_u64(v: &Value, what: &str) -> Result<u64, Error> {
+    match v {
+        Value::Int(i) if *i >= 0 => Ok(*i as u64),
+        other => Err(format!("{what} is {other:?}, not a non-negative integer")),
+    }
+}
+
+fn as_dims(v: &Value, what: &str) -> Result<Vec<u64>, Error> {
+    match v {
+        Value::Tuple(items) => items.iter().map(|i| as_u64(i, what)).collect(),
+        other => Err(format!("{what} is {other:?}, not a tuple")),
+    }
+}
+
+/// Calls an allowed global on its arguments: builds the value, calls nothing.
+fn call(callable: Value, args: Value) -> Result<Value, Error> {
+    let Value::Tuple(args) = args else {
+        return Err(format!("REDUCE with arguments {args:?}, not a tuple"));
+    };
+    match callable {
+        Value::Global("OrderedDict") if args.is_empty() => Ok(Value::Dict(Vec::new())),
+        Value::Global("_rebuild_tensor_v2") if args.len() >= 4 => {
+            let Value::Storage(storage) = &args[0] else {
+                return Err(format!(
+                    "_rebuild_tensor_v2 of {:?}, not a storage",
+                    args[0]
+                ));
+            };
+            Ok(Value::Tensor(TensorRef {
+                storage: storage.clone(),
+                offset: as_u64(&args[1], "a storage offset")?,
+                shape: as_dims(&args[2], "a size")?,
+                stride: as_dims(&args[3], "a stride")?,
+            }))
+        }
+        Value::Global("_rebuild_parameter") if !args.is_empty() => Ok(args[0].clone()),
+        Value::Global(name) => Err(format!("`{name}` called with arguments it never takes")),
+        other => Err(format!("REDUCE of {other:?}, which is not callable here")),
+    }
+}
+
+/// A persistent id `('storage', torch.XStorage, key, location, elements)`.
+fn storage(pid: Value) -> Result<Value, Error> {
+    let Value::Tuple(items) = pid else {
+        return Err(format!("a persistent id {pid:?}, not a tuple"));
+    };
+    match items.as_slice() {
+        [
+            Value::Str(kind),
+            Value::Global(class),
+            Value::Str(key),
+            _location,
+            elements,
+        ] if kind == "storage" => {
+            let dtype = storage_dtype(class).ok_or_else(|| format!("storage class `{class}`"))?;
+            Ok(Value::Storage(StorageRef {
+                dtype,
+                key: key.clone(),
+                elements: as_u64(elements, "a storage size")?,
+            }))
+        }
+        _ => Err(format!("a persistent id {items:?} that is not a storage")),
+    }
+}
+
+/// How deep values may nest (a state dict is a few levels: dict, tensor arguments,
+/// sizes), how many values one memo copy may hold (torch's pickles copy globals,
+/// strings and small tuples) and how many all copies may make: a pickle past any is
+/// not a state dict, and would otherwise overflow the stack or exhaust memory.
+const MAX_DEPTH: u32 = 64;
+const MAX_COPY: u64 = 1 << 12;
+const MAX_COPIED: u64 = 1 << 26;
+
+/// A value on the reader's stack, with how deep it nests and how many values it holds.
+#[derive(Clone)]
+struct Item {
+    value: Value,
+    depth: u32,
+    nodes: u64,
+}
+
+impl Item {
+    fn leaf(value: Value) -> Item {
+        Item {
+            value,
+            depth: 1,
+            nodes: 1,
+        }
+    }
+
+    /// A container of `children`, built by `make`.
+    fn of(children: Vec<Item>, make: impl FnOnce(Vec<Value>) -> Value) -> Result<Item, Error> {
+        let depth = 1 + children.iter().map(|c| c.depth).max().unwrap_or(0);
+        if depth > MAX_DEPTH {
+            return Err(format!("values nest deeper than {MAX_DEPTH} levels"));
+        }
+        let nodes = 1 + children.iter().map(|c| c.nodes).sum::<u64>();
+        Ok(Item {
+            value: make(children.into_iter().map(|c| c.value).collect()),
+            depth,
+            nodes,
+        })
+    }
+
+    /// This container with `more` added to it by `add`.
+    fn grow(
+        &mut self,
+        more: Vec<Item>,
+        add: impl FnOnce(&mut Value, Vec<Value>) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let depth = 1 + more.iter().map(|c| c.depth).max().unwrap_or(0);
+        if depth > MAX_DEPTH {
+            return Err(format!("values nest deeper than {MAX_DEPTH} levels"));
+        }
+        self.depth = self.depth.max(depth);
+        self.nodes += more.iter().map(|c| c.nodes).sum::<u64>();
+        add(&mut self.value, more.into_iter().map(|c| c.value).collect())
+    }
+}
+
+/// The value on top of the stack, to add to.
+fn top(stack: &mut [Item]) -> Result<&mut Item, Error> {
+    stack
+        .last_mut()
+        .ok_or_else(|| "an opcode on an empty stack".to_owned())
+}
+
+/// Reads the pickle in `bytes`: the value it ends with.
+pub fn read(bytes: &[u8]) -> Result<Value, Error> {
+    let mut r = Reader { bytes, at: 0 };
+    let mut stack: Vec<Item> = Vec::new();
+    let mut marks: Vec<usize> = Vec::new();
+    let mut memo: std::collections::HashMap<usize, Item> = std::collections::HashMap::new();
+    let mut copied = 0u64;
+    let pop = |stack: &mut Vec<Item>| {
+        stack
+            .pop()
+            .ok_or_else(|| "the pickle's stack ran empty".to_owned())
+    };
+    let since_mark = |stack: &mut Vec<Item>, marks: &mut Vec<usize>| -> Result<Vec<Item>, Error> {
+        let m = marks
+            .pop()
+            .ok_or("an opcode needs a MARK and there is none")?;
+        if m > stack.len() {
+            return Err("a MARK above the stack".into());
+        }
+        Ok(stack.split_off(m))
+    };
+    loop {
+        if stack.len() > MAX_VALUES || memo.len() > MAX_VALUES {
+            return Err("the pickle holds more values than a state dict would".into());
+        }
+        let at = r.at;
+        let op = r.u8()?;
+        match op {
+            0x80 => {
+                r.u8()?; // PROTO
+            }
+            0x95 => {
+                r.take(8)?; // FRAME
+            }
+            b'.' => return pop(&mut stack).map(|i| i.value), // STOP
+            b'(' => marks.push(stack.len()),
+            b'N' => stack.push(Item::leaf(Value::None)),
+            0x88 => stack.push(Item::leaf(Value::Bool(true))),
+            0x89 => stack.push(Item::leaf(Value::Bool(false))),
+            b'K' => stack.push(Item::leaf(Value::Int(i64::from(r.u8()?)))),
+            b'M' => stack.push(Item::leaf(Value::Int(r.u16()? as i64))),
+            b'J' => {
+                let b = r.take(4)?;
+                let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                stack.push(Item::leaf(Value::Int(i64::from(v))));
+            }
+            0x8a => {
+                // LONG1: little-endian two's complement of n bytes.
+                let n = usize::from(r.u8()?);
+                let b = r.take(n)?;
+                if n > 8 {
+                    return Err("an integer wider than 64 bits".into());
+                }
+                let mut v: i64 = 0;
+                for (i, byte) in b.iter().enumerate() {
+                    v |= i64::from(*byte) << (8 * i);
+                }
+                if n > 0 && n < 8 && b[n - 1] & 0x80 != 0 {
+                    v -= 1i64 << (8 * n);
+                }
+                stack.push(Item::leaf(Value::Int(v)));
+            }
+            b'G' => {
+                let b = r.take(8)?;
+                let v = f64::from_be_bytes(b.try_into().map_err(|_| "a float")?);
+                stack.push(Item::leaf(Value::Float(v)));
+            }
+            b'X' => {
+                let n = r.u32()?;
+                stack.push(Item::leaf(Value::Str(r.text(n)?)));
+            }
+            0x8c => {
+                let n = usize::from(r.u8()?);
+                stack.push(Item::leaf(Value::Str(r.text(n)?)));
+            }
+            b'C' => {
+                let n = usize::from(r.u8()?);
+                stack.push(Item::leaf(Value::Bytes(r.take(n)?.to_vec())));
+            }
+            b'B' => {
+                let n = r.u32()?;
+                stack.push(Item::leaf(Value::Bytes(r.take(n)?.to_vec())));
+            }
+            b')' => stack.push(Item::leaf(Value::Tuple(Vec::new()))),
+            b't' => {
+                let items = since_mark(&mut stack, &mut marks)?;
+                stack.push(Item::of(items, Value::Tuple)?);
+            }
+            0x85..=0x87 => {
+                let n = usize::from(op - 0x84);
+                if stack.len() < n {
+                    return Err("a TUPLE opcode with too few values".into());
+                }
+                let items = stack.split_off(stack.len() - n);
+                stack.push(Item::of(items, Value::Tuple)?);
+            }
+            b']' => stack.push(Item::leaf(Value::List(Vec::new()))),
+            b'}' => stack.push(Item::leaf(Value::Dict(Vec::new()))),
+            b'a' | b'e' => {
+                let items = if op == b'a' {
+                    vec![pop(&mut stack)?]
+                } else {
+                    since_mark(&mut stack, &mut marks)?
+                };
+                top(&mut stack)?.grow(items, |list, items| match list {
+                    Value::List(list) => {
+                        list.extend(items);
+                        Ok(())
+                    }
+                    _ => Err("APPEND to something that is not a list".into()),
+                })?;
+            }
+            b's' | b'u' => {
+                let items = if op == b's' {
+                    let v = pop(&mut stack)?;
+                    let k = pop(&mut stack)?;
+                    vec![k, v]
+                } else {
+                    since_mark(&mut stack, &mut marks)?
+                };
+                if items.len() % 2 != 0 {
+                    return Err("SETITEMS with a key and no value".into());
+                }
+                top(&mut stack)?.grow(items, |dict, items| {
+                    let Value::Dict(d) = dict else {
+                        return Err("SETITEM on something that is not a dict".into());
+                    };
+                    let mut items = items.into_iter();
+                    while let (Some(k), Some(v)) = (items.next(), items.next()) {
+                        d.push((k, v));
+                    }
+                    Ok(())
+                })?;
+            }
+            b'c' | 0x93 => {
+                let (module, name) = if op == b'c' {
+                    (r.line()?, r.line()?)
+                } else {
+                    let name = pop(&mut stack)?.value;
+                    let module = pop(&mut stack)?.value;
+                    let (Value::Str(module), Value::Str(name)) = (module, name) else {
+                        return Err("STACK_GLOBAL of values that are not strings".into());
+                    };
+                    (module, name)
+                };
+                let g = allowed(&module, &name).ok_or_else(|| {
+                    format!("names the global `{module}.{name}`, which a state dict never needs; devmap does not load it")
+                })?;
+                stack.push(Item::leaf(Value::Global(g)));
+            }
+            b'R' => {
+                let args = pop(&mut stack)?;
+                let callable = pop(&mut stack)?;
+                let nodes = args.nodes + 1;
+                let depth = args.depth + 1;
+                stack.push(Item {
+                    value: call(callable.value, args.value)?,
+                    depth,
+                    nodes,
+                });
+            }
+            b'Q' => {
+                let pid = pop(&mut stack)?;
+                stack.push(Item::leaf(storage(pid.value)?));
+            }
+            b'b' => {
+                // BUILD: a state for the object below (an OrderedDict's `_metadata`):
+                // kept out of the value, which is all a state dict needs.
+                pop(&mut stack)?;
+                if stack.is_empty() {
+                    return Err("BUILD with no object".into());
+                }
+            }
+            b'q' | b'r' | 0x94 => {
+                let i = match op {
+                    b'q' => usize::from(r.u8()?),
+                    b'r' => r.u32()?,
+                    _ => memo.len(),
+                };
+                let item = stack
+                    .last()
+                    .cloned()
+                    .ok_or("a memo put on an empty stack")?;
+                memo.insert(i, item);
+            }
+            b'h' | b'j' => {
+                let i = if op == b'h' {
+                    usize::from(r.u8()?)
+                } else {
+                    r.u32()?
+                };
+                let item = memo
+                    .get(&i)
+                    .cloned()
+                    .ok_or_else(|| format!("BINGET of memo {i}, never put"))?;
+                copied += item.nodes;
+                if item.nodes > MAX_COPY || copied > MAX_COPIED {
+                    return Err("memo copies make more values than a state dict holds".into());
+                }
+                stack.push(item);
+            }
+            other => {
+                return Err(format!(
+                    "opcode {other:#04x} at byte {at} is not one a state dict uses"
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `OrderedDict([('w', _rebuild_tensor_v2(('storage', BFloat16Storage, '0',
+    /// 'cpu', 6), 2, (2, 2), (2, 1), False, OrderedDict()))])`, as torch writes it.
+    fn state_dict_pickle() -> Vec<u8> {
+        let mut p = vec![0x80, 2];
+        p.extend(b"ccollections\nOrderedDict\nq\x00)R(X\x01\x00\x00\x00w");
+        p.extend(b"ctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storage");
+        p.extend(b"ctorch\nBFloat16Storage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x06tQ");
+        p.extend(b"K\x02K\x02K\x02\x86K\x02K\x01\x86\x89h\x00)RtRu.");
+        p
+    }
+
+    #[test]
+    fn a_state_dict_reads_as_tensors_of_storages() {
+        let v = read(&state_dict_pickle()).expect("reads");
+        let Value::Dict(items) = v else {
+            panic!("{v:?}")
+        };
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].0, Value::Str("w".into()));
+        assert_eq!(
+            items[0].1,
+            Value::Tensor(TensorRef {
+                storage: StorageRef {
+                    dtype: DType::BF16,
+                    key: "0".into(),
+                    elements: 6
+                },
+                offset: 2,
+                shape: vec![2, 2],
+                stride: vec![2, 1],
+            })
+        );
+    }
+
+    #[test]
+    fn a_global_a_state_dict_never_needs_is_refused_by_name() {
+        let evil = b"\x80\x02cos\nsystem\nX\x02\x00\x00\x00lsR.".to_vec();
+        let e = read(&evil).expect_err("refused");
+        assert!(e.contains("`os.system`"), "{e}");
+    }
+
+    #[test]
+    fn a_cut_pickle_is_an_error_not_a_panic() {
+        let full = state_dict_pickle();
+        for n in 0..full.len() {
+            let _ = read(&full[..n]);
+        }
+        assert!(read(&full[..full.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn values_nesting_without_end_or_copies_that_double_are_refused() {
+        let mut deep = vec![0x80, 2, b')'];
+        deep.extend(std::iter::repeat_n(0x85, 100_000));
+        deep.push(b'.');
+        assert!(read(&deep).expect_err("deep").contains("nest"));
+        // A list put in the memo, then appended copies of itself, doubling each time.
+        let mut doubling = vec![0x80, 2, b']', b'q', 0];
+        for _ in 0..40 {
+            doubling.extend([b'h', 0, b'a', b'q', 0]);
+        }
+        doubling.push(b'.');
+        let e = read(&doubling).expect_err("doubling");
+        assert!(e.contains("nest") || e.contains("copies"), "{e}");
+    }
+}

@@ -1,0 +1,155 @@
+//! `pytorch_model.bin` and its shards: the zip archives `torch.save` writes for a state
+//! dict, read without torch and without running anything (`formats::pickle`). Each
+//! tensor becomes a byte range of the archive (its storage member, from its offset),
+//! described like a safetensors header so the loader treats both the same. Views that
+//! are not contiguous in their storage are refused by name.
+
+use std::path::Path;
+
+use super::FormatError;
+use super::pickle::{self, TensorRef, Value};
+use super::safetensors::{Header, HeaderTensor};
+use super::zip;
+
+/// The legacy transformers names: one file, or shards listed by an index.
+pub const SINGLE_BIN: &str = "pytorch_model.bin";
+pub const BIN_INDEX: &str = "pytorch_model.bin.index.json";
+
+/// The largest `data.pkl` devmap reads (a state dict of millions of tensors is a few
+/// hundred MB of pickle; anything larger is not one).
+const MAX_PICKLE: u64 = 1 << 30;
+
+/// Reads the state dict saved at `path` as a [`Header`]: its tensors with absolute
+/// byte ranges, in the order their bytes appear in the file.
+pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
+    let file = super::input::open_regular(path)?;
+    let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    let members = zip::members(path, &file, file_len)?;
+    let pkl = members
+        .iter()
+        .find(|m| m.name.ends_with("/data.pkl") || m.name == "data.pkl")
+        .ok_or_else(|| {
+            FormatError::invalid(
+                path,
+                "is a zip archive without data.pkl: not a torch.save file",
+            )
+        })?;
+    let prefix = &pkl.name[..pkl.name.len() - "data.pkl".len()];
+    if let Some(order) = members
+        .iter()
+        .find(|m| m.name == format!("{prefix}byteorder"))
+    {
+        let bytes = read_member(path, &file, order)?;
+        if bytes != b"little" {
+            return Err(FormatError::invalid(
+                path,
+                "was saved big-endian; devmap reads little-endian checkpoints",
+            ));
+        }
+    }
+    if pkl.len > MAX_PICKLE {
+        return Err(FormatError::invalid(
+            path,
+            "its data.pkl is too large to be a state dict",
+        ));
+    }
+    let bytes = read_member(path, &file, pkl)?;
+    let value =
+        pickle::read(&bytes).map_err(|e| FormatError::invalid(path, format!("data.pkl {e}")))?;
+    let Value::Dict(items) = value else {
+        return Err(FormatError::invalid(
+            path,
+            "holds something other than a state dict (a dict of tensors)",
+        ));
+    };
+    let storage = |key: &str| {
+        let name = format!("{prefix}data/{key}");
+        members.iter().find(|m| m.name == name)
+    };
+    let mut tensors = Vec::with_capacity(items.len());
+    for (key, value) in items {
+        let Value::Str(name) = key else {
+            return Err(FormatError::invalid(
+                path,
+                format!("a state dict key {key:?} is not a string"),
+            ));
+        };
+        let Value::Tensor(t) = value else {
+            return Err(FormatError::tensor(
+                path,
+                &name,
+                "is not a tensor; devmap reads state dicts of tensors",
+            ));
+        };
+        let member = storage(&t.storage.key).ok_or_else(|| {
+            FormatError::tensor(
+                path,
+                &name,
+                format!("its storage data/{} is not in the archive", t.storage.key),
+            )
+        })?;
+        tensors.push(byte_range(path, &name, &t, member)?);
+    }
+    tensors.sort_by_key(|t| (t.offset, t.len));
+    Ok(Header {
+        data_start: 0,
+        file_len,
+        tensors,
+        metadata: None,
+    })
+}
+
+fn read_member(path: &Path, file: &std::fs::File, m: &zip::Member) -> Result<Vec<u8>, FormatError> {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = vec![0u8; usize::try_from(m.len).unwrap_or(usize::MAX)];
+    file.read_exact_at(&mut bytes, m.offset)
+        .map_err(|e| FormatError::io(path, e))?;
+    Ok(bytes)
+}
+
+/// Where tensor `name`'s bytes are: a contiguous view of its storage member.
+fn byte_range(
+    path: &Path,
+    name: &str,
+    t: &TensorRef,
+    member: &zip::Member,
+) -> Result<HeaderTensor, FormatError> {
+    let bad = |m: String| FormatError::tensor(path, name, m);
+    if t.shape.len() != t.stride.len() {
+        return Err(bad(format!(
+            "has size {:?} but stride {:?}",
+            t.shape, t.stride
+        )));
+    }
+    // Contiguous, row-major: each stride the product of the sizes after it (a size-1
+    // dimension may have any stride).
+    let mut expected = 1u64;
+    for (&size, &stride) in t.shape.iter().zip(&t.stride).rev() {
+        if size != 1 && stride != expected {
+            return Err(bad(format!(
+                "is a non-contiguous view (size {:?}, stride {:?}); devmap reads contiguous tensors of a .bin",
+                t.shape, t.stride
+            )));
+        }
+        expected = expected.saturating_mul(size);
+    }
+    let size = t.storage.dtype.size();
+    let elements = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    let (Some(elements), Some(end)) = (elements, elements.and_then(|e| t.offset.checked_add(e)))
+    else {
+        return Err(bad(format!("size {:?} overflows", t.shape)));
+    };
+    if end > t.storage.elements || t.storage.elements.saturating_mul(size) > member.len {
+        return Err(bad(format!(
+            "needs elements {}..{end} of a storage of {} ({} bytes in data/{})",
+            t.offset, t.storage.elements, member.len, t.storage.key
+        )));
+    }
+    Ok(HeaderTensor {
+        name: name.to_owned(),
+        dtype: t.storage.dtype,
+        shape: crate::types::shape::Shape::new(&t.shape),
+        offset: member.offset + t.offset * size,
+        len: elements * size,
+    })
+}

@@ -1,0 +1,132 @@
+"""devmap reads `pytorch_model.bin` checkpoints as torch.save writes them: for each
+case, torch writes the state dict (one file, or shards with transformers'
+`pytorch_model.bin.index.json`), transformers loads the folder and saves it as
+safetensors (the reference), and `devmap save` converts the same folder. Checked: the
+same names, dtypes, shapes and bytes as transformers writes, and from_pretrained(OUT)
+gives the reference's logits exactly. A non-contiguous view and a pickle naming a
+global a state dict never needs (os.system) are refused, naming them, with nothing
+written and nothing run.
+
+Usage: python torch_bin.py PATH/TO/devmap
+"""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+WORK = tempfile.mkdtemp(prefix="devmap-bin-")
+INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
+
+
+def tensors(folder):
+    out = {}
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(folder, f), "pt") as st:
+                for k in st.keys():
+                    out[k] = st.get_tensor(k)
+    return out
+
+
+def write_bin(model, folder, shards=1):
+    """The state dict as transformers 4 wrote it with safe_serialization=False."""
+    os.makedirs(folder, exist_ok=True)
+    model.config.save_pretrained(folder)
+    state = model.state_dict()
+    if shards == 1:
+        torch.save(state, os.path.join(folder, "pytorch_model.bin"))
+        return
+    names = list(state)
+    per = -(-len(names) // shards)
+    weight_map = {}
+    for i in range(shards):
+        part = names[i * per:(i + 1) * per]
+        file = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
+        torch.save({n: state[n] for n in part}, os.path.join(folder, file))
+        weight_map.update({n: file for n in part})
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    with open(os.path.join(folder, "pytorch_model.bin.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
+
+
+def devmap_save(devmap, src, out):
+    return subprocess.run([devmap, "save", src, "--out", out, "--quiet"], capture_output=True, text=True)
+
+
+def case(devmap, name, model, shards):
+    src, ref, ours = (os.path.join(WORK, f"{name}-{d}") for d in ("src", "ref", "devmap"))
+    write_bin(model, src, shards)
+    loaded = AutoModelForCausalLM.from_pretrained(src)
+    loaded.save_pretrained(ref)
+    with torch.no_grad():
+        ref_logits = loaded(INPUT).logits
+    r = devmap_save(devmap, src, ours)
+    if r.returncode != 0:
+        sys.exit(f"FAIL {name}: devmap save: {r.stderr}")
+    a, b = tensors(ours), tensors(ref)
+    if sorted(a) != sorted(b):
+        sys.exit(f"FAIL {name}: names differ: only devmap {sorted(set(a) - set(b))}, only transformers {sorted(set(b) - set(a))}")
+    for k in b:
+        if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or not torch.equal(a[k], b[k]):
+            sys.exit(f"FAIL {name}: {k}: devmap {a[k].dtype} {tuple(a[k].shape)}, transformers {b[k].dtype} {tuple(b[k].shape)}, equal values: {torch.equal(a[k].float(), b[k].float())}")
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(ours)(INPUT).logits
+    if not torch.equal(logits, ref_logits):
+        sys.exit(f"FAIL {name}: logits differ by {float((logits - ref_logits).abs().max())}")
+    print(f"ok: {name}: {len(b)} tensors from {shards} .bin file(s), identical to transformers' save; logits equal")
+
+
+def refused(devmap, name, folder, needle):
+    out = os.path.join(WORK, f"{name}-out")
+    r = devmap_save(devmap, folder, out)
+    if r.returncode == 0 or needle not in r.stderr or os.path.exists(out):
+        sys.exit(f"FAIL {name}: must be refused naming `{needle}` with nothing written: {r.returncode} {r.stderr}")
+    print(f"ok: {name}: refused, naming {needle}; nothing written")
+
+
+def main(devmap):
+    small = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    tied = AutoModelForCausalLM.from_config(LlamaConfig(tie_word_embeddings=True, **small)).to(torch.bfloat16)
+    case(devmap, "llama-bf16-tied", tied, 1)
+    torch.manual_seed(1)
+    qwen = AutoModelForCausalLM.from_config(Qwen2Config(tie_word_embeddings=False, **small))
+    case(devmap, "qwen2-f32-sharded", qwen, 3)
+
+    # A transposed view keeps its storage and strides in the file: refused by name.
+    folder = os.path.join(WORK, "view")
+    os.makedirs(folder)
+    qwen.config.save_pretrained(folder)
+    state = dict(qwen.state_dict())
+    state["lm_head.weight"] = state["lm_head.weight"].t().contiguous().t()
+    torch.save(state, os.path.join(folder, "pytorch_model.bin"))
+    refused(devmap, "non-contiguous-view", folder, "lm_head.weight")
+
+    # A pickle that would run os.system if loaded: never run, refused by name.
+    folder = os.path.join(WORK, "evil")
+    os.makedirs(folder)
+    qwen.config.save_pretrained(folder)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + os.path.join(WORK, "pwned"),))
+
+    path = os.path.join(folder, "pytorch_model.bin")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("pytorch_model/data.pkl", pickle.dumps({"x": Evil()}, protocol=2))
+    refused(devmap, "forbidden-global", folder, "posix.system")
+    if os.path.exists(os.path.join(WORK, "pwned")):
+        sys.exit("FAIL: the pickle ran")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
