@@ -153,6 +153,62 @@ def adapter_bound(adapters, module, shape):
     return _adapter_bound(adapters, module, shape)
 
 
+def expert_bound(adapters, module, shape, loaded_name):
+    """The bound of `_adapter_bound` for a tensor a `target_parameters` LoRA changes
+    through a fused experts parameter: one expert's w1/w3/w2 (gate/up/down) in the
+    checkpoint (2-D), or the whole fused parameter (3-D, GraniteMoE). `loaded_name`
+    maps a checkpoint name to the loaded model's. Returns (bound, rank), rank 0 when no
+    adapter changes it this way."""
+    import json
+    import re
+    per_expert = re.match(r"(.*)\.experts\.(\d+)\.(\w+)$", module)
+    if per_expert:
+        prefix, expert, part = per_expert.group(1), int(per_expert.group(2)), per_expert.group(3)
+        owner = loaded_name(prefix + ".experts.weight")[: -len(".weight")]
+        rows, cols = shape
+    else:
+        fused = loaded_name(module + ".weight")
+        if fused.endswith(".weight") or ".experts." not in fused:
+            return torch.zeros(shape), 0
+        owner, expert, part = fused.rsplit(".", 1)[0], None, None
+        _, rows, cols = shape
+    total = torch.zeros(shape)
+    rank = 0
+    for a in adapters:
+        with open(os.path.join(a, "adapter_config.json")) as f:
+            c = json.load(f)
+        r = c["r"]
+        scale = c["lora_alpha"] / r ** (0.5 if c.get("use_rslora") else 1.0)
+        with safe_open(os.path.join(a, "adapter_model.safetensors"), "pt") as st:
+            for key in st.keys():
+                base = f"base_model.model.{owner}"
+                if not (key.startswith(base) and key.endswith(".lora_A.weight")):
+                    continue
+                wrappers = key[len(base):-len(".lora_A.weight")]
+                if wrappers.replace(".base_layer", ""):
+                    continue
+                A = st.get_tensor(key).float().abs()
+                B = st.get_tensor(key.replace("lora_A", "lora_B")).float().abs()
+                experts = A.shape[0] // r
+                out = B.shape[0]
+                if A.shape[1] != cols or out not in (rows, 2 * rows):
+                    continue
+                # |delta[e]| ≤ scale · Σ_k |B[:, k·E+e]| |A[e·r+k, :]|
+                per = torch.stack([
+                    B[:, [k * experts + e for k in range(r)]] @ A[e * r:(e + 1) * r] for e in range(experts)
+                ]) * scale
+                if expert is None:
+                    if per.shape != total.shape:
+                        continue
+                    total += per
+                else:
+                    half = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1}.get(part, 0)
+                    start = half * rows if out == 2 * rows else 0
+                    total += per[expert, start:start + rows]
+                rank += r
+    return total, rank
+
+
 def _adapter_bound(adapters, module, shape):
     """|B|·|A|·scale summed over the adapters that change `module`'s weight, laid out
     like the weight (transposed where the adapter's delta is), with the largest scale
@@ -223,11 +279,13 @@ def compare(case, ours_dir, ref_dir, base_dir, dtype, ref_logits, ulps=1, adapte
         scale = torch.maximum(b.float().abs(), w.abs())
         ulp = lambda m: torch.pow(2.0, torch.floor(torch.log2(m.clamp_min(torch.finfo(dtype).tiny))) - MANTISSA[a.dtype])
         tol = ulp(scale)
-        if COMPATIBLE and k.endswith(".weight") and a.dim() == 2:
+        if COMPATIBLE and k.endswith(".weight") and a.dim() in (2, 3):
             module = k[: -len(".weight")]
-            delta, rank = adapter_bound(adapters, module, tuple(a.shape))
-            if rank == 0:
+            delta, rank = (torch.zeros(a.shape), 0) if a.dim() == 3 else adapter_bound(adapters, module, tuple(a.shape))
+            if rank == 0 and a.dim() == 2:
                 delta, rank = adapter_bound(adapters, loaded_module(module), tuple(a.shape))
+            if rank == 0:
+                delta, rank = expert_bound(adapters, module, tuple(a.shape), lambda n: apply_renamings(n, renamings))
             before = ulp(w.abs() + delta) + rank * ulp(delta) * (delta > 0)
             magnitude = dora_magnitude(adapters, module)
             if magnitude is not None:
