@@ -299,14 +299,7 @@ fn adapter_problems_are_refused_before_writing() {
     let before = common::snapshot(&m.dir);
     for (dir, message) in cases {
         let out = m.out("never");
-        let o = devmap(&[
-            "save",
-            arg(&m.dir),
-            "--out",
-            arg(&out),
-            "--merge-lora",
-            arg(&dir),
-        ]);
+        let o = common::save(&m.dir, &out, &["--merge-lora", arg(&dir)]);
         assert!(!o.status.success(), "{} was accepted", dir.display());
         let err = stderr(&o);
         assert!(err.contains(message), "{}: {err}", dir.display());
@@ -531,14 +524,7 @@ fn non_finite_adapters_and_overflowing_merges_are_refused_by_name() {
         bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
         std::fs::write(&weights, bytes).expect("write");
         let out = m.out(&format!("out-{label}"));
-        let o = devmap(&[
-            "save",
-            arg(&m.dir),
-            "--out",
-            arg(&out),
-            "--merge-lora",
-            arg(&dir),
-        ]);
+        let o = common::save(&m.dir, &out, &["--merge-lora", arg(&dir)]);
         assert!(!o.status.success(), "{label}: merged");
         let err = stderr(&o);
         assert!(
@@ -560,14 +546,7 @@ fn non_finite_adapters_and_overflowing_merges_are_refused_by_name() {
         &[("model.layers.2.proj", 4, 16, 16)],
     );
     let out = m.out("out-alpha");
-    let o = devmap(&[
-        "save",
-        arg(&m.dir),
-        "--out",
-        arg(&out),
-        "--merge-lora",
-        arg(&dir),
-    ]);
+    let o = common::save(&m.dir, &out, &["--merge-lora", arg(&dir)]);
     assert!(!o.status.success(), "an overflowing merge was written");
     let err = stderr(&o);
     assert!(

@@ -46,21 +46,26 @@ pub enum Value {
 /// What went wrong, in words (the caller names the file).
 pub type Error = String;
 
-/// The dtype of a typed storage class (`torch.BFloat16Storage`).
+/// torch's typed storage classes (`torch.BFloat16Storage`) and their dtypes.
+pub const STORAGE_CLASSES: [(&str, DType); 10] = [
+    ("FloatStorage", DType::F32),
+    ("DoubleStorage", DType::F64),
+    ("HalfStorage", DType::F16),
+    ("BFloat16Storage", DType::BF16),
+    ("LongStorage", DType::I64),
+    ("IntStorage", DType::I32),
+    ("ShortStorage", DType::I16),
+    ("CharStorage", DType::I8),
+    ("ByteStorage", DType::U8),
+    ("BoolStorage", DType::Bool),
+];
+
+/// The dtype of a typed storage class.
 fn storage_dtype(name: &str) -> Option<DType> {
-    Some(match name {
-        "FloatStorage" => DType::F32,
-        "DoubleStorage" => DType::F64,
-        "HalfStorage" => DType::F16,
-        "BFloat16Storage" => DType::BF16,
-        "LongStorage" => DType::I64,
-        "IntStorage" => DType::I32,
-        "ShortStorage" => DType::I16,
-        "CharStorage" => DType::I8,
-        "ByteStorage" => DType::U8,
-        "BoolStorage" => DType::Bool,
-        _ => return None,
-    })
+    STORAGE_CLASSES
+        .iter()
+        .find(|(class, _)| *class == name)
+        .map(|&(_, dtype)| dtype)
 }
 
 /// The globals a state dict pickle may name, as the reader spells them.
@@ -69,19 +74,7 @@ fn allowed(module: &str, name: &str) -> Option<&'static str> {
         ("collections", "OrderedDict") => "OrderedDict",
         ("torch._utils", "_rebuild_tensor_v2") => "_rebuild_tensor_v2",
         ("torch._utils", "_rebuild_parameter") => "_rebuild_parameter",
-        ("torch", s) => match storage_dtype(s)? {
-            DType::F32 => "FloatStorage",
-            DType::F64 => "DoubleStorage",
-            DType::F16 => "HalfStorage",
-            DType::BF16 => "BFloat16Storage",
-            DType::I64 => "LongStorage",
-            DType::I32 => "IntStorage",
-            DType::I16 => "ShortStorage",
-            DType::I8 => "CharStorage",
-            DType::U8 => "ByteStorage",
-            DType::Bool => "BoolStorage",
-            _ => return None,
-        },
+        ("torch", s) => STORAGE_CLASSES.iter().find(|(class, _)| *class == s)?.0,
         _ => return None,
     })
 }

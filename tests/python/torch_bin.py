@@ -19,21 +19,11 @@ import tempfile
 import zipfile
 
 import torch
-from safetensors import safe_open
+from saved import tensors
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 WORK = tempfile.mkdtemp(prefix="devmap-bin-")
 INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
-
-
-def tensors(folder):
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".safetensors"):
-            with safe_open(os.path.join(folder, f), "pt") as st:
-                for k in st.keys():
-                    out[k] = st.get_tensor(k)
-    return out
 
 
 def write_bin(model, folder, shards=1):

@@ -108,6 +108,28 @@ struct ModuleKeys {
     magnitude: Option<(String, HeaderTensor)>,
 }
 
+/// An adapter tensor of `file` as a matrix: `[rows, cols]`, or a vector as one row.
+fn matrix_of(t: &HeaderTensor, file: crate::types::range::FileId) -> Option<Matrix> {
+    let (rows, cols) = match t.shape.len() {
+        1 => (1, t.shape.iter().next()?),
+        2 => {
+            let mut dims = t.shape.iter();
+            (dims.next()?, dims.next()?)
+        }
+        _ => return None,
+    };
+    Some(Matrix {
+        range: ByteRange {
+            file,
+            offset: t.offset,
+            len: t.len,
+        },
+        dtype: t.dtype,
+        rows,
+        cols,
+    })
+}
+
 /// One LoRA pair on a fused experts parameter, with what its steps carry.
 struct ExpertPair<'a> {
     a: &'a HeaderTensor,
@@ -128,20 +150,7 @@ fn merge_into_experts(
     pair: &ExpertPair<'_>,
     file: crate::types::range::FileId,
 ) -> Result<Vec<String>, String> {
-    let matrix = |t: &HeaderTensor| -> Option<Matrix> {
-        let mut dims = t.shape.iter();
-        let (rows, cols) = (dims.next()?, dims.next()?);
-        dims.next().is_none().then_some(Matrix {
-            range: ByteRange {
-                file,
-                offset: t.offset,
-                len: t.len,
-            },
-            dtype: t.dtype,
-            rows,
-            cols,
-        })
-    };
+    let matrix = |t: &HeaderTensor| matrix_of(t, file).filter(|_| t.shape.len() == 2);
     let (Some(a), Some(b)) = (matrix(pair.a), matrix(pair.b)) else {
         return Err("A and B must be matrices".into());
     };
@@ -305,26 +314,7 @@ pub fn apply_adapter_with(
         summary.replaced.push(target);
     }
 
-    let matrix = |t: &HeaderTensor| -> Option<Matrix> {
-        let (rows, cols) = match t.shape.len() {
-            1 => (1, t.shape.iter().next()?),
-            2 => {
-                let mut dims = t.shape.iter();
-                (dims.next()?, dims.next()?)
-            }
-            _ => return None,
-        };
-        Some(Matrix {
-            range: ByteRange {
-                file,
-                offset: t.offset,
-                len: t.len,
-            },
-            dtype: t.dtype,
-            rows,
-            cols,
-        })
-    };
+    let matrix = |t: &HeaderTensor| matrix_of(t, file);
     let mut expert_pieces: Option<experts::Pieces> = None;
     for (module, keys) in modules {
         let (embedding, a_key, b_key) =
