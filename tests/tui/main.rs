@@ -11,6 +11,7 @@ mod common;
 
 mod map_edits;
 mod navigation;
+mod runtime;
 mod save;
 mod screens;
 
@@ -42,8 +43,8 @@ fn sample(used_gib: f64, available_gib: f64) -> MemorySample {
     }
 }
 
-/// An App over the mixed fixture with fixed readings.
-fn app_for(model: &common::Model) -> App {
+/// An App over the mixed fixture with fixed budgets, at 120×40, with no memory readings.
+fn bare_app(model: &common::Model) -> App {
     let ckpt = load(&model.dir, &LoadOptions::default()).expect("load");
     let mut app = App::new(ckpt);
     app.budgets = Budgets {
@@ -51,6 +52,12 @@ fn app_for(model: &common::Model) -> App {
         gpu_total: vec![(0, 24 * GIB)],
     };
     app.size = (120, 40);
+    app
+}
+
+/// [`bare_app`] with forty memory readings, as the sampler sends them.
+fn app_for(model: &common::Model) -> App {
+    let mut app = bare_app(model);
     drive(
         &mut app,
         (0..40).map(|i| Step::Event(Event::Memory(sample(4.0 + f64::from(i % 7) * 0.1, 11.0)))),

@@ -1,31 +1,8 @@
 //! Journeys through the inspector's real runtime (event loop, ticks, effects, worker
 //! and save threads), scripted, on a virtual clock, drawn on `TestBackend`.
 
-mod common;
-
-use std::time::Duration;
-
-use common::journey::{
-    ch, ctrl, drive, key, paste, press, press_now, press_step, screen, text, wait,
-};
-use common::{mixed_model, read_saved};
-use devmap::model::{LoadOptions, load};
-use devmap::tui::app::{App, Budgets, Field, Mode, Outcome};
-use devmap::tui::script::Step;
-use ratatui::crossterm::event::KeyCode;
-
-const GIB: u64 = 1 << 30;
-
-fn app_for(model: &common::Model) -> App {
-    let ckpt = load(&model.dir, &LoadOptions::default()).expect("load");
-    let mut app = App::new(ckpt);
-    app.budgets = Budgets {
-        disk_free: Some(100 * GIB),
-        gpu_total: vec![(0, 24 * GIB)],
-    };
-    app.size = (120, 40);
-    app
-}
+use super::*;
+use crate::common::journey::paste;
 
 fn dialog(app: &App) -> &devmap::tui::app::SaveDialog {
     match &app.mode {
@@ -39,7 +16,7 @@ fn dialog(app: &App) -> &devmap::tui::app::SaveDialog {
 #[test]
 fn typing_a_shard_size_updates_the_preview_once_the_keys_stop() {
     let m = mixed_model();
-    let mut app = app_for(&m);
+    let mut app = bare_app(&m);
     let first = press(&mut app, &[ch('s')]);
     assert!(first.contains("1 shard"), "{first}");
     let mut keys = vec![ctrl('u')];
@@ -61,7 +38,7 @@ fn typing_a_shard_size_updates_the_preview_once_the_keys_stop() {
 #[test]
 fn a_save_and_its_verification_run_on_their_threads_to_the_end() {
     let m = mixed_model();
-    let mut app = app_for(&m);
+    let mut app = bare_app(&m);
     let out = m.out("saved-through-the-runtime");
     let mut keys = vec![ch('s'), ctrl('u')];
     keys.extend(text("1KB"));
@@ -98,7 +75,7 @@ fn a_save_and_its_verification_run_on_their_threads_to_the_end() {
 #[test]
 fn a_paste_is_one_edit_of_the_open_field_and_never_runs_as_keys() {
     let m = mixed_model();
-    let mut app = app_for(&m);
+    let mut app = bare_app(&m);
     let map_before = app.ckpt.device_map.clone();
     // `/` then a paste of `layers.3⏎dq`: the text is the query, the line break and the
     // letters after it do not move a layer or open the quit prompt.
@@ -124,7 +101,7 @@ fn a_paste_is_one_edit_of_the_open_field_and_never_runs_as_keys() {
 #[test]
 fn keys_pressed_while_a_retotal_runs_wait_for_it_and_then_apply() {
     let m = mixed_model();
-    let mut app = app_for(&m);
+    let mut app = bare_app(&m);
     press(&mut app, &[ch('j'), ch('j')]);
     let selected = app.selected();
     // `d` starts a re-total on a worker; `u` comes while it runs and waits for it.
@@ -140,7 +117,7 @@ fn keys_pressed_while_a_retotal_runs_wait_for_it_and_then_apply() {
 #[test]
 fn an_edit_taken_back_is_no_edit() {
     let m = mixed_model();
-    let mut app = app_for(&m);
+    let mut app = bare_app(&m);
     let edited = press(&mut app, &[ch('j'), ch('d')]);
     assert!(app.map_edited());
     assert!(edited.contains("map edited"), "{edited}");
@@ -160,7 +137,7 @@ fn an_edit_taken_back_is_no_edit() {
 #[test]
 fn a_device_emptied_by_a_plan_keeps_its_row() {
     let m = mixed_model();
-    let mut app = app_for(&m);
+    let mut app = bare_app(&m);
     let before = press(&mut app, &[]);
     for device in ["gpu:0", "cpu", "disk"] {
         assert!(
@@ -197,7 +174,7 @@ fn a_device_emptied_by_a_plan_keeps_its_row() {
 #[test]
 fn the_help_overlay_scrolls_on_a_short_screen() {
     let m = mixed_model();
-    let mut app = app_for(&m);
+    let mut app = bare_app(&m);
     app.size = (80, 24);
     let first = press(&mut app, &[ch('?')]);
     assert!(first.contains("more (↑↓ scroll)"), "{first}");
@@ -214,7 +191,7 @@ fn the_help_overlay_scrolls_on_a_short_screen() {
 #[test]
 fn a_long_search_query_keeps_its_cursor_and_count_in_view() {
     let m = mixed_model();
-    let mut app = app_for(&m);
+    let mut app = bare_app(&m);
     app.size = (80, 24);
     let mut keys = vec![ch('/')];
     keys.extend(text(&"layers".repeat(20)));
@@ -270,7 +247,7 @@ fn every_view_at_three_sizes() {
     for (width, height) in [(60u16, 16u16), (80, 24), (100, 30)] {
         for (name, keys) in &views {
             let _ = std::fs::remove_dir_all(&out);
-            let mut app = app_for(&m);
+            let mut app = bare_app(&m);
             app.size = (width, height);
             let screen = press(&mut app, keys);
             // The output path varies per run: name it the same in every snapshot.
