@@ -75,6 +75,17 @@ fn a_pytorch_model_bin_saves_as_safetensors_byte_for_byte() {
     for t in &ts {
         assert!(names.contains(&t.name.as_str()), "{} in {names:?}", t.name);
     }
+    let kinds: Vec<&str> = report["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .filter_map(|t| t["source"]["kind"].as_str())
+        .collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "torch_bin").count(),
+        ts.len(),
+        "{kinds:?}"
+    );
     let verify = devmap(&["verify", arg(&out), "--against", arg(&src)]);
     assert!(verify.status.success(), "{}", stdout(&verify));
 }

@@ -66,10 +66,28 @@ struct LoraOut<'a> {
 #[derive(Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 enum SourceOut<'a> {
-    Safetensors { file: String, offset: u64 },
-    Offload { file: String, offset: u64 },
-    Adapter { file: String, offset: u64 },
-    Tied { to: &'a str },
+    Safetensors {
+        file: String,
+        offset: u64,
+    },
+    /// A state dict `torch.save` wrote (`pytorch_model.bin`): the offset is in the
+    /// archive, where the tensor's bytes start inside its storage member.
+    #[serde(rename = "torch_bin")]
+    TorchBin {
+        file: String,
+        offset: u64,
+    },
+    Offload {
+        file: String,
+        offset: u64,
+    },
+    Adapter {
+        file: String,
+        offset: u64,
+    },
+    Tied {
+        to: &'a str,
+    },
     None,
 }
 
@@ -135,6 +153,17 @@ fn tensor_out(ckpt: &Checkpoint, id: usize) -> TensorOut<'_> {
         map_key: ckpt.map_key(t),
         loaded_as: ckpt.loaded_name(id).map(str::to_owned),
         source: match t.source {
+            Source::Checkpoint(r)
+                if ckpt
+                    .file_path(r.file)
+                    .extension()
+                    .is_some_and(|e| e == "bin") =>
+            {
+                SourceOut::TorchBin {
+                    file: file(r.file),
+                    offset: r.offset,
+                }
+            }
             Source::Checkpoint(r) => SourceOut::Safetensors {
                 file: file(r.file),
                 offset: r.offset,
