@@ -229,3 +229,52 @@ proptest::proptest! {
         }
     }
 }
+
+/// A training checkpoint has weights and nothing else: `--config DIR` gives the
+/// config.json and the small files, read from there and copied beside the save.
+#[test]
+fn config_names_the_folder_a_bare_checkpoint_takes_its_config_from() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (ckpt, cfg) = (tmp.path().join("step-1000"), tmp.path().join("base"));
+    std::fs::create_dir(&ckpt).expect("mkdir");
+    std::fs::create_dir(&cfg).expect("mkdir");
+    config(&cfg);
+    std::fs::write(cfg.join("tokenizer.json"), "{}").expect("tokenizer");
+    let ts = tensors();
+    write_torch_bin(
+        &ckpt.join("pytorch_model.bin"),
+        &ts.iter().collect::<Vec<_>>(),
+    )
+    .expect("bin");
+    let out = tmp.path().join("out");
+    let o = common::save(&ckpt, &out, &["--config", arg(&cfg)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_saved(&out, &ts);
+    for f in ["config.json", "tokenizer.json"] {
+        assert_eq!(
+            std::fs::read(out.join(f)).expect("copied"),
+            std::fs::read(cfg.join(f)).expect("source"),
+            "{f}"
+        );
+    }
+    // The config is read from there: it ties the head, which nothing ties without it.
+    write_json(
+        &cfg.join("config.json"),
+        &serde_json::json!({"architectures": ["ToyForCausalLM"], "tie_word_embeddings": true}),
+    )
+    .expect("config");
+    let ties = |extra: &[&str]| {
+        let mut args = vec!["inspect", arg(&ckpt), "--json"];
+        args.extend_from_slice(extra);
+        let report: serde_json::Value =
+            serde_json::from_str(&stdout(&devmap(&args))).expect("json");
+        report["ties"].as_array().map_or(0, Vec::len)
+    };
+    assert_eq!(ties(&[]), 0, "without a config nothing ties the head");
+    assert_eq!(ties(&["--config", arg(&cfg)]), 1, "the config ties it");
+    // A folder without a config.json is no --config.
+    let o = common::save(&ckpt, &tmp.path().join("never"), &["--config", arg(&ckpt)]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("has no config.json"), "{}", stderr(&o));
+    assert!(!tmp.path().join("never").exists());
+}

@@ -112,6 +112,11 @@ pub struct ModelArgs {
     /// accelerate/transformers offload folder. Default: DIR/offload when it exists.
     #[arg(long, value_name = "DIR", global = true)]
     pub offload_folder: Option<PathBuf>,
+    /// A folder with config.json, the tokenizer and the other small files, for a
+    /// checkpoint folder that has no config.json (a training checkpoint): read from
+    /// there, and copied beside the saved weights.
+    #[arg(long = "config", value_name = "DIR", global = true)]
+    pub config_dir: Option<PathBuf>,
     /// Tie two tensors: TIED=KEPT (KEPT is the name written on save). Repeatable.
     #[arg(long = "tie", value_name = "TIED=KEPT", global = true, value_parser = parse_tie)]
     pub ties: Vec<(String, String)>,

@@ -94,6 +94,7 @@ fn open_with(
         device_map: model.device_map.clone(),
         offload_folder: model.offload_folder.clone(),
         ties: model.ties.clone(),
+        config_dir: model.config_dir.clone(),
     };
     if let Some(source) = remote_source(arg)? {
         let mirror = fetch_headers(&source, report, model.max_remote_shards)?;

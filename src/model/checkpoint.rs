@@ -99,6 +99,9 @@ pub struct Checkpoint {
     /// Files in `dir` that hold the checkpoint's weights (shards and index): a save
     /// does not copy them.
     pub weight_files: Vec<PathBuf>,
+    /// `--config DIR`, when the checkpoint folder has no config.json: config.json and
+    /// the other small files a save copies come from there.
+    pub config_dir: Option<PathBuf>,
     /// What loading noticed (index omissions, dtype differences). The placement checks
     /// depend on the device map and are computed by [`Checkpoint::all_warnings`].
     pub warnings: Vec<super::warning::Warning>,
@@ -168,6 +171,7 @@ impl Checkpoint {
             offload_dir,
             config,
             weight_files,
+            config_dir,
             warnings,
             replaced,
         } = parts;
@@ -197,6 +201,7 @@ impl Checkpoint {
             offload_dir,
             config,
             weight_files,
+            config_dir,
             warnings,
             replaced,
             remote: None,
@@ -465,6 +470,7 @@ pub struct Parts {
     pub offload_dir: Option<PathBuf>,
     pub config: crate::formats::config::ModelConfig,
     pub weight_files: Vec<PathBuf>,
+    pub config_dir: Option<PathBuf>,
     pub warnings: Vec<super::warning::Warning>,
     /// `(name, checkpoint range, checkpoint dtype)` of tensors whose offload value
     /// replaced it.

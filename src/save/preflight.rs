@@ -9,7 +9,27 @@ use crate::model::checkpoint::Checkpoint;
 /// Other files of the model directory that a save copies: top-level regular files
 /// that are not weights, indexes, the device map or offload data.
 pub fn files_to_copy(ckpt: &Checkpoint) -> Vec<PathBuf> {
-    let Ok(read) = std::fs::read_dir(&ckpt.dir) else {
+    let mut files = small_files(ckpt, &ckpt.dir);
+    // `--config DIR`: its files too, where the checkpoint folder has none of the name.
+    if let Some(other) = &ckpt.config_dir {
+        let names: std::collections::HashSet<_> = files
+            .iter()
+            .filter_map(|f| f.file_name().map(ToOwned::to_owned))
+            .collect();
+        files.extend(
+            small_files(ckpt, other)
+                .into_iter()
+                .filter(|f| f.file_name().is_some_and(|n| !names.contains(n))),
+        );
+        files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+    }
+    files
+}
+
+/// The top-level regular files of `dir` a save copies: not weights, indexes, the
+/// device map or a save's unfinished files.
+fn small_files(ckpt: &Checkpoint, dir: &Path) -> Vec<PathBuf> {
+    let Ok(read) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut files: Vec<PathBuf> = read

@@ -28,6 +28,9 @@ pub struct LoadOptions {
     pub offload_folder: Option<PathBuf>,
     /// `--tie A=B`: `A` is the tied copy, `B` the name kept on save.
     pub ties: Vec<(String, String)>,
+    /// `--config DIR`: where `config.json` and the other small files come from when
+    /// the checkpoint folder has no `config.json` (a training checkpoint).
+    pub config_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +40,7 @@ pub enum LoadError {
     #[error("{} is not a directory", .0.display())]
     NotADirectory(PathBuf),
     #[error(
-        "no weights in {}: expected model.safetensors, model.safetensors.index.json or *.safetensors files",
+        "no weights in {}: expected model.safetensors, model.safetensors.index.json, *.safetensors, pytorch_model.bin or pytorch_model.bin.index.json",
         .0.display()
     )]
     NoWeights(PathBuf),
@@ -58,9 +61,24 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
     }
     let mut warnings = Vec::new();
     let mut headers = HeaderCache::default();
-    let config_path = dir.join("config.json");
+    let own_config = dir.join("config.json");
     // Present in any form (a folder or FIFO named config.json is an error, not absent).
     let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+    // `--config DIR` stands in for a checkpoint folder without a config.json.
+    let config_dir = options.config_dir.clone().filter(|_| !exists(&own_config));
+    let config_path = match &config_dir {
+        Some(other) => {
+            let path = other.join("config.json");
+            if !exists(&path) {
+                return Err(LoadError::Format(FormatError::invalid(
+                    other,
+                    "has no config.json; --config names the folder a model's config.json is in",
+                )));
+            }
+            path
+        }
+        None => own_config,
+    };
     let config = if exists(&config_path) {
         read_config(&config_path)?
     } else {
@@ -244,6 +262,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         offload_dir,
         config,
         weight_files,
+        config_dir,
         warnings,
         replaced: draft.replaced,
     }))
