@@ -324,10 +324,11 @@ fn note_symlinks(
     // Whether a folder inside the model leads outside it, resolved once per folder:
     // an offload folder holds tens of thousands of files, and resolving a path is a
     // dozen system calls.
-    let mut leads_out: HashMap<&Path, bool> = HashMap::new();
+    // (Keyed by the folder's bytes: hashing a `Path` walks its components.)
+    let mut leads_out: HashMap<&std::ffi::OsStr, bool> = HashMap::new();
     // The links in each folder, from one listing of it (the listing says which entries
     // are links without a system call per file).
-    let mut links_in: HashMap<&Path, Option<std::collections::HashSet<std::ffi::OsString>>> =
+    let mut links_in: HashMap<&std::ffi::OsStr, Option<HashSet<std::ffi::OsString>>> =
         HashMap::new();
     for path in candidates {
         let listed = path
@@ -335,7 +336,7 @@ fn note_symlinks(
             .zip(path.file_name())
             .and_then(|(folder, name)| {
                 links_in
-                    .entry(folder)
+                    .entry(folder.as_os_str())
                     .or_insert_with(|| symlinks_in(folder))
                     .as_ref()
                     .map(|links| links.contains(name))
@@ -344,7 +345,7 @@ fn note_symlinks(
             std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
         });
         let parent_link = path.parent().is_some_and(|p| {
-            *leads_out.entry(p).or_insert_with(|| {
+            *leads_out.entry(p.as_os_str()).or_insert_with(|| {
                 p.canonicalize().is_ok_and(|c| !c.starts_with(&root)) && p.starts_with(dir)
             })
         });
