@@ -1,7 +1,7 @@
 //! Checks a user debugging a device map wants to hear about. Each returns
 //! [`Warning`]s that name the tensors and devices involved.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use super::checkpoint::{Checkpoint, Source};
 use super::warning::Warning;
@@ -99,28 +99,22 @@ pub fn meta_without_data(ckpt: &Checkpoint) -> Option<Warning> {
 
 pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<Warning> {
     let map = ckpt.device_map.as_ref()?;
-    let used: HashSet<&str> = ckpt
-        .tensors()
-        .iter()
-        .filter_map(|t| ckpt.map_key(t))
-        .collect();
-    let mut unused = map
+    // A key is used when some tensor's placement came from it (its index in the map).
+    let mut used = vec![false; map.entries().len()];
+    for t in ckpt.tensors() {
+        if let Some(u) = used.get_mut(t.map_key as usize) {
+            *u = true;
+        }
+    }
+    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
+    let keys: Vec<String> = map
         .entries()
         .iter()
-        .map(|(k, _)| k.as_str())
-        .filter(|k| !used.contains(k))
-        .peekable();
-    unused.peek()?;
-    // A key is used when it names a module some tensor lies in: a name that is the key,
-    // or starts with the key and a dot. Names sorted once, each key found by binary
-    // search: no cost per key that grows with the names, nor per name with its length.
-    let mut names: Vec<&str> = ckpt.tensors().iter().map(|t| t.name.as_str()).collect();
-    names.sort_unstable();
-    let names_a_module = |key: &str| covers_a_name(&names, key);
-    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
-    let keys: Vec<String> = unused
+        .zip(&used)
+        .filter(|(_, used)| !**used)
+        .map(|((k, _), _)| k.as_str())
         // `""` covers every tensor there is.
-        .filter(|k| (!k.is_empty() || ckpt.tensors().is_empty()) && !names_a_module(k))
+        .filter(|k| (!k.is_empty() || ckpt.tensors().is_empty()) && !names_a_module(ckpt, k))
         // A module the architecture has without tensors (`rotary_emb`, `act_fn`) is
         // no typo: `hf_device_map` lists them.
         .filter(|k| !arch.is_some_and(|a| a.is_empty_module(k)))
@@ -129,13 +123,20 @@ pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<Warning> {
     (!keys.is_empty()).then_some(Warning::UnusedMapKeys { keys })
 }
 
-/// Whether some name in `sorted` is `key` or starts with `key.`.
-fn covers_a_name(sorted: &[&str], key: &str) -> bool {
-    sorted.binary_search(&key).is_ok() || has_a_name_below(sorted, key)
+/// Whether some tensor lies in module `key` (its name is the key, or starts with the
+/// key and a dot). In module order the names under a module come right where the key
+/// itself would: one binary search, no sorted copy of the names.
+fn names_a_module(ckpt: &Checkpoint, key: &str) -> bool {
+    let Err(at) = crate::model::checkpoint::search(ckpt.tensors(), key) else {
+        return true;
+    };
+    ckpt.tensors()
+        .get(at)
+        .is_some_and(|t| crate::model::names::covers(key, &t.name))
 }
 
-/// Whether some name in `sorted` starts with `key.` (a module below `key`). Such names
-/// sort together, from the first one at or after `key.`: one binary search.
+/// Whether some string in `sorted` starts with `key.` (a module below `key`). Such
+/// strings sort together, from the first one at or after `key.`: one binary search.
 fn has_a_name_below(sorted: &[&str], key: &str) -> bool {
     let dotted = format!("{key}.");
     let at = sorted.partition_point(|n| *n < dotted.as_str());
@@ -162,6 +163,7 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<Warning> {
         .max()
         .unwrap_or(0);
     let mut answers: HashMap<&str, Option<(usize, Placement)>> = HashMap::new();
+    let mut last: Option<(&str, Option<(usize, Placement)>)> = None;
     for (id, t) in ckpt.tensors().iter().enumerate() {
         // transformers matches the keys against the names the loaded model has.
         let name = ckpt.loaded_name(id).unwrap_or(&t.name);
@@ -169,10 +171,16 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<Warning> {
         while !name.is_char_boundary(cut) {
             cut -= 1;
         }
-        let hit = *answers.entry(&name[..cut]).or_insert_with(|| {
-            map.locate_transformers5(&order, name)
-                .map(|hit| (hit.index, hit.placement))
-        });
+        // Neighbours in module order mostly share their start: the last answer first.
+        let start = &name[..cut];
+        let hit = match last {
+            Some((prev, hit)) if prev == start => hit,
+            _ => *answers.entry(start).or_insert_with(|| {
+                map.locate_transformers5(&order, name)
+                    .map(|hit| (hit.index, hit.placement))
+            }),
+        };
+        last = Some((start, hit));
         let (their_key, theirs) = match hit {
             Some((index, placement)) => (map.entries()[index].0.as_str(), placement),
             None => ("(none)", fallback),
