@@ -80,7 +80,7 @@ fn main() -> std::io::Result<()> {
         let entry = serde_json::json!({"dtype": t.dtype.torch_name(), "shape": shape});
         index.push(format!(
             "{}: {entry}",
-            serde_json::Value::from(t.name.as_str())
+            serde_json::Value::from(t.name.as_ref())
         ));
         let file = std::fs::File::create(folder.join(format!("{}.dat", t.name)))?;
         file.set_len(t.bytes())?;

@@ -205,7 +205,7 @@ fn config_without_tie_key_ties_and_false_does_not() {
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     assert_eq!(ckpt.ties.len(), 1);
     assert_eq!(
-        ckpt.tensors()[ckpt.ties[0].kept()].name,
+        &*ckpt.tensors()[ckpt.ties[0].kept()].name,
         "transformer.wte.weight"
     );
     write_json(

@@ -482,7 +482,7 @@ fn t5_is_planned_encoder_first_as_its_class_defines_it() {
     ] {
         let id = ckpt.index_of(name).unwrap_or_else(|| panic!("{name}"));
         let group = ckpt.tie_group(id).expect("tied");
-        assert_eq!(ckpt.tensors()[group.kept()].name, "shared.weight");
+        assert_eq!(&*ckpt.tensors()[group.kept()].name, "shared.weight");
     }
     // Room for about half: the encoder (and the shared embedding) on cpu, the decoder
     // after it on disk.
@@ -571,7 +571,7 @@ fn bert_ties_its_head_to_the_embeddings_and_keeps_them_whole() {
         .expect("the tied head is known");
     let group = ckpt.tie_group(head).expect("tied");
     assert_eq!(
-        ckpt.tensors()[group.kept()].name,
+        &*ckpt.tensors()[group.kept()].name,
         "bert.embeddings.word_embeddings.weight"
     );
     // A budget that ends inside the embeddings: they go on together, not split.

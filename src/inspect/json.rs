@@ -208,7 +208,7 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
             .map(|g| {
                 g.members
                     .iter()
-                    .map(|&m| ckpt.tensors()[m].name.as_str())
+                    .map(|&m| ckpt.tensors()[m].name.as_ref())
                     .collect()
             })
             .collect(),

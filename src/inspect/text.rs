@@ -152,7 +152,7 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
 fn lora_section(ckpt: &Checkpoint, out: &mut String) {
     let replaced: Vec<&str> = (0..ckpt.tensors().len())
         .filter(|&id| ckpt.replaced_by_adapter(id))
-        .map(|id| ckpt.tensors()[id].name.as_str())
+        .map(|id| ckpt.tensors()[id].name.as_ref())
         .collect();
     let merged: Vec<usize> = (0..ckpt.tensors().len())
         .filter(|&id| !ckpt.merges_of(id).is_empty())
@@ -295,7 +295,7 @@ fn node_row(ckpt: &Checkpoint, node: &Node, label: String) -> Row {
                 .members
                 .iter()
                 .filter(|&&m| m != t)
-                .map(|&m| ckpt.tensors()[m].name.as_str())
+                .map(|&m| ckpt.tensors()[m].name.as_ref())
                 .collect();
             let _ = write!(note, "  ⇄ tied to {}", partners.join(", "));
         }

@@ -40,7 +40,7 @@ pub enum Source {
 /// 100,000 of them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
-    pub name: String,
+    pub name: std::sync::Arc<str>,
     pub shape: crate::types::shape::Shape,
     pub source: Source,
     pub placement: Placement,
@@ -499,7 +499,7 @@ fn find_in_order(
         while at < tensors.len() && order(&tensors[at].name, &name).is_lt() {
             at += 1;
         }
-        if tensors.get(at).is_some_and(|t| t.name == name) {
+        if tensors.get(at).is_some_and(|t| *t.name == *name) {
             found.insert(at, (range, dtype));
         }
     }

@@ -34,7 +34,7 @@ pub fn unmapped(ckpt: &Checkpoint) -> Option<Warning> {
         .tensors()
         .iter()
         .filter(|t| t.placement == Placement::Unmapped)
-        .map(|t| t.name.clone())
+        .map(|t| t.name.to_string())
         .collect();
     (!tensors.is_empty()).then_some(Warning::Unmapped { tensors })
 }
@@ -53,7 +53,12 @@ pub fn ties_across_devices(ckpt: &Checkpoint) -> Vec<Warning> {
             let members = g
                 .members
                 .iter()
-                .map(|&m| (ckpt.tensors()[m].name.clone(), ckpt.tensors()[m].placement))
+                .map(|&m| {
+                    (
+                        ckpt.tensors()[m].name.to_string(),
+                        ckpt.tensors()[m].placement,
+                    )
+                })
                 .collect();
             Some(Warning::TiedAcrossDevices { members })
         })
@@ -71,7 +76,7 @@ pub fn offload_not_on_disk(ckpt: &Checkpoint) -> Option<Warning> {
         .tensors()
         .iter()
         .filter(|t| offloaded(t) && t.placement != Placement::Disk)
-        .map(|t| (t.name.clone(), t.placement))
+        .map(|t| (t.name.to_string(), t.placement))
         .collect();
     (!tensors.is_empty()).then_some(Warning::OffloadNotOnDisk { tensors })
 }
@@ -81,7 +86,7 @@ pub fn disk_without_offload(ckpt: &Checkpoint) -> Option<Warning> {
         .tensors()
         .iter()
         .filter(|t| t.placement == Placement::Disk && !offloaded(t))
-        .map(|t| t.name.clone())
+        .map(|t| t.name.to_string())
         .collect();
     (!tensors.is_empty()).then(|| Warning::DiskWithoutOffload {
         tensors,
@@ -92,7 +97,12 @@ pub fn disk_without_offload(ckpt: &Checkpoint) -> Option<Warning> {
 pub fn meta_without_data(ckpt: &Checkpoint) -> Option<Warning> {
     let tensors: Vec<(String, Placement)> = (0..ckpt.tensors().len())
         .filter(|&i| ckpt.data_range(i).is_none())
-        .map(|i| (ckpt.tensors()[i].name.clone(), ckpt.tensors()[i].placement))
+        .map(|i| {
+            (
+                ckpt.tensors()[i].name.to_string(),
+                ckpt.tensors()[i].placement,
+            )
+        })
         .collect();
     (!tensors.is_empty()).then_some(Warning::NoData { tensors })
 }

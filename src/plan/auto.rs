@@ -122,7 +122,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
         .map(|g| {
             g.members
                 .iter()
-                .map(|&m| ckpt.tensors()[m].name.clone())
+                .map(|&m| ckpt.tensors()[m].name.to_string())
                 .collect()
         })
         .collect();

@@ -29,7 +29,7 @@ pub fn runtime_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint
         return None;
     }
     let plain = |t: &Tensor| Tensor {
-        name: runtime(&t.name).unwrap_or_else(|| t.name.clone()),
+        name: runtime(&t.name).map_or_else(|| t.name.clone(), std::sync::Arc::from),
         placement: Placement::Cpu,
         map_key: NO_KEY,
         source: Source::None,
@@ -46,7 +46,7 @@ pub fn runtime_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint
         .collect();
     for (name, (dtype, shape)) in fused {
         tensors.push(Tensor {
-            name,
+            name: name.into(),
             dtype,
             shape: shape.into(),
             placement: Placement::Cpu,
@@ -61,7 +61,7 @@ pub fn runtime_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint
         .map(|g| {
             g.members
                 .iter()
-                .map(|&m| plain(&ckpt.tensors()[m]).name)
+                .map(|&m| plain(&ckpt.tensors()[m]).name.to_string())
                 .collect()
         })
         .collect();

@@ -95,10 +95,10 @@ pub fn verify_plan_covered(ckpt: &Checkpoint, plan: &SavePlan) -> Result<(), Sav
         plan.dropped_scales.iter().map(String::as_str).collect();
     let mut problems = Vec::new();
     for (id, t) in ckpt.tensors().iter().enumerate() {
-        match (seen[id], dropped.get(t.name.as_str())) {
+        match (seen[id], dropped.get(t.name.as_ref())) {
             (1, None) => {}
             (0, Some(kept)) if written(kept) == 1 => {}
-            (0, None) if scales.contains(t.name.as_str()) => {}
+            (0, None) if scales.contains(t.name.as_ref()) => {}
             (0, _) => problems.push(format!("`{}` is not written", t.name)),
             (n, _) => problems.push(format!("`{}` is written {n} times", t.name)),
         }

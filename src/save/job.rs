@@ -209,9 +209,12 @@ pub fn write(
             .shards
             .iter()
             .flat_map(|s| {
-                s.tensors
-                    .iter()
-                    .map(move |t| (ckpt.tensors()[t.tensor].name.clone(), s.file_name.clone()))
+                s.tensors.iter().map(move |t| {
+                    (
+                        ckpt.tensors()[t.tensor].name.to_string(),
+                        s.file_name.clone(),
+                    )
+                })
             })
             .collect();
         let text = encode_index(plan.total_parameters, plan.total_size, &weight_map);

@@ -536,7 +536,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     let (mut kept_fp32, mut cast_despite_fp32) = (Vec::new(), Vec::new());
     let mut chosen: Vec<(TensorId, Recipe)> = Vec::new();
     for (id, tensor) in ckpt.tensors().iter().enumerate() {
-        if tensor.name == "__metadata__" {
+        if &*tensor.name == "__metadata__" {
             // The one key a safetensors header keeps for itself.
             problems.push(
                 "a tensor is named `__metadata__`, the key safetensors reserves for the header's metadata; it cannot be written".into(),
@@ -548,8 +548,8 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             && group.kept() != id
         {
             dropped_ties.push((
-                tensor.name.clone(),
-                ckpt.tensors()[group.kept()].name.clone(),
+                tensor.name.to_string(),
+                ckpt.tensors()[group.kept()].name.to_string(),
             ));
             continue;
         }
@@ -562,7 +562,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                     continue;
                 }
                 Ok(Dequantized::Dropped) => {
-                    dropped_scales.push(tensor.name.clone());
+                    dropped_scales.push(tensor.name.to_string());
                     continue;
                 }
                 Err(why) => {
@@ -580,11 +580,11 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             .and_then(|to| arch?.kept_in_fp32(loaded, to));
         let cast_to = match (keep, options.dtype) {
             (Some(entry), DtypeChoice::Auto) => {
-                kept_fp32.push((tensor.name.clone(), entry.to_owned()));
+                kept_fp32.push((tensor.name.to_string(), entry.to_owned()));
                 Some(DType::F32)
             }
             (Some(entry), _) => {
-                cast_despite_fp32.push((tensor.name.clone(), entry.to_owned()));
+                cast_despite_fp32.push((tensor.name.to_string(), entry.to_owned()));
                 cast_to
             }
             (None, _) => cast_to,
@@ -676,7 +676,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     let largest_tensor = chosen
         .iter()
         .max_by_key(|(_, r)| r.output_len())
-        .map(|(id, r)| (ckpt.tensors()[*id].name.clone(), r.output_len()));
+        .map(|(id, r)| (ckpt.tensors()[*id].name.to_string(), r.output_len()));
     Ok(SavePlan {
         shards,
         cast_to,

@@ -95,7 +95,7 @@ pub(super) fn unfuse(
         for (id, offset, len) in pieces {
             let t = &mut draft.tensors[id];
             if let Source::Checkpoint(old) = t.source {
-                draft.replaced.push((t.name.clone(), old, t.dtype));
+                draft.replaced.push((t.name.to_string(), old, t.dtype));
             }
             t.dtype = dtype;
             t.source = Source::Offload(ByteRange {
@@ -104,7 +104,7 @@ pub(super) fn unfuse(
                 len,
             });
             t.load_dtype = load_dtype;
-            names.push(t.name.clone());
+            names.push(t.name.to_string());
         }
         return Some(names);
     }

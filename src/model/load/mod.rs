@@ -126,7 +126,11 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
             {
                 at += 1;
             }
-            let held = if draft.tensors.get(at).is_some_and(|t| t.name == entry.name) {
+            let held = if draft
+                .tensors
+                .get(at)
+                .is_some_and(|t| *t.name == *entry.name)
+            {
                 Some(at)
             } else {
                 // transformers 5 offloads under the names the loaded model has: an
@@ -168,11 +172,11 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
             if let Some(i) = held {
                 let t = &mut draft.tensors[i];
                 if let Source::Checkpoint(old) = t.source {
-                    draft.replaced.push((t.name.clone(), old, t.dtype));
+                    draft.replaced.push((t.name.to_string(), old, t.dtype));
                 }
                 if !t.shape.iter().eq(entry.shape.iter().copied()) {
                     warnings.push(Warning::OffloadShapeDiffers {
-                        tensor: t.name.clone(),
+                        tensor: t.name.to_string(),
                         offload_shape: format!("{:?}", entry.shape),
                         checkpoint_shape: format!("{:?}", t.shape),
                     });
@@ -195,7 +199,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
                 });
             } else {
                 added.push(Tensor {
-                    name: entry.name,
+                    name: entry.name.into(),
                     dtype: entry.dtype,
                     shape: entry.shape.into(),
                     placement: Placement::Cpu,
@@ -284,7 +288,7 @@ fn converted_experts(checkpoint: &[Tensor], added: &[Tensor]) -> Vec<String> {
     added
         .iter()
         .filter(|t| t.shape.len() == 3 && t.name.contains(".experts.") && !per_expert(&t.name))
-        .map(|t| t.name.clone())
+        .map(|t| t.name.to_string())
         .collect()
 }
 
@@ -558,7 +562,7 @@ fn add_checkpoint_tensor(
         len: t.len,
     };
     draft.tensors.push(Tensor {
-        name: t.name,
+        name: t.name.into(),
         dtype: t.dtype,
         shape: t.shape,
         placement: Placement::Cpu,

@@ -25,7 +25,7 @@ pub(super) fn config_ties(
         return Vec::new();
     }
     let Some(embedding) =
-        input_embedding(draft.tensors.iter().map(|t| t.name.as_str())).map(str::to_owned)
+        input_embedding(draft.tensors.iter().map(|t| t.name.as_ref())).map(str::to_owned)
     else {
         return Vec::new();
     };
@@ -94,7 +94,7 @@ fn table_ties(
         let Some(kept) = names.iter().find_map(|n| draft.find(n)) else {
             continue;
         };
-        let kept_name = draft.tensors[kept].name.clone();
+        let kept_name = draft.tensors[kept].name.to_string();
         // Shapes first: a group with a member of another shape is no tie (and gets no
         // tied copies).
         let mismatched: Vec<&String> = names
@@ -149,7 +149,7 @@ fn checkpoint_name(arch: &crate::model::arch::Arch, runtime: &str, draft: &Draft
 fn add_tied_copy(draft: &mut Draft, name: &str, of: usize) {
     let src = &draft.tensors[of];
     let copy = Tensor {
-        name: name.to_owned(),
+        name: name.into(),
         dtype: src.dtype,
         shape: src.shape.clone(),
         placement: Placement::Cpu,

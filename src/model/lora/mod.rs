@@ -176,7 +176,7 @@ fn merge_into_experts(
                 tensor.name, tensor.dtype
             ));
         }
-        names.push(tensor.name.clone());
+        names.push(tensor.name.to_string());
         let holder = ckpt
             .tie_group(target.id)
             .map_or(target.id, crate::model::TieGroup::kept);
@@ -500,7 +500,7 @@ pub fn apply_adapter_with(
             scale,
             allow_nonfinite,
         });
-        summary.merged.push(ckpt.tensors()[id].name.clone());
+        summary.merged.push(ckpt.tensors()[id].name.to_string());
         if let Some((key, t)) = &keys.b_bias {
             let bias_name = format!("{module}.bias");
             let Some(bias_id) = model_tensor(ckpt, &bias_name) else {

@@ -65,7 +65,7 @@ impl App {
         }
         let needle = query.as_bytes();
         for (id, t) in self.ckpt.tensors().iter().enumerate() {
-            let name = t.name.as_str();
+            let name = t.name.as_ref();
             // ASCII case-insensitive, without allocating per name: 100k names are
             // searched on every keystroke.
             let Some(at) = name
