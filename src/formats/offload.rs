@@ -216,14 +216,10 @@ pub fn parse_index(
     Ok(entries)
 }
 
-/// How many threads look at `.dat` files at once: the file system answers several
-/// questions at a time (and a cold one waits on the disk for each).
-const STAT_THREADS: usize = 4;
-
 /// Checks that each `.dat` file of `entries` (at the indexes `dat_files`) is a regular
 /// file of the length its entry says, and keeps its length and time for the loader.
-/// The files are looked at on a few threads; the first problem in index order is the
-/// one reported.
+/// The files are looked at on a few threads (`sys::look_in_parallel`); the first
+/// problem in index order is the one reported.
 fn check_dat_files(
     folder: &Path,
     index_path: &Path,
@@ -239,30 +235,14 @@ fn check_dat_files(
             modified: m.modified().ok(),
         }),
     };
-    let chunk = dat_files.len().div_ceil(STAT_THREADS).max(1);
     let entries_read: &[OffloadEntry] = entries;
-    let stats: Vec<std::io::Result<crate::sys::FileStat>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = dat_files
-            .chunks(chunk)
-            .map(|part| {
-                scope.spawn(move || {
-                    part.iter()
-                        .map(|&i| stat(&entries_read[i]))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().unwrap_or_default())
-            .collect()
-    });
-    if stats.len() != dat_files.len() {
-        return Err(FormatError::invalid(
-            index_path,
-            "the offload folder's files could not all be looked at",
-        ));
-    }
+    let stats =
+        crate::sys::look_in_parallel(dat_files, |&i| stat(&entries_read[i])).ok_or_else(|| {
+            FormatError::invalid(
+                index_path,
+                "the offload folder's files could not all be looked at",
+            )
+        })?;
     for (&i, stat) in dat_files.iter().zip(stats) {
         let entry = &mut entries[i];
         let (file, name, len) = (&entry.file, &entry.name, entry.len);

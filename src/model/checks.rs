@@ -9,7 +9,6 @@ use crate::types::placement::Placement;
 
 pub use super::warning::name_list;
 
-/// All checks, in the order a report lists them.
 /// The loader's warnings followed by every placement check: all a model says.
 pub fn all_warnings(ckpt: &Checkpoint) -> Vec<Warning> {
     let mut all = ckpt.warnings.clone();
@@ -17,6 +16,7 @@ pub fn all_warnings(ckpt: &Checkpoint) -> Vec<Warning> {
     all
 }
 
+/// All checks, in the order a report lists them.
 pub fn run(ckpt: &Checkpoint) -> Vec<Warning> {
     let mut out = Vec::new();
     out.extend(unmapped(ckpt));

@@ -148,34 +148,16 @@ fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String> {
     files.dedup();
     // Opened on a few threads: an offload folder is tens of thousands of files, and
     // the inspector's save preview runs this after every edit.
-    let chunk = files.len().div_ceil(OPEN_THREADS).max(1);
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = files
-            .chunks(chunk)
-            .map(|part| {
-                scope.spawn(move || {
-                    part.iter()
-                        .filter_map(|&id| {
-                            crate::formats::input::open_regular(ckpt.file_path(id))
-                                .err()
-                                .map(|e| e.to_string())
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| {
-                w.join()
-                    .unwrap_or_else(|_| vec!["a thread checking the inputs failed".to_owned()])
-            })
-            .collect()
-    })
+    let opened = crate::sys::look_in_parallel(&files, |&id| {
+        crate::formats::input::open_regular(ckpt.file_path(id))
+            .err()
+            .map(|e| e.to_string())
+    });
+    match opened {
+        Some(problems) => problems.into_iter().flatten().collect(),
+        None => vec!["a thread checking the inputs failed".to_owned()],
+    }
 }
-
-/// Threads that open the save's inputs to check them.
-const OPEN_THREADS: usize = 4;
 
 /// What the output folder must be for a save: a folder (or absent), writable, empty
 /// unless `--force`, and free of another save's unfinished files. Checked before

@@ -52,14 +52,9 @@ impl Draft {
             return id;
         }
         let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        self.files.push(SourceFile {
-            path: path.to_path_buf(),
-            len: header.file_len,
-            modified,
-        });
-        self.file_ids
-            .insert(path.to_path_buf(), self.files.len() - 1);
-        self.files.len() - 1
+        let id = self.push_file(path, header.file_len, modified);
+        self.file_ids.insert(path.to_path_buf(), id);
+        id
     }
 
     pub(super) fn plain_file_id(&mut self, path: &Path) -> FileId {
@@ -68,12 +63,13 @@ impl Draft {
         }
         let meta = std::fs::metadata(path).ok();
         let len = meta.as_ref().map_or(0, std::fs::Metadata::len);
-        let modified = meta.and_then(|m| m.modified().ok());
-        self.stated_file_id(path, len, modified)
+        let id = self.push_file(path, len, meta.and_then(|m| m.modified().ok()));
+        self.file_ids.insert(path.to_path_buf(), id);
+        id
     }
 
-    /// A file no other tensor reads (an offload `.dat`), whose length and time were
-    /// read already: added without looking it up.
+    /// Adds a source file whose length and time are known. Called directly for a file no
+    /// other tensor reads (an offload `.dat`): added without looking it up.
     pub(super) fn push_file(
         &mut self,
         path: &Path,
@@ -85,26 +81,6 @@ impl Draft {
             len,
             modified,
         });
-        self.files.len() - 1
-    }
-
-    /// [`Draft::plain_file_id`] for a file whose length and time were read already.
-    pub(super) fn stated_file_id(
-        &mut self,
-        path: &Path,
-        len: u64,
-        modified: Option<std::time::SystemTime>,
-    ) -> FileId {
-        if let Some(&id) = self.file_ids.get(path) {
-            return id;
-        }
-        self.files.push(SourceFile {
-            path: path.to_path_buf(),
-            len,
-            modified,
-        });
-        self.file_ids
-            .insert(path.to_path_buf(), self.files.len() - 1);
         self.files.len() - 1
     }
 }

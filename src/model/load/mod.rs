@@ -461,94 +461,91 @@ fn read_indexed(
     draft: &mut Draft,
     warnings: &mut Vec<Warning>,
 ) -> Result<Vec<PathBuf>, LoadError> {
-    {
-        let index_path = index_path.to_path_buf();
-        let index_text = read_index_text(&index_path)?;
-        let index = parse_index(&index_path, &index_text)?;
-        // Names per shard file, in the index's order of first mention.
-        let mut by_file: HashMap<&str, Vec<&str>> = HashMap::new();
-        let mut order = Vec::new();
-        for (name, file) in &index.weight_map {
-            let (name, file): (&str, &str) = (name, file);
-            if !crate::formats::hf_index::is_shard_file_name(file) {
-                return Err(FormatError::tensor(
-                    &index_path,
-                    name,
-                    format!("shard `{file}` is not a file name in the model directory"),
-                )
-                .into());
-            }
-            by_file
-                .entry(file)
-                .or_insert_with(|| {
-                    order.push(file);
-                    Vec::new()
-                })
-                .push(name);
+    let index_text = read_index_text(index_path)?;
+    let index = parse_index(index_path, &index_text)?;
+    // Names per shard file, in the index's order of first mention.
+    let mut by_file: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut order = Vec::new();
+    for (name, file) in &index.weight_map {
+        let (name, file): (&str, &str) = (name, file);
+        if !crate::formats::hf_index::is_shard_file_name(file) {
+            return Err(FormatError::tensor(
+                index_path,
+                name,
+                format!("shard `{file}` is not a file name in the model directory"),
+            )
+            .into());
         }
-        let file_of: HashMap<&str, &str> = index
-            .weight_map
+        by_file
+            .entry(file)
+            .or_insert_with(|| {
+                order.push(file);
+                Vec::new()
+            })
+            .push(name);
+    }
+    let file_of: HashMap<&str, &str> = index
+        .weight_map
+        .iter()
+        .map(|(n, f)| (n.as_ref(), f.as_ref()))
+        .collect();
+    let mut files = vec![index_path.to_path_buf()];
+    for file in order {
+        let path = dir.join(file);
+        let names = &by_file[file];
+        if std::fs::symlink_metadata(&path).is_err() {
+            return Err(FormatError::tensor(
+                index_path,
+                names[0],
+                format!(
+                    "is mapped to shard {file}, which is missing ({} there)",
+                    crate::text::count(names.len(), "tensor points", "tensors point")
+                ),
+            )
+            .into());
+        }
+        let header = read_weight_file(&path)?;
+        let id = draft.file_id(&path, &header);
+        let present: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
+        let missing: Vec<&str> = names
             .iter()
-            .map(|(n, f)| (n.as_ref(), f.as_ref()))
+            .copied()
+            .filter(|n| !present.contains(n))
             .collect();
-        let mut files = vec![index_path.clone()];
-        for file in order {
-            let path = dir.join(file);
-            let names = &by_file[file];
-            if std::fs::symlink_metadata(&path).is_err() {
-                return Err(FormatError::tensor(
-                    &index_path,
-                    names[0],
-                    format!(
-                        "is mapped to shard {file}, which is missing ({} there)",
-                        crate::text::count(names.len(), "tensor points", "tensors point")
-                    ),
-                )
-                .into());
-            }
-            let header = read_weight_file(&path)?;
-            let id = draft.file_id(&path, &header);
-            let present: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
-            let missing: Vec<&str> = names
-                .iter()
-                .copied()
-                .filter(|n| !present.contains(n))
-                .collect();
-            if let Some(first) = missing.first() {
-                return Err(FormatError::tensor(
-                    &index_path,
-                    *first,
-                    format!(
-                        "is mapped to {file}, which does not hold it ({} such tensors)",
-                        missing.len()
-                    ),
-                )
-                .into());
-            }
-            // Grown once, not by doubling: at a million tensors a doubling copy is
-            // the peak of the whole open.
-            draft.tensors.reserve(header.tensors.len());
-            for t in header.tensors {
-                match file_of.get(t.name.as_str()) {
-                    Some(&f) if f == file => {}
-                    Some(_) => {
-                        warnings.push(Warning::IndexPointsElsewhere {
-                            file: path.clone(),
-                            tensor: t.name.clone(),
-                        });
-                        continue;
-                    }
-                    None => warnings.push(Warning::NotInIndex {
+        if let Some(first) = missing.first() {
+            return Err(FormatError::tensor(
+                index_path,
+                *first,
+                format!(
+                    "is mapped to {file}, which does not hold it ({} such tensors)",
+                    missing.len()
+                ),
+            )
+            .into());
+        }
+        // Grown once, not by doubling: at a million tensors a doubling copy is
+        // the peak of the whole open.
+        draft.tensors.reserve(header.tensors.len());
+        for t in header.tensors {
+            match file_of.get(t.name.as_str()) {
+                Some(&f) if f == file => {}
+                Some(_) => {
+                    warnings.push(Warning::IndexPointsElsewhere {
                         file: path.clone(),
                         tensor: t.name.clone(),
-                    }),
+                    });
+                    continue;
                 }
-                add_checkpoint_tensor(draft, id, t);
+                None => warnings.push(Warning::NotInIndex {
+                    file: path.clone(),
+                    tensor: t.name.clone(),
+                }),
             }
-            files.push(path);
+            add_checkpoint_tensor(draft, id, t);
         }
-        Ok(files)
+        files.push(path);
     }
+    Ok(files)
 }
 
 fn add_checkpoint_tensor(
