@@ -195,7 +195,7 @@ fn pickle_of(archive: &[u8]) -> Vec<u8> {
         .iter()
         .find(|m| m.name.ends_with("data.pkl"))
         .expect("pickle");
-    archive[pkl.offset as usize..(pkl.offset + pkl.len) as usize].to_vec()
+    devmap::formats::zip::read_member(&path, &file, pkl).expect("read")
 }
 
 proptest::proptest! {

@@ -60,12 +60,12 @@ pub const STORAGE_CLASSES: [(&str, DType); 10] = [
     ("BoolStorage", DType::Bool),
 ];
 
-/// The dtype of a typed storage class.
-fn storage_dtype(name: &str) -> Option<DType> {
+/// A typed storage class by name, as the table spells it, with its dtype.
+fn storage_class(name: &str) -> Option<(&'static str, DType)> {
     STORAGE_CLASSES
         .iter()
+        .copied()
         .find(|(class, _)| *class == name)
-        .map(|&(_, dtype)| dtype)
 }
 
 /// The globals a state dict pickle may name, as the reader spells them.
@@ -74,7 +74,7 @@ fn allowed(module: &str, name: &str) -> Option<&'static str> {
         ("collections", "OrderedDict") => "OrderedDict",
         ("torch._utils", "_rebuild_tensor_v2") => "_rebuild_tensor_v2",
         ("torch._utils", "_rebuild_parameter") => "_rebuild_parameter",
-        ("torch", s) => STORAGE_CLASSES.iter().find(|(class, _)| *class == s)?.0,
+        ("torch", s) => storage_class(s)?.0,
         _ => return None,
     })
 }
@@ -178,7 +178,8 @@ fn storage(pid: Value) -> Result<Value, Error> {
             _location,
             elements,
         ] if kind == "storage" => {
-            let dtype = storage_dtype(class).ok_or_else(|| format!("storage class `{class}`"))?;
+            let (_, dtype) =
+                storage_class(class).ok_or_else(|| format!("storage class `{class}`"))?;
             Ok(Value::Storage(StorageRef {
                 dtype,
                 key: key.clone(),
@@ -214,17 +215,23 @@ impl Item {
         }
     }
 
-    /// A container of `children`, built by `make`.
-    fn of(children: Vec<Item>, make: impl FnOnce(Vec<Value>) -> Value) -> Result<Item, Error> {
+    /// How deep a container of `children` nests, and how many values they hold;
+    /// refused past [`MAX_DEPTH`].
+    fn measure(children: &[Item]) -> Result<(u32, u64), Error> {
         let depth = 1 + children.iter().map(|c| c.depth).max().unwrap_or(0);
         if depth > MAX_DEPTH {
             return Err(format!("values nest deeper than {MAX_DEPTH} levels"));
         }
-        let nodes = 1 + children.iter().map(|c| c.nodes).sum::<u64>();
+        Ok((depth, children.iter().map(|c| c.nodes).sum()))
+    }
+
+    /// A container of `children`, built by `make`.
+    fn of(children: Vec<Item>, make: impl FnOnce(Vec<Value>) -> Value) -> Result<Item, Error> {
+        let (depth, nodes) = Item::measure(&children)?;
         Ok(Item {
             value: make(children.into_iter().map(|c| c.value).collect()),
             depth,
-            nodes,
+            nodes: 1 + nodes,
         })
     }
 
@@ -234,12 +241,9 @@ impl Item {
         more: Vec<Item>,
         add: impl FnOnce(&mut Value, Vec<Value>) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        let depth = 1 + more.iter().map(|c| c.depth).max().unwrap_or(0);
-        if depth > MAX_DEPTH {
-            return Err(format!("values nest deeper than {MAX_DEPTH} levels"));
-        }
+        let (depth, nodes) = Item::measure(&more)?;
         self.depth = self.depth.max(depth);
-        self.nodes += more.iter().map(|c| c.nodes).sum::<u64>();
+        self.nodes += nodes;
         add(&mut self.value, more.into_iter().map(|c| c.value).collect())
     }
 }

@@ -39,7 +39,7 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
         .iter()
         .find(|m| m.name == format!("{prefix}byteorder"))
     {
-        let bytes = read_member(path, &file, order)?;
+        let bytes = zip::read_member(path, &file, order)?;
         if bytes != b"little" {
             return Err(FormatError::invalid(
                 path,
@@ -53,7 +53,7 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
             "its data.pkl is too large to be a state dict",
         ));
     }
-    let bytes = read_member(path, &file, pkl)?;
+    let bytes = zip::read_member(path, &file, pkl)?;
     let value =
         pickle::read(&bytes).map_err(|e| FormatError::invalid(path, format!("data.pkl {e}")))?;
     let Value::Dict(items) = value else {
@@ -97,14 +97,6 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
         tensors,
         metadata: None,
     })
-}
-
-fn read_member(path: &Path, file: &std::fs::File, m: &zip::Member) -> Result<Vec<u8>, FormatError> {
-    use std::os::unix::fs::FileExt;
-    let mut bytes = vec![0u8; usize::try_from(m.len).unwrap_or(usize::MAX)];
-    file.read_exact_at(&mut bytes, m.offset)
-        .map_err(|e| FormatError::io(path, e))?;
-    Ok(bytes)
 }
 
 /// Where tensor `name`'s bytes are: a contiguous view of its storage member.

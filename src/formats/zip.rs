@@ -51,6 +51,11 @@ fn read_at(file: &File, path: &Path, offset: u64, len: u64) -> Result<Vec<u8>, F
     Ok(bytes)
 }
 
+/// The bytes of `member` of the archive at `path` (`file` open on it).
+pub fn read_member(path: &Path, file: &File, member: &Member) -> Result<Vec<u8>, FormatError> {
+    read_at(file, path, member.offset, member.len)
+}
+
 /// The stored members of the zip archive at `path` (`file` open on it, `file_len`
 /// bytes long), in the central directory's order.
 pub fn members(path: &Path, file: &File, file_len: u64) -> Result<Vec<Member>, FormatError> {

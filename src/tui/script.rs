@@ -12,6 +12,10 @@ use std::time::Duration;
 
 use super::runtime::{Event, EventSource, Next};
 
+/// Loop turns allowed after the last step of a part, for frames and deferred work
+/// still owed.
+const SETTLE_TURNS: u32 = 200;
+
 /// How long (real time) the script waits for background work before it gives up.
 const WORK_LIMIT: Duration = Duration::from_secs(120);
 
@@ -66,7 +70,7 @@ impl Script {
             now: Duration::ZERO,
             tx,
             rx,
-            settle: 200,
+            settle: SETTLE_TURNS,
             held: None,
             released: std::collections::VecDeque::new(),
         }
@@ -76,7 +80,15 @@ impl Script {
     /// for owed frames start afresh.
     pub fn push(&mut self, steps: impl IntoIterator<Item = Step>) {
         self.steps.extend(steps);
-        self.settle = 200;
+        self.settle = SETTLE_TURNS;
+    }
+
+    /// The events kept back so far, with whatever the threads have sent since (holding
+    /// from now on, if it was not).
+    fn keep_back(&mut self) -> &mut std::collections::VecDeque<Event> {
+        let held = self.held.get_or_insert_with(Default::default);
+        held.extend(self.rx.try_iter());
+        held
     }
 
     /// The same script on a clock that starts at `now` (an App that already ran keeps
@@ -97,9 +109,9 @@ impl EventSource for Script {
         if let Some(event) = self.released.pop_front() {
             return Ok(Next::Event(event));
         }
-        if let Some(held) = &mut self.held {
+        if self.held.is_some() {
             // Keep back whatever the threads sent; the steps go on regardless.
-            held.extend(self.rx.try_iter());
+            self.keep_back();
         } else if let Ok(event) = self.rx.try_recv() {
             return Ok(Next::Event(event));
         }
@@ -151,24 +163,21 @@ impl EventSource for Script {
                 self.next(wait, busy)
             }
             Some(Step::ReleaseFirst) => {
-                let held = self.held.get_or_insert_with(Default::default);
-                held.extend(self.rx.try_iter());
-                if let Some(first) = held.pop_front() {
+                if let Some(first) = self.keep_back().pop_front() {
                     self.released.push_back(first);
                 }
                 self.next(wait, busy)
             }
             Some(Step::Stop) => Ok(Next::End),
             Some(Step::HandOver) => {
-                let held = self.held.get_or_insert_with(Default::default);
-                held.extend(self.rx.try_iter());
-                self.released.extend(held.drain(..));
+                let held: Vec<Event> = self.keep_back().drain(..).collect();
+                self.released.extend(held);
                 self.next(wait, busy)
             }
             Some(Step::Release) => {
-                let mut held = self.held.take().unwrap_or_default();
-                held.extend(self.rx.try_iter());
-                self.released = held;
+                let held: Vec<Event> = self.keep_back().drain(..).collect();
+                self.held = None;
+                self.released.extend(held);
                 self.next(wait, busy)
             }
             None => {

@@ -130,6 +130,28 @@ fn matrix_of(t: &HeaderTensor, file: crate::types::range::FileId) -> Option<Matr
     })
 }
 
+/// peft's scaling of a LoRA delta: α/r, or α/√r with rsLoRA, rounded to f32 as torch
+/// multiplies by it.
+fn lora_scale(alpha: f64, rank: u64, use_rslora: bool) -> f32 {
+    if use_rslora {
+        (alpha / (rank as f64).sqrt()) as f32
+    } else {
+        (alpha / rank as f64) as f32
+    }
+}
+
+/// Refuses merging into a weight devmap cannot merge into (only float32, float16 and
+/// bfloat16 ones).
+fn mergeable(name: &str, dtype: DType) -> Result<(), String> {
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        Ok(())
+    } else {
+        Err(format!(
+            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights"
+        ))
+    }
+}
+
 /// One LoRA pair on a fused experts parameter, with what its steps carry.
 struct ExpertPair<'a> {
     a: &'a HeaderTensor,
@@ -162,20 +184,11 @@ fn merge_into_experts(
         (a.rows, a.cols),
         (b.rows, b.cols),
     )?;
-    let scale = if pair.use_rslora {
-        pair.alpha / (rank as f64).sqrt()
-    } else {
-        pair.alpha / rank as f64
-    } as f32;
+    let scale = lora_scale(pair.alpha, rank, pair.use_rslora);
     let mut names = Vec::with_capacity(targets.len());
     for target in targets {
         let tensor = &ckpt.tensors()[target.id];
-        if !matches!(tensor.dtype, DType::F32 | DType::F16 | DType::BF16) {
-            return Err(format!(
-                "adapts `{}`, which is {}; devmap merges into float32, float16 and bfloat16 weights",
-                tensor.name, tensor.dtype
-            ));
-        }
+        mergeable(&tensor.name, tensor.dtype)?;
         names.push(tensor.name.to_string());
         let holder = ckpt
             .tie_group(target.id)
@@ -375,15 +388,7 @@ pub fn apply_adapter_with(
             ));
         };
         let base = &ckpt.tensors()[id];
-        if !matches!(base.dtype, DType::F32 | DType::F16 | DType::BF16) {
-            return Err(key_error(
-                &a_key.0,
-                format!(
-                    "adapts `{weight}`, which is {}; devmap merges into float32, float16 and bfloat16 weights",
-                    base.dtype
-                ),
-            ));
-        }
+        mergeable(&weight, base.dtype).map_err(|message| key_error(&a_key.0, message))?;
         let (Some(ma), Some(mb)) = (matrix(&a_key.1), matrix(&b_key.1)) else {
             return Err(key_error(&a_key.0, "A and B must be matrices".into()));
         };
@@ -441,11 +446,7 @@ pub fn apply_adapter_with(
                 format!("has rank {rank}, but the config gives `{module}` rank {r}"),
             ));
         }
-        let scale = if config.use_rslora {
-            alpha / (r as f64).sqrt()
-        } else {
-            alpha / r as f64
-        } as f32;
+        let scale = lora_scale(alpha, r, config.use_rslora);
         let magnitude = match &keys.magnitude {
             None => None,
             Some((key, _)) if embedding || fan_in_fan_out => {
