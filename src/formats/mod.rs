@@ -9,6 +9,7 @@ pub mod hf_index;
 pub mod hub_cache;
 pub mod input;
 pub mod json;
+pub mod live;
 pub mod offload;
 pub mod pickle;
 pub mod safetensors;

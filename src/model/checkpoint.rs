@@ -120,6 +120,9 @@ pub struct Checkpoint {
     /// fuses it, computed once and shared by the copies a map edit makes (names do not
     /// change with the map; re-deriving them cost 60 ms a re-total at 92k tensors).
     loaded_names: std::sync::Arc<std::sync::OnceLock<Vec<Option<Box<str>>>>>,
+    /// What the index's `total_parameters` says, where the caller knows better than a
+    /// count of the written tensors (a live model's `num_parameters()`).
+    pub total_parameters: Option<u64>,
 }
 
 const NO_TIE: u32 = u32::MAX;
@@ -208,6 +211,7 @@ impl Checkpoint {
             merges: std::collections::HashMap::new(),
             tie_of,
             loaded_names: std::sync::Arc::default(),
+            total_parameters: None,
         };
         ckpt.point_tied_sources();
         ckpt

@@ -223,6 +223,9 @@ pub fn write(
     if cancel.load(Ordering::Relaxed) {
         return Err(SaveError::Cancelled);
     }
+    if let Some(check) = &options.commit_check {
+        (check.0)().map_err(|why| SaveError::Refused(vec![why]))?;
+    }
 
     // Commit: from here on, files appear under their real names, the index last.
     let shard_files: Vec<String> = plan.shards.iter().map(|s| s.file_name.clone()).collect();

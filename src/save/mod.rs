@@ -21,7 +21,8 @@ pub use event::{Reporter, SaveEvent, SaveReport};
 pub use job::{SaveJob, write};
 pub use recipe::Recipe;
 pub use shards::{
-    DEFAULT_MAX_SHARD_SIZE, DEFAULT_MAX_SHARD_SIZE_TEXT, SaveOptions, SavePlan, ShardPlan, plan,
+    CommitCheck, DEFAULT_MAX_SHARD_SIZE, DEFAULT_MAX_SHARD_SIZE_TEXT, SaveOptions, SavePlan,
+    ShardPlan, plan,
 };
 
 use crate::model::Checkpoint;

@@ -46,6 +46,27 @@ pub struct SaveOptions {
     /// The CLI takes it from `DEVMAP_TEST_PAUSE`.
     #[doc(hidden)]
     pub pause_file: Option<PathBuf>,
+    /// The caller's last look before the commit: a live model's Python side checks
+    /// that no tensor changed while it was read. An `Err` refuses the save with its
+    /// message, nothing committed.
+    pub commit_check: Option<CommitCheck>,
+}
+
+/// See [`SaveOptions::commit_check`].
+#[derive(Clone)]
+pub struct CommitCheck(pub std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl std::fmt::Debug for CommitCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommitCheck")
+    }
+}
+
+/// Two checks are the same when they are the same closure.
+impl PartialEq for CommitCheck {
+    fn eq(&self, other: &CommitCheck) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// `--dtype`: what floating-point tensors are written as.
@@ -57,6 +78,10 @@ pub enum DtypeChoice {
     Auto,
     /// Every tensor as stored.
     Keep,
+    /// Every tensor in the dtype the model holds it in (`Tensor::load_dtype`, else as
+    /// stored): what `save_pretrained` writes from a live model, where transformers
+    /// already applied the run dtype and the modules it keeps in float32.
+    AsLoaded,
     /// Every floating-point tensor cast to this dtype (integers and bools untouched).
     To(DType),
 }
@@ -66,7 +91,7 @@ pub enum DtypeChoice {
 /// written as stored, as `save_pretrained` writes a quantized model.
 pub fn resolve_dtype(ckpt: &Checkpoint, choice: DtypeChoice) -> Option<DType> {
     match choice {
-        DtypeChoice::Keep => None,
+        DtypeChoice::Keep | DtypeChoice::AsLoaded => None,
         DtypeChoice::To(d) => Some(d),
         DtypeChoice::Auto if ckpt.config.quantization.is_some() => None,
         DtypeChoice::Auto => runtime_dtype(ckpt),
@@ -213,6 +238,7 @@ impl SaveOptions {
             allow_partial: false,
             commit_fault: None,
             pause_file: None,
+            commit_check: None,
         }
     }
 }
@@ -579,6 +605,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             .filter(|_| super::cast::is_floating(tensor.dtype))
             .and_then(|to| arch?.kept_in_fp32(loaded, to));
         let cast_to = match (keep, options.dtype) {
+            (_, DtypeChoice::AsLoaded) => tensor.load_dtype.filter(|&d| d != tensor.dtype),
             (Some(entry), DtypeChoice::Auto) => {
                 kept_fp32.push((tensor.name.to_string(), entry.to_owned()));
                 Some(DType::F32)
@@ -669,10 +696,12 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         })
         .collect();
     let total_size = sizes.iter().sum();
-    let total_parameters = chosen
-        .iter()
-        .map(|(id, _)| ckpt.tensors()[*id].numel())
-        .sum();
+    let total_parameters = ckpt.total_parameters.unwrap_or_else(|| {
+        chosen
+            .iter()
+            .map(|(id, _)| ckpt.tensors()[*id].numel())
+            .sum()
+    });
     let largest_tensor = chosen
         .iter()
         .max_by_key(|(_, r)| r.output_len())

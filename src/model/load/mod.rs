@@ -2,6 +2,7 @@
 
 mod draft;
 mod experts;
+mod live;
 mod ties;
 
 use std::collections::{HashMap, HashSet};
@@ -19,6 +20,7 @@ use crate::model::checkpoint::{
 use crate::model::warning::Warning;
 use crate::types::placement::Placement;
 use draft::Draft;
+pub use live::load_live;
 use ties::{config_ties, explicit_tie, merge_groups};
 
 /// What the user told devmap beyond the directory.

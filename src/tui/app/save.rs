@@ -400,6 +400,7 @@ pub fn dtype_label(choice: crate::save::shards::DtypeChoice) -> &'static str {
     match choice {
         DtypeChoice::Auto => "auto",
         DtypeChoice::Keep => "keep",
+        DtypeChoice::AsLoaded => "as held",
         DtypeChoice::To(d) => d.torch_name(),
     }
 }

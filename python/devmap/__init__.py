@@ -1,0 +1,148 @@
+"""devmap from Python: save the model in this session with devmap's streaming saver.
+
+    import devmap
+    devmap.save_pretrained(model, "/data/out")      # what model.save_pretrained writes
+
+CPU values are written from where they are in memory, disk-offloaded ones copied file
+to file from where accelerate's or transformers' offload loader reads them: nothing is
+onloaded, so memory stays flat whatever the model's size. In-memory edits (a merged
+LoRA, a parameter changed in place) are saved as they are now.
+
+`export(model, checkpoint_dir, offload_folder)` writes the device map and offload index
+the `devmap` command needs to inspect or save the same model from its files.
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+from ._export import device_map, export, offload_index
+from ._live import Refusal
+
+__all__ = ["save_pretrained", "export", "device_map", "offload_index", "DevmapError"]
+
+
+class DevmapError(Exception):
+    """devmap refused or failed the save; the message names the tensor or file and says
+    why. The output folder holds only what it held before."""
+
+
+def _binding():
+    try:
+        from . import _devmap
+    except ImportError as err:  # pragma: no cover - a source checkout without a build
+        raise ImportError(
+            "devmap's compiled module is missing: install the package with `pip install ./python` "
+            "from a devmap checkout"
+        ) from err
+    return _devmap
+
+
+def save_pretrained(
+    model,
+    out,
+    max_shard_size="50GB",
+    dtype="auto",
+    verify=True,
+    progress=True,
+    force=False,
+    jobs=2,
+):
+    """Saves `model` into the folder `out` as `model.save_pretrained(out)` would: the
+    same tensor names (transformers' own tie removal and conversion reversal), dtypes,
+    bytes, config.json and generation_config.json, sharded at `max_shard_size`.
+
+    - `dtype`: "auto" writes each tensor in the dtype the model holds it in, as
+      transformers does; "bfloat16", "float16" or "float32" casts every floating tensor.
+    - `verify`: read the saved folder back and compare every tensor with the model
+      (and with what transformers expects of the architecture); raises on a difference.
+    - `progress`: a progress bar (tqdm if installed, else a line on stderr).
+    - `force`: allow an `out` that already holds files (devmap replaces its own kind of
+      files and leaves the rest); the default refuses a non-empty folder.
+
+    Returns a dict: `out`, `shard_files`, `tensors`, `bytes`, and `verify` (the report).
+    Raises `DevmapError` with nothing committed when the save cannot be made or is
+    interrupted (Ctrl-C included).
+    """
+    from . import _live
+
+    binding = _binding()
+    out = os.path.abspath(os.fspath(out))
+    if isinstance(max_shard_size, int):
+        max_shard_size = str(max_shard_size)
+    with tempfile.TemporaryDirectory(prefix="devmap-config-") as config_dir:
+        try:
+            manifest, keep_alive, unchanged = _live.build(model, config_dir)
+        except Refusal as refusal:
+            raise DevmapError(f"cannot save; nothing was written: {refusal}") from None
+        bar = _progress_bar(progress)
+
+        def check():
+            try:
+                unchanged()
+            except Refusal as refusal:
+                raise DevmapError(str(refusal)) from None
+
+        try:
+            text = binding.save_manifest(
+                json.dumps(manifest),
+                out,
+                max_shard_size=max_shard_size,
+                dtype=dtype,
+                force=force,
+                verify=verify,
+                jobs=jobs,
+                progress=bar.update if bar else None,
+                check=check,
+            )
+        except binding.DevmapError as err:
+            raise DevmapError(str(err)) from None
+        finally:
+            if bar:
+                bar.close()
+            del keep_alive
+    return json.loads(text)
+
+
+class _Line:
+    """A progress line on stderr where tqdm is not installed."""
+
+    def __init__(self):
+        self.shown = -1
+
+    def update(self, written, total):
+        percent = int(100 * written / total) if total else 100
+        if percent != self.shown:
+            self.shown = percent
+            sys.stderr.write(f"\rdevmap: saving {percent:3d}% ({written >> 20} of {total >> 20} MiB)")
+            sys.stderr.flush()
+
+    def close(self):
+        if self.shown >= 0:
+            sys.stderr.write("\n")
+
+
+class _Tqdm:
+    def __init__(self, tqdm):
+        self.tqdm, self.bar, self.done = tqdm, None, 0
+
+    def update(self, written, total):
+        if self.bar is None:
+            self.bar = self.tqdm(total=total, unit="B", unit_scale=True, desc="devmap: saving")
+        self.bar.update(written - self.done)
+        self.done = written
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _progress_bar(progress):
+    if not progress:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _Line()
+    return _Tqdm(tqdm)

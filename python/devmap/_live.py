@@ -1,0 +1,209 @@
+"""What devmap's saver needs to know about a model in this Python session.
+
+Every tensor `save_pretrained` would write, under the name it would write, with where
+its current value is: in this process's memory (a CPU tensor: its address), in a file
+accelerate's or transformers' offload loader reads (a `.dat`, a safetensors entry), or
+in the loader's own memory. Names, ties and the conversion back to the checkpoint's
+layout are transformers' own functions (`remove_tied_weights_from_state_dict`,
+`revert_weight_conversion`), run on stand-ins that carry no data: devmap decides none
+of them itself. The Rust saver then reads each value where it is, one buffer at a time.
+"""
+
+import copy
+import os
+
+FORMAT = "devmap-live/1"
+
+
+class Refusal(Exception):
+    """The model cannot be saved as it is; the message says which tensor and why."""
+
+
+def _torch_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def _offload_loaders(model):
+    """(module name, weights map) of every accelerate hook that holds offloaded values."""
+    found = {}
+    for name, module in model.named_modules():
+        hook = getattr(module, "_hf_hook", None)
+        weights_map = getattr(hook, "weights_map", None)
+        if weights_map is not None:
+            found[name] = weights_map
+    return found
+
+
+def _offloaded_source(model, loaders, name, tensor):
+    """Where the offload loader reads the value of meta tensor `name`, and the dtype it
+    gives it (which `save_pretrained` writes), as transformers'
+    `load_offloaded_parameter` finds the hook: the innermost module that has one."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, -1, -1):
+        owner = ".".join(parts[:cut])
+        if owner in loaders:
+            weights_map = loaders[owner]
+            break
+    else:
+        return {"kind": "none"}, tensor.dtype, None
+    rest = name[len(owner) + 1:] if owner else name
+    loader = getattr(weights_map, "dataset", weights_map)
+    key = getattr(weights_map, "prefix", "") + rest
+    held = getattr(loader, "state_dict", None) or {}
+    if key in held:
+        value = held[key]
+        return None, value.dtype, value
+    index = getattr(loader, "index", None) or {}
+    if key not in index:
+        return {"kind": "none"}, tensor.dtype, None
+    info = index[key]
+    dtype = info.get("dtype", _torch_name(tensor.dtype))
+    if info.get("safetensors_file") is not None:
+        source = {
+            "kind": "safetensors",
+            "path": os.path.abspath(info["safetensors_file"]),
+            "tensor": info.get("weight_name", key),
+        }
+    else:
+        folder = getattr(loader, "save_folder", None)
+        if folder is None:
+            return {"kind": "none"}, tensor.dtype, None
+        source = {
+            "kind": "file",
+            "path": os.path.abspath(os.path.join(folder, f"{key}.dat")),
+            "dtype": dtype,
+        }
+    import torch
+
+    return source, getattr(torch, dtype), None
+
+
+def _memory_source(name, tensor, keep):
+    """A tensor in this process's memory, read where it is."""
+    if tensor.device.type != "cpu":
+        raise Refusal(
+            f"tensor `{name}` is on {tensor.device}: devmap saves CPU and disk-offloaded "
+            "values from a live model; its chunked GPU copy is not built yet (move the "
+            "model to the CPU, or save it with model.save_pretrained)"
+        )
+    if not tensor.is_contiguous():
+        # A strided view: written from a contiguous copy of this one tensor.
+        tensor = tensor.contiguous()
+    keep.append(tensor)
+    return {"kind": "memory", "address": tensor.data_ptr()}
+
+
+def build(model, config_dir):
+    """The manifest for `model` (a dict), the tensors it points into (to keep alive
+    while the saver reads them) and a check that none changed meanwhile."""
+    import torch
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    if getattr(model, "_hf_peft_config_loaded", False) or hasattr(model, "peft_config"):
+        raise Refusal(
+            "the model has peft adapters attached: merge them first "
+            "(model = model.merge_and_unload()) to save the merged weights"
+        )
+    if getattr(model, "hf_quantizer", None) is not None:
+        raise Refusal("the model is quantized; devmap saves quantized models from their files (devmap save)")
+
+    state_dict = model.state_dict()
+    for key in getattr(model, "_keys_to_ignore_on_save", None) or []:
+        state_dict.pop(key, None)
+    state_dict = remove_tied_weights_from_state_dict(state_dict, model)
+
+    loaders = _offload_loaders(model)
+    keep, watched, sources, held_dtypes, devices = [], [], {}, {}, {}
+    for name, tensor in state_dict.items():
+        if tensor.device.type == "meta":
+            source, dtype, value = _offloaded_source(model, loaders, name, tensor)
+            if value is not None:
+                source = _memory_source(name, value, keep)
+                watched.append((name, value, value._version, None))
+            devices[name] = "disk" if source["kind"] != "none" else "meta"
+        else:
+            source, dtype = _memory_source(name, tensor, keep), tensor.dtype
+            live = model.get_parameter_or_buffer(name) if hasattr(model, "get_parameter_or_buffer") else None
+            pointer = live.data_ptr() if live is not None else None
+            watched.append((name, tensor, tensor._version, pointer))
+            devices[name] = "cpu"
+        sources[name], held_dtypes[name] = source, dtype
+
+    missing = [n for n, s in sources.items() if s["kind"] == "none"]
+    if missing:
+        shown = ", ".join(f"`{n}`" for n in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise Refusal(
+            f"{shown}{more} {'is' if len(missing) == 1 else 'are'} on the meta device with no "
+            "value anywhere (no offload loader holds them): nothing was written; load the "
+            "model with its weights (a device_map with an offload_folder) before saving"
+        )
+
+    # transformers' own reversal of its load-time conversions (renamed modules, fused
+    # experts), run on data-less stand-ins: each result is a view of one stand-in, so
+    # its storage offset says where in that tensor's value the saved tensor starts.
+    stand_ins, origin = {}, {}
+    for name, tensor in state_dict.items():
+        stand_in = torch.empty(tuple(tensor.shape), dtype=held_dtypes[name], device="meta")
+        stand_ins[name], origin[id(stand_in)] = stand_in, name
+    reverted = revert_weight_conversion(model, dict(stand_ins))
+
+    entries = []
+    for saved_name, view in reverted.items():
+        base = view._base if view._base is not None else view
+        from_name = origin.get(id(base))
+        if from_name is None or not view.is_contiguous() or view.dtype != base.dtype:
+            raise Refusal(
+                f"transformers saves `{saved_name}` by combining or reshaping the model's "
+                "tensors in a way devmap cannot stream yet (it is not a contiguous slice of one "
+                "tensor); save this model with model.save_pretrained"
+            )
+        first = view.storage_offset()
+        source = dict(sources[from_name])
+        if source["kind"] == "memory":
+            source["address"] += first * view.element_size()
+        elif first:
+            source["first"] = source.get("first", 0) + first
+        entries.append({
+            "name": saved_name,
+            "dtype": _torch_name(view.dtype),
+            "shape": list(view.shape),
+            "device": devices[from_name],
+            "source": source,
+        })
+
+    _write_config(model, config_dir)
+    manifest = {
+        "format": FORMAT,
+        "config_dir": os.path.abspath(config_dir),
+        "total_parameters": model.num_parameters() if hasattr(model, "num_parameters") else None,
+        "tensors": entries,
+    }
+
+    def unchanged():
+        changed = []
+        for name, tensor, version, pointer in watched:
+            if tensor._version != version:
+                changed.append(name)
+            elif pointer is not None and model.get_parameter_or_buffer(name).data_ptr() != pointer:
+                changed.append(name)
+        if changed:
+            raise Refusal(
+                f"{', '.join(f'`{n}`' for n in changed[:5])} changed while devmap was saving "
+                "(an in-place edit from another thread?): nothing was committed; save again"
+            )
+
+    return manifest, keep, unchanged
+
+
+def _write_config(model, folder):
+    """config.json and generation_config.json as `save_pretrained` writes them, from a
+    copy: the model's own config is left as it is."""
+    config = copy.deepcopy(model.config)
+    config.dtype = _torch_name(model.dtype)
+    config.architectures = [model.__class__.__name__.removeprefix("FSDP")]
+    config.save_pretrained(folder)
+    can_generate = getattr(model, "can_generate", None)
+    if callable(can_generate) and can_generate():
+        model.generation_config.save_pretrained(folder)

@@ -1,0 +1,143 @@
+//! The live-model manifest: what the Python package (`python/devmap`) tells the saver
+//! about a model in a Python session — every tensor `save_pretrained` would write,
+//! under the name it would write, with where its current bytes are.
+//!
+//! A value is either in this process's memory (a CPU tensor: its address, read through
+//! `/proc/self/mem` with plain positioned reads, so no pointer is ever dereferenced) or
+//! in a file (an accelerate `.dat`, a safetensors entry of the checkpoint or of
+//! transformers' offload folder). A source may start inside its tensor: transformers
+//! saves some parameters as slices of a fused one (`first`, in elements).
+//!
+//! ```json
+//! {"format": "devmap-live/1", "config_dir": "/tmp/…",
+//!  "tensors": [{"name": "model.embed_tokens.weight", "dtype": "bfloat16",
+//!               "shape": [32000, 4096], "device": "cpu",
+//!               "source": {"kind": "memory", "address": 140231312}}]}
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::FormatError;
+
+/// The `format` value this version reads.
+pub const FORMAT: &str = "devmap-live/1";
+
+/// Where this process's memory reads from.
+pub const PROCESS_MEMORY: &str = "/proc/self/mem";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub format: String,
+    /// A folder holding the config.json (and generation_config.json) the save copies,
+    /// written by transformers' own `config.save_pretrained`.
+    pub config_dir: PathBuf,
+    /// `model.num_parameters()`, for the index's `total_parameters` as transformers
+    /// writes it; the saver counts the written tensors when absent.
+    #[serde(default)]
+    pub total_parameters: Option<u64>,
+    pub tensors: Vec<LiveTensor>,
+}
+
+/// One tensor as `save_pretrained` would write it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveTensor {
+    pub name: String,
+    /// The dtype the model holds it in (torch's name: `bfloat16`), which `--dtype auto`
+    /// writes.
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    /// Where the model keeps it: `cpu`, `cuda:N`, `disk`, `meta`.
+    pub device: String,
+    pub source: LiveSource,
+}
+
+/// Where a tensor's current bytes are.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LiveSource {
+    /// Contiguous bytes in this process at `address`, in the tensor's own dtype.
+    Memory { address: u64 },
+    /// Raw little-endian elements in a file from byte `offset` (an accelerate `.dat`
+    /// is at offset 0), stored as `dtype` (the model may hold another).
+    File {
+        path: PathBuf,
+        #[serde(default)]
+        offset: u64,
+        dtype: String,
+        #[serde(default)]
+        first: u64,
+    },
+    /// Entry `tensor` of a safetensors file, from its element `first`.
+    Safetensors {
+        path: PathBuf,
+        tensor: String,
+        #[serde(default)]
+        first: u64,
+    },
+    /// No value anywhere (a `meta` tensor nothing materialises).
+    None,
+}
+
+/// Parses a manifest; `origin` names it in errors.
+pub fn parse_manifest(text: &str, origin: &Path) -> Result<Manifest, FormatError> {
+    let manifest: Manifest = serde_json::from_str(text).map_err(|e| {
+        FormatError::invalid(origin, format!("is not a devmap live-model manifest: {e}"))
+    })?;
+    if manifest.format != FORMAT {
+        return Err(FormatError::invalid(
+            origin,
+            format!(
+                "is manifest format `{}`; this devmap reads `{FORMAT}` (the Python package and the library come from different versions)",
+                manifest.format
+            ),
+        ));
+    }
+    Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_each_source_kind_and_refuses_another_version() {
+        let text = r#"{"format": "devmap-live/1", "config_dir": "/c", "tensors": [
+            {"name": "a", "dtype": "float32", "shape": [2], "device": "cpu",
+             "source": {"kind": "memory", "address": 4096}},
+            {"name": "b", "dtype": "bfloat16", "shape": [2, 2], "device": "disk",
+             "source": {"kind": "file", "path": "/o/b.dat", "dtype": "bfloat16"}},
+            {"name": "c", "dtype": "float32", "shape": [1], "device": "disk",
+             "source": {"kind": "safetensors", "path": "/m/x.safetensors", "tensor": "c", "first": 3}},
+            {"name": "d", "dtype": "float32", "shape": [1], "device": "meta",
+             "source": {"kind": "none"}}]}"#;
+        let m = parse_manifest(text, Path::new("m.json")).expect("parses");
+        assert_eq!(m.tensors.len(), 4);
+        assert!(matches!(
+            m.tensors[0].source,
+            LiveSource::Memory { address: 4096 }
+        ));
+        assert!(matches!(
+            m.tensors[1].source,
+            LiveSource::File {
+                offset: 0,
+                first: 0,
+                ..
+            }
+        ));
+        assert!(matches!(
+            m.tensors[2].source,
+            LiveSource::Safetensors { first: 3, .. }
+        ));
+        assert!(matches!(m.tensors[3].source, LiveSource::None));
+
+        let old = text.replace("devmap-live/1", "devmap-live/0");
+        let err = parse_manifest(&old, Path::new("m.json")).expect_err("other version");
+        assert!(err.to_string().contains("devmap-live/0"), "{err}");
+        let typo = text.replace("\"address\"", "\"adress\"");
+        assert!(parse_manifest(&typo, Path::new("m.json")).is_err());
+    }
+}

@@ -1,0 +1,225 @@
+//! A model in a Python session, described by a live-model manifest
+//! (`formats::live`), read into a [`Checkpoint`] the saver writes like any other.
+//!
+//! The manifest already names tensors as `save_pretrained` writes them (the Python side
+//! ran transformers' own tie removal and weight-conversion reversal), so nothing here
+//! renames or ties: each entry becomes one tensor whose source is a range of process
+//! memory or of a file, stored in one dtype and held by the model in another where the
+//! two differ (`Tensor::load_dtype`, which `DtypeChoice::AsLoaded` writes).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::LoadError;
+use crate::formats::FormatError;
+use crate::formats::config::{ModelConfig, read_config};
+use crate::formats::live::{LiveSource, LiveTensor, Manifest, PROCESS_MEMORY};
+use crate::formats::safetensors::HeaderCache;
+use crate::model::checkpoint::{
+    ByteRange, Checkpoint, FileId, NO_KEY, Parts, Source, SourceFile, Tensor,
+};
+use crate::types::dtype::DType;
+use crate::types::placement::Placement;
+
+/// Reads `manifest` into a checkpoint. `origin` names the manifest in errors.
+pub fn load_live(manifest: &Manifest, origin: &Path) -> Result<Checkpoint, LoadError> {
+    let config_path = manifest.config_dir.join("config.json");
+    let config = if config_path.is_file() {
+        read_config(&config_path)?
+    } else {
+        ModelConfig::absent()
+    };
+    let mut files = Files::default();
+    let mut tensors = Vec::with_capacity(manifest.tensors.len());
+    for live in &manifest.tensors {
+        tensors.push(tensor_of(live, &mut files, origin)?);
+    }
+    let mut ckpt = Checkpoint::assemble(Parts {
+        dir: manifest.config_dir.clone(),
+        files: files.list,
+        tensors,
+        ties: Vec::new(),
+        device_map: None,
+        device_map_path: None,
+        offload_dir: None,
+        config,
+        weight_files: Vec::new(),
+        config_dir: None,
+        warnings: Vec::new(),
+        replaced: Vec::new(),
+    });
+    if let Some(w) = ckpt.tensors().windows(2).find(|w| w[0].name == w[1].name) {
+        return Err(LoadError::Conflict {
+            path: origin.to_path_buf(),
+            message: format!("names tensor `{}` twice", w[0].name),
+        });
+    }
+    ckpt.total_parameters = manifest.total_parameters;
+    Ok(ckpt)
+}
+
+/// The source files met so far, each once.
+#[derive(Default)]
+struct Files {
+    list: Vec<SourceFile>,
+    ids: HashMap<PathBuf, FileId>,
+    headers: HeaderCache,
+}
+
+impl Files {
+    fn id(&mut self, path: &Path, len: u64, modified: Option<std::time::SystemTime>) -> FileId {
+        if let Some(&id) = self.ids.get(path) {
+            return id;
+        }
+        self.list.push(SourceFile {
+            path: path.to_path_buf(),
+            len,
+            modified,
+        });
+        self.ids.insert(path.to_path_buf(), self.list.len() - 1);
+        self.list.len() - 1
+    }
+
+    /// This process's memory: no length or time to compare (the Python side checks
+    /// each tensor's version counter instead).
+    fn memory(&mut self) -> FileId {
+        self.id(Path::new(PROCESS_MEMORY), 0, None)
+    }
+}
+
+fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tensor, LoadError> {
+    let bad = |message: String| {
+        LoadError::Format(FormatError::tensor(origin, live.name.clone(), message))
+    };
+    let dtype_of = |name: &str| {
+        DType::from_torch_name(name).ok_or_else(|| {
+            bad(format!(
+                "has dtype `{name}`, which safetensors cannot store"
+            ))
+        })
+    };
+    let held = dtype_of(&live.dtype)?;
+    let placement = Placement::parse_device(&live.device).ok_or_else(|| {
+        bad(format!(
+            "is on device `{}`, which devmap does not know",
+            live.device
+        ))
+    })?;
+    let shape = crate::types::shape::Shape::new(&live.shape);
+    let numel = live
+        .shape
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| {
+            bad(format!(
+                "has shape {:?}, more elements than fit in 64 bits",
+                live.shape
+            ))
+        })?;
+    let bytes_as = |dtype: DType| {
+        numel.checked_mul(dtype.size()).ok_or_else(|| {
+            bad(format!(
+                "has shape {:?}, more bytes than fit in 64 bits",
+                live.shape
+            ))
+        })
+    };
+    let (source, stored) = match &live.source {
+        LiveSource::Memory { address } => {
+            let len = bytes_as(held)?;
+            let file = files.memory();
+            (
+                Source::Checkpoint(ByteRange {
+                    file,
+                    offset: *address,
+                    len,
+                }),
+                held,
+            )
+        }
+        LiveSource::File {
+            path,
+            offset,
+            dtype,
+            first,
+        } => {
+            let stored = dtype_of(dtype)?;
+            let meta = crate::formats::input::check_regular(path)?;
+            let len = bytes_as(stored)?;
+            let start = first
+                .checked_mul(stored.size())
+                .and_then(|skip| skip.checked_add(*offset))
+                .filter(|start| start.checked_add(len).is_some_and(|end| end <= meta.len()))
+                .ok_or_else(|| {
+                    LoadError::Format(FormatError::tensor(
+                        path,
+                        live.name.clone(),
+                        format!(
+                            "needs {len} bytes from byte {offset} (element {first} on), but the file holds {} bytes",
+                            meta.len()
+                        ),
+                    ))
+                })?;
+            let file = files.id(path, meta.len(), meta.modified().ok());
+            (
+                Source::Checkpoint(ByteRange {
+                    file,
+                    offset: start,
+                    len,
+                }),
+                stored,
+            )
+        }
+        LiveSource::Safetensors {
+            path,
+            tensor,
+            first,
+        } => {
+            let header = files.headers.get(path)?;
+            let entry = header
+                .tensors
+                .iter()
+                .find(|t| t.name == *tensor)
+                .ok_or_else(|| {
+                    LoadError::Format(FormatError::tensor(
+                        path,
+                        tensor.clone(),
+                        format!(
+                            "is not in the file (the model reads `{}` from it)",
+                            live.name
+                        ),
+                    ))
+                })?;
+            let stored = entry.dtype;
+            let len = bytes_as(stored)?;
+            let skip = first
+                .checked_mul(stored.size())
+                .filter(|skip| skip.checked_add(len).is_some_and(|end| end <= entry.len))
+                .ok_or_else(|| {
+                    LoadError::Format(FormatError::tensor(
+                        path,
+                        tensor.clone(),
+                        format!(
+                            "holds {} bytes, but `{}` needs {len} of them from element {first} on",
+                            entry.len, live.name
+                        ),
+                    ))
+                })?;
+            // `entry.offset` counts from the start of the file.
+            let offset = entry.offset + skip;
+            let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+            let file = files.id(path, header.file_len, modified);
+            (Source::Checkpoint(ByteRange { file, offset, len }), stored)
+        }
+        LiveSource::None => (Source::None, held),
+    };
+    Ok(Tensor {
+        name: live.name.as_str().into(),
+        shape,
+        source,
+        placement,
+        map_key: NO_KEY,
+        dtype: stored,
+        load_dtype: (stored != held).then_some(held),
+    })
+}
