@@ -1,9 +1,9 @@
 """From a Python session to devmap: write what devmap needs to see a model you loaded
 with a device map.
 
-    from devmap_export import export
+    import devmap
     model = AutoModelForCausalLM.from_pretrained(path, device_map=..., offload_folder=...)
-    export(model, path, offload_folder)          # then: devmap path  /  devmap save path ...
+    devmap.export(model, path, offload_folder)   # then: devmap path  /  devmap save path ...
 
 It writes
 - `device_map.json` beside the checkpoint (or where `device_map_path` says): the

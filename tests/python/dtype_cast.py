@@ -155,9 +155,10 @@ def check_auto(devmap, work):
     ours = os.path.join(work, "devmap-saved")
     # transformers 5 writes no weights into the offload folder here: it keeps an index
     # of entries pointing into the float32 checkpoint, with the dtype it loads them as,
-    # in memory only. scripts/devmap_export.py writes it out (and device_map.json).
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
-    from devmap_export import export, offload_index
+    # in memory only. The devmap package's export writes it out (and device_map.json);
+    # its pure-Python part is imported from the checkout (no build needed).
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python", "devmap"))
+    from _export import export, offload_index
 
     index = offload_index(loaded)
     if not index or not all(e.get("dtype") == "bfloat16" for e in index.values()):
@@ -169,7 +170,7 @@ def check_auto(devmap, work):
     if relative:
         raise SystemExit(f"export wrote relative paths: {relative[:2]}")
     if len(written) != 2:
-        raise SystemExit(f"devmap_export wrote {written}")
+        raise SystemExit(f"devmap export wrote {written}")
     subprocess.run([devmap, "save", src, "--offload-folder", offload, "--out", ours, "--quiet"],
                    check=True)
 
