@@ -57,7 +57,8 @@ def save_pretrained(
       transformers does; "bfloat16", "float16" or "float32" casts every floating tensor.
     - `verify`: read the saved folder back and compare every tensor with the model
       (and with what transformers expects of the architecture); raises on a difference.
-    - `progress`: a progress bar (tqdm if installed, else a line on stderr).
+    - `progress`: a progress bar (tqdm if installed, else a line on stderr), or a
+      callable `progress(written_bytes, total_bytes)`.
     - `force`: allow an `out` that already holds files (devmap replaces its own kind of
       files and leaves the rest); the default refuses a non-empty folder.
 
@@ -138,9 +139,21 @@ class _Tqdm:
             self.bar.close()
 
 
+class _Calls:
+    """A progress callable of the caller's: `progress(written, total)`."""
+
+    def __init__(self, call):
+        self.update = call
+
+    def close(self):
+        pass
+
+
 def _progress_bar(progress):
     if not progress:
         return None
+    if callable(progress):
+        return _Calls(progress)
     try:
         from tqdm.auto import tqdm
     except ImportError:

@@ -10,6 +10,7 @@ of them itself. The Rust saver then reads each value where it is, one buffer at 
 """
 
 import copy
+import math
 import os
 
 FORMAT = "devmap-live/1"
@@ -93,6 +94,74 @@ def _memory_source(name, tensor, keep):
     return {"kind": "memory", "address": tensor.data_ptr()}
 
 
+class _Copies:
+    """Records the copies an operation makes (`clone`, a same-dtype `to`), each with
+    the tensor it copied, so a slice of a copy can be traced back to its source."""
+
+    def __new__(cls):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Mode(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.made, self.kept = {}, []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                import torch
+
+                out = func(*args, **(kwargs or {}))
+                copying = (torch.ops.aten.clone.default, torch.ops.aten._to_copy.default)
+                if func in copying and isinstance(out, torch.Tensor):
+                    source = args[0]
+                    if source.dtype == out.dtype and source.shape == out.shape:
+                        self.made[id(out)] = source
+                        self.kept.append(out)  # ids stay unique while the map lives
+                return out
+
+        return Mode()
+
+
+def _locate(t, origin, made, depth=0):
+    """(stand-in name, element offset) of a contiguous tensor whose elements are a
+    contiguous run of one stand-in's, or None. A slice of a copy is mapped onto the
+    copied tensor: the run must be whole trailing dimensions of the copy (a box of
+    it), and that box must be contiguous in what was copied."""
+    if depth > 16 or not t.is_contiguous() or t.numel() == 0:
+        return None
+    base = t._base if t._base is not None else t
+    if id(base) in origin:
+        return origin[id(base)], t.storage_offset()
+    source = made.get(id(base))
+    if source is None or not base.is_contiguous():
+        return None
+    start, count, shape = t.storage_offset() - base.storage_offset(), t.numel(), tuple(base.shape)
+    # The widest trailing block the run is made of: `count` elements from `start`
+    # are `blocks` whole blocks of `inner` elements.
+    dim = len(shape)
+    while dim > 0:
+        inner = math.prod(shape[dim - 1:])
+        if count % inner or start % inner:
+            break
+        dim -= 1
+    inner = math.prod(shape[dim:])
+    block, blocks = start // inner, count // inner
+    if dim == 0:
+        if block or blocks != 1:
+            return None
+        region = source
+    else:
+        at = block % shape[dim - 1]
+        if at + blocks > shape[dim - 1]:
+            return None
+        prefix, rest = [], block // shape[dim - 1]
+        for size in reversed(shape[:dim - 1]):
+            prefix.append(rest % size)
+            rest //= size
+        region = source[tuple(reversed(prefix))] if prefix else source
+        region = region[at:at + blocks]
+    return _locate(region, origin, made, depth + 1)
+
+
 def build(model, config_dir):
     """The manifest for `model` (a dict), the tensors it points into (to keep alive
     while the saver reads them) and a check that none changed meanwhile."""
@@ -141,25 +210,31 @@ def build(model, config_dir):
         )
 
     # transformers' own reversal of its load-time conversions (renamed modules, fused
-    # experts), run on data-less stand-ins: each result is a view of one stand-in, so
-    # its storage offset says where in that tensor's value the saved tensor starts.
+    # experts), run on data-less stand-ins: each result is a slice of one stand-in's
+    # value, found through the views and copies the reversal made (see `_locate`).
     stand_ins, origin = {}, {}
     for name, tensor in state_dict.items():
         stand_in = torch.empty(tuple(tensor.shape), dtype=held_dtypes[name], device="meta")
         stand_ins[name], origin[id(stand_in)] = stand_in, name
-    reverted = revert_weight_conversion(model, dict(stand_ins))
+    copies = _Copies()
+    with copies:
+        reverted = revert_weight_conversion(model, dict(stand_ins))
 
     entries = []
     for saved_name, view in reverted.items():
-        base = view._base if view._base is not None else view
-        from_name = origin.get(id(base))
-        if from_name is None or not view.is_contiguous() or view.dtype != base.dtype:
+        if view.numel() == 0:
+            # No bytes to read: any source will do.
+            entries.append({"name": saved_name, "dtype": _torch_name(view.dtype), "shape": list(view.shape),
+                            "device": "cpu", "source": {"kind": "memory", "address": 0}})
+            continue
+        found = _locate(view, origin, copies.made)
+        if found is None:
             raise Refusal(
                 f"transformers saves `{saved_name}` by combining or reshaping the model's "
                 "tensors in a way devmap cannot stream yet (it is not a contiguous slice of one "
                 "tensor); save this model with model.save_pretrained"
             )
-        first = view.storage_offset()
+        from_name, first = found
         source = dict(sources[from_name])
         if source["kind"] == "memory":
             source["address"] += first * view.element_size()

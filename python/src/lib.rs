@@ -58,6 +58,8 @@ fn save_manifest(
     options.force = force;
     options.jobs = jobs.max(1);
     options.available_ram = devmap::monitor::available_ram();
+    // The test hook `devmap save` takes from the same variable (see CONTRIBUTING.md).
+    options.pause_file = std::env::var_os("DEVMAP_TEST_PAUSE").map(PathBuf::from);
     options.commit_check = check.map(|check| {
         CommitCheck(Arc::new(move || {
             Python::attach(|py| match check.call0(py) {

@@ -225,6 +225,10 @@ pub fn write(
     }
     if let Some(check) = &options.commit_check {
         (check.0)().map_err(|why| SaveError::Refused(vec![why]))?;
+        // The check may have waited (for Python's lock) while the save was cancelled.
+        if cancel.load(Ordering::Relaxed) {
+            return Err(SaveError::Cancelled);
+        }
     }
 
     // Commit: from here on, files appear under their real names, the index last.
