@@ -249,6 +249,12 @@ if __name__ == "__main__":
     import transformers
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, python {sys.version.split()[0]}")
+    if sys.argv[1:] == ["--installed"]:
+        # .ci/run after `pip install ./python`: the installed package, one case.
+        if "site-packages" not in devmap.__file__:
+            raise SystemExit(f"devmap was imported from {devmap.__file__}, not from the installed package")
+        llama_cpu_disk_edited_and_merged()
+        sys.exit(0)
     llama_cpu_disk_edited_and_merged()
     mixtral_experts_on_disk_in_shards()
     gpt2_dispatched_with_dat_offload()
