@@ -48,6 +48,7 @@ def save_pretrained(
     progress=True,
     force=False,
     jobs=2,
+    fsync=True,
 ):
     """Saves `model` into the folder `out` as `model.save_pretrained(out)` would: the
     same tensor names (transformers' own tie removal and conversion reversal), dtypes,
@@ -59,6 +60,9 @@ def save_pretrained(
       (and with what transformers expects of the architecture); raises on a difference.
     - `progress`: a progress bar (tqdm if installed, else a line on stderr), or a
       callable `progress(written_bytes, total_bytes)`.
+    - `fsync`: flush every shard to the disk before it is renamed into place, so a
+      power loss leaves the old folder or the new one (transformers does not; False
+      saves that time).
     - `force`: allow an `out` that already holds files (devmap replaces its own kind of
       files and leaves the rest); the default refuses a non-empty folder.
 
@@ -94,6 +98,7 @@ def save_pretrained(
                 force=force,
                 verify=verify,
                 jobs=jobs,
+                fsync=fsync,
                 progress=bar.update if bar else None,
                 check=check,
             )

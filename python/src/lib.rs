@@ -34,7 +34,7 @@ const TICK: Duration = Duration::from_millis(100);
 /// `progress(written, total)` is called as bytes are written; `check()` is called once
 /// before the commit and refuses the save by raising.
 #[pyfunction]
-#[pyo3(signature = (manifest, out, *, max_shard_size, dtype, force, verify, jobs, progress=None, check=None))]
+#[pyo3(signature = (manifest, out, *, max_shard_size, dtype, force, verify, jobs, fsync=true, progress=None, check=None))]
 #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
 fn save_manifest(
     py: Python<'_>,
@@ -45,6 +45,7 @@ fn save_manifest(
     force: bool,
     verify: bool,
     jobs: usize,
+    fsync: bool,
     progress: Option<Py<PyAny>>,
     check: Option<Py<PyAny>>,
 ) -> PyResult<String> {
@@ -57,6 +58,7 @@ fn save_manifest(
     options.dtype = dtype_choice(dtype)?;
     options.force = force;
     options.jobs = jobs.max(1);
+    options.fsync = fsync;
     options.available_ram = devmap::monitor::available_ram();
     // The test hook `devmap save` takes from the same variable (see CONTRIBUTING.md).
     options.pause_file = std::env::var_os("DEVMAP_TEST_PAUSE").map(PathBuf::from);

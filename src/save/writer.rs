@@ -15,6 +15,7 @@ use super::error::SaveError;
 use super::event::{Reporter, SaveEvent};
 use super::recipe::Recipe;
 use super::shards::{SavePlan, ShardPlan};
+use crate::formats::live::PROCESS_MEMORY;
 use crate::model::checkpoint::{Checkpoint, FileId};
 
 /// Input files a writer keeps open at once. An offload folder may hold thousands of
@@ -200,6 +201,10 @@ impl ShardWriter<'_> {
             let from = (src, source.offset);
             let to = (&dst, data_start + t.begin);
             let moved = match t.recipe {
+                Recipe::Copy(_) if ckpt.files[source.file].path == Path::new(PROCESS_MEMORY) => {
+                    self.copier
+                        .copy_through_buffer(from, to, source.len, &stop, &mut report)
+                }
                 Recipe::Copy(_) => self.copier.copy(from, to, source.len, &stop, &mut report),
                 Recipe::Cast {
                     from: from_dtype,
