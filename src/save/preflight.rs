@@ -98,6 +98,7 @@ pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<S
             ));
         }
     }
+    problems.extend(sources_inside(&out, ckpt, plan));
     problems.extend(check_out_folder(options));
     problems.extend(unreadable_sources(ckpt, plan));
     problems.extend(check_targets(ckpt, plan, options));
@@ -132,6 +133,39 @@ pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<S
         _ => {}
     }
     problems
+}
+
+/// Input files inside OUT: the commit would replace or remove what the save (and, for
+/// a live model, the model itself) reads. The model folder and the offload folder are
+/// checked above by name; this catches the rest (a live model's checkpoint, an
+/// adapter).
+fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String> {
+    let mut files: Vec<usize> = plan
+        .shards
+        .iter()
+        .flat_map(|s| &s.tensors)
+        .map(|t| t.recipe.source().file)
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    let inside: Vec<&Path> = files
+        .into_iter()
+        .map(|f| ckpt.file_path(f))
+        .filter(|p| *p != Path::new(crate::formats::live::PROCESS_MEMORY))
+        .filter(|p| canonical_or_self(p).starts_with(out))
+        .collect();
+    match inside.first() {
+        None => Vec::new(),
+        Some(first) => vec![format!(
+            "the output folder {} holds {}{}, which the save reads from (the model's weights live there); pick another folder",
+            out.display(),
+            first.display(),
+            match inside.len() {
+                1 => String::new(),
+                n => format!(" and {} more", n - 1),
+            }
+        )],
+    }
 }
 
 /// Input files the save will read that cannot be opened now (permissions, a file

@@ -287,6 +287,15 @@ impl ShardWriter<'_> {
                     {
                         SaveError::io(tmp, io)
                     }
+                    CopyError::Io(io) if src_path == Path::new(PROCESS_MEMORY) => {
+                        SaveError::SourceChanged {
+                            path: src_path.to_path_buf(),
+                            message: format!(
+                                "tensor `{}`: its memory at {:#x} cannot be read ({io}): the tensor was freed or moved while devmap saved it",
+                                ckpt.tensors()[t.tensor].name, source.offset
+                            ),
+                        }
+                    }
                     CopyError::Io(io) => SaveError::io(src_path, io),
                 })?;
             check_unchanged(ckpt, source.file, src)?;

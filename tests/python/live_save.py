@@ -110,6 +110,17 @@ def llama_cpu_disk_edited_and_merged():
     n = compare("llama", model, theirs, ours)
     if report["shard_files"] != ["model.safetensors"] or "0 problems" not in report["verify"]:
         raise SystemExit(f"llama: report {report}")
+    # Saving over the folder the model was loaded from would replace the file its
+    # disk-offloaded layers are read from.
+    before = {n: os.path.getmtime(os.path.join(src, n)) for n in os.listdir(src)}
+    try:
+        devmap.save_pretrained(model, src, progress=False, force=True)
+        raise SystemExit("llama: saving over the model's own folder was not refused")
+    except devmap.DevmapError as err:
+        if "which the save reads from" not in str(err):
+            raise SystemExit(f"llama: unclear refusal for the model's own folder: {err}")
+    if before != {n: os.path.getmtime(os.path.join(src, n)) for n in os.listdir(src)}:
+        raise SystemExit("llama: the refused save changed the model's folder")
     print(f"ok: llama cpu+disk bf16-from-f32, edited, LoRA merged: {n} tensors as transformers writes them")
 
 
