@@ -50,8 +50,13 @@ fn save(text: &str, out: &Path, check: Option<CommitCheck>) -> Result<(), SaveEr
     devmap::save::write(&ckpt, &plan, &options, &cancel, &reporter)?;
     // The saver's own replay agrees too (reading the memory again).
     let expected = devmap::verify::Expected::from_plan(&ckpt, plan);
-    let report = devmap::verify::verify(out, Some(&expected), false, &Default::default())
-        .expect("verify runs");
+    let report = devmap::verify::verify(
+        out,
+        Some(&expected),
+        false,
+        &devmap::verify::Progress::default(),
+    )
+    .expect("verify runs");
     assert_eq!(report.differences(), 0, "{}", report.to_text());
     Ok(())
 }
