@@ -7,7 +7,12 @@ mod common;
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn the_readme_quick_start_runs_as_written() {
-    let (ok, out, err) = common::run_hf_script("readme_quickstart.py");
+    // The quick start imports the devmap package (`pip install ./python`): built here.
+    let package = common::built_python_package();
+    let (ok, out, err) = common::run_hf_script_with(
+        "readme_quickstart.py",
+        &[("PYTHONPATH", package.path().as_os_str())],
+    );
     assert!(ok, "the README's quick start failed:\n{out}\n{err}");
-    assert_eq!(out.matches("ok: ").count(), 3, "{out}");
+    assert_eq!(out.matches("ok: ").count(), 4, "{out}");
 }

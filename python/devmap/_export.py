@@ -13,11 +13,8 @@ It writes
   checkpoint (absolute paths) with the dtype the model loads them as; written again on
   every export, unless the folder holds an index of another kind.
 
-What devmap can see is what is on disk: the checkpoint and the offload folder. Values
-changed only in RAM or on a GPU (an in-place edit of a cpu or cuda parameter) are not
-on disk and devmap cannot save them; save those with save_pretrained, or write them
-into the offload folder first. To save a model with a LoRA adapter merged, give devmap
-the base model and the adapter (`--merge-lora`) instead of merging in Python.
+The `devmap` command sees what is on disk: the checkpoint and the offload folder.
+Values changed only in memory are saved from the session by `devmap.save_pretrained`.
 """
 
 import json

@@ -351,6 +351,14 @@ pub fn hf_python() -> Result<PathBuf, String> {
 /// are `#[ignore]`d for a bare `cargo test`; run with `--include-ignored` they need
 /// the reference libraries and fail without them, never pass by skipping.
 pub fn run_hf_script(script: &str) -> (bool, String, String) {
+    run_hf_script_with(script, &[])
+}
+
+/// [`run_hf_script`] with more environment variables.
+pub fn run_hf_script_with(
+    script: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (bool, String, String) {
     let py = hf_python().unwrap_or_else(|why| panic!("{script} cannot run: {why}"));
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/python")
@@ -359,6 +367,7 @@ pub fn run_hf_script(script: &str) -> (bool, String, String) {
         .arg(path)
         .arg(env!("CARGO_BIN_EXE_devmap"))
         .env("HF_HUB_OFFLINE", "1")
+        .envs(env.iter().copied())
         .output()
         .expect("python");
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -386,4 +395,46 @@ pub fn peak_rss(stderr: &str) -> u64 {
         .find_map(|l| l.strip_prefix("devmap-peak-rss-bytes="))
         .and_then(|v| v.parse().ok())
         .expect("peak RSS line")
+}
+
+/// The devmap Python package, built for a test: cargo builds the binding (the crate
+/// `pip install ./python` builds) and the package is laid out in a temporary folder: `devmap/*.py`
+/// from python/devmap, `devmap/_devmap.abi3.so` from the build.
+pub fn built_python_package() -> tempfile::TempDir {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let build = Command::new(cargo)
+        .args([
+            "build",
+            "--locked",
+            "-p",
+            "devmap-python",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(root)
+        .output()
+        .expect("cargo build");
+    let stdout = String::from_utf8_lossy(&build.stdout);
+    assert!(
+        build.status.success(),
+        "building the binding failed:\n{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let library: PathBuf = stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "_devmap")
+        .find_map(|m| m["filenames"][0].as_str().map(PathBuf::from))
+        .expect("cargo names the built library");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let package = tmp.path().join("devmap");
+    std::fs::create_dir(&package).expect("mkdir");
+    for entry in std::fs::read_dir(root.join("python/devmap")).expect("python/devmap") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "py") {
+            std::fs::copy(&path, package.join(path.file_name().expect("name"))).expect("copy");
+        }
+    }
+    std::fs::copy(&library, package.join("_devmap.abi3.so")).expect("copy library");
+    tmp
 }

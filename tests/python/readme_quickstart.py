@@ -1,7 +1,7 @@
 """The README's quick start, run as written: its Python block in a fresh folder that
-holds a small saved model as `my-model` (and devmap's `scripts/` beside it, as in a
-checkout), then its shell commands with this devmap; the saved model must load back
-with every value the original had.
+holds a small saved model as `my-model` (the devmap package importable, as after
+`pip install ./python`), then its shell commands with this devmap; both saved models
+must load back with every value the original had.
 
 Usage: python readme_quickstart.py PATH/TO/devmap
 """
@@ -30,7 +30,6 @@ def main(devmap):
     with open(os.path.join(ROOT, "README.md")) as f:
         python, shell = blocks(f.read())
     work = tempfile.mkdtemp(prefix="devmap-quickstart-")
-    os.symlink(os.path.join(ROOT, "scripts"), os.path.join(work, "scripts"))
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32)
@@ -46,12 +45,13 @@ def main(devmap):
         if run.returncode != 0:
             raise SystemExit(f"`{line}` failed:\n{run.stderr}")
         print(f"ok: {line}")
-    back = AutoModelForCausalLM.from_pretrained(os.path.join(work, "my-model-saved"), dtype=torch.bfloat16)
     want = original.state_dict()
-    for name, value in back.state_dict().items():
-        if not torch.equal(value, want[name]):
-            raise SystemExit(f"{name} differs after the quick start's save")
-    print(f"ok: the quick start's save loads back with all {len(want)} values")
+    for saved in ("my-model-saved", "my-model-from-files"):
+        back = AutoModelForCausalLM.from_pretrained(os.path.join(work, saved), dtype=torch.bfloat16)
+        for name, value in back.state_dict().items():
+            if not torch.equal(value, want[name]):
+                raise SystemExit(f"{name} differs in {saved}")
+        print(f"ok: {saved} loads back with all {len(want)} values")
 
 
 if __name__ == "__main__":
