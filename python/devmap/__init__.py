@@ -78,7 +78,7 @@ def save_pretrained(
         max_shard_size = str(max_shard_size)
     with tempfile.TemporaryDirectory(prefix="devmap-config-") as config_dir:
         try:
-            manifest, keep_alive, unchanged = _live.build(model, config_dir)
+            manifest, keep_alive, unchanged, stager = _live.build(model, config_dir)
         except Refusal as refusal:
             raise DevmapError(f"cannot save; nothing was written: {refusal}") from None
         bar = _progress_bar(progress)
@@ -101,13 +101,14 @@ def save_pretrained(
                 fsync=fsync,
                 progress=bar.update if bar else None,
                 check=check,
+                stage=(stager.fill, stager.capacity) if stager.tensors else None,
             )
         except binding.DevmapError as err:
             raise DevmapError(str(err)) from None
         finally:
             if bar:
                 bar.close()
-            del keep_alive
+            del keep_alive, stager
     return json.loads(text)
 
 

@@ -79,14 +79,38 @@ def _offloaded_source(model, loaders, name, tensor):
     return source, getattr(torch, dtype), None
 
 
-def _memory_source(name, tensor, keep):
-    """A tensor in this process's memory, read where it is."""
-    if tensor.device.type != "cpu":
-        raise Refusal(
-            f"tensor `{name}` is on {tensor.device}: devmap saves CPU and disk-offloaded "
-            "values from a live model; its chunked GPU copy is not built yet (move the "
-            "model to the CPU, or save it with model.save_pretrained)"
-        )
+class Stager:
+    """GPU tensors, copied into one reusable host buffer (pinned where CUDA is) a chunk
+    at a time when the saver asks (`fill`), with torch's own copy: GPU memory does not
+    grow, host memory by the buffer."""
+
+    def __init__(self, capacity):
+        self.capacity, self.tensors, self.buffer = capacity, [], None
+
+    def add(self, tensor):
+        if not tensor.is_contiguous():
+            # A strided view: staged from a contiguous copy of this one tensor.
+            tensor = tensor.contiguous()
+        import torch
+
+        self.tensors.append(tensor.reshape(-1).view(torch.uint8))
+        return len(self.tensors) - 1
+
+    def fill(self, key, offset, length):
+        import torch
+
+        if self.buffer is None:
+            self.buffer = torch.empty(self.capacity, dtype=torch.uint8,
+                                      pin_memory=torch.cuda.is_available())
+        # A synchronous copy: the bytes are in the buffer when this returns.
+        self.buffer[:length].copy_(self.tensors[key][offset:offset + length])
+        return self.buffer.data_ptr()
+
+
+def _memory_source(name, tensor, keep, stager):
+    """A tensor in this process's memory, read where it is; a GPU tensor staged."""
+    if tensor.device.type != "cpu" or stager.everything:
+        return {"kind": "staged", "key": stager.add(tensor)}
     if not tensor.is_contiguous():
         # A strided view: written from a contiguous copy of this one tensor.
         tensor = tensor.contiguous()
@@ -162,9 +186,10 @@ def _locate(t, origin, made, depth=0):
     return _locate(region, origin, made, depth + 1)
 
 
-def build(model, config_dir):
+def build(model, config_dir, stage_bytes=64 << 20):
     """The manifest for `model` (a dict), the tensors it points into (to keep alive
-    while the saver reads them) and a check that none changed meanwhile."""
+    while the saver reads them), a check that none changed meanwhile, and the stager of
+    its GPU tensors (`stage_bytes` of host buffer)."""
     import torch
     from transformers.core_model_loading import revert_weight_conversion
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
@@ -183,20 +208,23 @@ def build(model, config_dir):
     state_dict = remove_tied_weights_from_state_dict(state_dict, model)
 
     loaders = _offload_loaders(model)
+    stager = Stager(int(os.environ.get("DEVMAP_TEST_STAGE_BYTES", stage_bytes)))
+    # Tests route CPU tensors through the stager too: the GPU path but for torch's copy.
+    stager.everything = os.environ.get("DEVMAP_TEST_STAGE_CPU") == "1"
     keep, watched, sources, held_dtypes, devices = [], [], {}, {}, {}
     for name, tensor in state_dict.items():
         if tensor.device.type == "meta":
             source, dtype, value = _offloaded_source(model, loaders, name, tensor)
             if value is not None:
-                source = _memory_source(name, value, keep)
+                source = _memory_source(name, value, keep, stager)
                 watched.append((name, value, value._version, None))
             devices[name] = "disk" if source["kind"] != "none" else "meta"
         else:
-            source, dtype = _memory_source(name, tensor, keep), tensor.dtype
+            source, dtype = _memory_source(name, tensor, keep, stager), tensor.dtype
             live = model.get_parameter_or_buffer(name) if hasattr(model, "get_parameter_or_buffer") else None
             pointer = live.data_ptr() if live is not None else None
             watched.append((name, tensor, tensor._version, pointer))
-            devices[name] = "cpu"
+            devices[name] = str(tensor.device) if tensor.device.type == "cuda" else "cpu"
         sources[name], held_dtypes[name] = source, dtype
 
     missing = [n for n, s in sources.items() if s["kind"] == "none"]
@@ -269,7 +297,7 @@ def build(model, config_dir):
                 "(an in-place edit from another thread?): nothing was committed; save again"
             )
 
-    return manifest, keep, unchanged
+    return manifest, keep, unchanged, stager
 
 
 def _write_config(model, folder):

@@ -12,6 +12,7 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 use devmap::save::shards::DtypeChoice;
+use devmap::save::stage::{Stage, StageRef};
 use devmap::save::{CommitCheck, SaveEvent, SaveJob, SaveOptions};
 use devmap::types::DType;
 use pyo3::create_exception;
@@ -32,9 +33,10 @@ const TICK: Duration = Duration::from_millis(100);
 /// (`{"out", "shard_files", "tensors", "bytes", "verify"}`).
 ///
 /// `progress(written, total)` is called as bytes are written; `check()` is called once
-/// before the commit and refuses the save by raising.
+/// before the commit and refuses the save by raising; `stage=(fill, capacity)` fills
+/// staged sources (GPU tensors), see `devmap::save::stage`.
 #[pyfunction]
-#[pyo3(signature = (manifest, out, *, max_shard_size, dtype, force, verify, jobs, fsync=true, progress=None, check=None))]
+#[pyo3(signature = (manifest, out, *, max_shard_size, dtype, force, verify, jobs, fsync=true, progress=None, check=None, stage=None))]
 #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
 fn save_manifest(
     py: Python<'_>,
@@ -48,6 +50,7 @@ fn save_manifest(
     fsync: bool,
     progress: Option<Py<PyAny>>,
     check: Option<Py<PyAny>>,
+    stage: Option<(Py<PyAny>, u64)>,
 ) -> PyResult<String> {
     let origin = Path::new("the live model's manifest");
     let manifest = devmap::formats::live::parse_manifest(manifest, origin).map_err(fail)?;
@@ -70,6 +73,9 @@ fn save_manifest(
             })
         }))
     });
+    options.stage =
+        stage.map(|(fill, capacity)| StageRef::new(Arc::new(PyStage { fill, capacity })));
+    let stage = options.stage.clone();
     let plan = devmap::save::prepare(&ckpt, &options).map_err(fail)?;
     let planned = verify.then(|| plan.clone());
     let total = plan.total_size;
@@ -115,7 +121,7 @@ fn save_manifest(
     let report = result.map_err(fail)?;
     let mut verified = serde_json::Value::Null;
     if let Some(plan) = planned {
-        let expected = devmap::verify::Expected::from_plan(&ckpt, plan);
+        let expected = devmap::verify::Expected::from_plan(&ckpt, plan).with_stage(stage);
         let checked = py.detach(|| {
             devmap::verify::verify(
                 &report.out,
@@ -141,6 +147,28 @@ fn save_manifest(
         "verify": verified,
     });
     Ok(summary.to_string())
+}
+
+/// GPU tensors, staged by the Python side: `fill(key, offset, len)` copies those bytes
+/// into its pinned buffer (torch's own copy) and returns the buffer's address.
+struct PyStage {
+    fill: Py<PyAny>,
+    capacity: u64,
+}
+
+impl Stage for PyStage {
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn fill(&self, key: u64, offset: u64, len: u64) -> Result<u64, String> {
+        Python::attach(|py| {
+            self.fill
+                .call1(py, (key, offset, len))
+                .and_then(|address| address.extract::<u64>(py))
+                .map_err(|err| err.value(py).to_string())
+        })
+    }
 }
 
 /// `dtype=`: `auto` writes each tensor as the model holds it, as `save_pretrained`

@@ -5,7 +5,8 @@
 //! A value is either in this process's memory (a CPU tensor: its address, read through
 //! `/proc/self/mem` with plain positioned reads, so no pointer is ever dereferenced) or
 //! in a file (an accelerate `.dat`, a safetensors entry of the checkpoint or of
-//! transformers' offload folder). A source may start inside its tensor: transformers
+//! transformers' offload folder) or staged (a GPU tensor the Python side copies into a
+//! pinned buffer chunk by chunk). A source may start inside its tensor: transformers
 //! saves some parameters as slices of a fused one (`first`, in elements).
 //!
 //! ```json
@@ -26,6 +27,9 @@ pub const FORMAT: &str = "devmap-live/1";
 
 /// Where this process's memory reads from.
 pub const PROCESS_MEMORY: &str = "/proc/self/mem";
+
+/// The pseudo path of a staged tensor's source: `devmap:staged/KEY` (see `save::stage`).
+pub const STAGED_PREFIX: &str = "devmap:staged/";
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,6 +79,14 @@ pub enum LiveSource {
     Safetensors {
         path: PathBuf,
         tensor: String,
+        #[serde(default)]
+        first: u64,
+    },
+    /// Bytes the Python side copies into memory when asked, a chunk at a time (a GPU
+    /// tensor, through a pinned buffer: `save::stage`), from element `first` of the
+    /// tensor it registered as `key`, in the tensor's own dtype.
+    Staged {
+        key: u64,
         #[serde(default)]
         first: u64,
     },

@@ -147,6 +147,7 @@ pub fn write(
         failed: AtomicBool::new(false),
         used_kernel_copy: AtomicBool::new(true),
         pause_file: options.pause_file.as_deref(),
+        stage: options.stage.as_ref(),
         paused: AtomicBool::new(false),
     };
     let workers = options.jobs.clamp(1, plan.shards.len().max(1));

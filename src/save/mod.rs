@@ -14,6 +14,7 @@ pub mod names;
 pub mod preflight;
 pub mod recipe;
 pub mod shards;
+pub mod stage;
 mod writer;
 
 pub use error::SaveError;

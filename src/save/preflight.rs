@@ -177,6 +177,8 @@ fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String> {
         .map(|t| t.recipe.source())
         .filter(|range| range.len > 0)
         .map(|range| range.file)
+        // A staged source is no file: the Python session fills it when asked.
+        .filter(|&file| super::stage::staged_key(ckpt.file_path(file)).is_none())
         .collect();
     files.sort_unstable();
     files.dedup();

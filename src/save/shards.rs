@@ -50,6 +50,8 @@ pub struct SaveOptions {
     /// that no tensor changed while it was read. An `Err` refuses the save with its
     /// message, nothing committed.
     pub commit_check: Option<CommitCheck>,
+    /// What fills staged sources (a live model's GPU tensors), see `save::stage`.
+    pub stage: Option<super::stage::StageRef>,
 }
 
 /// See [`SaveOptions::commit_check`].
@@ -239,6 +241,7 @@ impl SaveOptions {
             commit_fault: None,
             pause_file: None,
             commit_check: None,
+            stage: None,
         }
     }
 }

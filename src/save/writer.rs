@@ -90,6 +90,8 @@ pub(super) struct Shared<'a> {
     /// The test hook of [`SaveOptions::pause_file`](super::SaveOptions::pause_file).
     pub(super) pause_file: Option<&'a Path>,
     pub(super) paused: AtomicBool,
+    /// What fills staged sources (a live model's GPU tensors).
+    pub(super) stage: Option<&'a super::stage::StageRef>,
 }
 
 impl Shared<'_> {
@@ -187,8 +189,13 @@ impl ShardWriter<'_> {
                 // its source may not exist.
                 continue;
             }
-            let src = self.sources.get(ckpt, source.file)?;
             let src_path = ckpt.file_path(source.file);
+            if let Some(key) = super::stage::staged_key(src_path) {
+                self.write_staged(t, key, (&dst, data_start), index, &mut shard_written)?;
+                shared.pause_once();
+                continue;
+            }
+            let src = self.sources.get(ckpt, source.file)?;
             let mut report = |n: u64| {
                 shard_written += n;
                 let total = shared.total_written.fetch_add(n, Ordering::Relaxed) + n;
@@ -309,6 +316,80 @@ impl ShardWriter<'_> {
         }
         Ok(())
     }
+}
+
+impl ShardWriter<'_> {
+    /// One staged tensor (a live model's GPU tensor), a filled chunk at a time.
+    fn write_staged(
+        &mut self,
+        t: &super::shards::PlannedTensor,
+        key: u64,
+        (dst, data_start): (&File, u64),
+        index: usize,
+        shard_written: &mut u64,
+    ) -> Result<(), SaveError> {
+        let shared = self.shared;
+        let ckpt = shared.ckpt;
+        let source = t.recipe.source();
+        let name = &ckpt.tensors()[t.tensor].name;
+        let stop = StopFlag(shared);
+        let copier = &mut self.copier;
+        let mut report = |n: u64| {
+            *shard_written += n;
+            let total = shared.total_written.fetch_add(n, Ordering::Relaxed) + n;
+            shared.reporter.progress(SaveEvent::Progress {
+                index,
+                shard_written: *shard_written,
+                total_written: total,
+            });
+        };
+        let out = data_start + t.begin;
+        let moved = match t.recipe {
+            Recipe::Copy(_) => super::stage::through_stage(
+                shared.stage,
+                key,
+                (source.offset, source.len),
+                1,
+                &mut |from, done, n| {
+                    copier.copy_through_buffer(from, (dst, out + done), n, &stop, &mut report)
+                },
+            ),
+            Recipe::Cast { from, to, .. } => super::stage::through_stage(
+                shared.stage,
+                key,
+                (source.offset, source.len),
+                from.size(),
+                &mut |at, done, n| {
+                    let written = done / from.size() * to.size();
+                    copier.cast(at, (dst, out + written), n, (from, to), &stop, &mut report)
+                },
+            ),
+            _ => Err(CopyError::Io(std::io::Error::other(
+                "a staged tensor is copied or cast, not merged or dequantized",
+            ))),
+        };
+        moved.map_err(|e| match e {
+            CopyError::Cancelled => SaveError::Cancelled,
+            CopyError::Io(io) if super::error::output_is_full(&io) => {
+                SaveError::io(dst_path(shared, index), io)
+            }
+            CopyError::Io(io) => SaveError::SourceChanged {
+                path: ckpt.file_path(source.file).to_path_buf(),
+                message: format!("tensor `{name}`: {io}"),
+            },
+            CopyError::ShortSource { copied } => SaveError::SourceChanged {
+                path: ckpt.file_path(source.file).to_path_buf(),
+                message: format!(
+                    "tensor `{name}`: the stage gave {copied} of {} bytes",
+                    source.len
+                ),
+            },
+        })
+    }
+}
+
+fn dst_path<'a>(shared: &'a Shared<'a>, index: usize) -> &'a Path {
+    &shared.shard_tmps[index]
 }
 
 /// Lets the copy loop see both the user's cancel and another worker's failure.

@@ -16,6 +16,8 @@ pub struct Expected<'a> {
     pub(super) plan: SavePlan,
     /// Whether the save copies config.json (not with `--weights-only`).
     copies_config: bool,
+    /// What fills staged sources (a live model's GPU tensors) when they are read again.
+    pub(super) stage: Option<crate::save::stage::StageRef>,
 }
 
 impl<'a> Expected<'a> {
@@ -26,6 +28,7 @@ impl<'a> Expected<'a> {
             ckpt,
             plan: crate::save::plan(ckpt, options)?,
             copies_config: true,
+            stage: options.stage.clone(),
         })
     }
 
@@ -35,7 +38,15 @@ impl<'a> Expected<'a> {
             ckpt,
             plan,
             copies_config: true,
+            stage: None,
         }
+    }
+
+    /// Staged sources (a live model's GPU tensors) are read again through `stage`.
+    #[must_use]
+    pub fn with_stage(mut self, stage: Option<crate::save::stage::StageRef>) -> Expected<'a> {
+        self.stage = stage;
+        self
     }
 
     /// The save wrote the weights only (`--weights-only`): no config.json is expected.

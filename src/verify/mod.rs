@@ -305,6 +305,52 @@ fn digest_written(
     Ok((digests, findings))
 }
 
+/// [`hash_expected`] of a staged tensor (a live model's GPU tensor): read again through
+/// the stage, a chunk at a time.
+fn hash_staged(
+    expected: &Expected,
+    p: &crate::save::shards::PlannedTensor,
+    key: u64,
+    copier: &mut Copier,
+    progress: &Progress,
+    findings: &mut Vec<Finding>,
+) -> Result<Option<u128>, VerifyError> {
+    let source = p.recipe.source();
+    let mut digester = Digester::new(p.dtype);
+    let cast = match p.recipe {
+        Recipe::Cast { from, to, .. } => Some((from, to)),
+        _ => None,
+    };
+    let align = cast.map_or(1, |(from, _)| from.size());
+    let read = crate::save::stage::through_stage(
+        expected.stage.as_ref(),
+        key,
+        (source.offset, source.len),
+        align,
+        &mut |at, _, n| {
+            copier.stream(at, n, cast, &progress.cancel, &mut |chunk: &[u8]| {
+                digester.update(chunk);
+                progress
+                    .read
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                Ok(())
+            })
+        },
+    );
+    match read {
+        Ok(()) => Ok(Some(digester.finish().hash)),
+        Err(CopyError::Cancelled) => Err(VerifyError::Cancelled),
+        Err(e) => {
+            findings.push(Finding::difference(
+                Kind::Unreadable,
+                expected.name(p),
+                format!("its staged source cannot be read again: {}", describe(&e)),
+            ));
+            Ok(None)
+        }
+    }
+}
+
 /// Where to split `tensors` so both runs hold about half the bytes.
 fn byte_midpoint(tensors: &[written::WrittenTensor]) -> usize {
     let half = tensors.iter().map(|t| t.len).sum::<u64>() / 2;
@@ -333,6 +379,17 @@ fn hash_expected(
     for (_, p) in pairs {
         let source = p.recipe.source();
         let path = expected.ckpt.file_path(source.file);
+        if let Some(key) = crate::save::stage::staged_key(path) {
+            hashes.push(hash_staged(
+                expected,
+                p,
+                key,
+                &mut copier,
+                progress,
+                &mut findings,
+            )?);
+            continue;
+        }
         let file = files.entry(source.file).or_insert_with(|| {
             match crate::formats::input::open_regular(path) {
                 Ok(f) => Some(f),

@@ -8,7 +8,8 @@ loaded as bfloat16 from float32, with a parameter edited in place and a peft LoR
 merged in memory; a Mixtral with fused experts, one layer on disk (transformers
 re-saves converted weights in its offload folder), in several shards; a GPT-2
 dispatched by accelerate with `.dat` offload; a meta model refused; a tensor changed
-during the save refused; Ctrl-C during the save. Each save is compared tensor by
+during the save refused; Ctrl-C during the save; the GPU path's staging through a small
+buffer, run on CPU tensors. Each save is compared tensor by
 tensor (name, dtype, bytes) and config.json by value, and reloaded: its logits must
 equal the live model's.
 """
@@ -167,6 +168,49 @@ def gpt2_dispatched_with_dat_offload():
     print(f"ok: gpt2 dispatched by accelerate with .dat offload: {n} tensors")
 
 
+def staged_like_a_gpu():
+    """The GPU path on the CPU: every in-memory tensor staged through a 1000-byte buffer
+    (DEVMAP_TEST_STAGE_CPU), so tensors span several fills and casts cross them; what
+    differs on a GPU is only the device torch copies from."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    src = os.path.join(WORK, "staged")
+    LlamaForCausalLM(config).save_pretrained(src)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    with torch.no_grad():
+        model.lm_head.weight.add_(0.5)
+    theirs = os.path.join(WORK, "staged-theirs")
+    model.save_pretrained(theirs)
+    os.environ["DEVMAP_TEST_STAGE_CPU"], os.environ["DEVMAP_TEST_STAGE_BYTES"] = "1", "1000"
+    calls = []
+    try:
+        import devmap._live as live
+
+        fill = live.Stager.fill
+
+        def counted(self, key, offset, length):
+            calls.append(length)
+            if length > 1000:
+                raise SystemExit(f"staged: a fill of {length} bytes, over the buffer")
+            return fill(self, key, offset, length)
+
+        live.Stager.fill = counted
+        ours, wide = os.path.join(WORK, "staged-ours"), os.path.join(WORK, "staged-f32")
+        devmap.save_pretrained(model, ours, progress=False)
+        devmap.save_pretrained(model, wide, dtype="float32", progress=False)
+    finally:
+        live.Stager.fill = fill
+        del os.environ["DEVMAP_TEST_STAGE_CPU"], os.environ["DEVMAP_TEST_STAGE_BYTES"]
+    n = compare("staged", model, theirs, ours)
+    a, b = tensors(theirs), tensors(wide)
+    differ = [k for k in a if b[k].dtype != torch.float32 or not torch.equal(a[k].float(), b[k])]
+    if differ:
+        raise SystemExit(f"staged: float32 cast through the stage differs for {differ[:3]}")
+    print(f"ok: staged through a 1000-byte buffer ({len(calls)} fills, copies and casts): {n} tensors")
+
+
 def meta_model_refused():
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -269,6 +313,7 @@ if __name__ == "__main__":
     llama_cpu_disk_edited_and_merged()
     mixtral_experts_on_disk_in_shards()
     gpt2_dispatched_with_dat_offload()
+    staged_like_a_gpu()
     meta_model_refused()
     change_during_save_refused()
     ctrl_c_cancels()

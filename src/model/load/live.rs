@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use super::LoadError;
 use crate::formats::FormatError;
 use crate::formats::config::{ModelConfig, read_config};
-use crate::formats::live::{LiveSource, LiveTensor, Manifest, PROCESS_MEMORY};
+use crate::formats::live::{LiveSource, LiveTensor, Manifest, PROCESS_MEMORY, STAGED_PREFIX};
 use crate::formats::safetensors::HeaderCache;
 use crate::model::checkpoint::{
     ByteRange, Checkpoint, FileId, NO_KEY, Parts, Source, SourceFile, Tensor,
@@ -210,6 +210,21 @@ fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tens
             let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
             let file = files.id(path, header.file_len, modified);
             (Source::Checkpoint(ByteRange { file, offset, len }), stored)
+        }
+        LiveSource::Staged { key, first } => {
+            let len = bytes_as(held)?;
+            let skip = first
+                .checked_mul(held.size())
+                .ok_or_else(|| bad(format!("starts at element {first}, past any tensor")))?;
+            let file = files.id(Path::new(&format!("{STAGED_PREFIX}{key}")), 0, None);
+            (
+                Source::Checkpoint(ByteRange {
+                    file,
+                    offset: skip,
+                    len,
+                }),
+                held,
+            )
         }
         LiveSource::None => (Source::None, held),
     };
