@@ -32,3 +32,84 @@ fn live_models_save_as_transformers_saves_them() {
     assert!(o.status.success(), "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 7, "{out}");
 }
+
+#[test]
+#[ignore = "needs torch, transformers, accelerate and tmux: run .ci/run"]
+fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhere() {
+    let package = common::built_python_package();
+    let py = common::hf_python().unwrap_or_else(|why| panic!("live_inspect.py cannot run: {why}"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/live_inspect.py");
+    let report = Command::new(&py)
+        .arg(&script)
+        .arg("--report")
+        .env("PYTHONPATH", package.path())
+        .output()
+        .expect("python");
+    let out = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        report.status.success() && out.contains("ok: "),
+        "{out}\n{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+
+    // In a real terminal: tmux runs the script, the inspector draws, `q` returns to Python.
+    let socket = format!("devmap-live-{}", std::process::id());
+    let tmux = |args: &[&str]| {
+        let o = Command::new("tmux")
+            .arg("-L")
+            .arg(&socket)
+            .args(args)
+            .output()
+            .expect("tmux");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let line = format!(
+        "PYTHONPATH='{}' '{}' '{}' 2>/dev/null; sleep 60",
+        package.path().display(),
+        py.display(),
+        script.display()
+    );
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        "e2e",
+        "-x",
+        "120",
+        "-y",
+        "32",
+        "sh",
+        "-c",
+        &line,
+    ]);
+    let wait = |what: &str| {
+        let start = std::time::Instant::now();
+        loop {
+            let screen = tmux(&["capture-pane", "-p", "-t", "e2e"]);
+            if screen.contains(what) {
+                return screen;
+            }
+            if start.elapsed() > std::time::Duration::from_secs(90) {
+                tmux(&["kill-server"]);
+                panic!("`{what}` did not appear; screen:\n{screen}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    let screen = wait("Modules");
+    assert!(
+        screen.contains("LlamaForCausalLM in this Python session"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("disk") && screen.contains("cpu"),
+        "{screen}"
+    );
+    tmux(&["send-keys", "-t", "e2e", "q"]);
+    let after = wait("INSPECTOR CLOSED");
+    tmux(&["kill-server"]);
+    assert!(
+        !after.contains("Modules ·"),
+        "still on the inspector's screen:\n{after}"
+    );
+}

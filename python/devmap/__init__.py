@@ -20,7 +20,7 @@ import tempfile
 from ._export import device_map, export, offload_index
 from ._live import Refusal
 
-__all__ = ["save_pretrained", "export", "device_map", "offload_index", "DevmapError"]
+__all__ = ["save_pretrained", "inspect", "export", "device_map", "offload_index", "DevmapError"]
 
 
 class DevmapError(Exception):
@@ -110,6 +110,32 @@ def save_pretrained(
                 bar.close()
             del keep_alive, stager
     return json.loads(text)
+
+
+def inspect(model):
+    """Opens devmap's inspector on `model` as it is now: every tensor under the name
+    `save_pretrained` gives it, where it lives (`gpu:N`, `cpu`, `disk`, `meta`), sizes
+    and per-device totals, RAM and GPU memory gauges. In a terminal it takes the screen
+    until you quit (`q`); elsewhere (a notebook, a pipe) it prints the report
+    `devmap inspect` prints. `s` in the inspector saves the model as
+    `save_pretrained` above does (CPU and disk values; GPU tensors need
+    `devmap.save_pretrained`)."""
+    from . import _live
+
+    binding = _binding()
+    with tempfile.TemporaryDirectory(prefix="devmap-config-") as config_dir:
+        try:
+            manifest, keep_alive, _, stager = _live.build(model, config_dir, allow_missing=True)
+        except Refusal as refusal:
+            raise DevmapError(f"cannot inspect: {refusal}") from None
+        try:
+            report = binding.inspect_manifest(json.dumps(manifest), manifest["title"])
+        except binding.DevmapError as err:
+            raise DevmapError(str(err)) from None
+        finally:
+            del keep_alive, stager
+    if report is not None:
+        print(report, end="")
 
 
 class _Line:

@@ -186,10 +186,11 @@ def _locate(t, origin, made, depth=0):
     return _locate(region, origin, made, depth + 1)
 
 
-def build(model, config_dir, stage_bytes=64 << 20):
+def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
     """The manifest for `model` (a dict), the tensors it points into (to keep alive
     while the saver reads them), a check that none changed meanwhile, and the stager of
-    its GPU tensors (`stage_bytes` of host buffer)."""
+    its GPU tensors (`stage_bytes` of host buffer). `allow_missing` lets meta tensors
+    with no value through (the inspector shows them as `meta`)."""
     import torch
     from transformers.core_model_loading import revert_weight_conversion
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
@@ -228,7 +229,7 @@ def build(model, config_dir, stage_bytes=64 << 20):
         sources[name], held_dtypes[name] = source, dtype
 
     missing = [n for n, s in sources.items() if s["kind"] == "none"]
-    if missing:
+    if missing and not allow_missing:
         shown = ", ".join(f"`{n}`" for n in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise Refusal(
@@ -281,6 +282,8 @@ def build(model, config_dir, stage_bytes=64 << 20):
         "format": FORMAT,
         "config_dir": os.path.abspath(config_dir),
         "total_parameters": model.num_parameters() if hasattr(model, "num_parameters") else None,
+        "title": f"{model.__class__.__name__} in this Python session",
+        "device_map": _device_map_value(getattr(model, "hf_device_map", None)),
         "tensors": entries,
     }
 
@@ -298,6 +301,18 @@ def build(model, config_dir, stage_bytes=64 << 20):
             )
 
     return manifest, keep, unchanged, stager
+
+
+def _device_map_value(mapped):
+    """`hf_device_map` as device_map.json holds it (devices as ints or strings)."""
+    if not mapped:
+        return None
+    def value(device):
+        if isinstance(device, int):
+            return device
+        device = str(device)
+        return int(device.split(":")[1]) if device.startswith("cuda:") else device
+    return {key: value(device) for key, device in mapped.items()}
 
 
 def _write_config(model, folder):

@@ -42,6 +42,14 @@ pub struct Manifest {
     /// writes it; the saver counts the written tensors when absent.
     #[serde(default)]
     pub total_parameters: Option<u64>,
+    /// How reports name the model (`LlamaForCausalLM in this Python session`).
+    #[serde(default)]
+    pub title: Option<String>,
+    /// The model's `hf_device_map`, as device_map.json holds it: shown, and naming
+    /// the key that placed each tensor (the placements themselves are the tensors'
+    /// devices as they are now).
+    #[serde(default)]
+    pub device_map: Option<serde_json::Value>,
     pub tensors: Vec<LiveTensor>,
 }
 

@@ -57,12 +57,12 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
     let _ = writeln!(
         out,
         "  device map: {}",
-        ckpt.device_map_path
-            .as_ref()
-            .map_or(
-                "none (everything on cpu)".to_owned(),
-                |p| crate::text::path(p)
-            )
+        match (&ckpt.device_map_path, &ckpt.device_map) {
+            (Some(p), _) => crate::text::path(p),
+            // A live model's: it lives in the Python session, not in a file.
+            (None, Some(map)) => crate::text::count(map.entries().len(), "key", "keys"),
+            (None, None) => "none (everything on cpu)".to_owned(),
+        }
     );
     if let Some(dir) = &ckpt.offload_dir {
         let _ = writeln!(out, "  offload folder: {}", crate::text::path(dir));

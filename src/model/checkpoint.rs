@@ -123,6 +123,8 @@ pub struct Checkpoint {
     /// What the index's `total_parameters` says, where the caller knows better than a
     /// count of the written tensors (a live model's `num_parameters()`).
     pub total_parameters: Option<u64>,
+    /// How reports name a model that is no folder (a live model in a Python session).
+    pub title: Option<String>,
 }
 
 const NO_TIE: u32 = u32::MAX;
@@ -212,6 +214,7 @@ impl Checkpoint {
             tie_of,
             loaded_names: std::sync::Arc::default(),
             total_parameters: None,
+            title: None,
         };
         ckpt.point_tied_sources();
         ckpt
@@ -328,6 +331,16 @@ impl Checkpoint {
         self.device_map = map;
     }
 
+    /// Takes `map` as the model's device map and names each tensor's key in it, without
+    /// re-placing anything: a live model's tensors are where the session has them.
+    pub fn record_device_map(&mut self, map: DeviceMap) {
+        let arch = super::arch::lookup(&self.config.architectures);
+        for t in &mut self.tensors {
+            t.map_key = place(Some(&map), &t.name, arch).1;
+        }
+        self.device_map = Some(map);
+    }
+
     /// Bytes per device, in display order.
     pub fn device_totals(&self) -> Vec<(Placement, u64)> {
         let mut totals = std::collections::BTreeMap::<Placement, u64>::new();
@@ -412,9 +425,10 @@ impl Checkpoint {
 
     /// How reports name the model: its folder, or the URL of a remote one.
     pub fn display_name(&self) -> String {
-        match &self.remote {
-            Some(remote) => crate::text::escaped(&remote.name).into_owned(),
-            None => crate::text::path(&self.dir),
+        match (&self.remote, &self.title) {
+            (Some(remote), _) => crate::text::escaped(&remote.name).into_owned(),
+            (None, Some(title)) => crate::text::escaped(title).into_owned(),
+            (None, None) => crate::text::path(&self.dir),
         }
     }
 

@@ -55,6 +55,13 @@ pub fn load_live(manifest: &Manifest, origin: &Path) -> Result<Checkpoint, LoadE
         });
     }
     ckpt.total_parameters = manifest.total_parameters;
+    ckpt.title.clone_from(&manifest.title);
+    if let Some(map) = &manifest.device_map {
+        let map = crate::formats::device_map::parse_device_map(origin, &map.to_string())?;
+        // The key that placed each tensor, for the reports; where it lives stays what
+        // the session says (a map edit in the inspector re-places from the map).
+        ckpt.record_device_map(map);
+    }
     Ok(ckpt)
 }
 
@@ -85,6 +92,12 @@ impl Files {
     fn memory(&mut self) -> FileId {
         self.id(Path::new(PROCESS_MEMORY), 0, None)
     }
+}
+
+/// A value an offload loader reads from a file: the offload kind of source, so the
+/// reports say where it comes from as for an offload folder.
+fn offloaded(range: ByteRange) -> Source {
+    Source::Offload(range)
 }
 
 fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tensor, LoadError> {
@@ -209,7 +222,7 @@ fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tens
             let offset = entry.offset + skip;
             let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
             let file = files.id(path, header.file_len, modified);
-            (Source::Checkpoint(ByteRange { file, offset, len }), stored)
+            (offloaded(ByteRange { file, offset, len }), stored)
         }
         LiveSource::Staged { key, first } => {
             let len = bytes_as(held)?;

@@ -70,9 +70,10 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
 
 fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let root = &app.tree.nodes[0];
-    let name = match &app.ckpt.remote {
-        Some(remote) => crate::text::escaped(&remote.name).into_owned(),
-        None => app.ckpt.dir.file_name().map_or_else(
+    let name = match (&app.ckpt.remote, &app.ckpt.title) {
+        (Some(remote), _) => crate::text::escaped(&remote.name).into_owned(),
+        (None, Some(title)) => crate::text::escaped(title).into_owned(),
+        (None, None) => app.ckpt.dir.file_name().map_or_else(
             || crate::text::path(&app.ckpt.dir),
             |n| crate::text::escaped(&n.to_string_lossy()).into_owned(),
         ),
