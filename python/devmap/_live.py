@@ -186,6 +186,29 @@ def _locate(t, origin, made, depth=0):
     return _locate(region, origin, made, depth + 1)
 
 
+def _ties(model, full, kept):
+    """{dropped name: kept name} for the names transformers' tie removal dropped: the
+    kept name holding the same parameter (by object for meta tensors, by storage for
+    the rest), as transformers found them."""
+    def identity(name, tensor):
+        if tensor.device.type == "meta":
+            return id(model.get_parameter_or_buffer(name))
+        return (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+
+    holders = {identity(name, full[name]): name for name in kept}
+    ties = {}
+    for name in full:
+        if name not in kept:
+            holder = holders.get(identity(name, full[name]))
+            if holder is not None:
+                ties[name] = holder
+    return ties
+
+
+def _device_of(tensor):
+    return str(tensor.device) if tensor.device.type == "cuda" else "cpu" if tensor.device.type == "cpu" else "disk"
+
+
 def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
     """The manifest for `model` (a dict), the tensors it points into (to keep alive
     while the saver reads them), a check that none changed meanwhile, and the stager of
@@ -203,10 +226,11 @@ def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
     if getattr(model, "hf_quantizer", None) is not None:
         raise Refusal("the model is quantized; devmap saves quantized models from their files (devmap save)")
 
-    state_dict = model.state_dict()
+    full = model.state_dict()
     for key in getattr(model, "_keys_to_ignore_on_save", None) or []:
-        state_dict.pop(key, None)
-    state_dict = remove_tied_weights_from_state_dict(state_dict, model)
+        full.pop(key, None)
+    state_dict = remove_tied_weights_from_state_dict(dict(full), model)
+    tied_to = _ties(model, full, state_dict)
 
     loaders = _offload_loaders(model)
     stager = Stager(int(os.environ.get("DEVMAP_TEST_STAGE_BYTES", stage_bytes)))
@@ -241,16 +265,35 @@ def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
     # transformers' own reversal of its load-time conversions (renamed modules, fused
     # experts), run on data-less stand-ins: each result is a slice of one stand-in's
     # value, found through the views and copies the reversal made (see `_locate`).
+    # The names transformers drops as ties go through it too, to learn their saved names.
     stand_ins, origin = {}, {}
-    for name, tensor in state_dict.items():
-        stand_in = torch.empty(tuple(tensor.shape), dtype=held_dtypes[name], device="meta")
+    for name in [*state_dict, *tied_to]:
+        dtype = held_dtypes.get(name, full[name].dtype)
+        stand_in = torch.empty(tuple(full[name].shape), dtype=dtype, device="meta")
         stand_ins[name], origin[id(stand_in)] = stand_in, name
     copies = _Copies()
     with copies:
         reverted = revert_weight_conversion(model, dict(stand_ins))
+    saved_name_of = {}
+    for saved_name, view in reverted.items():
+        found = _locate(view, origin, copies.made)
+        if found is not None and found[1] == 0 and view.numel() == stand_ins[found[0]].numel():
+            saved_name_of[found[0]] = saved_name
+    ties = [(saved_name_of[kept], saved_name_of[name], name) for name, kept in tied_to.items()
+            if kept in saved_name_of and name in saved_name_of]
+    untraced = {saved_name_of.get(name) for name in tied_to} - {t[1] for t in ties}
 
     entries = []
     for saved_name, view in reverted.items():
+        if saved_name in untraced:
+            continue  # a dropped tie devmap cannot name: left out, as transformers leaves it
+        tie = next((t for t in ties if t[1] == saved_name), None)
+        if tie is not None:
+            # Written once, under the kept name, as transformers writes it; listed so
+            # the inspector shows the tie and where each side lives.
+            entries.append({"name": saved_name, "dtype": _torch_name(view.dtype), "shape": list(view.shape),
+                            "device": _device_of(full[tie[2]]), "source": {"kind": "tied", "to": tie[0]}})
+            continue
         if view.numel() == 0:
             # No bytes to read: any source will do.
             entries.append({"name": saved_name, "dtype": _torch_name(view.dtype), "shape": list(view.shape),

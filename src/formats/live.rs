@@ -98,6 +98,9 @@ pub enum LiveSource {
         #[serde(default)]
         first: u64,
     },
+    /// The same parameter as tensor `to` (transformers' tie removal drops this name):
+    /// not written unless ties are kept; shown as a tie.
+    Tied { to: String },
     /// No value anywhere (a `meta` tensor nothing materialises).
     None,
 }

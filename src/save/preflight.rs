@@ -78,6 +78,20 @@ fn canonical_or_self(path: &Path) -> PathBuf {
 
 /// Every reason to refuse, found without writing anything.
 pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<String> {
+    let mut problems = check_all_but_inputs(ckpt, plan, options);
+    problems.extend(unreadable_sources(ckpt, plan));
+    problems
+}
+
+/// [`check`] without opening every input file to prove it readable (tens of
+/// thousands of files in an offload folder): for a preview that already knows the
+/// answer for this model ([`unreadable_inputs`]), since which files a save reads does
+/// not change with the device map or the save's options.
+pub fn check_all_but_inputs(
+    ckpt: &Checkpoint,
+    plan: &SavePlan,
+    options: &SaveOptions,
+) -> Vec<String> {
     let mut problems = Vec::new();
     let out = canonical_or_self(&options.out);
     let input = canonical_or_self(&ckpt.dir);
@@ -100,7 +114,6 @@ pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<S
     }
     problems.extend(sources_inside(&out, ckpt, plan));
     problems.extend(check_out_folder(options));
-    problems.extend(unreadable_sources(ckpt, plan));
     problems.extend(check_targets(ckpt, plan, options));
     if !options.allow_partial {
         let empty = crate::model::checks::keys_without_data(ckpt);
@@ -172,14 +185,30 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String>
 /// replaced by a folder since the model was opened): found before writing, not
 /// halfway through a shard.
 fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String> {
-    let mut files: Vec<usize> = plan
+    let files: Vec<usize> = plan
         .planned()
         .map(|t| t.recipe.source())
         .filter(|range| range.len > 0)
         .map(|range| range.file)
-        // A staged source is no file: the Python session fills it when asked.
-        .filter(|&file| super::stage::staged_key(ckpt.file_path(file)).is_none())
         .collect();
+    unreadable_files(ckpt, files)
+}
+
+/// Every source file of the model that cannot be opened now: what [`check`] finds
+/// about a save's inputs, for any save of this model (a save reads every tensor's
+/// source; which tensors a tie drops does not change the files).
+pub fn unreadable_inputs(ckpt: &Checkpoint) -> Vec<String> {
+    let files = (0..ckpt.tensors().len())
+        .filter_map(|id| ckpt.data_range(id))
+        .filter(|range| range.len > 0)
+        .map(|range| range.file)
+        .collect();
+    unreadable_files(ckpt, files)
+}
+
+fn unreadable_files(ckpt: &Checkpoint, mut files: Vec<usize>) -> Vec<String> {
+    // A staged source is no file: the Python session fills it when asked.
+    files.retain(|&file| super::stage::staged_key(ckpt.file_path(file)).is_none());
     files.sort_unstable();
     files.dedup();
     // Opened on a few threads: an offload folder is tens of thousands of files, and

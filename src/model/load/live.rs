@@ -31,14 +31,19 @@ pub fn load_live(manifest: &Manifest, origin: &Path) -> Result<Checkpoint, LoadE
     };
     let mut files = Files::default();
     let mut tensors = Vec::with_capacity(manifest.tensors.len());
+    let mut ties = Vec::new();
     for live in &manifest.tensors {
+        if let LiveSource::Tied { to } = &live.source {
+            // The kept name first: it is the one a save writes.
+            ties.push(vec![to.clone(), live.name.clone()]);
+        }
         tensors.push(tensor_of(live, &mut files, origin)?);
     }
     let mut ckpt = Checkpoint::assemble(Parts {
         dir: manifest.config_dir.clone(),
         files: files.list,
         tensors,
-        ties: Vec::new(),
+        ties,
         device_map: None,
         device_map_path: None,
         offload_dir: None,
@@ -239,7 +244,7 @@ fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tens
                 held,
             )
         }
-        LiveSource::None => (Source::None, held),
+        LiveSource::Tied { .. } | LiveSource::None => (Source::None, held),
     };
     Ok(Tensor {
         name: live.name.as_str().into(),

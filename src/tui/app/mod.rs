@@ -272,7 +272,7 @@ pub struct Budgets {
 impl App {
     /// An App over `ckpt` that asks the real file system.
     pub fn new(ckpt: Checkpoint) -> App {
-        App::with_probe(ckpt, Box::new(SystemProbe))
+        App::with_probe(ckpt, Box::new(SystemProbe::default()))
     }
 
     /// An App whose file-system questions go to `probe`.
