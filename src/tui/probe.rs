@@ -24,6 +24,9 @@ pub trait Probe: Send + Sync {
         plan: &SavePlan,
         options: &SaveOptions,
     ) -> Vec<String>;
+    /// Forget what [`Probe::save_problems`] remembered about the model's input files,
+    /// so the next call opens them again (before a save starts).
+    fn forget_inputs(&self) {}
     /// Whether `dir` is a folder that holds anything.
     fn has_entries(&self, dir: &Path) -> bool;
     fn kind(&self, path: &Path) -> PathKind;
@@ -47,7 +50,7 @@ pub struct SystemProbe {
     /// Which of the model's input files could not be opened, by the model's list of
     /// source files: a map edit copies the checkpoint but not its files, so the
     /// preview after each edit reuses the answer (opening 23,145 offload files took
-    /// 75 ms of a 133 ms preview). The save itself checks again.
+    /// 75 ms of a 133 ms preview). Starting a save forgets it and checks again.
     inputs: std::sync::Mutex<Option<(u64, Vec<String>)>>,
 }
 
@@ -75,6 +78,12 @@ impl Probe for SystemProbe {
         });
         problems.extend(inputs);
         problems
+    }
+
+    fn forget_inputs(&self) {
+        if let Ok(mut cached) = self.inputs.lock() {
+            *cached = None;
+        }
     }
 
     fn has_entries(&self, dir: &Path) -> bool {

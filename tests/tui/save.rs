@@ -633,3 +633,57 @@ fn esc_stops_a_running_verification() {
     );
     journey.end(&app);
 }
+
+#[test]
+fn the_preview_remembers_the_inputs_and_starting_a_save_opens_them_again() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('s')]);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(d.preview.errors.is_empty(), "{:?}", d.preview.errors);
+    // An offload file goes after the first preview. Previews after edits reuse what
+    // the first found (opening every input again cost 75 ms a preview on a big
+    // offload folder); starting the save opens them again and refuses.
+    let dat = std::fs::read_dir(m.dir.join("offload"))
+        .expect("offload folder")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.extension().is_some_and(|e| e == "dat")
+                && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
+        })
+        .expect("a .dat file with data");
+    std::fs::remove_file(&dat).expect("remove");
+    press(&mut app, &[ctrl('u')]);
+    press(&mut app, &text("1MB"));
+    settle(&mut app);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(d.preview.errors.is_empty(), "{:?}", d.preview.errors);
+    let out = m.out("after-removal");
+    press(&mut app, &[key(KeyCode::Tab), ctrl('u')]);
+    press(&mut app, &text(out.to_str().expect("utf-8")));
+    settle(&mut app);
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(
+        app.save.is_none(),
+        "a save whose input is gone must not start"
+    );
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("the dialog stays, with the reason")
+    };
+    let name = dat
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        d.preview.errors.iter().any(|e| e.contains(&name)),
+        "{name} not named in {:?}",
+        d.preview.errors
+    );
+    assert!(!out.exists(), "nothing written");
+}

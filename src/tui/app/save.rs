@@ -214,7 +214,8 @@ impl App {
             return Vec::new();
         };
         let dialog = (**dialog).clone();
-        // Re-check now: the folder may have changed since the preview was made.
+        // Re-check now: the folder, or the inputs, may have changed since the preview.
+        self.probe.forget_inputs();
         let preview = self.preview(&dialog);
         let (Ok(options), Some(plan)) = (self.options_for(&dialog), preview.plan.clone()) else {
             self.set_preview(preview);
