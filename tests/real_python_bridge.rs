@@ -17,12 +17,12 @@ use std::process::Command;
 #[test]
 #[ignore = "needs torch, transformers, accelerate, peft: run .ci/run"]
 fn live_models_save_as_transformers_saves_them() {
-    let package = common::built_python_package();
+    let package = common::python_package();
     let py = common::hf_python().unwrap_or_else(|why| panic!("live_save.py cannot run: {why}"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/live_save.py");
     let o = Command::new(py)
         .arg(script)
-        .env("PYTHONPATH", package.path())
+        .envs(package.env())
         .env("HF_HUB_OFFLINE", "1")
         .output()
         .expect("python");
@@ -36,13 +36,13 @@ fn live_models_save_as_transformers_saves_them() {
 #[test]
 #[ignore = "needs torch, transformers, accelerate and tmux: run .ci/run"]
 fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhere() {
-    let package = common::built_python_package();
+    let package = common::python_package();
     let py = common::hf_python().unwrap_or_else(|why| panic!("live_inspect.py cannot run: {why}"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/live_inspect.py");
     let report = Command::new(&py)
         .arg(&script)
         .arg("--report")
-        .env("PYTHONPATH", package.path())
+        .envs(package.env())
         .output()
         .expect("python");
     let out = String::from_utf8_lossy(&report.stdout);
@@ -63,9 +63,13 @@ fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhe
             .expect("tmux");
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
+    let path: String = package
+        .env()
+        .iter()
+        .map(|(k, v)| format!("{k}='{}' ", v.to_string_lossy()))
+        .collect();
     let line = format!(
-        "PYTHONPATH='{}' '{}' '{}' 2>/dev/null; sleep 60",
-        package.path().display(),
+        "{path}'{}' '{}' 2>/dev/null; sleep 60",
         py.display(),
         script.display()
     );

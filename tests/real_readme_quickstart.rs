@@ -8,11 +8,8 @@ mod common;
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn the_readme_quick_start_runs_as_written() {
     // The quick start imports the devmap package (`pip install ./python`): built here.
-    let package = common::built_python_package();
-    let (ok, out, err) = common::run_hf_script_with(
-        "readme_quickstart.py",
-        &[("PYTHONPATH", package.path().as_os_str())],
-    );
+    let package = common::python_package();
+    let (ok, out, err) = common::run_hf_script_with("readme_quickstart.py", &package.env());
     assert!(ok, "the README's quick start failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 4, "{out}");
 }

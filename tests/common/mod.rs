@@ -357,7 +357,7 @@ pub fn run_hf_script(script: &str) -> (bool, String, String) {
 /// [`run_hf_script`] with more environment variables.
 pub fn run_hf_script_with(
     script: &str,
-    env: &[(&str, &std::ffi::OsStr)],
+    env: &[(&'static str, std::ffi::OsString)],
 ) -> (bool, String, String) {
     let py = hf_python().unwrap_or_else(|why| panic!("{script} cannot run: {why}"));
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -367,7 +367,7 @@ pub fn run_hf_script_with(
         .arg(path)
         .arg(env!("CARGO_BIN_EXE_devmap"))
         .env("HF_HUB_OFFLINE", "1")
-        .envs(env.iter().copied())
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .expect("python");
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -397,10 +397,36 @@ pub fn peak_rss(stderr: &str) -> u64 {
         .expect("peak RSS line")
 }
 
-/// The devmap Python package, built for a test: cargo builds the binding (the crate
-/// `pip install ./python` builds) and the package is laid out in a temporary folder: `devmap/*.py`
-/// from python/devmap, `devmap/_devmap.abi3.so` from the build.
-pub fn built_python_package() -> tempfile::TempDir {
+/// The devmap Python package for a test. `.ci/run` has installed it with
+/// `pip install ./python` into the reference venv and sets
+/// `DEVMAP_TEST_INSTALLED_PACKAGE=1`: the installed copy is used as it is. Elsewhere
+/// cargo builds the binding (the crate pip builds) and the package is laid out in a
+/// temporary folder put on `PYTHONPATH`: `devmap/*.py` from python/devmap,
+/// `devmap/_devmap.abi3.so` from the build.
+pub struct PythonPackage {
+    dir: Option<tempfile::TempDir>,
+}
+
+impl PythonPackage {
+    /// The environment a Python process needs to import this package.
+    pub fn env(&self) -> Vec<(&'static str, std::ffi::OsString)> {
+        self.dir
+            .iter()
+            .map(|d| ("PYTHONPATH", d.path().as_os_str().to_owned()))
+            .collect()
+    }
+}
+
+pub fn python_package() -> PythonPackage {
+    if std::env::var_os("DEVMAP_TEST_INSTALLED_PACKAGE").is_some_and(|v| v == "1") {
+        return PythonPackage { dir: None };
+    }
+    PythonPackage {
+        dir: Some(built_python_package()),
+    }
+}
+
+fn built_python_package() -> tempfile::TempDir {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let build = Command::new(cargo)
