@@ -161,11 +161,24 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String>
         .collect();
     files.sort_unstable();
     files.dedup();
+    // Nothing is inside a folder that is not there yet (the usual case).
+    if !out.exists() {
+        return Vec::new();
+    }
+    // One canonical path per folder, not per file: an offload folder holds tens of
+    // thousands of files in one folder (a realpath each cost 100 ms a preview).
+    let mut folders: std::collections::HashMap<&Path, PathBuf> = std::collections::HashMap::new();
     let inside: Vec<&Path> = files
         .into_iter()
         .map(|f| ckpt.file_path(f))
         .filter(|p| *p != Path::new(crate::formats::live::PROCESS_MEMORY))
-        .filter(|p| canonical_or_self(p).starts_with(out))
+        .filter(|p| {
+            let parent = p.parent().unwrap_or(Path::new("."));
+            let folder = folders
+                .entry(parent)
+                .or_insert_with(|| canonical_or_self(parent));
+            folder.join(p.file_name().unwrap_or_default()).starts_with(out)
+        })
         .collect();
     match inside.first() {
         None => Vec::new(),
