@@ -88,12 +88,14 @@ class Stager:
         self.capacity, self.tensors, self.buffer = capacity, [], None
 
     def add(self, tensor):
-        if not tensor.is_contiguous():
-            # A strided view: staged from a contiguous copy of this one tensor.
-            tensor = tensor.contiguous()
         import torch
 
-        self.tensors.append(tensor.reshape(-1).view(torch.uint8))
+        if tensor.is_contiguous():
+            self.tensors.append(tensor.reshape(-1).view(torch.uint8))
+        else:
+            # A strided view (a transposed weight): made contiguous a block of rows at
+            # a time in `fill`, so no copy of the whole tensor is ever held.
+            self.tensors.append(tensor)
         return len(self.tensors) - 1
 
     def fill(self, key, offset, length):
@@ -102,18 +104,38 @@ class Stager:
         if self.buffer is None:
             self.buffer = torch.empty(self.capacity, dtype=torch.uint8,
                                       pin_memory=torch.cuda.is_available())
+        tensor = self.tensors[key]
+        if tensor.dtype == torch.uint8 and tensor.dim() == 1 and tensor.is_contiguous():
+            part = tensor[offset:offset + length]
+        else:
+            part = self._rows(tensor, offset, length)
         # A synchronous copy: the bytes are in the buffer when this returns.
-        self.buffer[:length].copy_(self.tensors[key][offset:offset + length])
+        self.buffer[:length].copy_(part)
         return self.buffer.data_ptr()
+
+    def _rows(self, tensor, offset, length):
+        """Bytes `offset..offset + length` of a strided tensor as laid out contiguous:
+        the rows they fall in, made contiguous (on the tensor's device: a few rows
+        more than the chunk), then cut to the range."""
+        import torch
+
+        row = tensor[0].numel() * tensor.element_size() if tensor.shape[0] else 1
+        if row > self.capacity:
+            # Rows longer than the buffer: the whole tensor once (said in the guide).
+            whole = tensor.contiguous().reshape(-1).view(torch.uint8)
+            return whole[offset:offset + length]
+        first, last = offset // row, -(-(offset + length) // row)
+        block = tensor[first:last].contiguous().reshape(-1).view(torch.uint8)
+        start = offset - first * row
+        return block[start:start + length]
 
 
 def _memory_source(name, tensor, keep, stager):
-    """A tensor in this process's memory, read where it is; a GPU tensor staged."""
-    if tensor.device.type != "cpu" or stager.everything:
+    """A tensor in this process's memory, read where it is; a GPU tensor or a strided
+    view staged."""
+    if tensor.device.type != "cpu" or stager.everything or not tensor.is_contiguous():
+        # A GPU tensor, or a strided view: through the stager's buffer.
         return {"kind": "staged", "key": stager.add(tensor)}
-    if not tensor.is_contiguous():
-        # A strided view: written from a contiguous copy of this one tensor.
-        tensor = tensor.contiguous()
     keep.append(tensor)
     return {"kind": "memory", "address": tensor.data_ptr()}
 

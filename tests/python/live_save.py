@@ -181,6 +181,11 @@ def staged_like_a_gpu():
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
     with torch.no_grad():
         model.lm_head.weight.add_(0.5)
+        # A strided parameter (stride (1, rows)): staged a block of rows at a time.
+        weight = model.model.layers[0].mlp.down_proj.weight
+        model.model.layers[0].mlp.down_proj.weight = torch.nn.Parameter(weight.t().contiguous().t())
+    if model.model.layers[0].mlp.down_proj.weight.is_contiguous():
+        raise SystemExit("staged: the strided parameter came out contiguous")
     theirs = os.path.join(WORK, "staged-theirs")
     model.save_pretrained(theirs)
     os.environ["DEVMAP_TEST_STAGE_CPU"], os.environ["DEVMAP_TEST_STAGE_BYTES"] = "1", "1000"
@@ -208,7 +213,7 @@ def staged_like_a_gpu():
     differ = [k for k in a if b[k].dtype != torch.float32 or not torch.equal(a[k].float(), b[k])]
     if differ:
         raise SystemExit(f"staged: float32 cast through the stage differs for {differ[:3]}")
-    print(f"ok: staged through a 1000-byte buffer ({len(calls)} fills, copies and casts): {n} tensors")
+    print(f"ok: staged through a 1000-byte buffer ({len(calls)} fills, copies and casts, a strided weight): {n} tensors")
 
 
 def meta_model_refused():
