@@ -97,10 +97,13 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
     if options.max_memory.is_empty() {
         return Err(PlanningError::NoDevices);
     }
-    // Planned under the names and layout the loaded model has (see `view`).
-    let view =
-        super::view::runtime_view(ckpt, crate::model::arch::lookup(&ckpt.config.architectures));
-    let ckpt = view.as_ref().unwrap_or(ckpt);
+    // Planned under the names and layout the loaded model has (see `view`), made once
+    // per checkpoint: a map edit's copy shares it.
+    let view = ckpt.derived_view().get_or_init(|| {
+        super::view::runtime_view(ckpt, crate::model::arch::lookup(&ckpt.config.architectures))
+            .map(std::sync::Arc::new)
+    });
+    let ckpt = view.as_deref().unwrap_or(ckpt);
     let tree = PlanTree::build(ckpt, &options.no_split, options.dtype);
     let devices = device_order(&options.max_memory);
     let budget: HashMap<Placement, u64> = options.max_memory.iter().copied().collect();
