@@ -177,7 +177,9 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String>
             let folder = folders
                 .entry(parent)
                 .or_insert_with(|| canonical_or_self(parent));
-            folder.join(p.file_name().unwrap_or_default()).starts_with(out)
+            folder
+                .join(p.file_name().unwrap_or_default())
+                .starts_with(out)
         })
         .collect();
     match inside.first() {
