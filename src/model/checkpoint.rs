@@ -120,10 +120,11 @@ pub struct Checkpoint {
     /// fuses it, computed once and shared by the copies a map edit makes (names do not
     /// change with the map; re-deriving them cost 60 ms a re-total at 92k tensors).
     loaded_names: std::sync::Arc<std::sync::OnceLock<Vec<Option<Box<str>>>>>,
-    /// A view of this checkpoint that a layer above derives from names, dtypes, shapes,
-    /// ties and the config alone (the planner's runtime view: 120 ms at 92k tensors),
-    /// kept once and shared by the copies a map edit makes; a change to those resets it.
-    derived_view: std::sync::Arc<std::sync::OnceLock<Option<std::sync::Arc<Checkpoint>>>>,
+    /// What layers above derive from names, dtypes, shapes, ties and the config alone
+    /// (the planner's runtime view, 120 ms at 92k tensors, and its walk tree, 60 ms),
+    /// by a key of theirs: kept and shared by the copies a map edit makes (placements
+    /// do not enter it); a change to those inputs resets it.
+    derived: std::sync::Arc<std::sync::Mutex<Derived>>,
     /// What the index's `total_parameters` says, where the caller knows better than a
     /// count of the written tensors (a live model's `num_parameters()`).
     pub total_parameters: Option<u64>,
@@ -132,6 +133,37 @@ pub struct Checkpoint {
 }
 
 const NO_TIE: u32 = u32::MAX;
+
+/// See [`Checkpoint::derived`]: a few values by (type, key), the oldest dropped first.
+#[derive(Default)]
+struct Derived {
+    values: Vec<(u64, std::sync::Arc<dyn std::any::Any + Send + Sync>)>,
+}
+
+impl Derived {
+    /// Values kept at once (a plan tree of a 100k-tensor model is ~20 MB).
+    const KEPT: usize = 4;
+
+    fn find<T: std::any::Any + Send + Sync>(&self, key: u64) -> Option<std::sync::Arc<T>> {
+        self.values
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .find_map(|(_, v)| v.clone().downcast::<T>().ok())
+    }
+
+    fn keep(&mut self, key: u64, value: std::sync::Arc<dyn std::any::Any + Send + Sync>) {
+        if self.values.len() >= Self::KEPT {
+            self.values.remove(0);
+        }
+        self.values.push((key, value));
+    }
+}
+
+impl std::fmt::Debug for Derived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Derived({} values)", self.values.len())
+    }
+}
 
 /// Where a remote model's files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,7 +249,7 @@ impl Checkpoint {
             merges: std::collections::HashMap::new(),
             tie_of,
             loaded_names: std::sync::Arc::default(),
-            derived_view: std::sync::Arc::default(),
+            derived: std::sync::Arc::default(),
             total_parameters: None,
             title: None,
         };
@@ -258,9 +290,27 @@ impl Checkpoint {
         find(true).or_else(|| find(false))
     }
 
-    /// The cell holding the derived view (see the field): a layer above fills it.
-    pub fn derived_view(&self) -> &std::sync::OnceLock<Option<std::sync::Arc<Checkpoint>>> {
-        &self.derived_view
+    /// What `make` derives from this checkpoint's names, dtypes, shapes, ties and
+    /// config, made once per `key` and shared by the copies map edits make (see the
+    /// field). `T` and `key` together name it: a layer uses its own types.
+    pub fn derived<T: std::any::Any + Send + Sync>(
+        &self,
+        key: u64,
+        make: impl FnOnce() -> T,
+    ) -> std::sync::Arc<T> {
+        let found = self.derived.lock().ok().and_then(|d| d.find::<T>(key));
+        if let Some(value) = found {
+            return value;
+        }
+        // Made outside the lock: two threads may both make it; the first kept wins.
+        let value = std::sync::Arc::new(make());
+        if let Ok(mut d) = self.derived.lock() {
+            if let Some(kept) = d.find::<T>(key) {
+                return kept;
+            }
+            d.keep(key, value.clone());
+        }
+        value
     }
 
     /// Finds a tensor by name (binary search: tensors are in module order).
@@ -426,7 +476,7 @@ impl Checkpoint {
     /// `modules_to_save` module or an embedding's `base_layer`).
     pub fn replace_value(&mut self, id: TensorId, range: ByteRange, dtype: DType) {
         // The dtype may change: what was derived from dtypes is derived again.
-        self.derived_view = std::sync::Arc::default();
+        self.derived = std::sync::Arc::default();
         let t = &mut self.tensors[id];
         if let Source::Checkpoint(old) = t.source {
             self.replaced.insert(id, (old, t.dtype));
@@ -564,4 +614,65 @@ pub(crate) fn sort_in_module_order(tensors: &mut Vec<Tensor>) {
     }
     let mut slots: Vec<Option<Tensor>> = std::mem::take(tensors).into_iter().map(Some).collect();
     tensors.extend(order.into_iter().filter_map(|i| slots[i].take()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_values_are_shared_by_copies_kept_by_type_and_key_and_reset_by_a_dtype_change() {
+        let tensor = Tensor {
+            name: "w".into(),
+            shape: crate::types::shape::Shape::new(&[2]),
+            source: Source::None,
+            placement: Placement::Cpu,
+            map_key: NO_KEY,
+            dtype: DType::F32,
+            load_dtype: None,
+        };
+        let ckpt = Checkpoint::assemble(Parts {
+            dir: PathBuf::new(),
+            files: Vec::new(),
+            tensors: vec![tensor],
+            ties: Vec::new(),
+            device_map: None,
+            device_map_path: None,
+            offload_dir: None,
+            config: crate::formats::config::ModelConfig::absent(),
+            weight_files: Vec::new(),
+            config_dir: None,
+            warnings: Vec::new(),
+            replaced: Vec::new(),
+        });
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        let make = |v: u32| {
+            made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            v
+        };
+        assert_eq!(*ckpt.derived(1, || make(10)), 10);
+        // A copy (what a map edit makes) finds it; another type under the same key is
+        // another value.
+        let mut copy = ckpt.clone();
+        copy.apply_device_map(None);
+        assert_eq!(*copy.derived(1, || make(11)), 10);
+        assert_eq!(*copy.derived(1, || String::from("s")), "s");
+        assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Past the few kept, the oldest goes.
+        for key in 2..=5 {
+            copy.derived(key, || make(0));
+        }
+        assert_eq!(*copy.derived(1, || make(12)), 12);
+        // A value whose dtype changes resets what was derived.
+        copy.replace_value(
+            0,
+            ByteRange {
+                file: 0,
+                offset: 0,
+                len: 4,
+            },
+            DType::BF16,
+        );
+        assert_eq!(*copy.derived(2, || make(13)), 13);
+    }
 }

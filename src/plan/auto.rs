@@ -90,6 +90,18 @@ fn device_order(max_memory: &[(Placement, u64)]) -> Vec<Placement> {
     gpus
 }
 
+/// [`Checkpoint::derived`] key of the runtime view.
+const RUNTIME_VIEW: u64 = 0;
+
+/// [`Checkpoint::derived`] key of the walk tree for these options (never 0).
+fn tree_key(options: &PlanOptions) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    options.no_split.hash(&mut hasher);
+    options.dtype.hash(&mut hasher);
+    hasher.finish() | 1
+}
+
 pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, PlanningError> {
     if ckpt.tensors().is_empty() {
         return Err(PlanningError::Empty);
@@ -97,14 +109,17 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
     if options.max_memory.is_empty() {
         return Err(PlanningError::NoDevices);
     }
-    // Planned under the names and layout the loaded model has (see `view`), made once
-    // per checkpoint: a map edit's copy shares it.
-    let view = ckpt.derived_view().get_or_init(|| {
+    // Planned under the names and layout the loaded model has (see `view`), and walked
+    // as accelerate walks it: both made once per checkpoint (and plan options), shared
+    // by the copies map edits make.
+    let original = ckpt;
+    let view = original.derived(RUNTIME_VIEW, || {
         super::view::runtime_view(ckpt, crate::model::arch::lookup(&ckpt.config.architectures))
-            .map(std::sync::Arc::new)
     });
-    let ckpt = view.as_deref().unwrap_or(ckpt);
-    let tree = PlanTree::build(ckpt, &options.no_split, options.dtype);
+    let ckpt = view.as_ref().as_ref().unwrap_or(ckpt);
+    let tree = original.derived(tree_key(options), || {
+        PlanTree::build(ckpt, &options.no_split, options.dtype)
+    });
     let devices = device_order(&options.max_memory);
     let budget: HashMap<Placement, u64> = options.max_memory.iter().copied().collect();
     let gpus: Vec<Placement> = devices
