@@ -130,7 +130,7 @@ class Stager:
         return block[start:start + length]
 
 
-def _memory_source(name, tensor, keep, stager):
+def _memory_source(tensor, keep, stager):
     """A tensor in this process's memory, read where it is; a GPU tensor or a strided
     view staged."""
     if tensor.device.type != "cpu" or stager.everything or not tensor.is_contiguous():
@@ -263,11 +263,11 @@ def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
         if tensor.device.type == "meta":
             source, dtype, value = _offloaded_source(model, loaders, name, tensor)
             if value is not None:
-                source = _memory_source(name, value, keep, stager)
+                source = _memory_source(value, keep, stager)
                 watched.append((name, value, value._version, None))
             devices[name] = "disk" if source["kind"] != "none" else "meta"
         else:
-            source, dtype = _memory_source(name, tensor, keep, stager), tensor.dtype
+            source, dtype = _memory_source(tensor, keep, stager), tensor.dtype
             live = model.get_parameter_or_buffer(name) if hasattr(model, "get_parameter_or_buffer") else None
             pointer = live.data_ptr() if live is not None else None
             watched.append((name, tensor, tensor._version, pointer))
