@@ -84,8 +84,10 @@ class Stager:
     at a time when the saver asks (`fill`), with torch's own copy: GPU memory does not
     grow, host memory by the buffer."""
 
-    def __init__(self, capacity):
+    def __init__(self, capacity, everything=False):
         self.capacity, self.tensors, self.buffer = capacity, [], None
+        # Tests stage CPU tensors too: the GPU path but for the device torch copies from.
+        self.everything = everything
 
     def add(self, tensor):
         import torch
@@ -228,7 +230,10 @@ def _ties(model, full, kept):
 
 
 def _device_of(tensor):
-    return str(tensor.device) if tensor.device.type == "cuda" else "cpu" if tensor.device.type == "cpu" else "disk"
+    """Where the manifest says a tensor lives: `cuda:N`, `cpu`, or `disk` for a meta
+    tensor an offload loader holds."""
+    kind = tensor.device.type
+    return str(tensor.device) if kind == "cuda" else "disk" if kind == "meta" else "cpu"
 
 
 def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
@@ -255,9 +260,8 @@ def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
     tied_to = _ties(model, full, state_dict)
 
     loaders = _offload_loaders(model)
-    stager = Stager(int(os.environ.get("DEVMAP_TEST_STAGE_BYTES", stage_bytes)))
-    # Tests route CPU tensors through the stager too: the GPU path but for torch's copy.
-    stager.everything = os.environ.get("DEVMAP_TEST_STAGE_CPU") == "1"
+    stager = Stager(int(os.environ.get("DEVMAP_TEST_STAGE_BYTES", stage_bytes)),
+                    everything=os.environ.get("DEVMAP_TEST_STAGE_CPU") == "1")
     keep, watched, sources, held_dtypes, devices = [], [], {}, {}, {}
     for name, tensor in state_dict.items():
         if tensor.device.type == "meta":
@@ -271,7 +275,7 @@ def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
             live = model.get_parameter_or_buffer(name) if hasattr(model, "get_parameter_or_buffer") else None
             pointer = live.data_ptr() if live is not None else None
             watched.append((name, tensor, tensor._version, pointer))
-            devices[name] = str(tensor.device) if tensor.device.type == "cuda" else "cpu"
+            devices[name] = _device_of(tensor)
         sources[name], held_dtypes[name] = source, dtype
 
     missing = [n for n, s in sources.items() if s["kind"] == "none"]

@@ -52,9 +52,7 @@ fn save_manifest(
     check: Option<Py<PyAny>>,
     stage: Option<(Py<PyAny>, u64)>,
 ) -> PyResult<String> {
-    let origin = Path::new("the live model's manifest");
-    let manifest = devmap::formats::live::parse_manifest(manifest, origin).map_err(fail)?;
-    let ckpt = Arc::new(devmap::model::load::load_live(&manifest, origin).map_err(fail)?);
+    let ckpt = Arc::new(checkpoint_of(manifest)?);
     let mut options = SaveOptions::new(&out);
     options.max_shard_size = devmap::formats::size::parse_size(max_shard_size)
         .map_err(|e| PyValueError::new_err(format!("max_shard_size={max_shard_size:?}: {e}")))?;
@@ -186,6 +184,13 @@ fn dtype_choice(dtype: &str) -> PyResult<DtypeChoice> {
     }
 }
 
+/// The checkpoint a manifest (JSON text) describes.
+fn checkpoint_of(manifest: &str) -> PyResult<devmap::model::Checkpoint> {
+    let origin = Path::new("the live model's manifest");
+    let manifest = devmap::formats::live::parse_manifest(manifest, origin).map_err(fail)?;
+    devmap::model::load::load_live(&manifest, origin).map_err(fail)
+}
+
 fn fail(err: impl std::fmt::Display) -> PyErr {
     DevmapError::new_err(err.to_string())
 }
@@ -196,9 +201,7 @@ fn fail(err: impl std::fmt::Display) -> PyErr {
 #[pyfunction]
 fn inspect_manifest(py: Python<'_>, manifest: &str, title: String) -> PyResult<Option<String>> {
     use std::io::IsTerminal;
-    let origin = Path::new("the live model's manifest");
-    let manifest = devmap::formats::live::parse_manifest(manifest, origin).map_err(fail)?;
-    let ckpt = devmap::model::load::load_live(&manifest, origin).map_err(fail)?;
+    let ckpt = checkpoint_of(manifest)?;
     let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
     if !std::io::stdout().is_terminal() || dumb {
         let options = devmap::inspect::TextOptions::default();

@@ -153,18 +153,13 @@ pub fn check_all_but_inputs(
 /// checked above by name; this catches the rest (a live model's checkpoint, an
 /// adapter).
 fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String> {
-    let mut files: Vec<usize> = plan
-        .shards
-        .iter()
-        .flat_map(|s| &s.tensors)
-        .map(|t| t.recipe.source().file)
-        .collect();
-    files.sort_unstable();
-    files.dedup();
     // Nothing is inside a folder that is not there yet (the usual case).
     if !out.exists() {
         return Vec::new();
     }
+    let mut files: Vec<usize> = plan.planned().map(|t| t.recipe.source().file).collect();
+    files.sort_unstable();
+    files.dedup();
     // One canonical path per folder, not per file: an offload folder holds tens of
     // thousands of files in one folder (a realpath each cost 100 ms a preview).
     let mut folders: std::collections::HashMap<&Path, PathBuf> = std::collections::HashMap::new();

@@ -150,6 +150,18 @@ impl Shared<'_> {
     }
 
     /// Stop copying: the user cancelled or another worker failed.
+    /// Counts `n` more bytes written into shard `index` (`shard_written` so far) and
+    /// reports the totals.
+    fn progress(&self, index: usize, shard_written: &mut u64, n: u64) {
+        *shard_written += n;
+        let total = self.total_written.fetch_add(n, Ordering::Relaxed) + n;
+        self.reporter.progress(SaveEvent::Progress {
+            index,
+            shard_written: *shard_written,
+            total_written: total,
+        });
+    }
+
     fn stop_flag(&self) -> bool {
         self.cancel.load(Ordering::Relaxed) || self.failed.load(Ordering::Relaxed)
     }
@@ -191,27 +203,18 @@ impl ShardWriter<'_> {
             }
             let src_path = ckpt.file_path(source.file);
             if let Some(key) = super::stage::staged_key(src_path) {
-                self.write_staged(t, key, (&dst, data_start), index, &mut shard_written)?;
+                self.write_staged(t, key, (&dst, data_start), (index, tmp), &mut shard_written)?;
                 shared.pause_once();
                 continue;
             }
             let src = self.sources.get(ckpt, source.file)?;
-            let mut report = |n: u64| {
-                shard_written += n;
-                let total = shared.total_written.fetch_add(n, Ordering::Relaxed) + n;
-                shared.reporter.progress(SaveEvent::Progress {
-                    index,
-                    shard_written,
-                    total_written: total,
-                });
-            };
+            let mut report = |n: u64| shared.progress(index, &mut shard_written, n);
             let from = (src, source.offset);
             let to = (&dst, data_start + t.begin);
             let moved = match t.recipe {
-                Recipe::Copy(_) if ckpt.files[source.file].path == Path::new(PROCESS_MEMORY) => {
-                    self.copier
-                        .copy_through_buffer(from, to, source.len, &stop, &mut report)
-                }
+                Recipe::Copy(_) if src_path == Path::new(PROCESS_MEMORY) => self
+                    .copier
+                    .copy_through_buffer(from, to, source.len, &stop, &mut report),
                 Recipe::Copy(_) => self.copier.copy(from, to, source.len, &stop, &mut report),
                 Recipe::Cast {
                     from: from_dtype,
@@ -278,33 +281,7 @@ impl ShardWriter<'_> {
                         )
                     }),
             };
-            moved
-                .map_err(|e| match e {
-                    CopyError::Cancelled => SaveError::Cancelled,
-                    CopyError::ShortSource { copied } => SaveError::SourceChanged {
-                        path: src_path.to_path_buf(),
-                        message: format!(
-                            "ended after {copied} of the {} bytes of tensor `{}`; it was truncated while devmap read it",
-                            source.len, ckpt.tensors()[t.tensor].name
-                        ),
-                    },
-                    // Out of space or over a file-size limit is about the output.
-                    CopyError::Io(io)
-                        if super::error::output_is_full(&io) =>
-                    {
-                        SaveError::io(tmp, io)
-                    }
-                    CopyError::Io(io) if src_path == Path::new(PROCESS_MEMORY) => {
-                        SaveError::SourceChanged {
-                            path: src_path.to_path_buf(),
-                            message: format!(
-                                "tensor `{}`: its memory at {:#x} cannot be read ({io}): the tensor was freed or moved while devmap saved it",
-                                ckpt.tensors()[t.tensor].name, source.offset
-                            ),
-                        }
-                    }
-                    CopyError::Io(io) => SaveError::io(src_path, io),
-                })?;
+            moved.map_err(|e| copy_failed(e, ckpt, t, tmp))?;
             check_unchanged(ckpt, source.file, src)?;
             shared.pause_once();
         }
@@ -316,33 +293,21 @@ impl ShardWriter<'_> {
         }
         Ok(())
     }
-}
 
-impl ShardWriter<'_> {
     /// One staged tensor (a live model's GPU tensor), a filled chunk at a time.
     fn write_staged(
         &mut self,
         t: &super::shards::PlannedTensor,
         key: u64,
         (dst, data_start): (&File, u64),
-        index: usize,
+        (index, tmp): (usize, &Path),
         shard_written: &mut u64,
     ) -> Result<(), SaveError> {
         let shared = self.shared;
-        let ckpt = shared.ckpt;
         let source = t.recipe.source();
-        let name = &ckpt.tensors()[t.tensor].name;
         let stop = StopFlag(shared);
         let copier = &mut self.copier;
-        let mut report = |n: u64| {
-            *shard_written += n;
-            let total = shared.total_written.fetch_add(n, Ordering::Relaxed) + n;
-            shared.reporter.progress(SaveEvent::Progress {
-                index,
-                shard_written: *shard_written,
-                total_written: total,
-            });
-        };
+        let mut report = |n: u64| shared.progress(index, shard_written, n);
         let out = data_start + t.begin;
         let moved = match t.recipe {
             Recipe::Copy(_) => super::stage::through_stage(
@@ -368,28 +333,45 @@ impl ShardWriter<'_> {
                 "a staged tensor is copied or cast, not merged or dequantized",
             ))),
         };
-        moved.map_err(|e| match e {
-            CopyError::Cancelled => SaveError::Cancelled,
-            CopyError::Io(io) if super::error::output_is_full(&io) => {
-                SaveError::io(dst_path(shared, index), io)
-            }
-            CopyError::Io(io) => SaveError::SourceChanged {
-                path: ckpt.file_path(source.file).to_path_buf(),
-                message: format!("tensor `{name}`: {io}"),
-            },
-            CopyError::ShortSource { copied } => SaveError::SourceChanged {
-                path: ckpt.file_path(source.file).to_path_buf(),
-                message: format!(
-                    "tensor `{name}`: the stage gave {copied} of {} bytes",
-                    source.len
-                ),
-            },
-        })
+        moved.map_err(|e| copy_failed(e, shared.ckpt, t, tmp))
     }
 }
 
-fn dst_path<'a>(shared: &'a Shared<'a>, index: usize) -> &'a Path {
-    &shared.shard_tmps[index]
+/// A copy of tensor `t` into the shard `tmp` that failed, as the save reports it: the
+/// output when it is full, else the input, with the tensor named.
+fn copy_failed(
+    e: CopyError,
+    ckpt: &Checkpoint,
+    t: &super::shards::PlannedTensor,
+    tmp: &Path,
+) -> SaveError {
+    let source = t.recipe.source();
+    let path = ckpt.file_path(source.file);
+    let name = &ckpt.tensors()[t.tensor].name;
+    let staged = super::stage::staged_key(path).is_some();
+    let changed = |message: String| SaveError::SourceChanged {
+        path: path.to_path_buf(),
+        message,
+    };
+    match e {
+        CopyError::Cancelled => SaveError::Cancelled,
+        CopyError::ShortSource { copied } if staged => changed(format!(
+            "tensor `{name}`: the stage gave {copied} of {} bytes",
+            source.len
+        )),
+        CopyError::ShortSource { copied } => changed(format!(
+            "ended after {copied} of the {} bytes of tensor `{name}`; it was truncated while devmap read it",
+            source.len
+        )),
+        // Out of space or over a file-size limit is about the output.
+        CopyError::Io(io) if super::error::output_is_full(&io) => SaveError::io(tmp, io),
+        CopyError::Io(io) if path == Path::new(PROCESS_MEMORY) => changed(format!(
+            "tensor `{name}`: its memory at {:#x} cannot be read ({io}): the tensor was freed or moved while devmap saved it",
+            source.offset
+        )),
+        CopyError::Io(io) if staged => changed(format!("tensor `{name}`: {io}")),
+        CopyError::Io(io) => SaveError::io(path, io),
+    }
 }
 
 /// Lets the copy loop see both the user's cancel and another worker's failure.

@@ -305,52 +305,6 @@ fn digest_written(
     Ok((digests, findings))
 }
 
-/// [`hash_expected`] of a staged tensor (a live model's GPU tensor): read again through
-/// the stage, a chunk at a time.
-fn hash_staged(
-    expected: &Expected,
-    p: &crate::save::shards::PlannedTensor,
-    key: u64,
-    copier: &mut Copier,
-    progress: &Progress,
-    findings: &mut Vec<Finding>,
-) -> Result<Option<u128>, VerifyError> {
-    let source = p.recipe.source();
-    let mut digester = Digester::new(p.dtype);
-    let cast = match p.recipe {
-        Recipe::Cast { from, to, .. } => Some((from, to)),
-        _ => None,
-    };
-    let align = cast.map_or(1, |(from, _)| from.size());
-    let read = crate::save::stage::through_stage(
-        expected.stage.as_ref(),
-        key,
-        (source.offset, source.len),
-        align,
-        &mut |at, _, n| {
-            copier.stream(at, n, cast, &progress.cancel, &mut |chunk: &[u8]| {
-                digester.update(chunk);
-                progress
-                    .read
-                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                Ok(())
-            })
-        },
-    );
-    match read {
-        Ok(()) => Ok(Some(digester.finish().hash)),
-        Err(CopyError::Cancelled) => Err(VerifyError::Cancelled),
-        Err(e) => {
-            findings.push(Finding::difference(
-                Kind::Unreadable,
-                expected.name(p),
-                format!("its staged source cannot be read again: {}", describe(&e)),
-            ));
-            Ok(None)
-        }
-    }
-}
-
 /// Where to split `tensors` so both runs hold about half the bytes.
 fn byte_midpoint(tensors: &[written::WrittenTensor]) -> usize {
     let half = tensors.iter().map(|t| t.len).sum::<u64>() / 2;
@@ -379,33 +333,30 @@ fn hash_expected(
     for (_, p) in pairs {
         let source = p.recipe.source();
         let path = expected.ckpt.file_path(source.file);
-        if let Some(key) = crate::save::stage::staged_key(path) {
-            hashes.push(hash_staged(
-                expected,
-                p,
-                key,
-                &mut copier,
-                progress,
-                &mut findings,
-            )?);
-            continue;
-        }
-        let file = files.entry(source.file).or_insert_with(|| {
-            match crate::formats::input::open_regular(path) {
-                Ok(f) => Some(f),
-                Err(e) => {
-                    findings.push(Finding::difference(
-                        Kind::Unreadable,
-                        crate::text::path(path),
-                        e.to_string(),
-                    ));
-                    None
-                }
-            }
-        });
-        let Some(file) = file.as_ref() else {
-            hashes.push(None);
-            continue;
+        // A staged source (a live model's GPU tensor) is no file: read again through
+        // the stage that filled it for the save.
+        let input = if let Some(key) = crate::save::stage::staged_key(path) {
+            Input::Staged(key)
+        } else {
+            let file =
+                files.entry(source.file).or_insert_with(
+                    || match crate::formats::input::open_regular(path) {
+                        Ok(f) => Some(f),
+                        Err(e) => {
+                            findings.push(Finding::difference(
+                                Kind::Unreadable,
+                                crate::text::path(path),
+                                e.to_string(),
+                            ));
+                            None
+                        }
+                    },
+                );
+            let Some(file) = file.as_ref() else {
+                hashes.push(None);
+                continue;
+            };
+            Input::File(file)
         };
         let mut digester = Digester::new(p.dtype);
         // What every recipe's bytes go through: the hash, and the progress count.
@@ -415,6 +366,26 @@ fn hash_expected(
                 .read
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
             Ok(())
+        };
+        let file = match input {
+            Input::File(file) => file,
+            Input::Staged(key) => {
+                let cast = match p.recipe {
+                    Recipe::Cast { from, to, .. } => Some((from, to)),
+                    _ => None,
+                };
+                let read = crate::save::stage::through_stage(
+                    expected.stage.as_ref(),
+                    key,
+                    (source.offset, source.len),
+                    cast.map_or(1, |(from, _)| from.size()),
+                    &mut |at, _, n| copier.stream(at, n, cast, &progress.cancel, &mut feed),
+                );
+                let outcome = read.map(|()| digester.finish().hash);
+                let what = "its staged source cannot be read again";
+                hashes.push(hashed(outcome, expected.name(p), what, &mut findings)?);
+                continue;
+            }
         };
         let at = (file, source.offset);
         let read = match p.recipe {
@@ -462,24 +433,40 @@ fn hash_expected(
                 &mut feed,
             ),
         };
-        match read {
-            Ok(()) => hashes.push(Some(digester.finish().hash)),
-            Err(CopyError::Cancelled) => return Err(VerifyError::Cancelled),
-            Err(e) => {
-                findings.push(Finding::difference(
-                    Kind::Unreadable,
-                    expected.name(p),
-                    format!(
-                        "its source in {} cannot be read: {}",
-                        crate::text::path(path),
-                        describe(&e)
-                    ),
-                ));
-                hashes.push(None);
-            }
-        }
+        let outcome = read.map(|()| digester.finish().hash);
+        let what = format!("its source in {} cannot be read", crate::text::path(path));
+        hashes.push(hashed(outcome, expected.name(p), &what, &mut findings)?);
     }
     Ok((hashes, findings))
+}
+
+/// Where [`hash_expected`] reads a source from.
+enum Input<'f> {
+    File(&'f File),
+    /// A live model's staged tensor, by its key.
+    Staged(u64),
+}
+
+/// A source's hash, or the finding that says why it could not be read (`what`, then
+/// the cause); a cancel ends the verification.
+fn hashed(
+    outcome: Result<u128, CopyError>,
+    name: &str,
+    what: &str,
+    findings: &mut Vec<Finding>,
+) -> Result<Option<u128>, VerifyError> {
+    match outcome {
+        Ok(hash) => Ok(Some(hash)),
+        Err(CopyError::Cancelled) => Err(VerifyError::Cancelled),
+        Err(e) => {
+            findings.push(Finding::difference(
+                Kind::Unreadable,
+                name,
+                format!("{what}: {}", describe(&e)),
+            ));
+            Ok(None)
+        }
+    }
 }
 
 fn read_into(

@@ -99,12 +99,6 @@ impl Files {
     }
 }
 
-/// A value an offload loader reads from a file: the offload kind of source, so the
-/// reports say where it comes from as for an offload folder.
-fn offloaded(range: ByteRange) -> Source {
-    Source::Offload(range)
-}
-
 fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tensor, LoadError> {
     let bad = |message: String| {
         LoadError::Format(FormatError::tensor(origin, live.name.clone(), message))
@@ -227,7 +221,8 @@ fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tens
             let offset = entry.offset + skip;
             let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
             let file = files.id(path, header.file_len, modified);
-            (offloaded(ByteRange { file, offset, len }), stored)
+            // A value an offload loader reads from a file: reported as offloaded.
+            (Source::Offload(ByteRange { file, offset, len }), stored)
         }
         LiveSource::Staged { key, first } => {
             let len = bytes_as(held)?;
