@@ -238,3 +238,39 @@ fn a_commit_check_that_says_no_leaves_nothing() {
     assert!(left.is_empty(), "left in OUT: {left:?}");
     drop(memory);
 }
+
+#[test]
+fn staged_and_dat_sources_are_reported_as_what_they_are() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let config = tmp.path().join("config");
+    std::fs::create_dir(&config).expect("mkdir");
+    let dat = tmp.path().join("w.dat");
+    std::fs::write(&dat, [0u8; 16]).expect("dat");
+    let text = manifest(
+        &config,
+        &serde_json::json!([
+            {"name": "gpu.weight", "dtype": "float32", "shape": [4], "device": "cuda:0",
+             "source": {"kind": "staged", "key": 0}},
+            {"name": "disk.weight", "dtype": "float32", "shape": [4], "device": "disk",
+             "source": {"kind": "file", "path": dat, "dtype": "float32"}},
+        ]),
+    );
+    let origin = Path::new("manifest");
+    let ckpt = load_live(&parse_manifest(&text, origin).expect("parses"), origin).expect("loads");
+    // A `.dat` an offload loader reads is an offload value, not a checkpoint entry left
+    // without its offload folder.
+    let report = devmap::inspect::to_text(&ckpt, devmap::inspect::TextOptions::default());
+    assert!(!report.contains("no offload folder"), "{report}");
+    // A staged source names no file: it is never "inside" the output folder, even when
+    // that folder is the one devmap runs in (its pseudo path is relative).
+    let mut options = SaveOptions::new(std::env::current_dir().expect("cwd"));
+    options.force = true;
+    let plan = devmap::save::plan(&ckpt, &options).expect("plans");
+    let problems = devmap::save::preflight::check(&ckpt, &plan, &options);
+    assert!(
+        !problems
+            .iter()
+            .any(|p| p.contains("which the save reads from")),
+        "{problems:?}"
+    );
+}

@@ -166,7 +166,7 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String>
     let inside: Vec<&Path> = files
         .into_iter()
         .map(|f| ckpt.file_path(f))
-        .filter(|p| *p != Path::new(crate::formats::live::PROCESS_MEMORY))
+        .filter(|p| !crate::formats::live::is_pseudo_path(p))
         .filter(|p| {
             let parent = p.parent().unwrap_or(Path::new("."));
             let folder = folders

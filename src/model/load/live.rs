@@ -173,8 +173,9 @@ fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tens
                     ))
                 })?;
             let file = files.id(path, meta.len(), meta.modified().ok());
+            // A value an offload loader reads from a file: reported as offloaded.
             (
-                Source::Checkpoint(ByteRange {
+                Source::Offload(ByteRange {
                     file,
                     offset: start,
                     len,
