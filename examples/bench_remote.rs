@@ -7,13 +7,19 @@
 //! Prints the requests made, the bytes moved (against the model's size), the time,
 //! and the time to read the fetched headers into a model.
 
+// The tests' Hub-like server: test code, so it lives under tests/ and not in the
+// library.
+#[path = "../tests/common/hub_server.rs"]
+#[allow(dead_code)]
+mod hub_server;
+
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use devmap::fixtures::hub_server::{self, ServerOptions};
 use devmap::fixtures::{MoeShape, write_sparse_moe};
 use devmap::remote::{PARALLEL_FETCHES, Source, fetch};
+use hub_server::ServerOptions;
 
 fn main() -> std::io::Result<()> {
     let root = PathBuf::from("target/bench/hub");

@@ -243,7 +243,7 @@ fn the_last_key_is_drawn_without_a_later_tick() {
 #[test]
 #[ignore = "needs tmux (CI installs it)"]
 fn a_remote_model_opens_in_the_inspector() {
-    use devmap::fixtures::hub_server;
+    use common::hub_server;
     let m = mixed_model();
     let www = m.dir.parent().expect("parent").join("www");
     hub_server::publish(&www, "acme/tiny", "main", &m.dir).expect("publish");

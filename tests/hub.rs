@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::Ordering;
 
+use common::hub_server::{self, HubServer, ServerOptions};
 use common::{arg, snapshot, stderr, stdout};
-use devmap::fixtures::hub_server::{self, HubServer, ServerOptions};
 use devmap::fixtures::{LlamaShape, llama_config, llama_like, write_json, write_sharded};
 use devmap::model::DType;
 

@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use devmap::fixtures::hub_server::{self, ServerOptions};
+use common::hub_server::{self, ServerOptions};
 use devmap::fixtures::{LlamaShape, llama_config, llama_like, write_json, write_sharded};
 use devmap::model::DType;
 

@@ -11,6 +11,7 @@ use devmap::fixtures::{
 };
 use devmap::model::DType;
 
+pub mod hub_server;
 pub mod journey;
 
 /// A tensor as read back from a saved checkpoint.
