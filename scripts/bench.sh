@@ -6,12 +6,11 @@
 #   offloaded models (one whole shard in RAM at a time, safetensors library).
 # Usage: scripts/bench.sh [SIZE_MB=1200] [WORKDIR=target/bench]
 # Prints a Markdown table. Peak RSS comes from GNU time (/usr/bin/time -f %M).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-1200}
 WORK=${2:-target/bench}
 RUNS=${RUNS:-3}
-command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)"; exit 1; }
+need_gnu_time
 
 # The Python peer's dependencies, installed here if missing.
 if ! .venv/bin/python -c "import safetensors, numpy" 2>/dev/null; then
@@ -19,9 +18,7 @@ if ! .venv/bin/python -c "import safetensors, numpy" 2>/dev/null; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check "safetensors>=0.4" numpy
 fi
 
-cargo build --release --quiet --example gen_model
-cargo build --release --quiet
-DEVMAP=target/release/devmap
+build_release gen_model
 MODEL="$WORK/model-f16"
 mkdir -p "$WORK"
 if [ ! -d "$MODEL" ]; then
@@ -37,16 +34,14 @@ cached_kib() { awk '/^Cached:/ {print $2}' /proc/meminfo; }
 # measure CMD...: prints "seconds max_rss_kib page_cache_growth_kib" of the median
 # run (warm cache: the input is read once before each run).
 measure() {
-    local results=()
+    local _
     for _ in $(seq "$RUNS"); do
         rm -rf "$WORK/out"; sync; warm
         local before; before=$(cached_kib)
-        /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$@" > /dev/null 2>&1
-        local after; after=$(cached_kib)
-        results+=("$(cat "$WORK/time.txt") $(( after - before ))")
+        local run; run=$(timed "$@")
+        echo "$run $(( $(cached_kib) - before ))"
         rm -rf "$WORK/out"
-    done
-    printf '%s\n' "${results[@]}" | sort -n | sed -n "$(( (RUNS + 1) / 2 ))p"
+    done | median
 }
 
 declare -a ROWS
@@ -75,5 +70,5 @@ echo "| run | time (s) | vs cp -r | peak RSS (MiB) | page cache growth (MiB) |"
 echo "| --- | ---: | ---: | ---: | ---: |"
 for r in "${ROWS[@]}"; do
     IFS='|' read -r name s kib cache <<< "$r"
-    echo "| $name | $s | $(python3 -c "print(f'{$s/$cp_s:.2f}')") | $(( kib / 1024 )) | $(( cache / 1024 )) |"
+    echo "| $name | $s | $(ratio "$s" "$cp_s") | $(( kib / 1024 )) | $(( cache / 1024 )) |"
 done

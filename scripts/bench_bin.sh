@@ -9,17 +9,15 @@
 # Needs the reference venv (DEVMAP_HF_PYTHON, or ~/.cache/devmap/venv-hf/bin/python).
 # Usage: [RUNS=5] scripts/bench_bin.sh [SIZE_MB=1200] [WORKDIR=target/bench]
 # Prints a Markdown table: median seconds and peak RSS (GNU time).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-1200}
 WORK=${2:-target/bench}
 RUNS=${RUNS:-5}
 PY=${DEVMAP_HF_PYTHON:-$HOME/.cache/devmap/venv-hf/bin/python}
-command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)"; exit 1; }
+need_gnu_time
 "$PY" -c "import torch, safetensors" || { echo "needs torch and safetensors in $PY"; exit 1; }
 
-cargo build --release --quiet
-DEVMAP=target/release/devmap
+build_release
 MODEL="$WORK/bin-model"
 mkdir -p "$WORK"
 if [ ! -f "$MODEL/pytorch_model.bin.index.json" ]; then
@@ -60,17 +58,9 @@ for file in sorted(set(index["weight_map"].values())):
     save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(out, file.replace("pytorch_model", "model").replace(".bin", ".safetensors")), metadata={"format": "pt"})
 EOF
 
-warm() { cat "$MODEL"/* > /dev/null; }
-measure() {
-    local results=()
-    for _ in $(seq "$RUNS"); do
-        rm -rf "$WORK/bin-out"; warm
-        /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$@" > /dev/null 2>&1
-        results+=("$(cat "$WORK/time.txt")")
-    done
-    rm -rf "$WORK/bin-out"
-    printf '%s\n' "${results[@]}" | sort -n | sed -n "$(( (RUNS + 1) / 2 ))p"
-}
+# Before each run: no output left, the input in the page cache.
+prepare() { rm -rf "$WORK/bin-out"; cat "$MODEL"/* > /dev/null; }
+measure() { median_run "$RUNS" prepare "$@"; rm -rf "$WORK/bin-out"; }
 echo "input: $(du -sh "$MODEL" | cut -f1) in 3 .bin shards"
 echo "| command | median | peak RSS |"
 echo "| --- | ---: | ---: |"

@@ -10,22 +10,18 @@
 # of as many bytes as the cast writes (from /dev/zero, 8 MiB blocks, run in turn with
 # it) is shown too; on this VM it swings several-fold with the page cache's writeback.
 # Usage: [RUNS=5] scripts/bench_cast_save.sh [SIZE_MB=600] [WORKDIR=target/bench]
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-600}
 WORK=${2:-target/bench}
 RUNS=${RUNS:-5}
-command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)"; exit 1; }
+need_gnu_time
 
-cargo build --release --quiet --example gen_model
-cargo build --release --quiet
-DEVMAP=target/release/devmap
+build_release gen_model
 mkdir -p "$WORK"
 
 # Per model, in turn RUNS times: `--dtype keep`, and per cast the cast and a `dd` of
 # its output bytes; medians.
-median() { sort -n | sed -n "$(( (RUNS + 1) / 2 ))p"; }
-timed() { /usr/bin/time -f "%e" -o "$WORK/time.txt" "$@" > /dev/null 2>&1; cat "$WORK/time.txt"; }
+seconds() { timed "$@" | cut -d' ' -f1; }
 echo "| stored | written | output | keep (s) | cast (s) | per byte, vs keep | dd of the output bytes (s) |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
 for stored in f32 bf16 f16; do
@@ -40,12 +36,12 @@ for stored in f32 bf16 f16; do
         for mode in keep float32 bfloat16 float16; do
             case $mode in float32) tsize=4; [ "$stored" = f32 ] && continue ;; bfloat16) tsize=2; [ "$stored" = bf16 ] && continue ;; float16) tsize=2; [ "$stored" = f16 ] && continue ;; keep) tsize=$size ;; esac
             rm -rf "$WORK/cast-out" "$WORK/cast-dd"; cat "$model"/*.safetensors "$model"/offload/* > /dev/null
-            t=$(timed "$DEVMAP" save "$model" -o "$WORK/cast-out" --dtype "$mode" --no-fsync -q)
+            t=$(seconds "$DEVMAP" save "$model" -o "$WORK/cast-out" --dtype "$mode" --no-fsync -q)
             T[$mode]="${T[$mode]:-} $t"
             [ "$mode" = keep ] && continue
             rm -rf "$WORK/cast-out"
             blocks=$(( in_bytes * tsize / size / 8388608 ))
-            t=$(timed dd if=/dev/zero of="$WORK/cast-dd" bs=8M count="$blocks" status=none)
+            t=$(seconds dd if=/dev/zero of="$WORK/cast-dd" bs=8M count="$blocks" status=none)
             T[dd-$mode]="${T[dd-$mode]:-} $t"
         done
     done

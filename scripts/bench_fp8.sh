@@ -6,15 +6,13 @@
 # that in bfloat16.
 # Usage: [RUNS=3] scripts/bench_fp8.sh [SIZE_MB=512] [WORKDIR=target/bench]
 # Needs a Python with torch and safetensors (DEVMAP_HF_PYTHON, else python3).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-512}
 WORK=${2:-target/bench}
 RUNS=${RUNS:-3}
 PY=${DEVMAP_HF_PYTHON:-python3}
-command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)"; exit 1; }
-cargo build --release --quiet
-DEVMAP=target/release/devmap
+need_gnu_time
+build_release
 MODEL="$WORK/model-fp8-$SIZE_MB"
 OUT="$WORK/fp8-bf16"
 mkdir -p "$WORK"
@@ -45,21 +43,17 @@ fi
 rm -rf "$OUT"
 "$DEVMAP" save "$MODEL" --out "$OUT" --dtype bfloat16 --no-fsync -q
 OUT_BYTES=$(du -cb "$OUT"/*.safetensors | tail -1 | cut -f1)
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-time_it() {  # prints "seconds peak_kib"
-    /usr/bin/time -f "%e %M" "$@" 2>&1 >/dev/null | tail -1
-}
 dq=(); cpt=(); rss=0
 for _ in $(seq "$RUNS"); do
     rm -rf "$OUT" "$WORK/fp8-cp"; mkdir -p "$WORK/fp8-cp"
-    read -r t m < <(time_it "$DEVMAP" save "$MODEL" --out "$OUT" --dtype bfloat16 --no-fsync -q)
+    read -r t m < <(timed "$DEVMAP" save "$MODEL" --out "$OUT" --dtype bfloat16 --no-fsync -q)
     dq+=("$t"); rss=$m
-    read -r t _ < <(time_it cp "$OUT"/model.safetensors "$WORK/fp8-cp/")
+    read -r t _ < <(timed cp "$OUT"/model.safetensors "$WORK/fp8-cp/")
     cpt+=("$t")
 done
 d=$(printf '%s\n' "${dq[@]}" | median); c=$(printf '%s\n' "${cpt[@]}" | median)
 echo "| run | seconds (median of $RUNS) | vs cp | peak RSS (MiB) |"
 echo "| --- | ---: | ---: | ---: |"
 echo "| cp of the $((OUT_BYTES / 1048576)) MiB output | $c | 1.00 | — |"
-echo "| devmap save --dtype bfloat16 ($((SIZE_MB)) MiB FP8 in) | $d | $(awk -v a="$d" -v b="$c" 'BEGIN{printf "%.2f", a/b}') | $((rss / 1024)) |"
+echo "| devmap save --dtype bfloat16 ($((SIZE_MB)) MiB FP8 in) | $d | $(ratio "$d" "$c") | $((rss / 1024)) |"
 rm -rf "$WORK/fp8-cp"

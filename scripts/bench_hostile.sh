@@ -3,12 +3,10 @@
 # (an 88 MB header) saved and inspected, and a 600 KB dotted tensor name placed by a
 # device map. Peak RSS from GNU time (%M), wall time from the same run.
 # Usage: scripts/bench_hostile.sh [WORKDIR=target/bench]
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
 WORK=${1:-target/bench}
-command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)"; exit 1; }
-cargo build --release --quiet
-DEVMAP=target/release/devmap
+need_gnu_time
+build_release
 mkdir -p "$WORK"
 
 # A million one-byte tensors in one of three tree shapes: layered
@@ -91,8 +89,7 @@ measure() { # label, command...
     local label=$1
     shift
     local out
-    /usr/bin/time -o "$WORK/time.txt" -f "%e %M" "$@" >/dev/null 2>&1
-    out=$(tail -1 "$WORK/time.txt")
+    out=$(timed "$@")
     local secs=${out% *} kib=${out#* }
     printf '| %s | %s s | %s MiB | %s B |\n' "$label" "$secs" "$((kib / 1024))" "$((kib * 1024 / 1000000))"
 }

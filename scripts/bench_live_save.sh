@@ -12,8 +12,7 @@
 # Needs the reference venv with the package installed (`pip install ./python`).
 # Usage: [RUNS=3] scripts/bench_live_save.sh [WORKDIR=target/bench]
 # Prints a Markdown table: median seconds and median peak RSS growth.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
 WORK=${1:-target/bench}
 RUNS=${RUNS:-3}
 PY=${DEVMAP_HF_PYTHON:-$HOME/.cache/devmap/venv-hf/bin/python}

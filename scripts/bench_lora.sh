@@ -6,17 +6,14 @@
 # Usage: [RUNS=3] scripts/bench_lora.sh [SIZE_MB=1200] [WORKDIR=target/bench]
 # Needs the venv .ci/run makes (torch, transformers, peft): DEVMAP_HF_PYTHON or
 # ~/.cache/devmap/venv-hf. Prints a Markdown table; peak RSS from GNU time.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-1200}
 WORK=${2:-target/bench}
 RUNS=${RUNS:-3}
 PY=${DEVMAP_HF_PYTHON:-$HOME/.cache/devmap/venv-hf/bin/python}
-command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)"; exit 1; }
+need_gnu_time
 
-cargo build --release --quiet --example gen_model --example gen_adapter
-cargo build --release --quiet
-DEVMAP=target/release/devmap
+build_release gen_model gen_adapter
 MODEL="$WORK/lora-model"
 ADAPTER="$WORK/lora-adapter"
 OUT="$WORK/lora-out"
@@ -29,16 +26,12 @@ fi
 [ -d "$ADAPTER" ] || target/release/examples/gen_adapter "$MODEL" "$ADAPTER" 16
 
 # measure RUNS CMD...: "seconds max_rss_kib" of the median run, warm cache.
+prepare() { rm -rf "$OUT"; cat "$MODEL"/*.safetensors > /dev/null; }
 measure() {
-    local runs=$1; shift
-    local results=()
-    for _ in $(seq "$runs"); do
-        rm -rf "$OUT"; cat "$MODEL"/*.safetensors > /dev/null
-        /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$@" > /dev/null 2>&1
-        results+=("$(tail -1 "$WORK/time.txt")")
-    done
+    local runs=$1
+    shift
+    median_run "$runs" prepare "$@"
     rm -rf "$OUT"
-    printf '%s\n' "${results[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p"
 }
 
 declare -a ROWS
@@ -59,5 +52,5 @@ echo "| run | time (s) | vs plain save | peak RSS (MiB) |"
 echo "| --- | ---: | ---: | ---: |"
 for r in "${ROWS[@]}"; do
     IFS='|' read -r name s kib <<< "$r"
-    echo "| $name | $s | $(python3 -c "print(f'{$s/$plain:.2f}')") | $(( kib / 1024 )) |"
+    echo "| $name | $s | $(ratio "$s" "$plain") | $(( kib / 1024 )) |"
 done

@@ -8,15 +8,12 @@
 # The three are run in turn RUNS times, so a busy machine slows them alike.
 # Usage: [RUNS=15] scripts/bench_offload.sh [WORKDIR=target/bench]
 # Prints a Markdown table: min and median wall seconds, peak RSS (GNU time).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
 WORK=${1:-target/bench}
 RUNS=${RUNS:-15}
-command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)"; exit 1; }
+need_gnu_time
 
-cargo build --release --quiet --example bench_tui --example gen_offload_map
-cargo build --release --quiet
-DEVMAP=target/release/devmap
+build_release bench_tui gen_offload_map
 MOE="$WORK/moe"
 if [ ! -f "$MOE/model.safetensors.index.json" ]; then
     # bench_tui generates the model on its first run (and then measures; ^C is fine
@@ -32,7 +29,7 @@ NAMES=("no map" "map" "map + offload")
 DIRS=("$MOE" "$WORK/moe-map/mapped" "$WORK/moe-map/offloaded")
 for _ in $(seq "$RUNS"); do
     for i in 0 1 2; do
-        out=$( { /usr/bin/time -f "%e %M" "$DEVMAP" inspect "${DIRS[$i]}" > /dev/null; } 2>&1 | tail -1)
+        out=$(timed "$DEVMAP" inspect "${DIRS[$i]}")
         TIMES[$i]="${TIMES[$i]:-} ${out% *}"
         RSS[$i]="${out#* }"
     done

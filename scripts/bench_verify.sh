@@ -6,16 +6,13 @@
 # offload folder) saved once in 500MB shards.
 # Usage: [COLD=1] [RUNS=5] scripts/bench_verify.sh [SIZE_MB=1200] [WORKDIR=target/bench]
 # Prints a Markdown table. Peak RSS from GNU time (/usr/bin/time -f %M).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-1200}
 WORK=${2:-target/bench}
 RUNS=${RUNS:-5}
-command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)"; exit 1; }
+need_gnu_time
 
-cargo build --release --quiet --example gen_model
-cargo build --release --quiet
-DEVMAP=target/release/devmap
+build_release gen_model
 MODEL="$WORK/model-f16"
 SAVED="$WORK/verify-saved"
 mkdir -p "$WORK"
@@ -37,15 +34,7 @@ else
 fi
 
 # measure CMD...: "seconds max_rss_kib" of the median run.
-measure() {
-    local results=()
-    for _ in $(seq "$RUNS"); do
-        warm
-        /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$@" > /dev/null 2>&1 || true
-        results+=("$(cat "$WORK/time.txt" | tail -1)")
-    done
-    printf '%s\n' "${results[@]}" | sort -n | sed -n "$(( (RUNS + 1) / 2 ))p"
-}
+measure() { median_run "$RUNS" warm "$@"; }
 
 declare -a ROWS
 row() {
@@ -67,5 +56,5 @@ base=""
 for r in "${ROWS[@]}"; do
     IFS='|' read -r name s kib <<< "$r"
     case "$name" in cat*) base=$s ;; esac
-    echo "| $name | $s | $(python3 -c "print(f'{$s/$base:.2f}')") | $(( kib / 1024 )) |"
+    echo "| $name | $s | $(ratio "$s" "$base") | $(( kib / 1024 )) |"
 done

@@ -15,7 +15,7 @@ use devmap::formats::live::parse_manifest;
 use devmap::model::DType;
 use devmap::model::load::load_live;
 use devmap::save::shards::DtypeChoice;
-use devmap::save::{CommitCheck, SaveError, SaveOptions};
+use devmap::save::{CommitCheck, Refusal, SaveError, SaveOptions};
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
@@ -35,11 +35,32 @@ fn manifest(config_dir: &Path, tensors: &serde_json::Value) -> String {
     .to_string()
 }
 
-fn save(text: &str, out: &Path, check: Option<CommitCheck>) -> Result<(), SaveError> {
+/// Why a test's save did not happen: the manifest was refused, or the save was.
+#[derive(Debug)]
+enum Failed {
+    Manifest(String),
+    Save(SaveError),
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Manifest(why) => f.write_str(why),
+            Failed::Save(e) => e.fmt(f),
+        }
+    }
+}
+
+impl From<SaveError> for Failed {
+    fn from(e: SaveError) -> Failed {
+        Failed::Save(e)
+    }
+}
+
+fn save(text: &str, out: &Path, check: Option<CommitCheck>) -> Result<(), Failed> {
     let origin = Path::new("manifest");
-    let manifest =
-        parse_manifest(text, origin).map_err(|e| SaveError::Refused(vec![e.to_string()]))?;
-    let ckpt = load_live(&manifest, origin).map_err(|e| SaveError::Refused(vec![e.to_string()]))?;
+    let manifest = parse_manifest(text, origin).map_err(|e| Failed::Manifest(e.to_string()))?;
+    let ckpt = load_live(&manifest, origin).map_err(|e| Failed::Manifest(e.to_string()))?;
     let mut options = SaveOptions::new(out);
     options.dtype = DtypeChoice::AsLoaded;
     options.max_shard_size = 300;
@@ -230,8 +251,11 @@ fn a_commit_check_that_says_no_leaves_nothing() {
     }));
     let err = save(&text, &out, Some(check)).expect_err("refused");
     assert!(asked.load(std::sync::atomic::Ordering::SeqCst));
-    assert!(matches!(err, SaveError::Refused(_)), "{err}");
-    assert!(err.to_string().contains("`w` changed"), "{err}");
+    assert!(
+        matches!(&err, Failed::Save(SaveError::Refused(reasons))
+            if matches!(reasons.as_slice(), [Refusal::ModelChanged(why)] if why.contains("`w` changed"))),
+        "{err}"
+    );
     let left: Vec<_> = std::fs::read_dir(&out)
         .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
         .unwrap_or_default();
@@ -270,7 +294,7 @@ fn staged_and_dat_sources_are_reported_as_what_they_are() {
     assert!(
         !problems
             .iter()
-            .any(|p| p.contains("which the save reads from")),
+            .any(|p| matches!(p, Refusal::OutHoldsInput { .. })),
         "{problems:?}"
     );
 }

@@ -298,3 +298,43 @@ fn a_map_whose_weights_exist_nowhere_is_refused_unless_allowed() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(read_saved(&out), expected);
 }
+
+/// The pre-flight's reasons are typed: a caller (the inspector, the Python package)
+/// acts on the kind, not on the words.
+#[test]
+fn the_preflight_names_each_refusal_by_its_kind() {
+    use devmap::save::{Refusal, SaveError, SaveOptions};
+    let m = common::mixed_model();
+    let ckpt = devmap::model::load::load(&m.dir, &Default::default()).expect("loads");
+    let out = m.out("typed-out");
+    std::fs::create_dir(&out).expect("mkdir");
+    std::fs::write(out.join("notes.txt"), b"mine").expect("write");
+    let refusals = |options: &SaveOptions| match devmap::save::prepare(&ckpt, options) {
+        Err(SaveError::Refused(reasons)) => reasons,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(
+        refusals(&SaveOptions::new(&out)),
+        vec![Refusal::NotEmpty {
+            out: out.clone(),
+            entries: 1
+        }]
+    );
+    std::fs::write(out.join("model.safetensors.devmap-partial"), b"").expect("write");
+    let mut forced = SaveOptions::new(&out);
+    forced.force = true;
+    assert!(
+        matches!(
+            refusals(&forced).as_slice(),
+            [Refusal::Unfinished { files: 1, .. }]
+        ),
+        "{:?}",
+        refusals(&forced)
+    );
+    let inside = SaveOptions::new(m.dir.join("saved"));
+    assert!(
+        matches!(refusals(&inside).as_slice(), [Refusal::OutInModel { .. }]),
+        "{:?}",
+        refusals(&inside)
+    );
+}

@@ -7,6 +7,7 @@ use std::fs::File;
 use std::path::Path;
 
 use super::error::SaveError;
+use super::reasons::Mismatch;
 use super::shards::{SavePlan, ShardPlan};
 use crate::model::checkpoint::Checkpoint;
 
@@ -20,11 +21,11 @@ pub fn verify_shard(ckpt: &Checkpoint, shard: &ShardPlan, path: &Path) -> Result
     let file = File::open(path).map_err(|e| SaveError::io(path, e))?;
     let len = file.metadata().map_err(|e| SaveError::io(path, e))?.len();
     if len != shard.file_bytes() {
-        return Err(SaveError::Verify(vec![format!(
-            "{} is {len} bytes, the plan says {}",
-            path.display(),
-            shard.file_bytes()
-        )]));
+        return Err(SaveError::Verify(vec![Mismatch::ShardLength {
+            file: path.to_path_buf(),
+            len,
+            planned: shard.file_bytes(),
+        }]));
     }
     let mut compare = std::io::BufWriter::with_capacity(
         1 << 20,
@@ -40,10 +41,10 @@ pub fn verify_shard(ckpt: &Checkpoint, shard: &ShardPlan, path: &Path) -> Result
     match result {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-            Err(SaveError::Verify(vec![format!(
-                "the header of {} differs from the plan ({e})",
-                path.display()
-            )]))
+            Err(SaveError::Verify(vec![Mismatch::ShardHeader {
+                file: path.to_path_buf(),
+                detail: e.to_string(),
+            }]))
         }
         Err(e) => Err(SaveError::io(path, e)),
     }
@@ -99,16 +100,19 @@ pub fn verify_plan_covered(ckpt: &Checkpoint, plan: &SavePlan) -> Result<(), Sav
             (1, None) => {}
             (0, Some(kept)) if written(kept) == 1 => {}
             (0, None) if scales.contains(t.name.as_ref()) => {}
-            (0, _) => problems.push(format!("`{}` is not written", t.name)),
-            (n, _) => problems.push(format!("`{}` is written {n} times", t.name)),
+            (0, _) => problems.push(Mismatch::NotWritten(t.name.to_string())),
+            (times, _) => problems.push(Mismatch::WrittenTwice {
+                tensor: t.name.to_string(),
+                times,
+            }),
         }
     }
     let written_bytes: u64 = plan.shards.iter().map(|s| s.data_bytes).sum();
     if written_bytes != plan.total_size {
-        problems.push(format!(
-            "{written_bytes} tensor bytes written but {} planned",
-            plan.total_size
-        ));
+        problems.push(Mismatch::TotalBytes {
+            written: written_bytes,
+            planned: plan.total_size,
+        });
     }
     if problems.is_empty() {
         Ok(())

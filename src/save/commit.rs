@@ -111,7 +111,7 @@ impl Staging {
     /// Final names that already exist as something other than a regular file (a
     /// folder, a FIFO, a symlink): a rename onto them would fail or replace the wrong
     /// thing, so the save refuses before writing.
-    pub(super) fn blocked_targets(&self) -> Vec<String> {
+    pub(super) fn blocked_targets(&self) -> Vec<super::reasons::Refusal> {
         self.files
             .iter()
             .filter_map(|(_, dest)| blocked_target(dest))

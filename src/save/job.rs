@@ -14,6 +14,7 @@ use super::commit::{Staging, write_synced};
 use super::error::SaveError;
 use super::event::{Reporter, SaveEvent, SaveReport};
 use super::preflight::{self, files_to_copy};
+use super::reasons::Refusal;
 use super::shards::{CachePolicy, SaveOptions, SavePlan};
 use super::writer::Shared;
 use crate::formats::hf_index::{INDEX_FILE, encode_index};
@@ -184,7 +185,7 @@ pub fn write(
             // The config records the dtype: it gets the one the weights now have.
             Some(dtype) if src.file_name().is_some_and(|n| n == "config.json") => {
                 let text = crate::formats::input::read_json_text(src)
-                    .map_err(|e| SaveError::Refused(vec![e.to_string()]))?;
+                    .map_err(|e| SaveError::Refused(vec![Refusal::Unreadable(e.to_string())]))?;
                 let mut text = crate::formats::config::with_dtype(&text, dtype.torch_name());
                 if plan.dequantized > 0 {
                     // The weights are plain floats now: a quantization_config would make
@@ -225,7 +226,7 @@ pub fn write(
         return Err(SaveError::Cancelled);
     }
     if let Some(check) = &options.commit_check {
-        (check.0)().map_err(|why| SaveError::Refused(vec![why]))?;
+        (check.0)().map_err(|why| SaveError::Refused(vec![Refusal::ModelChanged(why)]))?;
         // The check may have waited (for Python's lock) while the save was cancelled.
         if cancel.load(Ordering::Relaxed) {
             return Err(SaveError::Cancelled);

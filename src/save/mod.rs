@@ -12,6 +12,7 @@ mod job;
 pub mod lora_kernel;
 pub mod names;
 pub mod preflight;
+pub mod reasons;
 pub mod recipe;
 pub mod shards;
 pub mod stage;
@@ -20,6 +21,7 @@ mod writer;
 pub use error::SaveError;
 pub use event::{Reporter, SaveEvent, SaveReport};
 pub use job::{SaveJob, write};
+pub use reasons::{Mismatch, Refusal, Unsaveable};
 pub use recipe::Recipe;
 pub use shards::{
     CommitCheck, DEFAULT_MAX_SHARD_SIZE, DEFAULT_MAX_SHARD_SIZE_TEXT, SaveOptions, SavePlan,

@@ -44,14 +44,9 @@ pub fn is_saved_weights_name(name: &str) -> bool {
 /// Why `dest` cannot take a saved file: it exists as something other than a regular
 /// file (a rename onto a folder fails; onto a FIFO or symlink it replaces the wrong
 /// thing).
-pub(super) fn blocked_target(dest: &Path) -> Option<String> {
+pub(super) fn blocked_target(dest: &Path) -> Option<super::reasons::Refusal> {
     let meta = std::fs::symlink_metadata(dest).ok()?;
-    (!meta.file_type().is_file()).then(|| {
-        format!(
-            "{} exists and is not a regular file; the save needs that name for a file",
-            dest.display()
-        )
-    })
+    (!meta.file_type().is_file()).then(|| super::reasons::Refusal::NameTaken(dest.to_path_buf()))
 }
 
 /// Whether `name` is a file a save left while it ran: a temporary or moved-aside file.

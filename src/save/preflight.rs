@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::names::{BACKUP_SUFFIX, PARTIAL_SUFFIX, blocked_target, is_weight_file_name};
+use super::names::{blocked_target, is_weight_file_name};
+use super::reasons::Refusal;
 use super::shards::{SaveOptions, SavePlan};
 use crate::model::checkpoint::Checkpoint;
 
@@ -77,7 +78,7 @@ fn canonical_or_self(path: &Path) -> PathBuf {
 }
 
 /// Every reason to refuse, found without writing anything.
-pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<String> {
+pub fn check(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<Refusal> {
     let mut problems = check_all_but_inputs(ckpt, plan, options);
     problems.extend(unreadable_sources(ckpt, plan));
     problems
@@ -91,25 +92,23 @@ pub fn check_all_but_inputs(
     ckpt: &Checkpoint,
     plan: &SavePlan,
     options: &SaveOptions,
-) -> Vec<String> {
+) -> Vec<Refusal> {
     let mut problems = Vec::new();
     let out = canonical_or_self(&options.out);
     let input = canonical_or_self(&ckpt.dir);
     if out == input || out.starts_with(&input) {
-        problems.push(format!(
-            "the output folder {} is the model directory or inside it; pick a folder outside {}",
-            options.out.display(),
-            ckpt.dir.display()
-        ));
+        problems.push(Refusal::OutInModel {
+            out: options.out.clone(),
+            model: ckpt.dir.clone(),
+        });
     }
     if let Some(offload) = &ckpt.offload_dir {
-        let offload = canonical_or_self(offload);
-        if out == offload || out.starts_with(&offload) {
-            problems.push(format!(
-                "the output folder {} is inside the offload folder {}",
-                options.out.display(),
-                offload.display()
-            ));
+        let canonical = canonical_or_self(offload);
+        if out == canonical || out.starts_with(&canonical) {
+            problems.push(Refusal::OutInOffload {
+                out: options.out.clone(),
+                offload: canonical,
+            });
         }
     }
     problems.extend(sources_inside(&out, ckpt, plan));
@@ -118,10 +117,8 @@ pub fn check_all_but_inputs(
     if !options.allow_partial {
         let empty = crate::model::checks::keys_without_data(ckpt);
         if !empty.is_empty() {
-            problems.push(format!(
-                "{} no tensor that has data, so the saved model would lack those modules: {}; the checkpoint holding their weights is missing (or the map is for another model). Pass --allow-partial to save the rest anyway",
-                crate::text::count(empty.len(), "device-map key covers", "device-map keys cover"),
-                crate::model::checks::name_list(&empty)
+            problems.push(Refusal::KeysWithoutData(
+                empty.into_iter().map(str::to_owned).collect(),
             ));
         }
     }
@@ -137,12 +134,11 @@ pub fn check_all_but_inputs(
     let needed = plan.file_bytes() + copies;
     let probe = nearest_existing(&out);
     match crate::sys::free_space(&probe) {
-        Ok(free) if free < needed => problems.push(format!(
-            "not enough free disk at {}: the save writes {} but {} are free",
-            probe.display(),
-            crate::human_bytes(needed),
-            crate::human_bytes(free)
-        )),
+        Ok(free) if free < needed => problems.push(Refusal::NoSpace {
+            at: probe,
+            needed,
+            free,
+        }),
         _ => {}
     }
     problems
@@ -152,10 +148,10 @@ pub fn check_all_but_inputs(
 /// a live model, the model itself) reads. The model folder and the offload folder are
 /// checked above by name; this catches the rest (a live model's checkpoint, an
 /// adapter).
-fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String> {
+fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Option<Refusal> {
     // Nothing is inside a folder that is not there yet (the usual case).
     if !out.exists() {
-        return Vec::new();
+        return None;
     }
     let mut files: Vec<usize> = plan.planned().map(|t| t.recipe.source().file).collect();
     files.sort_unstable();
@@ -177,24 +173,17 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String>
                 .starts_with(out)
         })
         .collect();
-    match inside.first() {
-        None => Vec::new(),
-        Some(first) => vec![format!(
-            "the output folder {} holds {}{}, which the save reads from (the model's weights live there); pick another folder",
-            out.display(),
-            first.display(),
-            match inside.len() {
-                1 => String::new(),
-                n => format!(" and {} more", n - 1),
-            }
-        )],
-    }
+    inside.first().map(|first| Refusal::OutHoldsInput {
+        out: out.to_path_buf(),
+        input: first.to_path_buf(),
+        more: inside.len() - 1,
+    })
 }
 
 /// Input files the save will read that cannot be opened now (permissions, a file
 /// replaced by a folder since the model was opened): found before writing, not
 /// halfway through a shard.
-fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String> {
+fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<Refusal> {
     let files: Vec<usize> = plan
         .planned()
         .map(|t| t.recipe.source())
@@ -207,7 +196,7 @@ fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<String> {
 /// Every source file of the model that cannot be opened now: what [`check`] finds
 /// about a save's inputs, for any save of this model (a save reads every tensor's
 /// source; which tensors a tie drops does not change the files).
-pub fn unreadable_inputs(ckpt: &Checkpoint) -> Vec<String> {
+pub fn unreadable_inputs(ckpt: &Checkpoint) -> Vec<Refusal> {
     let files = (0..ckpt.tensors().len())
         .filter_map(|id| ckpt.data_range(id))
         .filter(|range| range.len > 0)
@@ -216,7 +205,7 @@ pub fn unreadable_inputs(ckpt: &Checkpoint) -> Vec<String> {
     unreadable_files(ckpt, files)
 }
 
-fn unreadable_files(ckpt: &Checkpoint, mut files: Vec<usize>) -> Vec<String> {
+fn unreadable_files(ckpt: &Checkpoint, mut files: Vec<usize>) -> Vec<Refusal> {
     // A staged source is no file: the Python session fills it when asked.
     files.retain(|&file| super::stage::staged_key(ckpt.file_path(file)).is_none());
     files.sort_unstable();
@@ -226,24 +215,23 @@ fn unreadable_files(ckpt: &Checkpoint, mut files: Vec<usize>) -> Vec<String> {
     let opened = crate::sys::look_in_parallel(&files, |&id| {
         crate::formats::input::open_regular(ckpt.file_path(id))
             .err()
-            .map(|e| e.to_string())
+            .map(|e| Refusal::Unreadable(e.to_string()))
     });
     match opened {
         Some(problems) => problems.into_iter().flatten().collect(),
-        None => vec!["a thread checking the inputs failed".to_owned()],
+        None => vec![Refusal::Unreadable(
+            "a thread checking the inputs failed".to_owned(),
+        )],
     }
 }
 
 /// What the output folder must be for a save: a folder (or absent), writable, empty
 /// unless `--force`, and free of another save's unfinished files. Checked before
 /// planning and again once the save holds the lock on it.
-pub fn check_out_folder(options: &SaveOptions) -> Vec<String> {
+pub fn check_out_folder(options: &SaveOptions) -> Vec<Refusal> {
     let mut problems = Vec::new();
     if options.out.exists() && !options.out.is_dir() {
-        problems.push(format!(
-            "{} exists and is not a folder",
-            options.out.display()
-        ));
+        problems.push(Refusal::OutNotFolder(options.out.clone()));
     }
     if options.out.is_dir() {
         let entries: Vec<std::ffi::OsString> = std::fs::read_dir(&options.out)
@@ -254,18 +242,16 @@ pub fn check_out_folder(options: &SaveOptions) -> Vec<String> {
             .filter(|n| super::names::is_unfinished_name(n))
             .collect();
         if !partial.is_empty() {
-            problems.push(format!(
-                "{} holds {} from an interrupted save, or one still running (*{PARTIAL_SUFFIX} or *{BACKUP_SUFFIX}, e.g. {}); they are not valid shards: once no save is running, delete them, then save again",
-                options.out.display(),
-                crate::text::count(partial.len(), "unfinished file", "unfinished files"),
-                partial[0].to_string_lossy()
-            ));
+            problems.push(Refusal::Unfinished {
+                out: options.out.clone(),
+                files: partial.len(),
+                example: partial[0].to_string_lossy().into_owned(),
+            });
         } else if !entries.is_empty() && !options.force {
-            problems.push(format!(
-                "the output folder {} is not empty ({}); pass --force to write into it (earlier weight files there are replaced)",
-                options.out.display(),
-                crate::text::count(entries.len(), "entry", "entries")
-            ));
+            problems.push(Refusal::NotEmpty {
+                out: options.out.clone(),
+                entries: entries.len(),
+            });
         }
     }
     // Whether the save can create files there, asked of the file system itself (mode
@@ -278,18 +264,11 @@ pub fn check_out_folder(options: &SaveOptions) -> Vec<String> {
     if folder.is_dir()
         && let Err(e) = probe_writable(&folder)
     {
-        problems.push(format!(
-            "cannot create files in {}{}: {e}",
-            folder.display(),
-            if folder == options.out {
-                String::new()
-            } else {
-                format!(
-                    " (where the output folder {} would go)",
-                    options.out.display()
-                )
-            }
-        ));
+        problems.push(Refusal::NotWritable {
+            folder,
+            out: options.out.clone(),
+            error: e.to_string(),
+        });
     }
     problems
 }
@@ -306,7 +285,7 @@ fn probe_writable(folder: &Path) -> std::io::Result<()> {
 
 /// Final names in OUT that are taken by something a file cannot replace (a folder, a
 /// FIFO, a symlink).
-fn check_targets(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<String> {
+fn check_targets(ckpt: &Checkpoint, plan: &SavePlan, options: &SaveOptions) -> Vec<Refusal> {
     let shard_names = plan
         .shards
         .iter()

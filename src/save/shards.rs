@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use super::error::SaveError;
+use super::reasons::Unsaveable;
 use super::recipe::Recipe;
 use crate::formats::hf_index::{SINGLE_FILE, shard_file_name};
 use crate::formats::safetensors::{HeaderEntry, write_header};
@@ -520,17 +521,16 @@ pub fn split_into_shards(sizes: &[u64], max: u64) -> Vec<Range<usize>> {
 
 pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveError> {
     if let Some(remote) = &ckpt.remote {
-        return Err(SaveError::Refused(vec![format!(
-            "{} is a remote model: devmap read only its headers, not its weights; download it first (e.g. `huggingface-cli download ORG/NAME`) and save from the local copy or the cache",
-            remote.name
-        )]));
+        return Err(SaveError::Refused(vec![super::reasons::Refusal::Remote {
+            name: remote.name.clone(),
+        }]));
     }
     let mut problems = Vec::new();
     // Two layouts of the same expert weights would both be written, and transformers
     // could load neither: refused until devmap converts them back (issue 11).
     for w in &ckpt.warnings {
         if let crate::model::Warning::ConvertedLayout { .. } = w {
-            problems.push(w.to_string());
+            problems.push(Unsaveable::ConvertedLayout(w.to_string()));
         }
     }
     let mut dropped_ties = Vec::new();
@@ -540,21 +540,21 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     let dequantize = match (&ckpt.config.quantization, options.dtype) {
         (Some(q), DtypeChoice::To(to)) if q.method == "fp8" => {
             if q.block.0 == 0 || q.block.1 == 0 {
-                problems.push(format!(
+                problems.push(Unsaveable::Quantization(format!(
                     "config.json's quantization_config gives a weight_block_size of {:?}: a block needs rows and columns",
                     q.block
-                ));
+                )));
                 return Err(SaveError::Unsaveable(problems));
             }
             Some((q.block, to))
         }
         (Some(q), DtypeChoice::To(to)) => {
-            problems.push(format!(
+            problems.push(Unsaveable::Quantization(format!(
                 "config.json's quantization_config is `{}`, which devmap does not dequantize (it dequantizes fine-grained FP8, `fp8`): --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy the quantized checkpoint as it is",
                 q.method,
                 to.torch_name(),
                 to.torch_name()
-            ));
+            )));
             None
         }
         _ => None,
@@ -567,9 +567,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     for (id, tensor) in ckpt.tensors().iter().enumerate() {
         if &*tensor.name == "__metadata__" {
             // The one key a safetensors header keeps for itself.
-            problems.push(
-                "a tensor is named `__metadata__`, the key safetensors reserves for the header's metadata; it cannot be written".into(),
-            );
+            problems.push(Unsaveable::ReservedName);
             continue;
         }
         if let Some(group) = ckpt.tie_group(id)
@@ -595,7 +593,10 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                     continue;
                 }
                 Err(why) => {
-                    problems.push(format!("tensor `{}` {why}", tensor.name));
+                    problems.push(Unsaveable::NotDequantized {
+                        tensor: tensor.name.to_string(),
+                        why,
+                    });
                     continue;
                 }
             }
@@ -624,7 +625,10 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                 if ckpt.merges_of(id).is_empty() {
                     match recipe_for(tensor.dtype, range, cast_to) {
                         Ok(recipe) => chosen.push((id, recipe)),
-                        Err(why) => problems.push(format!("tensor `{}`: {why}", tensor.name)),
+                        Err(why) => problems.push(Unsaveable::NoRecipe {
+                            tensor: tensor.name.to_string(),
+                            why,
+                        }),
                     }
                 } else {
                     chosen.push((
@@ -637,17 +641,16 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                     ));
                 }
             }
-            Some(range) => problems.push(format!(
-                "tensor `{}` needs {} bytes but its source {} holds {}",
-                tensor.name,
-                tensor.bytes(),
-                ckpt.file_path(range.file).display(),
-                range.len
-            )),
-            None => problems.push(format!(
-                "tensor `{}` (placed on {}) has no data: not in the checkpoint, the offload folder or a tie partner",
-                tensor.name, tensor.placement
-            )),
+            Some(range) => problems.push(Unsaveable::WrongSize {
+                tensor: tensor.name.to_string(),
+                needs: tensor.bytes(),
+                file: ckpt.file_path(range.file).to_path_buf(),
+                holds: range.len,
+            }),
+            None => problems.push(Unsaveable::NoData {
+                tensor: tensor.name.to_string(),
+                placement: tensor.placement.to_string(),
+            }),
         }
     }
     if !problems.is_empty() {

@@ -23,7 +23,7 @@ pub trait Probe: Send + Sync {
         ckpt: &Checkpoint,
         plan: &SavePlan,
         options: &SaveOptions,
-    ) -> Vec<String>;
+    ) -> Vec<crate::save::Refusal>;
     /// Forget what [`Probe::save_problems`] remembered about the model's input files,
     /// so the next call opens them again (before a save starts).
     fn forget_inputs(&self) {}
@@ -51,7 +51,7 @@ pub struct SystemProbe {
     /// source files: a map edit copies the checkpoint but not its files, so the
     /// preview after each edit reuses the answer (opening 23,145 offload files took
     /// 75 ms of a 133 ms preview). Starting a save forgets it and checks again.
-    inputs: std::sync::Mutex<Option<(u64, Vec<String>)>>,
+    inputs: std::sync::Mutex<Option<(u64, Vec<crate::save::Refusal>)>>,
 }
 
 impl Probe for SystemProbe {
@@ -60,7 +60,7 @@ impl Probe for SystemProbe {
         ckpt: &Checkpoint,
         plan: &SavePlan,
         options: &SaveOptions,
-    ) -> Vec<String> {
+    ) -> Vec<crate::save::Refusal> {
         let mut problems = crate::save::preflight::check_all_but_inputs(ckpt, plan, options);
         let key = files_key(ckpt);
         let known = self.inputs.lock().ok().and_then(|cached| {

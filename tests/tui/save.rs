@@ -272,11 +272,14 @@ impl devmap::tui::probe::Probe for FakeProbe {
         _: &devmap::model::Checkpoint,
         _: &devmap::save::SavePlan,
         options: &devmap::save::SaveOptions,
-    ) -> Vec<String> {
+    ) -> Vec<devmap::save::Refusal> {
         self.checks
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if options.out == self.nonempty && !options.force {
-            vec!["not empty (fake)".into()]
+            vec![devmap::save::Refusal::NotEmpty {
+                out: options.out.clone(),
+                entries: 1,
+            }]
         } else {
             Vec::new()
         }
@@ -328,7 +331,14 @@ fn the_app_asks_its_probe_and_checks_once_the_keys_stop() {
     let Mode::SaveDialog(d) = &app.mode else {
         panic!("dialog")
     };
-    assert_eq!(d.preview.errors, vec!["not empty (fake)".to_owned()]);
+    // The typed refusal, in the inspector's words: its key, not the CLI's flag.
+    assert_eq!(d.preview.errors.len(), 1, "{:?}", d.preview.errors);
+    assert!(
+        d.preview.errors[0]
+            .contains("/nonexistent/devmap-test/full is not empty (1 entry); press Ctrl-O"),
+        "{:?}",
+        d.preview.errors
+    );
     assert!(d.preview.offer_overwrite);
     // Enter re-checks at once, and refuses.
     press(&mut app, &[key(KeyCode::Enter)]);

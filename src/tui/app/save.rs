@@ -7,7 +7,7 @@ use super::{
     SaveDialog, SaveEvent, SaveOptions, SaveProgress, ShardProgress, Tone, edit_text, is_edit,
     parse_size,
 };
-use crate::save::SaveError;
+use crate::save::{Refusal, SaveError};
 
 /// Quiet time after the last edit before the save preview is recomputed.
 pub const PREVIEW_DELAY: std::time::Duration = std::time::Duration::from_millis(150);
@@ -407,11 +407,15 @@ pub fn dtype_label(choice: crate::save::shards::DtypeChoice) -> &'static str {
 }
 
 /// A refusal as the dialog should say it: the keys of the TUI, not the CLI's flags.
-fn in_tui_words(problem: String) -> String {
-    problem.replace(
-        "pass --force to write into it",
-        "press Ctrl-O to write into it",
-    )
+fn in_tui_words(refusal: &Refusal) -> String {
+    match refusal {
+        Refusal::NotEmpty { out, entries } => format!(
+            "the output folder {} is not empty ({}); press Ctrl-O to write into it (earlier weight files there are replaced)",
+            out.display(),
+            crate::text::count(*entries, "entry", "entries")
+        ),
+        other => other.to_string(),
+    }
 }
 
 /// The save preview's inputs: a snapshot of the App taken when the keys stopped.
@@ -439,7 +443,7 @@ impl PreviewInput {
         let plan = match crate::save::plan(&self.ckpt, &options) {
             Ok(p) => p,
             Err(SaveError::Unsaveable(problems)) => {
-                preview.errors = problems;
+                preview.errors = problems.iter().map(ToString::to_string).collect();
                 return preview;
             }
             Err(e) => {
@@ -450,7 +454,7 @@ impl PreviewInput {
         preview.errors = self
             .probe
             .save_problems(&self.ckpt, &plan, &options)
-            .into_iter()
+            .iter()
             .map(in_tui_words)
             .collect();
         preview.offer_overwrite = !self.overwrite && self.probe.has_entries(&options.out);

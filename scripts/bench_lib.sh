@@ -1,0 +1,56 @@
+# Sourced by the scripts/bench*.sh benchmarks: what each of them does the same way
+# (the repository root as the working folder, GNU time, the release build, medians).
+# Not a benchmark itself.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Peak RSS comes from GNU time's %M: the shell's `time` keyword does not report it.
+need_gnu_time() {
+    command -v /usr/bin/time >/dev/null || {
+        echo "needs GNU time (apt-get install time)" >&2
+        exit 1
+    }
+}
+
+# build_release [EXAMPLE...]: the release binary, as $DEVMAP, and the named examples
+# (target/release/examples/NAME).
+build_release() {
+    local args=()
+    for example in "$@"; do args+=(--example "$example"); done
+    cargo build --release --quiet --bin devmap "${args[@]}"
+    DEVMAP=target/release/devmap
+}
+
+# timed CMD...: runs CMD with its output dropped; prints "seconds peak_rss_kib".
+# A command that fails stops the benchmark (a failed run's time means nothing).
+timed() {
+    local report
+    report=$(mktemp)
+    if ! /usr/bin/time -f "%e %M" -o "$report" "$@" > /dev/null 2>&1; then
+        echo "failed: $*" >&2
+        tail -3 "$report" >&2
+        rm -f "$report"
+        return 1
+    fi
+    tail -1 "$report"
+    rm -f "$report"
+}
+
+# median: the median line of standard input, ordered by its first number.
+median() { sort -n | awk '{line[NR] = $0} END {print line[int((NR + 1) / 2)]}'; }
+
+# median_run RUNS PREP CMD...: PREP (a command, often a function that warms the page
+# cache or removes the last run's output), then CMD, RUNS times; prints the
+# "seconds peak_rss_kib" of the median run.
+median_run() {
+    local runs=$1 prep=$2
+    shift 2
+    local i
+    for i in $(seq "$runs"); do
+        $prep
+        timed "$@"
+    done | median
+}
+
+# ratio A B: A / B to two decimals.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
