@@ -305,7 +305,8 @@ fn a_map_whose_weights_exist_nowhere_is_refused_unless_allowed() {
 fn the_preflight_names_each_refusal_by_its_kind() {
     use devmap::save::{Refusal, SaveError, SaveOptions};
     let m = common::mixed_model();
-    let ckpt = devmap::model::load::load(&m.dir, &Default::default()).expect("loads");
+    let ckpt = devmap::model::load::load(&m.dir, &devmap::model::load::LoadOptions::default())
+        .expect("loads");
     let out = m.out("typed-out");
     std::fs::create_dir(&out).expect("mkdir");
     std::fs::write(out.join("notes.txt"), b"mine").expect("write");
