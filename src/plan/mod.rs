@@ -5,7 +5,7 @@ pub mod auto;
 pub mod order;
 pub mod view;
 
-pub use auto::{PlanOptions, Planned, PlanningError, plan};
+pub use auto::{PlanOptions, Planned, PlanningError, plan, prepare};
 
 use crate::formats::size::{SizeError, parse_size};
 use crate::model::checkpoint::Checkpoint;

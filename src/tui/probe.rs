@@ -24,6 +24,10 @@ pub trait Probe: Send + Sync {
         plan: &SavePlan,
         options: &SaveOptions,
     ) -> Vec<crate::save::Refusal>;
+    /// Learn now what [`Probe::save_problems`] will want to know about the model's
+    /// input files (the inspector asks as it opens, off the UI thread, so the first
+    /// save preview is as quick as later ones).
+    fn learn_inputs(&self, _ckpt: &Checkpoint) {}
     /// Forget what [`Probe::save_problems`] remembered about the model's input files,
     /// so the next call opens them again (before a save starts).
     fn forget_inputs(&self) {}
@@ -54,6 +58,26 @@ pub struct SystemProbe {
     inputs: std::sync::Mutex<Option<(u64, Vec<crate::save::Refusal>)>>,
 }
 
+impl SystemProbe {
+    /// The model's input files that cannot be opened: remembered, or found now.
+    fn unreadable_inputs(&self, ckpt: &Checkpoint) -> Vec<crate::save::Refusal> {
+        let key = files_key(ckpt);
+        let known = self.inputs.lock().ok().and_then(|cached| {
+            cached
+                .as_ref()
+                .filter(|(k, _)| *k == key)
+                .map(|(_, p)| p.clone())
+        });
+        known.unwrap_or_else(|| {
+            let found = crate::save::preflight::unreadable_inputs(ckpt);
+            if let Ok(mut cached) = self.inputs.lock() {
+                *cached = Some((key, found.clone()));
+            }
+            found
+        })
+    }
+}
+
 impl Probe for SystemProbe {
     fn save_problems(
         &self,
@@ -62,22 +86,12 @@ impl Probe for SystemProbe {
         options: &SaveOptions,
     ) -> Vec<crate::save::Refusal> {
         let mut problems = crate::save::preflight::check_all_but_inputs(ckpt, plan, options);
-        let key = files_key(ckpt);
-        let known = self.inputs.lock().ok().and_then(|cached| {
-            cached
-                .as_ref()
-                .filter(|(k, _)| *k == key)
-                .map(|(_, p)| p.clone())
-        });
-        let inputs = known.unwrap_or_else(|| {
-            let found = crate::save::preflight::unreadable_inputs(ckpt);
-            if let Ok(mut cached) = self.inputs.lock() {
-                *cached = Some((key, found.clone()));
-            }
-            found
-        });
-        problems.extend(inputs);
+        problems.extend(self.unreadable_inputs(ckpt));
         problems
+    }
+
+    fn learn_inputs(&self, ckpt: &Checkpoint) {
+        self.unreadable_inputs(ckpt);
     }
 
     fn forget_inputs(&self) {

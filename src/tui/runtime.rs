@@ -285,7 +285,7 @@ impl Runner {
             std::env::var_os("DEVMAP_DEBUG_PANIC").is_none(),
             "DEVMAP_DEBUG_PANIC is set: panicking on purpose after the first frame"
         );
-        Ok(Runner {
+        let mut runner = Runner {
             runtime: Runtime {
                 tx,
                 cancel: None,
@@ -299,7 +299,11 @@ impl Runner {
             last_draw: None,
             dirty: false,
             urgent: false,
-        })
+        };
+        // After the first frame, so the screen is up before any of it runs.
+        let opening = app.opening_work();
+        runner.runtime.apply(app, opening);
+        Ok(runner)
     }
 
     /// Whether the App asked to quit (or a termination signal made it).

@@ -697,3 +697,50 @@ fn the_preview_remembers_the_inputs_and_starting_a_save_opens_them_again() {
     );
     assert!(!out.exists(), "nothing written");
 }
+
+/// The inspector opens every input file once as it opens, off the UI thread (and builds
+/// the planner's view), so the first save preview is as quick as later ones: a file
+/// that goes after the inspector opened is not seen by the first preview either (it
+/// was, before the opening work), and starting the save still finds it.
+#[test]
+fn the_inputs_are_opened_as_the_inspector_opens_and_again_when_a_save_starts() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let dat = std::fs::read_dir(m.dir.join("offload"))
+        .expect("offload folder")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.extension().is_some_and(|e| e == "dat")
+                && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
+        })
+        .expect("a .dat file with data");
+    std::fs::remove_file(&dat).expect("remove");
+    let out = m.out("opened-first");
+    press(&mut app, &[ch('s'), key(KeyCode::Tab), ctrl('u')]);
+    press(&mut app, &text(out.to_str().expect("utf-8")));
+    settle(&mut app);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(d.preview.errors.is_empty(), "{:?}", d.preview.errors);
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(
+        app.save.is_none(),
+        "a save whose input is gone must not start"
+    );
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("the dialog stays, with the reason")
+    };
+    let name = dat
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        d.preview.errors.iter().any(|e| e.contains(&name)),
+        "{name} not named in {:?}",
+        d.preview.errors
+    );
+    assert!(!out.exists(), "nothing written");
+}

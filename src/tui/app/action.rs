@@ -106,6 +106,8 @@ pub enum Action {
     MapApplied(Arc<MapApplied>),
     /// The plan of `p` could not be made.
     PlanFailed(String),
+    /// The work started as the inspector opened ([`super::App::opening_work`]) is done.
+    WarmedUp,
     /// Work handed off the UI thread panicked (the message says what and why).
     WorkFailed(String),
     /// The save preview computed off the UI thread, for the edit numbered `generation`

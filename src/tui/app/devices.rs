@@ -190,11 +190,7 @@ impl App {
                 match crate::plan::parse_max_memory(&spec) {
                     Err(e) => dialog.error = Some(e.to_string()),
                     Ok(max_memory) => {
-                        let options = crate::plan::PlanOptions {
-                            max_memory,
-                            no_split: Vec::new(),
-                            dtype: None,
-                        };
+                        let options = plan_options(max_memory);
                         dialog.error = None;
                         return self.start_plan_work(options, spec);
                     }
@@ -265,5 +261,15 @@ fn short_size(bytes: u64) -> String {
         format!("{}GiB", bytes >> 30)
     } else {
         format!("{}MiB", (bytes >> 20).max(1))
+    }
+}
+
+/// The options `p` plans with, for `max_memory`: the planner's defaults (the
+/// architecture's no-split modules, the checkpoint's dtype).
+pub(super) fn plan_options(max_memory: Vec<(Placement, u64)>) -> crate::plan::PlanOptions {
+    crate::plan::PlanOptions {
+        max_memory,
+        no_split: Vec::new(),
+        dtype: None,
     }
 }

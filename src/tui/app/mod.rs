@@ -489,6 +489,7 @@ impl App {
             Action::MapApplied(applied) => self.on_map_applied(applied),
             Action::PlanFailed(why) => self.on_plan_failed(why),
             Action::WorkFailed(why) => self.on_work_failed(&why),
+            Action::WarmedUp => Vec::new(),
             Action::PreviewReady {
                 generation,
                 preview,

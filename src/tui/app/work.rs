@@ -122,6 +122,22 @@ impl App {
     }
 
     /// Plans for `spec` off the UI thread; the plan dialog stays open meanwhile.
+    /// Work to start as the inspector opens, off the UI thread, that nothing waits for:
+    /// what the first save preview and the first `p` would otherwise do on top of
+    /// what later ones do (open every input file once; build the planner's view of the
+    /// model and its walk tree). Both are kept (by the probe, in the checkpoint) and
+    /// shared by the copies map edits make, so every preview and plan after it is
+    /// quick. Nothing it finds is shown: the preview reports the same answers.
+    pub fn opening_work(&self) -> Vec<Effect> {
+        let ckpt = Arc::clone(&self.ckpt);
+        let probe = Arc::clone(&self.probe);
+        vec![Effect::Compute(Work::new("warming up", move || {
+            probe.learn_inputs(&ckpt);
+            crate::plan::prepare(&ckpt, &super::devices::plan_options(Vec::new()));
+            Action::WarmedUp
+        }))]
+    }
+
     pub(super) fn start_plan_work(
         &mut self,
         options: crate::plan::PlanOptions,
