@@ -45,22 +45,35 @@ pub struct OffloadEntry {
     pub file_stat: Option<(u64, Option<std::time::SystemTime>)>,
 }
 
+/// An offload folder as read: its tensors, and which of its entries are symlinks
+/// (from the one listing of the folder, which the loader's symlink check reuses: a
+/// second listing of 23,000 files was a tenth of `inspect`'s time).
+#[derive(Debug, Default)]
+pub struct OffloadFolder {
+    pub entries: Vec<OffloadEntry>,
+    pub links: std::collections::HashSet<std::ffi::OsString>,
+}
+
 /// Reads an offload folder. `model_dir` resolves relative `safetensors_file` paths
 /// that are not found beside the index.
 pub fn read_offload_folder(
     folder: &Path,
     model_dir: &Path,
     headers: &mut HeaderCache,
-) -> Result<Vec<OffloadEntry>, FormatError> {
+) -> Result<OffloadFolder, FormatError> {
+    let listing = list(folder)?;
     let index_path = folder.join(OFFLOAD_INDEX);
     if std::fs::symlink_metadata(&index_path).is_err() {
-        return read_per_tensor_files(folder, headers, &[]);
+        return Ok(OffloadFolder {
+            entries: read_per_tensor_files(headers, listing.safetensors, &[])?,
+            links: listing.links,
+        });
     }
     // transformers 5 writes per-tensor files into a folder accelerate's index may
     // already describe: both are read, and one name in both is an error.
     let mut entries = read_index(folder, &index_path, model_dir, headers)?;
     let indexed: Vec<PathBuf> = entries.iter().map(|e| e.file.clone()).collect();
-    let loose = read_per_tensor_files(folder, headers, &indexed)?;
+    let loose = read_per_tensor_files(headers, listing.safetensors, &indexed)?;
     for entry in &loose {
         if let Some(other) = entries.iter().find(|e| e.name == entry.name) {
             return Err(FormatError::tensor(
@@ -75,7 +88,42 @@ pub fn read_offload_folder(
         }
     }
     entries.extend(loose);
-    Ok(entries)
+    Ok(OffloadFolder {
+        entries,
+        links: listing.links,
+    })
+}
+
+/// What one listing of the folder says: its `.safetensors` files (sorted) and the
+/// names of its symlinks (from the entries' types, no system call per file).
+struct Listing {
+    safetensors: Vec<PathBuf>,
+    links: std::collections::HashSet<std::ffi::OsString>,
+}
+
+fn list(folder: &Path) -> Result<Listing, FormatError> {
+    let mut listing = Listing {
+        safetensors: Vec::new(),
+        links: std::collections::HashSet::new(),
+    };
+    for entry in std::fs::read_dir(folder)
+        .map_err(|e| FormatError::io(folder, e))?
+        .filter_map(Result::ok)
+    {
+        let name = entry.file_name();
+        if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+            listing.links.insert(name.clone());
+        }
+        // The name is looked at before a path is made: most entries are `.dat` files.
+        if Path::new(&name)
+            .extension()
+            .is_some_and(|x| x == "safetensors")
+        {
+            listing.safetensors.push(entry.path());
+        }
+    }
+    listing.safetensors.sort();
+    Ok(listing)
 }
 
 /// A tensor name becomes a file name in form 1 and 3, so it must not leave the folder.
@@ -369,11 +417,10 @@ fn resolve(folder: &Path, model_dir: &Path, file: &str) -> PathBuf {
 /// Form 3: every `<name>.safetensors` in the folder but the files in `indexed` (those an
 /// `index.json` already points into).
 fn read_per_tensor_files(
-    folder: &Path,
     headers: &mut HeaderCache,
+    files: Vec<PathBuf>,
     indexed: &[PathBuf],
 ) -> Result<Vec<OffloadEntry>, FormatError> {
-    let files = super::input::safetensors_files(folder)?;
     if files.is_empty() {
         // The usual case (accelerate's `.dat` folder): nothing to resolve. Resolving
         // every indexed file is a dozen system calls each — seconds on a big folder.

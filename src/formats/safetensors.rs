@@ -418,12 +418,17 @@ pub fn write_header<'a>(
     Ok(8 + padded)
 }
 
-/// The length of the header [`write_header`] would write.
+/// The length of the header [`write_header`] would write, length prefix and padding
+/// included: one counting pass (writing it encodes the JSON twice).
 pub fn header_len<'a>(
-    entries: impl Iterator<Item = HeaderEntry<'a>> + Clone,
+    entries: impl Iterator<Item = HeaderEntry<'a>>,
     metadata: &BTreeMap<String, String>,
 ) -> u64 {
-    write_header(&mut std::io::sink(), entries, metadata).unwrap_or(0)
+    let mut counter = Counter(0);
+    // A Counter never fails; only a name serde_json cannot encode could, and `&str`
+    // always can.
+    let _ = write_header_json(&mut counter, entries, metadata);
+    8 + counter.0.div_ceil(8) * 8
 }
 
 /// Counts bytes written through it.

@@ -299,8 +299,12 @@ impl ShardPlan {
         ckpt: &Checkpoint,
         out: &mut impl std::io::Write,
     ) -> std::io::Result<u64> {
-        let metadata = BTreeMap::from([("format".to_owned(), "pt".to_owned())]);
-        write_header(out, self.header_entries(ckpt), &metadata)
+        write_header(out, self.header_entries(ckpt), &shard_metadata())
+    }
+
+    /// The length [`ShardPlan::write_header`] writes, counted without writing.
+    fn counted_header_len(&self, ckpt: &Checkpoint) -> u64 {
+        crate::formats::safetensors::header_len(self.header_entries(ckpt), &shard_metadata())
     }
 
     fn header_entries<'c>(
@@ -318,6 +322,11 @@ impl ShardPlan {
             }
         })
     }
+}
+
+/// The `__metadata__` every shard carries, as transformers writes it.
+fn shard_metadata() -> BTreeMap<String, String> {
+    BTreeMap::from([("format".to_owned(), "pt".to_owned())])
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -697,7 +706,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                 header_len: 0,
                 data_bytes: begin,
             };
-            shard.header_len = shard.write_header(ckpt, &mut std::io::sink()).unwrap_or(0);
+            shard.header_len = shard.counted_header_len(ckpt);
             shard
         })
         .collect();

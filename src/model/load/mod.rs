@@ -62,7 +62,6 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         return Err(LoadError::NotADirectory(dir.to_path_buf()));
     }
     let mut warnings = Vec::new();
-    let mut headers = HeaderCache::default();
     let own_config = dir.join("config.json");
     // Present in any form (a folder or FIFO named config.json is an error, not absent).
     let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
@@ -101,23 +100,39 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         files: Vec::new(),
         file_ids: HashMap::new(),
     };
-    let weight_files = read_weights(dir, &mut draft, &mut warnings)?;
-    draft.resort()?;
-
     let offload_dir = match &options.offload_folder {
-        Some(p) => {
-            if !p.is_dir() {
-                return Err(LoadError::NotADirectory(p.clone()));
-            }
-            Some(p.clone())
-        }
-        None => Some(dir.join("offload")).filter(|p| p.is_dir()),
+        Some(p) if !p.is_dir() => Err(LoadError::NotADirectory(p.clone())),
+        Some(p) => Ok(Some(p.clone())),
+        None => Ok(Some(dir.join("offload")).filter(|p| p.is_dir())),
     };
+    // The offload folder is read on a thread of its own while the checkpoint's headers
+    // are read here: both are mostly system calls on one core each (listing, index,
+    // one look at each of 23,000 `.dat` files), and neither needs the other.
+    let (weight_files, offload) = std::thread::scope(|scope| {
+        let offload = match &offload_dir {
+            Ok(Some(folder)) => Some(
+                scope.spawn(move || read_offload_folder(folder, dir, &mut HeaderCache::default())),
+            ),
+            _ => None,
+        };
+        let weights = read_weights(dir, &mut draft, &mut warnings);
+        let offload = offload.map(|reading| {
+            reading
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        });
+        (weights, offload)
+    });
+    let weight_files = weight_files?;
+    draft.resort()?;
+    let offload_dir = offload_dir?;
+
     let mut shared_offload: HashMap<(FileId, u64), Vec<String>> = HashMap::new();
+    let mut offload_links = None;
     let arch = crate::model::arch::lookup(&config.architectures);
-    if let Some(folder) = &offload_dir {
-        let entries = read_offload_folder(folder, dir, &mut headers)?;
-        let sorted = in_module_order(entries);
+    if let Some(read) = offload.transpose()? {
+        offload_links = Some(read.links);
+        let sorted = in_module_order(read.entries);
         // Both lists are in module order: walk them together (a search per entry is
         // a second per 100k entries on a big offload folder).
         let mut at = 0;
@@ -257,7 +272,14 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         t.map_key = key;
     }
 
-    note_symlinks(dir, &draft.files, offload_dir.as_deref(), &mut warnings);
+    let listed = offload_dir.as_deref().zip(offload_links.as_ref());
+    note_symlinks(
+        dir,
+        &draft.files,
+        offload_dir.as_deref(),
+        listed,
+        &mut warnings,
+    );
     Ok(Checkpoint::assemble(Parts {
         dir: dir.to_path_buf(),
         files: draft.files,
@@ -297,10 +319,13 @@ fn converted_experts(checkpoint: &[Tensor], added: &[Tensor]) -> Vec<String> {
 /// Inputs reached through a symlink that leads outside the model directory are
 /// followed (that is how HF caches lay models out) but named, so a user knows which
 /// files the save reads.
+/// `listed`: a folder whose symlinks are known already (the offload folder, from the
+/// listing its reader made).
 fn note_symlinks(
     dir: &Path,
     files: &[SourceFile],
     offload: Option<&Path>,
+    listed: Option<(&Path, &HashSet<std::ffi::OsString>)>,
     warnings: &mut Vec<Warning>,
 ) {
     let Ok(root) = dir.canonicalize() else { return };
@@ -336,25 +361,37 @@ fn note_symlinks(
     // are links without a system call per file).
     let mut links_in: HashMap<&std::ffi::OsStr, Option<HashSet<std::ffi::OsString>>> =
         HashMap::new();
+    let known = listed.map(|(folder, links)| (folder.as_os_str(), links));
+    // The folder of the path before, and what was found of it: files come folder by
+    // folder (23,000 `.dat` files in a row), so most paths need no lookup at all.
+    let mut last: Option<(&std::ffi::OsStr, bool)> = None;
     for path in candidates {
-        let listed = path
-            .parent()
-            .zip(path.file_name())
-            .and_then(|(folder, name)| {
-                links_in
-                    .entry(folder.as_os_str())
-                    .or_insert_with(|| symlinks_in(folder))
-                    .as_ref()
-                    .map(|links| links.contains(name))
-            });
-        let is_link = listed.unwrap_or_else(|| {
-            std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
-        });
-        let parent_link = path.parent().is_some_and(|p| {
-            *leads_out.entry(p.as_os_str()).or_insert_with(|| {
-                p.canonicalize().is_ok_and(|c| !c.starts_with(&root)) && p.starts_with(dir)
-            })
-        });
+        let Some((folder, name)) = path.parent().zip(path.file_name()) else {
+            continue;
+        };
+        let folder_key = folder.as_os_str();
+        let parent_link = match last {
+            Some((f, leads)) if f == folder_key => leads,
+            _ => {
+                let leads = *leads_out.entry(folder_key).or_insert_with(|| {
+                    folder.canonicalize().is_ok_and(|c| !c.starts_with(&root))
+                        && folder.starts_with(dir)
+                });
+                last = Some((folder_key, leads));
+                leads
+            }
+        };
+        let links = match known {
+            Some((f, links)) if f == folder_key => Some(links),
+            _ => links_in
+                .entry(folder_key)
+                .or_insert_with(|| symlinks_in(folder))
+                .as_ref(),
+        };
+        let is_link = match links {
+            Some(links) => links.contains(name),
+            None => std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()),
+        };
         if !(is_link || parent_link) {
             continue;
         }

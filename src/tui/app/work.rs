@@ -124,8 +124,9 @@ impl App {
     /// Plans for `spec` off the UI thread; the plan dialog stays open meanwhile.
     /// Work to start as the inspector opens, off the UI thread, that nothing waits for:
     /// what the first save preview and the first `p` would otherwise do on top of
-    /// what later ones do (open every input file once; build the planner's view of the
-    /// model and its walk tree). Both are kept (by the probe, in the checkpoint) and
+    /// what later ones do (open every input file once; name each tensor as the loaded
+    /// model does, which the save plan asks; build the planner's view of the model and
+    /// its walk tree). All are kept (by the probe, in the checkpoint) and
     /// shared by the copies map edits make, so every preview and plan after it is
     /// quick. Nothing it finds is shown: the preview reports the same answers.
     pub fn opening_work(&self) -> Vec<Effect> {
@@ -133,6 +134,8 @@ impl App {
         let probe = Arc::clone(&self.probe);
         vec![Effect::Compute(Work::new("warming up", move || {
             probe.learn_inputs(&ckpt);
+            // The loaded names are made for every tensor on the first question.
+            let _ = ckpt.loaded_name(0);
             crate::plan::prepare(&ckpt, &super::devices::plan_options(Vec::new()));
             Action::WarmedUp
         }))]
