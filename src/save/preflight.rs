@@ -33,19 +33,24 @@ fn small_files(ckpt: &Checkpoint, dir: &Path) -> Vec<PathBuf> {
     let Ok(read) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
+    // By name first, a stat last: a sharded model's folder is mostly its shards, and
+    // comparing whole paths against every weight file was 5 ms of each save preview
+    // for 160 shards.
+    let weights: std::collections::HashSet<&Path> =
+        ckpt.weight_files.iter().map(PathBuf::as_path).collect();
     let mut files: Vec<PathBuf> = read
         .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.is_file())
-        .filter(|p| !ckpt.weight_files.contains(p))
-        .filter(|p| ckpt.device_map_path.as_deref() != Some(p.as_path()))
-        .filter(|p| {
-            let raw = p.file_name().unwrap_or_default();
+        .filter(|e| {
+            let raw = e.file_name();
             let name = raw.to_str().unwrap_or("");
             !is_weight_file_name(name)
-                && !super::names::is_unfinished_name(raw)
+                && !super::names::is_unfinished_name(&raw)
                 && name != "device_map.json"
         })
+        .map(|e| e.path())
+        .filter(|p| !weights.contains(p.as_path()))
+        .filter(|p| ckpt.device_map_path.as_deref() != Some(p.as_path()))
+        .filter(|p| p.is_file())
         .collect();
     files.sort();
     files
