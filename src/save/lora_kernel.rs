@@ -77,6 +77,13 @@ struct Loaded {
     q_block_rows: usize,
     magnitude: Vec<f32>,
     scale: f32,
+    /// peft's `B @ A` has one row (a Linear with `out_features = 1`, such as
+    /// Qwen2-MoE's `shared_expert_gate`): torch computes that product as a
+    /// matrix-vector product, which rounds each product before adding it — no fused
+    /// multiply-add. (Found against torch 2.15 on x86-64, AVX-512, MKL: for one row
+    /// every element of 49 shapes up to rank 256 × 5,000 columns matched that rule
+    /// and none matched the fused one; from four rows on, the fused sum matches.)
+    rounded_products: bool,
 }
 
 /// What a merge reads: tensor `id` of `ckpt`, stored as `dtypes.0` at `src` (file,
@@ -360,6 +367,15 @@ fn row_delta(step: &Loaded, i: usize, delta: &mut [f32]) {
         0 => &step.q[..],
         block => &step.q[(i / block) * step.rank * cols..],
     };
+    if step.rounded_products {
+        for (k, &pk) in p.iter().enumerate() {
+            add_products(pk, &q[k * cols..(k + 1) * cols], delta);
+        }
+        for d in delta.iter_mut() {
+            *d *= step.scale;
+        }
+        return;
+    }
     // Two steps per pass over the row: the same fused multiply-adds in the same order,
     // with half the trips of the row through memory.
     let mut k = 0;
@@ -379,6 +395,14 @@ fn row_delta(step: &Loaded, i: usize, delta: &mut [f32]) {
     }
     for d in delta.iter_mut() {
         *d *= step.scale;
+    }
+}
+
+/// `d[j] = d[j] + p·q[j]`, the product rounded to f32 before the add (Rust never fuses
+/// the two on its own).
+fn add_products(p: f32, q: &[f32], d: &mut [f32]) {
+    for (d, &q) in d.iter_mut().zip(q) {
+        *d += p * q;
     }
 }
 
@@ -410,6 +434,7 @@ fn load(
     let b = read_matrix(&step.b, open)?;
     let rank = step.rank as usize;
     let mut q_block_rows = 0;
+    let mut rounded_products = false;
     let (p, q) = match (&step.kind, &step.a) {
         (MergeKind::Bias, _) => (Vec::new(), b),
         (
@@ -442,9 +467,12 @@ fn load(
             );
             if transposed {
                 // delta[i][j] = Σ_k A[k][i]·B[j][k]: p = Aᵀ (rows × r), q = Bᵀ (r × cols).
+                // peft's `B @ A` has `cols` rows here.
+                rounded_products = cols == 1;
                 (transpose(&a, rank, rows), transpose(&b, cols, rank))
             } else {
                 // delta[i][j] = Σ_k B[i][k]·A[k][j]: p = B (rows × r), q = A (r × cols).
+                rounded_products = rows == 1;
                 (b, a)
             }
         }
@@ -464,6 +492,7 @@ fn load(
         q_block_rows,
         magnitude,
         scale: step.scale,
+        rounded_products,
     })
 }
 
@@ -636,6 +665,7 @@ mod tests {
             q_block_rows: 0,
             magnitude: Vec::new(),
             scale: 0.5,
+            rounded_products: false,
         };
         let want = reference(&b, &a, out, r, inp, 0.5);
         let mut delta = vec![0f32; inp];
@@ -668,12 +698,43 @@ mod tests {
             q_block_rows: 0,
             magnitude: Vec::new(),
             scale: 1.0,
+            rounded_products: false,
         };
         let mut delta = vec![0f32; 1];
         row_delta(&step, 0, &mut delta);
         assert_eq!(delta[0], 1.0);
         let once = (1.0f64 + 2.0 * f64::from(3e-8f32)) as f32;
         assert!(once > 1.0, "the example must tell the two orders apart");
+    }
+
+    #[test]
+    fn a_one_row_delta_rounds_each_product_before_adding() {
+        // p·q = (1 + 2⁻²³)(1 - 2⁻²⁴) = 1 + 2⁻²⁴ - 2⁻⁴⁷: a fused sum from -1 keeps
+        // 2⁻²⁴ - 2⁻⁴⁷, the rounded product is 1 (round to even), so the sum is 0.
+        let p = 1.0 + f32::EPSILON;
+        let q = 1.0 - f32::EPSILON / 2.0;
+        let step = |rounded_products| Loaded {
+            kind: MergeKind::Linear {
+                fan_in_fan_out: false,
+                magnitude: None,
+            },
+            rank: 2,
+            p: vec![1.0, p],
+            q: vec![-1.0, q],
+            q_block_rows: 0,
+            magnitude: Vec::new(),
+            scale: 1.0,
+            rounded_products,
+        };
+        let mut delta = vec![0f32; 1];
+        row_delta(&step(true), 0, &mut delta);
+        assert_eq!(delta[0], 0.0);
+        row_delta(&step(false), 0, &mut delta);
+        assert!(
+            delta[0] > 0.0,
+            "the fused sum keeps the low bits: {}",
+            delta[0]
+        );
     }
 
     #[test]
@@ -689,6 +750,7 @@ mod tests {
             q_block_rows: 0,
             magnitude: Vec::new(),
             scale: 1.0,
+            rounded_products: false,
         };
         let mut delta = vec![0f32; dim];
         for n in 0..num {
@@ -716,6 +778,7 @@ mod tests {
             q_block_rows: 0,
             magnitude: Vec::new(),
             scale: 1.0,
+            rounded_products: false,
         };
         let mut scratch = [0f32];
         let mut w = [1.0f32];
@@ -758,6 +821,7 @@ mod tests {
             q_block_rows: 0,
             magnitude: vec![10.0],
             scale: 1.0,
+            rounded_products: false,
         };
         let mut w = [3.0f32, 3.0];
         let mut scratch = [0f32; 2];
@@ -784,6 +848,7 @@ mod tests {
             q_block_rows: factors.2,
             magnitude: Vec::new(),
             scale: 1.0,
+            rounded_products: false,
         };
         let all = loaded(
             expert_factors(
