@@ -1,7 +1,8 @@
-//! Fine-grained FP8 checkpoints: `devmap save --dtype` dequantizes them (checked here
-//! against the formula computed independently in the test; against torch and
-//! transformers in tests/real_fp8_dequant.rs), copies them as stored under `auto` and
-//! `keep`, and refuses what it cannot dequantize, naming the tensor, writing nothing.
+//! Fine-grained FP8 and MXFP4 checkpoints: `devmap save --dtype` dequantizes them
+//! (checked here against the formula computed independently in the test; against torch
+//! and transformers in tests/real_fp8_dequant.rs), copies them as stored under `auto`
+//! and `keep`, and refuses what it cannot dequantize, naming the tensor, writing
+//! nothing.
 
 mod common;
 
@@ -176,7 +177,7 @@ fn refused(case: &Fp8Case, needle: &str) {
 fn what_cannot_be_dequantized_is_refused_by_name() {
     refused(
         &fp8_case("mxfp4", None),
-        "quantization_config is `mxfp4`, which devmap does not dequantize",
+        "quantization_config is `mxfp4`, but no tensor is MXFP4 blocks",
     );
     refused(
         &fp8_case("compressed-tensors", None),
@@ -246,4 +247,138 @@ fn inspect_says_the_checkpoint_is_quantized() {
     let o = devmap(&["inspect", arg(&plain.src), "--json"]);
     let json: serde_json::Value = serde_json::from_str(&common::stdout(&o)).expect("json");
     assert_eq!(json["quantization"], serde_json::json!({"method": "mxfp4"}));
+}
+
+/// A gpt-oss-like MXFP4 experts weight: `[2 experts, 3 rows, 2 groups, 16]` bytes and
+/// its scales, a bfloat16 bias, and a config naming `mxfp4`.
+fn mxfp4_case(scales_shape: &[u64]) -> (tempfile::TempDir, PathBuf, Vec<u8>, Vec<u8>) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir");
+    let blocks: Vec<u8> = (0..2 * 3 * 2 * 16).map(|i| (i * 73 % 256) as u8).collect();
+    let scales: Vec<u8> = (0..scales_shape.iter().product::<u64>())
+        .map(|i| 120 + (i % 9) as u8)
+        .collect();
+    let b = FixtureTensor {
+        name: "model.layers.0.mlp.experts.gate_up_proj_blocks".into(),
+        dtype: DType::U8,
+        shape: vec![2, 3, 2, 16],
+        data: blocks.clone(),
+    };
+    let s = FixtureTensor {
+        name: "model.layers.0.mlp.experts.gate_up_proj_scales".into(),
+        dtype: DType::U8,
+        shape: scales_shape.to_vec(),
+        data: scales.clone(),
+    };
+    let bias = FixtureTensor::patterned(
+        "model.layers.0.mlp.experts.gate_up_proj_bias",
+        DType::BF16,
+        &[2, 3],
+        5,
+    );
+    write_safetensors(&src.join("model.safetensors"), &[&b, &s, &bias]).expect("weights");
+    write_json(
+        &src.join("config.json"),
+        &serde_json::json!({
+            "architectures": ["ToyForCausalLM"],
+            "dtype": "bfloat16",
+            "quantization_config": {"quant_method": "mxfp4"},
+        }),
+    )
+    .expect("config");
+    (tmp, src, blocks, scales)
+}
+
+#[test]
+fn mxfp4_experts_are_dequantized_and_transposed_per_expert() {
+    let (tmp, src, blocks, scales) = mxfp4_case(&[2, 3, 2]);
+    let out = tmp.path().join("out");
+    let o = devmap(&["save", arg(&src), "--out", arg(&out), "--dtype", "float32"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("dequantizing 1 MXFP4 weight to float32"),
+        "{}",
+        stderr(&o)
+    );
+    let st = read(&out);
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "model.layers.0.mlp.experts.gate_up_proj",
+            "model.layers.0.mlp.experts.gate_up_proj_bias"
+        ]
+    );
+    let w = st
+        .tensor("model.layers.0.mlp.experts.gate_up_proj")
+        .expect("weight");
+    assert_eq!(w.shape(), [2, 64, 3]);
+    // The definition: element (e, c, r) is nibble c of row r's 32 values (the low
+    // nibble of byte c/2 first) of expert e, times 2^(scale - 127).
+    const FP4: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let got: Vec<f32> = w
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    for e in 0..2 {
+        for c in 0..64 {
+            for r in 0..3 {
+                let (group, within) = (c / 32, c % 32);
+                let byte = blocks[((e * 3 + r) * 2 + group) * 16 + within / 2];
+                let nibble = if within % 2 == 1 {
+                    byte >> 4
+                } else {
+                    byte & 15
+                };
+                let magnitude = FP4[usize::from(nibble & 7)];
+                let sign = if nibble & 8 != 0 { -1.0 } else { 1.0 };
+                let scale = scales[(e * 3 + r) * 2 + group];
+                let want = sign * magnitude * 2f32.powi(i32::from(scale) - 127);
+                let have = got[(e * 64 + c) * 3 + r];
+                assert_eq!(have.to_bits(), want.to_bits(), "[{e}][{c}][{r}]");
+            }
+        }
+    }
+    let config = std::fs::read_to_string(out.join("config.json")).expect("config");
+    assert!(!config.contains("quantization_config"), "{config}");
+    // verify --against recomputes every value the same way.
+    let o = devmap(&[
+        "verify",
+        arg(&out),
+        "--against",
+        arg(&src),
+        "--dtype",
+        "float32",
+    ]);
+    assert!(
+        common::stdout(&o).contains("0 differences"),
+        "{}{}",
+        common::stdout(&o),
+        stderr(&o)
+    );
+}
+
+#[test]
+fn mxfp4_that_cannot_be_dequantized_is_refused_by_name() {
+    let (tmp, src, _, _) = mxfp4_case(&[2, 3, 1]);
+    let out = tmp.path().join("out");
+    let o = common::save(&src, &out, &["--dtype", "bfloat16"]);
+    assert!(!o.status.success(), "saved although the scales do not fit");
+    let err = stderr(&o);
+    assert!(
+        err.contains("tensor `model.layers.0.mlp.experts.gate_up_proj_blocks` is U8 [2, 3, 2, 16] with a `model.layers.0.mlp.experts.gate_up_proj_scales` of U8 [2, 3, 1]"),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing written");
+    // keep copies the packed checkpoint as it is.
+    let o = common::save(&src, &out, &["--dtype", "keep"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        read(&out)
+            .tensor("model.layers.0.mlp.experts.gate_up_proj_blocks")
+            .is_ok()
+    );
 }

@@ -19,3 +19,16 @@ fn fp8_checkpoints_dequantize_bit_exact_with_torch_and_transformers() {
         "{out}"
     );
 }
+
+/// MXFP4 (gpt-oss) against transformers (tests/python/mxfp4_dequant.py): every element
+/// of `devmap save --dtype bfloat16|float16|float32` bit-identical with what
+/// transformers writes after loading the checkpoint dequantized (and with its
+/// `convert_moe_packed_tensors`), every E8M0 exponent but NaN's included; logits equal;
+/// verify clean.
+#[test]
+#[ignore = "needs torch, transformers: run .ci/run"]
+fn mxfp4_checkpoints_dequantize_bit_exact_with_transformers() {
+    let (ok, out, err) = common::run_hf_script("mxfp4_dequant.py");
+    assert!(ok, "MXFP4 dequantization check failed:\n{out}\n{err}");
+    assert_eq!(out.matches("ok: mxfp4 to ").count(), 3, "{out}");
+}

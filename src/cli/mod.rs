@@ -305,7 +305,11 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
         if plan.dequantized > 0 {
             err_line(format!(
                 "  dequantizing {} to {} ({} left out, and config.json's quantization_config)",
-                devmap::text::count(plan.dequantized, "FP8 weight", "FP8 weights"),
+                devmap::text::count(
+                    plan.dequantized,
+                    &format!("{} weight", plan.dequantized_format()),
+                    &format!("{} weights", plan.dequantized_format())
+                ),
                 plan.cast_to.map_or("?", |d| d.torch_name()),
                 devmap::text::count(plan.dropped_scales.len(), "scale tensor", "scale tensors"),
             ))?;

@@ -211,12 +211,9 @@ pub fn write(
             .shards
             .iter()
             .flat_map(|s| {
-                s.tensors.iter().map(move |t| {
-                    (
-                        ckpt.tensors()[t.tensor].name.to_string(),
-                        s.file_name.clone(),
-                    )
-                })
+                s.tensors
+                    .iter()
+                    .map(move |t| (t.name(ckpt).to_owned(), s.file_name.clone()))
             })
             .collect();
         let text = encode_index(plan.total_parameters, plan.total_size, &weight_map);

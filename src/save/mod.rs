@@ -10,6 +10,7 @@ mod error;
 mod event;
 mod job;
 pub mod lora_kernel;
+pub mod mxfp4;
 pub mod names;
 pub mod preflight;
 pub mod reasons;

@@ -39,6 +39,17 @@ pub enum Recipe {
         scale: ByteRange,
         blocks: crate::save::dequant::Fp8Blocks,
     },
+    /// An MXFP4 experts weight (`P_blocks`, with its `P_scales`), dequantized and
+    /// transposed per expert as transformers loads it, in `to` (see `save::mxfp4`).
+    /// Written under the name `P` and the shape [`Mxfp4Layout::shape`].
+    ///
+    /// [`Mxfp4Layout::shape`]: crate::save::mxfp4::Mxfp4Layout::shape
+    Mxfp4 {
+        blocks: ByteRange,
+        scales: ByteRange,
+        layout: crate::save::mxfp4::Mxfp4Layout,
+        to: DType,
+    },
 }
 
 impl Recipe {
@@ -51,6 +62,7 @@ impl Recipe {
             | Recipe::Dequant {
                 source, from, to, ..
             } => source.len / from.size() * to.size(),
+            Recipe::Mxfp4 { layout, to, .. } => layout.elements() * to.size(),
         }
     }
 
@@ -60,7 +72,8 @@ impl Recipe {
             Recipe::Copy(range)
             | Recipe::Cast { source: range, .. }
             | Recipe::Merge { source: range, .. }
-            | Recipe::Dequant { source: range, .. } => *range,
+            | Recipe::Dequant { source: range, .. }
+            | Recipe::Mxfp4 { blocks: range, .. } => *range,
         }
     }
 }

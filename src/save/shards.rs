@@ -101,6 +101,15 @@ pub fn resolve_dtype(ckpt: &Checkpoint, choice: DtypeChoice) -> Option<DType> {
     }
 }
 
+/// How a save dequantizes (an explicit float `--dtype` on a quantized checkpoint).
+#[derive(Debug, Clone, Copy)]
+enum Dequantize {
+    /// Fine-grained FP8 with this weight block, to this dtype.
+    Fp8((u64, u64), DType),
+    /// MXFP4 experts, to this dtype.
+    Mxfp4(DType),
+}
+
 /// What a dequantizing save does with one tensor.
 enum Dequantized {
     /// Not FP8: planned as any other tensor.
@@ -172,6 +181,61 @@ fn dequantized(
         to,
         scale: scale_range,
         blocks,
+    }))
+}
+
+/// How an MXFP4 save treats tensor `id`: `P_blocks` (U8 `[E, rows, G, 16]`) is
+/// written dequantized as `P` with its `P_scales` (U8 `[E, rows, G]`), which is
+/// dropped; every other tensor is planned as usual.
+fn dequantized_mxfp4(ckpt: &Checkpoint, id: TensorId, to: DType) -> Result<Dequantized, String> {
+    let tensor = &ckpt.tensors()[id];
+    if let Some(base) = tensor.name.strip_suffix("_scales")
+        && ckpt.index_of(&format!("{base}_blocks")).is_some()
+    {
+        return Ok(Dequantized::Dropped);
+    }
+    let Some(base) = tensor.name.strip_suffix("_blocks") else {
+        return Ok(Dequantized::NotFp8);
+    };
+    let scales_name = format!("{base}_scales");
+    let Some(scales_id) = ckpt.index_of(&scales_name) else {
+        return Err(format!(
+            "is MXFP4 blocks, but there is no `{scales_name}` beside it to dequantize it with"
+        ));
+    };
+    let scales = &ckpt.tensors()[scales_id];
+    let dims: Vec<u64> = tensor.shape.iter().collect();
+    let &[experts, rows, groups, 16] = dims.as_slice() else {
+        return Err(format!(
+            "is MXFP4 blocks of shape {dims:?}; devmap dequantizes experts weights of [experts, rows, groups, 16] bytes"
+        ));
+    };
+    let want = [experts, rows, groups];
+    if tensor.dtype != DType::U8 || scales.dtype != DType::U8 || !scales.shape.iter().eq(want) {
+        return Err(format!(
+            "is {} {dims:?} with a `{scales_name}` of {} {:?}; MXFP4 needs U8 blocks and U8 scales of {want:?}",
+            tensor.dtype,
+            scales.dtype,
+            scales.shape.to_vec()
+        ));
+    }
+    if !ckpt.merges_of(id).is_empty() {
+        return Err(
+            "is an MXFP4 weight a LoRA adapter merges into; devmap does not merge into quantized weights yet (merge after saving it dequantized)".to_owned(),
+        );
+    }
+    let (Some(blocks), Some(scales)) = (ckpt.data_range(id), ckpt.data_range(scales_id)) else {
+        return Err("or its scales have no data to read".to_owned());
+    };
+    Ok(Dequantized::Written(Recipe::Mxfp4 {
+        blocks,
+        scales,
+        layout: super::mxfp4::Mxfp4Layout {
+            experts,
+            rows,
+            groups,
+        },
+        to,
     }))
 }
 
@@ -270,6 +334,24 @@ pub struct PlannedTensor {
 }
 
 impl PlannedTensor {
+    /// The name written: the checkpoint's, but `P` for an MXFP4 `P_blocks` written
+    /// dequantized.
+    pub fn name<'c>(&self, ckpt: &'c Checkpoint) -> &'c str {
+        let name = &ckpt.tensors()[self.tensor].name;
+        match self.recipe {
+            Recipe::Mxfp4 { .. } => name.strip_suffix("_blocks").unwrap_or(name),
+            _ => name,
+        }
+    }
+
+    /// The shape written: the checkpoint's, but the dequantized experts' for MXFP4.
+    pub fn shape(&self, ckpt: &Checkpoint) -> Vec<u64> {
+        match self.recipe {
+            Recipe::Mxfp4 { layout, .. } => layout.shape().to_vec(),
+            _ => ckpt.tensors()[self.tensor].shape.to_vec(),
+        }
+    }
+
     /// Where the tensor's bytes end in the shard's data region.
     pub fn end(&self) -> u64 {
         self.begin + self.recipe.output_len()
@@ -311,15 +393,12 @@ impl ShardPlan {
         &'c self,
         ckpt: &'c Checkpoint,
     ) -> impl Iterator<Item = HeaderEntry<'c>> + Clone + 'c {
-        self.tensors.iter().map(move |p| {
-            let t = &ckpt.tensors()[p.tensor];
-            HeaderEntry {
-                name: &t.name,
-                dtype: p.dtype,
-                shape: t.shape.to_vec().into(),
-                begin: p.begin,
-                end: p.end(),
-            }
+        self.tensors.iter().map(move |p| HeaderEntry {
+            name: p.name(ckpt),
+            dtype: p.dtype,
+            shape: p.shape(ckpt).into(),
+            begin: p.begin,
+            end: p.end(),
         })
     }
 }
@@ -361,6 +440,18 @@ pub struct MemoryNeed {
 }
 
 impl SavePlan {
+    /// The quantized format this save dequantizes, in words (`FP8`, `MXFP4`).
+    pub fn dequantized_format(&self) -> &'static str {
+        if self
+            .planned()
+            .any(|p| matches!(p.recipe, Recipe::Mxfp4 { .. }))
+        {
+            "MXFP4"
+        } else {
+            "FP8"
+        }
+    }
+
     /// What this save does about the modules transformers keeps in float32, in words,
     /// grouped (one line each for kept and cast; none when neither happens).
     pub fn fp32_lines(&self) -> Vec<String> {
@@ -444,6 +535,17 @@ impl SavePlan {
             need.bytes += writers * (super::dequant::BAND_BYTES + scales);
             need.parts
                 .push("a band of rows and the scales per dequantizing writer");
+        }
+        let largest_mxfp4 = recipes()
+            .filter_map(|(_, r)| match r {
+                Recipe::Mxfp4 { layout, .. } => Some(layout.memory()),
+                _ => None,
+            })
+            .max();
+        if let Some(bytes) = largest_mxfp4 {
+            need.bytes += writers * bytes;
+            need.parts
+                .push("one expert's MXFP4 bytes and a band of rows per dequantizing writer");
         }
         let largest_pair = recipes()
             .filter(|(_, r)| matches!(r, Recipe::Merge { .. }))
@@ -555,11 +657,12 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                 )));
                 return Err(SaveError::Unsaveable(problems));
             }
-            Some((q.block, to))
+            Some(Dequantize::Fp8(q.block, to))
         }
+        (Some(q), DtypeChoice::To(to)) if q.method == "mxfp4" => Some(Dequantize::Mxfp4(to)),
         (Some(q), DtypeChoice::To(to)) => {
             problems.push(Unsaveable::Quantization(format!(
-                "config.json's quantization_config is `{}`, which devmap does not dequantize (it dequantizes fine-grained FP8, `fp8`): --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy the quantized checkpoint as it is",
+                "config.json's quantization_config is `{}`, which devmap does not dequantize (it dequantizes fine-grained FP8, `fp8`, and MXFP4, `mxfp4`): --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy the quantized checkpoint as it is",
                 q.method,
                 to.torch_name(),
                 to.torch_name()
@@ -589,8 +692,12 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             ));
             continue;
         }
-        if let Some((block, to)) = dequantize {
-            match dequantized(ckpt, id, block, to) {
+        if let Some(how) = dequantize {
+            let found = match how {
+                Dequantize::Fp8(block, to) => dequantized(ckpt, id, block, to),
+                Dequantize::Mxfp4(to) => dequantized_mxfp4(ckpt, id, to),
+            };
+            match found {
                 Ok(Dequantized::NotFp8) => {}
                 Ok(Dequantized::Written(recipe)) => {
                     dequantized_count += 1;
@@ -662,13 +769,18 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             }),
         }
     }
+    if matches!(dequantize, Some(Dequantize::Mxfp4(_))) && dequantized_count == 0 {
+        problems.push(Unsaveable::Quantization(
+            "config.json's quantization_config is `mxfp4`, but no tensor is MXFP4 blocks (`…_blocks` with `…_scales`): there is nothing to dequantize, and a float --dtype would keep a quantization_config that no weight matches; save with --dtype keep".to_owned(),
+        ));
+    }
     if !problems.is_empty() {
         return Err(SaveError::Unsaveable(problems));
     }
     let sizes: Vec<u64> = chosen.iter().map(|(_, r)| r.output_len()).collect();
     let ranges = split_into_shards(&sizes, options.max_shard_size);
     let count = ranges.len();
-    let shards = ranges
+    let shards: Vec<ShardPlan> = ranges
         .into_iter()
         .enumerate()
         .map(|(k, range)| {
@@ -684,7 +796,8 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                     dtype: match recipe {
                         Recipe::Cast { to, .. }
                         | Recipe::Merge { to, .. }
-                        | Recipe::Dequant { to, .. } => to,
+                        | Recipe::Dequant { to, .. }
+                        | Recipe::Mxfp4 { to, .. } => to,
                         Recipe::Copy(_) => ckpt.tensors()[id].dtype,
                     },
                     recipe,
@@ -714,13 +827,17 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     let total_parameters = ckpt.total_parameters.unwrap_or_else(|| {
         chosen
             .iter()
-            .map(|(id, _)| ckpt.tensors()[*id].numel())
+            .map(|(id, r)| match r {
+                Recipe::Mxfp4 { layout, .. } => layout.elements(),
+                _ => ckpt.tensors()[*id].numel(),
+            })
             .sum()
     });
-    let largest_tensor = chosen
+    let largest_tensor = shards
         .iter()
-        .max_by_key(|(_, r)| r.output_len())
-        .map(|(id, r)| (ckpt.tensors()[*id].name.to_string(), r.output_len()));
+        .flat_map(|s: &ShardPlan| &s.tensors)
+        .max_by_key(|p| p.recipe.output_len())
+        .map(|p| (p.name(ckpt).to_owned(), p.recipe.output_len()));
     Ok(SavePlan {
         shards,
         cast_to,

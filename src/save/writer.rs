@@ -255,6 +255,30 @@ impl ShardWriter<'_> {
                     )
                     .map(&mut report)
                 }
+                Recipe::Mxfp4 {
+                    blocks,
+                    scales,
+                    layout,
+                    to: to_dtype,
+                } => open_source(ckpt, scales.file)
+                    .map_err(CopyError::Io)
+                    .and_then(|scales_file| {
+                        let mut written = 0u64;
+                        super::mxfp4::stream(
+                            &ckpt.tensors()[t.tensor].name,
+                            (src, blocks),
+                            (&scales_file, scales),
+                            layout,
+                            to_dtype,
+                            &stop,
+                            &mut |out| {
+                                dst.write_all_at(out, data_start + t.begin + written)?;
+                                written += out.len() as u64;
+                                report(out.len() as u64);
+                                Ok(())
+                            },
+                        )
+                    }),
                 Recipe::Dequant {
                     from: from_dtype,
                     to: to_dtype,
@@ -347,7 +371,7 @@ fn copy_failed(
 ) -> SaveError {
     let source = t.recipe.source();
     let path = ckpt.file_path(source.file);
-    let name = &ckpt.tensors()[t.tensor].name;
+    let name = t.name(ckpt);
     let staged = super::stage::staged_key(path).is_some();
     let changed = |message: String| SaveError::SourceChanged {
         path: path.to_path_buf(),

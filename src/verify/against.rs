@@ -67,13 +67,11 @@ impl<'a> Expected<'a> {
     }
 
     pub(super) fn name(&self, p: &PlannedTensor) -> &str {
-        &self.ckpt.tensors()[p.tensor].name
+        p.name(self.ckpt)
     }
 
     pub(super) fn writes(&self, name: &str) -> bool {
-        self.ckpt
-            .index_of(name)
-            .is_some_and(|id| self.planned().any(|p| p.tensor == id))
+        self.planned().any(|p| p.name(self.ckpt) == name)
     }
 
     pub(super) fn planned(&self) -> impl Iterator<Item = &PlannedTensor> {
@@ -118,14 +116,14 @@ pub(super) fn match_up<'e>(
         };
         matched[i] = true;
         let w = &written.tensors[i];
-        let shape = &expected.ckpt.tensors()[p.tensor].shape;
+        let shape = p.shape(expected.ckpt);
         if w.dtype != p.dtype {
             findings.push(Finding::difference(
                 Kind::Dtype,
                 name,
                 format!("is {}, a save writes {}", w.dtype, p.dtype),
             ));
-        } else if w.shape != *shape {
+        } else if w.shape != shape {
             findings.push(Finding::difference(
                 Kind::Shape,
                 name,

@@ -227,6 +227,9 @@ pub fn verify(
                     Recipe::Dequant { from, to, .. } => format!(
                         "the bytes differ from the source's {from} values times their block scales, in {to}"
                     ),
+                    Recipe::Mxfp4 { to, .. } => format!(
+                        "the bytes differ from the source's MXFP4 blocks times their scales, transposed per expert, in {to}"
+                    ),
                 };
                 findings.push(Finding::difference(
                     Kind::Content,
@@ -398,6 +401,24 @@ fn hash_expected(
                 &mut feed,
             ),
             // Dequantized and merged values, computed by the saver's own kernels.
+            Recipe::Mxfp4 {
+                blocks,
+                scales,
+                layout,
+                to,
+            } => crate::formats::input::open_regular(expected.ckpt.file_path(scales.file))
+                .map_err(|e| CopyError::Io(std::io::Error::other(e)))
+                .and_then(|scales_file| {
+                    crate::save::mxfp4::stream(
+                        &expected.ckpt.tensors()[p.tensor].name,
+                        (file, blocks),
+                        (&scales_file, scales),
+                        layout,
+                        to,
+                        &progress.cancel,
+                        &mut feed,
+                    )
+                }),
             Recipe::Dequant {
                 from,
                 to,
