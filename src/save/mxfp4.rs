@@ -14,7 +14,7 @@
 //! conversion to the output dtype, done as torch's `.to()` does it (`save::cast`).
 //!
 //! Memory: one expert's packed bytes (a quarter of its bfloat16 size: 8.3 MB for
-//! gpt-oss-120b's `gate_up_proj`) and a band of output rows; never the whole tensor.
+//! gpt-oss-120b's `gate_up_proj`) and 32 output rows; never the whole tensor.
 
 use std::fs::File;
 use std::io;
@@ -30,9 +30,6 @@ const FP4: [f32; 16] = [
 
 /// Values per scale group (16 bytes of two nibbles).
 pub const GROUP: u64 = 32;
-
-/// Output elements produced per band (a band is whole output rows).
-const BAND_ELEMENTS: usize = 1 << 18;
 
 /// The layout of one packed experts weight: `blocks` is `[experts, rows, groups, 16]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,11 +55,11 @@ impl Mxfp4Layout {
         (scales * GROUP / 2, scales)
     }
 
-    /// The most memory [`stream`] holds: one expert's packed bytes and scales, and a
-    /// band in float32 and in the output dtype.
+    /// The most memory [`stream`] holds: one expert's packed bytes and scales, and 32
+    /// output rows (in float32 at most), and the value table.
     pub fn memory(&self) -> u64 {
         let (blocks, scales) = self.packed_bytes();
-        (blocks + scales) / self.experts.max(1) + BAND_ELEMENTS as u64 * 8
+        (blocks + scales) / self.experts.max(1) + GROUP * self.rows * 4 + 256 * 16 * 4
     }
 }
 
@@ -79,9 +76,69 @@ fn power_of_two(e: i32) -> f32 {
     }
 }
 
+/// Every value an MXFP4 element can take, in `to`'s bytes: entry `scale · 16 + nibble`
+/// is `FP4[nibble] × 2^(scale − 127)` computed in float32 and converted as torch's
+/// `.to()` converts (the value depends on nothing else, so a lookup is the same
+/// arithmetic done once).
+fn value_table(to: DType) -> Vec<u8> {
+    let values: Vec<u8> = (0..256 * 16)
+        .flat_map(|i: i32| (FP4[(i % 16) as usize] * power_of_two(i / 16 - 127)).to_le_bytes())
+        .collect();
+    if to == DType::F32 {
+        return values;
+    }
+    let mut out = vec![0u8; 256 * 16 * to.size() as usize];
+    super::cast::cast(DType::F32, to, &values, &mut out);
+    out
+}
+
+/// One group of every input row of one expert: what fills 32 output rows.
+struct Group<'a> {
+    packed: &'a [u8],
+    exponents: &'a [u8],
+    group: usize,
+    groups: usize,
+    rows: usize,
+}
+
+/// Fills `band` (32 output rows of `N`-byte values) from `input`: output row `2b` (and
+/// `2b + 1`) at column `r` is the low (high) nibble of byte `b` of input row `r`'s group.
+/// Done in 32 × 32 tiles: a tile is built transposed in a small local array (in the L1
+/// cache), then each of its rows is one 32-value run of an output row. `N` is a
+/// constant so each value is one load and one store.
+fn fill_band<const N: usize>(input: &Group<'_>, table: &[u8], band: &mut [u8]) {
+    const TILE: usize = GROUP as usize;
+    let rows = input.rows;
+    let mut tile = [[[0u8; N]; TILE]; TILE];
+    for first in (0..rows).step_by(TILE) {
+        let n = TILE.min(rows - first);
+        for k in 0..n {
+            let at = (first + k) * input.groups + input.group;
+            let values = &table[usize::from(input.exponents[at]) * 16 * N..][..16 * N];
+            let value = |nibble: u8| -> [u8; N] {
+                let i = usize::from(nibble) * N;
+                let mut v = [0u8; N];
+                v.copy_from_slice(&values[i..i + N]);
+                v
+            };
+            let bytes = &input.packed[at * 16..][..16];
+            for (b, &byte) in bytes.iter().enumerate() {
+                tile[2 * b][k] = value(byte & 0x0F);
+                tile[2 * b + 1][k] = value(byte >> 4);
+            }
+        }
+        for (c, values) in tile.iter().enumerate() {
+            let at = (c * rows + first) * N;
+            for (slot, v) in band[at..at + n * N].chunks_exact_mut(N).zip(values) {
+                slot.copy_from_slice(v);
+            }
+        }
+    }
+}
+
 /// Reads `P_blocks` (`blocks`) and `P_scales` (`scales`) and hands `sink` the
-/// dequantized `[E, G·32, rows]` tensor converted to `to`, a band of output rows at a
-/// time. `name` names `P_blocks` in errors.
+/// dequantized `[E, G·32, rows]` tensor converted to `to`, 32 output rows (one group of
+/// every input row) at a time. `name` names `P_blocks` in errors.
 pub fn stream(
     name: &str,
     (blocks_file, blocks): (&File, ByteRange),
@@ -91,6 +148,79 @@ pub fn stream(
     cancel: &dyn Stop,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
+    let input = Packed {
+        name,
+        blocks: (blocks_file, blocks),
+        scales: (scales_file, scales),
+        layout,
+    };
+    stream_experts(&input, 0..layout.experts, to, cancel, sink)
+}
+
+/// An MXFP4 weight's packed inputs, as [`stream`] takes them.
+#[derive(Clone, Copy)]
+pub struct Packed<'a> {
+    pub name: &'a str,
+    pub blocks: (&'a File, ByteRange),
+    pub scales: (&'a File, ByteRange),
+    pub layout: Mxfp4Layout,
+}
+
+/// [`stream`] with the experts split among `threads` threads, each writing its
+/// experts' output at its place in `dst` from `dst_offset` on (the dequantization is
+/// arithmetic, not I/O: on a big weight it keeps the cores busy). Returns the bytes
+/// written.
+pub fn write_in_parallel(
+    input: Packed<'_>,
+    to: DType,
+    (dst, dst_offset): (&File, u64),
+    threads: u64,
+    cancel: &(dyn Stop + Sync),
+) -> Result<u64, CopyError> {
+    use std::os::unix::fs::FileExt;
+    let experts = input.layout.experts;
+    let threads = threads.clamp(1, experts.max(1));
+    let per = experts.div_ceil(threads);
+    let expert_bytes = input.layout.rows * input.layout.groups * GROUP * to.size();
+    let results: Vec<Result<(), CopyError>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let range = (t * per).min(experts)..((t + 1) * per).min(experts);
+                scope.spawn(move || {
+                    let mut at = dst_offset + range.start * expert_bytes;
+                    stream_experts(&input, range, to, cancel, &mut |bytes| {
+                        dst.write_all_at(bytes, at)?;
+                        at += bytes.len() as u64;
+                        Ok(())
+                    })
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or(Err(CopyError::Cancelled)))
+            .collect()
+    });
+    for r in results {
+        r?;
+    }
+    Ok(experts * expert_bytes)
+}
+
+/// [`stream`] of the experts `experts` only.
+fn stream_experts(
+    input: &Packed<'_>,
+    experts: std::ops::Range<u64>,
+    to: DType,
+    cancel: &dyn Stop,
+    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), CopyError> {
+    let Packed {
+        name,
+        blocks: (blocks_file, blocks),
+        scales: (scales_file, scales),
+        layout,
+    } = *input;
     let (want_blocks, want_scales) = layout.packed_bytes();
     if blocks.len != want_blocks || scales.len != want_scales {
         return Err(CopyError::Io(io::Error::new(
@@ -103,18 +233,16 @@ pub fn stream(
             ),
         )));
     }
+    let size = to.size() as usize;
+    let table = value_table(to);
     let rows = layout.rows as usize;
     let groups = layout.groups as usize;
-    let cols = groups * GROUP as usize;
     let expert_blocks = rows * groups * 16;
     let expert_scales = rows * groups;
-    let band_rows = (BAND_ELEMENTS / rows.max(1)).clamp(1, cols.max(1));
     let mut packed = vec![0u8; expert_blocks];
     let mut exponents = vec![0u8; expert_scales];
-    let mut powers = vec![0f32; expert_scales];
-    let mut values = vec![0u8; band_rows * rows * 4];
-    let mut output = vec![0u8; band_rows * rows * to.size() as usize];
-    for expert in 0..layout.experts {
+    let mut band = vec![0u8; GROUP as usize * rows * size];
+    for expert in experts {
         if cancel.stop() {
             return Err(CopyError::Cancelled);
         }
@@ -130,41 +258,24 @@ pub fn stream(
             &mut exponents,
             scales.offset + expert * expert_scales as u64,
         )?;
-        for (p, &s) in powers.iter_mut().zip(&exponents) {
-            *p = power_of_two(i32::from(s) - 127);
-        }
-        // Output row c is input column c: group c / 32, byte (c % 32) / 2, the low
-        // nibble for an even c.
-        let mut first = 0;
-        while first < cols {
+        // Output row c is input column c: group c / 32, byte (c % 32) / 2, its low
+        // nibble for an even c. One group of every input row fills 32 output rows.
+        for group in 0..groups {
             if cancel.stop() {
                 return Err(CopyError::Cancelled);
             }
-            let n = band_rows.min(cols - first);
-            let band = &mut values[..n * rows * 4];
-            for (k, out_row) in band.chunks_exact_mut(rows * 4).enumerate() {
-                let c = first + k;
-                let (group, within) = (c / GROUP as usize, c % GROUP as usize);
-                let (byte, high) = (within / 2, within % 2 == 1);
-                for (r, slot) in out_row.chunks_exact_mut(4).enumerate() {
-                    let packed_byte = packed[(r * groups + group) * 16 + byte];
-                    let nibble = if high {
-                        packed_byte >> 4
-                    } else {
-                        packed_byte & 0x0F
-                    };
-                    let value = FP4[usize::from(nibble)] * powers[r * groups + group];
-                    slot.copy_from_slice(&value.to_le_bytes());
-                }
+            let input = Group {
+                packed: &packed,
+                exponents: &exponents,
+                group,
+                groups,
+                rows,
+            };
+            match size {
+                2 => fill_band::<2>(&input, &table, &mut band),
+                _ => fill_band::<4>(&input, &table, &mut band),
             }
-            if to == DType::F32 {
-                sink(band).map_err(CopyError::Io)?;
-            } else {
-                let out = &mut output[..n * rows * to.size() as usize];
-                super::cast::cast(DType::F32, to, band, out);
-                sink(out).map_err(CopyError::Io)?;
-            }
-            first += n;
+            sink(&band).map_err(CopyError::Io)?;
         }
     }
     Ok(())
@@ -187,5 +298,72 @@ mod tests {
         }
         assert!(power_of_two(128).is_infinite());
         assert!((0.0f32 * power_of_two(128)).is_nan());
+    }
+
+    struct Never;
+    impl Stop for Never {
+        fn stop(&self) -> bool {
+            false
+        }
+    }
+
+    /// The experts split among threads, each written in place, give the bytes of the
+    /// one sequential stream (which the tests outside check against the definition and
+    /// against transformers), with rows that are not a multiple of the 32-row tile.
+    #[test]
+    fn parallel_writing_gives_the_sequential_bytes() {
+        use std::io::Write;
+        let layout = Mxfp4Layout {
+            experts: 5,
+            rows: 37,
+            groups: 2,
+        };
+        let (nb, ns) = layout.packed_bytes();
+        let bytes: Vec<u8> = (0..nb + ns)
+            .map(|i| (i * 2_654_435_761 % 251) as u8)
+            .collect();
+        let mut input = tempfile::tempfile().expect("temp file");
+        input.write_all(&bytes).expect("write");
+        let blocks = ByteRange {
+            file: 0,
+            offset: 0,
+            len: nb,
+        };
+        let scales = ByteRange {
+            file: 0,
+            offset: nb,
+            len: ns,
+        };
+        for to in [DType::BF16, DType::F16, DType::F32] {
+            let mut want = Vec::new();
+            stream(
+                "w",
+                (&input, blocks),
+                (&input, scales),
+                layout,
+                to,
+                &Never,
+                &mut |b| {
+                    want.extend_from_slice(b);
+                    Ok(())
+                },
+            )
+            .expect("stream");
+            assert_eq!(want.len() as u64, layout.elements() * to.size());
+            for threads in [2, 3, 8] {
+                let out = tempfile::tempfile().expect("temp file");
+                let packed = Packed {
+                    name: "w",
+                    blocks: (&input, blocks),
+                    scales: (&input, scales),
+                    layout,
+                };
+                let n = write_in_parallel(packed, to, (&out, 7), threads, &Never).expect("write");
+                assert_eq!(n, want.len() as u64);
+                let mut got = vec![0u8; want.len()];
+                std::os::unix::fs::FileExt::read_exact_at(&out, &mut got, 7).expect("read");
+                assert!(got == want, "{to:?} with {threads} threads");
+            }
+        }
     }
 }

@@ -263,22 +263,27 @@ impl ShardWriter<'_> {
                 } => open_source(ckpt, scales.file)
                     .map_err(CopyError::Io)
                     .and_then(|scales_file| {
-                        let mut written = 0u64;
-                        super::mxfp4::stream(
-                            &ckpt.tensors()[t.tensor].name,
-                            (src, blocks),
-                            (&scales_file, scales),
-                            layout,
-                            to_dtype,
-                            &stop,
-                            &mut |out| {
-                                dst.write_all_at(out, data_start + t.begin + written)?;
-                                written += out.len() as u64;
-                                report(out.len() as u64);
-                                Ok(())
+                        // Arithmetic, not I/O: a big weight's experts are split among
+                        // the cores, each written in place.
+                        let threads = if blocks.len >= PARALLEL_MERGE_BYTES {
+                            std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+                        } else {
+                            1
+                        };
+                        super::mxfp4::write_in_parallel(
+                            super::mxfp4::Packed {
+                                name: &ckpt.tensors()[t.tensor].name,
+                                blocks: (src, blocks),
+                                scales: (&scales_file, scales),
+                                layout,
                             },
+                            to_dtype,
+                            (&dst, data_start + t.begin),
+                            threads,
+                            &stop,
                         )
-                    }),
+                    })
+                    .map(&mut report),
                 Recipe::Dequant {
                     from: from_dtype,
                     to: to_dtype,
