@@ -93,10 +93,11 @@ fn value_table(to: DType) -> Vec<u8> {
 }
 
 /// One group of every input row of one expert: what fills 32 output rows.
-struct Group<'a> {
+struct GroupInput<'a> {
     packed: &'a [u8],
     exponents: &'a [u8],
-    group: usize,
+    /// Which group.
+    index: usize,
     groups: usize,
     rows: usize,
 }
@@ -106,14 +107,16 @@ struct Group<'a> {
 /// Done in 32 × 32 tiles: a tile is built transposed in a small local array (in the L1
 /// cache), then each of its rows is one 32-value run of an output row. `N` is a
 /// constant so each value is one load and one store.
-fn fill_band<const N: usize>(input: &Group<'_>, table: &[u8], band: &mut [u8]) {
+fn fill_band<const N: usize>(input: &GroupInput<'_>, table: &[u8], band: &mut [u8]) {
     const TILE: usize = GROUP as usize;
     let rows = input.rows;
     let mut tile = [[[0u8; N]; TILE]; TILE];
     for first in (0..rows).step_by(TILE) {
         let n = TILE.min(rows - first);
+        // `k` is the tile's column: each input row fills a column, transposed.
+        #[allow(clippy::needless_range_loop)]
         for k in 0..n {
-            let at = (first + k) * input.groups + input.group;
+            let at = (first + k) * input.groups + input.index;
             let values = &table[usize::from(input.exponents[at]) * 16 * N..][..16 * N];
             let value = |nibble: u8| -> [u8; N] {
                 let i = usize::from(nibble) * N;
@@ -264,10 +267,10 @@ fn stream_experts(
             if cancel.stop() {
                 return Err(CopyError::Cancelled);
             }
-            let input = Group {
+            let input = GroupInput {
                 packed: &packed,
                 exponents: &exponents,
-                group,
+                index: group,
                 groups,
                 rows,
             };
