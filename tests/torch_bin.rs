@@ -161,12 +161,23 @@ fn hostile_archives_are_refused_by_name_and_nothing_is_written() {
     // Method 8 (deflate) in the first central directory entry.
     let cd = find(&compressed, &0x0201_4b50u32.to_le_bytes()).expect("directory");
     compressed[cd + 10] = 8;
-    for (name, bytes, needle) in [
-        ("forbidden", forbidden, "`os.system`"),
-        ("cut", cut, "zip"),
-        ("short", short, "needs elements"),
-        ("compressed", compressed, "compressed zip member"),
+    use devmap::formats::Kind;
+    for (name, bytes, needle, kind) in [
+        ("forbidden", forbidden, "`os.system`", Kind::Unsafe),
+        ("cut", cut, "zip", Kind::Malformed),
+        ("short", short, "needs elements", Kind::Malformed),
+        (
+            "compressed",
+            compressed,
+            "compressed zip member",
+            Kind::Unsupported,
+        ),
     ] {
+        // The reader says what kind of problem it is, besides naming it.
+        let file = tmp.path().join(format!("{name}.bin"));
+        std::fs::write(&file, &bytes).expect("write");
+        let refused = devmap::formats::torch_bin::read_bin(&file).expect_err(name);
+        assert_eq!(refused.kind(), Some(kind), "{name}: {refused}");
         let (o, out) = save_hostile(name, bytes);
         let err = stderr(&o);
         assert!(!o.status.success(), "{name}: saved");

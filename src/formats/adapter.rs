@@ -1,6 +1,7 @@
 //! A peft adapter folder: `adapter_config.json` (the fields that change the merge) and
 //! `adapter_model.safetensors`.
 
+use super::Kind;
 use std::path::Path;
 
 use serde_json::Value;
@@ -31,8 +32,9 @@ pub struct AdapterConfig {
 
 pub fn read_adapter_config(path: &Path) -> Result<AdapterConfig, FormatError> {
     let text = super::input::read_json_text(path)?;
-    let root: Value = serde_json::from_str(&text)
-        .map_err(|e| FormatError::invalid(path, format!("not valid JSON: {e}")))?;
+    let root: Value = serde_json::from_str(&text).map_err(|e| {
+        FormatError::invalid_as(Kind::NotTheFormat, path, format!("not valid JSON: {e}"))
+    })?;
     let Value::Object(root) = root else {
         return Err(FormatError::invalid(path, "is not a JSON object"));
     };

@@ -1,5 +1,6 @@
 //! The parts of a Hugging Face `config.json` that decide ties and naming.
 
+use super::Kind;
 use std::path::Path;
 
 use serde_json::Value;
@@ -166,8 +167,9 @@ pub fn ties_by_default(model_type: Option<&str>) -> bool {
 
 pub fn read_config(path: &Path) -> Result<ModelConfig, FormatError> {
     let text = super::input::read_json_text(path)?;
-    let root: Value = serde_json::from_str(&text)
-        .map_err(|e| FormatError::invalid(path, format!("not valid JSON: {e}")))?;
+    let root: Value = serde_json::from_str(&text).map_err(|e| {
+        FormatError::invalid_as(Kind::NotTheFormat, path, format!("not valid JSON: {e}"))
+    })?;
     let Value::Object(root) = root else {
         return Err(FormatError::invalid(path, "is not a JSON object"));
     };

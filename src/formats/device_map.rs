@@ -1,5 +1,6 @@
 //! `device_map.json`: accelerate's `hf_device_map` written out as JSON.
 
+use super::Kind;
 use std::path::Path;
 
 use serde_json::Value;
@@ -17,7 +18,8 @@ pub fn read_device_map(path: &Path) -> Result<DeviceMap, FormatError> {
 
 pub fn parse_device_map(path: &Path, text: &str) -> Result<DeviceMap, FormatError> {
     let object: OrderedObject = serde_json::from_str(text).map_err(|e| {
-        FormatError::invalid(
+        FormatError::invalid_as(
+            Kind::NotTheFormat,
             path,
             format!("a device map must be a JSON object of module prefix to device: {e}"),
         )

@@ -1,5 +1,6 @@
 //! `model.safetensors.index.json`, as transformers reads and writes it.
 
+use super::Kind;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -33,7 +34,8 @@ pub fn read_index_text(path: &Path) -> Result<String, FormatError> {
 /// Parses an index; `path` names it in errors.
 pub fn parse_index<'a>(path: &Path, text: &'a str) -> Result<WeightIndex<'a>, FormatError> {
     let root: RawIndex<'a> = serde_json::from_str(text).map_err(|e| {
-        FormatError::invalid(
+        FormatError::invalid_as(
+            Kind::NotTheFormat,
             path,
             format!("not an index ({{\"weight_map\": {{tensor: file}}}}): {e}"),
         )

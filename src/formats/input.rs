@@ -3,6 +3,7 @@
 //! non-blocking and checked to be regular files before a byte is read, and JSON
 //! inputs are read only up to a size cap.
 
+use super::Kind;
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -42,7 +43,8 @@ pub fn open_regular(path: &Path) -> Result<File, FormatError> {
         .map_err(|e| FormatError::io(path, e))?;
     let meta = file.metadata().map_err(|e| FormatError::io(path, e))?;
     if let Some(what) = not_a_file(&meta) {
-        return Err(FormatError::invalid(
+        return Err(FormatError::invalid_as(
+            Kind::Unsafe,
             path,
             format!("is {what}, not a file; devmap reads only regular files"),
         ));
@@ -55,7 +57,8 @@ pub fn check_regular(path: &Path) -> Result<std::fs::Metadata, FormatError> {
     let meta = std::fs::metadata(path).map_err(|e| FormatError::io(path, e))?;
     match not_a_file(&meta) {
         None => Ok(meta),
-        Some(what) => Err(FormatError::invalid(
+        Some(what) => Err(FormatError::invalid_as(
+            Kind::Unsafe,
             path,
             format!("is {what}, not a file; devmap reads only regular files"),
         )),
@@ -103,7 +106,8 @@ pub fn read_json_text(path: &Path) -> Result<String, FormatError> {
 pub fn read_small_text(path: &Path, cap: u64, why: &str) -> Result<String, FormatError> {
     let file = open_regular(path)?;
     let too_large = |size: u64| {
-        FormatError::invalid(
+        FormatError::invalid_as(
+            Kind::TooLarge,
             path,
             format!(
                 "is {} ({size} bytes), over the {} this file may be ({why}); it is not read",

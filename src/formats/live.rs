@@ -16,6 +16,7 @@
 //!               "source": {"kind": "memory", "address": 140231312}}]}
 //! ```
 
+use super::Kind;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -115,10 +116,15 @@ pub enum LiveSource {
 /// Parses a manifest; `origin` names it in errors.
 pub fn parse_manifest(text: &str, origin: &Path) -> Result<Manifest, FormatError> {
     let manifest: Manifest = serde_json::from_str(text).map_err(|e| {
-        FormatError::invalid(origin, format!("is not a devmap live-model manifest: {e}"))
+        FormatError::invalid_as(
+            Kind::NotTheFormat,
+            origin,
+            format!("is not a devmap live-model manifest: {e}"),
+        )
     })?;
     if manifest.format != FORMAT {
-        return Err(FormatError::invalid(
+        return Err(FormatError::invalid_as(
+            Kind::Unsupported,
             origin,
             format!(
                 "is manifest format `{}`; this devmap reads `{FORMAT}` (the Python package and the library come from different versions)",

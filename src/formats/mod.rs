@@ -17,4 +17,4 @@ pub mod size;
 pub mod torch_bin;
 pub mod zip;
 
-pub use error::FormatError;
+pub use error::{FormatError, Kind};

@@ -9,6 +9,7 @@
 //!    or beside an `index.json` of form 1 or 2 (a folder used by both): then both are
 //!    read, and a name in both is an error naming both files.
 
+use super::Kind;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -135,7 +136,8 @@ fn check_file_name(index: &Path, name: &str) -> Result<(), FormatError> {
         || name.contains('\\')
         || name.contains('\0');
     if bad {
-        return Err(FormatError::tensor(
+        return Err(FormatError::tensor_as(
+            Kind::Unsafe,
             index,
             name,
             "this name would put its file outside the offload folder (it is empty, `..`, absolute or has a `/`); refusing to read it",
@@ -163,7 +165,8 @@ pub fn parse_index(
     headers: &mut HeaderCache,
 ) -> Result<Vec<OffloadEntry>, FormatError> {
     let object: OrderedObject<IndexEntry> = serde_json::from_str(text).map_err(|e| {
-        FormatError::invalid(
+        FormatError::invalid_as(
+            Kind::NotTheFormat,
             index_path,
             format!("an offload index must be a JSON object of tensor name to entry: {e}"),
         )
@@ -200,7 +203,8 @@ pub fn parse_index(
             };
             let path = resolve(folder, model_dir, file);
             let header = headers.get(&path).map_err(|e| {
-                FormatError::tensor(
+                FormatError::tensor_as(
+                    Kind::Missing,
                     index_path,
                     &name,
                     format!("points at a safetensors file that cannot be used: {e}"),
@@ -296,7 +300,8 @@ fn check_dat_files(
         let (file, name, len) = (&entry.file, &entry.name, entry.len);
         match stat {
             Ok(meta) if !meta.is_file => {
-                return Err(FormatError::tensor(
+                return Err(FormatError::tensor_as(
+                    Kind::Unsafe,
                     file,
                     name,
                     "is not a regular file (a folder, FIFO or device); the offload folder is damaged",
@@ -450,7 +455,8 @@ fn read_per_tensor_files(
             .find(|t| t.name == name)
             .or_else(|| (header.tensors.len() == 1).then(|| &header.tensors[0]))
             .ok_or_else(|| {
-                FormatError::tensor(
+                FormatError::tensor_as(
+                    Kind::Missing,
                     &path,
                     &name,
                     "an offload file must hold the tensor it is named after",

@@ -43,8 +43,36 @@ pub enum Value {
     Tensor(TensorRef),
 }
 
-/// What went wrong, in words (the caller names the file).
-pub type Error = String;
+/// What went wrong, in words (the caller names the file), and whether the pickle asked
+/// for something a state dict never needs (refused for safety) or is merely broken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// A global outside the few a state dict uses: never imported, never called.
+    Forbidden(String),
+    /// Anything else: an opcode a state dict does not use, a stack that does not add
+    /// up, nesting or copies past the limits.
+    Malformed(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Forbidden(why) | Error::Malformed(why) => f.write_str(why),
+        }
+    }
+}
+
+impl From<String> for Error {
+    fn from(why: String) -> Error {
+        Error::Malformed(why)
+    }
+}
+
+impl From<&str> for Error {
+    fn from(why: &str) -> Error {
+        Error::Malformed(why.to_owned())
+    }
+}
 
 /// torch's typed storage classes (`torch.BFloat16Storage`) and their dtypes.
 pub const STORAGE_CLASSES: [(&str, DType); 10] = [
@@ -120,37 +148,34 @@ impl Reader<'_> {
     }
     fn text(&mut self, n: usize) -> Result<String, Error> {
         let b = self.take(n)?;
-        String::from_utf8(b.to_vec()).map_err(|_| "a string that is not UTF-8".to_owned())
+        String::from_utf8(b.to_vec()).map_err(|_| "a string that is not UTF-8".into())
     }
 }
 
 fn as_u64(v: &Value, what: &str) -> Result<u64, Error> {
     match v {
         Value::Int(i) if *i >= 0 => Ok(*i as u64),
-        other => Err(format!("{what} is {other:?}, not a non-negative integer")),
+        other => Err(format!("{what} is {other:?}, not a non-negative integer").into()),
     }
 }
 
 fn as_dims(v: &Value, what: &str) -> Result<Vec<u64>, Error> {
     match v {
         Value::Tuple(items) => items.iter().map(|i| as_u64(i, what)).collect(),
-        other => Err(format!("{what} is {other:?}, not a tuple")),
+        other => Err(format!("{what} is {other:?}, not a tuple").into()),
     }
 }
 
 /// Calls an allowed global on its arguments: builds the value, calls nothing.
 fn call(callable: Value, args: Value) -> Result<Value, Error> {
     let Value::Tuple(args) = args else {
-        return Err(format!("REDUCE with arguments {args:?}, not a tuple"));
+        return Err(format!("REDUCE with arguments {args:?}, not a tuple").into());
     };
     match callable {
         Value::Global("OrderedDict") if args.is_empty() => Ok(Value::Dict(Vec::new())),
         Value::Global("_rebuild_tensor_v2") if args.len() >= 4 => {
             let Value::Storage(storage) = &args[0] else {
-                return Err(format!(
-                    "_rebuild_tensor_v2 of {:?}, not a storage",
-                    args[0]
-                ));
+                return Err(format!("_rebuild_tensor_v2 of {:?}, not a storage", args[0]).into());
             };
             Ok(Value::Tensor(TensorRef {
                 storage: storage.clone(),
@@ -160,15 +185,15 @@ fn call(callable: Value, args: Value) -> Result<Value, Error> {
             }))
         }
         Value::Global("_rebuild_parameter") if !args.is_empty() => Ok(args[0].clone()),
-        Value::Global(name) => Err(format!("`{name}` called with arguments it never takes")),
-        other => Err(format!("REDUCE of {other:?}, which is not callable here")),
+        Value::Global(name) => Err(format!("`{name}` called with arguments it never takes").into()),
+        other => Err(format!("REDUCE of {other:?}, which is not callable here").into()),
     }
 }
 
 /// A persistent id `('storage', torch.XStorage, key, location, elements)`.
 fn storage(pid: Value) -> Result<Value, Error> {
     let Value::Tuple(items) = pid else {
-        return Err(format!("a persistent id {pid:?}, not a tuple"));
+        return Err(format!("a persistent id {pid:?}, not a tuple").into());
     };
     match items.as_slice() {
         [
@@ -186,7 +211,7 @@ fn storage(pid: Value) -> Result<Value, Error> {
                 elements: as_u64(elements, "a storage size")?,
             }))
         }
-        _ => Err(format!("a persistent id {items:?} that is not a storage")),
+        _ => Err(format!("a persistent id {items:?} that is not a storage").into()),
     }
 }
 
@@ -220,7 +245,7 @@ impl Item {
     fn measure(children: &[Item]) -> Result<(u32, u64), Error> {
         let depth = 1 + children.iter().map(|c| c.depth).max().unwrap_or(0);
         if depth > MAX_DEPTH {
-            return Err(format!("values nest deeper than {MAX_DEPTH} levels"));
+            return Err(format!("values nest deeper than {MAX_DEPTH} levels").into());
         }
         Ok((depth, children.iter().map(|c| c.nodes).sum()))
     }
@@ -252,7 +277,7 @@ impl Item {
 fn top(stack: &mut [Item]) -> Result<&mut Item, Error> {
     stack
         .last_mut()
-        .ok_or_else(|| "an opcode on an empty stack".to_owned())
+        .ok_or_else(|| "an opcode on an empty stack".into())
 }
 
 /// Reads the pickle in `bytes`: the value it ends with.
@@ -262,10 +287,10 @@ pub fn read(bytes: &[u8]) -> Result<Value, Error> {
     let mut marks: Vec<usize> = Vec::new();
     let mut memo: std::collections::HashMap<usize, Item> = std::collections::HashMap::new();
     let mut copied = 0u64;
-    let pop = |stack: &mut Vec<Item>| {
+    let pop = |stack: &mut Vec<Item>| -> Result<Item, Error> {
         stack
             .pop()
-            .ok_or_else(|| "the pickle's stack ran empty".to_owned())
+            .ok_or_else(|| "the pickle's stack ran empty".into())
     };
     let since_mark = |stack: &mut Vec<Item>, marks: &mut Vec<usize>| -> Result<Vec<Item>, Error> {
         let m = marks
@@ -401,7 +426,7 @@ pub fn read(bytes: &[u8]) -> Result<Value, Error> {
                     (module, name)
                 };
                 let g = allowed(&module, &name).ok_or_else(|| {
-                    format!("names the global `{module}.{name}`, which a state dict never needs; devmap does not load it")
+                    Error::Forbidden(format!("names the global `{module}.{name}`, which a state dict never needs; devmap does not load it"))
                 })?;
                 stack.push(Item::leaf(Value::Global(g)));
             }
@@ -459,7 +484,8 @@ pub fn read(bytes: &[u8]) -> Result<Value, Error> {
             other => {
                 return Err(format!(
                     "opcode {other:#04x} at byte {at} is not one a state dict uses"
-                ));
+                )
+                .into());
             }
         }
     }
@@ -507,7 +533,10 @@ mod tests {
     fn a_global_a_state_dict_never_needs_is_refused_by_name() {
         let evil = b"\x80\x02cos\nsystem\nX\x02\x00\x00\x00lsR.".to_vec();
         let e = read(&evil).expect_err("refused");
-        assert!(e.contains("`os.system`"), "{e}");
+        assert!(
+            matches!(&e, Error::Forbidden(why) if why.contains("`os.system`")),
+            "{e}"
+        );
     }
 
     #[test]
@@ -524,14 +553,18 @@ mod tests {
         let mut deep = vec![0x80, 2, b')'];
         deep.extend(std::iter::repeat_n(0x85, 100_000));
         deep.push(b'.');
-        assert!(read(&deep).expect_err("deep").contains("nest"));
+        let e = read(&deep).expect_err("deep");
+        assert!(
+            matches!(&e, Error::Malformed(why) if why.contains("nest")),
+            "{e}"
+        );
         // A list put in the memo, then appended copies of itself, doubling each time.
         let mut doubling = vec![0x80, 2, b']', b'q', 0];
         for _ in 0..40 {
             doubling.extend([b'h', 0, b'a', b'q', 0]);
         }
         doubling.push(b'.');
-        let e = read(&doubling).expect_err("doubling");
+        let e = read(&doubling).expect_err("doubling").to_string();
         assert!(e.contains("nest") || e.contains("copies"), "{e}");
     }
 }

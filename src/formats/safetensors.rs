@@ -3,6 +3,7 @@
 //! ordinary reads and nothing else; the parser itself works from a prefix of the file
 //! and the file's length, so a header can come from anywhere (a range read, say).
 
+use super::Kind;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
@@ -40,7 +41,8 @@ pub fn read_header(path: &Path) -> Result<Header, FormatError> {
     let file = super::input::open_regular(path)?;
     let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
     if file_len < 8 {
-        return Err(FormatError::invalid(
+        return Err(FormatError::invalid_as(
+            Kind::Truncated,
             path,
             format!(
                 "{file_len} bytes is too short for a safetensors file (the header length alone is 8 bytes); the file is truncated or not safetensors"
@@ -66,7 +68,8 @@ fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()
 /// The declared header length must fit the 100 MB limit and the file.
 fn check_header_len(path: &Path, header_len: u64, file_len: u64) -> Result<(), FormatError> {
     if header_len > MAX_HEADER_LEN {
-        return Err(FormatError::invalid(
+        return Err(FormatError::invalid_as(
+            Kind::TooLarge,
             path,
             format!(
                 "header length {header_len} is over the 100 MB limit; the file is corrupt or not safetensors"
@@ -74,7 +77,8 @@ fn check_header_len(path: &Path, header_len: u64, file_len: u64) -> Result<(), F
         ));
     }
     if 8 + header_len > file_len {
-        return Err(FormatError::invalid(
+        return Err(FormatError::invalid_as(
+            Kind::Truncated,
             path,
             format!(
                 "header length {header_len} runs past the end of the {file_len}-byte file; the file is truncated"
@@ -107,11 +111,13 @@ impl HeaderCache {
 /// is not read.
 pub fn parse_header(path: &Path, prefix: &[u8], file_len: u64) -> Result<Header, FormatError> {
     let mut len_bytes = [0u8; 8];
-    len_bytes.copy_from_slice(
-        prefix
-            .get(..8)
-            .ok_or_else(|| FormatError::invalid(path, "shorter than the 8-byte header length"))?,
-    );
+    len_bytes.copy_from_slice(prefix.get(..8).ok_or_else(|| {
+        FormatError::invalid_as(
+            Kind::Truncated,
+            path,
+            "shorter than the 8-byte header length",
+        )
+    })?);
     let header_len = u64::from_le_bytes(len_bytes);
     check_header_len(path, header_len, file_len)?;
     let data_start = 8 + header_len;
@@ -119,7 +125,7 @@ pub fn parse_header(path: &Path, prefix: &[u8], file_len: u64) -> Result<Header,
         .ok()
         .and_then(|end| prefix.get(8..end))
         .ok_or_else(|| {
-            FormatError::invalid(
+            FormatError::invalid_as(Kind::Truncated, 
                 path,
                 format!(
                     "only {} bytes of the {data_start}-byte header were given; the header is cut short",
@@ -127,8 +133,13 @@ pub fn parse_header(path: &Path, prefix: &[u8], file_len: u64) -> Result<Header,
                 ),
             )
         })?;
-    let text = std::str::from_utf8(header_bytes)
-        .map_err(|e| FormatError::invalid(path, format!("header is not UTF-8 ({e})")))?;
+    let text = std::str::from_utf8(header_bytes).map_err(|e| {
+        FormatError::invalid_as(
+            Kind::NotTheFormat,
+            path,
+            format!("header is not UTF-8 ({e})"),
+        )
+    })?;
     // Each entry is checked as it is read and kept only as a HeaderTensor: no second
     // list of raw entries, which for a million tensors would double the cost.
     let seed = HeaderSeed {
@@ -146,7 +157,11 @@ pub fn parse_header(path: &Path, prefix: &[u8], file_len: u64) -> Result<Header,
         Ok(raw) => raw,
         Err(e) => {
             return Err(seed.entry_error.into_inner().unwrap_or_else(|| {
-                FormatError::invalid(path, format!("header is not a JSON object of tensors: {e}"))
+                FormatError::invalid_as(
+                    Kind::NotTheFormat,
+                    path,
+                    format!("header is not a JSON object of tensors: {e}"),
+                )
             }));
         }
     };
@@ -525,6 +540,24 @@ mod tests {
         // The reference parser agrees.
         let st = safetensors::SafeTensors::deserialize(&bytes).expect("reference parser");
         assert_eq!(st.tensor("a").expect("a").shape(), &[2, 2]);
+    }
+
+    /// Each refusal has a kind a caller can act on, besides its words.
+    #[test]
+    fn hostile_headers_have_a_kind() {
+        use crate::formats::Kind;
+        let kind = |bytes: &[u8]| {
+            parse_header(Path::new("x"), bytes, bytes.len() as u64)
+                .expect_err("refused")
+                .kind()
+        };
+        let mut huge = (MAX_HEADER_LEN + 1).to_le_bytes().to_vec();
+        huge.extend_from_slice(b"{}");
+        assert_eq!(kind(&huge), Some(Kind::TooLarge));
+        assert_eq!(kind(&1000u64.to_le_bytes()), Some(Kind::Truncated));
+        assert_eq!(kind(&file_with("{\"a\":", 0)), Some(Kind::NotTheFormat));
+        let dup = r#"{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#;
+        assert_eq!(kind(&file_with(dup, 2)), Some(Kind::Malformed));
     }
 
     #[test]

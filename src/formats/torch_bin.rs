@@ -4,6 +4,7 @@
 //! described like a safetensors header so the loader treats both the same. Views that
 //! are not contiguous in their storage are refused by name.
 
+use super::Kind;
 use std::path::Path;
 
 use super::FormatError;
@@ -29,7 +30,8 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
         .iter()
         .find(|m| m.name.ends_with("/data.pkl") || m.name == "data.pkl")
         .ok_or_else(|| {
-            FormatError::invalid(
+            FormatError::invalid_as(
+                Kind::NotTheFormat,
                 path,
                 "is a zip archive without data.pkl: not a torch.save file",
             )
@@ -41,23 +43,31 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
     {
         let bytes = zip::read_member(path, &file, order)?;
         if bytes != b"little" {
-            return Err(FormatError::invalid(
+            return Err(FormatError::invalid_as(
+                Kind::Unsupported,
                 path,
                 "was saved big-endian; devmap reads little-endian checkpoints",
             ));
         }
     }
     if pkl.len > MAX_PICKLE {
-        return Err(FormatError::invalid(
+        return Err(FormatError::invalid_as(
+            Kind::TooLarge,
             path,
             "its data.pkl is too large to be a state dict",
         ));
     }
     let bytes = zip::read_member(path, &file, pkl)?;
-    let value =
-        pickle::read(&bytes).map_err(|e| FormatError::invalid(path, format!("data.pkl {e}")))?;
+    let value = pickle::read(&bytes).map_err(|e| {
+        let kind = match e {
+            pickle::Error::Forbidden(_) => Kind::Unsafe,
+            pickle::Error::Malformed(_) => Kind::Malformed,
+        };
+        FormatError::invalid_as(kind, path, format!("data.pkl {e}"))
+    })?;
     let Value::Dict(items) = value else {
-        return Err(FormatError::invalid(
+        return Err(FormatError::invalid_as(
+            Kind::NotTheFormat,
             path,
             "holds something other than a state dict (a dict of tensors)",
         ));
@@ -75,14 +85,16 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
             ));
         };
         let Value::Tensor(t) = value else {
-            return Err(FormatError::tensor(
+            return Err(FormatError::tensor_as(
+                Kind::Unsupported,
                 path,
                 &name,
                 "is not a tensor; devmap reads state dicts of tensors",
             ));
         };
         let member = storage(&t.storage.key).ok_or_else(|| {
-            FormatError::tensor(
+            FormatError::tensor_as(
+                Kind::Missing,
                 path,
                 &name,
                 format!("its storage data/{} is not in the archive", t.storage.key),

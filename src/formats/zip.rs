@@ -4,6 +4,7 @@
 //! starts after its local header. A compressed member, or one whose bytes lie outside
 //! the file, is an error naming the archive and the member.
 
+use super::Kind;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -140,14 +141,16 @@ pub fn members(path: &Path, file: &File, file_len: u64) -> Result<Vec<Member>, F
         }
         at = entry(46) + name_len + extra_len + comment_len;
         if method != 0 || compressed != stored {
-            return Err(FormatError::tensor(
+            return Err(FormatError::tensor_as(
+                Kind::Unsupported,
                 path,
                 &name,
                 "is a compressed zip member; devmap reads the uncompressed archives torch.save writes",
             ));
         }
         if local.checked_add(30).is_none_or(|e| e > file_len) {
-            return Err(FormatError::tensor(
+            return Err(FormatError::tensor_as(
+                Kind::Truncated,
                 path,
                 &name,
                 "its local header lies outside the file",

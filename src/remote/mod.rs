@@ -9,6 +9,7 @@
 
 pub mod http;
 
+use crate::formats::Kind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -304,7 +305,8 @@ pub fn fetch_with(
             let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
             for (tensor, file) in &index.weight_map {
                 if !crate::formats::hf_index::is_shard_file_name(file) {
-                    return Err(FormatError::tensor(
+                    return Err(FormatError::tensor_as(
+                        Kind::Unsafe,
                         Path::new(&url),
                         tensor.as_ref(),
                         format!("shard `{file}` is not a file name beside the index"),

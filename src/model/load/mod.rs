@@ -5,6 +5,7 @@ mod experts;
 mod live;
 mod ties;
 
+use crate::formats::Kind;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
@@ -71,7 +72,8 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         Some(other) => {
             let path = other.join("config.json");
             if !exists(&path) {
-                return Err(LoadError::Format(FormatError::invalid(
+                return Err(LoadError::Format(FormatError::invalid_as(
+                    Kind::Missing,
                     other,
                     "has no config.json; --config names the folder a model's config.json is in",
                 )));
@@ -508,7 +510,8 @@ fn read_indexed(
     for (name, file) in &index.weight_map {
         let (name, file): (&str, &str) = (name, file);
         if !crate::formats::hf_index::is_shard_file_name(file) {
-            return Err(FormatError::tensor(
+            return Err(FormatError::tensor_as(
+                Kind::Unsafe,
                 index_path,
                 name,
                 format!("shard `{file}` is not a file name in the model directory"),
