@@ -125,7 +125,7 @@ pub fn parse_header(path: &Path, prefix: &[u8], file_len: u64) -> Result<Header,
         .ok()
         .and_then(|end| prefix.get(8..end))
         .ok_or_else(|| {
-            FormatError::invalid_as(Kind::Truncated, 
+            FormatError::invalid_as(Kind::Truncated,
                 path,
                 format!(
                     "only {} bytes of the {data_start}-byte header were given; the header is cut short",
