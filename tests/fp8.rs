@@ -231,9 +231,10 @@ fn inspect_says_the_checkpoint_is_quantized() {
     let o = devmap(&["inspect", arg(&case.src)]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = common::stdout(&o);
+    // 35 FP8 bytes and 6 float32 scales stored; 35 bfloat16 values dequantized.
     assert!(
         text.contains(
-            "quantized: fp8, 2×4 blocks: 1 FP8 weight with their scales (save --dtype bfloat16 dequantizes)"
+            "quantized: fp8, 2×4 blocks: 1 quantized weight with their scales, 59 B stored, 70 B as bfloat16 (save --dtype bfloat16 dequantizes)"
         ),
         "{text}"
     );
@@ -243,10 +244,67 @@ fn inspect_says_the_checkpoint_is_quantized() {
         json["quantization"],
         serde_json::json!({"method": "fp8", "block": [2, 4]})
     );
+    // Each tensor says its part: the weight its format and scales, the scales whose.
+    let tensor = |name: &str| {
+        json["tensors"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["name"] == name))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        tensor("model.layers.0.mlp.down_proj.weight")["quantized"],
+        serde_json::json!({
+            "format": "fp8 e4m3, 2×4 blocks",
+            "scales": "model.layers.0.mlp.down_proj.weight_scale_inv",
+            "dequantized_name": "model.layers.0.mlp.down_proj.weight",
+            "dequantized_shape": [5, 7],
+            "dequantized_bytes": 70,
+        })
+    );
+    assert_eq!(
+        tensor("model.layers.0.mlp.down_proj.weight_scale_inv")["quantized"],
+        serde_json::json!({"scales_of": "model.layers.0.mlp.down_proj.weight"})
+    );
+    assert!(tensor("model.norm.weight").get("quantized").is_none());
     let plain = fp8_case("mxfp4", None);
     let o = devmap(&["inspect", arg(&plain.src), "--json"]);
     let json: serde_json::Value = serde_json::from_str(&common::stdout(&o)).expect("json");
     assert_eq!(json["quantization"], serde_json::json!({"method": "mxfp4"}));
+}
+
+#[test]
+fn inspect_shows_mxfp4_experts_as_the_weights_they_dequantize_to() {
+    let (_tmp, src, _, _) = mxfp4_case(&[2, 3, 2]);
+    let o = devmap(&["inspect", arg(&src)]);
+    let text = common::stdout(&o);
+    // 192 packed bytes and 12 scale bytes; 2·64·3 bfloat16 values.
+    assert!(
+        text.contains(
+            "quantized: mxfp4: 1 quantized weight with their scales, 204 B stored, 768 B as bfloat16 (save --dtype bfloat16 dequantizes)"
+        ),
+        "{text}"
+    );
+    let o = devmap(&["inspect", arg(&src), "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&common::stdout(&o)).expect("json");
+    let blocks = json["tensors"]
+        .as_array()
+        .and_then(|ts| {
+            ts.iter()
+                .find(|t| t["name"] == "model.layers.0.mlp.experts.gate_up_proj_blocks")
+        })
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        blocks["quantized"],
+        serde_json::json!({
+            "format": "mxfp4, 32-value groups",
+            "scales": "model.layers.0.mlp.experts.gate_up_proj_scales",
+            "dequantized_name": "model.layers.0.mlp.experts.gate_up_proj",
+            "dequantized_shape": [2, 64, 3],
+            "dequantized_bytes": 768,
+        })
+    );
 }
 
 /// A gpt-oss-like MXFP4 experts weight: `[2 experts, 3 rows, 2 groups, 16]` bytes and

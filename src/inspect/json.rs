@@ -52,6 +52,25 @@ struct TensorOut<'a> {
     /// LoRA merges a save applies to it (`--merge-lora`), in order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     lora: Vec<LoraOut<'a>>,
+    /// Its part in a quantized checkpoint: a quantized weight or the scales of one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quantized: Option<QuantizedOut>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum QuantizedOut {
+    Weight {
+        format: String,
+        scales: String,
+        dequantized_name: String,
+        dequantized_shape: Vec<u64>,
+        /// In the dtype the dequantized model loads in (config.json's, else bfloat16).
+        dequantized_bytes: u64,
+    },
+    Scales {
+        scales_of: String,
+    },
 }
 
 #[derive(Serialize)]
@@ -192,6 +211,26 @@ fn tensor_out(ckpt: &Checkpoint, id: usize) -> TensorOut<'_> {
                 scale: m.scale,
             })
             .collect(),
+        quantized: crate::model::quantized::quantized_part(ckpt, id).map(|part| {
+            let bytes = part.dequantized_bytes(crate::model::quantized::dequantized_dtype(ckpt));
+            match part {
+                crate::model::quantized::QuantizedPart::Weight {
+                    format,
+                    scales,
+                    dequantized_name,
+                    dequantized_shape,
+                } => QuantizedOut::Weight {
+                    format,
+                    scales,
+                    dequantized_name,
+                    dequantized_shape,
+                    dequantized_bytes: bytes,
+                },
+                crate::model::quantized::QuantizedPart::Scales { of } => {
+                    QuantizedOut::Scales { scales_of: of }
+                }
+            }
+        }),
     }
 }
 

@@ -420,23 +420,37 @@ impl Checkpoint {
     /// config.json's `quantization_config` in words, with the FP8 weights counted:
     /// `fp8, 128×128 blocks: 61 F8_E4M3 weights with their scales`.
     pub fn quantization_summary(&self) -> Option<String> {
+        use super::quantized::{QuantizedPart, dequantized_dtype, quantized_part};
         let q = self.config.quantization.as_ref()?;
-        if q.method != "fp8" {
-            return Some(format!(
-                "{} (devmap copies it as stored; it dequantizes fine-grained FP8 only)",
-                q.method
-            ));
+        let method = match q.method.as_str() {
+            "fp8" => format!("fp8, {}×{} blocks", q.block.0, q.block.1),
+            "mxfp4" => "mxfp4".to_owned(),
+            other => {
+                return Some(format!(
+                    "{other} (devmap copies it as stored; it dequantizes fine-grained FP8 and MXFP4)"
+                ));
+            }
+        };
+        let dtype = dequantized_dtype(self);
+        let (mut weights, mut stored, mut dequantized) = (0usize, 0u64, 0u64);
+        for (id, t) in self.tensors.iter().enumerate() {
+            match quantized_part(self, id) {
+                Some(part @ QuantizedPart::Weight { .. }) => {
+                    weights += 1;
+                    stored += t.bytes();
+                    dequantized += part.dequantized_bytes(dtype);
+                }
+                Some(QuantizedPart::Scales { .. }) => stored += t.bytes(),
+                None => {}
+            }
         }
-        let weights = self
-            .tensors
-            .iter()
-            .filter(|t| matches!(t.dtype, DType::F8E4M3 | DType::F8E5M2))
-            .count();
         Some(format!(
-            "fp8, {}×{} blocks: {} with their scales (save --dtype bfloat16 dequantizes)",
-            q.block.0,
-            q.block.1,
-            crate::text::count(weights, "FP8 weight", "FP8 weights")
+            "{method}: {} with their scales, {} stored, {} as {} (save --dtype {} dequantizes)",
+            crate::text::count(weights, "quantized weight", "quantized weights"),
+            crate::human_bytes(stored),
+            crate::human_bytes(dequantized),
+            dtype.torch_name(),
+            dtype.torch_name()
         ))
     }
 

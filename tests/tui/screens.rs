@@ -252,3 +252,51 @@ fn the_focused_panel_has_a_marked_thick_border_in_colour_and_without() {
         assert!(screen.contains("▶ Details"), "{screen}");
     }
 }
+
+/// A quantized weight's details say its format, where its scales are and its size once
+/// dequantized; its scales say whose they are.
+#[test]
+fn the_details_of_a_quantized_weight_and_its_scales() {
+    use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("fp8");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let weight = FixtureTensor {
+        name: "model.layers.0.mlp.down_proj.weight".into(),
+        dtype: devmap::model::DType::F8E4M3,
+        shape: vec![4, 8],
+        data: vec![0x38; 32],
+    };
+    let scales = FixtureTensor {
+        name: "model.layers.0.mlp.down_proj.weight_scale_inv".into(),
+        dtype: devmap::model::DType::F32,
+        shape: vec![1, 1],
+        data: 1f32.to_le_bytes().to_vec(),
+    };
+    write_safetensors(&dir.join("model.safetensors"), &[&weight, &scales]).expect("weights");
+    write_json(
+        &dir.join("config.json"),
+        &serde_json::json!({
+            "architectures": ["ToyForCausalLM"],
+            "dtype": "bfloat16",
+            "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+        }),
+    )
+    .expect("config");
+    let mut app = App::new(load(&dir, &LoadOptions::default()).expect("load"));
+    app.size = (120, 40);
+    app.color = false;
+    select(&mut app, "model.layers.0.mlp.down_proj.weight");
+    let screen = frame(&app, 120, 40);
+    // (The panel wraps the line at its words.)
+    for piece in [
+        "quantized fp8 e4m3, 128×128 blocks; scales",
+        "down_proj.weight_scale_in",
+        "64 B as bfloat16",
+    ] {
+        assert!(screen.contains(piece), "{piece}: {screen}");
+    }
+    select(&mut app, "model.layers.0.mlp.down_proj.weight_scale_inv");
+    let screen = frame(&app, 120, 40);
+    assert!(screen.contains("quantized the scales of"), "{screen}");
+}

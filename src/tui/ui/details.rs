@@ -96,6 +96,21 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 Span::styled(members.join(" = "), theme.tie()),
             ]));
         }
+        if let Some(part) = crate::model::quantized::quantized_part(&app.ckpt, t) {
+            let dtype = crate::model::quantized::dequantized_dtype(&app.ckpt);
+            let bytes = part.dequantized_bytes(dtype);
+            let text = match part {
+                crate::model::quantized::QuantizedPart::Weight { format, scales, .. } => format!(
+                    "{format}; scales in {scales}; {} as {}",
+                    human_bytes(bytes),
+                    dtype.torch_name()
+                ),
+                crate::model::quantized::QuantizedPart::Scales { of } => {
+                    format!("the scales of {of}")
+                }
+            };
+            lines.push(kv("quantized", text));
+        }
         for m in app.ckpt.merges_of(t) {
             lines.push(Line::from(vec![
                 Span::styled(format!("{:<10}", "lora"), theme.dim()),

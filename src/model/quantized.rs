@@ -1,0 +1,101 @@
+//! What a quantized checkpoint's tensors are, read from config.json's
+//! `quantization_config` and each tensor's neighbours: a quantized weight (its format,
+//! its scale tensor, its shape and size once dequantized) or the scale of one. The
+//! inspector, `inspect` and `--json` show it; the saver's recipes (`save::dequant`,
+//! `save::mxfp4`) are what dequantizes.
+
+use super::checkpoint::{Checkpoint, TensorId};
+use crate::types::dtype::DType;
+
+/// One tensor's part in a quantized checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuantizedPart {
+    /// A quantized weight.
+    Weight {
+        /// The format, in words: `fp8 e4m3, 128×128 blocks`, `mxfp4, 32-value groups`.
+        format: String,
+        /// The tensor holding its scales.
+        scales: String,
+        /// The name and shape a dequantizing save writes it under.
+        dequantized_name: String,
+        dequantized_shape: Vec<u64>,
+    },
+    /// The scales of the quantized weight `of` (part of it, not a weight of its own).
+    Scales { of: String },
+}
+
+impl QuantizedPart {
+    /// Bytes the weight takes once dequantized to `dtype` (0 for scales).
+    pub fn dequantized_bytes(&self, dtype: DType) -> u64 {
+        match self {
+            QuantizedPart::Weight {
+                dequantized_shape, ..
+            } => dequantized_shape.iter().product::<u64>() * dtype.size(),
+            QuantizedPart::Scales { .. } => 0,
+        }
+    }
+}
+
+/// The dtype a dequantized model is loaded in: config.json's, else bfloat16 (what the
+/// FP8 and MXFP4 releases say).
+pub fn dequantized_dtype(ckpt: &Checkpoint) -> DType {
+    ckpt.config
+        .torch_dtype
+        .as_deref()
+        .and_then(DType::from_torch_name)
+        .filter(|d| matches!(d, DType::BF16 | DType::F16 | DType::F32))
+        .unwrap_or(DType::BF16)
+}
+
+/// Tensor `id`'s part in the checkpoint's quantization, if it has one.
+pub fn quantized_part(ckpt: &Checkpoint, id: TensorId) -> Option<QuantizedPart> {
+    let q = ckpt.config.quantization.as_ref()?;
+    let tensor = &ckpt.tensors()[id];
+    let name: &str = &tensor.name;
+    match q.method.as_str() {
+        "fp8" => {
+            if let Some(weight) = name.strip_suffix("_scale_inv") {
+                return ckpt.index_of(weight).map(|_| QuantizedPart::Scales {
+                    of: weight.to_owned(),
+                });
+            }
+            let format = match tensor.dtype {
+                DType::F8E4M3 => "fp8 e4m3",
+                DType::F8E5M2 => "fp8 e5m2",
+                _ => return None,
+            };
+            let scales = format!("{name}_scale_inv");
+            ckpt.index_of(&scales)?;
+            Some(QuantizedPart::Weight {
+                format: format!("{format}, {}×{} blocks", q.block.0, q.block.1),
+                scales,
+                dequantized_name: name.to_owned(),
+                dequantized_shape: tensor.shape.to_vec(),
+            })
+        }
+        "mxfp4" => {
+            if let Some(base) = name.strip_suffix("_scales") {
+                let blocks = format!("{base}_blocks");
+                return ckpt
+                    .index_of(&blocks)
+                    .map(|_| QuantizedPart::Scales { of: blocks });
+            }
+            let base = name.strip_suffix("_blocks")?;
+            let scales = format!("{base}_scales");
+            ckpt.index_of(&scales)?;
+            let dims: Vec<u64> = tensor.shape.to_vec();
+            let &[experts, rows, groups, 16] = dims.as_slice() else {
+                return None;
+            };
+            // Each expert's matrix transposed, as transformers loads it (and as
+            // `save::mxfp4` writes it): 32 values per group.
+            Some(QuantizedPart::Weight {
+                format: "mxfp4, 32-value groups".to_owned(),
+                scales,
+                dequantized_name: base.to_owned(),
+                dequantized_shape: vec![experts, groups * 32, rows],
+            })
+        }
+        _ => None,
+    }
+}
