@@ -35,7 +35,7 @@ const BAND_ELEMENTS: usize = 1 << 20;
 
 /// The buffers of one dequantizing stream at most: the band, its float32 values and its
 /// output (up to float32). A band is one row when a row is longer.
-pub const BAND_BYTES: u64 = BAND_ELEMENTS as u64 * (1 + 4 + 4);
+pub const BAND_BYTES: u64 = BAND_ELEMENTS as u64 * (1 + 4 + 4 + 4);
 
 /// The block layout of one quantized weight: its last two dimensions and the block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,50 +102,103 @@ fn table(from: DType) -> &'static [f32; 256] {
     }
 }
 
+/// An FP8 weight's block scales, read whole (a few KiB per weight), and what turns a
+/// band of its rows into float32 values: for a LoRA merge into the dequantized weight.
+pub struct Fp8Rows {
+    from: DType,
+    blocks: Fp8Blocks,
+    scales: Vec<f32>,
+}
+
+impl Fp8Rows {
+    /// Reads and checks the scales of weight `name` (`from`, `elements` FP8 values).
+    pub fn load(
+        name: &str,
+        (scale_file, scale): (&File, ByteRange),
+        blocks: Fp8Blocks,
+        from: DType,
+        elements: u64,
+    ) -> Result<Fp8Rows, CopyError> {
+        let want_scales = blocks.scale_count(elements);
+        if scale.len != want_scales * 4 || blocks.cols == 0 || blocks.rows == 0 {
+            return Err(CopyError::Io(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "`{name}_scale_inv` holds {} bytes, but {} float32 scales are needed",
+                    scale.len, want_scales
+                ),
+            )));
+        }
+        let mut raw = vec![0u8; scale.len as usize];
+        read_exact_at(scale_file, &mut raw, scale.offset)?;
+        let scales: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        if let Some(bad) = scales.iter().position(|s| !s.is_finite()) {
+            return Err(CopyError::Io(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "`{name}_scale_inv` holds {} at element {bad}: the weight cannot be dequantized",
+                    scales[bad]
+                ),
+            )));
+        }
+        Ok(Fp8Rows {
+            from,
+            blocks,
+            scales,
+        })
+    }
+
+    /// `f32(W[i, j]) × s[i / bm, j / bn]` for the whole rows in `input`, the first of
+    /// which is row `first` of the weight (counted over every matrix of it).
+    pub fn values(&self, first: u64, input: &[u8], out: &mut [f32]) {
+        let blocks = self.blocks;
+        let lut = table(self.from);
+        let (sr, sc) = blocks.grid();
+        let cols = blocks.cols as usize;
+        for (k, (band_row, out_row)) in input
+            .chunks_exact(cols)
+            .zip(out.chunks_exact_mut(cols))
+            .enumerate()
+        {
+            let r = first + k as u64;
+            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
+            let scale_row =
+                &self.scales[((matrix * sr + i / blocks.block_rows) * sc) as usize..][..sc as usize];
+            for ((block, values), s) in band_row
+                .chunks(blocks.block_cols as usize)
+                .zip(out_row.chunks_mut(blocks.block_cols as usize))
+                .zip(scale_row)
+            {
+                for (b, o) in block.iter().zip(values) {
+                    *o = lut[*b as usize] * s;
+                }
+            }
+        }
+    }
+}
+
 /// Reads weight `source` (`from`, FP8) and its scales, and hands `sink` the
 /// dequantized value converted to `to`, a band of rows at a time. `name` names the
 /// tensor in errors (a scale that is NaN, infinite or of the wrong size).
 pub fn stream(
     name: &str,
     (src, source): (&File, ByteRange),
-    (scale_file, scale): (&File, ByteRange),
+    scale: (&File, ByteRange),
     blocks: Fp8Blocks,
     (from, to): (DType, DType),
     cancel: &dyn Stop,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
     let elements = source.len;
-    let want_scales = blocks.scale_count(elements);
-    if scale.len != want_scales * 4 || blocks.cols == 0 || blocks.rows == 0 {
-        return Err(CopyError::Io(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "`{name}_scale_inv` holds {} bytes, but {} float32 scales are needed",
-                scale.len, want_scales
-            ),
-        )));
-    }
-    let mut raw = vec![0u8; scale.len as usize];
-    read_exact_at(scale_file, &mut raw, scale.offset)?;
-    let scales: Vec<f32> = raw
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    if let Some(bad) = scales.iter().position(|s| !s.is_finite()) {
-        return Err(CopyError::Io(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "`{name}_scale_inv` holds {} at element {bad}: the weight cannot be dequantized",
-                scales[bad]
-            ),
-        )));
-    }
-    let lut = table(from);
-    let (sr, sc) = blocks.grid();
+    let rows = Fp8Rows::load(name, scale, blocks, from, elements)?;
     let cols = blocks.cols as usize;
     let band_rows = (BAND_ELEMENTS / cols).max(1);
     let total_rows = elements / blocks.cols;
     let mut input = vec![0u8; band_rows * cols];
+    let mut floats = vec![0f32; band_rows * cols];
     let mut values = vec![0u8; band_rows * cols * 4];
     let mut output = vec![0u8; band_rows * cols * to.size() as usize];
     let mut row = 0u64;
@@ -161,23 +214,12 @@ pub fn stream(
             },
             e => e,
         })?;
-        for (k, band_row) in input.chunks_exact(cols).enumerate() {
-            let r = row + k as u64;
-            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
-            let scale_row =
-                &scales[((matrix * sr + i / blocks.block_rows) * sc) as usize..][..sc as usize];
-            let out = &mut values[k * cols * 4..(k + 1) * cols * 4];
-            for ((block, bytes), s) in band_row
-                .chunks(blocks.block_cols as usize)
-                .zip(out.chunks_mut(blocks.block_cols as usize * 4))
-                .zip(scale_row)
-            {
-                for (b, o) in block.iter().zip(bytes.chunks_exact_mut(4)) {
-                    o.copy_from_slice(&(lut[*b as usize] * s).to_le_bytes());
-                }
-            }
+        let floats = &mut floats[..n * cols];
+        rows.values(row, input, floats);
+        let values = &mut values[..n * cols * 4];
+        for (v, o) in floats.iter().zip(values.chunks_exact_mut(4)) {
+            o.copy_from_slice(&v.to_le_bytes());
         }
-        let values = &values[..n * cols * 4];
         if to == DType::F32 {
             sink(values).map_err(CopyError::Io)?;
         } else {
