@@ -2,7 +2,8 @@
 //! tests/python/fp8_dequant.py): bit-exact with DeepSeek's formula for every output
 //! dtype, with transformers' `Fp8Dequantize` where blocks divide the weights,
 //! `from_pretrained(OUT)` loads with no missing or unexpected key and the reference
-//! logits. Ignored by a bare `cargo test`; `.ci/run` runs it with `--include-ignored`.
+//! logits; a LoRA adapter made on the dequantized model merges bit-identically with
+//! peft's `merge_and_unload` + `save_pretrained`. Ignored by a bare `cargo test`; `.ci/run` runs it with `--include-ignored`.
 
 mod common;
 
@@ -16,6 +17,10 @@ fn fp8_checkpoints_dequantize_bit_exact_with_torch_and_transformers() {
         out.matches("(and with transformers' Fp8Dequantize)")
             .count(),
         3,
+        "{out}"
+    );
+    assert!(
+        out.contains("ok: LoRA merged into 6 dequantized FP8 weights"),
         "{out}"
     );
 }

@@ -165,8 +165,8 @@ impl Fp8Rows {
         {
             let r = first + k as u64;
             let (matrix, i) = (r / blocks.rows, r % blocks.rows);
-            let scale_row =
-                &self.scales[((matrix * sr + i / blocks.block_rows) * sc) as usize..][..sc as usize];
+            let scale_row = &self.scales[((matrix * sr + i / blocks.block_rows) * sc) as usize..]
+                [..sc as usize];
             for ((block, values), s) in band_row
                 .chunks(blocks.block_cols as usize)
                 .zip(out_row.chunks_mut(blocks.block_cols as usize))

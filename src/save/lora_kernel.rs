@@ -98,6 +98,9 @@ pub struct MergeInput<'a> {
     pub dtypes: (DType, DType),
     pub open: &'a (dyn Fn(FileId) -> io::Result<File> + Sync),
     pub cancel: &'a (dyn Stop + Sync),
+    /// For an FP8 weight (`dtypes.0`): its block scales. The weight is dequantized and
+    /// rounded to `dtypes.1` first — what transformers loads — and merged in that dtype.
+    pub dequant: Option<&'a super::dequant::Fp8Rows>,
 }
 
 /// Streams the merged value of `input`'s tensor, converted to its output dtype, into
@@ -188,8 +191,12 @@ fn stream_rows(
         dtypes: (from, to),
         open,
         cancel,
+        dequant,
         ..
     } = input;
+    // The dtype the merge works in: the stored one, or for an FP8 weight the one it
+    // is dequantized to.
+    let work = if dequant.is_some() { to } else { from };
     let steps: Vec<Loaded> = ckpt
         .merges_of(id)
         .iter()
@@ -217,18 +224,29 @@ fn stream_rows(
             let bytes = at_least(raw, n * cols * size);
             read_exact_at(src, bytes, offset + (row * cols * size) as u64)?;
             let block = at_least(values, n * cols);
-            widen(from, bytes, block);
+            let base: &mut [u8] = if let Some(fp8) = dequant {
+                fp8.values(row as u64, bytes, block);
+                for v in block.iter_mut() {
+                    *v = round_to(work, *v);
+                }
+                let base = at_least(out, n * cols * work.size() as usize);
+                narrow(work, block, base);
+                base
+            } else {
+                widen(from, bytes, block);
+                bytes
+            };
             for step in &steps {
                 for (i, w) in block.chunks_exact_mut(cols.max(1)).enumerate() {
-                    apply(step, row + i, w, scratch, from);
+                    apply(step, row + i, w, scratch, work);
                 }
             }
             if !allow_nonfinite {
-                refuse_overflow(ckpt, id, (from, to), bytes, block, row * cols)?;
+                refuse_overflow(ckpt, id, (work, to), base, block, row * cols)?;
             }
-            narrow(from, block, bytes);
-            if to == from {
-                sink(bytes).map_err(CopyError::Io)?;
+            narrow(work, block, base);
+            if to == work {
+                sink(base).map_err(CopyError::Io)?;
             } else {
                 let converted = at_least(out, n * cols * to.size() as usize);
                 super::cast::cast(from, to, bytes, converted);
@@ -610,6 +628,15 @@ fn narrow(dtype: DType, values: &[f32], out: &mut [u8]) {
 /// `x` rounded to bfloat16 (to nearest, ties to even, as torch's conversion) and
 /// back, on the bits: branch-free but for NaN, so the loops around it vectorise.
 #[inline]
+/// `x` rounded to `dtype` as torch's `.to()` rounds (held as f32).
+fn round_to(dtype: DType, x: f32) -> f32 {
+    match dtype {
+        DType::BF16 => round_bf16(x),
+        DType::F16 => f16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
 fn round_bf16(x: f32) -> f32 {
     let bits = x.to_bits();
     if x.is_nan() {

@@ -39,6 +39,17 @@ pub enum Recipe {
         scale: ByteRange,
         blocks: crate::save::dequant::Fp8Blocks,
     },
+    /// An FP8 weight dequantized as [`Recipe::Dequant`] does — rounded to `to`, the
+    /// dtype transformers loads the dequantized model in — with the checkpoint's LoRA
+    /// merges applied to that, as peft merges into the loaded model (see
+    /// `save::lora_kernel`).
+    DequantMerge {
+        source: ByteRange,
+        from: DType,
+        to: DType,
+        scale: ByteRange,
+        blocks: crate::save::dequant::Fp8Blocks,
+    },
     /// An MXFP4 experts weight (`P_blocks`, with its `P_scales`), dequantized and
     /// transposed per expert as transformers loads it, in `to` (see `save::mxfp4`).
     /// Written under the name `P` and the shape [`Mxfp4Layout::shape`].
@@ -61,6 +72,9 @@ impl Recipe {
             | Recipe::Merge { source, from, to }
             | Recipe::Dequant {
                 source, from, to, ..
+            }
+            | Recipe::DequantMerge {
+                source, from, to, ..
             } => source.len / from.size() * to.size(),
             Recipe::Mxfp4 { layout, to, .. } => layout.elements() * to.size(),
         }
@@ -73,6 +87,7 @@ impl Recipe {
             | Recipe::Cast { source: range, .. }
             | Recipe::Merge { source: range, .. }
             | Recipe::Dequant { source: range, .. }
+            | Recipe::DequantMerge { source: range, .. }
             | Recipe::Mxfp4 { blocks: range, .. } => *range,
         }
     }

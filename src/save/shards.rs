@@ -167,21 +167,28 @@ fn dequantized(
             scale.dtype, block.0, block.1
         ));
     }
-    if !ckpt.merges_of(id).is_empty() {
-        return Err(
-            "is an FP8 weight a LoRA adapter merges into; devmap does not merge into quantized weights yet (merge after saving it dequantized)".to_owned(),
-        );
-    }
     let (Some(source), Some(scale_range)) = (ckpt.data_range(id), ckpt.data_range(scale_id)) else {
         return Err("or its scale has no data to read".to_owned());
     };
-    Ok(Dequantized::Written(Recipe::Dequant {
-        source,
-        from: tensor.dtype,
-        to,
-        scale: scale_range,
-        blocks,
-    }))
+    // A LoRA adapter merges into the dequantized weight, as peft merges into the
+    // model transformers loads dequantized.
+    if ckpt.merges_of(id).is_empty() {
+        Ok(Dequantized::Written(Recipe::Dequant {
+            source,
+            from: tensor.dtype,
+            to,
+            scale: scale_range,
+            blocks,
+        }))
+    } else {
+        Ok(Dequantized::Written(Recipe::DequantMerge {
+            source,
+            from: tensor.dtype,
+            to,
+            scale: scale_range,
+            blocks,
+        }))
+    }
 }
 
 /// How an MXFP4 save treats tensor `id`: `P_blocks` (U8 `[E, rows, G, 16]`) is
@@ -505,7 +512,7 @@ impl SavePlan {
     /// How many tensors the save computes through a LoRA merge.
     pub fn merged_count(&self) -> usize {
         self.planned()
-            .filter(|t| matches!(t.recipe, Recipe::Merge { .. }))
+            .filter(|t| matches!(t.recipe, Recipe::Merge { .. } | Recipe::DequantMerge { .. }))
             .count()
     }
 
@@ -526,7 +533,9 @@ impl SavePlan {
         }
         let largest_scales = recipes()
             .filter_map(|(_, r)| match r {
-                Recipe::Dequant { scale, .. } => Some(scale.len),
+                Recipe::Dequant { scale, .. } | Recipe::DequantMerge { scale, .. } => {
+                    Some(scale.len)
+                }
                 _ => None,
             })
             .max();
@@ -548,7 +557,7 @@ impl SavePlan {
                 .push("one expert's MXFP4 bytes and a band of rows per dequantizing writer");
         }
         let largest_pair = recipes()
-            .filter(|(_, r)| matches!(r, Recipe::Merge { .. }))
+            .filter(|(_, r)| matches!(r, Recipe::Merge { .. } | Recipe::DequantMerge { .. }))
             .map(|(id, _)| {
                 ckpt.merges_of(id)
                     .iter()
@@ -746,6 +755,14 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                             why,
                         }),
                     }
+                } else if !matches!(tensor.dtype, DType::F32 | DType::F16 | DType::BF16) {
+                    problems.push(Unsaveable::NoRecipe {
+                        tensor: tensor.name.to_string(),
+                        why: format!(
+                            "is {} and a LoRA adapter merges into it: the merge works on the dequantized weight, so save with --dtype bfloat16 (or float16, float32)",
+                            tensor.dtype
+                        ),
+                    });
                 } else {
                     chosen.push((
                         id,
@@ -797,6 +814,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                         Recipe::Cast { to, .. }
                         | Recipe::Merge { to, .. }
                         | Recipe::Dequant { to, .. }
+                        | Recipe::DequantMerge { to, .. }
                         | Recipe::Mxfp4 { to, .. } => to,
                         Recipe::Copy(_) => ckpt.tensors()[id].dtype,
                     },

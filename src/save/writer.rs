@@ -232,7 +232,30 @@ impl ShardWriter<'_> {
                     from: from_dtype,
                     to: to_dtype,
                     ..
+                }
+                | Recipe::DequantMerge {
+                    from: from_dtype,
+                    to: to_dtype,
+                    ..
                 } => {
+                    // An FP8 weight's scales, for a merge into its dequantized value.
+                    let dequant = match t.recipe {
+                        Recipe::DequantMerge { scale, blocks, .. } => Some(
+                            open_source(ckpt, scale.file)
+                                .map_err(CopyError::Io)
+                                .and_then(|scale_file| {
+                                    super::dequant::Fp8Rows::load(
+                                        &ckpt.tensors()[t.tensor].name,
+                                        (&scale_file, scale),
+                                        blocks,
+                                        from_dtype,
+                                        source.len,
+                                    )
+                                }),
+                        )
+                        .transpose(),
+                        _ => Ok(None),
+                    };
                     // The merge is arithmetic, not I/O: a big tensor's rows are split
                     // among the cores (each part written in place).
                     let threads = if source.len >= PARALLEL_MERGE_BYTES {
@@ -240,20 +263,23 @@ impl ShardWriter<'_> {
                     } else {
                         1
                     };
-                    super::lora_kernel::write_in_parallel(
-                        super::lora_kernel::MergeInput {
-                            ckpt,
-                            id: t.tensor,
-                            src: from,
-                            len: source.len,
-                            dtypes: (from_dtype, to_dtype),
-                            open: &|file| open_source(ckpt, file),
-                            cancel: &stop,
-                        },
-                        to,
-                        threads,
-                    )
-                    .map(&mut report)
+                    dequant.and_then(|dequant| {
+                        super::lora_kernel::write_in_parallel(
+                            super::lora_kernel::MergeInput {
+                                ckpt,
+                                id: t.tensor,
+                                src: from,
+                                len: source.len,
+                                dtypes: (from_dtype, to_dtype),
+                                open: &|file| open_source(ckpt, file),
+                                cancel: &stop,
+                                dequant: dequant.as_ref(),
+                            },
+                            to,
+                            threads,
+                        )
+                        .map(&mut report)
+                    })
                 }
                 Recipe::Mxfp4 {
                     blocks,

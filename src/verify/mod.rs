@@ -220,7 +220,7 @@ pub fn verify(
                     Recipe::Cast { from, to, .. } => {
                         format!("the bytes differ from the source's {from} values cast to {to}")
                     }
-                    Recipe::Merge { .. } => {
+                    Recipe::Merge { .. } | Recipe::DequantMerge { .. } => {
                         "the bytes differ from the source's value with the LoRA merges applied"
                             .to_owned()
                     }
@@ -438,21 +438,42 @@ fn hash_expected(
                         &mut feed,
                     )
                 }),
-            Recipe::Merge { from, to, .. } => crate::save::lora_kernel::stream(
-                crate::save::lora_kernel::MergeInput {
-                    ckpt: expected.ckpt,
-                    id: p.tensor,
-                    src: at,
-                    len: source.len,
-                    dtypes: (from, to),
-                    open: &|id| {
-                        crate::formats::input::open_regular(expected.ckpt.file_path(id))
-                            .map_err(std::io::Error::other)
-                    },
-                    cancel: &progress.cancel,
-                },
-                &mut feed,
-            ),
+            Recipe::Merge { from, to, .. } | Recipe::DequantMerge { from, to, .. } => {
+                let open = |id| {
+                    crate::formats::input::open_regular(expected.ckpt.file_path(id))
+                        .map_err(std::io::Error::other)
+                };
+                let dequant = match p.recipe {
+                    Recipe::DequantMerge { scale, blocks, .. } => open(scale.file)
+                        .map_err(CopyError::Io)
+                        .and_then(|scale_file| {
+                            crate::save::dequant::Fp8Rows::load(
+                                expected.name(p),
+                                (&scale_file, scale),
+                                blocks,
+                                from,
+                                source.len,
+                            )
+                        })
+                        .map(Some),
+                    _ => Ok(None),
+                };
+                dequant.and_then(|dequant| {
+                    crate::save::lora_kernel::stream(
+                        crate::save::lora_kernel::MergeInput {
+                            ckpt: expected.ckpt,
+                            id: p.tensor,
+                            src: at,
+                            len: source.len,
+                            dtypes: (from, to),
+                            open: &open,
+                            cancel: &progress.cancel,
+                            dequant: dequant.as_ref(),
+                        },
+                        &mut feed,
+                    )
+                })
+            }
         };
         let outcome = read.map(|()| digester.finish().hash);
         let what = format!("its source in {} cannot be read", crate::text::path(path));

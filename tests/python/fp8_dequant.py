@@ -24,7 +24,8 @@ import tempfile
 import torch
 from safetensors.torch import save_file
 from saved import tensors as read_tensors
-from transformers import AutoModelForCausalLM, LlamaConfig
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, FineGrainedFP8Config, LlamaConfig
 from transformers.integrations.finegrained_fp8 import Fp8Dequantize
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -152,11 +153,66 @@ def check(devmap, work, block, hidden, intermediate, divides):
     return failures
 
 
+def check_lora(devmap, work):
+    """A LoRA adapter trained on the dequantized model (peft over what transformers loads
+    with `FineGrainedFP8Config(dequantize=True)`), merged: devmap's `--dtype bfloat16
+    --merge-lora` must equal peft's `merge_and_unload()` + `save_pretrained` bit for
+    bit; without a float --dtype the merge is refused."""
+    src = os.path.join(work, "fp8-lora-base")
+    make(src, (16, 16), 64, 96)
+    load = lambda: AutoModelForCausalLM.from_pretrained(
+        src, quantization_config=FineGrainedFP8Config(dequantize=True), dtype=torch.bfloat16)
+    peft_model = get_peft_model(load(), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                   target_modules=["q_proj", "v_proj", "down_proj"]))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_" in n:
+                p.copy_((torch.randn(p.shape, generator=g) * 0.2).to(p.dtype))
+    adapter = os.path.join(work, "fp8-lora-adapter")
+    peft_model.save_pretrained(adapter)
+    merged = PeftModel.from_pretrained(load(), adapter).merge_and_unload()
+    ref = os.path.join(work, "fp8-lora-peft")
+    merged.save_pretrained(ref)
+    ids = torch.tensor([[1, 5, 9, 17, 33]])
+    with torch.no_grad():
+        ref_logits = merged(ids).logits
+    out = os.path.join(work, "fp8-lora-devmap")
+    r = run([devmap, "save", src, "--out", out, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet"])
+    if r.returncode != 0:
+        return [f"--merge-lora into FP8: save failed: {r.stderr}"]
+    ours, theirs = read_tensors(out), read_tensors(ref)
+    failures = []
+    if sorted(ours) != sorted(theirs):
+        failures.append(f"--merge-lora into FP8: names differ: {sorted(set(ours) ^ set(theirs))}")
+    changed = 0
+    for k in theirs:
+        if k in ours and not torch.equal(bits(ours[k]), bits(theirs[k])):
+            failures.append(f"--merge-lora into FP8: {k} differs from peft's merge")
+        changed += int(any(t in k for t in ("q_proj", "v_proj", "down_proj")))
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+    with torch.no_grad():
+        if not torch.equal(model(ids).logits, ref_logits):
+            failures.append("--merge-lora into FP8: logits differ from peft's merged model")
+    r = run([devmap, "verify", out, "--against", src, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet"])
+    if r.returncode != 0:
+        failures.append(f"--merge-lora into FP8: verify --against: {r.stdout[-600:]}")
+    kept = os.path.join(work, "fp8-lora-keep")
+    r = run([devmap, "save", src, "--out", kept, "--dtype", "keep", "--merge-lora", adapter])
+    if r.returncode == 0 or "the merge works on the dequantized weight" not in r.stderr or os.path.exists(kept):
+        failures.append(f"--merge-lora into FP8 with --dtype keep must be refused: {r.stderr}")
+    if not failures:
+        print(f"ok: LoRA merged into {changed} dequantized FP8 weights (one layer E5M2): bit-identical with peft's "
+              "merge_and_unload + save_pretrained, logits equal, verify clean; refused without a float --dtype")
+    return failures
+
+
 def main(devmap):
     work = tempfile.mkdtemp(prefix="devmap-fp8-")
     failures = []
     failures += check(devmap, work, (16, 16), 64, 96, True)
     failures += check(devmap, work, (16, 32), 40, 72, False)
+    failures += check_lora(devmap, work)
     if failures:
         print("\n".join("FAIL: " + f for f in failures))
         sys.exit(1)

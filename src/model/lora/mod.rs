@@ -140,16 +140,27 @@ fn lora_scale(alpha: f64, rank: u64, use_rslora: bool) -> f32 {
     }
 }
 
-/// Refuses merging into a weight devmap cannot merge into (only float32, float16 and
-/// bfloat16 ones).
-fn mergeable(name: &str, dtype: DType) -> Result<(), String> {
-    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+/// Refuses merging into a weight devmap cannot merge into: float32, float16 and
+/// bfloat16 ones, and the FP8 weights of a fine-grained FP8 checkpoint (merged into
+/// their dequantized value, so only by a save that dequantizes).
+fn mergeable(fp8: bool, name: &str, dtype: DType) -> Result<(), String> {
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+        || (fp8 && matches!(dtype, DType::F8E4M3 | DType::F8E5M2))
+    {
         Ok(())
     } else {
         Err(format!(
-            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights"
+            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8 weights dequantized"
         ))
     }
+}
+
+/// Whether the checkpoint is fine-grained FP8 (`quant_method: fp8`).
+fn is_fp8(ckpt: &Checkpoint) -> bool {
+    ckpt.config
+        .quantization
+        .as_ref()
+        .is_some_and(|q| q.method == "fp8")
 }
 
 /// One LoRA pair on a fused experts parameter, with what its steps carry.
@@ -188,7 +199,7 @@ fn merge_into_experts(
     let mut names = Vec::with_capacity(targets.len());
     for target in targets {
         let tensor = &ckpt.tensors()[target.id];
-        mergeable(&tensor.name, tensor.dtype)?;
+        mergeable(is_fp8(ckpt), &tensor.name, tensor.dtype)?;
         names.push(tensor.name.to_string());
         let holder = ckpt
             .tie_group(target.id)
@@ -388,7 +399,8 @@ pub fn apply_adapter_with(
             ));
         };
         let base = &ckpt.tensors()[id];
-        mergeable(&weight, base.dtype).map_err(|message| key_error(&a_key.0, message))?;
+        mergeable(is_fp8(ckpt), &weight, base.dtype)
+            .map_err(|message| key_error(&a_key.0, message))?;
         let (Some(ma), Some(mb)) = (matrix(&a_key.1), matrix(&b_key.1)) else {
             return Err(key_error(&a_key.0, "A and B must be matrices".into()));
         };
