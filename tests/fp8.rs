@@ -181,7 +181,7 @@ fn what_cannot_be_dequantized_is_refused_by_name() {
     );
     refused(
         &fp8_case("compressed-tensors", None),
-        "quantization_config is `compressed-tensors`",
+        "quantization_config is compressed-tensors in the `(unnamed)` format",
     );
     // A scale grid of the wrong shape for the config's blocks.
     let case = fp8_case("fp8", None);
@@ -205,7 +205,7 @@ fn what_cannot_be_dequantized_is_refused_by_name() {
     let case = fp8_case("fp8", Some(vec![0.5, f32::NAN, 1.0, 1.0, 1.0, 1.0]));
     refused(
         &case,
-        "`model.layers.0.mlp.down_proj.weight_scale_inv` holds NaN at element 1",
+        "the scales of `model.layers.0.mlp.down_proj.weight` hold NaN at element 1",
     );
 }
 
@@ -439,4 +439,64 @@ fn mxfp4_that_cannot_be_dequantized_is_refused_by_name() {
             .tensor("model.layers.0.mlp.experts.gate_up_proj_blocks")
             .is_ok()
     );
+}
+
+/// compressed-tensors `float-quantized`: a per-row bfloat16 `weight_scale`, multiplied
+/// in bfloat16 (compressed-tensors' `dequantize` computes in the scale's dtype), then
+/// widened to float32; the scale dropped.
+#[test]
+fn compressed_tensors_fp8_multiplies_in_the_scale_dtype() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir");
+    let weight: Vec<u8> = (0..ROWS * COLS)
+        .map(|i| {
+            let b = (i * 37 % 256) as u8;
+            if b & 0x7f == 0x7f { 0x3c } else { b }
+        })
+        .collect();
+    // bfloat16 scales with all 8 bits of mantissa in use, so the product needs rounding.
+    let scales: Vec<u16> = (0..ROWS).map(|r| 0x3f81 + r as u16 * 37).collect();
+    let w = FixtureTensor {
+        name: "model.layers.0.mlp.down_proj.weight".into(),
+        dtype: DType::F8E4M3,
+        shape: vec![ROWS, COLS],
+        data: weight.clone(),
+    };
+    let s = FixtureTensor {
+        name: "model.layers.0.mlp.down_proj.weight_scale".into(),
+        dtype: DType::BF16,
+        shape: vec![ROWS, 1],
+        data: scales.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    };
+    write_safetensors(&src.join("model.safetensors"), &[&w, &s]).expect("weights");
+    write_json(
+        &src.join("config.json"),
+        &serde_json::json!({
+            "architectures": ["ToyForCausalLM"],
+            "dtype": "bfloat16",
+            "quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized"},
+        }),
+    )
+    .expect("config");
+    let out = tmp.path().join("out");
+    let o = common::save(&src, &out, &["--dtype", "float32"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let st = read(&out);
+    assert!(
+        st.tensor("model.layers.0.mlp.down_proj.weight_scale")
+            .is_err()
+    );
+    let got = st
+        .tensor("model.layers.0.mlp.down_proj.weight")
+        .expect("weight");
+    for (i, b) in got.data().chunks_exact(4).enumerate() {
+        let have = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let scale = f32::from_bits(u32::from(scales[i / COLS as usize]) << 16);
+        let product = e4m3(weight[i]) * scale;
+        // Rounded to bfloat16 (to nearest, ties to even), as torch multiplies bfloat16.
+        let bits = product.to_bits();
+        let want = f32::from_bits(bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000);
+        assert_eq!(have.to_bits(), want.to_bits(), "element {i}: {product}");
+    }
 }

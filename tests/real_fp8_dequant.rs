@@ -37,3 +37,24 @@ fn mxfp4_checkpoints_dequantize_bit_exact_with_transformers() {
     assert!(ok, "MXFP4 dequantization check failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: mxfp4 to ").count(), 3, "{out}");
 }
+
+/// compressed-tensors `float-quantized` FP8 against transformers with the
+/// compressed-tensors library (tests/python/compressed_fp8.py): per-tensor and
+/// per-channel scales, stored in bfloat16 and float32, to bfloat16, float16 and float32:
+/// bit-identical with transformers' dequantized save, logits equal, verify clean; a
+/// `pack-quantized` config refused.
+#[test]
+#[ignore = "needs torch, transformers, compressed-tensors: run .ci/run"]
+fn compressed_tensors_fp8_dequantizes_bit_exact_with_transformers() {
+    let (ok, out, err) = common::run_hf_script("compressed_fp8.py");
+    assert!(ok, "compressed-tensors check failed:\n{out}\n{err}");
+    assert_eq!(
+        out.matches("ok: compressed-tensors FP8,").count(),
+        12,
+        "{out}"
+    );
+    assert!(
+        out.contains("ok: a pack-quantized config is refused"),
+        "{out}"
+    );
+}

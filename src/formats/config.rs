@@ -30,6 +30,9 @@ pub struct Quantization {
     pub method: String,
     /// `weight_block_size` for fine-grained FP8 (transformers' default: 128 × 128).
     pub block: (u64, u64),
+    /// compressed-tensors' `format` (`float-quantized`, `pack-quantized`, …): the
+    /// config's own, else its first config group's.
+    pub format: Option<String>,
 }
 
 fn quantization(root: &serde_json::Map<String, Value>) -> Option<Quantization> {
@@ -44,7 +47,21 @@ fn quantization(root: &serde_json::Map<String, Value>) -> Option<Quantization> {
         .and_then(Value::as_array)
         .and_then(|b| Some((b.first()?.as_u64()?, b.get(1)?.as_u64()?)))
         .unwrap_or((128, 128));
-    Some(Quantization { method, block })
+    let format = q
+        .get("format")
+        .and_then(Value::as_str)
+        .or_else(|| {
+            q.get("config_groups")?
+                .as_object()?
+                .values()
+                .find_map(|g| g.get("format")?.as_str())
+        })
+        .map(str::to_owned);
+    Some(Quantization {
+        method,
+        block,
+        format,
+    })
 }
 
 /// `text` (a config.json) without its top-level `key` and that key's value; every

@@ -425,9 +425,15 @@ impl Checkpoint {
         let method = match q.method.as_str() {
             "fp8" => format!("fp8, {}×{} blocks", q.block.0, q.block.1),
             "mxfp4" => "mxfp4".to_owned(),
+            "compressed-tensors" if q.format.as_deref() == Some("float-quantized") => {
+                "compressed-tensors float-quantized".to_owned()
+            }
             other => {
                 return Some(format!(
-                    "{other} (devmap copies it as stored; it dequantizes fine-grained FP8 and MXFP4)"
+                    "{other}{} (devmap copies it as stored; it dequantizes fine-grained FP8, MXFP4 and compressed-tensors float-quantized)",
+                    q.format
+                        .as_deref()
+                        .map_or_else(String::new, |f| format!(" `{f}`"))
                 ));
             }
         };

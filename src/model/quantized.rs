@@ -73,6 +73,38 @@ pub fn quantized_part(ckpt: &Checkpoint, id: TensorId) -> Option<QuantizedPart> 
                 dequantized_shape: tensor.shape.to_vec(),
             })
         }
+        "compressed-tensors" if q.format.as_deref() == Some("float-quantized") => {
+            for companion in [".weight_scale", ".input_scale"] {
+                if let Some(module) = name.strip_suffix(companion) {
+                    let weight = format!("{module}.weight");
+                    return ckpt
+                        .index_of(&weight)
+                        .map(|_| QuantizedPart::Scales { of: weight });
+                }
+            }
+            let format = match tensor.dtype {
+                DType::F8E4M3 => "fp8 e4m3",
+                DType::F8E5M2 => "fp8 e5m2",
+                _ => return None,
+            };
+            let module = name.strip_suffix(".weight")?;
+            let scales = format!("{module}.weight_scale");
+            let scale = ckpt.tensor(&scales)?;
+            let per = if scale.shape.iter().product::<u64>() == 1 {
+                "tensor"
+            } else {
+                "row"
+            };
+            Some(QuantizedPart::Weight {
+                format: format!(
+                    "{format}, compressed-tensors, a {} scale per {per}",
+                    scale.dtype
+                ),
+                scales,
+                dequantized_name: name.to_owned(),
+                dequantized_shape: tensor.shape.to_vec(),
+            })
+        }
         "mxfp4" => {
             if let Some(base) = name.strip_suffix("_scales") {
                 let blocks = format!("{base}_blocks");

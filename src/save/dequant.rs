@@ -46,6 +46,9 @@ pub struct Fp8Blocks {
     pub cols: u64,
     pub block_rows: u64,
     pub block_cols: u64,
+    /// The scales' dtype: float32 for fine-grained FP8; compressed-tensors stores them
+    /// in bfloat16 (or float16, float32), and multiplies in that dtype.
+    pub scale_dtype: DType,
 }
 
 impl Fp8Blocks {
@@ -120,26 +123,35 @@ impl Fp8Rows {
         elements: u64,
     ) -> Result<Fp8Rows, CopyError> {
         let want_scales = blocks.scale_count(elements);
-        if scale.len != want_scales * 4 || blocks.cols == 0 || blocks.rows == 0 {
+        let size = blocks.scale_dtype.size();
+        if scale.len != want_scales * size || blocks.cols == 0 || blocks.rows == 0 {
             return Err(CopyError::Io(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "`{name}_scale_inv` holds {} bytes, but {} float32 scales are needed",
-                    scale.len, want_scales
+                    "the scales of `{name}` hold {} bytes, but {} {} scales are needed",
+                    scale.len, want_scales, blocks.scale_dtype
                 ),
             )));
         }
         let mut raw = vec![0u8; scale.len as usize];
         read_exact_at(scale_file, &mut raw, scale.offset)?;
-        let scales: Vec<f32> = raw
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let mut scales = vec![0f32; want_scales as usize];
+        if blocks.scale_dtype == DType::F32 {
+            for (s, b) in scales.iter_mut().zip(raw.chunks_exact(4)) {
+                *s = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        } else {
+            let mut wide = vec![0u8; scales.len() * 4];
+            super::cast::cast(blocks.scale_dtype, DType::F32, &raw, &mut wide);
+            for (s, b) in scales.iter_mut().zip(wide.chunks_exact(4)) {
+                *s = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
         if let Some(bad) = scales.iter().position(|s| !s.is_finite()) {
             return Err(CopyError::Io(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "`{name}_scale_inv` holds {} at element {bad}: the weight cannot be dequantized",
+                    "the scales of `{name}` hold {} at element {bad}: the weight cannot be dequantized",
                     scales[bad]
                 ),
             )));
@@ -177,7 +189,32 @@ impl Fp8Rows {
                 }
             }
         }
+        // compressed-tensors multiplies in the scales' dtype: the product is rounded
+        // to it before any cast to the output's.
+        match self.blocks.scale_dtype {
+            DType::BF16 => {
+                for v in out.iter_mut() {
+                    *v = round_bf16(*v);
+                }
+            }
+            DType::F16 => {
+                for v in out.iter_mut() {
+                    *v = half::f16::from_f32(*v).to_f32();
+                }
+            }
+            _ => {}
+        }
     }
+}
+
+/// `x` rounded to bfloat16 as torch rounds (to nearest, ties to even; NaN to its one
+/// quiet NaN), held as f32.
+fn round_bf16(x: f32) -> f32 {
+    if x.is_nan() {
+        return f32::from_bits(0x7FC0_0000);
+    }
+    let bits = x.to_bits();
+    f32::from_bits(bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000)
 }
 
 /// Reads weight `source` (`from`, FP8) and its scales, and hands `sink` the
@@ -260,6 +297,7 @@ mod tests {
             cols: 136,
             block_rows: 128,
             block_cols: 128,
+            scale_dtype: DType::F32,
         };
         assert_eq!(b.grid(), (2, 2));
         assert_eq!(b.scale_count(200 * 136 * 3), 12);

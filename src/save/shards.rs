@@ -108,6 +108,8 @@ enum Dequantize {
     Fp8((u64, u64), DType),
     /// MXFP4 experts, to this dtype.
     Mxfp4(DType),
+    /// compressed-tensors `float-quantized` FP8, to this dtype.
+    CompressedFp8(DType),
 }
 
 /// What a dequantizing save does with one tensor.
@@ -156,6 +158,7 @@ fn dequantized(
         cols: dims[dims.len() - 1],
         block_rows: block.0,
         block_cols: block.1,
+        scale_dtype: DType::F32,
     };
     let (sr, sc) = blocks.grid();
     let mut want: Vec<u64> = dims[..dims.len() - 2].to_vec();
@@ -189,6 +192,105 @@ fn dequantized(
             blocks,
         }))
     }
+}
+
+/// What a compressed-tensors checkpoint keeps beside a quantized module's weight: its
+/// scales and zero points (the activations' too); a dequantized model has none.
+const COMPRESSED_COMPANIONS: [&str; 5] = [
+    ".weight_scale",
+    ".weight_zero_point",
+    ".input_scale",
+    ".input_zero_point",
+    ".output_scale",
+];
+
+/// How a compressed-tensors `float-quantized` save treats tensor `id`: an FP8 weight
+/// `M.weight` with `M.weight_scale` of one value (the `tensor` strategy) or one per row
+/// (`channel`) is written dequantized — each element times its scale, multiplied in
+/// the scale's dtype, as compressed-tensors' `dequantize` does, then converted to `to`
+/// — and its companions are dropped. Asymmetric weights (a zero point) and other
+/// strategies (groups, blocks) are refused by name.
+fn dequantized_compressed(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    to: DType,
+) -> Result<Dequantized, String> {
+    let tensor = &ckpt.tensors()[id];
+    if let Some(companion) = COMPRESSED_COMPANIONS
+        .iter()
+        .find(|c| tensor.name.ends_with(*c))
+    {
+        let module = &tensor.name[..tensor.name.len() - companion.len()];
+        let weight = ckpt.index_of(&format!("{module}.weight"));
+        if weight.is_some_and(|w| matches!(ckpt.tensors()[w].dtype, DType::F8E4M3 | DType::F8E5M2))
+        {
+            if *companion == ".weight_zero_point" {
+                return Err(format!(
+                    "is a zero point: `{module}.weight` is quantized asymmetrically, which devmap does not dequantize"
+                ));
+            }
+            return Ok(Dequantized::Dropped);
+        }
+        return Ok(Dequantized::NotFp8);
+    }
+    if !matches!(tensor.dtype, DType::F8E4M3 | DType::F8E5M2) {
+        return Ok(Dequantized::NotFp8);
+    }
+    let Some(module) = tensor.name.strip_suffix(".weight") else {
+        return Err(format!("is {} but not a module's `weight`", tensor.dtype));
+    };
+    let scale_name = format!("{module}.weight_scale");
+    let Some(scale_id) = ckpt.index_of(&scale_name) else {
+        return Err(format!(
+            "is {}, but there is no `{scale_name}` beside it to dequantize it with",
+            tensor.dtype
+        ));
+    };
+    let scale = &ckpt.tensors()[scale_id];
+    let &[rows, cols] = tensor.shape.to_vec().as_slice() else {
+        return Err(format!(
+            "is {} with {} dimensions; compressed-tensors FP8 weights are matrices",
+            tensor.dtype,
+            tensor.shape.len()
+        ));
+    };
+    let scales: Vec<u64> = scale.shape.to_vec();
+    let block = match scales.as_slice() {
+        [] | [1] | [1, 1] => (rows, cols),
+        [r, 1] if *r == rows => (1, cols),
+        other => {
+            return Err(format!(
+                "has a `{scale_name}` of shape {other:?}: devmap dequantizes one scale per tensor or per row ([1] or [{rows}, 1]), not groups or blocks"
+            ));
+        }
+    };
+    if !matches!(scale.dtype, DType::F32 | DType::BF16 | DType::F16) {
+        return Err(format!(
+            "has a `{scale_name}` of {}, not a float",
+            scale.dtype
+        ));
+    }
+    if !ckpt.merges_of(id).is_empty() {
+        return Err(
+            "is a compressed-tensors FP8 weight a LoRA adapter merges into; devmap does not merge into it yet (merge after saving it dequantized)".to_owned(),
+        );
+    }
+    let (Some(source), Some(scale_range)) = (ckpt.data_range(id), ckpt.data_range(scale_id)) else {
+        return Err("or its scale has no data to read".to_owned());
+    };
+    Ok(Dequantized::Written(Recipe::Dequant {
+        source,
+        from: tensor.dtype,
+        to,
+        scale: scale_range,
+        blocks: super::dequant::Fp8Blocks {
+            rows,
+            cols,
+            block_rows: block.0,
+            block_cols: block.1,
+            scale_dtype: scale.dtype,
+        },
+    }))
 }
 
 /// How an MXFP4 save treats tensor `id`: `P_blocks` (U8 `[E, rows, G, 16]`) is
@@ -669,6 +771,21 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             Some(Dequantize::Fp8(q.block, to))
         }
         (Some(q), DtypeChoice::To(to)) if q.method == "mxfp4" => Some(Dequantize::Mxfp4(to)),
+        (Some(q), DtypeChoice::To(to))
+            if q.method == "compressed-tensors"
+                && q.format.as_deref() == Some("float-quantized") =>
+        {
+            Some(Dequantize::CompressedFp8(to))
+        }
+        (Some(q), DtypeChoice::To(to)) if q.method == "compressed-tensors" => {
+            problems.push(Unsaveable::Quantization(format!(
+                "config.json's quantization_config is compressed-tensors in the `{}` format, which devmap does not dequantize (it dequantizes `float-quantized`: FP8 weights with per-tensor or per-channel scales); --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy it as it is",
+                q.format.as_deref().unwrap_or("(unnamed)"),
+                to.torch_name(),
+                to.torch_name()
+            )));
+            None
+        }
         (Some(q), DtypeChoice::To(to)) => {
             problems.push(Unsaveable::Quantization(format!(
                 "config.json's quantization_config is `{}`, which devmap does not dequantize (it dequantizes fine-grained FP8, `fp8`, and MXFP4, `mxfp4`): --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy the quantized checkpoint as it is",
@@ -705,6 +822,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             let found = match how {
                 Dequantize::Fp8(block, to) => dequantized(ckpt, id, block, to),
                 Dequantize::Mxfp4(to) => dequantized_mxfp4(ckpt, id, to),
+                Dequantize::CompressedFp8(to) => dequantized_compressed(ckpt, id, to),
             };
             match found {
                 Ok(Dequantized::NotFp8) => {}
