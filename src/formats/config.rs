@@ -33,6 +33,9 @@ pub struct Quantization {
     /// compressed-tensors' `format` (`float-quantized`, `pack-quantized`, …): the
     /// config's own, else its first config group's.
     pub format: Option<String>,
+    /// `dequantize: true`: transformers loads the weights dequantized (plain layers in
+    /// the model's dtype), so they take that room on a device.
+    pub dequantize: bool,
 }
 
 fn quantization(root: &serde_json::Map<String, Value>) -> Option<Quantization> {
@@ -57,10 +60,12 @@ fn quantization(root: &serde_json::Map<String, Value>) -> Option<Quantization> {
                 .find_map(|g| g.get("format")?.as_str())
         })
         .map(str::to_owned);
+    let dequantize = q.get("dequantize").and_then(Value::as_bool) == Some(true);
     Some(Quantization {
         method,
         block,
         format,
+        dequantize,
     })
 }
 

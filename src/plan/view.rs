@@ -21,6 +21,71 @@ use crate::types::placement::Placement;
 /// (`None`: plan the checkpoint as it is). Only what planning reads is kept: names,
 /// dtypes, shapes, ties and the config.
 pub fn runtime_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint> {
+    // A checkpoint transformers loads dequantized is planned as the plain model it
+    // becomes, under the names and layout the loaded model has too.
+    let dequantized = dequantized_view(ckpt);
+    let Some(base) = dequantized else {
+        return renamed_view(ckpt, arch);
+    };
+    renamed_view(&base, arch).or(Some(base))
+}
+
+/// The checkpoint as transformers loads it with `dequantize: true`: each quantized
+/// weight (`model::quantized`) as the plain weight it becomes — its dequantized name
+/// and shape, in the model's dtype — and its scales gone. `None` when the config does
+/// not ask for dequantized loading.
+fn dequantized_view(ckpt: &Checkpoint) -> Option<Checkpoint> {
+    use crate::model::quantized::{QuantizedPart, dequantized_dtype, quantized_part};
+    if !ckpt.config.quantization.as_ref()?.dequantize {
+        return None;
+    }
+    let dtype = dequantized_dtype(ckpt);
+    let mut tensors = Vec::with_capacity(ckpt.tensors().len());
+    for (id, t) in ckpt.tensors().iter().enumerate() {
+        match quantized_part(ckpt, id) {
+            Some(QuantizedPart::Scales { .. }) => {}
+            Some(QuantizedPart::Weight {
+                dequantized_name,
+                dequantized_shape,
+                ..
+            }) => tensors.push(Tensor {
+                name: dequantized_name.into(),
+                dtype,
+                shape: dequantized_shape.as_slice().into(),
+                placement: Placement::Cpu,
+                map_key: NO_KEY,
+                source: Source::None,
+                load_dtype: None,
+            }),
+            None => tensors.push(Tensor {
+                placement: Placement::Cpu,
+                map_key: NO_KEY,
+                source: Source::None,
+                ..t.clone()
+            }),
+        }
+    }
+    let ties = ckpt
+        .ties
+        .iter()
+        .map(|g| {
+            g.members
+                .iter()
+                .map(|&m| ckpt.tensors()[m].name.to_string())
+                .collect()
+        })
+        .collect();
+    Some(Checkpoint::assemble(Parts {
+        dir: ckpt.dir.clone(),
+        tensors,
+        ties,
+        config: ckpt.config.clone(),
+        ..Parts::default()
+    }))
+}
+
+/// [`runtime_view`] without dequantization: the renames and fused experts.
+fn renamed_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint> {
     let arch = arch?;
     let fused = fused_experts(ckpt, arch);
     let runtime = |name: &str| arch.loaded_name(name);

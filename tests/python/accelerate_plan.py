@@ -15,6 +15,7 @@ import tempfile
 
 import accelerate
 import torch
+from safetensors.torch import save_file
 import transformers
 from accelerate import init_empty_weights
 from accelerate.utils import infer_auto_device_map
@@ -217,6 +218,11 @@ def main(devmap):
         f, n = check_transformers5_rule(devmap)
         failures += f
         total_cases += n
+    if not only or only == "llama-fp8-dequantize":
+        _, llama = next(families())
+        f, n = check_family(devmap, "llama-fp8-dequantize", llama, fp8_dequantize=True)
+        failures += f
+        total_cases += n
     print(f"accelerate {accelerate.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
     print(f"{total_cases - failures} of {total_cases} cases identical")
     sys.exit(1 if failures else 0)
@@ -258,14 +264,46 @@ def check_transformers5_rule(devmap):
     return (0 if status == "same" else 1), 1
 
 
-def check_family(devmap, family, config, store=torch.bfloat16, load=None, first=None):
+def fp8_checkpoint(model, src, block=16):
+    """`model`'s checkpoint with every 2-D `*proj.weight` as fine-grained FP8 (e4m3, one
+    float32 scale per 16×16 block) and a config that asks transformers to load it
+    dequantized (`dequantize: true`): accelerate then plans the plain bfloat16 model."""
+    os.makedirs(src)
+    out, seen = {}, set()
+    for name, w in model.state_dict().items():
+        # A tied weight is saved once (under its first name), as transformers saves it.
+        if w.data_ptr() in seen:
+            continue
+        seen.add(w.data_ptr())
+        if name.endswith("proj.weight") and w.dim() == 2:
+            m, n = w.shape
+            s = torch.ones(-(-m // block), -(-n // block))
+            out[name] = w.float().clamp(-448, 448).to(torch.float8_e4m3fn)
+            out[name + "_scale_inv"] = s
+        else:
+            out[name] = w.contiguous()
+    save_file(out, os.path.join(src, "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg.update(architectures=[type(model).__name__], dtype="bfloat16",
+               quantization_config={"quant_method": "fp8", "weight_block_size": [block, block],
+                                    "activation_scheme": "dynamic", "dequantize": True})
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def check_family(devmap, family, config, store=torch.bfloat16, load=None, first=None, fp8_dequantize=False):
     """Plans `family` stored as `store` (loaded as `load`) under every budget below (the
-    `first` N only, when given), against accelerate's infer_auto_device_map."""
+    `first` N only, when given), against accelerate's infer_auto_device_map. With
+    `fp8_dequantize`, the checkpoint holds FP8 weights with block scales and a config
+    saying `dequantize: true`: devmap must plan the plain model transformers loads."""
     work = tempfile.mkdtemp(prefix=f"devmap-plan-{family}-")
     torch.manual_seed(0)
     src = os.path.join(work, "src")
     auto = model_class(config)
-    auto.from_config(config).to(store).save_pretrained(src)
+    if fp8_dequantize:
+        fp8_checkpoint(auto.from_config(config).to(store), src)
+    else:
+        auto.from_config(config).to(store).save_pretrained(src)
     with init_empty_weights():
         model = auto.from_config(config, torch_dtype=store)
     model.tie_weights()
