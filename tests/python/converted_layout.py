@@ -1,7 +1,8 @@
 """transformers 5 offloads a mixture-of-experts layer's experts fused, under runtime
 names (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`); devmap must read them
-back as the checkpoint's per-expert tensors. Mixtral, Qwen2-MoE and LFM2-MoE (w1/w3/w2
-under `feed_forward`, not renamed): load with layer 1
+back as the checkpoint's per-expert tensors. Mixtral, Qwen2-MoE, LFM2-MoE (w1/w3/w2
+under `feed_forward`, not renamed) and Nemotron-H (experts without a gate,
+`mixer.experts.up_proj`, the checkpoint's `backbone.` loaded as `model.`): load with layer 1
 on disk, change the fused offload values (as an edit on disk would), save with devmap,
 and from_pretrained(OUT) must hold exactly the changed values and no extra keys.
 
@@ -16,7 +17,7 @@ import tempfile
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, Lfm2MoeConfig, MixtralConfig, Qwen2MoeConfig
+from transformers import AutoModelForCausalLM, Lfm2MoeConfig, MixtralConfig, NemotronHConfig, Qwen2MoeConfig
 
 LLAMA_LIKE_MAP = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
                   "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
@@ -70,6 +71,14 @@ def main(devmap):
     check(devmap, "lfm2_moe", lfm2, {"model.embed_tokens": "cpu", "model.layers.0": "cpu",
                                      "model.layers.1": "disk", "model.pos_emb": "cpu",
                                      "model.embedding_norm": "cpu", "lm_head": "cpu"})
+    # Layer 0 attention, layer 1 a mixture of experts without gates.
+    nemotron = NemotronHConfig(vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=8, layers_block_type=["full_attention", "moe"], n_routed_experts=3,
+                               num_experts_per_tok=1, moe_intermediate_size=24,
+                               moe_shared_expert_intermediate_size=24, n_shared_experts=1, intermediate_size=48,
+                               mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8, n_groups=1)
+    check(devmap, "nemotron_h", nemotron, {"model.embeddings": "cpu", "model.layers.0": "cpu",
+                                           "model.layers.1": "disk", "model.norm_f": "cpu", "lm_head": "cpu"})
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@
 //! Templates, from transformers' `conversion_mapping.py` (5.24):
 //! - `qwen2_moe` (and the model types that reuse it, e.g. `qwen3_moe`):
 //!   `P.experts.{e}.gate_proj/up_proj/down_proj.weight`;
-//! - `mixtral`: the same with `block_sparse_moe` for `mlp` and `w1`/`w3`/`w2`.
+//! - `mixtral`: the same with `block_sparse_moe` for `mlp` and `w1`/`w3`/`w2`;
+//! - `nemotron_h`: experts without a gate, `P.experts.up_proj` `[E, I, H]` and
+//!   `P.experts.down_proj`, under `mixer`, the checkpoint's `backbone.` loaded as
+//!   `model.` (the architecture's rename rule, `checkpoint_name`).
 
 use super::draft::Draft;
 use crate::model::checkpoint::{ByteRange, Source};
@@ -19,20 +22,32 @@ use crate::types::dtype::DType;
 /// If the offload entry `name` is a fused expert tensor whose per-expert pieces all
 /// exist in the checkpoint with the shapes the layout implies, points each of them at
 /// its slice of `range` (stored as `dtype`) and returns the names it took over.
+/// The checkpoint's name for a runtime name, where the architecture renames it.
+pub(super) type CheckpointName<'a> = &'a dyn Fn(&str) -> Option<String>;
+
 pub(super) fn unfuse(
     draft: &mut Draft,
-    name: &str,
+    (name, checkpoint_name): (&str, CheckpointName<'_>),
     shape: &[u64],
     dtype: DType,
     range: ByteRange,
     load_dtype: Option<DType>,
 ) -> Option<Vec<String>> {
-    let (runtime_prefix, fused_gate_up) =
-        if let Some(p) = name.strip_suffix(".experts.gate_up_proj") {
-            (p, true)
-        } else {
-            (name.strip_suffix(".experts.down_proj")?, false)
-        };
+    /// Which fused parameter: each expert's gate rows then its up rows, its up rows
+    /// only (experts without a gate), or its down projection.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Fused {
+        GateUp,
+        Up,
+        Down,
+    }
+    let (runtime_prefix, fused) = if let Some(p) = name.strip_suffix(".experts.gate_up_proj") {
+        (p, Fused::GateUp)
+    } else if let Some(p) = name.strip_suffix(".experts.up_proj") {
+        (p, Fused::Up)
+    } else {
+        (name.strip_suffix(".experts.down_proj")?, Fused::Down)
+    };
     let &[experts, rows, cols] = shape else {
         return None;
     };
@@ -61,19 +76,22 @@ pub(super) fn unfuse(
             runtime_prefix.to_owned()
         };
         // (checkpoint part, row offset inside an expert's block, rows) per expert.
-        let parts: Vec<(&str, u64, u64)> = if fused_gate_up {
-            if rows % 2 != 0 {
-                continue;
-            }
-            vec![(gate, 0, rows / 2), (up, rows / 2, rows / 2)]
-        } else {
-            vec![(down, 0, rows)]
+        let parts: Vec<(&str, u64, u64)> = match fused {
+            Fused::GateUp if rows % 2 != 0 => continue,
+            Fused::GateUp => vec![(gate, 0, rows / 2), (up, rows / 2, rows / 2)],
+            Fused::Up => vec![(up, 0, rows)],
+            Fused::Down => vec![(down, 0, rows)],
         };
         let mut pieces = Vec::new();
         for e in 0..experts {
             for &(part, row, n) in &parts {
                 let tensor = format!("{prefix}.experts.{e}.{part}.weight");
-                let Some(id) = draft.find(&tensor) else {
+                // Under the runtime name, or the checkpoint's where the architecture
+                // renames the module path (`model.` loaded from `backbone.`).
+                let found = draft
+                    .find(&tensor)
+                    .or_else(|| draft.find(&checkpoint_name(&tensor)?));
+                let Some(id) = found else {
                     pieces.clear();
                     break;
                 };

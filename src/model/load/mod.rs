@@ -206,7 +206,9 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
                 t.load_dtype = entry.load_dtype;
             } else if let Some(pieces) = experts::unfuse(
                 &mut draft,
-                &entry.name,
+                (&entry.name, &|n: &str| {
+                    arch.and_then(|a| a.checkpoint_name(n))
+                }),
                 &entry.shape,
                 entry.dtype,
                 range,
