@@ -35,6 +35,9 @@ pub struct Node {
     /// The tensor whose full name ends at this node; [`NONE`] for none (see
     /// [`Node::tensor`]).
     tensor: u32,
+    /// For the scales of a quantized weight: the weight's node, whose row shows them
+    /// (their bytes counted there); [`NONE`] otherwise (see [`Node::folded_into`]).
+    folded_into: u32,
     pub depth: u16,
     pub bytes: u64,
     pub params: u64,
@@ -103,6 +106,12 @@ impl std::fmt::Display for Name {
 }
 
 impl Node {
+    /// The node of the quantized weight whose scales this node holds: its row shows
+    /// them, and their bytes are counted there.
+    pub fn folded_into(&self) -> Option<NodeId> {
+        (self.folded_into != NONE).then_some(self.folded_into as NodeId)
+    }
+
     /// The parent; `None` for the root.
     pub fn parent(&self) -> Option<NodeId> {
         (self.parent != NONE).then_some(self.parent as NodeId)
@@ -159,6 +168,7 @@ impl ModuleTree {
             parent: NONE,
             children: smallvec::SmallVec::new(),
             tensor: NONE,
+            folded_into: NONE,
             depth: 0,
             bytes: 0,
             params: 0,
@@ -200,6 +210,7 @@ impl ModuleTree {
                     parent: parent as u32,
                     children: smallvec::SmallVec::new(),
                     tensor: NONE,
+                    folded_into: NONE,
                     // At most MAX_DEPTH: the components iterator stops there.
                     depth: (depth + 1) as u16,
                     bytes: 0,
@@ -216,6 +227,29 @@ impl ModuleTree {
             let at = path.last().map_or(Self::ROOT, |&(_, n)| n);
             nodes[at].tensor = id as u32;
             tensor_node.push(at);
+        }
+        // A quantized weight's scales are part of it: their node folds into the
+        // weight's (a sibling before it in pre-order, so the weight's totals are made
+        // after the scales' are added to them).
+        if ckpt.config.quantization.is_some() {
+            for (id, &node) in tensor_node.iter().enumerate() {
+                // Only names a scale can have are looked at (a checkpoint of 90,000
+                // tensors has a few thousand).
+                let name: &str = &ckpt.tensors()[id].name;
+                if !["_scale_inv", "_scale", "_scales"]
+                    .iter()
+                    .any(|s| name.ends_with(s))
+                {
+                    continue;
+                }
+                if let Some(crate::model::quantized::QuantizedPart::Scales { of }) =
+                    crate::model::quantized::quantized_part(ckpt, id)
+                    && let Some(weight) = ckpt.index_of(&of)
+                    && tensor_node[weight] < node
+                {
+                    nodes[node].folded_into = tensor_node[weight] as u32;
+                }
+            }
         }
         let mut tree = ModuleTree { nodes, tensor_node };
         tree.recompute(ckpt);
@@ -235,7 +269,8 @@ impl ModuleTree {
         for id in (0..self.nodes.len()).rev() {
             if let Some(t) = self.nodes[id].tensor() {
                 let tensor = &ckpt.tensors()[t];
-                let n = &mut self.nodes[id];
+                let into = self.nodes[id].folded_into().unwrap_or(id);
+                let n = &mut self.nodes[into];
                 n.bytes += tensor.bytes();
                 n.params += tensor.numel();
                 n.tensors += 1;

@@ -7,6 +7,8 @@ use crate::model::tree::{ModuleTree, NodeId};
 #[derive(Debug, Clone, PartialEq)]
 pub struct TreeRows {
     expanded: Vec<bool>,
+    /// Nodes never shown: a quantized weight's scales (its row shows them).
+    hidden: Vec<bool>,
     /// One past the last node of each node's subtree (pre-order numbering).
     subtree_end: Vec<NodeId>,
     visible: Vec<NodeId>,
@@ -28,8 +30,14 @@ impl TreeRows {
         }
         let mut expanded = vec![false; n];
         expanded[ModuleTree::ROOT] = true;
+        let hidden = tree
+            .nodes
+            .iter()
+            .map(|n| n.folded_into().is_some())
+            .collect();
         let mut rows = TreeRows {
             expanded,
+            hidden,
             subtree_end,
             visible: Vec::new(),
             selected: 0,
@@ -43,7 +51,9 @@ impl TreeRows {
         self.visible.clear();
         let mut id = 1;
         while id < self.expanded.len() {
-            self.visible.push(id);
+            if !self.hidden[id] {
+                self.visible.push(id);
+            }
             id = if self.expanded[id] {
                 id + 1
             } else {

@@ -254,7 +254,7 @@ fn the_focused_panel_has_a_marked_thick_border_in_colour_and_without() {
 }
 
 /// A quantized weight's details say its format, where its scales are and its size once
-/// dequantized; its scales say whose they are.
+/// dequantized; its scales are part of its row, not a row that looks like a weight.
 #[test]
 fn the_details_of_a_quantized_weight_and_its_scales() {
     use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
@@ -296,7 +296,16 @@ fn the_details_of_a_quantized_weight_and_its_scales() {
     ] {
         assert!(screen.contains(piece), "{piece}: {screen}");
     }
-    select(&mut app, "model.layers.0.mlp.down_proj.weight_scale_inv");
-    let screen = frame(&app, 120, 40);
-    assert!(screen.contains("quantized the scales of"), "{screen}");
+    // The scales are part of the weight: no row of their own, their 4 bytes counted in
+    // the weight's row (32 + 4), and a search for them lands on the weight.
+    assert!(!screen.contains("weight_scale_inv   "), "{screen}");
+    let weight_row = screen
+        .lines()
+        .find(|l| l.contains("  weight "))
+        .unwrap_or_default();
+    assert!(weight_row.contains("36 B"), "{weight_row}");
+    press(&mut app, &[ch('g'), ch('/')]);
+    press(&mut app, &text("scale_inv"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(selected_name(&app), "model.layers.0.mlp.down_proj.weight");
 }

@@ -82,7 +82,9 @@ impl App {
             for _ in 0..below {
                 node = self.tree.nodes[node].parent().unwrap_or(node);
             }
-            self.matches.push(node);
+            // A quantized weight's scales are found as the weight, whose row shows them.
+            self.matches
+                .push(self.tree.nodes[node].folded_into().unwrap_or(node));
         }
         self.matches.sort_unstable();
         self.matches.dedup();
