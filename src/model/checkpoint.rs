@@ -322,6 +322,19 @@ impl Checkpoint {
         self.index_of(name).map(|i| &self.tensors[i])
     }
 
+    /// Every tie group, by the names of its members (the kept one first).
+    pub fn tie_names(&self) -> Vec<Vec<String>> {
+        self.ties
+            .iter()
+            .map(|g| {
+                g.members
+                    .iter()
+                    .map(|&m| self.tensors[m].name.to_string())
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The tie group a tensor belongs to.
     pub fn tie_group(&self, id: TensorId) -> Option<&TieGroup> {
         match self.tie_of.get(id) {

@@ -150,16 +150,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
     } else {
         vec![Placement::Cpu]
     };
-    let ties: Vec<Vec<String>> = ckpt
-        .ties
-        .iter()
-        .map(|g| {
-            g.members
-                .iter()
-                .map(|&m| ckpt.tensors()[m].name.to_string())
-                .collect()
-        })
-        .collect();
+    let ties = ckpt.tie_names();
 
     let mut queue: VecDeque<usize> = tree.children_in_order(PlanTree::ROOT).into();
     let mut used: HashMap<Placement, i128> = devices.iter().map(|d| (*d, 0)).collect();

@@ -65,23 +65,19 @@ fn dequantized_view(ckpt: &Checkpoint) -> Option<Checkpoint> {
             }),
         }
     }
-    let ties = ckpt
-        .ties
-        .iter()
-        .map(|g| {
-            g.members
-                .iter()
-                .map(|&m| ckpt.tensors()[m].name.to_string())
-                .collect()
-        })
-        .collect();
-    Some(Checkpoint::assemble(Parts {
+    Some(view_of(ckpt, tensors, ckpt.tie_names()))
+}
+
+/// A checkpoint of `tensors` and `ties` with `ckpt`'s folder and config: what the
+/// planner reads of a view.
+fn view_of(ckpt: &Checkpoint, tensors: Vec<Tensor>, ties: Vec<Vec<String>>) -> Checkpoint {
+    Checkpoint::assemble(Parts {
         dir: ckpt.dir.clone(),
         tensors,
         ties,
         config: ckpt.config.clone(),
         ..Parts::default()
-    }))
+    })
 }
 
 /// [`runtime_view`] without dequantization: the renames and fused experts.
@@ -130,13 +126,7 @@ fn renamed_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint> {
                 .collect()
         })
         .collect();
-    Some(Checkpoint::assemble(Parts {
-        dir: ckpt.dir.clone(),
-        tensors,
-        ties,
-        config: ckpt.config.clone(),
-        ..Parts::default()
-    }))
+    Some(view_of(ckpt, tensors, ties))
 }
 
 /// A tensor's dtype and dims.

@@ -273,3 +273,46 @@ fn kernel_cannot(e: &io::Error) -> bool {
         )
     )
 }
+
+/// Where output goes: a function handed each finished piece in order.
+pub type Sink<'a> = dyn FnMut(&[u8]) -> io::Result<()> + 'a;
+
+/// One part of a parallel write: streams the output of a range of items into a sink.
+pub type Part<'a> =
+    dyn Fn(std::ops::Range<u64>, &mut Sink<'_>) -> Result<(), CopyError> + Sync + 'a;
+
+/// Splits `items` (rows, experts: units of `item_bytes` output bytes each, in order)
+/// into `threads` contiguous parts and runs `part(range, sink)` for each on a thread of
+/// its own, the sink writing that part's output in place in `dst` from `dst_offset`
+/// on: arithmetic-bound streams (LoRA merges, dequantization) use every core, each
+/// writer's output landing where the sequential stream would have put it.
+pub fn write_parts_in_parallel(
+    items: u64,
+    item_bytes: u64,
+    threads: u64,
+    (dst, dst_offset): (&File, u64),
+    part: &Part<'_>,
+) -> Result<(), CopyError> {
+    let threads = threads.clamp(1, items.max(1));
+    let per = items.div_ceil(threads);
+    let results: Vec<Result<(), CopyError>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let range = (t * per).min(items)..((t + 1) * per).min(items);
+                scope.spawn(move || {
+                    let mut at = dst_offset + range.start * item_bytes;
+                    part(range, &mut |bytes: &[u8]| {
+                        dst.write_all_at(bytes, at)?;
+                        at += bytes.len() as u64;
+                        Ok(())
+                    })
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or(Err(CopyError::Cancelled)))
+            .collect()
+    });
+    results.into_iter().collect()
+}

@@ -122,31 +122,17 @@ pub fn write_in_parallel(
     threads: usize,
 ) -> Result<u64, CopyError> {
     let (rows, cols) = layout(input.ckpt, input.id, input.dtypes.0, input.len)?;
-    let threads = threads.clamp(1, rows.max(1));
-    let per = rows.div_ceil(threads);
     let out_row = (cols * input.dtypes.1.size() as usize) as u64;
-    let results: Vec<Result<(), CopyError>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let range = (t * per).min(rows)..((t + 1) * per).min(rows);
-                scope.spawn(move || {
-                    let mut at = dst_offset + range.start as u64 * out_row;
-                    stream_rows(input, ((rows, cols), range), &mut |bytes| {
-                        dst.write_all_at(bytes, at)?;
-                        at += bytes.len() as u64;
-                        Ok(())
-                    })
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().unwrap_or(Err(CopyError::Cancelled)))
-            .collect()
-    });
-    for r in results {
-        r?;
-    }
+    super::copy::write_parts_in_parallel(
+        rows as u64,
+        out_row,
+        threads as u64,
+        (dst, dst_offset),
+        &|range, sink| {
+            let range = range.start as usize..range.end as usize;
+            stream_rows(input, ((rows, cols), range), sink)
+        },
+    )?;
     Ok(rows as u64 * out_row)
 }
 

@@ -180,33 +180,15 @@ pub fn write_in_parallel(
     threads: u64,
     cancel: &(dyn Stop + Sync),
 ) -> Result<u64, CopyError> {
-    use std::os::unix::fs::FileExt;
     let experts = input.layout.experts;
-    let threads = threads.clamp(1, experts.max(1));
-    let per = experts.div_ceil(threads);
     let expert_bytes = input.layout.rows * input.layout.groups * GROUP * to.size();
-    let results: Vec<Result<(), CopyError>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let range = (t * per).min(experts)..((t + 1) * per).min(experts);
-                scope.spawn(move || {
-                    let mut at = dst_offset + range.start * expert_bytes;
-                    stream_experts(&input, range, to, cancel, &mut |bytes| {
-                        dst.write_all_at(bytes, at)?;
-                        at += bytes.len() as u64;
-                        Ok(())
-                    })
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().unwrap_or(Err(CopyError::Cancelled)))
-            .collect()
-    });
-    for r in results {
-        r?;
-    }
+    super::copy::write_parts_in_parallel(
+        experts,
+        expert_bytes,
+        threads,
+        (dst, dst_offset),
+        &|range, sink| stream_experts(&input, range, to, cancel, sink),
+    )?;
     Ok(experts * expert_bytes)
 }
 
