@@ -25,7 +25,8 @@ base config with such zero attributes set to 1, fitted the same way; their varia
 are never pinned.
 
 The runtime form (the names and fused experts the loaded model holds, which
-transformers also loads) is written too where it differs.
+transformers also loads) is written too where it differs. (The non-persistent buffers
+are in their own table, written by scripts/gen_buffer_table.py with this script's fit.)
 
     python scripts/gen_expect_table.py [OUT]
 
@@ -56,7 +57,7 @@ from transformers.core_model_loading import revert_weight_conversion
 from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from gen_arch_table import MAPPINGS, TooSlow, default_config, instantiate, wanted_classes, write_table  # noqa: E402
+from gen_arch_table import MAPPINGS, TooSlow, collapse, default_config, instantiate, wanted_classes, write_table  # noqa: E402
 
 # Constant factors above this are more likely an attribute the fit missed.
 MAX_CONSTANT = 16
@@ -89,11 +90,16 @@ def other_value(value):
     return value // 2 if value >= 4 and value % 2 == 0 else value * 2
 
 
-def with_value(config, path, value, resize=False):
+def with_value(config, path, value, resize=False, underived=()):
     """`config` with the attribute at `path` set to `value`; with `resize`, a list
     beside it as long as the old value (`layer_types` for `num_hidden_layers`) is cut
-    or repeated to the new length, as the config would otherwise be refused."""
+    or repeated to the new length, as the config would otherwise be refused. The
+    `underived` attributes are left out, so the config class derives them again from
+    the changed value (Llama's head_dim from hidden_size)."""
     d = copy.deepcopy(config.to_dict())
+    for other in underived:
+        if other != path:
+            _pop(d, other)
     node = d
     parts = path.split(".")
     for p in parts[:-1]:
@@ -126,6 +132,42 @@ def saved_state(model, revert=True):
     shapes = {k: tuple(v.shape) for k, v in kept.items()}
     shapes.update({k: tuple(v.shape) for k, v in tied.items()})
     return shapes, set(tied)
+
+
+def buffer_state(model):
+    """({runtime name: shape}, no ties) of the model's non-persistent buffers: never in
+    a checkpoint, but accelerate counts them in their module's size when it plans a
+    device map (rotary `inv_freq`, BERT-family `position_ids`)."""
+    shapes = {}
+    for module_name, module in model.named_modules():
+        for name in sorted(module._non_persistent_buffers_set):
+            b = module._buffers.get(name)
+            if b is not None:
+                shapes[f"{module_name}.{name}" if module_name else name] = tuple(b.shape)
+    return shapes, set()
+
+
+def buffer_dtypes(model):
+    """{name with indices as `*`: safetensors dtype name} of the non-persistent buffers."""
+    names = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+             torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+             torch.uint8: "U8", torch.bool: "BOOL"}
+    out = {}
+    for module_name, module in model.named_modules():
+        for name in sorted(module._non_persistent_buffers_set):
+            b = module._buffers.get(name)
+            if b is not None:
+                full = f"{module_name}.{name}" if module_name else name
+                out[collapse(full)] = names.get(b.dtype, "?")
+    return out
+
+
+def state_of(model, form):
+    """The {name: shape} and tied names of one form: `saved` (what save_pretrained
+    writes), `runtime` (the loaded model's names) or `buffers`."""
+    if form == "buffers":
+        return buffer_state(model)
+    return saved_state(model, form == "saved")
 
 
 def split_list(name):
@@ -246,17 +288,19 @@ def variants_of(ms):
     return out
 
 
-def render(tree, exprs, tied, conditional, extra=None, at=(), prefix="", depth=0):
+def render(tree, exprs, tied, conditional, extra=None, at=(), prefix="", depth=0, dtypes=None):
     """`tree` as table lines; `extra` is the same form under the second base config:
     its lists' variants that `tree` lacks are added, never pinned (where they sit
     depends on the config), and a variant pinned to index 0 stays pinned only if it
-    is there too."""
+    is there too. `dtypes` (the buffers form): each tensor's dtype is its mark."""
     lines = []
     pad = " " * depth
     for name, shape in tree["keys"].items():
         dims = ",".join(render_expr(exprs.get(at + (("key", name, d),))) for d in range(len(shape)))
         full = prefix + name
         mark = " tied?" if full in conditional else " tied" if full in tied else ""
+        if dtypes is not None:
+            mark = " " + dtypes.get(collapse(full), "?")
         lines.append(f"{pad}{name} [{dims}]{mark}")
     for path, ms in tree["lists"].items():
         count = exprs.get(at + (("count", path),))
@@ -272,7 +316,7 @@ def render(tree, exprs, tied, conditional, extra=None, at=(), prefix="", depth=0
             lines.append(pad + " variant" + (" @" + ",".join(map(str, indices)) if pinned else ""))
             member_prefix = f"{prefix}{path}.{indices[0]}."
             nested_extra = other[sig][0] if own and sig in other else None
-            lines += render(m, exprs, tied, conditional, nested_extra, at + (("member", path, sig),), member_prefix, depth + 2)
+            lines += render(m, exprs, tied, conditional, nested_extra, at + (("member", path, sig),), member_prefix, depth + 2, dtypes)
     return lines
 
 
@@ -307,7 +351,7 @@ def fitted(cls, config, states):
             continue
         for form in form_names:
             try:
-                tree = build(saved_state(m, form == "saved")[0])
+                tree = build(state_of(m, form)[0])
                 changed[form][path] = (value, new, slots(tree))
                 # Top-level tensors only some configs have (OPT's project_in when the
                 # embedding is narrower than the model): allowed, never required.
@@ -328,7 +372,7 @@ def fitted(cls, config, states):
                 for p in paths:
                     c = with_value(c, p, other_value(_get(c.to_dict(), p)))
                 m = instantiate(cls, c)
-                together = (paths, slots(build(saved_state(m, form == "saved")[0])))
+                together = (paths, slots(build(state_of(m, form)[0])))
             except TooSlow:
                 raise
             except Exception:
@@ -340,7 +384,7 @@ def fitted(cls, config, states):
 def describe(cls, model_type):
     config = default_config(cls, model_type)
     model = instantiate(cls, config)
-    forms = {form: saved_state(model, form == "saved") for form in ("saved", "runtime")}
+    forms = {form: state_of(model, form) for form in ("saved", "runtime")}
     conditional = set()
     tie_words = getattr(config, "tie_word_embeddings", None)
     if isinstance(tie_words, bool):
@@ -359,7 +403,7 @@ def describe(cls, model_type):
             for p in zeros:
                 bumped = with_value(bumped, p, 1)
             bumped_model = instantiate(cls, bumped)
-            second = fitted(cls, bumped, {form: saved_state(bumped_model, form == "saved") for form in names})
+            second = fitted(cls, bumped, {form: state_of(bumped_model, form) for form in names})
         except TooSlow:
             raise
         except Exception:
@@ -516,6 +560,14 @@ def flat_zero_ints(d, prefix=""):
         elif isinstance(v, int) and not isinstance(v, bool) and v == 0:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def _pop(d, path):
+    parts = path.split(".")
+    for p in parts[:-1]:
+        d = d.get(p, {})
+    if isinstance(d, dict):
+        d.pop(parts[-1], None)
 
 
 def _get(d, path):

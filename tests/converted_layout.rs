@@ -112,19 +112,25 @@ fn fused_runtime_experts_without_a_template_are_refused() {
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
-/// A Mixtral-style checkpoint and its fused offload entries; returns the model folder.
+/// How a family names an expert layer's module and its gate, up and down pieces in the
+/// checkpoint: Mixtral's, `qwen2_moe`'s, and dots3's vision encoder's.
+const MIXTRAL: (&str, &str, &str, &str) = ("block_sparse_moe", "w1", "w3", "w2");
+const LAYOUTS: [(&str, &str, &str, &str); 3] = [
+    MIXTRAL,
+    ("mlp", "gate_proj", "up_proj", "down_proj"),
+    ("mlp", "fc1", "fc3", "fc2"),
+];
+
+/// A checkpoint named as `layout` and its fused offload entries; returns the model
+/// folder.
 fn moe(
     tmp: &std::path::Path,
-    mixtral: bool,
+    layout: (&str, &str, &str, &str),
 ) -> (std::path::PathBuf, Vec<FixtureTensor>, [FixtureTensor; 2]) {
-    let dir = tmp.join(if mixtral { "mixtral" } else { "qwen2moe" });
+    let dir = tmp.join(layout.1);
     std::fs::create_dir_all(&dir).expect("mkdir");
     let (e, i, h) = (3u64, 4u64, 6u64);
-    let (block, gate, up, down) = if mixtral {
-        ("block_sparse_moe", "w1", "w3", "w2")
-    } else {
-        ("mlp", "gate_proj", "up_proj", "down_proj")
-    };
+    let (block, gate, up, down) = layout;
     let mut tensors = vec![FixtureTensor::patterned(
         "model.embed_tokens.weight",
         DType::BF16,
@@ -148,14 +154,10 @@ fn moe(
 
 #[test]
 fn fused_offload_experts_are_read_back_as_the_checkpoints_tensors() {
-    for mixtral in [true, false] {
+    for layout in LAYOUTS {
         let tmp = tempfile::tempdir().expect("tmp");
-        let (dir, tensors, fused) = moe(tmp.path(), mixtral);
-        let (block, gate, up, down) = if mixtral {
-            ("block_sparse_moe", "w1", "w3", "w2")
-        } else {
-            ("mlp", "gate_proj", "up_proj", "down_proj")
-        };
+        let (dir, tensors, fused) = moe(tmp.path(), layout);
+        let (block, gate, up, down) = layout;
         let out = tmp.path().join("out");
         let o = devmap(&[
             "save",
@@ -211,7 +213,7 @@ fn fused_offload_experts_are_read_back_as_the_checkpoints_tensors() {
 #[test]
 fn a_device_map_with_runtime_module_names_places_the_checkpoints_experts() {
     let tmp = tempfile::tempdir().expect("tmp");
-    let (dir, _, _) = moe(tmp.path(), true);
+    let (dir, _, _) = moe(tmp.path(), MIXTRAL);
     // What hf_device_map of a loaded transformers 5 Mixtral says: `mlp`, not
     // `block_sparse_moe`.
     write_json(

@@ -362,6 +362,58 @@ fn a_load_dtype_plans_like_the_model_stored_in_it() {
 }
 
 #[test]
+fn non_persistent_buffers_count_in_their_module_and_a_buffer_only_module_is_placed() {
+    // A Llama holds two rotary tables no checkpoint has (`model.rotary_emb.inv_freq`
+    // and `original_inv_freq`, F32, head_dim / 2 each; head_dim = 64 / 4 heads):
+    // accelerate counts them in `model.rotary_emb`, and so must the plan.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let llama_dir = tmp.path().join("llama");
+    llama(&llama_dir, 4);
+    // The same tensors under an architecture devmap does not know: no buffers.
+    let unknown = tmp.path().join("unknown");
+    llama(&unknown, 4);
+    let config = std::fs::read_to_string(unknown.join("config.json")).expect("config");
+    std::fs::write(
+        unknown.join("config.json"),
+        config.replace("LlamaForCausalLM", "HomeGrownForCausalLM"),
+    )
+    .expect("write");
+    let on_disk = |dir: &Path, dtype: Option<DType>| {
+        let ckpt = load(dir, &LoadOptions::default()).expect("load");
+        let planned = plan_of(&ckpt, "0=1KB", &[], dtype);
+        planned
+            .used
+            .iter()
+            .find(|(p, _)| *p == Placement::Disk)
+            .map(|(_, b)| *b)
+            .expect("disk used")
+    };
+    let rotary = 2 * 8 * 4;
+    assert_eq!(on_disk(&llama_dir, None), on_disk(&unknown, None) + rotary);
+    // Loaded as bfloat16, accelerate counts the F32 tables at 2 bytes an element.
+    assert_eq!(
+        on_disk(&llama_dir, Some(DType::BF16)),
+        on_disk(&unknown, Some(DType::BF16)) + rotary / 2
+    );
+    // Split across devices, the map names the module that holds only buffers, as
+    // accelerate's (and `hf_device_map`) does; saving with that map accepts the key.
+    let ckpt = load(&llama_dir, &LoadOptions::default()).expect("load");
+    let total = ckpt
+        .tensors()
+        .iter()
+        .map(devmap::model::Tensor::bytes)
+        .sum::<u64>();
+    let planned = plan_of(&ckpt, &format!("0={},cpu={}", total / 3, total), &[], None);
+    let keys = map_keys(&planned);
+    assert!(keys.contains(&"model.rotary_emb"), "{keys:?}");
+    assert!(!keys.iter().any(|k| k.ends_with("inv_freq")), "{keys:?}");
+    let mut placed = ckpt.clone();
+    placed.apply_device_map(Some(planned.map.clone()));
+    assert_eq!(devmap::model::checks::unused_map_keys(&placed), None);
+    assert!(devmap::model::checks::keys_without_data(&placed).is_empty());
+}
+
+#[test]
 fn a_disk_budget_is_accepted_as_accelerate_accepts_it() {
     let tmp = tempfile::tempdir().expect("tmp");
     let total = llama(tmp.path(), 8);
@@ -500,7 +552,12 @@ fn t5_is_planned_encoder_first_as_its_class_defines_it() {
     // before its norm (in layer 0 the norm follows self-attention; collapsing both
     // indices to one would put the norm first).
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
-    let tree = devmap::plan::order::PlanTree::build(&ckpt, &["none".to_owned()], None);
+    let tree = devmap::plan::order::PlanTree::build(
+        &ckpt,
+        &std::collections::HashSet::default(),
+        &["none".to_owned()],
+        None,
+    );
     let children = |name: &str| -> Vec<String> {
         let id = tree
             .nodes
@@ -748,7 +805,12 @@ fn names_the_table_does_not_describe_fall_back_to_the_heuristics() {
         serde_json::json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}),
     );
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
-    let tree = devmap::plan::order::PlanTree::build(&ckpt, &[], None);
+    let tree = devmap::plan::order::PlanTree::build(
+        &ckpt,
+        &std::collections::HashSet::default(),
+        &[],
+        None,
+    );
     let layer = tree
         .nodes
         .iter()

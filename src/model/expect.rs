@@ -8,6 +8,12 @@
 //! one of a few variants (dense and MoE layers). The saved form is what
 //! `save_pretrained` writes; the runtime form, where it differs, is the loaded
 //! model's own names and fused experts, which transformers loads as well.
+//!
+//! A second table, `buffer_table.txt` (`scripts/gen_buffer_table.py`, the same fit and
+//! format), holds a buffers form per architecture: the non-persistent buffers (rotary
+//! `inv_freq`, BERT-family `position_ids`), never in a checkpoint but counted by
+//! accelerate when it plans a device map, so the planner counts them too
+//! ([`buffers_of`]).
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -15,18 +21,25 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use super::table::{Blocks, Parsed, index};
+use crate::types::DType;
 
 const TABLE: &str = include_str!("expect_table.txt");
+const BUFFER_TABLE: &str = include_str!("buffer_table.txt");
 
 /// One architecture's expected checkpoint.
 #[derive(Debug, Default)]
 pub struct Expect {
     /// Config attributes' defaults: what an attribute config.json leaves out is.
     defaults: HashMap<String, u64>,
+    /// Attributes the config class derives from others when config.json leaves them
+    /// out, and how (Llama's `head_dim`: `hidden_size/num_attention_heads`).
+    derived: HashMap<String, Expr>,
     /// `tie_word_embeddings` when config.json leaves it out (where a tie depends on it).
     pub ties_by_default: Option<bool>,
     pub saved: Form,
     pub runtime: Option<Form>,
+    /// The non-persistent buffers, under runtime names, each with its dtype.
+    pub buffers: Option<Form>,
     /// `_keys_to_ignore_on_load_missing`: absent tensors transformers does not report.
     ignore_missing: Vec<String>,
     /// `_keys_to_ignore_on_load_unexpected`: extra tensors it drops without a word.
@@ -51,6 +64,17 @@ pub struct ExpectedTensor {
     pub name: String,
     pub dims: Vec<Expr>,
     pub tied: Tied,
+    /// A buffer's dtype (the buffers form only).
+    pub dtype: Option<DType>,
+}
+
+/// A non-persistent buffer of a model as config.json sizes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Buffer {
+    /// Runtime name, indices filled in.
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
 }
 
 /// Whether a tensor may be left out: a tied copy transformers does not save, or one
@@ -117,6 +141,21 @@ pub fn source() -> &'static str {
     table().source
 }
 
+/// The non-persistent buffers of the first of `architectures` the buffer table has,
+/// sized by `config` (config.json); empty for an architecture it lacks (one without
+/// such buffers, or unknown).
+pub fn buffers_of(architectures: &[String], config: &Value) -> Vec<Buffer> {
+    static INDEX: OnceLock<Blocks> = OnceLock::new();
+    static PARSED: Parsed<Expect> = Parsed::new();
+    let t = INDEX.get_or_init(|| index(BUFFER_TABLE));
+    let Some(block) = t.find(architectures) else {
+        return Vec::new();
+    };
+    PARSED
+        .get(block, || parse_block(t.bodies[block]))
+        .buffers(config)
+}
+
 fn table() -> &'static Blocks {
     static INDEX: OnceLock<Blocks> = OnceLock::new();
     INDEX.get_or_init(|| index(TABLE))
@@ -145,6 +184,60 @@ impl Expect {
             config,
         }
     }
+
+    /// The non-persistent buffers a model of this config holds, as sized by it. What
+    /// the config does not size (an unknown dimension or list count, a list whose
+    /// members could take differing forms) is left out: the planner then counts it
+    /// as it did before it knew of buffers, never with a made-up size.
+    pub fn buffers(&self, config: &Value) -> Vec<Buffer> {
+        let mut out = Vec::new();
+        if let Some(form) = &self.buffers {
+            expand_buffers(&form.root, "", &self.values(config), &mut out);
+        }
+        out
+    }
+}
+
+fn expand_buffers(node: &Node, prefix: &str, values: &Values<'_>, out: &mut Vec<Buffer>) {
+    for t in &node.tensors {
+        let shape: Option<Vec<u64>> = t.dims.iter().map(|d| values.eval(d)).collect();
+        if let (Some(shape), Some(dtype)) = (shape, t.dtype) {
+            out.push(Buffer {
+                name: format!("{prefix}{}", t.name),
+                dtype,
+                shape,
+            });
+        }
+    }
+    for list in &node.lists {
+        let Some(count) = values.eval(&list.count) else {
+            continue;
+        };
+        for i in 0..count {
+            let pinned: Vec<&Variant> = list
+                .variants
+                .iter()
+                .filter(|v| v.pinned.as_ref().is_some_and(|p| p.contains(&i)))
+                .collect();
+            let free: Vec<&Variant> = list
+                .variants
+                .iter()
+                .filter(|v| v.pinned.is_none())
+                .collect();
+            // One form for this member, or none known: several unpinned forms depend
+            // on the config in ways the table does not say (which layers are local).
+            let variant = match (pinned.as_slice(), free.as_slice()) {
+                ([one], _) | ([], [one]) => *one,
+                _ => continue,
+            };
+            expand_buffers(
+                &variant.node,
+                &format!("{prefix}{}.{i}.", list.path),
+                values,
+                out,
+            );
+        }
+    }
 }
 
 impl<'a> Values<'a> {
@@ -159,10 +252,28 @@ impl<'a> Values<'a> {
         for part in path.split('.') {
             match at.get(part) {
                 Some(next) => at = next,
-                None => return self.expect.defaults.get(path).copied(),
+                None => return self.default(path),
             }
         }
         at.as_u64()
+    }
+
+    /// What an attribute config.json leaves out is: its default, or what the config
+    /// class derives it from (whose attributes are never derived themselves: the
+    /// generator writes plain defaults for them).
+    fn default(&self, path: &str) -> Option<u64> {
+        if let Some(&v) = self.expect.defaults.get(path) {
+            return Some(v);
+        }
+        let how = self.expect.derived.get(path)?;
+        let plain = Values {
+            expect: &Expect {
+                defaults: self.expect.defaults.clone(),
+                ..Expect::default()
+            },
+            config: self.config,
+        };
+        plain.eval(how)
     }
 
     /// Whether the word embeddings are tied: config.json's `tie_word_embeddings`, else
@@ -307,6 +418,8 @@ fn parse_block(body: &str) -> Expect {
                 expect.ties_by_default = Some(value == "true");
             } else if let Ok(v) = value.parse() {
                 expect.defaults.insert(path.to_owned(), v);
+            } else if value != "?" {
+                expect.derived.insert(path.to_owned(), parse_expr(value));
             }
         } else if let Some(rest) = text.strip_prefix("ignore-missing ") {
             expect.ignore_missing = rest.split(' ').map(str::to_owned).collect();
@@ -314,10 +427,10 @@ fn parse_block(body: &str) -> Expect {
             expect.ignore_unexpected = rest.split(' ').map(str::to_owned).collect();
         } else if let Some(form) = text.strip_prefix("form ") {
             let node = parse_node(&lines, &mut at, 0);
-            if form == "runtime" {
-                expect.runtime = Some(Form { root: node });
-            } else {
-                expect.saved = Form { root: node };
+            match form {
+                "runtime" => expect.runtime = Some(Form { root: node }),
+                "buffers" => expect.buffers = Some(Form { root: node }),
+                _ => expect.saved = Form { root: node },
             }
         }
     }
@@ -371,13 +484,20 @@ fn parse_node(lines: &[Line<'_>], at: &mut usize, depth: usize) -> Node {
                     }
                 })
                 .unwrap_or_default();
-            let tied = match words.next() {
+            let mark = words.next();
+            let tied = match mark {
                 Some("tied") => Tied::Always,
                 Some("tied?") => Tied::IfTiedWords,
                 Some("optional") => Tied::Optional,
                 _ => Tied::No,
             };
-            node.tensors.push(ExpectedTensor { name, dims, tied });
+            let dtype = mark.and_then(DType::from_safetensors_name);
+            node.tensors.push(ExpectedTensor {
+                name,
+                dims,
+                tied,
+                dtype,
+            });
         }
     }
     node
@@ -408,6 +528,45 @@ mod tests {
             "2*hidden_size/4"
         );
         assert_eq!(e.runtime.as_ref().map(|f| f.root.tensors.len()), Some(1));
+    }
+
+    #[test]
+    fn buffers_are_sized_by_the_config_and_left_out_where_it_cannot_say() {
+        let block = "default head_dim hidden_size/num_attention_heads\ndefault max_position_embeddings 512\ndefault num_attention_heads 4\ndefault num_layers 3\nform saved\nw [4]\nform buffers\nmodel.rotary_emb.inv_freq [head_dim/2] F32\nembeddings.position_ids [1,max_position_embeddings] I64\nlist h num_layers\n variant\n  attn.bias [1,1,max_position_embeddings,max_position_embeddings] BOOL\nlist local 2\n variant\n  mask [4] BOOL\n variant\n  mask [8] BOOL\n";
+        let e = parse_block(block);
+        let config = serde_json::json!({"head_dim": 64, "num_layers": 2});
+        let got = e.buffers(&config);
+        let named: Vec<(&str, DType, &[u64])> = got
+            .iter()
+            .map(|b| (b.name.as_str(), b.dtype, b.shape.as_slice()))
+            .collect();
+        assert_eq!(
+            named,
+            vec![
+                ("model.rotary_emb.inv_freq", DType::F32, &[32][..]),
+                ("embeddings.position_ids", DType::I64, &[1, 512][..]),
+                ("h.0.attn.bias", DType::Bool, &[1, 1, 512, 512][..]),
+                ("h.1.attn.bias", DType::Bool, &[1, 1, 512, 512][..]),
+            ]
+        );
+        // head_dim not given: derived as the config class derives it, from
+        // config.json's attributes or their defaults.
+        let derived = e.buffers(&serde_json::json!({"hidden_size": 256}));
+        assert_eq!(derived[0].name, "model.rotary_emb.inv_freq");
+        assert_eq!(derived[0].shape, vec![32]);
+        assert_eq!(derived.len(), 5);
+        let two_heads = serde_json::json!({"hidden_size": 256, "num_attention_heads": 2});
+        assert_eq!(e.values(&two_heads).attribute("head_dim"), Some(128));
+        // A derivation that cannot be evaluated leaves that buffer out.
+        let unknown = e.buffers(&serde_json::json!({"hidden_size": null}));
+        assert!(
+            unknown
+                .iter()
+                .all(|b| b.name != "model.rotary_emb.inv_freq")
+        );
+        // The saved form is not affected by the buffers.
+        assert_eq!(e.saved.root.tensors.len(), 1);
+        assert!(e.saved.root.tensors[0].dtype.is_none());
     }
 
     #[test]

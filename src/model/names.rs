@@ -44,9 +44,10 @@ pub struct ExpertTemplate {
     pub down: &'static str,
 }
 
-/// `qwen2_moe` (and the model types that reuse it, e.g. `qwen3_moe`), `mixtral`, then
-/// `lfm2_moe` (Mixtral's piece names under a module that keeps its name).
-pub const EXPERT_TEMPLATES: [ExpertTemplate; 3] = [
+/// `qwen2_moe` (and the model types that reuse it, e.g. `qwen3_moe`), `mixtral`,
+/// `lfm2_moe` (Mixtral's piece names under a module that keeps its name), then
+/// `dots3_note_vision_encoder` (`fc1` gate, `fc3` up, `fc2` down).
+pub const EXPERT_TEMPLATES: [ExpertTemplate; 4] = [
     ExpertTemplate {
         renamed: false,
         gate: "gate_proj",
@@ -64,6 +65,12 @@ pub const EXPERT_TEMPLATES: [ExpertTemplate; 3] = [
         gate: "w1",
         up: "w3",
         down: "w2",
+    },
+    ExpertTemplate {
+        renamed: false,
+        gate: "fc1",
+        up: "fc3",
+        down: "fc2",
     },
 ];
 

@@ -1,4 +1,5 @@
-//! The generated per-architecture tables (`arch_table.txt`, `expect_table.txt`): a header
+//! The generated per-architecture tables (`arch_table.txt`, `expect_table.txt`,
+//! `buffer_table.txt`): a header
 //! of `#` lines, then blocks each opened by `= ARCH [ARCH...]`. Blocks are parsed when
 //! first looked up (a process needs one or two of hundreds) and kept for the process.
 

@@ -12,6 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use super::order::{PlanNode, PlanTree};
+use super::view::PlanView;
 use crate::model::checkpoint::Checkpoint;
 use crate::types::placement::{DeviceMap, Placement};
 
@@ -111,15 +112,15 @@ pub fn prepare(ckpt: &Checkpoint, options: &PlanOptions) {
     prepared(ckpt, options);
 }
 
-/// The runtime view (`None`: the checkpoint as it is) and the walk tree, made once per
-/// checkpoint and plan options, shared by the copies map edits make.
-fn prepared(ckpt: &Checkpoint, options: &PlanOptions) -> (Arc<Option<Checkpoint>>, Arc<PlanTree>) {
+/// The plan view (the loaded model's names, layout and buffers) and the walk tree, made
+/// once per checkpoint and plan options, shared by the copies map edits make.
+fn prepared(ckpt: &Checkpoint, options: &PlanOptions) -> (Arc<PlanView>, Arc<PlanTree>) {
     let view = ckpt.derived(RUNTIME_VIEW, || {
-        super::view::runtime_view(ckpt, crate::model::arch::lookup(&ckpt.config.architectures))
+        super::view::plan_view(ckpt, crate::model::arch::lookup(&ckpt.config.architectures))
     });
-    let viewed = view.as_ref().as_ref().unwrap_or(ckpt);
+    let viewed = view.ckpt.as_ref().unwrap_or(ckpt);
     let tree = ckpt.derived(tree_key(options), || {
-        PlanTree::build(viewed, &options.no_split, options.dtype)
+        PlanTree::build(viewed, &view.buffers, &options.no_split, options.dtype)
     });
     (view, tree)
 }
@@ -135,7 +136,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
     // as accelerate walks it: both made once per checkpoint (and plan options), shared
     // by the copies map edits make.
     let (view, tree) = prepared(ckpt, options);
-    let ckpt = view.as_ref().as_ref().unwrap_or(ckpt);
+    let ckpt = view.ckpt.as_ref().unwrap_or(ckpt);
     let devices = device_order(&options.max_memory);
     let budget: HashMap<Placement, u64> = options.max_memory.iter().copied().collect();
     let gpus: Vec<Placement> = devices

@@ -26,6 +26,10 @@ pub struct PlanNode {
     /// Parameters first, then submodules, in definition order.
     pub children: Vec<usize>,
     pub no_split: bool,
+    /// A non-persistent buffer (`inv_freq`): counted in its module's size, not walked
+    /// on its own, except at the root (accelerate's walk meets the model's own buffers
+    /// last, after its children).
+    pub is_buffer: bool,
     /// The module has child modules without parameters (`act_fn`), which the tree
     /// leaves out: accelerate still treats it as having submodules (it can be split
     /// into its parameters, and is not a "layer" of its own).
@@ -175,6 +179,7 @@ fn is_repeated_block(tree: &ModuleTree, id: NodeId) -> bool {
 struct Builder<'a> {
     tree: &'a ModuleTree,
     ckpt: &'a Checkpoint,
+    buffers: &'a HashSet<std::sync::Arc<str>>,
     order: &'a [&'a str],
     dtype: Option<DType>,
     no_split: &'a [String],
@@ -190,7 +195,9 @@ impl Builder<'_> {
     fn visit(&mut self, arch: Option<(&Arch, Option<Cursor>)>, id: NodeId) -> usize {
         let tree = self.tree;
         let name = tree.full_name(id);
-        let is_param = tree.nodes[id].tensor().is_some();
+        let tensor = tree.nodes[id].tensor();
+        let is_param = tensor.is_some();
+        let is_buffer = tensor.is_some_and(|t| self.buffers.contains(&self.ckpt.tensors()[t].name));
         let index = self.nodes.len();
         let split_rule = match (self.no_split, arch) {
             ([], Some((arch, Some(at)))) => arch.no_split_at(at),
@@ -207,6 +214,7 @@ impl Builder<'_> {
             size: 0,
             children: Vec::new(),
             no_split: split_rule && !is_param,
+            is_buffer,
             bare_children,
         });
         self.by_name.insert(name, index);
@@ -258,8 +266,14 @@ impl PlanTree {
     pub const ROOT: usize = 0;
 
     /// `dtype`: the type the model will be loaded as (`torch_dtype`), which shrinks
-    /// wider floating-point tensors to it as accelerate counts them.
-    pub fn build(ckpt: &Checkpoint, no_split: &[String], dtype: Option<DType>) -> PlanTree {
+    /// wider floating-point tensors to it as accelerate counts them. `buffers`: which
+    /// of the tensors are non-persistent buffers (`plan::view`).
+    pub fn build(
+        ckpt: &Checkpoint,
+        buffers: &HashSet<std::sync::Arc<str>>,
+        no_split: &[String],
+        dtype: Option<DType>,
+    ) -> PlanTree {
         let tree = ModuleTree::build(ckpt);
         let order = family_order(&ckpt.config.architectures);
         // The table's entry, if the checkpoint's names are the ones it describes (a
@@ -273,6 +287,7 @@ impl PlanTree {
         let mut builder = Builder {
             tree: &tree,
             ckpt,
+            buffers,
             order,
             dtype,
             no_split,
@@ -289,8 +304,18 @@ impl PlanTree {
         }
     }
 
+    /// What accelerate walks `id` into when it splits it (or, for the root, starts
+    /// with): its parameters and submodules in order; a split module's own buffers are
+    /// dropped, the model's own come last.
     pub fn children_in_order(&self, id: usize) -> Vec<usize> {
-        self.nodes[id].children.clone()
+        let kids = &self.nodes[id].children;
+        let walked = kids.iter().copied().filter(|&c| !self.nodes[c].is_buffer);
+        if id == Self::ROOT {
+            let own = kids.iter().copied().filter(|&c| self.nodes[c].is_buffer);
+            walked.chain(own).collect()
+        } else {
+            walked.collect()
+        }
     }
 
     /// The size accelerate's `module_sizes` gives a name (0 for unknown names).
@@ -342,8 +367,13 @@ impl PlanTree {
 
 /// A tensor's size as accelerate's `compute_module_sizes` counts it when the model is
 /// loaded as `dtype`: integers and booleans keep their size, floating-point tensors take
-/// the smaller of theirs and `dtype`'s.
+/// the smaller of theirs and `dtype`'s. accelerate counts a boolean as one bit
+/// (`dtype_byte_size`: 1/8 byte; GPT-Neo's causal masks are boolean buffers), in a
+/// float sum; here rounded up to whole bytes, exact for a multiple of 8 elements.
 pub fn loaded_bytes(t: &Tensor, dtype: Option<DType>) -> u64 {
+    if t.dtype == DType::Bool {
+        return t.numel().div_ceil(8);
+    }
     let Some(target) = dtype else {
         return t.bytes();
     };

@@ -9,18 +9,94 @@
 //! and would walk experts one by one where accelerate sees two parameters. So the
 //! planner walks a view of the checkpoint under runtime names; the map it returns uses
 //! them, and `checkpoint::place` finds per-expert tensors under them.
+//!
+//! The view also holds what the loaded model has and a checkpoint never does: the
+//! non-persistent buffers (rotary `inv_freq`, BERT-family `position_ids`, GPT-Neo's
+//! causal mask), which accelerate counts in their module's size.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use crate::model::arch::Arch;
 use crate::model::checkpoint::{Checkpoint, NO_KEY, Parts, Source, Tensor};
 use crate::model::names::expert_piece;
 use crate::types::placement::Placement;
 
+/// What the planner walks: the checkpoint as the loaded model has it.
+#[derive(Debug, Default)]
+pub struct PlanView {
+    /// The checkpoint under the loaded model's names and layout, with its buffers
+    /// (`None`: plan the checkpoint as it is). Only what planning reads is kept:
+    /// names, dtypes, shapes, ties and the config.
+    pub ckpt: Option<Checkpoint>,
+    /// Which of its tensors are non-persistent buffers: counted in their module's
+    /// size, never walked on their own (accelerate drops a split module's buffers).
+    pub buffers: HashSet<Arc<str>>,
+}
+
+/// The checkpoint as the loaded model has it (see [`PlanView`]).
+pub fn plan_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> PlanView {
+    let runtime = runtime_view(ckpt, arch);
+    let base = runtime.as_ref().unwrap_or(ckpt);
+    let buffers = buffers_of(base);
+    if buffers.is_empty() {
+        return PlanView {
+            ckpt: runtime,
+            buffers: HashSet::new(),
+        };
+    }
+    let names = buffers.iter().map(|t| t.name.clone()).collect();
+    let mut tensors = base.tensors().to_vec();
+    tensors.extend(buffers);
+    let ckpt = view_of(base, tensors, base.tie_names());
+    PlanView {
+        ckpt: Some(ckpt),
+        buffers: names,
+    }
+}
+
+/// The non-persistent buffers of the model `ckpt` loads into (the buffer table),
+/// each where the checkpoint has its module's parent: a buffer the checkpoint's names
+/// would not reach (a model saved under other names) is left out rather than put in a
+/// module of its own.
+fn buffers_of(ckpt: &Checkpoint) -> Vec<Tensor> {
+    let buffers = crate::model::expect::buffers_of(&ckpt.config.architectures, &ckpt.config.raw);
+    if buffers.is_empty() {
+        return Vec::new();
+    }
+    let mut parents: HashSet<&str> = HashSet::new();
+    for t in ckpt.tensors() {
+        let mut name: &str = &t.name;
+        while let Some((parent, _)) = name.rsplit_once('.') {
+            if !parents.insert(parent) {
+                break;
+            }
+            name = parent;
+        }
+    }
+    let held: HashSet<&str> = ckpt.tensors().iter().map(|t| &*t.name).collect();
+    buffers
+        .into_iter()
+        .filter(|b| {
+            let module = b.name.rsplit_once('.').map_or("", |(m, _)| m);
+            let parent = module.rsplit_once('.').map_or("", |(p, _)| p);
+            !held.contains(b.name.as_str()) && (parent.is_empty() || parents.contains(parent))
+        })
+        .map(|b| Tensor {
+            name: b.name.into(),
+            dtype: b.dtype,
+            shape: b.shape.as_slice().into(),
+            placement: Placement::Cpu,
+            map_key: NO_KEY,
+            source: Source::None,
+            load_dtype: None,
+        })
+        .collect()
+}
+
 /// The checkpoint under the names and layout the loaded model has, when they differ
-/// (`None`: plan the checkpoint as it is). Only what planning reads is kept: names,
-/// dtypes, shapes, ties and the config.
-pub fn runtime_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint> {
+/// (`None`: plan the checkpoint as it is).
+fn runtime_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint> {
     // A checkpoint transformers loads dequantized is planned as the plain model it
     // becomes, under the names and layout the loaded model has too.
     let dequantized = dequantized_view(ckpt);

@@ -1,8 +1,9 @@
-"""The committed src/model/arch_table.txt and src/model/expect_table.txt against the
-installed transformers: for the architectures of the planner's acceptance test (and a
-few more), the block each generator writes now must be the block committed
-(regenerate with scripts/gen_arch_table.py and scripts/gen_expect_table.py after an
-upgrade). The whole tables take minutes to generate; these take seconds.
+"""The committed src/model/arch_table.txt, src/model/expect_table.txt and
+src/model/buffer_table.txt against the installed transformers: for the architectures
+of the planner's acceptance test (and a few more), the block each generator writes now
+must be the block committed (regenerate with scripts/gen_arch_table.py,
+scripts/gen_expect_table.py and scripts/gen_buffer_table.py after an upgrade). The
+whole tables take minutes to generate; these take seconds.
 
 Usage: python arch_table.py PATH/TO/devmap   (devmap is not needed; kept for symmetry)
 """
@@ -14,6 +15,7 @@ import transformers
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
 from gen_arch_table import describe, render_block  # noqa: E402
+import gen_buffer_table  # noqa: E402
 import gen_expect_table  # noqa: E402
 
 CHECKED = {
@@ -80,6 +82,16 @@ def main():
             f"src/model/expect_table.txt differs from this transformers ({transformers.__version__}) "
             f"for {stale}: run scripts/gen_expect_table.py")
     print(f"ok: {len(fitted)} architectures' expected tensors as committed, of {len(expected)} in the table")
+    buffers = committed_blocks(os.path.join(os.path.dirname(path), "buffer_table.txt"))
+    with_buffers = {a: CHECKED[a] for a in ("LlamaForCausalLM", "Qwen2ForCausalLM", "GemmaForCausalLM",
+                                            "BertForMaskedLM", "LlavaForConditionalGeneration")}
+    stale = [arch for arch, model_type in with_buffers.items()
+             if buffers.get(arch) != gen_buffer_table.describe(getattr(transformers, arch), model_type)]
+    if stale:
+        raise SystemExit(
+            f"src/model/buffer_table.txt differs from this transformers ({transformers.__version__}) "
+            f"for {stale}: run scripts/gen_buffer_table.py")
+    print(f"ok: {len(with_buffers)} architectures' buffers as committed, of {len(buffers)} in the table")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@
 //! - `qwen2_moe` (and the model types that reuse it, e.g. `qwen3_moe`):
 //!   `P.experts.{e}.gate_proj/up_proj/down_proj.weight`;
 //! - `mixtral`: the same with `block_sparse_moe` for `mlp` and `w1`/`w3`/`w2`;
+//! - `lfm2_moe`: `w1`/`w3`/`w2` under a module that keeps its name;
+//! - `dots3_note_vision_encoder`: `fc1` (gate), `fc3` (up), `fc2` (down);
 //! - `nemotron_h`: experts without a gate, `P.experts.up_proj` `[E, I, H]` and
 //!   `P.experts.down_proj`, under `mixer`, the checkpoint's `backbone.` loaded as
 //!   `model.` (the architecture's rename rule, `checkpoint_name`).
