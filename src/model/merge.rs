@@ -34,13 +34,16 @@ pub enum MergeKind {
     /// B `[out, r·E]`; expert e's delta is `B[:, k·E+e] · A[e·r+k, :]` over k): into the
     /// per-expert checkpoint tensor of `expert`, whose rows are that expert's delta rows
     /// from `delta_row` on, or (`expert: None`) into a checkpoint tensor that holds
-    /// every expert as transformers loads it (`[E, out, in]`, GraniteMoE's). peft computes the delta in f32
+    /// every expert as transformers loads it (`[E, out, in]`, GraniteMoE's; or, with
+    /// `transposed`, `[E, in, out]`: gpt-oss's, whose experts module says
+    /// `is_transposed`, and an MXFP4 weight dequantized). peft computes the delta in f32
     /// (scale·Σ), rounds it to the weight's dtype, then adds in that dtype (rounded
     /// again), as for an embedding.
     Expert {
         expert: Option<u64>,
         experts: u64,
         delta_row: u64,
+        transposed: bool,
     },
 }
 

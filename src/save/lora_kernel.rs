@@ -228,7 +228,13 @@ fn stream_rows(
                 }
             }
             if !allow_nonfinite {
-                refuse_overflow(ckpt, id, (work, to), base, block, row * cols)?;
+                refuse_overflow(
+                    &ckpt.tensors()[id].name,
+                    (work, to),
+                    base,
+                    block,
+                    row * cols,
+                )?;
             }
             narrow(work, block, base);
             if to == work {
@@ -246,12 +252,63 @@ fn stream_rows(
     result
 }
 
+/// A tensor's LoRA merges, loaded, for rows another stream makes: an MXFP4 weight's
+/// dequantized rows (`save::mxfp4`), merged as peft merges into the model transformers
+/// loads dequantized. The tensor is `rows × cols` as the merge sees it.
+pub struct RowMerger {
+    name: String,
+    steps: Vec<Loaded>,
+    allow_nonfinite: bool,
+    cols: usize,
+}
+
+impl RowMerger {
+    /// Reads the adapter matrices of every merge into tensor `id`.
+    pub fn load(
+        ckpt: &Checkpoint,
+        id: TensorId,
+        (rows, cols): (u64, u64),
+        open: &(dyn Fn(FileId) -> io::Result<File> + Sync),
+    ) -> Result<RowMerger, CopyError> {
+        let (rows, cols) = (rows as usize, cols as usize);
+        let merges = ckpt.merges_of(id);
+        let steps = merges
+            .iter()
+            .map(|s| load(s, rows, cols, open))
+            .collect::<Result<_, _>>()
+            .map_err(CopyError::Io)?;
+        Ok(RowMerger {
+            name: ckpt.tensors()[id].name.to_string(),
+            steps,
+            allow_nonfinite: merges.iter().all(|s| s.allow_nonfinite),
+            cols,
+        })
+    }
+
+    /// Merges into `rows` (whole rows of `dtype`, the first of them row `first`), in
+    /// place, in that dtype.
+    pub fn merge(&self, first: usize, dtype: DType, rows: &mut [u8]) -> Result<(), CopyError> {
+        let mut values = vec![0f32; rows.len() / dtype.size() as usize];
+        let mut scratch = vec![0f32; self.cols];
+        widen(dtype, rows, &mut values);
+        for step in &self.steps {
+            for (i, w) in values.chunks_exact_mut(self.cols.max(1)).enumerate() {
+                apply(step, first + i, w, &mut scratch, dtype);
+            }
+        }
+        if !self.allow_nonfinite {
+            refuse_overflow(&self.name, (dtype, dtype), rows, &values, first * self.cols)?;
+        }
+        narrow(dtype, &values, rows);
+        Ok(())
+    }
+}
+
 /// Stops the save when the merge made an element that was finite NaN or infinite (a
 /// huge `lora_alpha`, or a sum past the dtype's range), or one that the cast to `to`
 /// would make infinite: naming the tensor and the element, before anything is kept.
 fn refuse_overflow(
-    ckpt: &Checkpoint,
-    id: TensorId,
+    name: &str,
     (from, to): (DType, DType),
     before: &[u8],
     after: &[f32],
@@ -274,7 +331,7 @@ fn refuse_overflow(
         if was[0].is_finite() {
             return Err(CopyError::Io(io::Error::other(format!(
                 "merging the adapter into `{}` makes element {} {} (it was {}): the result does not fit {to}. Nothing was kept; pass --allow-nonfinite to write it anyway",
-                crate::text::escaped(&ckpt.tensors()[id].name),
+                crate::text::escaped(name),
                 first + k,
                 v,
                 was[0]
@@ -446,11 +503,16 @@ fn load(
                 expert,
                 experts,
                 delta_row,
+                transposed,
             },
             Some(a),
         ) => {
             let a = read_matrix(a, open)?;
-            let factors = expert_factors(&a, &b, (rows, cols, rank), (expert, experts, delta_row));
+            let factors = if transposed {
+                transposed_expert_factors(&a, &b, (rows, cols, rank), experts)
+            } else {
+                expert_factors(&a, &b, (rows, cols, rank), (expert, experts, delta_row))
+            };
             let Some((p, q, block)) = factors else {
                 return Err(io::Error::other(
                     "an expert's LoRA slice lies outside its matrices",
@@ -537,6 +599,40 @@ fn expert_factors(
         .collect::<Option<Vec<f32>>>()?;
     let factors = (p, lora_a.to_vec(), out);
     Some(factors)
+}
+
+/// [`expert_factors`] for a tensor of every expert stored `[E, in, out]` (gpt-oss's,
+/// and an MXFP4 weight dequantized): peft's delta is each expert's `(B·A)ᵀ`, so row
+/// `i` (expert `i / in`, input `i % in`) is `Σ_k A[e·r+k][i % in] · B[:, k·E+e]`: p is
+/// A's columns per row, q expert e's `r × out` block of B's columns (block height
+/// `in` rows).
+fn transposed_expert_factors(
+    lora_a: &[f32],
+    lora_b: &[f32],
+    (rows, cols, rank): (usize, usize, usize),
+    experts: u64,
+) -> Option<(Vec<f32>, Vec<f32>, usize)> {
+    let count = experts as usize;
+    let wide = rank * count;
+    if count == 0 || rows % count != 0 || lora_b.len() != cols * wide {
+        return None;
+    }
+    let inputs = rows / count;
+    if lora_a.len() != wide * inputs {
+        return None;
+    }
+    let mut p = Vec::with_capacity(rows * rank);
+    for i in 0..rows {
+        let (e, input) = (i / inputs, i % inputs);
+        p.extend((0..rank).map(|k| lora_a[(e * rank + k) * inputs + input]));
+    }
+    let mut q = Vec::with_capacity(count * rank * cols);
+    for e in 0..count {
+        for k in 0..rank {
+            q.extend((0..cols).map(|o| lora_b[o * wide + k * count + e]));
+        }
+    }
+    Some((p, q, inputs))
 }
 
 /// `m` (`r × c`, row-major) transposed.

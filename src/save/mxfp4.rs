@@ -45,6 +45,11 @@ impl Mxfp4Layout {
         [self.experts, self.groups * GROUP, self.rows]
     }
 
+    /// The dequantized tensor as a LoRA merge sees it: `E·G·32` rows of `rows` values.
+    pub fn matrix(&self) -> (u64, u64) {
+        (self.experts * self.groups * GROUP, self.rows)
+    }
+
     pub fn elements(&self) -> u64 {
         self.experts * self.rows * self.groups * GROUP
     }
@@ -139,34 +144,29 @@ fn fill_band<const N: usize>(input: &GroupInput<'_>, table: &[u8], band: &mut [u
     }
 }
 
-/// Reads `P_blocks` (`blocks`) and `P_scales` (`scales`) and hands `sink` the
-/// dequantized `[E, G·32, rows]` tensor converted to `to`, 32 output rows (one group of
-/// every input row) at a time. `name` names `P_blocks` in errors.
+/// Reads `input`'s `P_blocks` and `P_scales` and hands `sink` the dequantized
+/// `[E, G·32, rows]` tensor converted to `to` (with its LoRA merges applied, where
+/// `input.merge` has them), 32 output rows (one group of every input row) at a time.
 pub fn stream(
-    name: &str,
-    (blocks_file, blocks): (&File, ByteRange),
-    (scales_file, scales): (&File, ByteRange),
-    layout: Mxfp4Layout,
+    input: &Packed<'_>,
     to: DType,
     cancel: &dyn Stop,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
-    let input = Packed {
-        name,
-        blocks: (blocks_file, blocks),
-        scales: (scales_file, scales),
-        layout,
-    };
-    stream_experts(&input, 0..layout.experts, to, cancel, sink)
+    stream_experts(input, 0..input.layout.experts, to, cancel, sink)
 }
 
-/// An MXFP4 weight's packed inputs, as [`stream`] takes them.
+/// An MXFP4 weight's packed inputs, as [`stream`] takes them. `name` names `P_blocks`
+/// in errors; `merge` holds the LoRA merges into the dequantized weight (rows
+/// `E·G·32` of `rows` values, as peft sees the `[E, in, out]` parameter), applied in
+/// `to` as each band is made.
 #[derive(Clone, Copy)]
 pub struct Packed<'a> {
     pub name: &'a str,
     pub blocks: (&'a File, ByteRange),
     pub scales: (&'a File, ByteRange),
     pub layout: Mxfp4Layout,
+    pub merge: Option<&'a super::lora_kernel::RowMerger>,
 }
 
 /// [`stream`] with the experts split among `threads` threads, each writing its
@@ -205,6 +205,7 @@ fn stream_experts(
         blocks: (blocks_file, blocks),
         scales: (scales_file, scales),
         layout,
+        merge,
     } = *input;
     let (want_blocks, want_scales) = layout.packed_bytes();
     if blocks.len != want_blocks || scales.len != want_scales {
@@ -259,6 +260,10 @@ fn stream_experts(
             match size {
                 2 => fill_band::<2>(&input, &table, &mut band),
                 _ => fill_band::<4>(&input, &table, &mut band),
+            }
+            if let Some(merger) = merge {
+                let first = (expert as usize * groups + group) * GROUP as usize;
+                merger.merge(first, to, &mut band)?;
             }
             sink(&band).map_err(CopyError::Io)?;
         }
@@ -319,30 +324,23 @@ mod tests {
             offset: nb,
             len: ns,
         };
+        let packed = Packed {
+            name: "w",
+            blocks: (&input, blocks),
+            scales: (&input, scales),
+            layout,
+            merge: None,
+        };
         for to in [DType::BF16, DType::F16, DType::F32] {
             let mut want = Vec::new();
-            stream(
-                "w",
-                (&input, blocks),
-                (&input, scales),
-                layout,
-                to,
-                &Never,
-                &mut |b| {
-                    want.extend_from_slice(b);
-                    Ok(())
-                },
-            )
+            stream(&packed, to, &Never, &mut |b| {
+                want.extend_from_slice(b);
+                Ok(())
+            })
             .expect("stream");
             assert_eq!(want.len() as u64, layout.elements() * to.size());
             for threads in [2, 3, 8] {
                 let out = tempfile::tempfile().expect("temp file");
-                let packed = Packed {
-                    name: "w",
-                    blocks: (&input, blocks),
-                    scales: (&input, scales),
-                    layout,
-                };
                 let n = write_in_parallel(packed, to, (&out, 7), threads, &Never).expect("write");
                 assert_eq!(n, want.len() as u64);
                 let mut got = vec![0u8; want.len()];

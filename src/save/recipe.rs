@@ -51,8 +51,10 @@ pub enum Recipe {
         blocks: crate::save::dequant::Fp8Blocks,
     },
     /// An MXFP4 experts weight (`P_blocks`, with its `P_scales`), dequantized and
-    /// transposed per expert as transformers loads it, in `to` (see `save::mxfp4`).
-    /// Written under the name `P` and the shape [`Mxfp4Layout::shape`].
+    /// transposed per expert as transformers loads it, in `to` (see `save::mxfp4`);
+    /// with `merge`, the checkpoint's LoRA merges into that dequantized weight applied,
+    /// as peft merges into the model transformers loads dequantized. Written under the
+    /// name `P` and the shape [`Mxfp4Layout::shape`].
     ///
     /// [`Mxfp4Layout::shape`]: crate::save::mxfp4::Mxfp4Layout::shape
     Mxfp4 {
@@ -60,6 +62,7 @@ pub enum Recipe {
         scales: ByteRange,
         layout: crate::save::mxfp4::Mxfp4Layout,
         to: DType,
+        merge: bool,
     },
 }
 

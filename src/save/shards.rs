@@ -328,11 +328,6 @@ fn dequantized_mxfp4(ckpt: &Checkpoint, id: TensorId, to: DType) -> Result<Dequa
             scales.shape.to_vec()
         ));
     }
-    if !ckpt.merges_of(id).is_empty() {
-        return Err(
-            "is an MXFP4 weight a LoRA adapter merges into; devmap does not merge into quantized weights yet (merge after saving it dequantized)".to_owned(),
-        );
-    }
     let (Some(blocks), Some(scales)) = (ckpt.data_range(id), ckpt.data_range(scales_id)) else {
         return Err("or its scales have no data to read".to_owned());
     };
@@ -345,6 +340,9 @@ fn dequantized_mxfp4(ckpt: &Checkpoint, id: TensorId, to: DType) -> Result<Dequa
             groups,
         },
         to,
+        // A LoRA adapter merges into the dequantized weight, as peft merges into the
+        // model transformers loads dequantized.
+        merge: !ckpt.merges_of(id).is_empty(),
     }))
 }
 

@@ -286,9 +286,20 @@ impl ShardWriter<'_> {
                     scales,
                     layout,
                     to: to_dtype,
+                    merge,
                 } => open_source(ckpt, scales.file)
                     .map_err(CopyError::Io)
                     .and_then(|scales_file| {
+                        let merger = merge
+                            .then(|| {
+                                super::lora_kernel::RowMerger::load(
+                                    ckpt,
+                                    t.tensor,
+                                    layout.matrix(),
+                                    &|file| open_source(ckpt, file),
+                                )
+                            })
+                            .transpose()?;
                         // Arithmetic, not I/O: a big weight's experts are split among
                         // the cores, each written in place.
                         let threads = if blocks.len >= PARALLEL_MERGE_BYTES {
@@ -302,6 +313,7 @@ impl ShardWriter<'_> {
                                 blocks: (src, blocks),
                                 scales: (&scales_file, scales),
                                 layout,
+                                merge: merger.as_ref(),
                             },
                             to_dtype,
                             (&dst, data_start + t.begin),

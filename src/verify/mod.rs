@@ -406,19 +406,34 @@ fn hash_expected(
                 scales,
                 layout,
                 to,
-            } => crate::formats::input::open_regular(expected.ckpt.file_path(scales.file))
-                .map_err(|e| CopyError::Io(std::io::Error::other(e)))
-                .and_then(|scales_file| {
-                    crate::save::mxfp4::stream(
-                        &expected.ckpt.tensors()[p.tensor].name,
-                        (file, blocks),
-                        (&scales_file, scales),
+                merge,
+            } => {
+                let open = |id| {
+                    crate::formats::input::open_regular(expected.ckpt.file_path(id))
+                        .map_err(std::io::Error::other)
+                };
+                let merger = merge
+                    .then(|| {
+                        crate::save::lora_kernel::RowMerger::load(
+                            expected.ckpt,
+                            p.tensor,
+                            layout.matrix(),
+                            &open,
+                        )
+                    })
+                    .transpose();
+                merger.and_then(|merger| {
+                    let scales_file = open(scales.file).map_err(CopyError::Io)?;
+                    let packed = crate::save::mxfp4::Packed {
+                        name: &expected.ckpt.tensors()[p.tensor].name,
+                        blocks: (file, blocks),
+                        scales: (&scales_file, scales),
                         layout,
-                        to,
-                        &progress.cancel,
-                        &mut feed,
-                    )
-                }),
+                        merge: merger.as_ref(),
+                    };
+                    crate::save::mxfp4::stream(&packed, to, &progress.cancel, &mut feed)
+                })
+            }
             Recipe::Dequant {
                 from,
                 to,

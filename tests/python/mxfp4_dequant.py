@@ -13,6 +13,11 @@ unexpected key and the same logits; and each dequantized weight equals transform
 own `convert_moe_packed_tensors` in that dtype. `devmap verify OUT --against DIR
 --dtype D` must be clean.
 
+Then a LoRA adapter made by peft on the dequantized model, on the fused experts
+(`target_parameters`) and on an attention projection: `devmap save --dtype bfloat16
+--merge-lora` must equal peft's `merge_and_unload()` + `save_pretrained` bit for bit,
+and without a float --dtype the merge is refused.
+
 Usage: python mxfp4_dequant.py PATH/TO/devmap
 """
 
@@ -33,8 +38,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 INPUT = torch.tensor([[1, 5, 9, 2, 7, 3]])
 
 
-def make(work):
-    """The MXFP4 checkpoint (from a plain gpt-oss transformers saved)."""
+def make(work, extreme=True):
+    """The MXFP4 checkpoint (from a plain gpt-oss transformers saved); with `extreme`,
+    one expert holds every scale byte but NaN's."""
     torch.manual_seed(0)
     config = GptOssConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
@@ -50,7 +56,7 @@ def make(work):
             packed[name + "_blocks"] = torch.randint(0, 256, (experts, out, inp // 32, 16), generator=g, dtype=torch.uint8)
             scales = torch.randint(120, 134, (experts, out, inp // 32), generator=g, dtype=torch.uint8)
             # Expert 0 of the first weight holds every exponent but NaN's (255).
-            if name.startswith("model.layers.0.mlp.experts.gate_up_proj"):
+            if extreme and name.startswith("model.layers.0.mlp.experts.gate_up_proj"):
                 scales[0].view(-1)[:255] = torch.arange(255, dtype=torch.uint8)
             packed[name + "_scales"] = scales
         else:
@@ -85,8 +91,56 @@ def same_bits(a, b):
     return bool(((a.view(view) == b.view(view)) | nan).all())
 
 
+def check_lora(devmap, work):
+    """peft's LoRA on the model transformers loads dequantized, merged by devmap into the
+    MXFP4 experts while it dequantizes them (see the module's doc)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    folder, _ = make(os.path.join(work, "lora"), extreme=False)
+    load = lambda: AutoModelForCausalLM.from_pretrained(
+        folder, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.bfloat16)
+    config = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=["q_proj"],
+                        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    peft_model = get_peft_model(load(), config)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_" in n:
+                p.copy_((torch.randn(p.shape, generator=g) * 0.2).to(p.dtype))
+    adapter = os.path.join(work, "lora-adapter")
+    peft_model.save_pretrained(adapter)
+    merged = PeftModel.from_pretrained(load(), adapter).merge_and_unload()
+    ref = os.path.join(work, "lora-peft")
+    merged.save_pretrained(ref)
+    out = os.path.join(work, "lora-devmap")
+    run([devmap, "save", folder, "--out", out, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet"])
+    ours, theirs = read_tensors(out), read_tensors(ref)
+    if sorted(ours) != sorted(theirs):
+        sys.exit(f"FAIL lora: names differ: {sorted(set(ours) ^ set(theirs))}")
+    changed = 0
+    for k in theirs:
+        want = theirs[k]
+        if want.dtype == torch.float32 and ours[k].dtype == torch.bfloat16:
+            want = want.to(torch.bfloat16)  # kept in float32 by transformers; --dtype casts it
+        if not same_bits(ours[k], want):
+            sys.exit(f"FAIL lora: {k} differs from peft's merge")
+        changed += int(any(t in k for t in ("q_proj", "gate_up_proj", "down_proj")))
+    loaded, info = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16, output_loading_info=True)
+    if info["missing_keys"] or info["unexpected_keys"]:
+        sys.exit(f"FAIL lora: from_pretrained(OUT): {info}")
+    kept = os.path.join(work, "lora-keep")
+    r = subprocess.run([devmap, "save", folder, "--out", kept, "--dtype", "keep", "--merge-lora", adapter],
+                       capture_output=True, text=True)
+    if r.returncode == 0 or os.path.exists(kept):
+        sys.exit(f"FAIL lora: --merge-lora into MXFP4 with --dtype keep must be refused: {r.stderr}")
+    print(f"ok: LoRA (target_parameters on the fused experts, and q_proj) merged into {changed} weights of a "
+          "dequantized MXFP4 gpt-oss: bit-identical with peft's merge_and_unload + save_pretrained; refused "
+          "without a float --dtype")
+
+
 def main(devmap):
     work = tempfile.mkdtemp(prefix="devmap-mxfp4-")
+    check_lora(devmap, work)
     folder, packed = make(work)
     for name, dtype in DTYPES.items():
         ref = os.path.join(work, f"ref-{name}")

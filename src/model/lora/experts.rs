@@ -30,9 +30,15 @@ pub(super) fn pieces(ckpt: &Checkpoint) -> Pieces {
     by_fused
 }
 
+/// Model types whose fused experts are `[E, in, out]` (their experts module says
+/// `is_transposed` in transformers 5.24): peft's delta for them is each expert's
+/// `(B·A)ᵀ`.
+const TRANSPOSED_EXPERTS: [&str; 3] = ["gpt_oss", "aria", "openai_privacy_filter"];
+
 /// A fused experts parameter the checkpoint holds whole (`[E, out, in]` under the name
 /// transformers renames it from: GraniteMoE's `block_sparse_moe.input_linear.weight`
-/// for `…experts.gate_up_proj`).
+/// for `…experts.gate_up_proj`; `[E, in, out]` for gpt-oss), or as MXFP4 blocks
+/// (`P_blocks`, which dequantize to `[E, in, out]`).
 fn whole(
     ckpt: &Checkpoint,
     fused: &str,
@@ -43,20 +49,41 @@ fn whole(
         let arch = crate::model::arch::lookup(&ckpt.config.architectures)?;
         ckpt.index_of(&arch.checkpoint_name(fused)?)
     });
-    let Some(id) = stored else {
+    // MXFP4 blocks, as the parameter they dequantize to (`[E, in, out]`).
+    let mxfp4 = || {
+        let id = ckpt.index_of(&format!("{fused}_blocks"))?;
+        match crate::model::quantized::quantized_part(ckpt, id)? {
+            crate::model::quantized::QuantizedPart::Weight {
+                dequantized_shape, ..
+            } => Some((id, dequantized_shape, true)),
+            crate::model::quantized::QuantizedPart::Scales { .. } => None,
+        }
+    };
+    let model_type = ckpt.config.raw.get("model_type").and_then(|t| t.as_str());
+    let transposed = model_type.is_some_and(|t| TRANSPOSED_EXPERTS.contains(&t));
+    let found = stored
+        .map(|id| (id, ckpt.tensors()[id].shape.iter().collect(), transposed))
+        .or_else(mxfp4);
+    let Some((id, dims, transposed)) = found else {
         return Err(format!(
             "`{fused}`: the checkpoint has neither per-expert tensors nor the whole parameter"
         ));
     };
-    let dims: Vec<u64> = ckpt.tensors()[id].shape.iter().collect();
-    let &[experts, out, cols] = dims.as_slice() else {
-        return Err(format!("`{fused}` is {dims:?}, not [experts, out, in]"));
+    let (experts, out, cols) = match *dims.as_slice() {
+        [e, d1, d2] if transposed => (e, d2, d1),
+        [e, d1, d2] => (e, d1, d2),
+        _ => return Err(format!("`{fused}` is {dims:?}, not [experts, out, in]")),
     };
     let fits =
         experts > 0 && a_rows % experts == 0 && a_cols == cols && b_rows == out && b_cols == a_rows;
     if !fits {
+        let shape = if transposed {
+            format!("[{experts}, {cols}, {out}] (experts, in, out)")
+        } else {
+            format!("[{experts}, {out}, {cols}]")
+        };
         return Err(format!(
-            "`{fused}` [{experts}, {out}, {cols}] needs A [r·{experts}, {cols}] and B [{out}, r·{experts}]"
+            "`{fused}` {shape} needs A [r·{experts}, {cols}] and B [{out}, r·{experts}]"
         ));
     }
     let target = Target {
@@ -65,6 +92,7 @@ fn whole(
             expert: None,
             experts,
             delta_row: 0,
+            transposed,
         },
     };
     Ok((a_rows / experts, vec![target]))
@@ -175,6 +203,7 @@ pub(super) fn targets(
                             expert: Some(e as u64),
                             experts,
                             delta_row: half as u64 * rows,
+                            transposed: false,
                         },
                     })
                 })

@@ -141,26 +141,24 @@ fn lora_scale(alpha: f64, rank: u64, use_rslora: bool) -> f32 {
 }
 
 /// Refuses merging into a weight devmap cannot merge into: float32, float16 and
-/// bfloat16 ones, and the FP8 weights of a fine-grained FP8 checkpoint (merged into
-/// their dequantized value, so only by a save that dequantizes).
-fn mergeable(fp8: bool, name: &str, dtype: DType) -> Result<(), String> {
-    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
-        || (fp8 && matches!(dtype, DType::F8E4M3 | DType::F8E5M2))
-    {
+/// bfloat16 ones, the FP8 weights of a fine-grained FP8 checkpoint and the MXFP4
+/// experts blocks of an MXFP4 one (merged into their dequantized value, so only by a
+/// save that dequantizes).
+fn mergeable(quantized: Option<&str>, name: &str, dtype: DType) -> Result<(), String> {
+    let fp8 = quantized == Some("fp8") && matches!(dtype, DType::F8E4M3 | DType::F8E5M2);
+    let mxfp4 = quantized == Some("mxfp4") && dtype == DType::U8 && name.ends_with("_blocks");
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || fp8 || mxfp4 {
         Ok(())
     } else {
         Err(format!(
-            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8 weights dequantized"
+            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8 and MXFP4 experts weights dequantized"
         ))
     }
 }
 
-/// Whether the checkpoint is fine-grained FP8 (`quant_method: fp8`).
-fn is_fp8(ckpt: &Checkpoint) -> bool {
-    ckpt.config
-        .quantization
-        .as_ref()
-        .is_some_and(|q| q.method == "fp8")
+/// The checkpoint's `quant_method`, when it is quantized.
+fn quant_method(ckpt: &Checkpoint) -> Option<&str> {
+    ckpt.config.quantization.as_ref().map(|q| q.method.as_str())
 }
 
 /// One LoRA pair on a fused experts parameter, with what its steps carry.
@@ -199,7 +197,7 @@ fn merge_into_experts(
     let mut names = Vec::with_capacity(targets.len());
     for target in targets {
         let tensor = &ckpt.tensors()[target.id];
-        mergeable(is_fp8(ckpt), &tensor.name, tensor.dtype)?;
+        mergeable(quant_method(ckpt), &tensor.name, tensor.dtype)?;
         names.push(tensor.name.to_string());
         let holder = ckpt
             .tie_group(target.id)
@@ -399,7 +397,7 @@ pub fn apply_adapter_with(
             ));
         };
         let base = &ckpt.tensors()[id];
-        mergeable(is_fp8(ckpt), &weight, base.dtype)
+        mergeable(quant_method(ckpt), &weight, base.dtype)
             .map_err(|message| key_error(&a_key.0, message))?;
         let (Some(ma), Some(mb)) = (matrix(&a_key.1), matrix(&b_key.1)) else {
             return Err(key_error(&a_key.0, "A and B must be matrices".into()));
