@@ -94,11 +94,21 @@ def same_bits(a, b):
 def check_lora(devmap, work):
     """peft's LoRA on the model transformers loads dequantized, merged by devmap into the
     MXFP4 experts while it dequantizes them (see the module's doc)."""
-    from peft import LoraConfig, PeftModel, get_peft_model
-
     folder, _ = make(os.path.join(work, "lora"), extreme=False)
     load = lambda: AutoModelForCausalLM.from_pretrained(
         folder, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.bfloat16)
+    merge_and_compare(devmap, work, "mxfp4", folder, load)
+    # The plain gpt-oss the MXFP4 checkpoint was made from: its fused experts are
+    # stored [E, in, out] too.
+    plain = os.path.join(work, "lora", "plain")
+    merge_and_compare(devmap, work, "plain", plain,
+                      lambda: AutoModelForCausalLM.from_pretrained(plain, dtype=torch.bfloat16))
+
+
+def merge_and_compare(devmap, work, label, folder, load):
+    """An adapter made by peft on `load()`, merged by peft and by devmap from `folder`."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
     config = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=["q_proj"],
                         target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
     peft_model = get_peft_model(load(), config)
@@ -107,12 +117,12 @@ def check_lora(devmap, work):
         for n, p in peft_model.named_parameters():
             if "lora_" in n:
                 p.copy_((torch.randn(p.shape, generator=g) * 0.2).to(p.dtype))
-    adapter = os.path.join(work, "lora-adapter")
+    adapter = os.path.join(work, f"lora-{label}-adapter")
     peft_model.save_pretrained(adapter)
     merged = PeftModel.from_pretrained(load(), adapter).merge_and_unload()
-    ref = os.path.join(work, "lora-peft")
+    ref = os.path.join(work, f"lora-{label}-peft")
     merged.save_pretrained(ref)
-    out = os.path.join(work, "lora-devmap")
+    out = os.path.join(work, f"lora-{label}-devmap")
     run([devmap, "save", folder, "--out", out, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet"])
     ours, theirs = read_tensors(out), read_tensors(ref)
     if sorted(ours) != sorted(theirs):
@@ -128,14 +138,22 @@ def check_lora(devmap, work):
     loaded, info = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16, output_loading_info=True)
     if info["missing_keys"] or info["unexpected_keys"]:
         sys.exit(f"FAIL lora: from_pretrained(OUT): {info}")
-    kept = os.path.join(work, "lora-keep")
-    r = subprocess.run([devmap, "save", folder, "--out", kept, "--dtype", "keep", "--merge-lora", adapter],
+    r = subprocess.run([devmap, "verify", out, "--against", folder, "--dtype", "bfloat16", "--merge-lora", adapter],
                        capture_output=True, text=True)
-    if r.returncode == 0 or os.path.exists(kept):
-        sys.exit(f"FAIL lora: --merge-lora into MXFP4 with --dtype keep must be refused: {r.stderr}")
+    text = r.stdout + r.stderr
+    problems = [l for l in text.splitlines() if l.startswith("difference:") and "keep-in-float32" not in l]
+    if problems or f"as saved from {folder}: 0 differences" not in text:
+        sys.exit(f"FAIL lora {label}: verify --against: {text}")
+    refused = ""
+    if label == "mxfp4":
+        kept = os.path.join(work, "lora-keep")
+        r = subprocess.run([devmap, "save", folder, "--out", kept, "--dtype", "keep", "--merge-lora", adapter],
+                           capture_output=True, text=True)
+        if r.returncode == 0 or os.path.exists(kept):
+            sys.exit(f"FAIL lora: --merge-lora into MXFP4 with --dtype keep must be refused: {r.stderr}")
+        refused = "; refused without a float --dtype"
     print(f"ok: LoRA (target_parameters on the fused experts, and q_proj) merged into {changed} weights of a "
-          "dequantized MXFP4 gpt-oss: bit-identical with peft's merge_and_unload + save_pretrained; refused "
-          "without a float --dtype")
+          f"{label} gpt-oss: bit-identical with peft's merge_and_unload + save_pretrained, verify clean{refused}")
 
 
 def main(devmap):
