@@ -270,26 +270,35 @@ fn dequantized_compressed(
             scale.dtype
         ));
     }
-    if !ckpt.merges_of(id).is_empty() {
-        return Err(
-            "is a compressed-tensors FP8 weight a LoRA adapter merges into; devmap does not merge into it yet (merge after saving it dequantized)".to_owned(),
-        );
-    }
     let (Some(source), Some(scale_range)) = (ckpt.data_range(id), ckpt.data_range(scale_id)) else {
         return Err("or its scale has no data to read".to_owned());
     };
-    Ok(Dequantized::Written(Recipe::Dequant {
-        source,
-        from: tensor.dtype,
-        to,
-        scale: scale_range,
-        blocks: super::dequant::Fp8Blocks {
-            rows,
-            cols,
-            block_rows: block.0,
-            block_cols: block.1,
-            scale_dtype: scale.dtype,
-        },
+    let blocks = super::dequant::Fp8Blocks {
+        rows,
+        cols,
+        block_rows: block.0,
+        block_cols: block.1,
+        scale_dtype: scale.dtype,
+    };
+    let (from, scale) = (tensor.dtype, scale_range);
+    // A LoRA adapter merges into the dequantized weight, as peft merges into the
+    // model transformers loads dequantized.
+    Ok(Dequantized::Written(if ckpt.merges_of(id).is_empty() {
+        Recipe::Dequant {
+            source,
+            from,
+            to,
+            scale,
+            blocks,
+        }
+    } else {
+        Recipe::DequantMerge {
+            source,
+            from,
+            to,
+            scale,
+            blocks,
+        }
     }))
 }
 

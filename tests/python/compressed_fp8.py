@@ -11,7 +11,9 @@ transformers writes after loading the checkpoint dequantized
 names and dtypes, every element bit-identical, no scales and no `quantization_config`;
 `from_pretrained(OUT)` gives the same logits; `devmap verify OUT --against DIR --dtype D`
 is clean. A `pack-quantized` (INT4) config under a float --dtype is refused, naming the
-format, with nothing written.
+format, with nothing written. A LoRA adapter made by peft on the dequantized model
+merges into the dequantized weights bit-identically with peft's `merge_and_unload()` +
+`save_pretrained`.
 
 Usage: python compressed_fp8.py PATH/TO/devmap
 """
@@ -111,6 +113,7 @@ def main(devmap):
                 if not failures:
                     print(f"ok: compressed-tensors FP8, {case}: {len(theirs)} tensors bit-identical with transformers' "
                           "dequantized save, logits equal, verify clean")
+    failures += check_lora(devmap, work)
     packed = os.path.join(work, "ct-packed")
     make(packed, "tensor", torch.bfloat16, fmt="pack-quantized")
     out = packed + "-out"
@@ -123,6 +126,50 @@ def main(devmap):
     if failures:
         print("\n".join("FAIL: " + f for f in failures))
         sys.exit(1)
+
+
+def check_lora(devmap, work):
+    """peft's LoRA on the model transformers loads dequantized (per-row bfloat16 scales),
+    merged by devmap while it dequantizes; refused without a float --dtype."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    src = os.path.join(work, "ct-lora-base")
+    make(src, "channel", torch.bfloat16)
+    load = lambda: AutoModelForCausalLM.from_pretrained(
+        src, quantization_config=CompressedTensorsConfig(dequantize=True), dtype=torch.bfloat16)
+    peft_model = get_peft_model(load(), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                   target_modules=["q_proj", "v_proj", "down_proj"]))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_" in n:
+                p.copy_((torch.randn(p.shape, generator=g) * 0.2).to(p.dtype))
+    adapter = os.path.join(work, "ct-lora-adapter")
+    peft_model.save_pretrained(adapter)
+    merged = PeftModel.from_pretrained(load(), adapter).merge_and_unload()
+    ref = os.path.join(work, "ct-lora-peft")
+    merged.save_pretrained(ref)
+    out = os.path.join(work, "ct-lora-devmap")
+    r = run([devmap, "save", src, "--out", out, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet"])
+    if r.returncode != 0:
+        return [f"--merge-lora into compressed-tensors FP8: save failed: {r.stderr}"]
+    ours, theirs = read_tensors(out), read_tensors(ref)
+    if sorted(ours) != sorted(theirs):
+        return [f"--merge-lora into compressed-tensors FP8: names differ: {sorted(set(ours) ^ set(theirs))[:4]}"]
+    bad = [k for k in theirs if ours[k].dtype != theirs[k].dtype or not torch.equal(bits(ours[k]), bits(theirs[k]))]
+    if bad:
+        return [f"--merge-lora into compressed-tensors FP8: {len(bad)} tensors differ from peft's merge, e.g. {bad[0]}"]
+    r = run([devmap, "verify", out, "--against", src, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet"])
+    if r.returncode != 0:
+        return [f"--merge-lora into compressed-tensors FP8: verify --against: {r.stdout[-600:]}"]
+    kept = os.path.join(work, "ct-lora-keep")
+    r = run([devmap, "save", src, "--out", kept, "--dtype", "keep", "--merge-lora", adapter])
+    if r.returncode == 0 or os.path.exists(kept):
+        return [f"--merge-lora into compressed-tensors FP8 with --dtype keep must be refused: {r.stderr}"]
+    changed = sum(any(t in k for t in ("q_proj", "v_proj", "down_proj")) for k in theirs)
+    print(f"ok: LoRA merged into {changed} dequantized compressed-tensors FP8 weights: bit-identical with peft's "
+          "merge_and_unload + save_pretrained, verify clean; refused without a float --dtype")
+    return []
 
 
 if __name__ == "__main__":

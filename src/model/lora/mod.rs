@@ -141,11 +141,13 @@ fn lora_scale(alpha: f64, rank: u64, use_rslora: bool) -> f32 {
 }
 
 /// Refuses merging into a weight devmap cannot merge into: float32, float16 and
-/// bfloat16 ones, the FP8 weights of a fine-grained FP8 checkpoint and the MXFP4
+/// bfloat16 ones, the FP8 weights of a fine-grained FP8 or compressed-tensors FP8
+/// checkpoint and the MXFP4
 /// experts blocks of an MXFP4 one (merged into their dequantized value, so only by a
 /// save that dequantizes).
 fn mergeable(quantized: Option<&str>, name: &str, dtype: DType) -> Result<(), String> {
-    let fp8 = quantized == Some("fp8") && matches!(dtype, DType::F8E4M3 | DType::F8E5M2);
+    let fp8 = matches!(quantized, Some("fp8" | "compressed-tensors"))
+        && matches!(dtype, DType::F8E4M3 | DType::F8E5M2);
     let mxfp4 = quantized == Some("mxfp4") && dtype == DType::U8 && name.ends_with("_blocks");
     if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || fp8 || mxfp4 {
         Ok(())
