@@ -27,7 +27,7 @@ import tempfile
 
 import torch
 from safetensors.torch import save_file
-from saved import tensors as read_tensors
+from saved import peft_merged, tensors as read_tensors
 from transformers import AutoModelForCausalLM, CompressedTensorsConfig, LlamaConfig
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -131,24 +131,14 @@ def main(devmap):
 def check_lora(devmap, work):
     """peft's LoRA on the model transformers loads dequantized (per-row bfloat16 scales),
     merged by devmap while it dequantizes; refused without a float --dtype."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig
 
     src = os.path.join(work, "ct-lora-base")
     make(src, "channel", torch.bfloat16)
     load = lambda: AutoModelForCausalLM.from_pretrained(
         src, quantization_config=CompressedTensorsConfig(dequantize=True), dtype=torch.bfloat16)
-    peft_model = get_peft_model(load(), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                                                   target_modules=["q_proj", "v_proj", "down_proj"]))
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for n, p in peft_model.named_parameters():
-            if "lora_" in n:
-                p.copy_((torch.randn(p.shape, generator=g) * 0.2).to(p.dtype))
-    adapter = os.path.join(work, "ct-lora-adapter")
-    peft_model.save_pretrained(adapter)
-    merged = PeftModel.from_pretrained(load(), adapter).merge_and_unload()
-    ref = os.path.join(work, "ct-lora-peft")
-    merged.save_pretrained(ref)
+    lora = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=["q_proj", "v_proj", "down_proj"])
+    adapter, ref, _ = peft_merged(load, lora, work, "ct-lora")
     out = os.path.join(work, "ct-lora-devmap")
     r = run([devmap, "save", src, "--out", out, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet"])
     if r.returncode != 0:

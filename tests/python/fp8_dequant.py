@@ -23,8 +23,8 @@ import tempfile
 
 import torch
 from safetensors.torch import save_file
-from saved import tensors as read_tensors
-from peft import LoraConfig, PeftModel, get_peft_model
+from saved import peft_merged, tensors as read_tensors
+from peft import LoraConfig
 from transformers import AutoModelForCausalLM, FineGrainedFP8Config, LlamaConfig
 from transformers.integrations.finegrained_fp8 import Fp8Dequantize
 
@@ -162,18 +162,8 @@ def check_lora(devmap, work):
     make(src, (16, 16), 64, 96)
     load = lambda: AutoModelForCausalLM.from_pretrained(
         src, quantization_config=FineGrainedFP8Config(dequantize=True), dtype=torch.bfloat16)
-    peft_model = get_peft_model(load(), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                                                   target_modules=["q_proj", "v_proj", "down_proj"]))
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for n, p in peft_model.named_parameters():
-            if "lora_" in n:
-                p.copy_((torch.randn(p.shape, generator=g) * 0.2).to(p.dtype))
-    adapter = os.path.join(work, "fp8-lora-adapter")
-    peft_model.save_pretrained(adapter)
-    merged = PeftModel.from_pretrained(load(), adapter).merge_and_unload()
-    ref = os.path.join(work, "fp8-lora-peft")
-    merged.save_pretrained(ref)
+    lora = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=["q_proj", "v_proj", "down_proj"])
+    adapter, ref, merged = peft_merged(load, lora, work, "fp8-lora")
     ids = torch.tensor([[1, 5, 9, 17, 33]])
     with torch.no_grad():
         ref_logits = merged(ids).logits

@@ -30,7 +30,7 @@ import tempfile
 
 import torch
 from safetensors.torch import load_file, save_file
-from saved import tensors as read_tensors
+from saved import peft_merged, tensors as read_tensors
 from transformers import AutoModelForCausalLM, GptOssConfig, GptOssForCausalLM, Mxfp4Config
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
@@ -107,21 +107,11 @@ def check_lora(devmap, work):
 
 def merge_and_compare(devmap, work, label, folder, load):
     """An adapter made by peft on `load()`, merged by peft and by devmap from `folder`."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig
 
     config = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=["q_proj"],
                         target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
-    peft_model = get_peft_model(load(), config)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for n, p in peft_model.named_parameters():
-            if "lora_" in n:
-                p.copy_((torch.randn(p.shape, generator=g) * 0.2).to(p.dtype))
-    adapter = os.path.join(work, f"lora-{label}-adapter")
-    peft_model.save_pretrained(adapter)
-    merged = PeftModel.from_pretrained(load(), adapter).merge_and_unload()
-    ref = os.path.join(work, f"lora-{label}-peft")
-    merged.save_pretrained(ref)
+    adapter, ref, _ = peft_merged(load, config, work, f"lora-{label}")
     out = os.path.join(work, f"lora-{label}-devmap")
     run([devmap, "save", folder, "--out", out, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet"])
     ours, theirs = read_tensors(out), read_tensors(ref)

@@ -1,5 +1,5 @@
-"""Reading a saved checkpoint folder back with Python's safetensors (shared by the
-reference-library checks)."""
+"""Reading a saved checkpoint folder back with Python's safetensors, and peft's own
+merge as a reference (shared by the reference-library checks)."""
 
 import os
 
@@ -15,3 +15,25 @@ def tensors(folder):
                 for key in st.keys():
                     out[key] = st.get_tensor(key)
     return out
+
+
+def peft_merged(load, lora_config, work, label):
+    """An adapter peft makes on the model `load()` gives (`lora_config`, its LoRA
+    weights random and non-zero, seed 5), saved under `work`; then peft's own
+    `merge_and_unload()` of it into a fresh `load()`, saved with `save_pretrained`.
+    Returns (adapter folder, reference folder, the merged model)."""
+    import torch
+    from peft import PeftModel, get_peft_model
+
+    peft_model = get_peft_model(load(), lora_config)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_" in n:
+                p.copy_((torch.randn(p.shape, generator=g) * 0.2).to(p.dtype))
+    adapter = os.path.join(work, f"{label}-adapter")
+    peft_model.save_pretrained(adapter)
+    merged = PeftModel.from_pretrained(load(), adapter).merge_and_unload()
+    ref = os.path.join(work, f"{label}-peft")
+    merged.save_pretrained(ref)
+    return adapter, ref, merged
