@@ -3,6 +3,7 @@
 
 pub mod adapter;
 pub mod config;
+pub mod dcp;
 pub mod device_map;
 mod error;
 pub mod hf_index;

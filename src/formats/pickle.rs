@@ -3,6 +3,12 @@
 //! dict uses (`collections.OrderedDict`, `torch._utils._rebuild_tensor_v2` and
 //! `_rebuild_parameter`, the typed storage classes named in persistent ids). Any other
 //! global is refused by name; nothing is ever called or imported.
+//!
+//! [`read_as`] with [`Allow::DcpMetadata`] also reads torch.distributed.checkpoint's
+//! `.metadata`: its dataclasses (`Metadata`, `TensorStorageMetadata`, …) become
+//! [`Value::Object`]s holding the state `BUILD` gives them, and the few globals they
+//! use (`torch.Size`, torch's dtypes, the layout and memory-format encodings,
+//! `pathlib.PosixPath`) are built as plain values.
 
 use crate::types::dtype::DType;
 
@@ -39,6 +45,14 @@ pub enum Value {
     Dict(Vec<(Value, Value)>),
     /// A global the reader allows, not yet called.
     Global(&'static str),
+    /// An instance of an allowed class (`NEWOBJ`), with the state `BUILD` gave it
+    /// (`None` until then): built as data, its class never imported.
+    Object {
+        class: &'static str,
+        state: Box<Value>,
+    },
+    /// One of torch's dtypes (`torch.bfloat16`), as `.metadata` names them.
+    DType(DType),
     Storage(StorageRef),
     Tensor(TensorRef),
 }
@@ -96,13 +110,73 @@ fn storage_class(name: &str) -> Option<(&'static str, DType)> {
         .find(|(class, _)| *class == name)
 }
 
-/// The globals a state dict pickle may name, as the reader spells them.
-fn allowed(module: &str, name: &str) -> Option<&'static str> {
+/// Which globals a pickle may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allow {
+    /// A state dict's (`torch.save`'s `data.pkl`).
+    StateDict,
+    /// A state dict's and those of torch.distributed.checkpoint's `.metadata`.
+    DcpMetadata,
+}
+
+/// torch's dtypes by their global name, as `.metadata` names them.
+const DTYPES: [(&str, DType); 12] = [
+    ("float32", DType::F32),
+    ("float64", DType::F64),
+    ("float16", DType::F16),
+    ("bfloat16", DType::BF16),
+    ("int64", DType::I64),
+    ("int32", DType::I32),
+    ("int16", DType::I16),
+    ("int8", DType::I8),
+    ("uint8", DType::U8),
+    ("bool", DType::Bool),
+    ("float8_e4m3fn", DType::F8E4M3),
+    ("float8_e5m2", DType::F8E5M2),
+];
+
+/// The dataclasses of torch.distributed.checkpoint's `.metadata`, by module.
+const DCP_CLASSES: [(&str, &str); 8] = [
+    ("torch.distributed.checkpoint.metadata", "Metadata"),
+    (
+        "torch.distributed.checkpoint.metadata",
+        "TensorStorageMetadata",
+    ),
+    ("torch.distributed.checkpoint.metadata", "TensorProperties"),
+    (
+        "torch.distributed.checkpoint.metadata",
+        "ChunkStorageMetadata",
+    ),
+    (
+        "torch.distributed.checkpoint.metadata",
+        "BytesStorageMetadata",
+    ),
+    ("torch.distributed.checkpoint.metadata", "MetadataIndex"),
+    ("torch.distributed.checkpoint.metadata", "StorageMeta"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+];
+
+/// The globals a pickle may name under `allow`, as the reader spells them.
+fn allowed(allow: Allow, module: &str, name: &str) -> Option<&'static str> {
+    let state_dict = match (module, name) {
+        ("collections", "OrderedDict") => Some("OrderedDict"),
+        ("torch._utils", "_rebuild_tensor_v2") => Some("_rebuild_tensor_v2"),
+        ("torch._utils", "_rebuild_parameter") => Some("_rebuild_parameter"),
+        ("torch", s) => storage_class(s).map(|(c, _)| c),
+        _ => None,
+    };
+    if state_dict.is_some() || allow == Allow::StateDict {
+        return state_dict;
+    }
+    if let Some(&(_, class)) = DCP_CLASSES.iter().find(|(m, c)| *m == module && *c == name) {
+        return Some(class);
+    }
     Some(match (module, name) {
-        ("collections", "OrderedDict") => "OrderedDict",
-        ("torch._utils", "_rebuild_tensor_v2") => "_rebuild_tensor_v2",
-        ("torch._utils", "_rebuild_parameter") => "_rebuild_parameter",
-        ("torch", s) => storage_class(s)?.0,
+        ("torch", "Size") => "Size",
+        ("torch", d) => DTYPES.iter().find(|(n, _)| *n == d)?.0,
+        ("torch.serialization", "_get_layout") => "_get_layout",
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING") => "_MEM_FORMAT_ENCODING",
+        ("pathlib", "PosixPath") => "PosixPath",
         _ => return None,
     })
 }
@@ -185,6 +259,30 @@ fn call(callable: Value, args: Value) -> Result<Value, Error> {
             }))
         }
         Value::Global("_rebuild_parameter") if !args.is_empty() => Ok(args[0].clone()),
+        // `.metadata`'s helpers, built as the plain values they stand for.
+        Value::Global("Size") => match args.as_slice() {
+            [Value::Tuple(dims)] => Ok(Value::Tuple(dims.clone())),
+            _ => Err("torch.Size of something other than a tuple".into()),
+        },
+        Value::Global("_get_layout") => match args.as_slice() {
+            [Value::Str(layout)] => Ok(Value::Str(layout.clone())),
+            _ => Err("a layout that is not a name".into()),
+        },
+        Value::Global("_MEM_FORMAT_ENCODING") => match args.as_slice() {
+            [Value::Int(i)] => Ok(Value::Int(*i)),
+            _ => Err("a memory format that is not a number".into()),
+        },
+        Value::Global("PosixPath") => {
+            let parts: Option<Vec<&str>> = args
+                .iter()
+                .map(|a| match a {
+                    Value::Str(s) => Some(s.as_str()),
+                    _ => None,
+                })
+                .collect();
+            let parts = parts.ok_or("a path made of something other than strings")?;
+            Ok(Value::Str(parts.join("/").replacen("//", "/", 1)))
+        }
         Value::Global(name) => Err(format!("`{name}` called with arguments it never takes").into()),
         other => Err(format!("REDUCE of {other:?}, which is not callable here").into()),
     }
@@ -280,8 +378,13 @@ fn top(stack: &mut [Item]) -> Result<&mut Item, Error> {
         .ok_or_else(|| "an opcode on an empty stack".into())
 }
 
-/// Reads the pickle in `bytes`: the value it ends with.
+/// Reads the pickle in `bytes`: the value it ends with. Only a state dict's globals.
 pub fn read(bytes: &[u8]) -> Result<Value, Error> {
+    read_as(bytes, Allow::StateDict)
+}
+
+/// Reads the pickle in `bytes` naming only the globals `allow` allows.
+pub fn read_as(bytes: &[u8], allow: Allow) -> Result<Value, Error> {
     let mut r = Reader { bytes, at: 0 };
     let mut stack: Vec<Item> = Vec::new();
     let mut marks: Vec<usize> = Vec::new();
@@ -425,10 +528,14 @@ pub fn read(bytes: &[u8]) -> Result<Value, Error> {
                     };
                     (module, name)
                 };
-                let g = allowed(&module, &name).ok_or_else(|| {
+                let g = allowed(allow, &module, &name).ok_or_else(|| {
                     Error::Forbidden(format!("names the global `{module}.{name}`, which a state dict never needs; devmap does not load it"))
                 })?;
-                stack.push(Item::leaf(Value::Global(g)));
+                let value = match DTYPES.iter().find(|(n, _)| *n == g) {
+                    Some(&(_, dtype)) if module == "torch" => Value::DType(dtype),
+                    _ => Value::Global(g),
+                };
+                stack.push(Item::leaf(value));
             }
             b'R' => {
                 let args = pop(&mut stack)?;
@@ -445,12 +552,34 @@ pub fn read(bytes: &[u8]) -> Result<Value, Error> {
                 let pid = pop(&mut stack)?;
                 stack.push(Item::leaf(storage(pid.value)?));
             }
+            0x81 => {
+                // NEWOBJ: an instance of an allowed dataclass, as data.
+                let args = pop(&mut stack)?;
+                let class = pop(&mut stack)?;
+                let (Value::Global(class), Value::Tuple(args)) = (class.value, args.value) else {
+                    return Err("NEWOBJ of something that is not an allowed class".into());
+                };
+                if !args.is_empty() || !DCP_CLASSES.iter().any(|(_, c)| *c == class) {
+                    return Err(format!("NEWOBJ of `{class}`, which is no dataclass").into());
+                }
+                stack.push(Item::leaf(Value::Object {
+                    class,
+                    state: Box::new(Value::None),
+                }));
+            }
             b'b' => {
-                // BUILD: a state for the object below (an OrderedDict's `_metadata`):
-                // kept out of the value, which is all a state dict needs.
-                pop(&mut stack)?;
-                if stack.is_empty() {
-                    return Err("BUILD with no object".into());
+                // BUILD: a state for the object below: a dataclass's fields; otherwise
+                // (an OrderedDict's `_metadata`) kept out of the value, which is all a
+                // state dict needs.
+                let state = pop(&mut stack)?;
+                let object = top(&mut stack).map_err(|_| "BUILD with no object")?;
+                if matches!(object.value, Value::Object { .. }) {
+                    object.grow(vec![state], |o, mut values| {
+                        if let (Value::Object { state, .. }, Some(v)) = (o, values.pop()) {
+                            **state = v;
+                        }
+                        Ok(())
+                    })?;
                 }
             }
             b'q' | b'r' | 0x94 => {
@@ -494,6 +623,41 @@ pub fn read(bytes: &[u8]) -> Result<Value, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Metadata()` then `BUILD {"state_dict_metadata": {}}`, protocol 4.
+    fn dcp_object_pickle() -> Vec<u8> {
+        let mut p = vec![0x80, 4];
+        for text in ["torch.distributed.checkpoint.metadata", "Metadata"] {
+            p.push(0x8c);
+            p.push(text.len() as u8);
+            p.extend_from_slice(text.as_bytes());
+        }
+        p.extend_from_slice(&[0x93, b')', 0x81, b'}', b'(']);
+        p.push(0x8c);
+        p.push(19);
+        p.extend_from_slice(b"state_dict_metadata");
+        p.extend_from_slice(b"}ub.");
+        p
+    }
+
+    #[test]
+    fn dcp_dataclasses_are_data_and_only_where_metadata_is_read() {
+        let bytes = dcp_object_pickle();
+        let value = read_as(&bytes, Allow::DcpMetadata).expect("metadata");
+        let Value::Object { class, state } = value else {
+            panic!("not an object: {value:?}");
+        };
+        assert_eq!(class, "Metadata");
+        assert_eq!(
+            *state,
+            Value::Dict(vec![(
+                Value::Str("state_dict_metadata".into()),
+                Value::Dict(Vec::new())
+            )])
+        );
+        // A state dict never names them.
+        assert!(matches!(read(&bytes), Err(Error::Forbidden(_))));
+    }
 
     /// `OrderedDict([('w', _rebuild_tensor_v2(('storage', BFloat16Storage, '0',
     /// 'cpu', 6), 2, (2, 2), (2, 1), False, OrderedDict()))])`, as torch writes it.

@@ -112,7 +112,7 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
 }
 
 /// Where tensor `name`'s bytes are: a contiguous view of its storage member.
-fn byte_range(
+pub(super) fn byte_range(
     path: &Path,
     name: &str,
     t: &TensorRef,

@@ -60,7 +60,21 @@ pub fn read_member(path: &Path, file: &File, member: &Member) -> Result<Vec<u8>,
 /// The stored members of the zip archive at `path` (`file` open on it, `file_len`
 /// bytes long), in the central directory's order.
 pub fn members(path: &Path, file: &File, file_len: u64) -> Result<Vec<Member>, FormatError> {
+    members_in(path, file, 0, file_len)
+}
+
+/// [`members`] of an archive that is bytes `base..base + file_len` of `file` (each
+/// chunk of a torch.distributed.checkpoint `.distcp` file is a `torch.save` archive):
+/// offsets inside the archive are relative to `base`, the members' are absolute.
+pub fn members_in(
+    path: &Path,
+    file: &File,
+    base: u64,
+    file_len: u64,
+) -> Result<Vec<Member>, FormatError> {
     let bad = |m: String| FormatError::invalid(path, m);
+    let read_at =
+        |file: &File, path: &Path, offset: u64, len: u64| read_at(file, path, base + offset, len);
     let tail_start = file_len.saturating_sub(TAIL);
     let tail = read_at(file, path, tail_start, file_len - tail_start)?;
     let end = (0..tail.len().saturating_sub(21))
@@ -175,7 +189,7 @@ pub fn members(path: &Path, file: &File, file_len: u64) -> Result<Vec<Member>, F
         }
         members.push(Member {
             name,
-            offset,
+            offset: base + offset,
             len: stored,
         });
     }

@@ -96,6 +96,12 @@ enum SourceOut<'a> {
         file: String,
         offset: u64,
     },
+    /// A chunk of a torch.distributed.checkpoint `.distcp` file (a `torch.save`
+    /// archive inside it): the offset is in the file.
+    Dcp {
+        file: String,
+        offset: u64,
+    },
     Offload {
         file: String,
         offset: u64,
@@ -179,6 +185,17 @@ fn tensor_out(ckpt: &Checkpoint, id: usize) -> TensorOut<'_> {
                     .is_some_and(|e| e == "bin") =>
             {
                 SourceOut::TorchBin {
+                    file: file(r.file),
+                    offset: r.offset,
+                }
+            }
+            Source::Checkpoint(r)
+                if ckpt
+                    .file_path(r.file)
+                    .extension()
+                    .is_some_and(|e| e == "distcp") =>
+            {
+                SourceOut::Dcp {
                     file: file(r.file),
                     offset: r.offset,
                 }

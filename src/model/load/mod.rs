@@ -475,6 +475,20 @@ fn read_weights(
             paths.push(bin);
         }
     }
+    // Nor a `.bin`: a torch.distributed.checkpoint folder (`.metadata` and its
+    // `.distcp` files), as a training run leaves it.
+    let metadata = dir.join(crate::formats::dcp::METADATA);
+    if paths.is_empty() && exists(&metadata) {
+        let mut files = vec![metadata];
+        for (path, header) in crate::formats::dcp::read_dcp(dir)? {
+            let id = draft.file_id(&path, &header);
+            for t in header.tensors {
+                add_checkpoint_tensor(draft, id, t);
+            }
+            files.push(path);
+        }
+        return Ok(files);
+    }
     for path in &paths {
         let header = read_weight_file(path)?;
         let id = draft.file_id(path, &header);

@@ -1,0 +1,406 @@
+//! torch.distributed.checkpoint folders (`dcp.save` with the default
+//! `FileSystemWriter`): `.metadata`, a pickle of torch's `Metadata` dataclass, says
+//! for each entry of the state dict its dtype, size and chunks (`offsets`, `sizes`),
+//! and where each chunk is stored (`__R_S.distcp`, a byte range). Each chunk is a
+//! `torch.save` archive of one tensor inside that range. Both are read without torch
+//! and without running anything (`formats::pickle` with [`Allow::DcpMetadata`],
+//! `formats::zip`).
+//!
+//! A nested state dict is flattened with `.` by DCP itself, which records each entry's
+//! path of keys (`planner_data`: `model.model.layers.0…` is `("model",
+//! "model.layers.0…")`). devmap keeps the model's part: the entries whose path starts
+//! with the key `model`, named by the rest of their path, when there are any; else
+//! every tensor entry under its own name (a model's state dict saved flat). Entries
+//! that are not tensors (`BytesStorageMetadata`: an epoch counter, a learning-rate
+//! schedule) are left out.
+//!
+//! A tensor stored whole (one chunk: what one process writes, and what ranks write for
+//! tensors they do not shard) is a byte range of its `.distcp` file, like a `.bin`
+//! tensor. A tensor split into chunks across ranks is refused, naming it and its
+//! chunks: stitching them is not done yet.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::pickle::{self, Allow, Value};
+use super::safetensors::{Header, HeaderTensor};
+use super::{FormatError, Kind, zip};
+use crate::types::dtype::DType;
+
+/// The metadata file of a DCP folder.
+pub const METADATA: &str = ".metadata";
+
+/// The largest `.metadata` devmap reads (millions of entries are a few hundred MB).
+const MAX_METADATA: u64 = 1 << 30;
+
+/// The state dict's part that is the model, when the checkpoint nests one.
+const MODEL_KEY: &str = "model";
+
+/// One tensor entry of `.metadata`.
+struct Entry {
+    dtype: DType,
+    size: Vec<u64>,
+    /// `(offsets, sizes)` of each chunk.
+    chunks: Vec<(Vec<u64>, Vec<u64>)>,
+}
+
+/// Where one chunk is stored.
+struct Stored {
+    file: String,
+    offset: u64,
+    length: u64,
+}
+
+/// The tensors of the DCP checkpoint in `dir`, per `.distcp` file (a [`Header`] each,
+/// tensors with absolute byte ranges), under the model's names.
+pub fn read_dcp(dir: &Path) -> Result<Vec<(PathBuf, Header)>, FormatError> {
+    let path = dir.join(METADATA);
+    let file = super::input::open_regular(&path)?;
+    let len = file
+        .metadata()
+        .map_err(|e| FormatError::io(&path, e))?
+        .len();
+    if len > MAX_METADATA {
+        return Err(FormatError::invalid_as(
+            Kind::TooLarge,
+            &path,
+            "is too large to be a checkpoint's metadata",
+        ));
+    }
+    let bytes = std::fs::read(&path).map_err(|e| FormatError::io(&path, e))?;
+    let value = pickle::read_as(&bytes, Allow::DcpMetadata).map_err(|e| {
+        let kind = match e {
+            pickle::Error::Forbidden(_) => Kind::Unsafe,
+            pickle::Error::Malformed(_) => Kind::Malformed,
+        };
+        FormatError::invalid_as(kind, &path, format!("{e}"))
+    })?;
+    let (entries, stored, paths) = metadata(&path, value)?;
+    // The model's part of a nested state dict, named by the rest of its path; else
+    // every tensor entry under its own name.
+    let model_name = |fqn: &str| -> Option<String> {
+        match paths.get(fqn)?.as_slice() {
+            [first, rest @ ..] if first == MODEL_KEY && !rest.is_empty() => Some(rest.join(".")),
+            _ => None,
+        }
+    };
+    let nested = entries.iter().any(|(fqn, _)| model_name(fqn).is_some());
+    let model = entries
+        .iter()
+        .filter_map(|(fqn, entry)| match model_name(fqn) {
+            Some(name) => Some((fqn, name, entry)),
+            None => (!nested).then(|| (fqn, fqn.clone(), entry)),
+        });
+    let mut by_file: HashMap<String, Vec<HeaderTensor>> = HashMap::new();
+    let mut opened: HashMap<String, (std::fs::File, PathBuf, u64)> = HashMap::new();
+    for (fqn, name, entry) in model {
+        let whole = entry.chunks.len() == 1
+            && entry.chunks[0].0.iter().all(|&o| o == 0)
+            && entry.chunks[0].1 == entry.size;
+        if !whole {
+            return Err(FormatError::tensor_as(
+                Kind::Unsupported,
+                &path,
+                fqn,
+                format!(
+                    "is split into {} across ranks (size {:?}; chunks at {:?}); devmap reads DCP tensors each stored whole, and does not stitch chunks yet",
+                    crate::text::count(entry.chunks.len(), "chunk", "chunks"),
+                    entry.size,
+                    entry.chunks.iter().map(|c| &c.0).collect::<Vec<_>>()
+                ),
+            ));
+        }
+        let Some(at) = stored.get(fqn.as_str()) else {
+            return Err(FormatError::tensor_as(
+                Kind::Missing,
+                &path,
+                fqn,
+                "has no storage entry: its data is in no .distcp file",
+            ));
+        };
+        if !super::hf_index::is_shard_file_name(&at.file) {
+            return Err(FormatError::tensor_as(
+                Kind::Unsafe,
+                &path,
+                fqn,
+                format!(
+                    "is stored in `{}`, which is not a file in the folder",
+                    at.file
+                ),
+            ));
+        }
+        if !opened.contains_key(&at.file) {
+            let data_path = dir.join(&at.file);
+            let data = super::input::open_regular(&data_path).map_err(|e| {
+                FormatError::tensor_as(
+                    Kind::Missing,
+                    &path,
+                    fqn,
+                    format!("is stored in {}, which cannot be read: {e}", at.file),
+                )
+            })?;
+            let data_len = data
+                .metadata()
+                .map_err(|e| FormatError::io(&data_path, e))?
+                .len();
+            opened.insert(at.file.clone(), (data, data_path, data_len));
+        }
+        let (data, data_path, data_len) = &opened[&at.file];
+        if at
+            .offset
+            .checked_add(at.length)
+            .is_none_or(|e| e > *data_len)
+        {
+            return Err(FormatError::tensor_as(
+                Kind::Truncated,
+                data_path,
+                fqn,
+                format!(
+                    "is stored at bytes {}..{} of a file of {data_len}",
+                    at.offset,
+                    at.offset.saturating_add(at.length)
+                ),
+            ));
+        }
+        let mut tensor = chunk_tensor(data_path, data, (at.offset, at.length), fqn)?;
+        if tensor.dtype != entry.dtype || !tensor.shape.iter().eq(entry.size.iter().copied()) {
+            return Err(FormatError::tensor(
+                data_path,
+                fqn,
+                format!(
+                    "is stored as {} {:?}, but .metadata says {} {:?}",
+                    tensor.dtype,
+                    tensor.shape.to_vec(),
+                    entry.dtype,
+                    entry.size
+                ),
+            ));
+        }
+        tensor.name = name;
+        by_file.entry(at.file.clone()).or_default().push(tensor);
+    }
+    let mut out: Vec<(PathBuf, Header)> = by_file
+        .into_iter()
+        .map(|(file, mut tensors)| {
+            tensors.sort_by_key(|t| (t.offset, t.len));
+            let (_, data_path, data_len) = &opened[&file];
+            (
+                data_path.clone(),
+                Header {
+                    data_start: 0,
+                    file_len: *data_len,
+                    tensors,
+                    metadata: None,
+                },
+            )
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// The tensor a chunk's `torch.save` archive (bytes `offset..offset + length` of
+/// `file`) holds, as a byte range of the file.
+fn chunk_tensor(
+    path: &Path,
+    file: &std::fs::File,
+    (offset, length): (u64, u64),
+    fqn: &str,
+) -> Result<HeaderTensor, FormatError> {
+    let members = zip::members_in(path, file, offset, length)?;
+    let pkl = members
+        .iter()
+        .find(|m| m.name.ends_with("/data.pkl") || m.name == "data.pkl")
+        .ok_or_else(|| {
+            FormatError::tensor_as(
+                Kind::NotTheFormat,
+                path,
+                fqn,
+                "its chunk is a zip archive without data.pkl: not a torch.save archive",
+            )
+        })?;
+    let prefix = &pkl.name[..pkl.name.len() - "data.pkl".len()];
+    let bytes = zip::read_member(path, file, pkl)?;
+    let value = pickle::read(&bytes).map_err(|e| {
+        let kind = match e {
+            pickle::Error::Forbidden(_) => Kind::Unsafe,
+            pickle::Error::Malformed(_) => Kind::Malformed,
+        };
+        FormatError::tensor_as(kind, path, fqn, format!("its chunk's data.pkl {e}"))
+    })?;
+    let Value::Tensor(t) = value else {
+        return Err(FormatError::tensor_as(
+            Kind::NotTheFormat,
+            path,
+            fqn,
+            "its chunk holds something other than a tensor",
+        ));
+    };
+    let member_name = format!("{prefix}data/{}", t.storage.key);
+    let member = members
+        .iter()
+        .find(|m| m.name == member_name)
+        .ok_or_else(|| {
+            FormatError::tensor_as(
+                Kind::Missing,
+                path,
+                fqn,
+                format!("its storage data/{} is not in its chunk", t.storage.key),
+            )
+        })?;
+    super::torch_bin::byte_range(path, fqn, &t, member)
+}
+
+/// What `.metadata` says: the tensor entries (by fully qualified name), where each is
+/// stored, and each entry's path of keys in the nested state dict.
+type Parsed = (
+    Vec<(String, Entry)>,
+    HashMap<String, Stored>,
+    HashMap<String, Vec<String>>,
+);
+
+/// [`Parsed`] from the `Metadata` object `.metadata` holds.
+fn metadata(path: &Path, value: Value) -> Result<Parsed, FormatError> {
+    let bad = |m: &str| FormatError::invalid_as(Kind::NotTheFormat, path, m.to_owned());
+    let fields = object_fields(&value, "Metadata")
+        .ok_or_else(|| bad("does not hold torch.distributed.checkpoint's Metadata"))?;
+    let Some(Value::Dict(state)) = field(fields, "state_dict_metadata") else {
+        return Err(bad("has no state_dict_metadata"));
+    };
+    let mut entries = Vec::new();
+    for (key, meta) in state {
+        let Value::Str(fqn) = key else {
+            return Err(bad("has a state dict key that is not a string"));
+        };
+        let Some(fields) = object_fields(meta, "TensorStorageMetadata") else {
+            // BytesStorageMetadata: not a tensor (an epoch, a scheduler's state).
+            continue;
+        };
+        let entry = tensor_entry(fields).ok_or_else(|| {
+            FormatError::tensor(path, fqn, "has tensor metadata devmap cannot read")
+        })?;
+        entries.push((fqn.clone(), entry));
+    }
+    let Some(Value::Dict(storage)) = field(fields, "storage_data") else {
+        return Err(bad("has no storage_data"));
+    };
+    let mut stored = HashMap::new();
+    for (index, info) in storage {
+        let (Some(index), Some(info)) = (
+            object_fields(index, "MetadataIndex"),
+            object_fields(info, "_StorageInfo"),
+        ) else {
+            return Err(bad("has storage_data entries devmap cannot read"));
+        };
+        let (Some(Value::Str(fqn)), Some(Value::Str(file)), Some(offset), Some(length)) = (
+            field(index, "fqn"),
+            field(info, "relative_path"),
+            field(info, "offset").and_then(as_u64),
+            field(info, "length").and_then(as_u64),
+        ) else {
+            return Err(bad("has storage_data entries devmap cannot read"));
+        };
+        // A second chunk of a tensor is refused when its entry is read; the first is
+        // enough to find a whole one.
+        stored.entry(fqn.clone()).or_insert(Stored {
+            file: file.clone(),
+            offset,
+            length,
+        });
+    }
+    // `planner_data`: each flattened name's path of keys (absent, or not a dict, when
+    // the state dict was not flattened).
+    let mut paths = HashMap::new();
+    if let Some(Value::Dict(items)) = field(fields, "planner_data") {
+        for (key, value) in items {
+            let (Value::Str(fqn), Value::Tuple(parts)) = (key, value) else {
+                continue;
+            };
+            let parts: Option<Vec<String>> = parts
+                .iter()
+                .map(|p| match p {
+                    Value::Str(s) => Some(s.clone()),
+                    Value::Int(i) => Some(i.to_string()),
+                    _ => None,
+                })
+                .collect();
+            if let Some(parts) = parts {
+                paths.insert(fqn.clone(), parts);
+            }
+        }
+    }
+    Ok((entries, stored, paths))
+}
+
+fn tensor_entry(fields: &[(Value, Value)]) -> Option<Entry> {
+    let size = dims(field(fields, "size")?)?;
+    // TensorProperties' state is a tuple: (dtype, layout, requires_grad, memory format,
+    // pin_memory); or, from older torch, its fields.
+    let properties = match field(fields, "properties")? {
+        Value::Object { state, .. } => state.as_ref(),
+        _ => return None,
+    };
+    let dtype = match properties {
+        Value::Tuple(items) => match items.first()? {
+            Value::DType(d) => *d,
+            _ => return None,
+        },
+        Value::Dict(items) => match field(items, "dtype")? {
+            Value::DType(d) => *d,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let Value::List(chunks) = field(fields, "chunks")? else {
+        return None;
+    };
+    let chunks = chunks
+        .iter()
+        .map(|c| {
+            let f = object_fields(c, "ChunkStorageMetadata")?;
+            Some((dims(field(f, "offsets")?)?, dims(field(f, "sizes")?)?))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Entry {
+        dtype,
+        size,
+        chunks,
+    })
+}
+
+/// The fields of an object of `class` (its state, a dict).
+fn object_fields<'a>(value: &'a Value, class: &str) -> Option<&'a [(Value, Value)]> {
+    match value {
+        Value::Object { class: c, state } if *c == class => match state.as_ref() {
+            Value::Dict(items) => Some(items),
+            // A dataclass with slots pickles (None, {slots}).
+            Value::Tuple(pair) => match pair.as_slice() {
+                [_, Value::Dict(items)] => Some(items),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn field<'a>(fields: &'a [(Value, Value)], name: &str) -> Option<&'a Value> {
+    fields
+        .iter()
+        .find(|(k, _)| matches!(k, Value::Str(s) if s == name))
+        .map(|(_, v)| v)
+}
+
+fn as_u64(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        _ => None,
+    }
+}
+
+fn dims(v: &Value) -> Option<Vec<u64>> {
+    match v {
+        Value::Tuple(items) | Value::List(items) => items.iter().map(as_u64).collect(),
+        _ => None,
+    }
+}

@@ -1,0 +1,121 @@
+"""devmap reads torch.distributed.checkpoint folders as `dcp.save` writes them (the
+default FileSystemWriter: `.metadata` and `__R_S.distcp`). A tiny tied bfloat16 Llama
+is saved by `dcp.save` from one process, nested as training loops save it
+(`{"model": …, "optimizer": …, "epoch": …}`, an AdamW state after one step) and flat;
+`devmap save DIR --config CONFIG` must write what transformers' `save_pretrained`
+writes for the model (names, dtypes, every byte) and `from_pretrained(OUT)` must give
+the logits of transformers' own save; the optimizer state is never written. A checkpoint whose tensor is
+split across two ranks (gloo on 127.0.0.1, DTensor sharded on dim 0) is refused,
+naming the tensor and its chunks, with nothing written; a `.metadata` whose pickle
+names `os.system` is refused by name and never run.
+
+Usage: python dcp.py PATH/TO/devmap
+"""
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed.checkpoint as dcp
+from saved import tensors
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+WORK = tempfile.mkdtemp(prefix="devmap-dcp-")
+INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
+
+
+def devmap_save(devmap, src, out, config):
+    return subprocess.run([devmap, "save", src, "--config", config, "--out", out, "--quiet"],
+                          capture_output=True, text=True)
+
+
+def case(devmap, name, model, nested):
+    src, ref, ours = (os.path.join(WORK, f"{name}-{d}") for d in ("src", "ref", "devmap"))
+    model.save_pretrained(ref)
+    if nested:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model(INPUT).logits.float().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        model.save_pretrained(ref)
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3}
+    else:
+        state = model.state_dict()
+    dcp.save(state, checkpoint_id=src)
+    with torch.no_grad():
+        want_logits = AutoModelForCausalLM.from_pretrained(ref)(INPUT).logits
+    r = devmap_save(devmap, src, ours, ref)
+    if r.returncode != 0:
+        sys.exit(f"FAIL {name}: devmap save: {r.stderr}")
+    a, b = tensors(ours), tensors(ref)
+    if sorted(a) != sorted(b):
+        sys.exit(f"FAIL {name}: names differ: only devmap {sorted(set(a) - set(b))}, only transformers {sorted(set(b) - set(a))}")
+    for k in b:
+        if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or not torch.equal(a[k], b[k]):
+            sys.exit(f"FAIL {name}: {k}: devmap {a[k].dtype} {tuple(a[k].shape)}, transformers {b[k].dtype} {tuple(b[k].shape)}")
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(ours)(INPUT).logits
+    if not torch.equal(logits, want_logits):
+        sys.exit(f"FAIL {name}: logits differ by {float((logits - want_logits).abs().max())}")
+    kind = "nested with its optimizer state" if nested else "flat"
+    print(f"ok: {name}: {len(b)} tensors from a one-process dcp.save ({kind}), identical to transformers' save; logits equal")
+
+
+def refused(devmap, name, folder, config, needles):
+    out = os.path.join(WORK, f"{name}-out")
+    r = devmap_save(devmap, folder, out, config)
+    if r.returncode == 0 or any(n not in r.stderr for n in needles) or os.path.exists(out):
+        sys.exit(f"FAIL {name}: must be refused naming {needles} with nothing written: {r.returncode} {r.stderr}")
+    print(f"ok: {name}: refused, naming {', '.join(needles)}; nothing written")
+
+
+def sharded_rank(rank, folder):
+    """One of two ranks saving a weight sharded on dim 0 (and one replicated)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(0)
+    weight = torch.randn(8, 4, dtype=torch.bfloat16)
+    state = {"model.layers.0.mlp.up_proj.weight": distribute_tensor(weight, mesh, [Shard(0)]),
+             "model.norm.weight": distribute_tensor(torch.ones(4), mesh, [Replicate()])}
+    dcp.save(state, checkpoint_id=folder)
+    dist.destroy_process_group()
+
+
+def main(devmap):
+    small = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    case(devmap, "llama-nested", AutoModelForCausalLM.from_config(LlamaConfig(**small)).to(torch.bfloat16), True)
+    torch.manual_seed(1)
+    case(devmap, "llama-flat", AutoModelForCausalLM.from_config(LlamaConfig(**small)), False)
+    config = os.path.join(WORK, "llama-flat-ref")
+
+    folder = os.path.join(WORK, "two-ranks")
+    torch.multiprocessing.spawn(sharded_rank, args=(folder,), nprocs=2, join=True)
+    refused(devmap, "split-across-ranks", folder, config, ["layers.0.mlp.up_proj.weight", "2 chunks"])
+
+    # A .metadata that would run os.system if loaded: never run, refused by name.
+    evil = os.path.join(WORK, "evil")
+    os.makedirs(evil)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + os.path.join(WORK, "pwned"),))
+
+    with open(os.path.join(evil, ".metadata"), "wb") as f:
+        pickle.dump(Evil(), f, protocol=4)
+    refused(devmap, "forbidden-global", evil, config, ["posix.system"])
+    if os.path.exists(os.path.join(WORK, "pwned")):
+        sys.exit("FAIL: the pickle ran")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
