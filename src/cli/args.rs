@@ -73,7 +73,8 @@ pub struct VerifyArgs {
 
 #[derive(Debug, ClapArgs)]
 pub struct PlanArgs {
-    /// Model: a folder, a repo id in the Hugging Face cache (org/name[@revision]), or
+    /// Model: a folder (safetensors, pytorch_model*.bin, or a dcp.save checkpoint), a
+    /// repo id in the Hugging Face cache (org/name[@revision]), or
     /// hf://org/name[@revision] / an https:// URL of a .safetensors file or index
     /// (only the headers are fetched).
     #[arg(value_name = "MODEL")]
@@ -138,7 +139,8 @@ pub struct ModelArgs {
 
 #[derive(Debug, ClapArgs)]
 pub struct InspectArgs {
-    /// Model: a folder, a repo id in the Hugging Face cache (org/name[@revision]), or
+    /// Model: a folder (safetensors, pytorch_model*.bin, or a dcp.save checkpoint), a
+    /// repo id in the Hugging Face cache (org/name[@revision]), or
     /// hf://org/name[@revision] / an https:// URL of a .safetensors file or index
     /// (only the headers are fetched).
     #[arg(value_name = "MODEL")]

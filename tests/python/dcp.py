@@ -4,7 +4,7 @@ is saved by `dcp.save` from one process, nested as training loops save it
 (`{"model": …, "optimizer": …, "epoch": …}`, an AdamW state after one step) and flat;
 `devmap save DIR --config CONFIG` must write what transformers' `save_pretrained`
 writes for the model (names, dtypes, every byte) and `from_pretrained(OUT)` must give
-the logits of transformers' own save; the optimizer state is never written. A checkpoint whose tensor is
+the logits of transformers' own save, and `verify OUT --against DIR` is clean; the optimizer state is never written. A checkpoint whose tensor is
 split across two ranks (gloo on 127.0.0.1, DTensor sharded on dim 0) is refused,
 naming the tensor and its chunks, with nothing written; a `.metadata` whose pickle
 names `os.system` is refused by name and never run.
@@ -60,8 +60,12 @@ def case(devmap, name, model, nested):
         logits = AutoModelForCausalLM.from_pretrained(ours)(INPUT).logits
     if not torch.equal(logits, want_logits):
         sys.exit(f"FAIL {name}: logits differ by {float((logits - want_logits).abs().max())}")
+    r = subprocess.run([devmap, "verify", ours, "--against", src, "--config", ref, "--quiet"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"FAIL {name}: verify --against: {r.stdout[-600:]} {r.stderr[-600:]}")
     kind = "nested with its optimizer state" if nested else "flat"
-    print(f"ok: {name}: {len(b)} tensors from a one-process dcp.save ({kind}), identical to transformers' save; logits equal")
+    print(f"ok: {name}: {len(b)} tensors from a one-process dcp.save ({kind}), identical to transformers' save; logits equal; verify --against clean")
 
 
 def refused(devmap, name, folder, config, needles):
