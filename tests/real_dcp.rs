@@ -12,5 +12,5 @@ mod common;
 fn dcp_checkpoints_save_as_transformers_saves_the_model() {
     let (ok, out, err) = common::run_hf_script("dcp.py");
     assert!(ok, "{out}\n{err}");
-    assert_eq!(out.matches("ok: ").count(), 4, "{out}");
+    assert_eq!(out.matches("ok: ").count(), 5, "{out}");
 }

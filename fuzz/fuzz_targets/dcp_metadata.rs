@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     {
         return;
     }
-    if let Ok(files) = read_dcp(&dir) {
+    if let Ok(files) = read_dcp(&dir, None) {
         for (path, header) in files {
             let len = std::fs::metadata(&path).map_or(0, |m| m.len());
             for t in &header.tensors {

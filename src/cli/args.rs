@@ -118,6 +118,11 @@ pub struct ModelArgs {
     /// there, and copied beside the saved weights.
     #[arg(long = "config", value_name = "DIR", global = true)]
     pub config_dir: Option<PathBuf>,
+    /// The part of a nested training checkpoint that is the model (a
+    /// torch.distributed.checkpoint folder saved as {"model": ..., "optimizer": ...}).
+    /// Default: model, when there is one; optimizer state is never written.
+    #[arg(long, value_name = "KEY", global = true)]
+    pub state_dict_key: Option<String>,
     /// Tie two tensors: TIED=KEPT (KEPT is the name written on save). Repeatable.
     #[arg(long = "tie", value_name = "TIED=KEPT", global = true, value_parser = parse_tie)]
     pub ties: Vec<(String, String)>,

@@ -95,6 +95,7 @@ fn open_with(
         offload_folder: model.offload_folder.clone(),
         ties: model.ties.clone(),
         config_dir: model.config_dir.clone(),
+        state_dict_key: model.state_dict_key.clone(),
     };
     if let Some(source) = remote_source(arg)? {
         let mirror = fetch_headers(&source, report, model.max_remote_shards)?;

@@ -52,8 +52,9 @@ struct Stored {
 }
 
 /// The tensors of the DCP checkpoint in `dir`, per `.distcp` file (a [`Header`] each,
-/// tensors with absolute byte ranges), under the model's names.
-pub fn read_dcp(dir: &Path) -> Result<Vec<(PathBuf, Header)>, FormatError> {
+/// tensors with absolute byte ranges), under the model's names. `key` names the part
+/// of a nested state dict that is the model (`None`: `model`, when there is one).
+pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Vec<(PathBuf, Header)>, FormatError> {
     let path = dir.join(METADATA);
     let file = super::input::open_regular(&path)?;
     let len = file
@@ -78,13 +79,35 @@ pub fn read_dcp(dir: &Path) -> Result<Vec<(PathBuf, Header)>, FormatError> {
     let (entries, stored, paths) = metadata(&path, value)?;
     // The model's part of a nested state dict, named by the rest of its path; else
     // every tensor entry under its own name.
+    let wanted = key.unwrap_or(MODEL_KEY);
     let model_name = |fqn: &str| -> Option<String> {
         match paths.get(fqn)?.as_slice() {
-            [first, rest @ ..] if first == MODEL_KEY && !rest.is_empty() => Some(rest.join(".")),
+            [first, rest @ ..] if first == wanted && !rest.is_empty() => Some(rest.join(".")),
             _ => None,
         }
     };
     let nested = entries.iter().any(|(fqn, _)| model_name(fqn).is_some());
+    if key.is_some() && !nested {
+        let mut keys: Vec<&str> = paths
+            .values()
+            .filter(|p| p.len() > 1)
+            .map(|p| p[0].as_str())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        return Err(FormatError::invalid_as(
+            Kind::Missing,
+            &path,
+            format!(
+                "has no tensors under the key `{wanted}` (--state-dict-key); its nested keys: {}",
+                if keys.is_empty() {
+                    "none, it is flat".to_owned()
+                } else {
+                    keys.join(", ")
+                }
+            ),
+        ));
+    }
     let model = entries
         .iter()
         .filter_map(|(fqn, entry)| match model_name(fqn) {

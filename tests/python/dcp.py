@@ -27,8 +27,8 @@ WORK = tempfile.mkdtemp(prefix="devmap-dcp-")
 INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
 
 
-def devmap_save(devmap, src, out, config):
-    return subprocess.run([devmap, "save", src, "--config", config, "--out", out, "--quiet"],
+def devmap_save(devmap, src, out, config, extra=()):
+    return subprocess.run([devmap, "save", src, "--config", config, "--out", out, "--quiet", *extra],
                           capture_output=True, text=True)
 
 
@@ -68,9 +68,9 @@ def case(devmap, name, model, nested):
     print(f"ok: {name}: {len(b)} tensors from a one-process dcp.save ({kind}), identical to transformers' save; logits equal; verify --against clean")
 
 
-def refused(devmap, name, folder, config, needles):
+def refused(devmap, name, folder, config, needles, extra=()):
     out = os.path.join(WORK, f"{name}-out")
-    r = devmap_save(devmap, folder, out, config)
+    r = devmap_save(devmap, folder, out, config, extra)
     if r.returncode == 0 or any(n not in r.stderr for n in needles) or os.path.exists(out):
         sys.exit(f"FAIL {name}: must be refused naming {needles} with nothing written: {r.returncode} {r.stderr}")
     print(f"ok: {name}: refused, naming {', '.join(needles)}; nothing written")
@@ -101,6 +101,8 @@ def main(devmap):
     torch.manual_seed(1)
     case(devmap, "llama-flat", AutoModelForCausalLM.from_config(LlamaConfig(**small)), False)
     config = os.path.join(WORK, "llama-flat-ref")
+    refused(devmap, "unknown-state-dict-key", os.path.join(WORK, "llama-nested-src"), config,
+            ["`params`", "model, optimizer"], ["--state-dict-key", "params"])
 
     folder = os.path.join(WORK, "two-ranks")
     torch.multiprocessing.spawn(sharded_rank, args=(folder,), nprocs=2, join=True)

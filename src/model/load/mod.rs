@@ -34,6 +34,10 @@ pub struct LoadOptions {
     /// `--config DIR`: where `config.json` and the other small files come from when
     /// the checkpoint folder has no `config.json` (a training checkpoint).
     pub config_dir: Option<PathBuf>,
+    /// `--state-dict-key KEY`: the part of a nested training state dict that is the
+    /// model (a torch.distributed.checkpoint folder's `{"model": …, "optimizer": …}`);
+    /// `None`: `model` when there is one.
+    pub state_dict_key: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +47,7 @@ pub enum LoadError {
     #[error("{} is not a directory", .0.display())]
     NotADirectory(PathBuf),
     #[error(
-        "no weights in {}: expected model.safetensors, model.safetensors.index.json, *.safetensors, pytorch_model.bin or pytorch_model.bin.index.json",
+        "no weights in {}: expected model.safetensors, model.safetensors.index.json, *.safetensors, pytorch_model.bin, pytorch_model.bin.index.json or a torch.distributed.checkpoint folder (.metadata)",
         .0.display()
     )]
     NoWeights(PathBuf),
@@ -117,7 +121,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
             ),
             _ => None,
         };
-        let weights = read_weights(dir, &mut draft, &mut warnings);
+        let weights = read_weights(dir, options, &mut draft, &mut warnings);
         let offload = offload.map(|reading| {
             reading
                 .join()
@@ -449,6 +453,7 @@ fn symlinks_in(folder: &Path) -> Option<std::collections::HashSet<std::ffi::OsSt
 /// the weights (shards and index).
 fn read_weights(
     dir: &Path,
+    options: &LoadOptions,
     draft: &mut Draft,
     warnings: &mut Vec<Warning>,
 ) -> Result<Vec<PathBuf>, LoadError> {
@@ -480,7 +485,8 @@ fn read_weights(
     let metadata = dir.join(crate::formats::dcp::METADATA);
     if paths.is_empty() && exists(&metadata) {
         let mut files = vec![metadata];
-        for (path, header) in crate::formats::dcp::read_dcp(dir)? {
+        for (path, header) in crate::formats::dcp::read_dcp(dir, options.state_dict_key.as_deref())?
+        {
             let id = draft.file_id(&path, &header);
             for t in header.tensors {
                 add_checkpoint_tensor(draft, id, t);
