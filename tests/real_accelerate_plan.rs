@@ -15,4 +15,7 @@ fn devmap_plan_places_every_tensor_where_accelerate_does() {
     // bfloat16 x 11, the transformers 5 rule case, and an FP8 Llama whose config says
     // `dequantize: true` x 11 (planned as the plain bfloat16 model it loads as).
     assert_eq!(out.matches(": same").count(), 503, "{out}");
+    // A GPU budget at every edge of accelerate's walk on the six families whose models
+    // hold non-persistent buffers (the script fails on any difference).
+    assert_eq!(out.matches(" edge budgets, ").count(), 6, "{out}");
 }

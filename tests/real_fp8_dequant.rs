@@ -36,6 +36,12 @@ fn mxfp4_checkpoints_dequantize_bit_exact_with_transformers() {
     let (ok, out, err) = common::run_hf_script("mxfp4_dequant.py");
     assert!(ok, "MXFP4 dequantization check failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: mxfp4 to ").count(), 3, "{out}");
+    // LoRA on the fused experts merged while dequantizing, and into the plain gpt-oss.
+    assert_eq!(
+        out.matches("ok: LoRA (target_parameters").count(),
+        2,
+        "{out}"
+    );
 }
 
 /// compressed-tensors `float-quantized` FP8 against transformers with the
@@ -55,6 +61,10 @@ fn compressed_tensors_fp8_dequantizes_bit_exact_with_transformers() {
     );
     assert!(
         out.contains("ok: a pack-quantized config is refused"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ok: LoRA merged into 6 dequantized compressed-tensors FP8 weights"),
         "{out}"
     );
 }
