@@ -6,8 +6,9 @@ is saved by `dcp.save` from one process, nested as training loops save it
 writes for the model (names, dtypes, every byte) and `from_pretrained(OUT)` must give
 the logits of transformers' own save, and `verify OUT --against DIR` is clean; the optimizer state is never written. A checkpoint whose tensor is
 split across two ranks (gloo on 127.0.0.1, DTensor sharded on dim 0) is refused,
-naming the tensor and its chunks, with nothing written; a `.metadata` whose pickle
-names `os.system` is refused by name and never run.
+naming the tensor and its chunks, with nothing written; so are a folder whose `.distcp`
+file is gone or cut short, naming the file and a tensor stored there; a `.metadata`
+whose pickle names `os.system` is refused by name and never run.
 
 Usage: python dcp.py PATH/TO/devmap
 """
@@ -107,6 +108,20 @@ def main(devmap):
     folder = os.path.join(WORK, "two-ranks")
     torch.multiprocessing.spawn(sharded_rank, args=(folder,), nprocs=2, join=True)
     refused(devmap, "split-across-ranks", folder, config, ["layers.0.mlp.up_proj.weight", "2 chunks"])
+
+    # Damaged copies of the flat checkpoint: its .distcp file gone, then cut short.
+    import shutil
+
+    flat = os.path.join(WORK, "llama-flat-src")
+    for damage in ("missing", "truncated"):
+        folder = os.path.join(WORK, f"{damage}-distcp")
+        shutil.copytree(flat, folder)
+        data = os.path.join(folder, "__0_0.distcp")
+        if damage == "missing":
+            os.remove(data)
+        else:
+            os.truncate(data, os.path.getsize(data) // 2)
+        refused(devmap, f"{damage}-distcp", folder, config, ["__0_0.distcp", "tensor `model."])
 
     # A .metadata that would run os.system if loaded: never run, refused by name.
     evil = os.path.join(WORK, "evil")
