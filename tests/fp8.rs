@@ -39,19 +39,23 @@ const ROWS: u64 = 5;
 const COLS: u64 = 7;
 const BLOCK: (u64, u64) = (2, 4);
 
+/// The FP8 weight's bytes: every finite e4m3 pattern but the NaNs, in turn.
+fn e4m3_weight() -> Vec<u8> {
+    (0..ROWS * COLS)
+        .map(|i| {
+            let b = (i * 37 % 256) as u8;
+            if b & 0x7f == 0x7f { 0x3c } else { b }
+        })
+        .collect()
+}
+
 /// A 5×7 FP8 weight in 2×4 blocks (a 3×2 scale grid, partial blocks at both ends), a
 /// bfloat16 norm, and a config with `quantization_config`.
 fn fp8_case(method: &str, scales: Option<Vec<f32>>) -> Fp8Case {
     let tmp = tempfile::tempdir().expect("tempdir");
     let src = tmp.path().join("src");
     std::fs::create_dir_all(&src).expect("mkdir");
-    // Every finite e4m3 pattern but the NaNs, in turn.
-    let weight: Vec<u8> = (0..ROWS * COLS)
-        .map(|i| {
-            let b = (i * 37 % 256) as u8;
-            if b & 0x7f == 0x7f { 0x3c } else { b }
-        })
-        .collect();
+    let weight = e4m3_weight();
     let scales = scales.unwrap_or_else(|| vec![0.5, 2.0, 0.125, 3.0, 1.0e-3, 7.5]);
     let w = FixtureTensor {
         name: "model.layers.0.mlp.down_proj.weight".into(),
@@ -449,12 +453,7 @@ fn compressed_tensors_fp8_multiplies_in_the_scale_dtype() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let src = tmp.path().join("src");
     std::fs::create_dir_all(&src).expect("mkdir");
-    let weight: Vec<u8> = (0..ROWS * COLS)
-        .map(|i| {
-            let b = (i * 37 % 256) as u8;
-            if b & 0x7f == 0x7f { 0x3c } else { b }
-        })
-        .collect();
+    let weight = e4m3_weight();
     // bfloat16 scales with all 8 bits of mantissa in use, so the product needs rounding.
     let scales: Vec<u16> = (0..ROWS).map(|r| 0x3f81 + r as u16 * 37).collect();
     let w = FixtureTensor {

@@ -69,13 +69,8 @@ pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Vec<(PathBuf, Header)>,
         ));
     }
     let bytes = std::fs::read(&path).map_err(|e| FormatError::io(&path, e))?;
-    let value = pickle::read_as(&bytes, Allow::DcpMetadata).map_err(|e| {
-        let kind = match e {
-            pickle::Error::Forbidden(_) => Kind::Unsafe,
-            pickle::Error::Malformed(_) => Kind::Malformed,
-        };
-        FormatError::invalid_as(kind, &path, format!("{e}"))
-    })?;
+    let value = pickle::read_as(&bytes, Allow::DcpMetadata)
+        .map_err(|e| FormatError::invalid_as(e.kind(), &path, format!("{e}")))?;
     let (entries, stored, paths) = metadata(&path, value)?;
     // The model's part of a nested state dict, named by the rest of its path; else
     // every tensor entry under its own name.
@@ -231,25 +226,8 @@ fn chunk_tensor(
     fqn: &str,
 ) -> Result<HeaderTensor, FormatError> {
     let members = zip::members_in(path, file, offset, length)?;
-    let pkl = members
-        .iter()
-        .find(|m| m.name.ends_with("/data.pkl") || m.name == "data.pkl")
-        .ok_or_else(|| {
-            FormatError::tensor_as(
-                Kind::NotTheFormat,
-                path,
-                fqn,
-                "its chunk is a zip archive without data.pkl: not a torch.save archive",
-            )
-        })?;
-    let prefix = &pkl.name[..pkl.name.len() - "data.pkl".len()];
-    let bytes = zip::read_member(path, file, pkl)?;
-    let value = pickle::read(&bytes).map_err(|e| {
-        let kind = match e {
-            pickle::Error::Forbidden(_) => Kind::Unsafe,
-            pickle::Error::Malformed(_) => Kind::Malformed,
-        };
-        FormatError::tensor_as(kind, path, fqn, format!("its chunk's data.pkl {e}"))
+    let (prefix, value) = super::torch_bin::read_archive(path, file, &members, &|kind, m| {
+        FormatError::tensor_as(kind, path, fqn, format!("its chunk {m}"))
     })?;
     let Value::Tensor(t) = value else {
         return Err(FormatError::tensor_as(
@@ -259,11 +237,8 @@ fn chunk_tensor(
             "its chunk holds something other than a tensor",
         ));
     };
-    let member_name = format!("{prefix}data/{}", t.storage.key);
-    let member = members
-        .iter()
-        .find(|m| m.name == member_name)
-        .ok_or_else(|| {
+    let member =
+        super::torch_bin::storage_member(&members, &prefix, &t.storage.key).ok_or_else(|| {
             FormatError::tensor_as(
                 Kind::Missing,
                 path,

@@ -68,6 +68,16 @@ pub enum Error {
     Malformed(String),
 }
 
+impl Error {
+    /// The kind of format error it is: a forbidden global makes the file unsafe.
+    pub fn kind(&self) -> super::Kind {
+        match self {
+            Error::Forbidden(_) => super::Kind::Unsafe,
+            Error::Malformed(_) => super::Kind::Malformed,
+        }
+    }
+}
+
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -26,44 +26,8 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
     let file = super::input::open_regular(path)?;
     let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
     let members = zip::members(path, &file, file_len)?;
-    let pkl = members
-        .iter()
-        .find(|m| m.name.ends_with("/data.pkl") || m.name == "data.pkl")
-        .ok_or_else(|| {
-            FormatError::invalid_as(
-                Kind::NotTheFormat,
-                path,
-                "is a zip archive without data.pkl: not a torch.save file",
-            )
-        })?;
-    let prefix = &pkl.name[..pkl.name.len() - "data.pkl".len()];
-    if let Some(order) = members
-        .iter()
-        .find(|m| m.name == format!("{prefix}byteorder"))
-    {
-        let bytes = zip::read_member(path, &file, order)?;
-        if bytes != b"little" {
-            return Err(FormatError::invalid_as(
-                Kind::Unsupported,
-                path,
-                "was saved big-endian; devmap reads little-endian checkpoints",
-            ));
-        }
-    }
-    if pkl.len > MAX_PICKLE {
-        return Err(FormatError::invalid_as(
-            Kind::TooLarge,
-            path,
-            "its data.pkl is too large to be a state dict",
-        ));
-    }
-    let bytes = zip::read_member(path, &file, pkl)?;
-    let value = pickle::read(&bytes).map_err(|e| {
-        let kind = match e {
-            pickle::Error::Forbidden(_) => Kind::Unsafe,
-            pickle::Error::Malformed(_) => Kind::Malformed,
-        };
-        FormatError::invalid_as(kind, path, format!("data.pkl {e}"))
+    let (prefix, value) = read_archive(path, &file, &members, &|kind, message| {
+        FormatError::invalid_as(kind, path, message)
     })?;
     let Value::Dict(items) = value else {
         return Err(FormatError::invalid_as(
@@ -71,10 +35,6 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
             path,
             "holds something other than a state dict (a dict of tensors)",
         ));
-    };
-    let storage = |key: &str| {
-        let name = format!("{prefix}data/{key}");
-        members.iter().find(|m| m.name == name)
     };
     let mut tensors = Vec::with_capacity(items.len());
     for (key, value) in items {
@@ -92,7 +52,7 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
                 "is not a tensor; devmap reads state dicts of tensors",
             ));
         };
-        let member = storage(&t.storage.key).ok_or_else(|| {
+        let member = storage_member(&members, &prefix, &t.storage.key).ok_or_else(|| {
             FormatError::tensor_as(
                 Kind::Missing,
                 path,
@@ -109,6 +69,58 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
         tensors,
         metadata: None,
     })
+}
+
+/// The value a `torch.save` archive's `data.pkl` holds (its byte order checked, its
+/// size bounded), and the prefix its members' names share. `bad` makes each error,
+/// naming the archive or the tensor whose chunk it is.
+pub(super) fn read_archive(
+    path: &Path,
+    file: &std::fs::File,
+    members: &[zip::Member],
+    bad: &dyn Fn(Kind, String) -> FormatError,
+) -> Result<(String, Value), FormatError> {
+    let pkl = members
+        .iter()
+        .find(|m| m.name.ends_with("/data.pkl") || m.name == "data.pkl")
+        .ok_or_else(|| {
+            bad(
+                Kind::NotTheFormat,
+                "is a zip archive without data.pkl: not a torch.save file".to_owned(),
+            )
+        })?;
+    let prefix = pkl.name[..pkl.name.len() - "data.pkl".len()].to_owned();
+    if let Some(order) = members
+        .iter()
+        .find(|m| m.name == format!("{prefix}byteorder"))
+    {
+        let bytes = zip::read_member(path, file, order)?;
+        if bytes != b"little" {
+            return Err(bad(
+                Kind::Unsupported,
+                "was saved big-endian; devmap reads little-endian checkpoints".to_owned(),
+            ));
+        }
+    }
+    if pkl.len > MAX_PICKLE {
+        return Err(bad(
+            Kind::TooLarge,
+            "its data.pkl is too large to be a state dict".to_owned(),
+        ));
+    }
+    let bytes = zip::read_member(path, file, pkl)?;
+    let value = pickle::read(&bytes).map_err(|e| bad(e.kind(), format!("data.pkl {e}")))?;
+    Ok((prefix, value))
+}
+
+/// The member holding storage `key` of an archive whose names start with `prefix`.
+pub(super) fn storage_member<'m>(
+    members: &'m [zip::Member],
+    prefix: &str,
+    key: &str,
+) -> Option<&'m zip::Member> {
+    let name = format!("{prefix}data/{key}");
+    members.iter().find(|m| m.name == name)
 }
 
 /// Where tensor `name`'s bytes are: a contiguous view of its storage member.

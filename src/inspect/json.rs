@@ -178,32 +178,16 @@ fn tensor_out(ckpt: &Checkpoint, id: usize) -> TensorOut<'_> {
         map_key: ckpt.map_key(t),
         loaded_as: ckpt.loaded_name(id).map(str::to_owned),
         source: match t.source {
-            Source::Checkpoint(r)
-                if ckpt
-                    .file_path(r.file)
-                    .extension()
-                    .is_some_and(|e| e == "bin") =>
-            {
-                SourceOut::TorchBin {
-                    file: file(r.file),
-                    offset: r.offset,
+            // The file's kind says how to read the offset: in a safetensors file, a
+            // `pytorch_model.bin` archive, or a `.distcp` file of chunk archives.
+            Source::Checkpoint(r) => {
+                let (file, offset) = (file(r.file), r.offset);
+                match ckpt.file_path(r.file).extension().and_then(|e| e.to_str()) {
+                    Some("bin") => SourceOut::TorchBin { file, offset },
+                    Some("distcp") => SourceOut::Dcp { file, offset },
+                    _ => SourceOut::Safetensors { file, offset },
                 }
             }
-            Source::Checkpoint(r)
-                if ckpt
-                    .file_path(r.file)
-                    .extension()
-                    .is_some_and(|e| e == "distcp") =>
-            {
-                SourceOut::Dcp {
-                    file: file(r.file),
-                    offset: r.offset,
-                }
-            }
-            Source::Checkpoint(r) => SourceOut::Safetensors {
-                file: file(r.file),
-                offset: r.offset,
-            },
             Source::Offload(r) => SourceOut::Offload {
                 file: file(r.file),
                 offset: r.offset,

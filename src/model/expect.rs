@@ -248,32 +248,26 @@ impl<'a> Values<'a> {
     /// An attribute's value: config.json's, else the default; `None` when config.json
     /// gives something that is not a whole number (a `null`, a list).
     pub fn attribute(&self, path: &str) -> Option<u64> {
-        let mut at = self.config;
-        for part in path.split('.') {
-            match at.get(part) {
-                Some(next) => at = next,
-                None => return self.default(path),
-            }
-        }
-        at.as_u64()
+        self.lookup(path, true)
     }
 
-    /// What an attribute config.json leaves out is: its default, or what the config
-    /// class derives it from (whose attributes are never derived themselves: the
-    /// generator writes plain defaults for them).
-    fn default(&self, path: &str) -> Option<u64> {
-        if let Some(&v) = self.expect.defaults.get(path) {
-            return Some(v);
+    /// [`Values::attribute`]; what config.json leaves out is its default, or, with
+    /// `derive`, what the config class derives it from (whose attributes are never
+    /// derived themselves: the generator writes plain defaults for them, so one level
+    /// is all there is).
+    fn lookup(&self, path: &str, derive: bool) -> Option<u64> {
+        let mut at = self.config;
+        for part in path.split('.') {
+            let Some(next) = at.get(part) else {
+                if let Some(&v) = self.expect.defaults.get(path) {
+                    return Some(v);
+                }
+                let how = self.expect.derived.get(path).filter(|_| derive)?;
+                return self.eval_with(how, false);
+            };
+            at = next;
         }
-        let how = self.expect.derived.get(path)?;
-        let plain = Values {
-            expect: &Expect {
-                defaults: self.expect.defaults.clone(),
-                ..Expect::default()
-            },
-            config: self.config,
-        };
-        plain.eval(how)
+        at.as_u64()
     }
 
     /// Whether the word embeddings are tied: config.json's `tie_word_embeddings`, else
@@ -291,12 +285,17 @@ impl<'a> Values<'a> {
 
     /// The size `expr` stands for; `None` when unknown or not a whole number.
     pub fn eval(&self, expr: &Expr) -> Option<u64> {
+        self.eval_with(expr, true)
+    }
+
+    /// [`Values::eval`], following derived defaults or not (see [`Values::lookup`]).
+    fn eval_with(&self, expr: &Expr, derive: bool) -> Option<u64> {
         let Expr::Product { up, down } = expr else {
             return None;
         };
         let value = |f: &Factor| match f {
             Factor::Number(n) => Some(u128::from(*n)),
-            Factor::Attribute(a) => self.attribute(a).map(u128::from),
+            Factor::Attribute(a) => self.lookup(a, derive).map(u128::from),
         };
         let mut num: u128 = 1;
         for f in up {

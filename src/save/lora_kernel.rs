@@ -288,19 +288,26 @@ impl RowMerger {
     /// Merges into `rows` (whole rows of `dtype`, the first of them row `first`), in
     /// place, in that dtype.
     pub fn merge(&self, first: usize, dtype: DType, rows: &mut [u8]) -> Result<(), CopyError> {
-        let mut values = vec![0f32; rows.len() / dtype.size() as usize];
-        let mut scratch = vec![0f32; self.cols];
-        widen(dtype, rows, &mut values);
+        // The kept buffers, as a streamed merge uses them: a band is merged per call.
+        let mut buffers = Buffers::take();
+        let values = at_least(&mut buffers.values, rows.len() / dtype.size() as usize);
+        let scratch = at_least(&mut buffers.scratch, self.cols);
+        widen(dtype, rows, values);
         for step in &self.steps {
             for (i, w) in values.chunks_exact_mut(self.cols.max(1)).enumerate() {
-                apply(step, first + i, w, &mut scratch, dtype);
+                apply(step, first + i, w, scratch, dtype);
             }
         }
-        if !self.allow_nonfinite {
-            refuse_overflow(&self.name, (dtype, dtype), rows, &values, first * self.cols)?;
+        let result = if self.allow_nonfinite {
+            Ok(())
+        } else {
+            refuse_overflow(&self.name, (dtype, dtype), rows, values, first * self.cols)
+        };
+        if result.is_ok() {
+            narrow(dtype, values, rows);
         }
-        narrow(dtype, &values, rows);
-        Ok(())
+        buffers.give_back();
+        result
     }
 }
 

@@ -173,25 +173,42 @@ fn dequantized(
     let (Some(source), Some(scale_range)) = (ckpt.data_range(id), ckpt.data_range(scale_id)) else {
         return Err("or its scale has no data to read".to_owned());
     };
-    // A LoRA adapter merges into the dequantized weight, as peft merges into the
-    // model transformers loads dequantized.
-    if ckpt.merges_of(id).is_empty() {
-        Ok(Dequantized::Written(Recipe::Dequant {
+    Ok(fp8_recipe(
+        ckpt,
+        id,
+        (source, tensor.dtype),
+        to,
+        (scale_range, blocks),
+    ))
+}
+
+/// An FP8 weight's recipe (fine-grained or compressed-tensors): dequantized, and with a
+/// LoRA adapter merged into the dequantized weight where one adapts it, as peft merges
+/// into the model transformers loads dequantized.
+fn fp8_recipe(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    (source, from): (ByteRange, DType),
+    to: DType,
+    (scale, blocks): (ByteRange, super::dequant::Fp8Blocks),
+) -> Dequantized {
+    Dequantized::Written(if ckpt.merges_of(id).is_empty() {
+        Recipe::Dequant {
             source,
-            from: tensor.dtype,
+            from,
             to,
-            scale: scale_range,
+            scale,
             blocks,
-        }))
+        }
     } else {
-        Ok(Dequantized::Written(Recipe::DequantMerge {
+        Recipe::DequantMerge {
             source,
-            from: tensor.dtype,
+            from,
             to,
-            scale: scale_range,
+            scale,
             blocks,
-        }))
-    }
+        }
+    })
 }
 
 /// What a compressed-tensors checkpoint keeps beside a quantized module's weight: its
@@ -280,26 +297,13 @@ fn dequantized_compressed(
         block_cols: block.1,
         scale_dtype: scale.dtype,
     };
-    let (from, scale) = (tensor.dtype, scale_range);
-    // A LoRA adapter merges into the dequantized weight, as peft merges into the
-    // model transformers loads dequantized.
-    Ok(Dequantized::Written(if ckpt.merges_of(id).is_empty() {
-        Recipe::Dequant {
-            source,
-            from,
-            to,
-            scale,
-            blocks,
-        }
-    } else {
-        Recipe::DequantMerge {
-            source,
-            from,
-            to,
-            scale,
-            blocks,
-        }
-    }))
+    Ok(fp8_recipe(
+        ckpt,
+        id,
+        (source, tensor.dtype),
+        to,
+        (scale_range, blocks),
+    ))
 }
 
 /// How an MXFP4 save treats tensor `id`: `P_blocks` (U8 `[E, rows, G, 16]`) is
