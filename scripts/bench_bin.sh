@@ -23,17 +23,11 @@ mkdir -p "$WORK"
 if [ ! -f "$MODEL/pytorch_model.bin.index.json" ]; then
     "$PY" - "$MODEL" "$SIZE_MB" <<'EOF'
 import json, os, sys, torch
+sys.path.insert(0, "scripts/peers")
+from bench_state import layers_state
 out, size_mb = sys.argv[1], int(sys.argv[2])
 os.makedirs(out, exist_ok=True)
-hidden, layers = 1024, max(1, size_mb * 1_000_000 // (2 * 12 * 1024 * 1024))
-torch.manual_seed(0)
-state = {}
-for l in range(layers):
-    for name, rows in [("self_attn.q_proj", hidden), ("self_attn.k_proj", hidden), ("self_attn.v_proj", hidden),
-                       ("self_attn.o_proj", hidden), ("mlp.gate_proj", 2 * hidden), ("mlp.up_proj", 2 * hidden),
-                       ("mlp.down_proj", hidden * 4)]:
-        cols = hidden if name != "mlp.down_proj" else hidden // 2
-        state[f"model.layers.{l}.{name}.weight"] = torch.randn(rows, cols).to(torch.bfloat16)
+state = layers_state(size_mb)
 names = list(state)
 per = -(-len(names) // 3)
 weight_map = {}

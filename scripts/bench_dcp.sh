@@ -23,18 +23,12 @@ MODEL="$WORK/dcp-model"
 mkdir -p "$WORK"
 if [ ! -f "$MODEL/.metadata" ]; then
     "$PY" - "$MODEL" "$SIZE_MB" <<'EOF2'
-import json, os, sys, torch
+import sys
 import torch.distributed.checkpoint as dcp
+sys.path.insert(0, "scripts/peers")
+from bench_state import layers_state
 out, size_mb = sys.argv[1], int(sys.argv[2])
-hidden, layers = 1024, max(1, size_mb * 1_000_000 // (2 * 12 * 1024 * 1024))
-torch.manual_seed(0)
-state = {}
-for l in range(layers):
-    for name, rows in [("self_attn.q_proj", hidden), ("self_attn.k_proj", hidden), ("self_attn.v_proj", hidden),
-                       ("self_attn.o_proj", hidden), ("mlp.gate_proj", 2 * hidden), ("mlp.up_proj", 2 * hidden),
-                       ("mlp.down_proj", hidden * 4)]:
-        cols = hidden if name != "mlp.down_proj" else hidden // 2
-        state[f"model.layers.{l}.{name}.weight"] = torch.randn(rows, cols).to(torch.bfloat16)
+state = layers_state(size_mb)
 dcp.save({"model": state, "epoch": 1}, checkpoint_id=out)
 EOF2
     mkdir -p "$WORK/dcp-config"

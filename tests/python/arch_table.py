@@ -70,29 +70,27 @@ def main():
             f"src/model/arch_table.txt ({header}) differs from this transformers "
             f"({transformers.__version__}) for {stale}: run scripts/gen_arch_table.py")
     print(f"ok: {len(CHECKED)} architectures as committed, of {len(blocks)} in the table")
-    expect_path = os.path.join(os.path.dirname(path), "expect_table.txt")
-    expected = committed_blocks(expect_path)
-    # A few: each takes a fit of its own (a class instantiated once per config integer).
-    fitted = {a: CHECKED[a] for a in ("LlamaForCausalLM", "GPT2LMHeadModel", "T5ForConditionalGeneration",
-                                      "MixtralForCausalLM", "LlavaForConditionalGeneration", "BertForMaskedLM")}
-    stale = [arch for arch, model_type in fitted.items()
-             if expected.get(arch) != gen_expect_table.describe(getattr(transformers, arch), model_type)]
-    if stale:
-        raise SystemExit(
-            f"src/model/expect_table.txt differs from this transformers ({transformers.__version__}) "
-            f"for {stale}: run scripts/gen_expect_table.py")
-    print(f"ok: {len(fitted)} architectures' expected tensors as committed, of {len(expected)} in the table")
-    buffers = committed_blocks(os.path.join(os.path.dirname(path), "buffer_table.txt"))
-    with_buffers = {a: CHECKED[a] for a in ("LlamaForCausalLM", "Qwen2ForCausalLM", "GemmaForCausalLM",
-                                            "BertForMaskedLM", "LlavaForConditionalGeneration")}
-    stale = [arch for arch, model_type in with_buffers.items()
-             if buffers.get(arch) != gen_buffer_table.describe(getattr(transformers, arch), model_type)]
-    if stale:
-        raise SystemExit(
-            f"src/model/buffer_table.txt differs from this transformers ({transformers.__version__}) "
-            f"for {stale}: run scripts/gen_buffer_table.py")
-    print(f"ok: {len(with_buffers)} architectures' buffers as committed, of {len(buffers)} in the table")
+    # A few of the fitted tables' blocks: each takes a fit of its own (a class
+    # instantiated once per config integer).
+    check_fitted(path, "expect_table.txt", gen_expect_table, "expected tensors",
+                 ("LlamaForCausalLM", "GPT2LMHeadModel", "T5ForConditionalGeneration",
+                  "MixtralForCausalLM", "LlavaForConditionalGeneration", "BertForMaskedLM"))
+    check_fitted(path, "buffer_table.txt", gen_buffer_table, "buffers",
+                 ("LlamaForCausalLM", "Qwen2ForCausalLM", "GemmaForCausalLM", "BertForMaskedLM",
+                  "LlavaForConditionalGeneration"))
 
+
+def check_fitted(arch_path, table, generator, what, archs):
+    """The committed `table` (beside the arch table) against its `generator`'s
+    `describe` for `archs`, each with its model type from CHECKED."""
+    committed = committed_blocks(os.path.join(os.path.dirname(arch_path), table))
+    stale = [arch for arch in archs
+             if committed.get(arch) != generator.describe(getattr(transformers, arch), CHECKED[arch])]
+    if stale:
+        raise SystemExit(
+            f"src/model/{table} differs from this transformers ({transformers.__version__}) "
+            f"for {stale}: run scripts/{generator.__name__}.py")
+    print(f"ok: {len(archs)} architectures' {what} as committed, of {len(committed)} in the table")
 
 if __name__ == "__main__":
     main()

@@ -21,7 +21,7 @@ import tempfile
 
 import torch
 import torch.distributed.checkpoint as dcp
-from saved import tensors
+from saved import differences, tensors
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 WORK = tempfile.mkdtemp(prefix="devmap-dcp-")
@@ -51,12 +51,9 @@ def case(devmap, name, model, nested):
     r = devmap_save(devmap, src, ours, ref)
     if r.returncode != 0:
         sys.exit(f"FAIL {name}: devmap save: {r.stderr}")
-    a, b = tensors(ours), tensors(ref)
-    if sorted(a) != sorted(b):
-        sys.exit(f"FAIL {name}: names differ: only devmap {sorted(set(a) - set(b))}, only transformers {sorted(set(b) - set(a))}")
-    for k in b:
-        if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or not torch.equal(a[k], b[k]):
-            sys.exit(f"FAIL {name}: {k}: devmap {a[k].dtype} {tuple(a[k].shape)}, transformers {b[k].dtype} {tuple(b[k].shape)}")
+    why = differences(ours, ref)
+    if why:
+        sys.exit(f"FAIL {name}: {why}")
     with torch.no_grad():
         logits = AutoModelForCausalLM.from_pretrained(ours)(INPUT).logits
     if not torch.equal(logits, want_logits):
@@ -66,7 +63,7 @@ def case(devmap, name, model, nested):
     if r.returncode != 0:
         sys.exit(f"FAIL {name}: verify --against: {r.stdout[-600:]} {r.stderr[-600:]}")
     kind = "nested with its optimizer state" if nested else "flat"
-    print(f"ok: {name}: {len(b)} tensors from a one-process dcp.save ({kind}), identical to transformers' save; logits equal; verify --against clean")
+    print(f"ok: {name}: {len(tensors(ref))} tensors from a one-process dcp.save ({kind}), identical to transformers' save; logits equal; verify --against clean")
 
 
 def refused(devmap, name, folder, config, needles, extra=()):

@@ -17,6 +17,21 @@ def tensors(folder):
     return out
 
 
+def differences(ours, ref):
+    """Why the checkpoint in folder `ours` is not exactly the one in `ref` (names,
+    dtypes, shapes, every value), or None."""
+    import torch
+
+    a, b = tensors(ours), tensors(ref)
+    if sorted(a) != sorted(b):
+        return f"names differ: only devmap {sorted(set(a) - set(b))}, only the reference {sorted(set(b) - set(a))}"
+    for k in b:
+        if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or not torch.equal(a[k], b[k]):
+            return (f"{k}: devmap {a[k].dtype} {tuple(a[k].shape)}, reference {b[k].dtype} {tuple(b[k].shape)}, "
+                    f"equal values: {a[k].shape == b[k].shape and torch.equal(a[k].float(), b[k].float())}")
+    return None
+
+
 def peft_merged(load, lora_config, work, label):
     """An adapter peft makes on the model `load()` gives (`lora_config`, its LoRA
     weights random and non-zero, seed 5), saved under `work`; then peft's own

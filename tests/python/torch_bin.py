@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 
 import torch
-from saved import tensors
+from saved import differences, tensors
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 WORK = tempfile.mkdtemp(prefix="devmap-bin-")
@@ -61,17 +61,14 @@ def case(devmap, name, model, shards):
     r = devmap_save(devmap, src, ours)
     if r.returncode != 0:
         sys.exit(f"FAIL {name}: devmap save: {r.stderr}")
-    a, b = tensors(ours), tensors(ref)
-    if sorted(a) != sorted(b):
-        sys.exit(f"FAIL {name}: names differ: only devmap {sorted(set(a) - set(b))}, only transformers {sorted(set(b) - set(a))}")
-    for k in b:
-        if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or not torch.equal(a[k], b[k]):
-            sys.exit(f"FAIL {name}: {k}: devmap {a[k].dtype} {tuple(a[k].shape)}, transformers {b[k].dtype} {tuple(b[k].shape)}, equal values: {torch.equal(a[k].float(), b[k].float())}")
+    why = differences(ours, ref)
+    if why:
+        sys.exit(f"FAIL {name}: {why}")
     with torch.no_grad():
         logits = AutoModelForCausalLM.from_pretrained(ours)(INPUT).logits
     if not torch.equal(logits, ref_logits):
         sys.exit(f"FAIL {name}: logits differ by {float((logits - ref_logits).abs().max())}")
-    print(f"ok: {name}: {len(b)} tensors from {shards} .bin file(s), identical to transformers' save; logits equal")
+    print(f"ok: {name}: {len(tensors(ref))} tensors from {shards} .bin file(s), identical to transformers' save; logits equal")
 
 
 def refused(devmap, name, folder, needle):
