@@ -68,7 +68,9 @@ pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Vec<(PathBuf, Header)>,
             "is too large to be a checkpoint's metadata",
         ));
     }
-    let bytes = std::fs::read(&path).map_err(|e| FormatError::io(&path, e))?;
+    // From the file just opened and checked, not the path again.
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(|e| FormatError::io(&path, e))?;
     let value = pickle::read_as(&bytes, Allow::DcpMetadata)
         .map_err(|e| FormatError::invalid_as(e.kind(), &path, format!("{e}")))?;
     let (entries, stored, paths) = metadata(&path, value)?;
