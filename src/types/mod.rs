@@ -2,6 +2,7 @@
 //! ranges. `formats` and `model` both speak it; it imports nothing of the crate.
 
 pub mod dtype;
+pub mod pieces;
 pub mod placement;
 pub mod range;
 pub mod shape;
