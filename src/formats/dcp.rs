@@ -16,16 +16,20 @@
 //!
 //! A tensor stored whole (one chunk: what one process writes, and what ranks write for
 //! tensors they do not shard) is a byte range of its `.distcp` file, like a `.bin`
-//! tensor. A tensor split into chunks across ranks is refused, naming it and its
-//! chunks: stitching them is not done yet.
+//! tensor. A tensor split into chunks across ranks is stored in pieces, one per chunk
+//! (`types::pieces`): whether they make up the tensor is the loader's check.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::pickle::{self, Allow, Value};
+use super::pieced::{PiecedTensor, Split};
 use super::safetensors::{Header, HeaderTensor};
 use super::{FormatError, Kind, zip};
 use crate::types::dtype::DType;
+use crate::types::pieces::Piece;
+use crate::types::range::ByteRange;
+use crate::types::shape::Shape;
 
 /// The metadata file of a DCP folder.
 pub const METADATA: &str = ".metadata";
@@ -51,10 +55,11 @@ struct Stored {
     length: u64,
 }
 
-/// The tensors of the DCP checkpoint in `dir`, per `.distcp` file (a [`Header`] each,
-/// tensors with absolute byte ranges), under the model's names. `key` names the part
-/// of a nested state dict that is the model (`None`: `model`, when there is one).
-pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Vec<(PathBuf, Header)>, FormatError> {
+/// The tensors of the DCP checkpoint in `dir`, under the model's names: per `.distcp`
+/// file those stored whole (a [`Header`] each, tensors with absolute byte ranges), and
+/// those split into chunks across ranks as pieces. `key` names the part of a nested
+/// state dict that is the model (`None`: `model`, when there is one).
+pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Split, FormatError> {
     let path = dir.join(METADATA);
     let file = super::input::open_regular(&path)?;
     let len = file
@@ -111,37 +116,131 @@ pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Vec<(PathBuf, Header)>,
             Some(name) => Some((fqn, name, entry)),
             None => (!nested).then(|| (fqn, fqn.clone(), entry)),
         });
-    let mut by_file: HashMap<String, Vec<HeaderTensor>> = HashMap::new();
-    let mut opened: HashMap<String, (std::fs::File, PathBuf, u64)> = HashMap::new();
+    let mut data = DataFiles::default();
+    let mut pieced = Vec::new();
     for (fqn, name, entry) in model {
         let whole = entry.chunks.len() == 1
             && entry.chunks[0].0.iter().all(|&o| o == 0)
             && entry.chunks[0].1 == entry.size;
-        if !whole {
-            return Err(FormatError::tensor_as(
-                Kind::Unsupported,
-                &path,
-                fqn,
-                format!(
-                    "is split into {} across ranks (size {:?}; chunks at {:?}); devmap reads DCP tensors each stored whole, and does not stitch chunks yet",
-                    crate::text::count(entry.chunks.len(), "chunk", "chunks"),
-                    entry.size,
-                    entry.chunks.iter().map(|c| &c.0).collect::<Vec<_>>()
-                ),
-            ));
+        let mut pieces = Vec::with_capacity(entry.chunks.len());
+        for (offsets, sizes) in &entry.chunks {
+            let Some(at) = stored.get(&(fqn.clone(), offsets.clone())) else {
+                return Err(FormatError::tensor_as(
+                    Kind::Missing,
+                    &path,
+                    fqn,
+                    format!(
+                        "has no storage entry for its chunk at {offsets:?}: its data is in no .distcp file"
+                    ),
+                ));
+            };
+            let (file, tensor) = data.chunk(dir, &path, fqn, at)?;
+            if tensor.dtype != entry.dtype || !tensor.shape.iter().eq(sizes.iter().copied()) {
+                return Err(FormatError::tensor(
+                    data.path(file),
+                    fqn,
+                    format!(
+                        "has a chunk at {offsets:?} stored as {} {:?}, but .metadata says {} {sizes:?}",
+                        tensor.dtype,
+                        tensor.shape.to_vec(),
+                        entry.dtype,
+                    ),
+                ));
+            }
+            if whole {
+                data.files[file].1.tensors.push(HeaderTensor {
+                    name: name.clone(),
+                    ..tensor
+                });
+                break;
+            }
+            pieces.push(Piece {
+                range: ByteRange {
+                    file,
+                    offset: tensor.offset,
+                    len: tensor.len,
+                },
+                offsets: offsets.as_slice().into(),
+                sizes: sizes.as_slice().into(),
+            });
         }
-        let Some(at) = stored.get(fqn.as_str()) else {
-            return Err(FormatError::tensor_as(
+        if !whole {
+            pieced.push(PiecedTensor {
+                name,
+                dtype: entry.dtype,
+                shape: Shape::new(&entry.size),
+                pieces,
+            });
+        }
+    }
+    let mut files = data.files;
+    for (_, header) in &mut files {
+        header.tensors.sort_by_key(|t| (t.offset, t.len));
+    }
+    Ok(Split { files, pieced })
+}
+
+/// The `.distcp` files opened so far, each once, with the whole tensors found in it.
+#[derive(Default)]
+struct DataFiles {
+    files: Vec<(PathBuf, Header)>,
+    open: Vec<std::fs::File>,
+    by_name: HashMap<String, usize>,
+}
+
+impl DataFiles {
+    fn path(&self, file: usize) -> &Path {
+        &self.files[file].0
+    }
+
+    /// Opens the data file `name` of the folder `dir` for the first of its chunks
+    /// (tensor `fqn`'s); returns its index.
+    fn open(
+        &mut self,
+        dir: &Path,
+        metadata: &Path,
+        fqn: &str,
+        name: &str,
+    ) -> Result<usize, FormatError> {
+        let data_path = dir.join(name);
+        let data = super::input::open_regular(&data_path).map_err(|e| {
+            FormatError::tensor_as(
                 Kind::Missing,
-                &path,
+                metadata,
                 fqn,
-                "has no storage entry: its data is in no .distcp file",
-            ));
-        };
+                format!("is stored in {name}, which cannot be read: {e}"),
+            )
+        })?;
+        let file_len = data
+            .metadata()
+            .map_err(|e| FormatError::io(&data_path, e))?
+            .len();
+        self.open.push(data);
+        self.files.push((
+            data_path,
+            Header {
+                data_start: 0,
+                file_len,
+                tensors: Vec::new(),
+                metadata: None,
+            },
+        ));
+        self.by_name.insert(name.to_owned(), self.files.len() - 1);
+        Ok(self.files.len() - 1)
+    }
+
+    /// The tensor of the chunk stored at `at`, as a byte range of its file (by index).
+    fn chunk(
+        &mut self,
+        dir: &Path,
+        metadata: &Path,
+        fqn: &str,
+        at: &Stored,
+    ) -> Result<(usize, HeaderTensor), FormatError> {
         if !super::hf_index::is_shard_file_name(&at.file) {
             return Err(FormatError::tensor_as(
                 Kind::Unsafe,
-                &path,
+                metadata,
                 fqn,
                 format!(
                     "is stored in `{}`, which is not a file in the folder",
@@ -149,74 +248,31 @@ pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Vec<(PathBuf, Header)>,
                 ),
             ));
         }
-        if !opened.contains_key(&at.file) {
-            let data_path = dir.join(&at.file);
-            let data = super::input::open_regular(&data_path).map_err(|e| {
-                FormatError::tensor_as(
-                    Kind::Missing,
-                    &path,
-                    fqn,
-                    format!("is stored in {}, which cannot be read: {e}", at.file),
-                )
-            })?;
-            let data_len = data
-                .metadata()
-                .map_err(|e| FormatError::io(&data_path, e))?
-                .len();
-            opened.insert(at.file.clone(), (data, data_path, data_len));
-        }
-        let (data, data_path, data_len) = &opened[&at.file];
+        let file = match self.by_name.get(&at.file) {
+            Some(&i) => i,
+            None => self.open(dir, metadata, fqn, &at.file)?,
+        };
+        let (data_path, header) = &self.files[file];
         if at
             .offset
             .checked_add(at.length)
-            .is_none_or(|e| e > *data_len)
+            .is_none_or(|e| e > header.file_len)
         {
             return Err(FormatError::tensor_as(
                 Kind::Truncated,
                 data_path,
                 fqn,
                 format!(
-                    "is stored at bytes {}..{} of a file of {data_len}",
+                    "is stored at bytes {}..{} of a file of {}",
                     at.offset,
-                    at.offset.saturating_add(at.length)
+                    at.offset.saturating_add(at.length),
+                    header.file_len
                 ),
             ));
         }
-        let mut tensor = chunk_tensor(data_path, data, (at.offset, at.length), fqn)?;
-        if tensor.dtype != entry.dtype || !tensor.shape.iter().eq(entry.size.iter().copied()) {
-            return Err(FormatError::tensor(
-                data_path,
-                fqn,
-                format!(
-                    "is stored as {} {:?}, but .metadata says {} {:?}",
-                    tensor.dtype,
-                    tensor.shape.to_vec(),
-                    entry.dtype,
-                    entry.size
-                ),
-            ));
-        }
-        tensor.name = name;
-        by_file.entry(at.file.clone()).or_default().push(tensor);
+        let tensor = chunk_tensor(data_path, &self.open[file], (at.offset, at.length), fqn)?;
+        Ok((file, tensor))
     }
-    let mut out: Vec<(PathBuf, Header)> = by_file
-        .into_iter()
-        .map(|(file, mut tensors)| {
-            tensors.sort_by_key(|t| (t.offset, t.len));
-            let (_, data_path, data_len) = &opened[&file];
-            (
-                data_path.clone(),
-                Header {
-                    data_start: 0,
-                    file_len: *data_len,
-                    tensors,
-                    metadata: None,
-                },
-            )
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
 }
 
 /// The tensor a chunk's `torch.save` archive (bytes `offset..offset + length` of
@@ -251,11 +307,11 @@ fn chunk_tensor(
     super::torch_bin::byte_range(path, fqn, &t, member)
 }
 
-/// What `.metadata` says: the tensor entries (by fully qualified name), where each is
-/// stored, and each entry's path of keys in the nested state dict.
+/// What `.metadata` says: the tensor entries (by fully qualified name), where each
+/// chunk is stored (by name and the chunk's offsets), and each entry's path of keys in the nested state dict.
 type Parsed = (
     Vec<(String, Entry)>,
-    HashMap<String, Stored>,
+    HashMap<(String, Vec<u64>), Stored>,
     HashMap<String, Vec<String>>,
 );
 
@@ -300,13 +356,16 @@ fn metadata(path: &Path, value: Value) -> Result<Parsed, FormatError> {
         ) else {
             return Err(bad("has storage_data entries devmap cannot read"));
         };
-        // A second chunk of a tensor is refused when its entry is read; the first is
-        // enough to find a whole one.
-        stored.entry(fqn.clone()).or_insert(Stored {
-            file: file.clone(),
-            offset,
-            length,
-        });
+        // A bytes entry (not a tensor) has no offsets.
+        let chunk_offsets = field(index, "offset").and_then(dims).unwrap_or_default();
+        stored.insert(
+            (fqn.clone(), chunk_offsets),
+            Stored {
+                file: file.clone(),
+                offset,
+                length,
+            },
+        );
     }
     // `planner_data`: each flattened name's path of keys (absent, or not a dict, when
     // the state dict was not flattened).

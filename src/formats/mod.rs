@@ -13,6 +13,7 @@ pub mod json;
 pub mod live;
 pub mod offload;
 pub mod pickle;
+pub mod pieced;
 pub mod safetensors;
 pub mod size;
 pub mod torch_bin;

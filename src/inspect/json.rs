@@ -102,6 +102,10 @@ enum SourceOut<'a> {
         file: String,
         offset: u64,
     },
+    /// Blocks saved apart by a training run's ranks, that together make the tensor.
+    Pieces {
+        chunks: Vec<ChunkOut<'a>>,
+    },
     Offload {
         file: String,
         offset: u64,
@@ -114,6 +118,17 @@ enum SourceOut<'a> {
         to: &'a str,
     },
     None,
+}
+
+/// One block of a tensor stored in pieces: where it is, the rank that wrote it (from
+/// the file's name), and which part of the tensor it holds.
+#[derive(Serialize)]
+struct ChunkOut<'a> {
+    file: String,
+    offset: u64,
+    rank: Option<u32>,
+    offsets: &'a [u64],
+    sizes: &'a [u64],
 }
 
 /// Devices in display order (GPUs by index, then cpu, disk, meta, unmapped).
@@ -188,6 +203,19 @@ fn tensor_out(ckpt: &Checkpoint, id: usize) -> TensorOut<'_> {
                     _ => SourceOut::Safetensors { file, offset },
                 }
             }
+            Source::Pieces(index) => SourceOut::Pieces {
+                chunks: ckpt
+                    .pieces(index)
+                    .iter()
+                    .map(|p| ChunkOut {
+                        file: file(p.range.file),
+                        offset: p.range.offset,
+                        rank: crate::formats::pieced::rank_of(ckpt.file_path(p.range.file)),
+                        offsets: &p.offsets,
+                        sizes: &p.sizes,
+                    })
+                    .collect(),
+            },
             Source::Offload(r) => SourceOut::Offload {
                 file: file(r.file),
                 offset: r.offset,

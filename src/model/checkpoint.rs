@@ -7,6 +7,7 @@ use std::time::SystemTime;
 use crate::types::dtype::DType;
 use crate::types::placement::{DeviceMap, Placement};
 
+pub use crate::types::pieces::Piece;
 pub use crate::types::range::{ByteRange, FileId};
 /// Index of a tensor in [`Checkpoint::tensors`].
 pub type TensorId = usize;
@@ -30,6 +31,9 @@ pub enum Source {
     /// A full replacement from a LoRA adapter (`modules_to_save`, an embedding's
     /// `base_layer`): it outranks both of the above.
     Adapter(ByteRange),
+    /// The checkpoint's entry stored in blocks across files (a training run's ranks):
+    /// [`Checkpoint::pieces`] of this index.
+    Pieces(u32),
     /// No bytes of its own: it reads a tie partner's.
     Tied(TensorId),
     /// No data anywhere (a `meta` tensor that was never materialised).
@@ -130,6 +134,8 @@ pub struct Checkpoint {
     pub total_parameters: Option<u64>,
     /// How reports name a model that is no folder (a live model in a Python session).
     pub title: Option<String>,
+    /// The blocks of each tensor stored in pieces ([`Source::Pieces`]).
+    pieces: std::sync::Arc<[Box<[Piece]>]>,
 }
 
 const NO_TIE: u32 = u32::MAX;
@@ -215,6 +221,7 @@ impl Checkpoint {
             config_dir,
             warnings,
             replaced,
+            pieces,
         } = parts;
         // Tied sources refer to names until here; sort and resolve them after.
         sort_in_module_order(&mut tensors);
@@ -252,6 +259,7 @@ impl Checkpoint {
             derived: std::sync::Arc::default(),
             total_parameters: None,
             title: None,
+            pieces: pieces.into(),
         };
         ckpt.point_tied_sources();
         ckpt
@@ -283,7 +291,7 @@ impl Checkpoint {
                 .copied()
                 .find(|&m| match self.tensors[m].source {
                     Source::Offload(_) | Source::Adapter(_) => true,
-                    Source::Checkpoint(_) => !want_offload,
+                    Source::Checkpoint(_) | Source::Pieces(_) => !want_offload,
                     _ => false,
                 })
         };
@@ -343,22 +351,52 @@ impl Checkpoint {
         }
     }
 
-    /// The bytes that hold a tensor's current value, following ties.
-    pub fn data_range(&self, id: TensorId) -> Option<ByteRange> {
+    /// Where a tensor's current value is, following ties: an offload, checkpoint or
+    /// adapter range, or pieces; `None` when no bytes hold it.
+    pub fn data_source(&self, id: TensorId) -> Option<Source> {
         if let Some(&g) = self.tie_of.get(id)
             && g != NO_TIE
         {
             let holder = self.group_data_holder(g as usize)?;
-            return match self.tensors[holder].source {
-                Source::Offload(r) | Source::Checkpoint(r) | Source::Adapter(r) => Some(r),
-                _ => None,
-            };
+            return Some(self.tensors[holder].source).filter(Self::holds_data);
         }
         match self.tensors[id].source {
+            Source::Tied(to) if to != id => self.data_source(to),
+            source => Some(source).filter(Self::holds_data),
+        }
+    }
+
+    fn holds_data(source: &Source) -> bool {
+        !matches!(source, Source::Tied(_) | Source::None)
+    }
+
+    /// Whether some bytes hold a tensor's value (one range or pieces).
+    pub fn has_data(&self, id: TensorId) -> bool {
+        self.data_source(id).is_some()
+    }
+
+    /// The one byte range that holds a tensor's current value, following ties; `None`
+    /// when no bytes do, or when pieces do ([`Checkpoint::data_source`]).
+    pub fn data_range(&self, id: TensorId) -> Option<ByteRange> {
+        match self.data_source(id)? {
             Source::Offload(r) | Source::Checkpoint(r) | Source::Adapter(r) => Some(r),
-            Source::Tied(to) if to != id => self.data_range(to),
             _ => None,
         }
+    }
+
+    /// Every range that holds a tensor's current value: its one range, or each of its
+    /// pieces'.
+    pub fn data_ranges(&self, id: TensorId) -> Vec<ByteRange> {
+        match self.data_source(id) {
+            Some(Source::Offload(r) | Source::Checkpoint(r) | Source::Adapter(r)) => vec![r],
+            Some(Source::Pieces(index)) => self.pieces(index).iter().map(|p| p.range).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The blocks of a tensor stored in pieces, by the index its source gives.
+    pub fn pieces(&self, index: u32) -> &[Piece] {
+        self.pieces.get(index as usize).map_or(&[], |p| p)
     }
 
     pub fn file_path(&self, id: FileId) -> &Path {
@@ -588,6 +626,8 @@ pub struct Parts {
     /// `(name, checkpoint range, checkpoint dtype)` of tensors whose offload value
     /// replaced it.
     pub replaced: Vec<(String, ByteRange, DType)>,
+    /// The blocks of the tensors whose source is [`Source::Pieces`], by its index.
+    pub pieces: Vec<Box<[Piece]>>,
 }
 
 /// Binary search of tensors kept in module order: where `name` is, or would go.
@@ -677,6 +717,7 @@ mod tests {
             config_dir: None,
             warnings: Vec::new(),
             replaced: Vec::new(),
+            pieces: Vec::new(),
         });
         let made = std::sync::atomic::AtomicUsize::new(0);
         let make = |v: u32| {

@@ -96,7 +96,7 @@ pub fn disk_without_offload(ckpt: &Checkpoint) -> Option<Warning> {
 
 pub fn meta_without_data(ckpt: &Checkpoint) -> Option<Warning> {
     let tensors: Vec<(String, Placement)> = (0..ckpt.tensors().len())
-        .filter(|&i| ckpt.data_range(i).is_none())
+        .filter(|&i| !ckpt.has_data(i))
         .map(|i| {
             (
                 ckpt.tensors()[i].name.to_string(),
@@ -242,7 +242,7 @@ pub fn keys_without_data(ckpt: &Checkpoint) -> Vec<&str> {
     };
     let mut has_data = vec![false; map.entries().len()];
     for (id, t) in ckpt.tensors().iter().enumerate() {
-        if t.map_key != crate::model::checkpoint::NO_KEY && ckpt.data_range(id).is_some() {
+        if t.map_key != crate::model::checkpoint::NO_KEY && ckpt.has_data(id) {
             has_data[t.map_key as usize] = true;
         }
     }

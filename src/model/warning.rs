@@ -94,6 +94,12 @@ pub enum Warning {
     /// Offload entries in transformers 5's converted layout (fused experts under runtime
     /// names) where the checkpoint stores experts one by one: a save would write both.
     ConvertedLayout { tensors: Vec<String> },
+    /// A tensor stored in chunks across ranks that do not make it up exactly once.
+    PiecesDoNotTile {
+        tensor: String,
+        chunks: usize,
+        problem: String,
+    },
     /// A device holds more than its budget.
     OverBudget {
         device: Placement,
@@ -124,6 +130,7 @@ impl Warning {
             Warning::ConvertedLayout { .. } => "converted_layout",
             Warning::ExpertsUnfused { .. } => "experts_unfused",
             Warning::ConfigValue { .. } => "config_value",
+            Warning::PiecesDoNotTile { .. } => "pieces_do_not_tile",
         }
     }
 
@@ -135,7 +142,8 @@ impl Warning {
             Warning::OffloadLoadDtype { tensor, .. }
             | Warning::IndexPointsElsewhere { tensor, .. }
             | Warning::NotInIndex { tensor, .. }
-            | Warning::OffloadShapeDiffers { tensor, .. } => vec![tensor.clone()],
+            | Warning::OffloadShapeDiffers { tensor, .. }
+            | Warning::PiecesDoNotTile { tensor, .. } => vec![tensor.clone()],
             Warning::TieShapesDiffer {
                 head, embedding, ..
             } => vec![head.clone(), embedding.clone()],
@@ -319,6 +327,15 @@ impl Warning {
                 "{} offload entries hold fused experts under transformers 5's runtime names ({}) while the checkpoint stores its experts one by one: devmap cannot convert them back yet, so they count twice in the totals and a save is refused (save with transformers, or without this offload folder)",
                 tensors.len(),
                 name_list(tensors)
+            ),
+            Warning::PiecesDoNotTile {
+                tensor,
+                chunks,
+                problem,
+            } => write!(
+                f,
+                "`{tensor}` is stored in {} across ranks that do not make it up: {problem}; a save refuses it",
+                count(*chunks, "chunk", "chunks")
             ),
             Warning::OverBudget {
                 device,

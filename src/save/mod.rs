@@ -17,6 +17,7 @@ pub mod reasons;
 pub mod recipe;
 pub mod shards;
 pub mod stage;
+pub mod stitch;
 mod writer;
 
 pub use error::SaveError;

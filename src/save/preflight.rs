@@ -158,7 +158,11 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Option<Refu
     if !out.exists() {
         return None;
     }
-    let mut files: Vec<usize> = plan.planned().map(|t| t.recipe.source().file).collect();
+    let mut files: Vec<usize> = plan
+        .planned()
+        .flat_map(|t| t.recipe.ranges(ckpt))
+        .map(|r| r.file)
+        .collect();
     files.sort_unstable();
     files.dedup();
     // One canonical path per folder, not per file: an offload folder holds tens of
@@ -191,7 +195,7 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Option<Refu
 fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<Refusal> {
     let files: Vec<usize> = plan
         .planned()
-        .map(|t| t.recipe.source())
+        .flat_map(|t| t.recipe.ranges(ckpt))
         .filter(|range| range.len > 0)
         .map(|range| range.file)
         .collect();
@@ -203,7 +207,7 @@ fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<Refusal> {
 /// source; which tensors a tie drops does not change the files).
 pub fn unreadable_inputs(ckpt: &Checkpoint) -> Vec<Refusal> {
     let files = (0..ckpt.tensors().len())
-        .filter_map(|id| ckpt.data_range(id))
+        .flat_map(|id| ckpt.data_ranges(id))
         .filter(|range| range.len > 0)
         .map(|range| range.file)
         .collect();

@@ -64,6 +64,15 @@ pub enum Recipe {
         to: DType,
         merge: bool,
     },
+    /// A tensor stored in pieces across files (`Checkpoint::pieces(pieces)`, `len`
+    /// bytes in all) put together in the whole tensor's order, each run copied or, when
+    /// `from` and `to` differ, cast as [`Recipe::Cast`] casts (see `save::stitch`).
+    Stitch {
+        pieces: u32,
+        len: u64,
+        from: DType,
+        to: DType,
+    },
 }
 
 impl Recipe {
@@ -80,18 +89,37 @@ impl Recipe {
                 source, from, to, ..
             } => source.len / from.size() * to.size(),
             Recipe::Mxfp4 { layout, to, .. } => layout.elements() * to.size(),
+            Recipe::Stitch { len, from, to, .. } => len / from.size() * to.size(),
         }
     }
 
-    /// The source range the recipe reads.
-    pub fn source(&self) -> ByteRange {
+    /// The one source range the recipe streams from (for a quantized weight, its
+    /// blocks); `None` for a tensor stored in pieces.
+    pub fn source(&self) -> Option<ByteRange> {
         match self {
             Recipe::Copy(range)
             | Recipe::Cast { source: range, .. }
             | Recipe::Merge { source: range, .. }
             | Recipe::Dequant { source: range, .. }
             | Recipe::DequantMerge { source: range, .. }
-            | Recipe::Mxfp4 { blocks: range, .. } => *range,
+            | Recipe::Mxfp4 { blocks: range, .. } => Some(*range),
+            Recipe::Stitch { .. } => None,
+        }
+    }
+
+    /// Bytes the recipe reads from its source (or pieces).
+    pub fn source_len(&self) -> u64 {
+        match self {
+            Recipe::Stitch { len, .. } => *len,
+            _ => self.source().map_or(0, |r| r.len),
+        }
+    }
+
+    /// Every range the recipe streams from: its source, or each of its pieces.
+    pub fn ranges(&self, ckpt: &crate::model::checkpoint::Checkpoint) -> Vec<ByteRange> {
+        match self {
+            Recipe::Stitch { pieces, .. } => ckpt.pieces(*pieces).iter().map(|p| p.range).collect(),
+            _ => self.source().into_iter().collect(),
         }
     }
 }

@@ -640,7 +640,12 @@ impl SavePlan {
             parts: vec!["a copy buffer per writer"],
         };
         let recipes = || self.planned().map(|t| (t.tensor, t.recipe));
-        if recipes().any(|(_, r)| matches!(r, Recipe::Cast { .. })) {
+        let casts = |r: Recipe| match r {
+            Recipe::Cast { .. } => true,
+            Recipe::Stitch { from, to, .. } => from != to,
+            _ => false,
+        };
+        if recipes().any(|(_, r)| casts(r)) {
             need.bytes += writers * chunk;
             need.parts.push("a cast buffer per writer");
         }
@@ -699,6 +704,52 @@ impl SavePlan {
     pub fn file_bytes(&self) -> u64 {
         self.shards.iter().map(ShardPlan::file_bytes).sum()
     }
+}
+
+/// How tensor `id`, stored in pieces `index`, is written when the save casts
+/// floating-point tensors to `cast_to`: put together when its pieces make it up exactly
+/// once, else refused with the gap or overlap named.
+fn stitch_recipe(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    index: u32,
+    cast_to: Option<DType>,
+) -> Result<Recipe, String> {
+    let tensor = &ckpt.tensors()[id];
+    let pieces = ckpt.pieces(index);
+    let chunks = crate::text::count(pieces.len(), "chunk", "chunks");
+    crate::types::pieces::tiling(&tensor.shape.to_vec(), pieces)
+        .map_err(|problem| format!("is stored in {chunks} that do not make it up: {problem}"))?;
+    let len: u64 = pieces.iter().map(|p| p.range.len).sum();
+    if len != tensor.bytes() {
+        return Err(format!(
+            "is stored in {chunks} of {len} bytes in all, but its shape and dtype need {}",
+            tensor.bytes()
+        ));
+    }
+    if !ckpt.merges_of(id).is_empty() {
+        return Err(format!(
+            "is stored in {chunks} across ranks and a LoRA adapter merges into it: devmap merges into tensors stored whole; save the checkpoint once, then merge into what it wrote"
+        ));
+    }
+    let first = pieces.first().map_or(
+        ByteRange {
+            file: 0,
+            offset: 0,
+            len: 0,
+        },
+        |p| p.range,
+    );
+    let (from, to) = match recipe_for(tensor.dtype, first, cast_to)? {
+        Recipe::Cast { from, to, .. } => (from, to),
+        _ => (tensor.dtype, tensor.dtype),
+    };
+    Ok(Recipe::Stitch {
+        pieces: index,
+        len,
+        from,
+        to,
+    })
 }
 
 /// How a tensor of `dtype` stored at `range` is written when the save casts
@@ -874,6 +925,16 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             }
             (None, _) => cast_to,
         };
+        if let Some(crate::model::checkpoint::Source::Pieces(index)) = ckpt.data_source(id) {
+            match stitch_recipe(ckpt, id, index, cast_to) {
+                Ok(recipe) => chosen.push((id, recipe)),
+                Err(why) => problems.push(Unsaveable::NoRecipe {
+                    tensor: tensor.name.to_string(),
+                    why,
+                }),
+            }
+            continue;
+        }
         match ckpt.data_range(id) {
             Some(range) if range.len == tensor.bytes() => {
                 if ckpt.merges_of(id).is_empty() {
@@ -944,7 +1005,8 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                         | Recipe::Merge { to, .. }
                         | Recipe::Dequant { to, .. }
                         | Recipe::DequantMerge { to, .. }
-                        | Recipe::Mxfp4 { to, .. } => to,
+                        | Recipe::Mxfp4 { to, .. }
+                        | Recipe::Stitch { to, .. } => to,
                         Recipe::Copy(_) => ckpt.tensors()[id].dtype,
                     },
                     recipe,

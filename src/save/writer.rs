@@ -195,7 +195,24 @@ impl ShardWriter<'_> {
         let ckpt = shared.ckpt;
         let stop = StopFlag(shared);
         for t in &shard.tensors {
-            let source = t.recipe.source();
+            if let Recipe::Stitch {
+                pieces, from, to, ..
+            } = t.recipe
+            {
+                self.write_stitched(
+                    t,
+                    pieces,
+                    (from, to),
+                    (&dst, data_start),
+                    (index, tmp),
+                    &mut shard_written,
+                )?;
+                shared.pause_once();
+                continue;
+            }
+            let Some(source) = t.recipe.source() else {
+                continue;
+            };
             if source.len == 0 {
                 // Nothing to copy, and accelerate writes no `.dat` for an empty tensor:
                 // its source may not exist.
@@ -322,6 +339,8 @@ impl ShardWriter<'_> {
                         )
                     })
                     .map(&mut report),
+                // Written by `write_stitched` above.
+                Recipe::Stitch { .. } => Ok(()),
                 Recipe::Dequant {
                     from: from_dtype,
                     to: to_dtype,
@@ -348,7 +367,7 @@ impl ShardWriter<'_> {
                         )
                     }),
             };
-            moved.map_err(|e| copy_failed(e, ckpt, t, tmp))?;
+            moved.map_err(|e| copy_failed(e, ckpt, t, source, tmp))?;
             check_unchanged(ckpt, source.file, src)?;
             shared.pause_once();
         }
@@ -357,6 +376,60 @@ impl ShardWriter<'_> {
             .map_err(|e| SaveError::io(tmp, e))?;
         if shared.fsync {
             dst.sync_all().map_err(|e| SaveError::io(tmp, e))?;
+        }
+        Ok(())
+    }
+
+    /// One tensor stored in pieces, run by run in the whole tensor's order; every
+    /// piece's file is checked unchanged before and after.
+    fn write_stitched(
+        &mut self,
+        t: &super::shards::PlannedTensor,
+        pieces: u32,
+        dtypes: (crate::types::dtype::DType, crate::types::dtype::DType),
+        (dst, data_start): (&File, u64),
+        (index, tmp): (usize, &Path),
+        shard_written: &mut u64,
+    ) -> Result<(), SaveError> {
+        let shared = self.shared;
+        let ckpt = shared.ckpt;
+        let stop = StopFlag(shared);
+        let sources = &mut self.sources;
+        let mut refused = None;
+        let mut open = |file| match sources.get(ckpt, file).map(File::try_clone) {
+            Ok(Ok(f)) => Ok(f),
+            Ok(Err(e)) => Err(CopyError::Io(e)),
+            Err(e) => {
+                refused = Some(e);
+                Err(CopyError::Io(std::io::Error::other("changed")))
+            }
+        };
+        let mut report = |n: u64| shared.progress(index, shard_written, n);
+        let written = super::stitch::put_together(
+            ckpt,
+            (t.tensor, pieces),
+            &mut open,
+            &mut self.copier,
+            super::stitch::Sink::File {
+                at: (dst, data_start + t.begin),
+                dtypes,
+                report: &mut report,
+            },
+            &stop,
+        );
+        if let Some(e) = refused {
+            return Err(e);
+        }
+        written.map_err(|f| {
+            let range = crate::types::range::ByteRange {
+                file: f.file,
+                offset: 0,
+                len: t.recipe.source_len(),
+            };
+            copy_failed(f.error, ckpt, t, range, tmp)
+        })?;
+        for range in t.recipe.ranges(ckpt) {
+            self.sources.get(ckpt, range.file)?;
         }
         Ok(())
     }
@@ -371,7 +444,9 @@ impl ShardWriter<'_> {
         shard_written: &mut u64,
     ) -> Result<(), SaveError> {
         let shared = self.shared;
-        let source = t.recipe.source();
+        let Some(source) = t.recipe.source() else {
+            return Ok(());
+        };
         let stop = StopFlag(shared);
         let copier = &mut self.copier;
         let mut report = |n: u64| shared.progress(index, shard_written, n);
@@ -400,19 +475,19 @@ impl ShardWriter<'_> {
                 "a staged tensor is copied or cast, not merged or dequantized",
             ))),
         };
-        moved.map_err(|e| copy_failed(e, shared.ckpt, t, tmp))
+        moved.map_err(|e| copy_failed(e, shared.ckpt, t, source, tmp))
     }
 }
 
-/// A copy of tensor `t` into the shard `tmp` that failed, as the save reports it: the
-/// output when it is full, else the input, with the tensor named.
+/// A copy of tensor `t` from `source` into the shard `tmp` that failed, as the save
+/// reports it: the output when it is full, else the input, with the tensor named.
 fn copy_failed(
     e: CopyError,
     ckpt: &Checkpoint,
     t: &super::shards::PlannedTensor,
+    source: crate::types::range::ByteRange,
     tmp: &Path,
 ) -> SaveError {
-    let source = t.recipe.source();
     let path = ckpt.file_path(source.file);
     let name = t.name(ckpt);
     let staged = super::stage::staged_key(path).is_some();

@@ -126,7 +126,7 @@ pub fn verify(
     let bytes_read = written_bytes
         + pairs
             .iter()
-            .map(|(_, p)| p.recipe.source().len)
+            .map(|(_, p)| p.recipe.source_len())
             .sum::<u64>();
 
     // Two threads: the checkpoint on one and the sources on the other; alone, the
@@ -229,6 +229,12 @@ pub fn verify(
                     ),
                     Recipe::Mxfp4 { to, .. } => format!(
                         "the bytes differ from the source's MXFP4 blocks times their scales, transposed per expert, in {to}"
+                    ),
+                    Recipe::Stitch { from, to, .. } if from == to => {
+                        "the bytes differ from the source's chunks put together".to_owned()
+                    }
+                    Recipe::Stitch { from, to, .. } => format!(
+                        "the bytes differ from the source's chunks put together, cast from {from} to {to}"
                     ),
                 };
                 findings.push(Finding::difference(
@@ -334,7 +340,49 @@ fn hash_expected(
     let mut hashes = Vec::with_capacity(pairs.len());
     let mut findings = Vec::new();
     for (_, p) in pairs {
-        let source = p.recipe.source();
+        if let Recipe::Stitch {
+            pieces, from, to, ..
+        } = p.recipe
+        {
+            let mut digester = Digester::new(p.dtype);
+            let mut open = |file| {
+                crate::formats::input::open_regular(expected.ckpt.file_path(file))
+                    .map_err(|e| CopyError::Io(std::io::Error::other(e)))
+            };
+            let outcome = crate::save::stitch::put_together(
+                expected.ckpt,
+                (p.tensor, pieces),
+                &mut open,
+                &mut copier,
+                crate::save::stitch::Sink::Stream {
+                    cast: (from != to).then_some((from, to)),
+                    feed: &mut |chunk| {
+                        digester.update(chunk);
+                        progress
+                            .read
+                            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                        Ok(())
+                    },
+                },
+                &progress.cancel,
+            );
+            let (outcome, what) = match outcome {
+                Ok(()) => (Ok(digester.finish().hash), String::new()),
+                Err(failed) => (
+                    Err(failed.error),
+                    format!(
+                        "its chunk in {} cannot be read",
+                        crate::text::path(expected.ckpt.file_path(failed.file))
+                    ),
+                ),
+            };
+            hashes.push(hashed(outcome, expected.name(p), &what, &mut findings)?);
+            continue;
+        }
+        let Some(source) = p.recipe.source() else {
+            hashes.push(None);
+            continue;
+        };
         let path = expected.ckpt.file_path(source.file);
         // A staged source (a live model's GPU tensor) is no file: read again through
         // the stage that filled it for the save.
@@ -453,6 +501,8 @@ fn hash_expected(
                         &mut feed,
                     )
                 }),
+            // Handled before a single source is looked for.
+            Recipe::Stitch { .. } => Ok(()),
             Recipe::Merge { from, to, .. } | Recipe::DequantMerge { from, to, .. } => {
                 let open = |id| {
                     crate::formats::input::open_regular(expected.ckpt.file_path(id))

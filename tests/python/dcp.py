@@ -4,11 +4,11 @@ is saved by `dcp.save` from one process, nested as training loops save it
 (`{"model": …, "optimizer": …, "epoch": …}`, an AdamW state after one step) and flat;
 `devmap save DIR --config CONFIG` must write what transformers' `save_pretrained`
 writes for the model (names, dtypes, every byte) and `from_pretrained(OUT)` must give
-the logits of transformers' own save, and `verify OUT --against DIR` is clean; the optimizer state is never written. A checkpoint whose tensor is
-split across two ranks (gloo on 127.0.0.1, DTensor sharded on dim 0) is refused,
-naming the tensor and its chunks, with nothing written; so are a folder whose `.distcp`
-file is gone or cut short, naming the file and a tensor stored there; a `.metadata`
-whose pickle names `os.system` is refused by name and never run.
+the logits of transformers' own save, and `verify OUT --against DIR` is clean; the
+optimizer state is never written. A folder whose `.distcp` file is gone or cut short
+is refused, naming the file and a tensor stored there, with nothing written; a
+`.metadata` whose pickle names `os.system` is refused by name and never run.
+Checkpoints several ranks wrote: dcp_ranks.py.
 
 Usage: python dcp.py PATH/TO/devmap
 """
@@ -74,23 +74,6 @@ def refused(devmap, name, folder, config, needles, extra=()):
     print(f"ok: {name}: refused, naming {', '.join(needles)}; nothing written")
 
 
-def sharded_rank(rank, folder):
-    """One of two ranks saving a weight sharded on dim 0 (and one replicated)."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    mesh = init_device_mesh("cpu", (2,))
-    torch.manual_seed(0)
-    weight = torch.randn(8, 4, dtype=torch.bfloat16)
-    state = {"model.layers.0.mlp.up_proj.weight": distribute_tensor(weight, mesh, [Shard(0)]),
-             "model.norm.weight": distribute_tensor(torch.ones(4), mesh, [Replicate()])}
-    dcp.save(state, checkpoint_id=folder)
-    dist.destroy_process_group()
-
-
 def main(devmap):
     small = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
@@ -101,10 +84,6 @@ def main(devmap):
     config = os.path.join(WORK, "llama-flat-ref")
     refused(devmap, "unknown-state-dict-key", os.path.join(WORK, "llama-nested-src"), config,
             ["`params`", "model, optimizer"], ["--state-dict-key", "params"])
-
-    folder = os.path.join(WORK, "two-ranks")
-    torch.multiprocessing.spawn(sharded_rank, args=(folder,), nprocs=2, join=True)
-    refused(devmap, "split-across-ranks", folder, config, ["layers.0.mlp.up_proj.weight", "2 chunks"])
 
     # Damaged copies of the flat checkpoint: its .distcp file gone, then cut short.
     import shutil

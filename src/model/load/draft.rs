@@ -17,6 +17,8 @@ pub(super) struct Draft {
     pub(super) tensors: Vec<Tensor>,
     pub(super) files: Vec<SourceFile>,
     pub(super) file_ids: HashMap<PathBuf, FileId>,
+    /// The blocks of tensors stored in pieces, by their `Source::Pieces` index.
+    pub(super) pieces: Vec<Box<[crate::types::pieces::Piece]>>,
 }
 
 impl Draft {
@@ -33,6 +35,10 @@ impl Draft {
                 Source::Offload(r) | Source::Checkpoint(r) | Source::Adapter(r) => {
                     self.files[r.file].path.clone()
                 }
+                Source::Pieces(p) => self.pieces[p as usize]
+                    .first()
+                    .map(|piece| self.files[piece.range.file].path.clone())
+                    .unwrap_or_default(),
                 _ => PathBuf::new(),
             };
             return Err(LoadError::Conflict {

@@ -52,6 +52,7 @@ pub fn load_live(manifest: &Manifest, origin: &Path) -> Result<Checkpoint, LoadE
         config_dir: None,
         warnings: Vec::new(),
         replaced: Vec::new(),
+        pieces: Vec::new(),
     });
     if let Some(w) = ckpt.tensors().windows(2).find(|w| w[0].name == w[1].name) {
         return Err(LoadError::Conflict {

@@ -105,6 +105,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         tensors: Vec::new(),
         files: Vec::new(),
         file_ids: HashMap::new(),
+        pieces: Vec::new(),
     };
     let offload_dir = match &options.offload_folder {
         Some(p) if !p.is_dir() => Err(LoadError::NotADirectory(p.clone())),
@@ -301,6 +302,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         config_dir,
         warnings,
         replaced: draft.replaced,
+        pieces: draft.pieces,
     }))
 }
 
@@ -484,15 +486,9 @@ fn read_weights(
     // `.distcp` files), as a training run leaves it.
     let metadata = dir.join(crate::formats::dcp::METADATA);
     if paths.is_empty() && exists(&metadata) {
+        let split = crate::formats::dcp::read_dcp(dir, options.state_dict_key.as_deref())?;
         let mut files = vec![metadata];
-        for (path, header) in crate::formats::dcp::read_dcp(dir, options.state_dict_key.as_deref())?
-        {
-            let id = draft.file_id(&path, &header);
-            for t in header.tensors {
-                add_checkpoint_tensor(draft, id, t);
-            }
-            files.push(path);
-        }
+        files.extend(add_split(draft, split, warnings));
         return Ok(files);
     }
     for path in &paths {
@@ -610,6 +606,49 @@ fn read_indexed(
         files.push(path);
     }
     Ok(files)
+}
+
+/// The tensors of a checkpoint split across ranks: those its files hold whole, and
+/// those stored in pieces, each checked to make up its tensor exactly once (a warning
+/// here; a save refuses it). Returns the data files.
+fn add_split(
+    draft: &mut Draft,
+    split: crate::formats::pieced::Split,
+    warnings: &mut Vec<Warning>,
+) -> Vec<PathBuf> {
+    let mut ids = Vec::with_capacity(split.files.len());
+    let mut paths = Vec::with_capacity(split.files.len());
+    for (path, header) in split.files {
+        let id = draft.file_id(&path, &header);
+        ids.push(id);
+        for t in header.tensors {
+            add_checkpoint_tensor(draft, id, t);
+        }
+        paths.push(path);
+    }
+    for mut t in split.pieced {
+        for piece in &mut t.pieces {
+            piece.range.file = ids[piece.range.file];
+        }
+        if let Err(problem) = crate::types::pieces::tiling(&t.shape.to_vec(), &t.pieces) {
+            warnings.push(Warning::PiecesDoNotTile {
+                tensor: t.name.clone(),
+                chunks: t.pieces.len(),
+                problem: problem.to_string(),
+            });
+        }
+        draft.tensors.push(Tensor {
+            name: t.name.into(),
+            dtype: t.dtype,
+            shape: t.shape,
+            placement: Placement::Cpu,
+            map_key: NO_KEY,
+            source: Source::Pieces(draft.pieces.len() as u32),
+            load_dtype: None,
+        });
+        draft.pieces.push(t.pieces.into_boxed_slice());
+    }
+    paths
 }
 
 fn add_checkpoint_tensor(

@@ -183,6 +183,20 @@ fn source_text(app: &App, source: Source) -> String {
         Source::Checkpoint(r) => range_text(app, r),
         Source::Offload(r) => format!("offload {}", range_text(app, r)),
         Source::Adapter(r) => format!("adapter {}", range_text(app, r)),
+        Source::Pieces(index) => {
+            let pieces = app.ckpt.pieces(index);
+            let mut files: Vec<String> = pieces
+                .iter()
+                .map(|p| relative(app.ckpt.file_path(p.range.file), &app.ckpt.dir))
+                .collect();
+            files.dedup();
+            format!(
+                "{} in {}: {}",
+                crate::text::count(pieces.len(), "chunk", "chunks"),
+                crate::text::count(files.len(), "file", "files"),
+                crate::model::warning::name_list(&files)
+            )
+        }
         Source::Tied(to) => format!("tie partner {}", app.ckpt.tensors()[to].name),
         Source::None => "nowhere (meta: cannot be saved)".into(),
     }

@@ -1,0 +1,56 @@
+//! What the readers of checkpoints split across ranks give: the data files they read,
+//! each with the tensors it holds whole, and the tensors stored in pieces (blocks in
+//! one or more of those files; see `types::pieces`).
+
+use std::path::{Path, PathBuf};
+
+use super::safetensors::Header;
+use crate::types::dtype::DType;
+use crate::types::pieces::Piece;
+use crate::types::shape::Shape;
+
+/// A split checkpoint's tensors.
+#[derive(Debug, Default)]
+pub struct Split {
+    /// Every data file read (one holding only pieces has no tensors in its header).
+    pub files: Vec<(PathBuf, Header)>,
+    /// Tensors stored in pieces; each piece's `range.file` indexes `files`.
+    pub pieced: Vec<PiecedTensor>,
+}
+
+/// A tensor whose blocks ranks saved apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PiecedTensor {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Shape,
+    pub pieces: Vec<Piece>,
+}
+
+/// The rank that wrote a data file, from its name: torch.distributed.checkpoint's
+/// `__R_S.distcp`, transformers 5's `shard-0000R-model-….safetensors`.
+pub fn rank_of(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    let digits = if let Some(rest) = name.strip_prefix("__") {
+        rest.split('_').next()?
+    } else {
+        name.strip_prefix("shard-")?.split('-').next()?
+    };
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_come_from_the_writers_file_names() {
+        assert_eq!(rank_of(Path::new("/x/__3_0.distcp")), Some(3));
+        assert_eq!(
+            rank_of(Path::new("shard-00001-model-00002-of-00004.safetensors")),
+            Some(1)
+        );
+        assert_eq!(rank_of(Path::new("model-00001-of-00002.safetensors")), None);
+        assert_eq!(rank_of(Path::new("__x_0.distcp")), None);
+    }
+}
