@@ -14,6 +14,7 @@ pub mod live;
 pub mod offload;
 pub mod pickle;
 pub mod pieced;
+pub mod rank_files;
 pub mod safetensors;
 pub mod size;
 pub mod torch_bin;

@@ -28,15 +28,20 @@ pub struct PiecedTensor {
 }
 
 /// The rank that wrote a data file, from its name: torch.distributed.checkpoint's
-/// `__R_S.distcp`, transformers 5's `shard-0000R-model-….safetensors`.
+/// `__R_S.distcp`, transformers 5's `shard-0000K-model-….safetensors` (K counts ranks
+/// from 1: torch's `HuggingFaceStorageWriter` numbers each rank's plan so).
 pub fn rank_of(path: &Path) -> Option<u32> {
     let name = path.file_name()?.to_str()?;
-    let digits = if let Some(rest) = name.strip_prefix("__") {
-        rest.split('_').next()?
-    } else {
-        name.strip_prefix("shard-")?.split('-').next()?
-    };
-    digits.parse().ok()
+    if let Some(rest) = name.strip_prefix("__") {
+        return rest.split('_').next()?.parse().ok();
+    }
+    let shard: u32 = name
+        .strip_prefix("shard-")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()?;
+    shard.checked_sub(1)
 }
 
 #[cfg(test)]

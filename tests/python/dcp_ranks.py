@@ -6,7 +6,9 @@ dim 0 everywhere (FSDP's layout), and on dim 0 and dim 1 mixed with replicated o
 loads from the folder (`dcp_to_torch_save`) — cast as torch's `.to()` casts where
 `--dtype` asks — and what transformers' `save_pretrained` writes for the model;
 `from_pretrained(OUT)` gives the logits of transformers' own save, and `verify OUT --against DIR` is
-clean. A chunk dropped from `.metadata` (a gap) and a chunk moved onto its neighbour
+clean. The same from transformers 5's distributed checkpoint writer (rank files
+`shard-0000R-model-….safetensors`, 2 ranks, mixed), against torch's
+`consolidate_safetensors_files`. A chunk dropped from `.metadata` (a gap) and a chunk moved onto its neighbour
 (an overlap) are named by `inspect` as a warning and refused by `save`, nothing written.
 
 Usage: python dcp_ranks.py PATH/TO/devmap
@@ -23,9 +25,11 @@ import torch
 INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
 
 
-def rank_main(rank, world, port, full_path, folder, layout, nested):
+def rank_main(rank, world, port, full_path, folder, layout, nested, hf_files):
     """One rank: distribute every tensor of the full state dict as `layout` says and
-    take part in `dcp.save`. Imports torch only (spawned processes re-import this file)."""
+    take part in `dcp.save` — with the default writer, or with `hf_files` the one
+    transformers 5's `save_pretrained(..., distributed_checkpoint=True)` uses. Imports
+    torch only (spawned processes re-import this file)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
@@ -45,7 +49,13 @@ def rank_main(rank, world, port, full_path, folder, layout, nested):
             placement = Replicate() if i % 2 == 0 else Shard(0)
         model[name] = distribute_tensor(t, mesh, [placement])
     state = {"model": model, "step": 5} if nested else model
-    dcp.save(state, checkpoint_id=folder)
+    if hf_files:
+        from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+
+        writer = HuggingFaceStorageWriter(path=folder, save_distributed=True, enable_consolidation=False)
+        dcp.save(state, storage_writer=writer)
+    else:
+        dcp.save(state, checkpoint_id=folder)
     dist.destroy_process_group()
 
 
@@ -53,9 +63,21 @@ def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def torch_loaded(src, nested, work):
-    """The state dict torch itself loads from a DCP folder."""
+def torch_loaded(src, nested, work, hf_files):
+    """The state dict torch itself loads from a DCP folder; for rank files, what its
+    `consolidate_safetensors_files` writes."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    if hf_files:
+        from saved import tensors
+        from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files
+        from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+
+        out = os.path.join(work, os.path.basename(src) + "-consolidated")
+        os.makedirs(out)
+        names = HuggingFaceStorageReader(src).read_metadata().state_dict_metadata
+        consolidate_safetensors_files(input_dir=src, output_dir=out, fqn_to_index_mapping=dict.fromkeys(names, 1))
+        return tensors(out)
 
     path = os.path.join(work, os.path.basename(src) + ".pt")
     dcp_to_torch_save(src, path)
@@ -63,7 +85,7 @@ def torch_loaded(src, nested, work):
     return state["model"] if nested else state
 
 
-def case(devmap, work, name, world, layout, nested, dtype, port):
+def case(devmap, work, name, world, layout, nested, dtype, port, hf_files=False):
     from saved import differences, tensors
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -74,7 +96,7 @@ def case(devmap, work, name, world, layout, nested, dtype, port):
     full_path = os.path.join(work, f"{name}-full.pt")
     torch.save(model.state_dict(), full_path)
     src, ref, ours = (os.path.join(work, f"{name}-{d}") for d in ("src", "ref", "devmap"))
-    torch.multiprocessing.spawn(rank_main, args=(world, port, full_path, src, layout, nested),
+    torch.multiprocessing.spawn(rank_main, args=(world, port, full_path, src, layout, nested, hf_files),
                                 nprocs=world, join=True)
     (model.to(dtype) if dtype else model).save_pretrained(ref)
     with torch.no_grad():
@@ -84,7 +106,7 @@ def case(devmap, work, name, world, layout, nested, dtype, port):
     if r.returncode != 0:
         sys.exit(f"FAIL {name}: devmap save: {r.stderr}")
     # The oracle: what torch loads from the folder, cast as torch casts.
-    loaded = torch_loaded(src, nested, work)
+    loaded = torch_loaded(src, nested, work, hf_files)
     got = tensors(ours)
     if sorted(got) != sorted(loaded):
         sys.exit(f"FAIL {name}: names differ from torch's: {sorted(set(got) ^ set(loaded))}")
@@ -114,8 +136,9 @@ def case(devmap, work, name, world, layout, nested, dtype, port):
     if r.returncode != 0 or not chunks or ranks != set(range(world)):
         sys.exit(f"FAIL {name}: inspect --json does not show the chunks and their ranks: {r.stdout[-400:]} {r.stderr}")
     how = "cast to " + str(dtype).removeprefix("torch.") if dtype else "as stored"
+    oracle = "torch's consolidate_safetensors_files" if hf_files else "the state dict torch loads"
     print(f"ok: {name}: {split} tensors from {world} ranks ({layout}{', nested' if nested else ''}), {how}, "
-          f"bit for bit the state dict torch loads and transformers' save; logits equal; verify --against clean; "
+          f"bit for bit {oracle} and transformers' save; logits equal; verify --against clean; "
           f"inspect names {len(chunks)} split tensors' chunks and ranks")
     return src, ref
 
@@ -148,6 +171,7 @@ def main(devmap):
     work = tempfile.mkdtemp(prefix="devmap-dcp-ranks-")
     src, ref = case(devmap, work, "two-ranks-dim0", 2, "dim0", True, None, 29531)
     case(devmap, work, "four-ranks-mixed", 4, "mixed", False, torch.bfloat16, 29532)
+    case(devmap, work, "transformers-rank-files", 2, "mixed", False, None, 29533, hf_files=True)
 
     from torch.distributed.checkpoint.metadata import MetadataIndex
 

@@ -491,6 +491,17 @@ fn read_weights(
         files.extend(add_split(draft, split, warnings));
         return Ok(files);
     }
+    // transformers 5's distributed checkpoint: every rank's own safetensors files,
+    // the same names in each, put together from their blocks.
+    let is_rank_file = |p: &PathBuf| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(crate::formats::rank_files::is_rank_file_name)
+    };
+    if !paths.is_empty() && paths.iter().all(is_rank_file) {
+        let split = crate::formats::rank_files::read_rank_files(&paths)?;
+        return Ok(add_split(draft, split, warnings));
+    }
     for path in &paths {
         let header = read_weight_file(path)?;
         let id = draft.file_id(path, &header);
