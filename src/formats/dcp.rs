@@ -284,9 +284,10 @@ fn chunk_tensor(
     fqn: &str,
 ) -> Result<HeaderTensor, FormatError> {
     let members = zip::members_in(path, file, offset, length)?;
-    let (prefix, value) = super::torch_bin::read_archive(path, file, &members, &|kind, m| {
-        FormatError::tensor_as(kind, path, fqn, format!("its chunk {m}"))
-    })?;
+    let (prefix, value) =
+        super::torch_bin::read_archive(path, file, &members, Allow::StateDict, &|kind, m| {
+            FormatError::tensor_as(kind, path, fqn, format!("its chunk {m}"))
+        })?;
     let Value::Tensor(t) = value else {
         return Err(FormatError::tensor_as(
             Kind::NotTheFormat,

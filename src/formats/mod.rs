@@ -4,6 +4,7 @@
 pub mod adapter;
 pub mod config;
 pub mod dcp;
+pub mod deepspeed;
 pub mod device_map;
 mod error;
 pub mod hf_index;

@@ -127,7 +127,20 @@ pub enum Allow {
     StateDict,
     /// A state dict's and those of torch.distributed.checkpoint's `.metadata`.
     DcpMetadata,
+    /// A state dict's and those of DeepSpeed's checkpoint files (`*_model_states.pt`,
+    /// `*_optim_states.pt`): `torch.Size`, a parameter's rebuild by type, and the few
+    /// DeepSpeed classes those pickles name ([`DEEPSPEED_CLASSES`]), built as data.
+    DeepSpeed,
 }
+
+/// The DeepSpeed classes its checkpoints pickle, by module: the loss scaler's state,
+/// the ZeRO stage (an int enum) and a parameter's place in a flat group.
+const DEEPSPEED_CLASSES: [(&str, &str); 4] = [
+    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+    ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+    ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+    ("deepspeed.utils.tensor_fragment", "fragment_address"),
+];
 
 /// torch's dtypes by their global name, as `.metadata` names them.
 const DTYPES: [(&str, DType); 12] = [
@@ -177,6 +190,20 @@ fn allowed(allow: Allow, module: &str, name: &str) -> Option<&'static str> {
     };
     if state_dict.is_some() || allow == Allow::StateDict {
         return state_dict;
+    }
+    if allow == Allow::DeepSpeed {
+        if let Some(&(_, class)) = DEEPSPEED_CLASSES
+            .iter()
+            .find(|(m, c)| *m == module && *c == name)
+        {
+            return Some(class);
+        }
+        return Some(match (module, name) {
+            ("torch", "Size") => "Size",
+            ("torch", "Tensor") => "Tensor",
+            ("torch._tensor", "_rebuild_from_type_v2") => "_rebuild_from_type_v2",
+            _ => return None,
+        });
     }
     if let Some(&(_, class)) = DCP_CLASSES.iter().find(|(m, c)| *m == module && *c == name) {
         return Some(class);
@@ -269,6 +296,25 @@ fn call(callable: Value, args: Value) -> Result<Value, Error> {
             }))
         }
         Value::Global("_rebuild_parameter") if !args.is_empty() => Ok(args[0].clone()),
+        // A tensor subclass rebuilt by type (`(func, type, args, state)`): the tensor
+        // `func(*args)` gives; the type and its state do not change the data.
+        Value::Global("_rebuild_from_type_v2") if args.len() == 4 => {
+            let mut args = args;
+            let inner = args.swap_remove(2);
+            call(args.swap_remove(0), inner)
+        }
+        // An int enum (DeepSpeed's ZeRO stage): its number.
+        Value::Global("ZeroStageEnum") => match args.as_slice() {
+            [Value::Int(i)] => Ok(Value::Int(*i)),
+            _ => Err("a ZeRO stage that is not a number".into()),
+        },
+        // Another allowed class called on its fields: an object holding them.
+        Value::Global(class) if DEEPSPEED_CLASSES.iter().any(|(_, c)| *c == class) => {
+            Ok(Value::Object {
+                class,
+                state: Box::new(Value::Tuple(args)),
+            })
+        }
         // `.metadata`'s helpers, built as the plain values they stand for.
         Value::Global("Size") => match args.as_slice() {
             [Value::Tuple(dims)] => Ok(Value::Tuple(dims.clone())),
@@ -569,12 +615,20 @@ pub fn read_as(bytes: &[u8], allow: Allow) -> Result<Value, Error> {
                 let (Value::Global(class), Value::Tuple(args)) = (class.value, args.value) else {
                     return Err("NEWOBJ of something that is not an allowed class".into());
                 };
-                if !args.is_empty() || !DCP_CLASSES.iter().any(|(_, c)| *c == class) {
+                let dataclass = args.is_empty() && DCP_CLASSES.iter().any(|(_, c)| *c == class);
+                let deepspeed = DEEPSPEED_CLASSES.iter().any(|(_, c)| *c == class);
+                if !dataclass && !deepspeed {
                     return Err(format!("NEWOBJ of `{class}`, which is no dataclass").into());
                 }
+                // A named tuple's fields come as NEWOBJ's arguments.
+                let state = if args.is_empty() {
+                    Value::None
+                } else {
+                    Value::Tuple(args)
+                };
                 stack.push(Item::leaf(Value::Object {
                     class,
-                    state: Box::new(Value::None),
+                    state: Box::new(state),
                 }));
             }
             b'b' => {

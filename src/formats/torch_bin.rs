@@ -26,9 +26,13 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
     let file = super::input::open_regular(path)?;
     let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
     let members = zip::members(path, &file, file_len)?;
-    let (prefix, value) = read_archive(path, &file, &members, &|kind, message| {
-        FormatError::invalid_as(kind, path, message)
-    })?;
+    let (prefix, value) = read_archive(
+        path,
+        &file,
+        &members,
+        pickle::Allow::StateDict,
+        &|kind, message| FormatError::invalid_as(kind, path, message),
+    )?;
     let Value::Dict(items) = value else {
         return Err(FormatError::invalid_as(
             Kind::NotTheFormat,
@@ -78,6 +82,7 @@ pub(super) fn read_archive(
     path: &Path,
     file: &std::fs::File,
     members: &[zip::Member],
+    allow: pickle::Allow,
     bad: &dyn Fn(Kind, String) -> FormatError,
 ) -> Result<(String, Value), FormatError> {
     let pkl = members
@@ -109,7 +114,8 @@ pub(super) fn read_archive(
         ));
     }
     let bytes = zip::read_member(path, file, pkl)?;
-    let value = pickle::read(&bytes).map_err(|e| bad(e.kind(), format!("data.pkl {e}")))?;
+    let value =
+        pickle::read_as(&bytes, allow).map_err(|e| bad(e.kind(), format!("data.pkl {e}")))?;
     Ok((prefix, value))
 }
 

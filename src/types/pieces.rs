@@ -8,6 +8,9 @@
 //! 0 only is one run; a piece split along dimension `j` is one run per index of the
 //! dimensions before `j`. [`runs`] gives them in the whole tensor's order, so a writer
 //! (or a hash) sees the tensor front to back without holding any of it.
+//!
+//! Pieces of one dimension for a tensor of several are blocks of its flattened
+//! elements (DeepSpeed ZeRO partitions each parameter so).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -83,8 +86,24 @@ impl std::fmt::Display for Tiling {
     }
 }
 
+/// The shape pieces are blocks of: the tensor's, or its flattened one when every piece
+/// has one dimension and the tensor has another number.
+fn blocks_of(shape: &[u64], pieces: &[Piece]) -> Vec<u64> {
+    let flat = shape.len() != 1
+        && !pieces.is_empty()
+        && pieces
+            .iter()
+            .all(|p| p.offsets.len() == 1 && p.sizes.len() == 1);
+    if flat {
+        vec![shape.iter().product()]
+    } else {
+        shape.to_vec()
+    }
+}
+
 /// Checks that `pieces` hold every element of a tensor of `shape` exactly once.
 pub fn tiling(shape: &[u64], pieces: &[Piece]) -> Result<(), Tiling> {
+    let shape = &blocks_of(shape, pieces)[..];
     for (i, p) in pieces.iter().enumerate() {
         let inside = p.offsets.len() == shape.len()
             && p.sizes.len() == shape.len()
@@ -174,15 +193,12 @@ fn index_of(shape: &[u64], mut at: u64) -> Vec<u64> {
 
 /// The runs of `pieces` (of a tensor of `shape`, `elem` bytes an element) in the whole
 /// tensor's order. Memory is a few words per piece, whatever the tensor's size.
-pub fn runs<'a>(
-    shape: &'a [u64],
-    elem: u64,
-    pieces: &'a [Piece],
-) -> impl Iterator<Item = Run> + 'a {
+pub fn runs<'a>(shape: &[u64], elem: u64, pieces: &'a [Piece]) -> impl Iterator<Item = Run> + 'a {
+    let shape = blocks_of(shape, pieces);
     let mut walks: Vec<PieceRuns> = pieces
         .iter()
         .enumerate()
-        .map(|(i, p)| PieceRuns::new(i, p, shape, elem))
+        .map(|(i, p)| PieceRuns::new(i, p, &shape, elem))
         .collect();
     let mut heap: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     for (i, w) in walks.iter_mut().enumerate() {
@@ -407,6 +423,25 @@ mod tests {
     }
 
     #[test]
+    fn one_dimensional_pieces_are_blocks_of_the_flattened_tensor() {
+        // A 3×4 parameter partitioned over two ranks ZeRO-3's way: 6 elements each.
+        let pieces = [piece(0, 40, &[0], &[6]), piece(1, 8, &[6], &[6])];
+        assert_eq!(tiling(&[3, 4], &pieces), Ok(()));
+        let all: Vec<(usize, u64, u64, u64)> = runs(&[3, 4], 4, &pieces)
+            .map(|r| (r.piece, r.from, r.to, r.len))
+            .collect();
+        assert_eq!(all, [(0, 40, 0, 24), (1, 8, 24, 24)]);
+        assert_eq!(
+            tiling(&[3, 4], &pieces[..1]),
+            Err(Tiling::Gap {
+                first: vec![6],
+                run: 6,
+                missing: 6
+            })
+        );
+    }
+
+    #[test]
     fn scalars_empty_pieces_and_a_whole_piece() {
         assert_eq!(tiling(&[], &[piece(0, 4, &[], &[])]), Ok(()));
         assert_eq!(runs(&[], 4, &[piece(0, 4, &[], &[])]).count(), 1);
@@ -450,7 +485,7 @@ mod tests {
             Err(Tiling::OutOfBounds { piece: 0 })
         );
         assert_eq!(
-            tiling(&[5, 4], &[piece(0, 0, &[0], &[5])]),
+            tiling(&[5, 4], &[piece(0, 0, &[0, 0, 0], &[5, 4, 1])]),
             Err(Tiling::OutOfBounds { piece: 0 })
         );
     }

@@ -485,6 +485,22 @@ fn read_weights(
     // Nor a `.bin`: a torch.distributed.checkpoint folder (`.metadata` and its
     // `.distcp` files), as a training run leaves it.
     let metadata = dir.join(crate::formats::dcp::METADATA);
+    // Nor DCP: a DeepSpeed ZeRO checkpoint (`latest` and its step folder, or the step
+    // folder itself).
+    if paths.is_empty()
+        && !exists(&metadata)
+        && crate::formats::deepspeed::step_folder(dir).is_some()
+    {
+        let split = crate::formats::deepspeed::read_deepspeed(dir)?;
+        let mut files = add_split(draft, split, warnings);
+        files.extend(
+            crate::formats::deepspeed::OWN_FILES
+                .iter()
+                .map(|f| dir.join(f))
+                .filter(|p| exists(p)),
+        );
+        return Ok(files);
+    }
     if paths.is_empty() && exists(&metadata) {
         let split = crate::formats::dcp::read_dcp(dir, options.state_dict_key.as_deref())?;
         let mut files = vec![metadata];
