@@ -53,7 +53,11 @@ mod tests {
         assert_eq!(rank_of(Path::new("/x/__3_0.distcp")), Some(3));
         assert_eq!(
             rank_of(Path::new("shard-00001-model-00002-of-00004.safetensors")),
-            Some(1)
+            Some(0)
+        );
+        assert_eq!(
+            rank_of(Path::new("shard-00000-model-00001-of-00004.safetensors")),
+            None
         );
         assert_eq!(rank_of(Path::new("model-00001-of-00002.safetensors")), None);
         assert_eq!(rank_of(Path::new("__x_0.distcp")), None);
