@@ -29,9 +29,13 @@ pub struct PiecedTensor {
 
 /// The rank that wrote a data file, from its name: torch.distributed.checkpoint's
 /// `__R_S.distcp`, transformers 5's `shard-0000K-model-….safetensors` (K counts ranks
-/// from 1: torch's `HuggingFaceStorageWriter` numbers each rank's plan so).
+/// from 1: torch's `HuggingFaceStorageWriter` numbers each rank's plan so), DeepSpeed's
+/// `zero_pp_rank_R_mp_rank_00_….pt`.
 pub fn rank_of(path: &Path) -> Option<u32> {
     let name = path.file_name()?.to_str()?;
+    if let Some((_, rest)) = name.split_once("zero_pp_rank_") {
+        return rest.split('_').next()?.parse().ok();
+    }
     if let Some(rest) = name.strip_prefix("__") {
         return rest.split('_').next()?.parse().ok();
     }
@@ -61,5 +65,9 @@ mod tests {
         );
         assert_eq!(rank_of(Path::new("model-00001-of-00002.safetensors")), None);
         assert_eq!(rank_of(Path::new("__x_0.distcp")), None);
+        assert_eq!(
+            rank_of(Path::new("bf16_zero_pp_rank_5_mp_rank_00_optim_states.pt")),
+            Some(5)
+        );
     }
 }

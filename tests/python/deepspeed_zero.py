@@ -1,0 +1,127 @@
+"""devmap reads DeepSpeed ZeRO checkpoints as DeepSpeed's own zero_to_fp32 rebuilds
+them. A tiny tied Llama (vocabulary 97, intermediate size 90: parameters that do not
+split evenly) is trained one AdamW step by 2 CPU ranks (gloo on 127.0.0.1) under ZeRO
+stage 2 and stage 3, and saved with `engine.save_checkpoint(DIR)`. `devmap save DIR
+--config CONFIG` must write, bit for bit, the fp32 state dict
+`get_fp32_state_dict_from_zero_checkpoint(DIR)` gives (the tied head dropped, as
+transformers saves a tied model) — and with `--dtype bfloat16`, that cast as torch's
+`.to()` casts; `from_pretrained(OUT)` gives the logits of the model holding
+zero_to_fp32's state dict; `verify OUT --against DIR` is clean; `inspect --json` names
+the ranks each parameter's pieces come from. A folder missing a rank's optimizer states
+is refused, naming the file, with nothing written.
+
+Usage: python deepspeed_zero.py PATH/TO/devmap
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
+SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=90, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+
+
+def rank_main(rank, world, port, stage, folder, config_dir):
+    """One rank: the model, one AdamW step under ZeRO `stage`, and the save."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      DS_ACCELERATOR="cpu")
+    import deepspeed
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    # DeepSpeed would compile a shared-memory all-reduce for CPU ranks; gloo's is enough.
+    # (The submodule by sys.modules: `deepspeed.comm.torch` is torch itself.)
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**SMALL))
+    if rank == 0:
+        model.config.save_pretrained(config_dir)
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+              "zero_optimization": {"stage": stage}}
+    engine, *_ = deepspeed.initialize(model=model, config=config,
+                                      optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2))
+    loss = engine(INPUT, labels=INPUT).loss
+    engine.backward(loss)
+    engine.step()
+    engine.save_checkpoint(folder)
+
+
+def run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def case(devmap, work, stage, port):
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from saved import tensors
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    name = f"zero{stage}"
+    src, config = os.path.join(work, f"{name}-src"), os.path.join(work, f"{name}-config")
+    torch.multiprocessing.spawn(rank_main, args=(2, port, stage, src, config), nprocs=2, join=True)
+    want = get_fp32_state_dict_from_zero_checkpoint(src)
+    want = {k: v.contiguous() for k, v in want.items()}
+    reference = AutoModelForCausalLM.from_config(LlamaConfig(**SMALL))
+    reference.load_state_dict(want, strict=False)
+    with torch.no_grad():
+        want_logits = reference(INPUT).logits
+    for dtype in (None, torch.bfloat16):
+        ours = os.path.join(work, f"{name}-{dtype}")
+        extra = ["--dtype", "bfloat16"] if dtype else []
+        r = run([devmap, "save", src, "--config", config, "--out", ours, "--quiet", *extra])
+        if r.returncode != 0:
+            sys.exit(f"FAIL {name}: devmap save: {r.stderr}")
+        got = tensors(ours)
+        # transformers drops the tied head on save; zero_to_fp32 keeps it as the
+        # embedding's copy.
+        dropped = set(want) - set(got)
+        if dropped != {"lm_head.weight"} or set(got) - set(want):
+            sys.exit(f"FAIL {name}: names differ from zero_to_fp32's: only it {dropped}, only devmap {set(got) - set(want)}")
+        for k, g in got.items():
+            t = want[k].to(dtype) if dtype else want[k]
+            if g.dtype != t.dtype or g.shape != t.shape or not torch.equal(g, t):
+                sys.exit(f"FAIL {name}: {k} differs from zero_to_fp32's ({g.dtype} {tuple(g.shape)})")
+        if not dtype:
+            with torch.no_grad():
+                logits = AutoModelForCausalLM.from_pretrained(ours)(INPUT).logits
+            if not torch.equal(logits, want_logits):
+                sys.exit(f"FAIL {name}: logits differ by {float((logits - want_logits).abs().max())}")
+        r = run([devmap, "verify", ours, "--against", src, "--config", config, "--quiet", *extra])
+        if r.returncode != 0:
+            sys.exit(f"FAIL {name}: verify --against: {r.stdout[-600:]} {r.stderr[-600:]}")
+    r = run([devmap, "inspect", src, "--config", config, "--json"])
+    report = json.loads(r.stdout)
+    ranks = {c["rank"] for t in report["tensors"] if t["source"]["kind"] == "pieces"
+             for c in t["source"]["chunks"]}
+    if ranks != {0, 1}:
+        sys.exit(f"FAIL {name}: inspect --json does not name both ranks' pieces: {ranks}")
+    print(f"ok: {name}: {len(got)} tensors from 2 ranks, bit for bit zero_to_fp32's fp32 state dict "
+          f"(and its bfloat16 cast); logits equal; verify --against clean; inspect names both ranks")
+    return src, config
+
+
+def main(devmap):
+    import shutil
+
+    work = tempfile.mkdtemp(prefix="devmap-deepspeed-")
+    case(devmap, work, 2, 29541)
+    src, config = case(devmap, work, 3, 29542)
+    broken = os.path.join(work, "rank-missing")
+    shutil.copytree(src, broken)
+    step = os.path.join(broken, open(os.path.join(broken, "latest")).read().strip())
+    os.remove(os.path.join(step, "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
+    out = os.path.join(work, "rank-missing-out")
+    r = run([devmap, "save", broken, "--config", config, "--out", out, "--quiet"])
+    if r.returncode == 0 or "zero_pp_rank_0_mp_rank_00_optim_states.pt" not in r.stderr \
+            or "2 ranks" not in r.stderr or os.path.exists(out):
+        sys.exit(f"FAIL rank-missing: must be refused naming the ranks, nothing written: {r.stderr}")
+    print("ok: rank-missing: a folder without rank 1's optimizer states refused; nothing written")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
