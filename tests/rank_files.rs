@@ -183,3 +183,60 @@ fn a_gap_is_warned_and_refused_and_mixed_dtypes_name_both_files() {
         "{err}"
     );
 }
+
+/// Rows `rows` and columns `cols` of an R×C matrix whose element (r, c) is
+/// (r·C + c) mod 251 — exact in bfloat16.
+fn big_block(c_total: u32, rows: std::ops::Range<u32>, cols: std::ops::Range<u32>) -> Vec<u8> {
+    f32s(rows.flat_map(|r| cols.clone().map(move |c| ((r * c_total + c) % 251) as f32)))
+}
+
+#[test]
+fn a_column_split_past_one_window_is_put_together_and_cast() {
+    // 4096 × 640 f32 (10 MiB: more than one assembly window), split into columns of
+    // 100, 300 and 240 over three ranks.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("ckpt");
+    std::fs::create_dir(&dir).expect("dir");
+    let (rows, cols) = (4096u32, 640u32);
+    for (rank, (c0, c1)) in [(0, 100), (100, 400), (400, 640)].into_iter().enumerate() {
+        rank_file(
+            &dir,
+            rank,
+            &[(
+                "w",
+                Dtype::F32,
+                vec![rows as usize, (c1 - c0) as usize],
+                big_block(cols, 0..rows, c0..c1),
+                vec![0, u64::from(c0)],
+            )],
+        );
+    }
+    let whole = big_block(cols, 0..rows, 0..cols);
+    let out = tmp.path().join("out");
+    let o = save(&dir, &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(read_saved(&out)["w"].data == whole, "assembled as written");
+    let out = tmp.path().join("bf16");
+    let o = save(&dir, &out, &["--dtype", "bfloat16"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = read_saved(&out);
+    assert_eq!(saved["w"].dtype, "BF16");
+    // Small integers are exact in bfloat16: its bytes are the f32's upper halves.
+    let want: Vec<u8> = whole.chunks(4).flat_map(|f| [f[2], f[3]]).collect();
+    assert!(saved["w"].data == want, "cast as assembled");
+    let o = devmap(&[
+        "verify",
+        arg(&out),
+        "--against",
+        arg(&dir),
+        "--dtype",
+        "bfloat16",
+        "--quiet",
+    ]);
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        stderr(&o)
+    );
+}

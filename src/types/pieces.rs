@@ -88,7 +88,7 @@ impl std::fmt::Display for Tiling {
 
 /// The shape pieces are blocks of: the tensor's, or its flattened one when every piece
 /// has one dimension and the tensor has another number.
-fn blocks_of(shape: &[u64], pieces: &[Piece]) -> Vec<u64> {
+pub fn blocks_of(shape: &[u64], pieces: &[Piece]) -> Vec<u64> {
     let flat = shape.len() != 1
         && !pieces.is_empty()
         && pieces
@@ -189,6 +189,20 @@ fn index_of(shape: &[u64], mut at: u64) -> Vec<u64> {
         }
     }
     index
+}
+
+/// The fewest elements a run of `pieces` holds (pieces of a tensor of `shape`): the
+/// length of every run but for empty pieces. `u64::MAX` when there is no run.
+pub fn shortest_run(shape: &[u64], pieces: &[Piece]) -> u64 {
+    let shape = blocks_of(shape, pieces);
+    pieces
+        .iter()
+        .enumerate()
+        .map(|(i, p)| PieceRuns::new(i, p, &shape, 1))
+        .filter(|w| w.count > 0)
+        .map(|w| w.run)
+        .min()
+        .unwrap_or(u64::MAX)
 }
 
 /// The runs of `pieces` (of a tensor of `shape`, `elem` bytes an element) in the whole
