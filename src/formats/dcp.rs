@@ -78,7 +78,7 @@ pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Split, FormatError> {
     std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(|e| FormatError::io(&path, e))?;
     let value = pickle::read_as(&bytes, Allow::DcpMetadata)
         .map_err(|e| FormatError::invalid_as(e.kind(), &path, format!("{e}")))?;
-    let (entries, stored, paths) = metadata(&path, value)?;
+    let (entries, stored, paths, not_tensors) = metadata(&path, value)?;
     // The model's part of a nested state dict, named by the rest of its path; else
     // every tensor entry under its own name.
     let wanted = key.unwrap_or(MODEL_KEY);
@@ -116,6 +116,30 @@ pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Split, FormatError> {
             Some(name) => Some((fqn, name, entry)),
             None => (!nested).then(|| (fqn, fqn.clone(), entry)),
         });
+    // What is not the model's, by the key it is under: left out, and said so.
+    let mut left_out: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    let top = |fqn: &'_ str| -> String {
+        paths
+            .get(fqn)
+            .and_then(|p| p.first().cloned())
+            .unwrap_or_else(|| fqn.to_owned())
+    };
+    let tops: Vec<(String, bool)> = entries
+        .iter()
+        .filter(|(fqn, _)| nested && model_name(fqn).is_none())
+        .map(|(fqn, _)| (top(fqn), true))
+        .chain(not_tensors.iter().map(|fqn| (top(fqn), false)))
+        .collect();
+    for (key, tensor) in &tops {
+        *left_out.entry(key).or_default() += usize::from(*tensor);
+    }
+    let left_out = left_out
+        .into_iter()
+        .map(|(key, tensors)| match tensors {
+            0 => format!("`{key}`"),
+            n => format!("`{key}` ({})", crate::text::count(n, "tensor", "tensors")),
+        })
+        .collect();
     let mut data = DataFiles::default();
     let mut pieced = Vec::new();
     for (fqn, name, entry) in model {
@@ -177,7 +201,11 @@ pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Split, FormatError> {
     for (_, header) in &mut files {
         header.tensors.sort_by_key(|t| (t.offset, t.len));
     }
-    Ok(Split { files, pieced })
+    Ok(Split {
+        files,
+        pieced,
+        left_out,
+    })
 }
 
 /// The `.distcp` files opened so far, each once, with the whole tensors found in it.
@@ -314,6 +342,7 @@ type Parsed = (
     Vec<(String, Entry)>,
     HashMap<(String, Vec<u64>), Stored>,
     HashMap<String, Vec<String>>,
+    Vec<String>,
 );
 
 /// [`Parsed`] from the `Metadata` object `.metadata` holds.
@@ -325,12 +354,14 @@ fn metadata(path: &Path, value: Value) -> Result<Parsed, FormatError> {
         return Err(bad("has no state_dict_metadata"));
     };
     let mut entries = Vec::new();
+    let mut not_tensors = Vec::new();
     for (key, meta) in state {
         let Value::Str(fqn) = key else {
             return Err(bad("has a state dict key that is not a string"));
         };
         let Some(fields) = object_fields(meta, "TensorStorageMetadata") else {
             // BytesStorageMetadata: not a tensor (an epoch, a scheduler's state).
+            not_tensors.push(fqn.clone());
             continue;
         };
         let entry = tensor_entry(fields).ok_or_else(|| {
@@ -389,7 +420,7 @@ fn metadata(path: &Path, value: Value) -> Result<Parsed, FormatError> {
             }
         }
     }
-    Ok((entries, stored, paths))
+    Ok((entries, stored, paths, not_tensors))
 }
 
 fn tensor_entry(fields: &[(Value, Value)]) -> Option<Entry> {

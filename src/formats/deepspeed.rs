@@ -440,7 +440,11 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
     for (_, header) in &mut files {
         header.tensors.sort_by_key(|t| (t.offset, t.len));
     }
-    Ok(Split { files, pieced })
+    Ok(Split {
+        files,
+        pieced,
+        left_out: vec!["the optimizer's own state (`base_optimizer_state`)".to_owned()],
+    })
 }
 
 /// The piece `len` elements of a flat slice hold, from element `from` of the slice,

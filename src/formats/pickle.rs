@@ -768,6 +768,32 @@ mod tests {
     }
 
     #[test]
+    fn deepspeeds_classes_are_data_and_only_where_its_checkpoints_are_read() {
+        // {"zero_stage": ZeroStageEnum(2), "address": fragment_address(5, 7)}, protocol 2.
+        let mut bytes = b"\x80\x02}(X\x0a\x00\x00\x00zero_stagecdeepspeed.runtime.zero.config\nZeroStageEnum\nK\x02\x85R".to_vec();
+        bytes.extend_from_slice(b"X\x07\x00\x00\x00addresscdeepspeed.utils.tensor_fragment\nfragment_address\nK\x05K\x07\x86\x81u.");
+        let value = read_as(&bytes, Allow::DeepSpeed).expect("deepspeed");
+        let Value::Dict(items) = value else {
+            panic!("a dict")
+        };
+        assert_eq!(items[0].1, Value::Int(2));
+        assert_eq!(
+            items[1].1,
+            Value::Object {
+                class: "fragment_address",
+                state: Box::new(Value::Tuple(vec![Value::Int(5), Value::Int(7)])),
+            }
+        );
+        // A state dict may not name them; DeepSpeed's files may not name anything else.
+        assert!(matches!(read(&bytes), Err(Error::Forbidden(_))));
+        let evil = b"\x80\x02cos\nsystem\nX\x02\x00\x00\x00lsR.".to_vec();
+        assert!(matches!(
+            read_as(&evil, Allow::DeepSpeed),
+            Err(Error::Forbidden(_))
+        ));
+    }
+
+    #[test]
     fn a_cut_pickle_is_an_error_not_a_panic() {
         let full = state_dict_pickle();
         for n in 0..full.len() {

@@ -16,6 +16,9 @@ pub struct Split {
     pub files: Vec<(PathBuf, Header)>,
     /// Tensors stored in pieces; each piece's `range.file` indexes `files`.
     pub pieced: Vec<PiecedTensor>,
+    /// What the checkpoint holds that is not the model's weights and was left out
+    /// (`` `optimizer` (40 tensors) ``, `` `epoch` ``), for a note.
+    pub left_out: Vec<String>,
 }
 
 /// A tensor whose blocks ranks saved apart.

@@ -158,7 +158,11 @@ pub fn read_rank_files(paths: &[PathBuf]) -> Result<Split, FormatError> {
     for (_, header) in &mut files {
         header.tensors.sort_by_key(|t| (t.offset, t.len));
     }
-    Ok(Split { files, pieced })
+    Ok(Split {
+        files,
+        pieced,
+        left_out: Vec::new(),
+    })
 }
 
 #[cfg(test)]

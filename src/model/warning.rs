@@ -94,6 +94,9 @@ pub enum Warning {
     /// Offload entries in transformers 5's converted layout (fused experts under runtime
     /// names) where the checkpoint stores experts one by one: a save would write both.
     ConvertedLayout { tensors: Vec<String> },
+    /// What a training checkpoint holds besides the model's weights, left out of the
+    /// model (a note: nothing is wrong).
+    LeftOut { file: PathBuf, entries: Vec<String> },
     /// A tensor stored in chunks across ranks that do not make it up exactly once.
     PiecesDoNotTile {
         tensor: String,
@@ -131,6 +134,7 @@ impl Warning {
             Warning::ExpertsUnfused { .. } => "experts_unfused",
             Warning::ConfigValue { .. } => "config_value",
             Warning::PiecesDoNotTile { .. } => "pieces_do_not_tile",
+            Warning::LeftOut { .. } => "left_out",
         }
     }
 
@@ -153,6 +157,7 @@ impl Warning {
             | Warning::SharedOffloadBytes { tensors }
             | Warning::ConvertedLayout { tensors } => tensors.clone(),
             Warning::ConfigValue { key, .. } => vec![key.clone()],
+            Warning::LeftOut { entries, .. } => entries.clone(),
             Warning::ExpertsUnfused { fused, experts } => std::iter::once(fused.clone())
                 .chain(experts.iter().cloned())
                 .collect(),
@@ -327,6 +332,12 @@ impl Warning {
                 "{} offload entries hold fused experts under transformers 5's runtime names ({}) while the checkpoint stores its experts one by one: devmap cannot convert them back yet, so they count twice in the totals and a save is refused (save with transformers, or without this offload folder)",
                 tensors.len(),
                 name_list(tensors)
+            ),
+            Warning::LeftOut { file, entries } => write!(
+                f,
+                "{} also holds what is not the model's weights, left out (never written): {}",
+                file.display(),
+                entries.join(", ")
             ),
             Warning::PiecesDoNotTile {
                 tensor,

@@ -62,7 +62,13 @@ def case(devmap, name, model, nested):
                        capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"FAIL {name}: verify --against: {r.stdout[-600:]} {r.stderr[-600:]}")
-    kind = "nested with its optimizer state" if nested else "flat"
+    if nested:
+        # What is not the model's is said to be left out.
+        r = subprocess.run([devmap, "inspect", src, "--config", ref], capture_output=True, text=True)
+        if "left out" not in r.stdout + r.stderr or "`optimizer` (" not in r.stdout + r.stderr \
+                or "`epoch`" not in r.stdout + r.stderr:
+            sys.exit(f"FAIL {name}: inspect does not say the optimizer state and epoch are left out: {r.stdout[-800:]}")
+    kind = "nested with its optimizer state (said to be left out)" if nested else "flat"
     print(f"ok: {name}: {len(tensors(ref))} tensors from a one-process dcp.save ({kind}), identical to transformers' save; logits equal; verify --against clean")
 
 

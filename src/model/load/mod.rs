@@ -492,7 +492,7 @@ fn read_weights(
         && crate::formats::deepspeed::step_folder(dir).is_some()
     {
         let split = crate::formats::deepspeed::read_deepspeed(dir)?;
-        let mut files = add_split(draft, split, warnings);
+        let mut files = add_split(draft, (dir, split), warnings);
         files.extend(
             crate::formats::deepspeed::OWN_FILES
                 .iter()
@@ -503,8 +503,8 @@ fn read_weights(
     }
     if paths.is_empty() && exists(&metadata) {
         let split = crate::formats::dcp::read_dcp(dir, options.state_dict_key.as_deref())?;
-        let mut files = vec![metadata];
-        files.extend(add_split(draft, split, warnings));
+        let mut files = add_split(draft, (&metadata, split), warnings);
+        files.insert(0, metadata);
         return Ok(files);
     }
     // transformers 5's distributed checkpoint: every rank's own safetensors files,
@@ -516,7 +516,7 @@ fn read_weights(
     };
     if !paths.is_empty() && paths.iter().all(is_rank_file) {
         let split = crate::formats::rank_files::read_rank_files(&paths)?;
-        return Ok(add_split(draft, split, warnings));
+        return Ok(add_split(draft, (dir, split), warnings));
     }
     for path in &paths {
         let header = read_weight_file(path)?;
@@ -640,9 +640,15 @@ fn read_indexed(
 /// here; a save refuses it). Returns the data files.
 fn add_split(
     draft: &mut Draft,
-    split: crate::formats::pieced::Split,
+    (source, split): (&Path, crate::formats::pieced::Split),
     warnings: &mut Vec<Warning>,
 ) -> Vec<PathBuf> {
+    if !split.left_out.is_empty() {
+        warnings.push(Warning::LeftOut {
+            file: source.to_path_buf(),
+            entries: split.left_out,
+        });
+    }
     let mut ids = Vec::with_capacity(split.files.len());
     let mut paths = Vec::with_capacity(split.files.len());
     for (path, header) in split.files {
