@@ -119,6 +119,20 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
             bytes as f64 * 100.0 / total as f64
         );
     }
+    let shares = ckpt.rank_shares();
+    if !shares.is_empty() {
+        out.push_str("\nRANKS (the training run's share of the stored tensors)\n");
+        let all = shares.iter().map(|(_, b)| b).sum::<u64>().max(1);
+        for (rank, bytes) in shares {
+            let _ = writeln!(
+                out,
+                "  rank {:<4} {:>11}  {:>5.1}%",
+                rank,
+                human_bytes(bytes),
+                bytes as f64 * 100.0 / all as f64
+            );
+        }
+    }
     if !ckpt.ties.is_empty() {
         out.push_str("\nTIES (saved once, under the first name)\n");
         for g in &ckpt.ties {

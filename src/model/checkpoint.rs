@@ -394,6 +394,38 @@ impl Checkpoint {
         }
     }
 
+    /// For a checkpoint split across ranks, the bytes of its tensors each rank's files
+    /// hold (the rank read from the file's name), by rank; empty when no tensor is
+    /// stored in pieces.
+    pub fn rank_shares(&self) -> Vec<(u32, u64)> {
+        if !self
+            .tensors
+            .iter()
+            .any(|t| matches!(t.source, Source::Pieces(_)))
+        {
+            return Vec::new();
+        }
+        let rank_of: Vec<Option<u32>> = self
+            .files
+            .iter()
+            .map(|f| crate::formats::pieced::rank_of(&f.path))
+            .collect();
+        let mut shares = std::collections::BTreeMap::new();
+        let mut add = |r: &ByteRange| {
+            if let Some(Some(rank)) = rank_of.get(r.file) {
+                *shares.entry(*rank).or_insert(0u64) += r.len;
+            }
+        };
+        for t in &self.tensors {
+            match t.source {
+                Source::Checkpoint(r) => add(&r),
+                Source::Pieces(index) => self.pieces(index).iter().for_each(|p| add(&p.range)),
+                _ => {}
+            }
+        }
+        shares.into_iter().collect()
+    }
+
     /// The blocks of a tensor stored in pieces, by the index its source gives.
     pub fn pieces(&self, index: u32) -> &[Piece] {
         self.pieces.get(index as usize).map_or(&[], |p| p)
