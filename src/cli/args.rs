@@ -73,8 +73,8 @@ pub struct VerifyArgs {
 
 #[derive(Debug, ClapArgs)]
 pub struct PlanArgs {
-    /// Model: a folder (safetensors, pytorch_model*.bin, or a dcp.save checkpoint), a
-    /// repo id in the Hugging Face cache (org/name[@revision]), or
+    /// Model: a folder (safetensors, pytorch_model*.bin, a dcp.save checkpoint, a
+    /// transformers 5 distributed checkpoint, a DeepSpeed ZeRO checkpoint), a repo id in the Hugging Face cache (org/name[@revision]), or
     /// hf://org/name[@revision] / an https:// URL of a .safetensors file or index
     /// (only the headers are fetched).
     #[arg(value_name = "MODEL")]
@@ -144,8 +144,8 @@ pub struct ModelArgs {
 
 #[derive(Debug, ClapArgs)]
 pub struct InspectArgs {
-    /// Model: a folder (safetensors, pytorch_model*.bin, or a dcp.save checkpoint), a
-    /// repo id in the Hugging Face cache (org/name[@revision]), or
+    /// Model: a folder (safetensors, pytorch_model*.bin, a dcp.save checkpoint, a
+    /// transformers 5 distributed checkpoint, a DeepSpeed ZeRO checkpoint), a repo id in the Hugging Face cache (org/name[@revision]), or
     /// hf://org/name[@revision] / an https:// URL of a .safetensors file or index
     /// (only the headers are fetched).
     #[arg(value_name = "MODEL")]
