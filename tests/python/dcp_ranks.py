@@ -14,6 +14,7 @@ clean. The same from transformers 5's distributed checkpoint writer (rank files
 Usage: python dcp_ranks.py PATH/TO/devmap
 """
 
+import json
 import os
 import pickle
 import subprocess
@@ -86,7 +87,7 @@ def torch_loaded(src, nested, work, hf_files):
 
 
 def case(devmap, work, name, world, layout, nested, dtype, port, hf_files=False):
-    from saved import differences, tensors
+    from saved import differences, first_unequal, tensors
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     small = dict(vocab_size=97, hidden_size=64, intermediate_size=90, num_hidden_layers=2,
@@ -110,12 +111,9 @@ def case(devmap, work, name, world, layout, nested, dtype, port, hf_files=False)
     got = tensors(ours)
     if sorted(got) != sorted(loaded):
         sys.exit(f"FAIL {name}: names differ from torch's: {sorted(set(got) ^ set(loaded))}")
-    split = 0
-    for k, t in loaded.items():
-        t = t.to(dtype) if dtype else t
-        if got[k].dtype != t.dtype or got[k].shape != t.shape or not torch.equal(got[k], t):
-            sys.exit(f"FAIL {name}: {k} differs from the state dict torch loads")
-        split += 1
+    unequal = first_unequal(got, loaded, dtype)
+    if unequal:
+        sys.exit(f"FAIL {name}: {unequal} differs from the state dict torch loads")
     why = differences(ours, ref)
     if why:
         sys.exit(f"FAIL {name}: against transformers' save: {why}")
@@ -127,7 +125,7 @@ def case(devmap, work, name, world, layout, nested, dtype, port, hf_files=False)
     if r.returncode != 0:
         sys.exit(f"FAIL {name}: verify --against: {r.stdout[-600:]} {r.stderr[-600:]}")
     r = run([devmap, "inspect", src, "--config", ref, "--json"])
-    chunks = [t["source"] for t in __import__("json").loads(r.stdout)["tensors"]
+    chunks = [t["source"] for t in json.loads(r.stdout)["tensors"]
               if t["source"]["kind"] == "pieces"]
     ranks = {c["rank"] for s in chunks for c in s["chunks"]}
     split_dims = {d for s in chunks for c in s["chunks"] for d, o in enumerate(c["offsets"]) if o > 0}
@@ -137,7 +135,7 @@ def case(devmap, work, name, world, layout, nested, dtype, port, hf_files=False)
         sys.exit(f"FAIL {name}: inspect --json does not show the chunks and their ranks: {r.stdout[-400:]} {r.stderr}")
     how = "cast to " + str(dtype).removeprefix("torch.") if dtype else "as stored"
     oracle = "torch's consolidate_safetensors_files" if hf_files else "the state dict torch loads"
-    print(f"ok: {name}: {split} tensors from {world} ranks ({layout}{', nested' if nested else ''}), {how}, "
+    print(f"ok: {name}: {len(loaded)} tensors from {world} ranks ({layout}{', nested' if nested else ''}), {how}, "
           f"bit for bit {oracle} and transformers' save; logits equal; verify --against clean; "
           f"inspect names {len(chunks)} split tensors' chunks and ranks")
     return src, ref

@@ -58,7 +58,7 @@ def run(cmd):
 
 def case(devmap, work, stage, port):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from saved import tensors
+    from saved import first_unequal, tensors
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     name = f"zero{stage}"
@@ -82,10 +82,9 @@ def case(devmap, work, stage, port):
         dropped = set(want) - set(got)
         if dropped != {"lm_head.weight"} or set(got) - set(want):
             sys.exit(f"FAIL {name}: names differ from zero_to_fp32's: only it {dropped}, only devmap {set(got) - set(want)}")
-        for k, g in got.items():
-            t = want[k].to(dtype) if dtype else want[k]
-            if g.dtype != t.dtype or g.shape != t.shape or not torch.equal(g, t):
-                sys.exit(f"FAIL {name}: {k} differs from zero_to_fp32's ({g.dtype} {tuple(g.shape)})")
+        unequal = first_unequal(got, {k: want[k] for k in got}, dtype)
+        if unequal:
+            sys.exit(f"FAIL {name}: {unequal} differs from zero_to_fp32's")
         if not dtype:
             with torch.no_grad():
                 logits = AutoModelForCausalLM.from_pretrained(ours)(INPUT).logits

@@ -32,6 +32,19 @@ def differences(ours, ref):
     return None
 
 
+def first_unequal(got, want, dtype=None):
+    """The first name whose tensor in `got` is not `want`'s (cast to `dtype` as torch's
+    `.to()` casts, when given) in dtype, shape and every value; None when all are."""
+    import torch
+
+    for k, t in want.items():
+        t = t.to(dtype) if dtype else t
+        g = got.get(k)
+        if g is None or g.dtype != t.dtype or g.shape != t.shape or not torch.equal(g, t):
+            return k
+    return None
+
+
 def peft_merged(load, lora_config, work, label):
     """An adapter peft makes on the model `load()` gives (`lora_config`, its LoRA
     weights random and non-zero, seed 5), saved under `work`; then peft's own

@@ -670,15 +670,8 @@ fn add_split(
                 problem: problem.to_string(),
             });
         }
-        draft.tensors.push(Tensor {
-            name: t.name.into(),
-            dtype: t.dtype,
-            shape: t.shape,
-            placement: Placement::Cpu,
-            map_key: NO_KEY,
-            source: Source::Pieces(draft.pieces.len() as u32),
-            load_dtype: None,
-        });
+        let source = Source::Pieces(draft.pieces.len() as u32);
+        push_tensor(draft, t.name, t.dtype, t.shape, source);
         draft.pieces.push(t.pieces.into_boxed_slice());
     }
     paths
@@ -694,13 +687,24 @@ fn add_checkpoint_tensor(
         offset: t.offset,
         len: t.len,
     };
+    push_tensor(draft, t.name, t.dtype, t.shape, Source::Checkpoint(range));
+}
+
+/// A checkpoint tensor as read, on the CPU until a device map places it.
+fn push_tensor(
+    draft: &mut Draft,
+    name: String,
+    dtype: crate::types::dtype::DType,
+    shape: crate::types::shape::Shape,
+    source: Source,
+) {
     draft.tensors.push(Tensor {
-        name: t.name.into(),
-        dtype: t.dtype,
-        shape: t.shape,
+        name: name.into(),
+        dtype,
+        shape,
         placement: Placement::Cpu,
         map_key: NO_KEY,
-        source: Source::Checkpoint(range),
+        source,
         load_dtype: None,
     });
 }
