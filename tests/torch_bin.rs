@@ -233,9 +233,13 @@ proptest::proptest! {
             bytes.truncate(n % (bytes.len() + 1));
         }
         std::fs::write(&path, &bytes).expect("write");
-        if let Ok(header) = devmap::formats::torch_bin::read_bin(&path) {
+        if let Ok((header, views)) = devmap::formats::torch_bin::read_bin(&path) {
             for t in &header.tensors {
                 proptest::prop_assert!(t.offset + t.len <= bytes.len() as u64, "{} outside", t.name);
+            }
+            for v in &views {
+                let r = v.pieces[0].range;
+                proptest::prop_assert!(r.offset + r.len <= bytes.len() as u64, "{} outside", v.name);
             }
         }
     }

@@ -1,5 +1,5 @@
 //! Any bytes as a `pytorch_model.bin`: read or refused, never a panic, nothing run;
-//! what reads has every tensor inside the file.
+//! what reads has every tensor (and every strided view's storage span) inside the file.
 #![no_main]
 
 use devmap::formats::torch_bin::read_bin;
@@ -10,9 +10,13 @@ fuzz_target!(|data: &[u8]| {
     if std::fs::write(&path, data).is_err() {
         return;
     }
-    if let Ok(header) = read_bin(&path) {
+    if let Ok((header, views)) = read_bin(&path) {
         for t in &header.tensors {
             assert!(t.offset + t.len <= data.len() as u64);
+        }
+        for v in &views {
+            let r = v.pieces[0].range;
+            assert!(r.offset + r.len <= data.len() as u64);
         }
     }
 });

@@ -186,6 +186,7 @@ pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Split, FormatError> {
                 },
                 offsets: offsets.as_slice().into(),
                 sizes: sizes.as_slice().into(),
+                stride: None,
             });
         }
         if !whole {

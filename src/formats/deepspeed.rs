@@ -418,6 +418,7 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
                         },
                         offsets: vec![begin].into(),
                         sizes: vec![len].into(),
+                        stride: None,
                     });
                 }
             }
@@ -458,6 +459,7 @@ fn flat_piece(slice: &Flat, from: u64, to: u64, len: u64, dtype: DType) -> Piece
         },
         offsets: vec![to].into(),
         sizes: vec![len].into(),
+        stride: None,
     }
 }
 

@@ -146,6 +146,7 @@ pub fn read_rank_files(paths: &[PathBuf]) -> Result<Split, FormatError> {
                 },
                 offsets: at.into_boxed_slice(),
                 sizes: t.shape.to_vec().into_boxed_slice(),
+                stride: None,
             })
             .collect();
         pieced.push(PiecedTensor {

@@ -1,16 +1,19 @@
 //! `pytorch_model.bin` and its shards: the zip archives `torch.save` writes for a state
 //! dict, read without torch and without running anything (`formats::pickle`). Each
 //! tensor becomes a byte range of the archive (its storage member, from its offset),
-//! described like a safetensors header so the loader treats both the same. Views that
-//! are not contiguous in their storage are refused by name.
+//! described like a safetensors header so the loader treats both the same. A view that
+//! is not contiguous in its storage (a transposed weight, a slice of a wider one) is a
+//! strided piece of its storage, gathered through memory when written.
 
 use super::Kind;
 use std::path::Path;
 
 use super::FormatError;
 use super::pickle::{self, TensorRef, Value};
+use super::pieced::PiecedTensor;
 use super::safetensors::{Header, HeaderTensor};
 use super::zip;
+use crate::types::pieces::Piece;
 
 /// The legacy transformers names: one file, or shards listed by an index.
 pub const SINGLE_BIN: &str = "pytorch_model.bin";
@@ -21,8 +24,9 @@ pub const BIN_INDEX: &str = "pytorch_model.bin.index.json";
 const MAX_PICKLE: u64 = 1 << 30;
 
 /// Reads the state dict saved at `path` as a [`Header`]: its tensors with absolute
-/// byte ranges, in the order their bytes appear in the file.
-pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
+/// byte ranges, in the order their bytes appear in the file; and the views stored
+/// with strides, as pieces (file index 0: this file).
+pub fn read_bin(path: &Path) -> Result<(Header, Vec<PiecedTensor>), FormatError> {
     let file = super::input::open_regular(path)?;
     let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
     let members = zip::members(path, &file, file_len)?;
@@ -41,6 +45,7 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
         ));
     };
     let mut tensors = Vec::with_capacity(items.len());
+    let mut strided = Vec::new();
     for (key, value) in items {
         let Value::Str(name) = key else {
             return Err(FormatError::invalid(
@@ -64,15 +69,19 @@ pub fn read_bin(path: &Path) -> Result<Header, FormatError> {
                 format!("its storage data/{} is not in the archive", t.storage.key),
             )
         })?;
-        tensors.push(byte_range(path, &name, &t, member)?);
+        match view(path, &name, &t, member)? {
+            Stored::Whole(tensor) => tensors.push(tensor),
+            Stored::Strided(tensor) => strided.push(tensor),
+        }
     }
     tensors.sort_by_key(|t| (t.offset, t.len));
-    Ok(Header {
+    let header = Header {
         data_start: 0,
         file_len,
         tensors,
         metadata: None,
-    })
+    };
+    Ok((header, strided))
 }
 
 /// The value a `torch.save` archive's `data.pkl` holds (its byte order checked, its
@@ -136,6 +145,37 @@ pub(super) fn byte_range(
     t: &TensorRef,
     member: &zip::Member,
 ) -> Result<HeaderTensor, FormatError> {
+    match view(path, name, t, member)? {
+        Stored::Whole(tensor) => Ok(tensor),
+        Stored::Strided(_) => Err(FormatError::tensor(
+            path,
+            name,
+            format!(
+                "is a non-contiguous view (size {:?}, stride {:?}) where devmap reads contiguous tensors",
+                t.shape, t.stride
+            ),
+        )),
+    }
+}
+
+/// A tensor of an archive: a byte range of it, or a strided view of its storage.
+pub(super) enum Stored {
+    Whole(HeaderTensor),
+    /// A view `torch.save` kept with its strides (a transposed weight, a slice of a
+    /// wider one): one piece covering the whole tensor, its file index 0.
+    Strided(PiecedTensor),
+}
+
+/// Where tensor `name`'s bytes are in its storage member: a byte range when the view
+/// is contiguous (row-major: each stride the product of the sizes after it), else the
+/// storage span the view reads with its strides. A view with no dimension of stride 1
+/// (every other element) or of stride 0 (an expanded one) is refused by name.
+pub(super) fn view(
+    path: &Path,
+    name: &str,
+    t: &TensorRef,
+    member: &zip::Member,
+) -> Result<Stored, FormatError> {
     let bad = |m: String| FormatError::tensor(path, name, m);
     if t.shape.len() != t.stride.len() {
         return Err(bad(format!(
@@ -143,35 +183,78 @@ pub(super) fn byte_range(
             t.shape, t.stride
         )));
     }
+    let size = t.storage.dtype.size();
+    let elements = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    // The last element the view reads, past its offset.
+    let reach = t.shape.iter().zip(&t.stride).try_fold(0u64, |a, (&n, &s)| {
+        a.checked_add(n.saturating_sub(1).checked_mul(s)?)
+    });
+    let (Some(elements), Some(reach)) = (elements, reach) else {
+        return Err(bad(format!("size {:?} overflows", t.shape)));
+    };
     // Contiguous, row-major: each stride the product of the sizes after it (a size-1
     // dimension may have any stride).
     let mut expected = 1u64;
-    for (&size, &stride) in t.shape.iter().zip(&t.stride).rev() {
-        if size != 1 && stride != expected {
-            return Err(bad(format!(
-                "is a non-contiguous view (size {:?}, stride {:?}); devmap reads contiguous tensors of a .bin",
-                t.shape, t.stride
-            )));
-        }
-        expected = expected.saturating_mul(size);
+    let mut contiguous = true;
+    for (&n, &s) in t.shape.iter().zip(&t.stride).rev() {
+        contiguous &= n == 1 || s == expected;
+        expected = expected.saturating_mul(n);
     }
-    let size = t.storage.dtype.size();
-    let elements = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-    let (Some(elements), Some(end)) = (elements, elements.and_then(|e| t.offset.checked_add(e)))
-    else {
-        return Err(bad(format!("size {:?} overflows", t.shape)));
+    let span = if contiguous || elements == 0 {
+        elements
+    } else {
+        reach + 1
     };
-    if end > t.storage.elements || t.storage.elements.saturating_mul(size) > member.len {
+    let end = t.offset.checked_add(span);
+    if end.is_none_or(|e| e > t.storage.elements)
+        || t.storage.elements.saturating_mul(size) > member.len
+    {
         return Err(bad(format!(
-            "needs elements {}..{end} of a storage of {} ({} bytes in data/{})",
-            t.offset, t.storage.elements, member.len, t.storage.key
+            "needs elements {}..{} of a storage of {} ({} bytes in data/{})",
+            t.offset,
+            t.offset.saturating_add(span),
+            t.storage.elements,
+            member.len,
+            t.storage.key
         )));
     }
-    Ok(HeaderTensor {
+    let offset = member.offset + t.offset * size;
+    if contiguous || elements == 0 {
+        return Ok(Stored::Whole(HeaderTensor {
+            name: name.to_owned(),
+            dtype: t.storage.dtype,
+            shape: crate::types::shape::Shape::new(&t.shape),
+            offset,
+            len: elements * size,
+        }));
+    }
+    let moving = |d: usize| t.shape[d] > 1;
+    if (0..t.shape.len()).any(|d| moving(d) && t.stride[d] == 0)
+        || !(0..t.shape.len()).any(|d| moving(d) && t.stride[d] == 1)
+    {
+        return Err(FormatError::tensor_as(
+            Kind::Unsupported,
+            path,
+            name,
+            format!(
+                "is a view (size {:?}, stride {:?}) with no dimension whose elements are next to each other in its storage, or one repeated (stride 0); devmap reads views that have one (a transposed weight, a slice of a wider one)",
+                t.shape, t.stride
+            ),
+        ));
+    }
+    Ok(Stored::Strided(PiecedTensor {
         name: name.to_owned(),
         dtype: t.storage.dtype,
         shape: crate::types::shape::Shape::new(&t.shape),
-        offset: member.offset + t.offset * size,
-        len: elements * size,
-    })
+        pieces: vec![Piece {
+            range: crate::types::range::ByteRange {
+                file: 0,
+                offset,
+                len: span * size,
+            },
+            offsets: vec![0; t.shape.len()].into(),
+            sizes: t.shape.clone().into(),
+            stride: Some(t.stride.clone().into()),
+        }],
+    }))
 }

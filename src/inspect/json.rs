@@ -129,6 +129,10 @@ struct ChunkOut<'a> {
     rank: Option<u32>,
     offsets: &'a [u64],
     sizes: &'a [u64],
+    /// Elements per step of each dimension in storage, for a view `torch.save` kept
+    /// with its strides; absent for a block stored row-major.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stride: Option<&'a [u64]>,
 }
 
 /// Devices in display order (GPUs by index, then cpu, disk, meta, unmapped).
@@ -213,6 +217,7 @@ fn tensor_out(ckpt: &Checkpoint, id: usize) -> TensorOut<'_> {
                         rank: crate::formats::pieced::rank_of(ckpt.file_path(p.range.file)),
                         offsets: &p.offsets,
                         sizes: &p.sizes,
+                        stride: p.stride.as_deref(),
                     })
                     .collect(),
             },

@@ -720,13 +720,22 @@ fn stitch_recipe(
     let chunks = crate::text::count(pieces.len(), "chunk", "chunks");
     crate::types::pieces::tiling(&tensor.shape.to_vec(), pieces)
         .map_err(|problem| format!("is stored in {chunks} that do not make it up: {problem}"))?;
-    let len: u64 = pieces.iter().map(|p| p.range.len).sum();
-    if len != tensor.bytes() {
+    // A block stored row-major holds exactly its elements; one stored with strides
+    // was checked against its storage when read.
+    let size = tensor.dtype.size();
+    if let Some(p) = pieces
+        .iter()
+        .find(|p| p.stride.is_none() && p.range.len != p.numel() * size)
+    {
         return Err(format!(
-            "is stored in {chunks} of {len} bytes in all, but its shape and dtype need {}",
-            tensor.bytes()
+            "has a chunk at {:?} of {} bytes, but its sizes {:?} and dtype need {}",
+            p.offsets,
+            p.range.len,
+            p.sizes,
+            p.numel() * size
         ));
     }
+    let len = tensor.bytes();
     if !ckpt.merges_of(id).is_empty() {
         return Err(format!(
             "is stored in {chunks} across ranks and a LoRA adapter merges into it: devmap merges into tensors stored whole; save the checkpoint once, then merge into what it wrote"

@@ -59,7 +59,8 @@ pub fn put_together(
     let blocks = crate::types::pieces::blocks_of(&shape, pieces);
     let row_bytes = blocks.iter().skip(1).product::<u64>() * elem;
     let short = crate::types::pieces::shortest_run(&shape, pieces).saturating_mul(elem) < LONG_RUN;
-    if short && row_bytes > 0 && row_bytes <= WINDOW as u64 {
+    let strided = pieces.iter().any(|p| p.stride.is_some());
+    if strided || (short && row_bytes > 0 && row_bytes <= WINDOW as u64) {
         for p in pieces {
             let file = p.range.file;
             if let std::collections::hash_map::Entry::Vacant(e) = files.entry(file) {
@@ -102,6 +103,92 @@ fn move_run(
             }
         }
         Sink::Stream { cast, feed } => copier.stream((src, run.from), run.len, *cast, stop, *feed),
+    }
+}
+
+/// Where a window sits in the whole tensor.
+struct Place<'a> {
+    shape: &'a [u64],
+    elem: u64,
+    /// The tensor's row (along dimension 0) the window starts at.
+    first_row: u64,
+}
+
+/// Places rows `lo..hi` (of the whole tensor) of a piece stored with `stride` into
+/// `window`: each stretch along the dimension whose elements are next to each other
+/// in storage read in one read (into `buffer`), then spread to where its elements go.
+fn gather(
+    piece: &Piece,
+    stride: &[u64],
+    src: &File,
+    (lo, hi): (u64, u64),
+    place: &Place<'_>,
+    window: &mut [u8],
+    buffer: &mut Vec<u8>,
+) -> Result<(), CopyError> {
+    let dims = piece.sizes.len();
+    let elem = place.elem as usize;
+    let mut out_stride = vec![1u64; dims];
+    for d in (0..dims.saturating_sub(1)).rev() {
+        out_stride[d] = out_stride[d + 1] * place.shape[d + 1];
+    }
+    // The stretch dimension: stride 1 where the piece moves (checked when read).
+    let along = (0..dims)
+        .rev()
+        .find(|&d| piece.sizes[d] > 1 && stride[d] == 1)
+        .unwrap_or(dims.saturating_sub(1));
+    let (first, end) = (lo - piece.offsets[0], hi - piece.offsets[0]);
+    let range = |d: usize| {
+        if d == 0 {
+            (first, end)
+        } else {
+            (0, piece.sizes[d])
+        }
+    };
+    let (start, len) = if along == 0 {
+        (first, end - first)
+    } else {
+        (0, piece.sizes[along])
+    };
+    let mut index: Vec<u64> = (0..dims).map(|d| range(d).0).collect();
+    index[along] = start;
+    if (0..dims).any(|d| d != along && range(d).0 >= range(d).1) || len == 0 {
+        return Ok(());
+    }
+    buffer.resize(len as usize * elem, 0);
+    loop {
+        let at: u64 = index.iter().zip(stride).map(|(i, s)| i * s).sum();
+        super::copy::read_exact_at(src, buffer, piece.range.offset + at * place.elem)?;
+        let base = (piece.offsets[0] + index[0] - place.first_row) * out_stride[0]
+            + (1..dims)
+                .map(|d| (piece.offsets[d] + index[d]) * out_stride[d])
+                .sum::<u64>();
+        if out_stride[along] == 1 {
+            let to = base as usize * elem;
+            window[to..to + buffer.len()].copy_from_slice(buffer);
+        } else {
+            for step in 0..len as usize {
+                let to = (base + step as u64 * out_stride[along]) as usize * elem;
+                let from = step * elem;
+                window[to..to + elem].copy_from_slice(&buffer[from..from + elem]);
+            }
+        }
+        // The next index over every dimension but the stretch's, last fastest.
+        let mut d = dims;
+        loop {
+            if d == 0 {
+                return Ok(());
+            }
+            d -= 1;
+            if d == along {
+                continue;
+            }
+            index[d] += 1;
+            if index[d] < range(d).1 {
+                break;
+            }
+            index[d] = range(d).0;
+        }
     }
 }
 
@@ -159,6 +246,16 @@ fn assemble(
             let src = files
                 .get(&p.range.file)
                 .ok_or_else(|| failed(CopyError::Io(std::io::Error::other("not opened"))))?;
+            if let Some(stride) = &p.stride {
+                let place = Place {
+                    shape,
+                    elem,
+                    first_row: row,
+                };
+                gather(p, stride, src, (lo, hi), &place, &mut window, &mut share)
+                    .map_err(failed)?;
+                continue;
+            }
             super::copy::read_exact_at(src, &mut share, p.range.offset + (lo - first) * piece_row)
                 .map_err(failed)?;
             // Placed as a block of the window.
@@ -174,6 +271,7 @@ fn assemble(
                 },
                 offsets: offsets.into(),
                 sizes: sizes.into(),
+                stride: None,
             }];
             for run in crate::types::pieces::runs(&window_shape, elem, &block) {
                 let (from, to, n) = (run.from as usize, run.to as usize, run.len as usize);

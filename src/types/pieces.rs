@@ -26,10 +26,15 @@ pub struct Piece {
     pub offsets: Box<[u64]>,
     /// The block's extent along each dimension.
     pub sizes: Box<[u64]>,
+    /// How the block's elements lie in `range`, in elements per step of each
+    /// dimension, when not row-major one after another: a view `torch.save` kept as
+    /// its storage and strides (a transposed weight, a slice of a wider one). Such a
+    /// block is gathered through memory, never copied by runs.
+    pub stride: Option<Box<[u64]>>,
 }
 
 impl Piece {
-    fn numel(&self) -> u64 {
+    pub fn numel(&self) -> u64 {
         self.sizes.iter().product()
     }
 }
@@ -322,6 +327,7 @@ mod tests {
 
     fn piece(file: usize, offset: u64, offsets: &[u64], sizes: &[u64]) -> Piece {
         Piece {
+            stride: None,
             range: ByteRange {
                 file,
                 offset,

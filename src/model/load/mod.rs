@@ -519,23 +519,33 @@ fn read_weights(
         return Ok(add_split(draft, (dir, split), warnings));
     }
     for path in &paths {
-        let header = read_weight_file(path)?;
+        let (header, strided) = read_weight_file(path)?;
         let id = draft.file_id(path, &header);
         draft.tensors.reserve(header.tensors.len());
         for t in header.tensors {
             add_checkpoint_tensor(draft, id, t);
         }
+        add_pieced(draft, &[id], strided, warnings);
     }
     Ok(paths)
 }
 
 /// A weight file's tensors: a safetensors header, or a `torch.save` archive's state
-/// dict described the same way.
-fn read_weight_file(path: &Path) -> Result<crate::formats::safetensors::Header, FormatError> {
+/// dict described the same way, with the views it stores with strides (pieces of
+/// this file, index 0).
+fn read_weight_file(
+    path: &Path,
+) -> Result<
+    (
+        crate::formats::safetensors::Header,
+        Vec<crate::formats::pieced::PiecedTensor>,
+    ),
+    FormatError,
+> {
     if path.extension().is_some_and(|e| e == "bin") {
         crate::formats::torch_bin::read_bin(path)
     } else {
-        read_header(path)
+        read_header(path).map(|h| (h, Vec::new()))
     }
 }
 
@@ -591,9 +601,14 @@ fn read_indexed(
             )
             .into());
         }
-        let header = read_weight_file(&path)?;
+        let (header, strided) = read_weight_file(&path)?;
         let id = draft.file_id(&path, &header);
-        let present: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
+        let present: HashSet<&str> = header
+            .tensors
+            .iter()
+            .map(|t| t.name.as_str())
+            .chain(strided.iter().map(|t| t.name.as_str()))
+            .collect();
         let missing: Vec<&str> = names
             .iter()
             .copied()
@@ -630,6 +645,7 @@ fn read_indexed(
             }
             add_checkpoint_tensor(draft, id, t);
         }
+        add_pieced(draft, &[id], strided, warnings);
         files.push(path);
     }
     Ok(files)
@@ -659,7 +675,19 @@ fn add_split(
         }
         paths.push(path);
     }
-    for mut t in split.pieced {
+    add_pieced(draft, &ids, split.pieced, warnings);
+    paths
+}
+
+/// Tensors stored in pieces, whose pieces' files index `ids` (the draft's file ids),
+/// each checked to make up its tensor exactly once (a warning here; a save refuses).
+fn add_pieced(
+    draft: &mut Draft,
+    ids: &[FileId],
+    pieced: Vec<crate::formats::pieced::PiecedTensor>,
+    warnings: &mut Vec<Warning>,
+) {
+    for mut t in pieced {
         for piece in &mut t.pieces {
             piece.range.file = ids[piece.range.file];
         }
@@ -674,7 +702,6 @@ fn add_split(
         push_tensor(draft, t.name, t.dtype, t.shape, source);
         draft.pieces.push(t.pieces.into_boxed_slice());
     }
-    paths
 }
 
 fn add_checkpoint_tensor(
