@@ -8,7 +8,9 @@ loads from the folder (`dcp_to_torch_save`) — cast as torch's `.to()` casts wh
 `from_pretrained(OUT)` gives the logits of transformers' own save, and `verify OUT --against DIR` is
 clean. The same from transformers 5's distributed checkpoint writer (rank files
 `shard-0000R-model-….safetensors`, 2 ranks, mixed), against torch's
-`consolidate_safetensors_files`. A chunk dropped from `.metadata` (a gap) and a chunk moved onto its neighbour
+`consolidate_safetensors_files`; and transformers' own
+`save_pretrained(..., distributed_checkpoint=True)` from 2 ranks, FSDP and tensor
+parallel, read back bit for bit as its ordinary save writes the model. A chunk dropped from `.metadata` (a gap) and a chunk moved onto its neighbour
 (an overlap) are named by `inspect` as a warning and refused by `save`, nothing written.
 
 Usage: python dcp_ranks.py PATH/TO/devmap
@@ -58,6 +60,57 @@ def rank_main(rank, world, port, full_path, folder, layout, nested, hf_files):
     else:
         dcp.save(state, checkpoint_id=folder)
     dist.destroy_process_group()
+
+
+def transformers_rank(rank, world, port, ref, out, kind):
+    """One rank of transformers 5's own distributed save: the model loaded with a
+    DistributedConfig (FSDP or tensor parallel), then
+    `save_pretrained(out, distributed_checkpoint=True)`."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    config = DistributedConfig(fsdp_size=world) if kind == "fsdp" else DistributedConfig(tp_size=world)
+    model = AutoModelForCausalLM.from_pretrained(ref, distributed_config=config)
+    model.save_pretrained(out, distributed_checkpoint=True)
+    dist.destroy_process_group()
+
+
+def transformers_case(devmap, work, kind, port):
+    """transformers' own distributed save from 2 ranks, read back by devmap: what
+    transformers' ordinary save of the model writes, and torch's consolidation."""
+    from saved import differences, first_unequal, tensors
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    name = f"transformers-{kind}"
+    small = dict(vocab_size=97, hidden_size=64, intermediate_size=90, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(7)
+    src, ref, ours = (os.path.join(work, f"{name}-{d}") for d in ("src", "ref", "devmap"))
+    AutoModelForCausalLM.from_config(LlamaConfig(**small)).save_pretrained(ref)
+    torch.multiprocessing.spawn(transformers_rank, args=(2, port, ref, src, kind), nprocs=2, join=True)
+    r = run([devmap, "save", src, "--out", ours, "--quiet"])
+    if r.returncode != 0:
+        sys.exit(f"FAIL {name}: devmap save: {r.stderr}")
+    why = differences(ours, ref)
+    if why:
+        sys.exit(f"FAIL {name}: against transformers' ordinary save: {why}")
+    consolidated = torch_loaded(src, False, work, True)
+    if sorted(consolidated) != sorted(tensors(ours)) or first_unequal(tensors(ours), consolidated):
+        sys.exit(f"FAIL {name}: differs from torch's consolidate_safetensors_files")
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(ours)(INPUT).logits
+        want = AutoModelForCausalLM.from_pretrained(ref)(INPUT).logits
+    if not torch.equal(logits, want):
+        sys.exit(f"FAIL {name}: logits differ")
+    r = run([devmap, "verify", ours, "--against", src, "--quiet"])
+    if r.returncode != 0:
+        sys.exit(f"FAIL {name}: verify --against: {r.stdout[-600:]} {r.stderr[-600:]}")
+    print(f"ok: {name}: save_pretrained(distributed_checkpoint=True) from 2 ranks ({kind}), bit for bit "
+          f"transformers' ordinary save and torch's consolidation; logits equal; verify --against clean")
 
 
 def run(cmd):
@@ -170,6 +223,8 @@ def main(devmap):
     src, ref = case(devmap, work, "two-ranks-dim0", 2, "dim0", True, None, 29531)
     case(devmap, work, "four-ranks-mixed", 4, "mixed", False, torch.bfloat16, 29532)
     case(devmap, work, "transformers-rank-files", 2, "mixed", False, None, 29533, hf_files=True)
+    transformers_case(devmap, work, "fsdp", 29534)
+    transformers_case(devmap, work, "tp", 29535)
 
     from torch.distributed.checkpoint.metadata import MetadataIndex
 
