@@ -649,6 +649,12 @@ impl SavePlan {
             need.bytes += writers * chunk;
             need.parts.push("a cast buffer per writer");
         }
+        if recipes().any(|(_, r)| matches!(r, Recipe::Stitch { .. })) {
+            // A window of rows, a piece's share of it, and its cast (see save::stitch).
+            need.bytes += writers * super::stitch::ASSEMBLY_BYTES;
+            need.parts
+                .push("a window of rows per writer, for tensors split across ranks");
+        }
         let largest_scales = recipes()
             .filter_map(|(_, r)| match r {
                 Recipe::Dequant { scale, .. } | Recipe::DequantMerge { scale, .. } => {

@@ -192,6 +192,10 @@ fn gather(
     }
 }
 
+/// The most a writer holds to assemble a tensor: the window, a piece's share of it,
+/// and the window cast to a dtype up to twice as wide.
+pub const ASSEMBLY_BYTES: u64 = 4 * WINDOW as u64;
+
 /// Runs shorter than this are assembled in memory rather than copied one by one.
 const LONG_RUN: u64 = 1 << 20;
 
