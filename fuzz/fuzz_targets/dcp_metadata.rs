@@ -1,6 +1,6 @@
 //! Any bytes as a torch.distributed.checkpoint `.metadata` (beside an empty `.distcp`):
-//! read or refused, never a panic, nothing run; what reads has every tensor inside
-//! its file.
+//! read or refused, never a panic, nothing run; what reads has every tensor, and every
+//! chunk of a split one, inside its file.
 #![no_main]
 
 use devmap::formats::dcp::read_dcp;
@@ -14,11 +14,20 @@ fuzz_target!(|data: &[u8]| {
     {
         return;
     }
-    if let Ok(files) = read_dcp(&dir, None) {
-        for (path, header) in files {
-            let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+    if let Ok(split) = read_dcp(&dir, None) {
+        let lens: Vec<u64> = split
+            .files
+            .iter()
+            .map(|(path, _)| std::fs::metadata(path).map_or(0, |m| m.len()))
+            .collect();
+        for ((_, header), len) in split.files.iter().zip(&lens) {
             for t in &header.tensors {
-                assert!(t.offset + t.len <= len);
+                assert!(t.offset + t.len <= *len);
+            }
+        }
+        for t in &split.pieced {
+            for p in &t.pieces {
+                assert!(p.range.offset + p.range.len <= lens[p.range.file]);
             }
         }
     }
