@@ -405,3 +405,48 @@ fn dtype_auto_follows_an_offload_folder_in_another_dtype() {
         "{\"torch_dtype\": \"bfloat16\"}"
     );
 }
+
+/// One shard of 64 MiB or more is written by the threads no other shard needs, each
+/// taking a run of its tensors: every byte lands where a one-thread save puts it, with
+/// one thread, two or four, copied and cast.
+#[test]
+fn a_big_shard_written_by_several_threads_is_byte_identical() {
+    use devmap::fixtures::{FixtureTensor, write_safetensors};
+    use devmap::model::DType;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("model");
+    std::fs::create_dir(&dir).expect("dir");
+    // 13 tensors of 3–9 MiB (float32 and bfloat16): about 80 MiB in one shard.
+    let tensors: Vec<FixtureTensor> = (0..13u64)
+        .map(|i| {
+            let dtype = if i % 3 == 0 { DType::BF16 } else { DType::F32 };
+            let elements = ((3 + i % 7) << 20) / dtype.size();
+            FixtureTensor::patterned(&format!("model.layers.{i}.w"), dtype, &[elements], i)
+        })
+        .collect();
+    write_safetensors(
+        &dir.join("model.safetensors"),
+        &tensors.iter().collect::<Vec<_>>(),
+    )
+    .expect("write");
+    let expected: std::collections::BTreeMap<String, Stored> = tensors
+        .iter()
+        .map(|t| (t.name.clone(), Stored::of(t)))
+        .collect();
+    let mut cast = None;
+    for jobs in ["1", "2", "4"] {
+        let out = tmp.path().join(format!("out{jobs}"));
+        let o = common::save(&dir, &out, &["--jobs", jobs, "--max-shard-size", "5GB"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(read_saved(&out), expected, "--jobs {jobs}");
+        let out = tmp.path().join(format!("bf16-{jobs}"));
+        let o = common::save(&dir, &out, &["--jobs", jobs, "--dtype", "bfloat16"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let saved = read_saved(&out);
+        assert!(saved.values().all(|s| s.dtype == "BF16"));
+        match &cast {
+            None => cast = Some(saved),
+            Some(first) => assert_eq!(&saved, first, "cast with --jobs {jobs}"),
+        }
+    }
+}

@@ -183,7 +183,8 @@ pub struct SaveArgs {
     /// Only write weights; do not copy config.json, tokenizer and other files.
     #[arg(long)]
     pub weights_only: bool,
-    /// Shards written at the same time.
+    /// Threads writing at once: shards in parallel, and the parts of a big shard (64 MiB
+    /// or more) among the threads no other shard needs.
     #[arg(long, short, default_value_t = devmap::save::shards::DEFAULT_JOBS, value_name = "N")]
     pub jobs: usize,
     /// Skip the fsync of each shard before it is renamed into place: faster, like cp,

@@ -150,6 +150,7 @@ pub fn write(
         pause_file: options.pause_file.as_deref(),
         stage: options.stage.as_ref(),
         paused: AtomicBool::new(false),
+        threads_per_shard: (options.jobs / options.jobs.clamp(1, plan.shards.len().max(1))).max(1),
     };
     let workers = options.jobs.clamp(1, plan.shards.len().max(1));
     let results: Vec<Result<(), SaveError>> = std::thread::scope(|scope| {

@@ -431,6 +431,10 @@ impl SaveOptions {
     }
 }
 
+/// Shards smaller than this are written by one thread; bigger ones by the jobs no other
+/// shard needs, each taking a run of its tensors.
+pub(super) const PARALLEL_SHARD_BYTES: u64 = 64 << 20;
+
 /// Shards written in parallel by default (see docs/performance.md).
 pub const DEFAULT_JOBS: usize = 2;
 
@@ -633,7 +637,17 @@ impl SavePlan {
     /// per writer when it casts, and for LoRA merges the largest adapter pair in f32
     /// plus a block on every core. Never a shard, never a whole weight.
     pub fn memory_need(&self, ckpt: &Checkpoint, jobs: usize) -> MemoryNeed {
-        let writers = jobs.clamp(1, self.shards.len().max(1)) as u64;
+        // A job per shard; the spare jobs also write when a shard is big enough to be
+        // written in parts (see `save::writer`).
+        let big = self
+            .shards
+            .iter()
+            .any(|s| s.file_bytes() >= PARALLEL_SHARD_BYTES);
+        let writers = if big {
+            jobs.max(1)
+        } else {
+            jobs.clamp(1, self.shards.len().max(1))
+        } as u64;
         let chunk = super::copy::CHUNK as u64;
         let mut need = MemoryNeed {
             bytes: writers * chunk,

@@ -92,6 +92,9 @@ pub(super) struct Shared<'a> {
     pub(super) paused: AtomicBool,
     /// What fills staged sources (a live model's GPU tensors).
     pub(super) stage: Option<&'a super::stage::StageRef>,
+    /// Threads that may write one shard together: the jobs left over when there are
+    /// fewer shards than jobs (one big shard is then not written on one core).
+    pub(super) threads_per_shard: usize,
 }
 
 impl Shared<'_> {
@@ -152,12 +155,12 @@ impl Shared<'_> {
     /// Stop copying: the user cancelled or another worker failed.
     /// Counts `n` more bytes written into shard `index` (`shard_written` so far) and
     /// reports the totals.
-    fn progress(&self, index: usize, shard_written: &mut u64, n: u64) {
-        *shard_written += n;
+    fn progress(&self, index: usize, shard_written: &AtomicU64, n: u64) {
+        let written = shard_written.fetch_add(n, Ordering::Relaxed) + n;
         let total = self.total_written.fetch_add(n, Ordering::Relaxed) + n;
         self.reporter.progress(SaveEvent::Progress {
             index,
-            shard_written: *shard_written,
+            shard_written: written,
             total_written: total,
         });
     }
@@ -190,11 +193,70 @@ impl ShardWriter<'_> {
             .and_then(|len| out.flush().map(|()| len))
             .map_err(|e| SaveError::io(tmp, e))?;
         drop(out);
-        let mut shard_written = 0u64;
+        let shard_written = AtomicU64::new(0);
+        let shared = self.shared;
+        let parts = parts_for_threads(shard, shared);
+        let mut parts = parts.into_iter();
+        let first = parts.next().unwrap_or(&[]);
+        std::thread::scope(|scope| {
+            // The other parts of a big shard, each on a thread of its own with its own
+            // open inputs and buffers; positioned writes keep them apart.
+            let helpers: Vec<_> = parts
+                .map(|part| {
+                    let (dst, written) = (&dst, &shard_written);
+                    scope.spawn(move || {
+                        let mut helper = ShardWriter {
+                            shared,
+                            sources: Sources::default(),
+                            copier: Copier::new(shared.drop_cache),
+                        };
+                        let result =
+                            helper.write_tensors(part, (dst, data_start), (index, tmp), written);
+                        if !helper.copier.used_kernel_copy() {
+                            shared.used_kernel_copy.store(false, Ordering::Relaxed);
+                        }
+                        if result.is_err() {
+                            shared.failed.store(true, Ordering::Relaxed);
+                        }
+                        result
+                    })
+                })
+                .collect();
+            let mine = self.write_tensors(first, (&dst, data_start), (index, tmp), &shard_written);
+            if mine.is_err() {
+                shared.failed.store(true, Ordering::Relaxed);
+            }
+            let theirs = helpers.into_iter().map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            });
+            // The first real error, before a cancel the failure caused in the others.
+            let mut results: Vec<Result<(), SaveError>> =
+                std::iter::once(mine).chain(theirs).collect();
+            results.sort_by_key(|r| matches!(r, Err(SaveError::Cancelled)));
+            results.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+        })?;
+        // A trailing empty tensor leaves the file short of its planned length.
+        dst.set_len(shard.file_bytes())
+            .map_err(|e| SaveError::io(tmp, e))?;
+        if shared.fsync {
+            dst.sync_all().map_err(|e| SaveError::io(tmp, e))?;
+        }
+        Ok(())
+    }
+
+    /// Streams `tensors` (some or all of a shard's) into the shard file `dst`.
+    fn write_tensors(
+        &mut self,
+        tensors: &[super::shards::PlannedTensor],
+        (dst, data_start): (&File, u64),
+        (index, tmp): (usize, &Path),
+        shard_written: &AtomicU64,
+    ) -> Result<(), SaveError> {
         let shared = self.shared;
         let ckpt = shared.ckpt;
         let stop = StopFlag(shared);
-        for t in &shard.tensors {
+        for t in tensors {
             if let Recipe::Stitch {
                 pieces, from, to, ..
             } = t.recipe
@@ -203,9 +265,9 @@ impl ShardWriter<'_> {
                     t,
                     pieces,
                     (from, to),
-                    (&dst, data_start),
+                    (dst, data_start),
                     (index, tmp),
-                    &mut shard_written,
+                    shard_written,
                 )?;
                 shared.pause_once();
                 continue;
@@ -220,14 +282,14 @@ impl ShardWriter<'_> {
             }
             let src_path = ckpt.file_path(source.file);
             if let Some(key) = super::stage::staged_key(src_path) {
-                self.write_staged(t, key, (&dst, data_start), (index, tmp), &mut shard_written)?;
+                self.write_staged(t, key, (dst, data_start), (index, tmp), shard_written)?;
                 shared.pause_once();
                 continue;
             }
             let src = self.sources.get(ckpt, source.file)?;
-            let mut report = |n: u64| shared.progress(index, &mut shard_written, n);
+            let mut report = |n: u64| shared.progress(index, shard_written, n);
             let from = (src, source.offset);
-            let to = (&dst, data_start + t.begin);
+            let to = (dst, data_start + t.begin);
             let moved = match t.recipe {
                 Recipe::Copy(_) if src_path == Path::new(PROCESS_MEMORY) => self
                     .copier
@@ -333,7 +395,7 @@ impl ShardWriter<'_> {
                                 merge: merger.as_ref(),
                             },
                             to_dtype,
-                            (&dst, data_start + t.begin),
+                            (dst, data_start + t.begin),
                             threads,
                             &stop,
                         )
@@ -371,12 +433,6 @@ impl ShardWriter<'_> {
             check_unchanged(ckpt, source.file, src)?;
             shared.pause_once();
         }
-        // A trailing empty tensor leaves the file short of its planned length.
-        dst.set_len(shard.file_bytes())
-            .map_err(|e| SaveError::io(tmp, e))?;
-        if shared.fsync {
-            dst.sync_all().map_err(|e| SaveError::io(tmp, e))?;
-        }
         Ok(())
     }
 
@@ -389,7 +445,7 @@ impl ShardWriter<'_> {
         dtypes: (crate::types::dtype::DType, crate::types::dtype::DType),
         (dst, data_start): (&File, u64),
         (index, tmp): (usize, &Path),
-        shard_written: &mut u64,
+        shard_written: &AtomicU64,
     ) -> Result<(), SaveError> {
         let shared = self.shared;
         let ckpt = shared.ckpt;
@@ -441,7 +497,7 @@ impl ShardWriter<'_> {
         key: u64,
         (dst, data_start): (&File, u64),
         (index, tmp): (usize, &Path),
-        shard_written: &mut u64,
+        shard_written: &AtomicU64,
     ) -> Result<(), SaveError> {
         let shared = self.shared;
         let Some(source) = t.recipe.source() else {
@@ -514,6 +570,42 @@ fn copy_failed(
         CopyError::Io(io) if staged => changed(format!("tensor `{name}`: {io}")),
         CopyError::Io(io) => SaveError::io(path, io),
     }
+}
+
+/// A shard's tensors in the parts its threads write: consecutive runs of about equal
+/// bytes, as many as [`Shared::threads_per_shard`] allows — one part for a small shard,
+/// or one whose tensors a single stream must write (a live model's staged tensors) or
+/// that computes on every core already (merges, MXFP4).
+fn parts_for_threads<'p>(
+    shard: &'p ShardPlan,
+    shared: &Shared<'_>,
+) -> Vec<&'p [super::shards::PlannedTensor]> {
+    let tensors = &shard.tensors[..];
+    let threads = shared.threads_per_shard.min(tensors.len()).max(1);
+    let simple = tensors.iter().all(|t| {
+        matches!(
+            t.recipe,
+            Recipe::Copy(_) | Recipe::Cast { .. } | Recipe::Stitch { .. }
+        ) && t.recipe.ranges(shared.ckpt).iter().all(|r| {
+            let path = shared.ckpt.file_path(r.file);
+            super::stage::staged_key(path).is_none() && path != Path::new(PROCESS_MEMORY)
+        })
+    });
+    let bytes = shard.file_bytes();
+    if threads < 2 || !simple || bytes < super::shards::PARALLEL_SHARD_BYTES {
+        return vec![tensors];
+    }
+    let share = bytes / threads as u64;
+    let mut parts = Vec::with_capacity(threads);
+    let mut start = 0;
+    for (i, t) in tensors.iter().enumerate() {
+        if parts.len() + 1 < threads && t.begin >= share * (parts.len() as u64 + 1) && i > start {
+            parts.push(&tensors[start..i]);
+            start = i;
+        }
+    }
+    parts.push(&tensors[start..]);
+    parts
 }
 
 /// Lets the copy loop see both the user's cancel and another worker's failure.
