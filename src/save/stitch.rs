@@ -192,6 +192,23 @@ fn gather(
     }
 }
 
+/// The window's bytes as written: itself, or converted into `converted` when `cast`
+/// names two dtypes.
+fn cast_window<'b>(
+    window: &'b [u8],
+    cast: Option<(DType, DType)>,
+    converted: &'b mut Vec<u8>,
+) -> &'b [u8] {
+    match cast {
+        Some((from, to)) if from != to => {
+            converted.resize(window.len() / from.size() as usize * to.size() as usize, 0);
+            super::cast::cast(from, to, window, converted);
+            converted
+        }
+        _ => window,
+    }
+}
+
 /// The most a writer holds to assemble a tensor: the window, a piece's share of it,
 /// and the window cast to a dtype up to twice as wide.
 pub const ASSEMBLY_BYTES: u64 = 4 * WINDOW as u64;
@@ -291,27 +308,13 @@ fn assemble(
                 report,
             } => {
                 let out = *begin + row * row_bytes / from.size() * to.size();
-                let bytes = if from == to {
-                    &window[..]
-                } else {
-                    converted.resize(window.len() / from.size() as usize * to.size() as usize, 0);
-                    super::cast::cast(*from, *to, &window, &mut converted);
-                    &converted[..]
-                };
+                let bytes = cast_window(&window, Some((*from, *to)), &mut converted);
                 std::os::unix::fs::FileExt::write_all_at(*dst, bytes, out)
                     .map_err(|e| failed(CopyError::Io(e)))?;
                 report(bytes.len() as u64);
             }
             Sink::Stream { cast, feed } => {
-                let bytes = match cast {
-                    Some((from, to)) if from != to => {
-                        converted
-                            .resize(window.len() / from.size() as usize * to.size() as usize, 0);
-                        super::cast::cast(*from, *to, &window, &mut converted);
-                        &converted[..]
-                    }
-                    _ => &window[..],
-                };
+                let bytes = cast_window(&window, *cast, &mut converted);
                 feed(bytes).map_err(|e| failed(CopyError::Io(e)))?;
             }
         }

@@ -340,11 +340,19 @@ fn hash_expected(
     let mut hashes = Vec::with_capacity(pairs.len());
     let mut findings = Vec::new();
     for (_, p) in pairs {
+        let mut digester = Digester::new(p.dtype);
+        // What every recipe's bytes go through: the hash, and the progress count.
+        let mut feed = |chunk: &[u8]| {
+            digester.update(chunk);
+            progress
+                .read
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            Ok(())
+        };
         if let Recipe::Stitch {
             pieces, from, to, ..
         } = p.recipe
         {
-            let mut digester = Digester::new(p.dtype);
             let mut open = |file| {
                 crate::formats::input::open_regular(expected.ckpt.file_path(file))
                     .map_err(|e| CopyError::Io(std::io::Error::other(e)))
@@ -356,13 +364,7 @@ fn hash_expected(
                 &mut copier,
                 crate::save::stitch::Sink::Stream {
                     cast: (from != to).then_some((from, to)),
-                    feed: &mut |chunk| {
-                        digester.update(chunk);
-                        progress
-                            .read
-                            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                        Ok(())
-                    },
+                    feed: &mut feed,
                 },
                 &progress.cancel,
             );
@@ -408,15 +410,6 @@ fn hash_expected(
                 continue;
             };
             Input::File(file)
-        };
-        let mut digester = Digester::new(p.dtype);
-        // What every recipe's bytes go through: the hash, and the progress count.
-        let mut feed = |chunk: &[u8]| {
-            digester.update(chunk);
-            progress
-                .read
-                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            Ok(())
         };
         let file = match input {
             Input::File(file) => file,
