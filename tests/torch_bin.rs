@@ -293,3 +293,54 @@ fn config_names_the_folder_a_bare_checkpoint_takes_its_config_from() {
     assert!(stderr(&o).contains("has no config.json"), "{}", stderr(&o));
     assert!(!tmp.path().join("never").exists());
 }
+
+/// The archive reader takes a zip's end record, directory, local headers and small
+/// members from the first and last few KiB it reads first. Archives where they lie
+/// elsewhere — a directory too long for the tail, a long comment after the end
+/// record, a member in the middle — are listed and read the same.
+#[test]
+fn zip_members_anywhere_in_the_archive_are_listed_and_read() {
+    use devmap::formats::zip;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let members: Vec<(String, Vec<u8>)> = (0..300)
+        .map(|i| {
+            let len = if i == 150 { 20_000 } else { i % 7 };
+            (format!("archive/data/{i}"), vec![i as u8; len])
+        })
+        .collect();
+    let plain = stored_zip(&members);
+    // The end record's comment (its last two bytes give the length) pushes the end
+    // record out of the last 4 KiB.
+    let mut commented = plain.clone();
+    let n = commented.len();
+    commented[n - 2..].copy_from_slice(&9000u16.to_le_bytes());
+    commented.extend(vec![b'c'; 9000]);
+    // A small archive: its directory and last members lie in the last 4 KiB.
+    let small_members: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| (format!("archive/data/{i}"), vec![i as u8 + 1; 300 + i]))
+        .collect();
+    let small = stored_zip(&small_members);
+    for (name, bytes, members) in [
+        ("plain.zip", plain, &members),
+        ("commented.zip", commented, &members),
+        ("small.zip", small, &small_members),
+    ] {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, &bytes).expect("write");
+        let file = std::fs::File::open(&path).expect("open");
+        let listed = zip::members(&path, &file, bytes.len() as u64).expect(name);
+        assert_eq!(listed.len(), members.len(), "{name}");
+        for (m, (want_name, want)) in listed.iter().zip(members) {
+            assert_eq!(&m.name, want_name, "{name}");
+            assert_eq!(m.len, want.len() as u64, "{name}");
+            let read = zip::read_member(&path, &file, m).expect("read");
+            assert_eq!(&read, want, "{name}: {want_name}");
+            let at = m.offset as usize;
+            assert_eq!(
+                &bytes[at..at + want.len()],
+                &want[..],
+                "{name}: {want_name}"
+            );
+        }
+    }
+}

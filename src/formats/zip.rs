@@ -17,6 +17,9 @@ pub struct Member {
     pub name: String,
     pub offset: u64,
     pub len: u64,
+    /// The member's bytes, when they were read with the directory (a small member at
+    /// either end of the archive).
+    pub bytes: Option<Box<[u8]>>,
 }
 
 const END: u32 = 0x0605_4b50;
@@ -54,7 +57,51 @@ fn read_at(file: &File, path: &Path, offset: u64, len: u64) -> Result<Vec<u8>, F
 
 /// The bytes of `member` of the archive at `path` (`file` open on it).
 pub fn read_member(path: &Path, file: &File, member: &Member) -> Result<Vec<u8>, FormatError> {
-    read_at(file, path, member.offset, member.len)
+    match &member.bytes {
+        Some(bytes) => Ok(bytes.to_vec()),
+        None => read_at(file, path, member.offset, member.len),
+    }
+}
+
+/// Bytes read from each end of an archive before anything else: a `torch.save`
+/// archive's end record, central directory, local headers and small members
+/// (`data.pkl`, `byteorder`) lie there, so listing one of the thousands of chunk
+/// archives a distributed checkpoint holds takes two reads, not one per header.
+struct Ends {
+    head: Vec<u8>,
+    /// Where `tail` starts in the archive.
+    tail_start: u64,
+    tail: Vec<u8>,
+}
+
+/// The bytes [`Ends`] reads at each end.
+const END_BYTES: u64 = 4096;
+
+impl Ends {
+    fn read(file: &File, path: &Path, base: u64, len: u64) -> Result<Ends, FormatError> {
+        let head = read_at(file, path, base, len.min(END_BYTES))?;
+        let tail_start = len.saturating_sub(END_BYTES);
+        let tail = if tail_start == 0 {
+            head.clone()
+        } else {
+            read_at(file, path, base + tail_start, len - tail_start)?
+        };
+        Ok(Ends {
+            head,
+            tail_start,
+            tail,
+        })
+    }
+
+    /// Bytes `offset..offset + len` of the archive, when they lie in one of its ends.
+    fn get(&self, offset: u64, len: u64) -> Option<&[u8]> {
+        let end = offset.checked_add(len)?;
+        if end <= self.head.len() as u64 {
+            return self.head.get(offset as usize..end as usize);
+        }
+        let from = offset.checked_sub(self.tail_start)?;
+        self.tail.get(from as usize..(from + len) as usize)
+    }
 }
 
 /// The stored members of the zip archive at `path` (`file` open on it, `file_len`
@@ -73,14 +120,27 @@ pub fn members_in(
     file_len: u64,
 ) -> Result<Vec<Member>, FormatError> {
     let bad = |m: String| FormatError::invalid(path, m);
-    let read_at =
-        |file: &File, path: &Path, offset: u64, len: u64| read_at(file, path, base + offset, len);
-    let tail_start = file_len.saturating_sub(TAIL);
-    let tail = read_at(file, path, tail_start, file_len - tail_start)?;
-    let end = (0..tail.len().saturating_sub(21))
-        .rev()
-        .find(|&i| u32_at(&tail, i) == Some(u64::from(END)))
-        .ok_or_else(|| bad("is not a zip archive (no end of central directory)".into()))?;
+    let ends = Ends::read(file, path, base, file_len)?;
+    // Bytes of the archive: from its ends when they lie there.
+    let read = |offset: u64, len: u64| match ends.get(offset, len) {
+        Some(bytes) => Ok(bytes.to_vec()),
+        None => read_at(file, path, base + offset, len),
+    };
+    let find_end = |tail: &[u8]| {
+        (0..tail.len().saturating_sub(21))
+            .rev()
+            .find(|&i| u32_at(tail, i) == Some(u64::from(END)))
+    };
+    // The end record is in the last few KiB unless a long comment follows it.
+    let (tail, end) = if let Some(end) = find_end(&ends.tail) {
+        (std::borrow::Cow::Borrowed(&ends.tail[..]), end)
+    } else {
+        let tail_start = file_len.saturating_sub(TAIL);
+        let tail = read(tail_start, file_len - tail_start)?;
+        let end = find_end(&tail)
+            .ok_or_else(|| bad("is not a zip archive (no end of central directory)".into()))?;
+        (std::borrow::Cow::Owned(tail), end)
+    };
     let field = |at: usize| u32_at(&tail, end + at);
     let (mut count, mut size, mut start) = (
         u16_at(&tail, end + 10).unwrap_or(0),
@@ -97,7 +157,7 @@ pub fn members_in(
         if record_at.checked_add(56).is_none_or(|e| e > file_len) {
             return Err(bad("its zip64 end record lies outside the file".into()));
         }
-        let record = read_at(file, path, record_at, 56)?;
+        let record = read(record_at, 56)?;
         if u32_at(&record, 0) != Some(u64::from(END64)) {
             return Err(bad(
                 "its zip64 end record is not where the locator says".into()
@@ -112,7 +172,7 @@ pub fn members_in(
             "its central directory ({size} bytes at {start}) does not fit the file"
         )));
     }
-    let directory = read_at(file, path, start, size)?;
+    let directory = read(start, size)?;
     let mut members = Vec::with_capacity(usize::try_from(count.min(1 << 20)).unwrap_or(0));
     let mut at = 0usize;
     for _ in 0..count {
@@ -170,7 +230,7 @@ pub fn members_in(
                 "its local header lies outside the file",
             ));
         }
-        let header = read_at(file, path, local, 30)?;
+        let header = read(local, 30)?;
         if u32_at(&header, 0) != Some(u64::from(LOCAL)) {
             return Err(FormatError::tensor(
                 path,
@@ -187,10 +247,12 @@ pub fn members_in(
                 format!("its {stored} bytes at {offset} lie outside the file ({file_len} bytes)"),
             ));
         }
+        let bytes = ends.get(offset, stored).map(Box::from);
         members.push(Member {
             name,
             offset: base + offset,
             len: stored,
+            bytes,
         });
     }
     Ok(members)
