@@ -49,6 +49,8 @@ pub struct Copier {
     drop_source_cache: bool,
     /// Bytes per step of [`Copier::stream`]; 0 means [`CHUNK`].
     stream_chunk: usize,
+    /// Where tensors stored in pieces are put together (`stitch`).
+    pub(super) assembly: super::stitch::Assembly,
 }
 
 impl Copier {

@@ -67,7 +67,15 @@ pub fn put_together(
                 e.insert(open(file).map_err(|error| Failed { error, file })?);
             }
         }
-        return assemble(&blocks, elem, pieces, &files, sink, stop);
+        return assemble(
+            &blocks,
+            elem,
+            pieces,
+            &files,
+            &mut copier.assembly,
+            sink,
+            stop,
+        );
     }
     for run in crate::types::pieces::runs(&shape, tensor.dtype.size(), pieces) {
         let file = pieces[run.piece].range.file;
@@ -209,9 +217,70 @@ fn cast_window<'b>(
     }
 }
 
+/// The buffers a tensor is assembled in, kept from one tensor to the next (a fresh
+/// window would be zeroed first: a second pass over every byte).
+#[derive(Default)]
+pub struct Assembly {
+    window: Vec<u8>,
+    share: Vec<u8>,
+    converted: Vec<u8>,
+}
+
 /// The most a writer holds to assemble a tensor: the window, a piece's share of it,
 /// and the window cast to a dtype up to twice as wide.
 pub const ASSEMBLY_BYTES: u64 = 4 * WINDOW as u64;
+
+/// Runs at least this long are read straight to their place in the window (one
+/// vectored read for many); shorter ones are read with their piece's share of the
+/// window and spread in memory.
+const MIN_SCATTER: u64 = 64;
+
+/// Vectored reads take at most this many stretches (the kernel's IOV_MAX).
+const MAX_IOVECS: usize = 1024;
+
+/// Reads each of `runs` (from its piece's file `src`, in order and next to each other
+/// there) to its place in `window`, up to [`MAX_IOVECS`] runs a read.
+fn read_scattered(
+    src: &File,
+    runs: impl Iterator<Item = Run>,
+    window: &mut [u8],
+) -> Result<(), CopyError> {
+    let mut runs = runs.peekable();
+    let mut rest: &mut [u8] = window;
+    let mut consumed = 0usize;
+    while let Some(first) = runs.peek() {
+        let at = first.from;
+        let mut slices = Vec::with_capacity(MAX_IOVECS);
+        let mut next_from = at;
+        while slices.len() < MAX_IOVECS {
+            let Some(run) = runs.next_if(|r| r.from == next_from) else {
+                break;
+            };
+            let (to, n) = (run.to as usize, run.len as usize);
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(to - consumed);
+            let (place, tail) = tail.split_at_mut(n);
+            slices.push(std::io::IoSliceMut::new(place));
+            rest = tail;
+            consumed = to + n;
+            next_from += run.len;
+        }
+        let mut bufs = &mut slices[..];
+        let mut offset = at;
+        while !bufs.is_empty() {
+            let read = match rustix::io::preadv(src, bufs, offset) {
+                Ok(read) => read,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(CopyError::Io(e.into())),
+            };
+            if read == 0 {
+                return Err(CopyError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            offset += read as u64;
+            std::io::IoSliceMut::advance_slices(&mut bufs, read);
+        }
+    }
+    Ok(())
+}
 
 /// Runs shorter than this are assembled in memory rather than copied one by one.
 const LONG_RUN: u64 = 1 << 20;
@@ -227,20 +296,24 @@ fn assemble(
     elem: u64,
     pieces: &[Piece],
     files: &HashMap<FileId, File>,
+    buffers: &mut Assembly,
     mut sink: Sink<'_>,
     stop: &dyn Stop,
 ) -> Result<(), Failed> {
     let rows = shape.first().copied().unwrap_or(1);
     let row_bytes = shape.iter().skip(1).product::<u64>() * elem;
     let per_window = (WINDOW as u64 / row_bytes).max(1);
-    let mut window = Vec::new();
-    let mut share = Vec::new();
-    let mut converted = Vec::new();
+    let Assembly {
+        window,
+        share,
+        converted,
+    } = buffers;
     let mut row = 0;
     while row < rows {
         let end = (row + per_window).min(rows);
         let len = usize::try_from((end - row) * row_bytes).unwrap_or(usize::MAX);
-        window.clear();
+        // Every byte of the window is written by its pieces (they tile the tensor:
+        // checked before a save), so it is zeroed only where it grows.
         window.resize(len, 0);
         let mut window_shape = shape.to_vec();
         window_shape[0] = end - row;
@@ -257,13 +330,7 @@ fn assemble(
             if stop.stop() {
                 return Err(failed(CopyError::Cancelled));
             }
-            // The piece's rows lo..hi: contiguous in the piece.
             let piece_row = p.sizes.iter().skip(1).product::<u64>() * elem;
-            share.clear();
-            share.resize(
-                usize::try_from((hi - lo) * piece_row).unwrap_or(usize::MAX),
-                0,
-            );
             let src = files
                 .get(&p.range.file)
                 .ok_or_else(|| failed(CopyError::Io(std::io::Error::other("not opened"))))?;
@@ -273,13 +340,10 @@ fn assemble(
                     elem,
                     first_row: row,
                 };
-                gather(p, stride, src, (lo, hi), &place, &mut window, &mut share)
-                    .map_err(failed)?;
+                gather(p, stride, src, (lo, hi), &place, window, share).map_err(failed)?;
                 continue;
             }
-            super::copy::read_exact_at(src, &mut share, p.range.offset + (lo - first) * piece_row)
-                .map_err(failed)?;
-            // Placed as a block of the window.
+            // The piece's rows lo..hi, contiguous in the piece, as a block of the window.
             let mut offsets = p.offsets.to_vec();
             offsets[0] = lo - row;
             let mut sizes = p.sizes.to_vec();
@@ -287,16 +351,26 @@ fn assemble(
             let block = [Piece {
                 range: crate::types::range::ByteRange {
                     file: p.range.file,
-                    offset: 0,
-                    len: share.len() as u64,
+                    offset: p.range.offset + (lo - first) * piece_row,
+                    len: (hi - lo) * piece_row,
                 },
                 offsets: offsets.into(),
                 sizes: sizes.into(),
                 stride: None,
             }];
-            for run in crate::types::pieces::runs(&window_shape, elem, &block) {
-                let (from, to, n) = (run.from as usize, run.to as usize, run.len as usize);
-                window[to..to + n].copy_from_slice(&share[from..from + n]);
+            let runs = crate::types::pieces::runs(&window_shape, elem, &block);
+            if *p.sizes.last().unwrap_or(&1) * elem >= MIN_SCATTER {
+                read_scattered(src, runs, window).map_err(failed)?;
+            } else {
+                // Runs too short to read one by one: the share in one read, then spread.
+                share.clear();
+                share.resize(block[0].range.len as usize, 0);
+                super::copy::read_exact_at(src, share, block[0].range.offset).map_err(failed)?;
+                for run in runs {
+                    let (to, n) = (run.to as usize, run.len as usize);
+                    let from = (run.from - block[0].range.offset) as usize;
+                    window[to..to + n].copy_from_slice(&share[from..from + n]);
+                }
             }
         }
         let last = pieces.first().map_or(0, |p| p.range.file);
@@ -308,13 +382,13 @@ fn assemble(
                 report,
             } => {
                 let out = *begin + row * row_bytes / from.size() * to.size();
-                let bytes = cast_window(&window, Some((*from, *to)), &mut converted);
+                let bytes = cast_window(window, Some((*from, *to)), converted);
                 std::os::unix::fs::FileExt::write_all_at(*dst, bytes, out)
                     .map_err(|e| failed(CopyError::Io(e)))?;
                 report(bytes.len() as u64);
             }
             Sink::Stream { cast, feed } => {
-                let bytes = cast_window(&window, *cast, &mut converted);
+                let bytes = cast_window(window, *cast, converted);
                 feed(bytes).map_err(|e| failed(CopyError::Io(e)))?;
             }
         }

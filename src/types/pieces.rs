@@ -226,6 +226,12 @@ pub fn runs<'a>(shape: &[u64], elem: u64, pieces: &'a [Piece]) -> impl Iterator<
         }
     }
     std::iter::from_fn(move || {
+        if let [only] = &mut walks[..] {
+            // One piece (a window's block): its own order, no merge.
+            let run = only.peek()?;
+            only.advance();
+            return Some(run);
+        }
         let Reverse((_, i)) = heap.pop()?;
         let run = walks[i].peek()?;
         walks[i].advance();
