@@ -177,6 +177,27 @@ struct ShardWriter<'a> {
     copier: Copier,
 }
 
+/// Gives the shard file its blocks before a byte of it is written. On ext4 a file
+/// written without them reserves and accounts each 4 KiB block as it is written
+/// (delayed allocation), under the lock every write to the file takes: a 1 GB shard
+/// took 1.3× as long as `cp` of the same bytes, and the writers of one big shard
+/// waited on each other; with the blocks reserved up front it takes as long as `cp`
+/// (docs/performance.md). A full disk is an error now, before anything is copied; a
+/// file system that cannot reserve blocks (some network ones) is written as before.
+fn reserve(dst: &File, len: u64) -> std::io::Result<()> {
+    match rustix::fs::fallocate(dst, rustix::fs::FallocateFlags::empty(), 0, len) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let e = std::io::Error::from(e);
+            if super::error::output_is_full(&e) {
+                Err(e)
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
 impl ShardWriter<'_> {
     fn write_shard(
         &mut self,
@@ -193,6 +214,7 @@ impl ShardWriter<'_> {
             .and_then(|len| out.flush().map(|()| len))
             .map_err(|e| SaveError::io(tmp, e))?;
         drop(out);
+        reserve(&dst, shard.file_bytes()).map_err(|e| SaveError::io(tmp, e))?;
         let shard_written = AtomicU64::new(0);
         let shared = self.shared;
         let parts = parts_for_threads(shard, shared);
