@@ -49,6 +49,8 @@ pub struct Copier {
     drop_source_cache: bool,
     /// Bytes per step of [`Copier::stream`]; 0 means [`CHUNK`].
     stream_chunk: usize,
+    /// Whether other threads write the same file (see [`Copier::share_destination`]).
+    shared_destination: bool,
     /// Where tensors stored in pieces are put together (`stitch`).
     pub(super) assembly: super::stitch::Assembly,
 }
@@ -82,7 +84,20 @@ impl Copier {
         cancel: &dyn Stop,
         progress: &mut dyn FnMut(u64),
     ) -> Result<(), CopyError> {
+        if self.shared_destination {
+            return self.copy_in_steps(from, to, len, (CACHED_STEP, false), cancel, progress);
+        }
         self.copy_in_steps(from, to, len, (CHUNK, true), cancel, progress)
+    }
+
+    /// Says whether other threads write the same destination file at the same time
+    /// (the jobs that write one big shard together). Then [`Copier::copy`] reads into
+    /// the buffer and writes from it rather than asking the kernel to copy: the kernel
+    /// copies under the destination's write lock, so the threads' copies ran one after
+    /// the other; through the buffer only the write holds it and the reads run side by
+    /// side (a 0.94 GB one-shard save on 2 jobs: 0.32 s against 0.42 s, `cp -r` 0.37 s).
+    pub fn share_destination(&mut self, shared: bool) {
+        self.shared_destination = shared;
     }
 
     /// Like [`Copier::copy`] from a source the kernel cannot copy from (this process's

@@ -218,6 +218,7 @@ impl ShardWriter<'_> {
         let shard_written = AtomicU64::new(0);
         let shared = self.shared;
         let parts = parts_for_threads(shard, shared);
+        let together = parts.len() > 1;
         let mut parts = parts.into_iter();
         let first = parts.next().unwrap_or(&[]);
         std::thread::scope(|scope| {
@@ -232,6 +233,7 @@ impl ShardWriter<'_> {
                             sources: Sources::default(),
                             copier: Copier::new(shared.drop_cache),
                         };
+                        helper.copier.share_destination(true);
                         let result =
                             helper.write_tensors(part, (dst, data_start), (index, tmp), written);
                         if !helper.copier.used_kernel_copy() {
@@ -244,7 +246,9 @@ impl ShardWriter<'_> {
                     })
                 })
                 .collect();
+            self.copier.share_destination(together);
             let mine = self.write_tensors(first, (&dst, data_start), (index, tmp), &shard_written);
+            self.copier.share_destination(false);
             if mine.is_err() {
                 shared.failed.store(true, Ordering::Relaxed);
             }
