@@ -499,3 +499,65 @@ fn compressed_tensors_fp8_multiplies_in_the_scale_dtype() {
         assert_eq!(have.to_bits(), want.to_bits(), "element {i}: {product}");
     }
 }
+
+/// An FP8 checkpoint whose bfloat16 output is one shard past 64 MiB is dequantized by
+/// every job, each a run of its tensors: byte for byte what one job writes (which the
+/// tests above and tests/real_fp8_dequant.rs check value by value).
+#[test]
+fn a_big_dequantized_shard_written_by_several_jobs_is_byte_identical() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir");
+    let (rows, cols) = (2048u64, 2048u64);
+    let mut tensors = Vec::new();
+    for layer in 0..9u64 {
+        let name = format!("model.layers.{layer}.mlp.down_proj.weight");
+        let data = (0..rows * cols)
+            .map(|i| {
+                let b = ((i + layer) * 37 % 256) as u8;
+                if b & 0x7f == 0x7f { 0x3c } else { b }
+            })
+            .collect();
+        let scales: Vec<u8> = (0..(rows / 128) * (cols / 128))
+            .flat_map(|i| (0.25 + (i + layer) as f32 / 64.0).to_le_bytes())
+            .collect();
+        tensors.push(FixtureTensor {
+            name: name.clone(),
+            dtype: DType::F8E4M3,
+            shape: vec![rows, cols],
+            data,
+        });
+        tensors.push(FixtureTensor {
+            name: format!("{name}_scale_inv"),
+            dtype: DType::F32,
+            shape: vec![rows / 128, cols / 128],
+            data: scales,
+        });
+    }
+    let refs: Vec<&FixtureTensor> = tensors.iter().collect();
+    write_safetensors(&src.join("model.safetensors"), &refs).expect("weights");
+    write_json(
+        &src.join("config.json"),
+        &serde_json::json!({
+            "architectures": ["ToyForCausalLM"],
+            "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+        }),
+    )
+    .expect("config");
+    let written = |jobs: &str| {
+        let out = tmp.path().join(format!("out{jobs}"));
+        let o = common::save(&src, &out, &["--dtype", "bfloat16", "--jobs", jobs]);
+        assert!(o.status.success(), "--jobs {jobs}: {}", stderr(&o));
+        std::fs::read(out.join("model.safetensors")).expect("one shard")
+    };
+    let one = written("1");
+    assert!(
+        one.len() as u64 > 64 << 20,
+        "{} bytes: not past 64 MiB",
+        one.len()
+    );
+    assert!(
+        written("2") == one,
+        "--jobs 2 wrote other bytes than --jobs 1"
+    );
+}

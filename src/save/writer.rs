@@ -601,7 +601,8 @@ fn copy_failed(
 /// A shard's tensors in the parts its threads write: consecutive runs of about equal
 /// bytes, as many as [`Shared::threads_per_shard`] allows — one part for a small shard,
 /// or one whose tensors a single stream must write (a live model's staged tensors) or
-/// that computes on every core already (merges, MXFP4).
+/// that computes on every core already (merges, MXFP4). FP8 dequantization computes on
+/// one core a tensor, so its shards are split like copies.
 fn parts_for_threads<'p>(
     shard: &'p ShardPlan,
     shared: &Shared<'_>,
@@ -611,7 +612,7 @@ fn parts_for_threads<'p>(
     let simple = tensors.iter().all(|t| {
         matches!(
             t.recipe,
-            Recipe::Copy(_) | Recipe::Cast { .. } | Recipe::Stitch { .. }
+            Recipe::Copy(_) | Recipe::Cast { .. } | Recipe::Stitch { .. } | Recipe::Dequant { .. }
         ) && t.recipe.ranges(shared.ckpt).iter().all(|r| {
             let path = shared.ckpt.file_path(r.file);
             super::stage::staged_key(path).is_none() && path != Path::new(PROCESS_MEMORY)
