@@ -1,7 +1,9 @@
 """devmap reads DeepSpeed ZeRO checkpoints as DeepSpeed's own zero_to_fp32 rebuilds
 them. A tiny tied Llama (vocabulary 97, intermediate size 90: parameters that do not
 split evenly) is trained one AdamW step by 2 CPU ranks (gloo on 127.0.0.1) under ZeRO
-stage 2 and stage 3, and saved with `engine.save_checkpoint(DIR)`. `devmap save DIR
+stage 1 (in float32, and in bfloat16, where DeepSpeed's bf16 optimizer writes
+`bf16_zero_pp_rank_R_…` files), stage 2 and stage 3, and saved with
+`engine.save_checkpoint(DIR)`. `devmap save DIR
 --config CONFIG` must write, bit for bit, the fp32 state dict
 `get_fp32_state_dict_from_zero_checkpoint(DIR)` gives (the tied head dropped, as
 transformers saves a tied model) — and with `--dtype bfloat16`, that cast as torch's
@@ -26,8 +28,9 @@ SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=90, num_hidden_lay
              num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
 
 
-def rank_main(rank, world, port, stage, folder, config_dir):
-    """One rank: the model, one AdamW step under ZeRO `stage`, and the save."""
+def rank_main(rank, world, port, stage, bf16, folder, config_dir):
+    """One rank: the model, one AdamW step under ZeRO `stage` (in bfloat16 with
+    fp32 master weights when `bf16`), and the save."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       DS_ACCELERATOR="cpu")
@@ -43,7 +46,7 @@ def rank_main(rank, world, port, stage, folder, config_dir):
     if rank == 0:
         model.config.save_pretrained(config_dir)
     config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-              "zero_optimization": {"stage": stage}}
+              "zero_optimization": {"stage": stage}, "bf16": {"enabled": bf16}}
     engine, *_ = deepspeed.initialize(model=model, config=config,
                                       optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2))
     loss = engine(INPUT, labels=INPUT).loss
@@ -56,14 +59,14 @@ def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def case(devmap, work, stage, port):
+def case(devmap, work, stage, port, bf16=False):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from saved import first_unequal, tensors
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    name = f"zero{stage}"
+    name = f"zero{stage}" + ("-bf16" if bf16 else "")
     src, config = os.path.join(work, f"{name}-src"), os.path.join(work, f"{name}-config")
-    torch.multiprocessing.spawn(rank_main, args=(2, port, stage, src, config), nprocs=2, join=True)
+    torch.multiprocessing.spawn(rank_main, args=(2, port, stage, bf16, src, config), nprocs=2, join=True)
     want = get_fp32_state_dict_from_zero_checkpoint(src)
     want = {k: v.contiguous() for k, v in want.items()}
     reference = AutoModelForCausalLM.from_config(LlamaConfig(**SMALL))
@@ -108,6 +111,8 @@ def main(devmap):
     import shutil
 
     work = tempfile.mkdtemp(prefix="devmap-deepspeed-")
+    case(devmap, work, 1, 29543)
+    case(devmap, work, 1, 29544, bf16=True)
     case(devmap, work, 2, 29541)
     src, config = case(devmap, work, 3, 29542)
     broken = os.path.join(work, "rank-missing")
