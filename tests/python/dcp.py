@@ -1,7 +1,8 @@
 """devmap reads torch.distributed.checkpoint folders as `dcp.save` writes them (the
 default FileSystemWriter: `.metadata` and `__R_S.distcp`). A tiny tied bfloat16 Llama
 is saved by `dcp.save` from one process, nested as training loops save it
-(`{"model": …, "optimizer": …, "epoch": …}`, an AdamW state after one step) and flat;
+(`{"model": …, "optimizer": …, "epoch": …}`, an AdamW state after one step, plus the
+train state and dataloader bytes torchtitan keeps, which inspect names as left out) and flat;
 `devmap save DIR --config CONFIG` must write what transformers' `save_pretrained`
 writes for the model (names, dtypes, every byte) and `from_pretrained(OUT)` must give
 the logits of transformers' own save, and `verify OUT --against DIR` is clean; the
@@ -13,6 +14,7 @@ Checkpoints several ranks wrote: dcp_ranks.py.
 Usage: python dcp.py PATH/TO/devmap
 """
 
+import io
 import os
 import pickle
 import subprocess
@@ -42,7 +44,11 @@ def case(devmap, name, model, nested):
         optimizer.step()
         optimizer.zero_grad()
         model.save_pretrained(ref)
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3}
+        # What torchtitan keeps beside the model: its train state (a step tensor and
+        # a BytesIO of logged steps) and the dataloader's pickled state, stored as bytes.
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3,
+                 "train_state": {"step": torch.tensor(10), "log_steps": io.BytesIO(b"\x80\x04]\x94.")},
+                 "dataloader": {"dp_rank_0": b"\x80\x04}\x94."}}
     else:
         state = model.state_dict()
     dcp.save(state, checkpoint_id=src)
@@ -65,9 +71,9 @@ def case(devmap, name, model, nested):
     if nested:
         # What is not the model's is said to be left out.
         r = subprocess.run([devmap, "inspect", src, "--config", ref], capture_output=True, text=True)
-        if "left out" not in r.stdout + r.stderr or "`optimizer` (" not in r.stdout + r.stderr \
-                or "`epoch`" not in r.stdout + r.stderr:
-            sys.exit(f"FAIL {name}: inspect does not say the optimizer state and epoch are left out: {r.stdout[-800:]}")
+        said = r.stdout + r.stderr
+        if "left out" not in said or any(n not in said for n in ("`optimizer` (", "`epoch`", "`train_state", "`dataloader")):
+            sys.exit(f"FAIL {name}: inspect does not say the optimizer state, epoch, train state and dataloader are left out: {r.stdout[-800:]}")
     kind = "nested with its optimizer state (said to be left out)" if nested else "flat"
     print(f"ok: {name}: {len(tensors(ref))} tensors from a one-process dcp.save ({kind}), identical to transformers' save; logits equal; verify --against clean")
 
