@@ -72,7 +72,7 @@ fn optim_files(step: &Path) -> Vec<(u32, PathBuf)> {
 }
 
 /// The rank in `…zero_pp_rank_R_mp_rank_00<suffix>` (`bf16_` in front too).
-fn rank_in(name: &str, suffix: &str) -> Option<u32> {
+pub(super) fn rank_in(name: &str, suffix: &str) -> Option<u32> {
     let rest = name.strip_suffix(suffix)?;
     let rest = rest.strip_prefix("bf16_").unwrap_or(rest);
     let rest = rest.strip_prefix("zero_pp_rank_")?;

@@ -36,8 +36,9 @@ pub struct PiecedTensor {
 /// `zero_pp_rank_R_mp_rank_00_….pt`.
 pub fn rank_of(path: &Path) -> Option<u32> {
     let name = path.file_name()?.to_str()?;
-    if let Some((_, rest)) = name.split_once("zero_pp_rank_") {
-        return rest.split('_').next()?.parse().ok();
+    if name.contains("zero_pp_rank_") {
+        return super::deepspeed::rank_in(name, "_optim_states.pt")
+            .or_else(|| super::deepspeed::rank_in(name, "_model_states.pt"));
     }
     if let Some(rest) = name.strip_prefix("__") {
         return rest.split('_').next()?.parse().ok();
