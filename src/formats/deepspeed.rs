@@ -81,6 +81,25 @@ pub(super) fn rank_in(name: &str, suffix: &str) -> Option<u32> {
     rank.parse().ok()
 }
 
+/// A file of the step folder saved by a model-parallel rank other than 00, if any
+/// (`mp_rank_01_model_states.pt`, `zero_pp_rank_0_mp_rank_01_optim_states.pt`).
+fn model_parallel_file(step: &Path) -> Option<PathBuf> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(step)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".pt"))
+                .and_then(|n| n.split_once("mp_rank_"))
+                .is_some_and(|(_, rest)| !rest.starts_with("00_"))
+        })
+        .collect();
+    names.sort();
+    names.into_iter().next()
+}
+
 /// One opened archive: its path, file, members and the value its pickle holds.
 struct Archive {
     path: PathBuf,
@@ -218,6 +237,15 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
             "holds no DeepSpeed optimizer states (`*_optim_states.pt`), nor a `latest` naming a folder that does",
         )
     })?;
+    if let Some(path) = model_parallel_file(&step) {
+        // Each model-parallel rank holds its own slice of every split weight; reading
+        // rank 00 alone would write a model of slices. zero_to_fp32 refuses it too.
+        return Err(FormatError::invalid_as(
+            Kind::Unsupported,
+            &path,
+            "belongs to a model-parallel rank other than mp_rank_00: devmap reads ZeRO checkpoints of data parallelism alone (tensor or pipeline parallel slices are not put together)",
+        ));
+    }
     let optim_paths = optim_files(&step);
     let optim: Vec<Archive> = optim_paths
         .iter()
@@ -516,6 +544,29 @@ mod tests {
             rank_in("mp_rank_00_model_states.pt", "_optim_states.pt"),
             None
         );
+    }
+
+    #[test]
+    fn model_parallel_ranks_are_refused_by_name() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        for name in [
+            "mp_rank_00_model_states.pt",
+            "mp_rank_01_model_states.pt",
+            "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+            "zero_pp_rank_0_mp_rank_01_optim_states.pt",
+        ] {
+            std::fs::write(dir.path().join(name), b"")?;
+        }
+        let Err(err) = read_deepspeed(dir.path()) else {
+            panic!("a checkpoint with two model-parallel ranks was read");
+        };
+        let text = err.to_string();
+        assert!(text.contains("mp_rank_01_model_states.pt"), "{text}");
+        assert!(text.contains("model-parallel"), "{text}");
+        std::fs::remove_file(dir.path().join("mp_rank_01_model_states.pt"))?;
+        std::fs::remove_file(dir.path().join("zero_pp_rank_0_mp_rank_01_optim_states.pt"))?;
+        assert!(model_parallel_file(dir.path()).is_none());
+        Ok(())
     }
 
     #[test]
