@@ -84,6 +84,10 @@ struct Loaded {
     /// every element of 49 shapes up to rank 256 × 5,000 columns matched that rule
     /// and none matched the fused one; from four rows on, the fused sum matches.)
     rounded_products: bool,
+    /// q rearranged for [`fma_rows`], made on first use: for each block of q, for each
+    /// panel of `LANES` columns, the panel's `rank` rows one after another (the tail
+    /// columns past the last whole panel are read from q).
+    panels: std::sync::OnceLock<Vec<f32>>,
 }
 
 /// What a merge reads: tensor `id` of `ckpt`, stored as `dtypes.0` at `src` (file,
@@ -200,7 +204,7 @@ fn stream_rows(
             scratch,
             out,
         } = &mut buffers;
-        let scratch = at_least(scratch, cols);
+        let scratch = at_least(scratch, ROWS * cols);
         let mut row = range.start;
         while row < range.end {
             if cancel.stop() {
@@ -223,9 +227,7 @@ fn stream_rows(
                 bytes
             };
             for step in &steps {
-                for (i, w) in block.chunks_exact_mut(cols.max(1)).enumerate() {
-                    apply(step, row + i, w, scratch, work);
-                }
+                apply_rows(step, (row, cols), block, scratch, work);
             }
             if !allow_nonfinite {
                 refuse_overflow(
@@ -291,12 +293,10 @@ impl RowMerger {
         // The kept buffers, as a streamed merge uses them: a band is merged per call.
         let mut buffers = Buffers::take();
         let values = at_least(&mut buffers.values, rows.len() / dtype.size() as usize);
-        let scratch = at_least(&mut buffers.scratch, self.cols);
+        let scratch = at_least(&mut buffers.scratch, ROWS * self.cols);
         widen(dtype, rows, values);
         for step in &self.steps {
-            for (i, w) in values.chunks_exact_mut(self.cols.max(1)).enumerate() {
-                apply(step, first + i, w, scratch, dtype);
-            }
+            apply_rows(step, (first, self.cols), values, scratch, dtype);
         }
         let result = if self.allow_nonfinite {
             Ok(())
@@ -355,16 +355,8 @@ fn refuse_overflow(
     Ok(())
 }
 
-/// One step on one row `w` (values of dtype `dtype`, held as f32).
-fn apply(step: &Loaded, i: usize, w: &mut [f32], delta: &mut [f32], dtype: DType) {
-    // One copy of the loops per dtype, so the rounding inlines into them.
-    match dtype {
-        DType::BF16 => apply_with(step, i, w, delta, round_bf16),
-        DType::F16 => apply_with(step, i, w, delta, |x| f16::from_f32(x).to_f32()),
-        _ => apply_with(step, i, w, delta, |x| x),
-    }
-}
-
+/// One step on one row `w`, rounding to the weight's dtype with `round`; `delta` is
+/// scratch of one row.
 fn apply_with(
     step: &Loaded,
     i: usize,
@@ -379,6 +371,78 @@ fn apply_with(
         return;
     }
     row_delta(step, i, delta);
+    add_delta(step, i, w, delta, round);
+}
+
+/// One step on the rows of `block` (whole rows, the first of them row `first`): the
+/// same values as [`apply`] row by row, with the deltas of [`ROWS`] rows computed
+/// together (see [`fma_rows`]). `scratch` holds at least `ROWS` rows.
+fn apply_rows(
+    // One copy of the loops per dtype, so the rounding inlines into them.
+    step: &Loaded,
+    (first, cols): (usize, usize),
+    block: &mut [f32],
+    scratch: &mut [f32],
+    dtype: DType,
+) {
+    let at = (first, cols);
+    match dtype {
+        DType::BF16 => apply_rows_with(step, at, block, scratch, round_bf16),
+        DType::F16 => apply_rows_with(step, at, block, scratch, |x| f16::from_f32(x).to_f32()),
+        _ => apply_rows_with(step, at, block, scratch, |x| x),
+    }
+}
+
+fn apply_rows_with(
+    step: &Loaded,
+    (first, cols): (usize, usize),
+    block: &mut [f32],
+    scratch: &mut [f32],
+    round: impl Fn(f32) -> f32 + Copy,
+) {
+    if cols == 0 {
+        return;
+    }
+    let rows = block.len() / cols;
+    if matches!(step.kind, MergeKind::Bias) || step.rounded_products {
+        for (i, w) in block.chunks_exact_mut(cols).enumerate() {
+            apply_with(step, first + i, w, &mut scratch[..cols], round);
+        }
+        return;
+    }
+    let mut i = 0;
+    while i < rows {
+        // Rows that read one block of q (all of them, but for a tensor of experts).
+        let n = match step.q_block_rows {
+            0 => ROWS,
+            block => block - (first + i) % block,
+        }
+        .min(ROWS)
+        .min(rows - i);
+        rows_delta(step, first + i, n, cols, scratch);
+        for m in 0..n {
+            let w = &mut block[(i + m) * cols..(i + m + 1) * cols];
+            add_delta(
+                step,
+                first + i + m,
+                w,
+                &mut scratch[m * cols..(m + 1) * cols],
+                round,
+            );
+        }
+        i += n;
+    }
+}
+
+/// Adds row `i`'s `delta` (scaled) to `w` as the step's kind says, rounding to the
+/// weight's dtype with `round`.
+fn add_delta(
+    step: &Loaded,
+    i: usize,
+    w: &mut [f32],
+    delta: &mut [f32],
+    round: impl Fn(f32) -> f32,
+) {
     match &step.kind {
         MergeKind::Linear {
             magnitude: Some(_), ..
@@ -470,6 +534,94 @@ fn row_delta(step: &Loaded, i: usize, delta: &mut [f32]) {
     }
     for d in delta.iter_mut() {
         *d *= step.scale;
+    }
+}
+
+/// Rows a merge's deltas are computed for at once.
+const ROWS: usize = 4;
+/// Columns of those rows held in registers at once: `ROWS × LANES` sums, eight
+/// AVX2 registers, enough independent sums to keep both FMA units busy.
+const LANES: usize = 16;
+
+/// The deltas of rows `first..first + n` (`n ≤ ROWS`, all reading one block of q)
+/// into `out`, row after row: the values [`row_delta`] gives each row.
+fn rows_delta(step: &Loaded, first: usize, n: usize, cols: usize, out: &mut [f32]) {
+    let rank = step.rank;
+    let block = match step.q_block_rows {
+        0 => 0,
+        rows => first / rows,
+    };
+    let q = &step.q[block * rank * cols..][..rank * cols];
+    let panels = step.panels.get_or_init(|| panels_of(&step.q, rank, cols));
+    let per_block = cols / LANES * LANES * rank;
+    let panels = &panels[block * per_block..][..per_block];
+    // Rows past `n` repeat the last one: the kernel always computes ROWS rows.
+    let p: [&[f32]; ROWS] = std::array::from_fn(|m| {
+        let i = first + m.min(n - 1);
+        &step.p[i * rank..(i + 1) * rank]
+    });
+    fma_rows(p, (panels, q), cols, step.scale, &mut out[..ROWS * cols]);
+}
+
+/// q (blocks of `rank × cols`) as [`Loaded::panels`] lays it out.
+fn panels_of(q: &[f32], rank: usize, cols: usize) -> Vec<f32> {
+    let full = cols / LANES * LANES;
+    let mut panels = Vec::with_capacity(q.len() / cols.max(1) * full);
+    for block in q.chunks_exact((rank * cols).max(1)) {
+        for j0 in (0..full).step_by(LANES) {
+            for k in 0..rank {
+                panels.extend_from_slice(&block[k * cols + j0..][..LANES]);
+            }
+        }
+    }
+    panels
+}
+
+/// `out[m][j] = scale · Σ_k p[m][k]·q[k][j]` for ROWS rows: the sum over the rank in
+/// order as fused multiply-adds from zero, then the scale — [`row_delta`]'s
+/// arithmetic, element for element. A panel of `LANES` columns of every row is summed
+/// in registers through the whole rank, reading the panel's part of q in one stretch,
+/// so each load of q feeds ROWS multiply-adds and the sums never go through memory
+/// (one row at a time, a step was three loads and a store per two multiply-adds,
+/// striding through q). The columns past the last whole panel come from q itself.
+#[multiversion::multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+fn fma_rows(
+    p: [&[f32]; ROWS],
+    (panels, q): (&[f32], &[f32]),
+    cols: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let rank = q.len() / cols.max(1);
+    let p = p.map(|row| &row[..rank]);
+    let full = cols - cols % LANES;
+    for (panel, j0) in panels
+        .chunks_exact((rank * LANES).max(1))
+        .zip((0..full).step_by(LANES))
+    {
+        let mut sums = [[0f32; LANES]; ROWS];
+        for (k, qk) in panel.chunks_exact(LANES).enumerate() {
+            for (sum, p) in sums.iter_mut().zip(&p) {
+                let pk = p[k];
+                for (s, &x) in sum.iter_mut().zip(qk) {
+                    *s = pk.mul_add(x, *s);
+                }
+            }
+        }
+        for (m, sum) in sums.iter().enumerate() {
+            for (o, s) in out[m * cols + j0..][..LANES].iter_mut().zip(sum) {
+                *o = s * scale;
+            }
+        }
+    }
+    for j in full..cols {
+        for (m, p) in p.iter().enumerate() {
+            let mut s = 0f32;
+            for (k, &pk) in p.iter().enumerate() {
+                s = pk.mul_add(q[k * cols + j], s);
+            }
+            out[m * cols + j] = s * scale;
+        }
     }
 }
 
@@ -573,6 +725,7 @@ fn load(
         magnitude,
         scale: step.scale,
         rounded_products,
+        panels: std::sync::OnceLock::new(),
     })
 }
 
@@ -789,6 +942,7 @@ mod tests {
             magnitude: Vec::new(),
             scale: 0.5,
             rounded_products: false,
+            panels: std::sync::OnceLock::new(),
         };
         let want = reference(&b, &a, out, r, inp, 0.5);
         let mut delta = vec![0f32; inp];
@@ -822,6 +976,7 @@ mod tests {
             magnitude: Vec::new(),
             scale: 1.0,
             rounded_products: false,
+            panels: std::sync::OnceLock::new(),
         };
         let mut delta = vec![0f32; 1];
         row_delta(&step, 0, &mut delta);
@@ -848,6 +1003,7 @@ mod tests {
             magnitude: Vec::new(),
             scale: 1.0,
             rounded_products,
+            panels: std::sync::OnceLock::new(),
         };
         let mut delta = vec![0f32; 1];
         row_delta(&step(true), 0, &mut delta);
@@ -874,6 +1030,7 @@ mod tests {
             magnitude: Vec::new(),
             scale: 1.0,
             rounded_products: false,
+            panels: std::sync::OnceLock::new(),
         };
         let mut delta = vec![0f32; dim];
         for n in 0..num {
@@ -902,19 +1059,20 @@ mod tests {
             magnitude: Vec::new(),
             scale: 1.0,
             rounded_products: false,
+            panels: std::sync::OnceLock::new(),
         };
-        let mut scratch = [0f32];
+        let mut scratch = [0f32; ROWS];
         let mut w = [1.0f32];
         let linear = MergeKind::Linear {
             fan_in_fan_out: false,
             magnitude: None,
         };
-        apply(&step(linear), 0, &mut w, &mut scratch, DType::BF16);
+        apply_rows(&step(linear), (0, 1), &mut w, &mut scratch, DType::BF16);
         assert_eq!(w[0], 1.0 + 2f32.powi(-7));
         let mut e = [1.0f32];
-        apply(
+        apply_rows(
             &step(MergeKind::Embedding),
-            0,
+            (0, 1),
             &mut e,
             &mut scratch,
             DType::BF16,
@@ -945,12 +1103,90 @@ mod tests {
             magnitude: vec![10.0],
             scale: 1.0,
             rounded_products: false,
+            panels: std::sync::OnceLock::new(),
         };
         let mut w = [3.0f32, 3.0];
-        let mut scratch = [0f32; 2];
-        apply(&step, 0, &mut w, &mut scratch, DType::F32);
+        let mut scratch = [0f32; 2 * ROWS];
+        apply_rows(&step, (0, 2), &mut w, &mut scratch, DType::F32);
         // W + delta = [3, 4], norm 5, magnitude 10: doubled.
         assert_eq!(w, [6.0, 8.0]);
+    }
+
+    /// The deltas of four rows at once are each row's own, bit for bit: for every
+    /// kind, dtype, a column count that is not a multiple of the lanes, a row count
+    /// that is not one of the rows at once, and experts' blocks that end mid-group.
+    #[test]
+    fn rows_at_once_equal_the_rows_one_by_one() {
+        let magnitude_matrix = Matrix {
+            range: crate::types::range::ByteRange {
+                file: 0,
+                offset: 0,
+                len: 0,
+            },
+            dtype: DType::F32,
+            rows: 1,
+            cols: 1,
+        };
+        let (rows, rank) = (11usize, 5usize);
+        let mut compared = 0;
+        for cols in [1usize, 7, 16, 37, 64] {
+            for q_block_rows in [0usize, 3] {
+                let blocks = if q_block_rows == 0 {
+                    1
+                } else {
+                    rows.div_ceil(3)
+                };
+                for kind in [
+                    MergeKind::Linear {
+                        fan_in_fan_out: false,
+                        magnitude: None,
+                    },
+                    MergeKind::Linear {
+                        fan_in_fan_out: false,
+                        magnitude: Some(magnitude_matrix),
+                    },
+                    MergeKind::Embedding,
+                ] {
+                    let step = Loaded {
+                        kind,
+                        rank,
+                        p: values(rows * rank, 5),
+                        q: values(blocks * rank * cols, 6),
+                        q_block_rows,
+                        magnitude: values(rows, 7).iter().map(|m| m.abs() + 1.0).collect(),
+                        scale: 0.37,
+                        rounded_products: false,
+                        panels: std::sync::OnceLock::new(),
+                    };
+                    for dtype in [DType::BF16, DType::F16, DType::F32] {
+                        let round = |x: f32| match dtype {
+                            DType::BF16 => round_bf16(x),
+                            DType::F16 => f16::from_f32(x).to_f32(),
+                            _ => x,
+                        };
+                        let start: Vec<f32> =
+                            values(rows * cols, 8).into_iter().map(round).collect();
+                        let mut one_by_one = start.clone();
+                        let mut delta = vec![0f32; cols];
+                        for (i, w) in one_by_one.chunks_exact_mut(cols).enumerate() {
+                            apply_with(&step, i, w, &mut delta, round);
+                        }
+                        let mut together = start.clone();
+                        let mut scratch = vec![0f32; ROWS * cols];
+                        apply_rows(&step, (0, cols), &mut together, &mut scratch, dtype);
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&together),
+                            bits(&one_by_one),
+                            "{cols} columns, blocks of {q_block_rows}, {dtype:?}"
+                        );
+                        assert_ne!(bits(&together), bits(&start), "the merge changed nothing");
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(compared, 5 * 2 * 3 * 3);
     }
 
     /// A tensor holding every expert reads each row's factors from its own expert:
@@ -972,6 +1208,7 @@ mod tests {
             magnitude: Vec::new(),
             scale: 1.0,
             rounded_products: false,
+            panels: std::sync::OnceLock::new(),
         };
         let all = loaded(
             expert_factors(
