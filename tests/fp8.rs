@@ -187,6 +187,10 @@ fn what_cannot_be_dequantized_is_refused_by_name() {
         &fp8_case("compressed-tensors", None),
         "quantization_config is compressed-tensors in the `(unnamed)` format",
     );
+    refused(
+        &fp8_case("awq", None),
+        "quantization_config is `awq`, which devmap does not dequantize",
+    );
     // A scale grid of the wrong shape for the config's blocks.
     let case = fp8_case("fp8", None);
     let config = serde_json::json!({
