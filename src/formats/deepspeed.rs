@@ -81,20 +81,25 @@ pub(super) fn rank_in(name: &str, suffix: &str) -> Option<u32> {
     rank.parse().ok()
 }
 
-/// A file of the step folder saved by a model-parallel rank other than 00, if any
-/// (`mp_rank_01_model_states.pt`, `zero_pp_rank_0_mp_rank_01_optim_states.pt`).
+/// A file of the step folder saved by a model-parallel rank other than 00
+/// (`mp_rank_01_model_states.pt`, `zero_pp_rank_0_mp_rank_01_optim_states.pt`) or by
+/// a pipeline's stages (`layer_03-model_00-model_states.pt`), if any.
 fn model_parallel_file(step: &Path) -> Option<PathBuf> {
+    let split = |name: &str| {
+        let Some(name) = name.strip_suffix(".pt") else {
+            return false;
+        };
+        let other_rank = name
+            .split_once("mp_rank_")
+            .is_some_and(|(_, rest)| !rest.starts_with("00_"));
+        let pipeline_layer = name.starts_with("layer_") && name.ends_with("-model_states");
+        other_rank || pipeline_layer
+    };
     let mut names: Vec<PathBuf> = std::fs::read_dir(step)
         .ok()?
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(".pt"))
-                .and_then(|n| n.split_once("mp_rank_"))
-                .is_some_and(|(_, rest)| !rest.starts_with("00_"))
-        })
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(split))
         .collect();
     names.sort();
     names.into_iter().next()
@@ -243,7 +248,7 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
         return Err(FormatError::invalid_as(
             Kind::Unsupported,
             &path,
-            "belongs to a model-parallel rank other than mp_rank_00: devmap reads ZeRO checkpoints of data parallelism alone (tensor or pipeline parallel slices are not put together)",
+            "was saved by a model-parallel rank other than mp_rank_00 or by a pipeline stage: devmap reads ZeRO checkpoints of data parallelism alone (tensor or pipeline parallel parts are not put together)",
         ));
     }
     let optim_paths = optim_files(&step);
@@ -566,6 +571,12 @@ mod tests {
         std::fs::remove_file(dir.path().join("mp_rank_01_model_states.pt"))?;
         std::fs::remove_file(dir.path().join("zero_pp_rank_0_mp_rank_01_optim_states.pt"))?;
         assert!(model_parallel_file(dir.path()).is_none());
+        // A pipeline's layer files.
+        std::fs::write(dir.path().join("layer_01-model_00-model_states.pt"), b"")?;
+        assert_eq!(
+            model_parallel_file(dir.path()),
+            Some(dir.path().join("layer_01-model_00-model_states.pt"))
+        );
         Ok(())
     }
 
