@@ -129,7 +129,7 @@ pub enum Allow {
     DcpMetadata,
     /// A state dict's and those of DeepSpeed's checkpoint files (`*_model_states.pt`,
     /// `*_optim_states.pt`): `torch.Size`, a parameter's rebuild by type, and the few
-    /// DeepSpeed classes those pickles name ([`DEEPSPEED_CLASSES`]), built as data.
+    /// DeepSpeed classes those pickles name (`DEEPSPEED_CLASSES`), built as data.
     DeepSpeed,
 }
 

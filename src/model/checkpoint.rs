@@ -107,7 +107,7 @@ pub struct Checkpoint {
     /// the other small files a save copies come from there.
     pub config_dir: Option<PathBuf>,
     /// What loading noticed (index omissions, dtype differences). The placement checks
-    /// depend on the device map and are computed by [`Checkpoint::all_warnings`].
+    /// depend on the device map and are computed by [`crate::model::checks::all_warnings`].
     pub warnings: Vec<super::warning::Warning>,
     /// Set for a model read over HTTP (`hf://…`, `https://…`): `dir` is then a header
     /// mirror whose shards hold no tensor data.

@@ -13,7 +13,7 @@ use crate::types::placement::Placement;
 /// Names listed in a message before "and N more".
 const LIST_LIMIT: usize = 5;
 
-/// Up to [`LIST_LIMIT`] names in backticks, then how many more.
+/// Up to `LIST_LIMIT` names in backticks, then how many more.
 pub fn name_list<S: AsRef<str>>(names: &[S]) -> String {
     let mut out = names
         .iter()

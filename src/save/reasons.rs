@@ -1,7 +1,7 @@
 //! Why a save cannot go ahead, or why what it wrote was discarded: typed reasons, so a
 //! caller can act on the kind (the inspector offers Ctrl-O for a folder that is not
 //! empty, a test asserts the variant) and the words live in one place. The texts are
-//! not escaped here: a list of them goes through [`super::error::bullets`], which
+//! not escaped here: a list of them goes through `super::error::bullets`, which
 //! escapes each, and the inspector draws text with its own escaping.
 
 use std::path::PathBuf;

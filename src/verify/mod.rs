@@ -4,7 +4,7 @@
 //! - files: the folder reads as transformers reads it (index, shards, headers,
 //!   totals), and every tensor is read once, hashed (XXH3-128), its NaNs and
 //!   infinities counted, empty and uniform tensors noted;
-//! - as transformers expects ([`expects`]): the tensors, shapes and float32 modules
+//! - as transformers expects (`expects`): the tensors, shapes and float32 modules
 //!   config.json's architecture holds, from a table generated from transformers
 //!   itself, so it does not share the saver's assumptions;
 //! - as saved, with an [`Expected`] model (`--against`): what a save of that model

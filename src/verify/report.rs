@@ -267,7 +267,7 @@ impl VerifyReport {
     }
 
     /// Every difference, then every note, one per line, and a summary.
-    /// A kind with more findings than [`SHOWN_PER_KIND`] shows that many and counts
+    /// A kind with more findings than `SHOWN_PER_KIND` shows that many and counts
     /// the rest (a config.json for another model makes hundreds; `--json` has all).
     pub fn to_text(&self) -> String {
         let mut text = String::new();

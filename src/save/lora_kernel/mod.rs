@@ -12,8 +12,8 @@
 //! `multiversion` crate); the rank loop stays sequential. A general GEMM crate would
 //! reorder the sum and lose bit-equality.
 //!
-//! The pieces: [`delta`] holds the arithmetic (a step's delta, row by row or four rows
-//! at once, and how each kind adds it), [`factors`] reads an adapter's matrices into
+//! The pieces: `delta` holds the arithmetic (a step's delta, row by row or four rows
+//! at once, and how each kind adds it), `factors` reads an adapter's matrices into
 //! the layout that arithmetic wants, and this module streams a tensor's rows through
 //! them, checks the result and converts it to the output dtype.
 

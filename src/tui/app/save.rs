@@ -193,7 +193,7 @@ impl App {
 
     /// Plans the save for the dialog's values: what it would write, and every reason
     /// it would be refused (the same checks `devmap save` makes). On the calling
-    /// thread: the dialog's own preview runs through [`App::refresh_preview_if_due`].
+    /// thread: the dialog's own preview runs through `App::refresh_preview_if_due`.
     pub fn preview(&self, dialog: &SaveDialog) -> Preview {
         self.preview_input(dialog).compute()
     }
