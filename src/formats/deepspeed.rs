@@ -18,7 +18,8 @@
 //!
 //! Pieces are blocks of the flattened parameter (see `types::pieces`). Buffers come
 //! from the model states' `module` as stored; frozen parameters from
-//! `frozen_param_fragments`; `shared_params` (one parameter under two names) give the
+//! `frozen_param_fragments` (stages 2 and 3) or, under ZeRO 1, which does not list
+//! them, from `module` too; `shared_params` (one parameter under two names) give the
 //! second name the first one's pieces. Only data parallelism (`mp_rank_00`) is read.
 
 use std::path::{Path, PathBuf};
@@ -471,6 +472,9 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
             });
         }
     }
+    if stage <= 2 {
+        add_untracked_frozen(model, &pieced, &mut files[0].1.tensors)?;
+    }
     for (_, header) in &mut files {
         header.tensors.sort_by_key(|t| (t.offset, t.len));
     }
@@ -479,6 +483,32 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
         pieced,
         left_out: vec!["the optimizer's own state (`base_optimizer_state`)".to_owned()],
     })
+}
+
+/// Parameters the optimizer never saw and the model states do not list as frozen:
+/// ZeRO 1 records no `frozen_param_shapes` (DeepSpeed saves those for stages 2 and 3),
+/// so a run that froze part of the model keeps those parameters only in the model
+/// states' `module`, whole, as they were loaded. `zero_to_fp32` leaves them out, and a
+/// model loaded from its output gets them freshly initialised; they are read from
+/// `module` instead. (Stage 2 lists them, and read that way they are the same bytes.)
+fn add_untracked_frozen(
+    model: &Archive,
+    pieced: &[PiecedTensor],
+    whole: &mut Vec<HeaderTensor>,
+) -> Result<(), FormatError> {
+    let known: std::collections::HashSet<String> = pieced
+        .iter()
+        .map(|t| t.name.clone())
+        .chain(whole.iter().map(|t| t.name.clone()))
+        .collect();
+    for (k, v) in dict(model.get(&["module"])?) {
+        if let Some(name) = string(k).filter(|n| !known.contains(*n)) {
+            let mut t = model.tensor(name, v)?;
+            name.clone_into(&mut t.name);
+            whole.push(t);
+        }
+    }
+    Ok(())
 }
 
 /// The piece `len` elements of a flat slice hold, from element `from` of the slice,
