@@ -273,10 +273,9 @@ fn fma_rows(
     let rank = q.len() / cols.max(1);
     let p = p.map(|row| &row[..rank]);
     let full = cols - cols % LANES;
-    for (panel, j0) in panels
-        .chunks_exact((rank * LANES).max(1))
-        .zip((0..full).step_by(LANES))
-    {
+    for (n, j0) in (0..full).step_by(LANES).enumerate() {
+        // (Indexed rather than chunked: a rank of 0 has empty panels, and still zero sums.)
+        let panel = &panels[n * rank * LANES..][..rank * LANES];
         let mut sums = [[0f32; LANES]; ROWS];
         for (k, qk) in panel.chunks_exact(LANES).enumerate() {
             for (sum, p) in sums.iter_mut().zip(&p) {
