@@ -10,7 +10,7 @@ with `engine.save_checkpoint(DIR)`. `devmap save DIR
 transformers saves a tied model) — and with `--dtype bfloat16`, that cast as torch's
 `.to()` casts — except under ZeRO 1, where zero_to_fp32 leaves the frozen parameters
 out and devmap writes them as the model states hold them (the model's own values); `from_pretrained(OUT)` gives the logits of the model holding
-zero_to_fp32's state dict; `verify OUT --against DIR` is clean; `inspect --json` names
+zero_to_fp32's state dict; `verify OUT --against DIR` is clean, names and shapes checked against LlamaForCausalLM; `inspect --json` names
 the ranks each parameter's pieces come from. A folder missing a rank's optimizer states
 is refused, naming the file, with nothing written.
 
@@ -47,6 +47,9 @@ def rank_main(rank, world, port, stage, bf16, folder, config_dir, frozen=False):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(LlamaConfig(**SMALL))
     if rank == 0:
+        # As a model's own save writes it: naming the architecture is what lets verify
+        # check the names and shapes against it.
+        model.config.architectures = [type(model).__name__]
         model.config.save_pretrained(config_dir)
     if frozen:
         for p in [*model.model.layers[0].parameters(), model.model.norm.weight]:
@@ -112,7 +115,7 @@ def case(devmap, work, stage, port, bf16=False, frozen=False):
             if not torch.equal(logits, want_logits):
                 sys.exit(f"FAIL {name}: logits differ by {float((logits - want_logits).abs().max())}")
         r = run([devmap, "verify", ours, "--against", src, "--config", config, "--quiet", *extra])
-        if r.returncode != 0:
+        if r.returncode != 0 or "as transformers expects (LlamaForCausalLM): 0 problems" not in r.stdout + r.stderr:
             sys.exit(f"FAIL {name}: verify --against: {r.stdout[-600:]} {r.stderr[-600:]}")
     r = run([devmap, "inspect", src, "--config", config, "--json"])
     report = json.loads(r.stdout)
