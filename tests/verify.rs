@@ -634,3 +634,64 @@ fn a_config_for_another_model_lists_twenty_of_each_kind_and_counts_the_rest() {
         "{text}"
     );
 }
+
+/// A checkpoint without tensors its architecture has (a training run that lost some)
+/// is saved as asked, but `devmap save` first says what transformers' loader would
+/// leave randomly initialised — the check `verify` runs on the written folder, here on
+/// the plan. A complete model, and `--quiet`, say nothing of the kind.
+#[test]
+fn save_says_before_writing_what_transformers_would_miss() -> Result<(), Box<dyn std::error::Error>>
+{
+    let tmp = tempfile::tempdir()?;
+    let shape = LlamaShape {
+        layers: 2,
+        hidden: 32,
+        intermediate: 64,
+        vocab: 128,
+        dtype: DType::BF16,
+    };
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(&src)?;
+    let all = llama_like(shape);
+    let kept: Vec<FixtureTensor> = all
+        .iter()
+        .filter(|t| !t.name.starts_with("model.layers.0."))
+        .cloned()
+        .collect();
+    let lost = all.len() - kept.len();
+    devmap::fixtures::write_sharded(&src, &kept, 1)?;
+    write_json(&src.join("config.json"), &llama_config(shape))?;
+    let out = tmp.path().join("out");
+    let o = devmap(&["save", arg(&src), "--out", arg(&out)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("warning: model.layers.0.mlp.gate_proj.weight: MISSING: LlamaForCausalLM has it (shape [64, 32] by config.json) but the checkpoint does not; transformers would leave it randomly initialised"),
+        "{err}"
+    );
+    assert_eq!(err.matches(": MISSING: ").count(), lost, "{err}");
+    // Said before writing: the warnings come before the save's first line.
+    let said = err.find("MISSING").unwrap_or(usize::MAX);
+    assert!(said < err.find("saving ").unwrap_or(0), "{err}");
+    // verify of the written folder finds the same.
+    let (code, report) = verify(&out, &[]);
+    assert_eq!(code, 1);
+    assert_eq!(differences(&report).len(), lost);
+
+    let quiet = devmap(&[
+        "save",
+        arg(&src),
+        "--out",
+        arg(&tmp.path().join("quiet")),
+        "--quiet",
+    ]);
+    assert!(quiet.status.success() && !stderr(&quiet).contains("MISSING"));
+    let complete = llama(DType::BF16);
+    let o = devmap(&["save", arg(&complete.src), "--out", arg(&complete.out)]);
+    assert!(
+        o.status.success() && !stderr(&o).contains("MISSING"),
+        "{}",
+        stderr(&o)
+    );
+    Ok(())
+}

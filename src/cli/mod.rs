@@ -14,7 +14,7 @@ pub use args::Args;
 use args::{Command, ModelArgs, SaveArgs};
 use color_eyre::eyre::{Result, WrapErr, eyre};
 use devmap::model::{Checkpoint, LoadOptions, load};
-use devmap::save::{SaveEvent, SaveJob, SaveOptions, prepare};
+use devmap::save::{SaveEvent, SaveJob, SaveOptions, SavePlan, prepare};
 use devmap::{human_bytes, inspect};
 pub use output::{OutputGone, print_error, print_gone};
 use output::{err_line, out, out_with};
@@ -268,6 +268,25 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
     Ok(())
 }
 
+/// Findings shown before a save at most; `devmap verify OUT` lists them all.
+const EXPECTATIONS_SHOWN: usize = 10;
+
+/// Says before writing what transformers' loader would report of the tensors the save
+/// writes (a training checkpoint that lost parameters is saved, but not silently).
+fn expectation_warnings(ckpt: &Checkpoint, plan: &SavePlan) -> Result<()> {
+    let findings = devmap::verify::expectations_of_plan(ckpt, plan);
+    for f in findings.iter().take(EXPECTATIONS_SHOWN) {
+        err_line(format!("warning: {f}"))?;
+    }
+    if findings.len() > EXPECTATIONS_SHOWN {
+        err_line(format!(
+            "warning: and {} more of the kind (devmap verify OUT lists them all)",
+            findings.len() - EXPECTATIONS_SHOWN
+        ))?;
+    }
+    Ok(())
+}
+
 fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
     refuse_remote(&a.dir, "saving")?;
     let ckpt = open(&a.dir, model)?;
@@ -290,6 +309,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
         for w in &devmap::model::checks::all_warnings(&ckpt) {
             err_line(format!("warning: {w}"))?;
         }
+        expectation_warnings(&ckpt, &plan)?;
         err_line(format!(
             "saving {} ({}) into {} in {}",
             devmap::text::count(plan.tensor_count(), "tensor", "tensors"),

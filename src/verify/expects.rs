@@ -33,6 +33,42 @@ pub fn checked_against(config: &ModelConfig) -> Option<(&str, &'static Expect)> 
     expect::lookup_named(&config.architectures)
 }
 
+/// What transformers' loader would say of the tensors `plan` would write from `ckpt`
+/// (missing, unexpected, mismatched, float32 modules cast), before a byte is written:
+/// the check `devmap verify` runs on a written folder, on the plan's names, dtypes and
+/// shapes and the source's config. Only the differences; nothing when config.json
+/// names no architecture devmap's table has.
+pub fn of_plan(
+    ckpt: &crate::model::checkpoint::Checkpoint,
+    plan: &crate::save::SavePlan,
+) -> Vec<Finding> {
+    let tensors = plan
+        .shards
+        .iter()
+        .enumerate()
+        .flat_map(|(shard, s)| {
+            s.tensors.iter().map(move |t| WrittenTensor {
+                name: t.name(ckpt).to_owned(),
+                shard,
+                dtype: t.dtype,
+                shape: crate::types::shape::Shape::new(&t.shape(ckpt)),
+                offset: 0,
+                len: 0,
+            })
+        })
+        .collect();
+    let written = Written {
+        shards: Vec::new(),
+        tensors,
+        config: Some(ckpt.config.clone()),
+        config_present: true,
+    };
+    let mut findings = Vec::new();
+    check(&written, &mut findings);
+    findings.retain(|f| f.severity == super::report::Severity::Difference);
+    findings
+}
+
 /// Checks `written` against its config's architecture; findings go to `findings`.
 pub fn check(written: &Written, findings: &mut Vec<Finding>) -> Coverage {
     let Some(config) = &written.config else {

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use against::Expected;
-pub use expects::Coverage;
+pub use expects::{Coverage, of_plan as expectations_of_plan};
 pub use report::{Check, Finding, Kind, Severity, VerifyReport};
 
 use crate::formats::FormatError;
