@@ -53,10 +53,9 @@ pub(super) fn apply_with(
 }
 
 /// One step on the rows of `block` (whole rows, the first of them row `first`): the
-/// same values as [`apply`] row by row, with the deltas of [`ROWS`] rows computed
+/// same values as [`apply_with`] row by row, with the deltas of [`ROWS`] rows computed
 /// together (see [`fma_rows`]). `scratch` holds at least `ROWS` rows.
 pub(super) fn apply_rows(
-    // One copy of the loops per dtype, so the rounding inlines into them.
     step: &Loaded,
     (first, cols): (usize, usize),
     block: &mut [f32],
@@ -64,6 +63,7 @@ pub(super) fn apply_rows(
     dtype: DType,
 ) {
     let at = (first, cols);
+    // One copy of the loops per dtype, so the rounding inlines into them.
     match dtype {
         DType::BF16 => apply_rows_with(step, at, block, scratch, round_bf16),
         DType::F16 => apply_rows_with(step, at, block, scratch, |x| f16::from_f32(x).to_f32()),
@@ -175,7 +175,11 @@ fn row_norm(v: &[f32]) -> f32 {
     sum.sqrt()
 }
 
-/// `delta[j] = scale · Σ_k p[i][k]·q[k][j]`, each step a fused multiply-add in f32.
+/// `delta[j] = scale · Σ_k p[i][k]·q[k][j]` for one row, summed over the rank in order:
+/// each step a fused multiply-add in f32, or for `rounded_products` the product rounded
+/// to f32 before the add (Rust never fuses the two on its own). The merge sums fused
+/// rows through [`rows_delta`], to these same values; this one row at a time serves the
+/// rounded products, and the tests as the sum written plainly.
 pub(super) fn row_delta(step: &Loaded, i: usize, delta: &mut [f32]) {
     delta.fill(0.0);
     let cols = delta.len();
@@ -184,31 +188,14 @@ pub(super) fn row_delta(step: &Loaded, i: usize, delta: &mut [f32]) {
         0 => &step.q[..],
         block => &step.q[(i / block) * step.rank * cols..],
     };
-    if step.rounded_products {
-        for (k, &pk) in p.iter().enumerate() {
-            add_products(pk, &q[k * cols..(k + 1) * cols], delta);
+    for (k, &pk) in p.iter().enumerate() {
+        for (d, &x) in delta.iter_mut().zip(&q[k * cols..(k + 1) * cols]) {
+            *d = if step.rounded_products {
+                *d + pk * x
+            } else {
+                pk.mul_add(x, *d)
+            };
         }
-        for d in delta.iter_mut() {
-            *d *= step.scale;
-        }
-        return;
-    }
-    // Two steps per pass over the row: the same fused multiply-adds in the same order,
-    // with half the trips of the row through memory.
-    let mut k = 0;
-    while k + 1 < step.rank {
-        fma_row2(
-            (p[k], p[k + 1]),
-            (
-                &q[k * cols..(k + 1) * cols],
-                &q[(k + 1) * cols..(k + 2) * cols],
-            ),
-            delta,
-        );
-        k += 2;
-    }
-    if k < step.rank {
-        fma_row(p[k], &q[k * cols..(k + 1) * cols], delta);
     }
     for d in delta.iter_mut() {
         *d *= step.scale;
@@ -299,31 +286,5 @@ fn fma_rows(
             }
             out[m * cols + j] = s * scale;
         }
-    }
-}
-
-/// `d[j] = d[j] + p·q[j]`, the product rounded to f32 before the add (Rust never fuses
-/// the two on its own).
-fn add_products(p: f32, q: &[f32], d: &mut [f32]) {
-    for (d, &q) in d.iter_mut().zip(q) {
-        *d += p * q;
-    }
-}
-
-/// [`fma_row`] for two consecutive steps: `d = fma(p1, q1, fma(p0, q0, d))`.
-#[multiversion::multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
-fn fma_row2((p0, p1): (f32, f32), (q0, q1): (&[f32], &[f32]), d: &mut [f32]) {
-    for ((d, &a), &b) in d.iter_mut().zip(q0).zip(q1) {
-        *d = p1.mul_add(b, p0.mul_add(a, *d));
-    }
-}
-
-/// `d[j] = fma(p, q[j], d[j])` for every column: one rounding per step, as a hardware
-/// fused multiply-add gives. Compiled for AVX2+FMA (eight lanes) and chosen at run
-/// time where the CPU has it; elsewhere `mul_add` is still exact, only slower.
-#[multiversion::multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
-fn fma_row(p: f32, q: &[f32], d: &mut [f32]) {
-    for (d, &q) in d.iter_mut().zip(q) {
-        *d = p.mul_add(q, *d);
     }
 }
