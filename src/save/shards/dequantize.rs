@@ -3,7 +3,7 @@
 //! MXFP4 experts, written as the float dtype `--dtype` names, their scales left out.
 
 use super::DtypeChoice;
-use crate::model::checkpoint::{ByteRange, Checkpoint, TensorId};
+use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::save::reasons::Unsaveable;
 use crate::save::recipe::Recipe;
 use crate::types::dtype::DType;
@@ -143,16 +143,7 @@ fn dequantized(
             scale.dtype, block.0, block.1
         ));
     }
-    let (Some(source), Some(scale_range)) = (ckpt.data_range(id), ckpt.data_range(scale_id)) else {
-        return Err("or its scale has no data to read".to_owned());
-    };
-    Ok(fp8_recipe(
-        ckpt,
-        id,
-        (source, tensor.dtype),
-        to,
-        (scale_range, blocks),
-    ))
+    fp8_recipe(ckpt, (id, scale_id), to, blocks)
 }
 
 /// An FP8 weight's recipe (fine-grained or compressed-tensors): dequantized, and with a
@@ -160,12 +151,15 @@ fn dequantized(
 /// into the model transformers loads dequantized.
 fn fp8_recipe(
     ckpt: &Checkpoint,
-    id: TensorId,
-    (source, from): (ByteRange, DType),
+    (id, scale_id): (TensorId, TensorId),
     to: DType,
-    (scale, blocks): (ByteRange, crate::save::dequant::Fp8Blocks),
-) -> Dequantized {
-    Dequantized::Written(if ckpt.merges_of(id).is_empty() {
+    blocks: crate::save::dequant::Fp8Blocks,
+) -> Result<Dequantized, String> {
+    let (Some(source), Some(scale)) = (ckpt.data_range(id), ckpt.data_range(scale_id)) else {
+        return Err("or its scale has no data to read".to_owned());
+    };
+    let from = ckpt.tensors()[id].dtype;
+    Ok(Dequantized::Written(if ckpt.merges_of(id).is_empty() {
         Recipe::Dequant {
             source,
             from,
@@ -181,7 +175,7 @@ fn fp8_recipe(
             scale,
             blocks,
         }
-    })
+    }))
 }
 
 /// What a compressed-tensors checkpoint keeps beside a quantized module's weight: its
@@ -260,9 +254,6 @@ fn dequantized_compressed(
             scale.dtype
         ));
     }
-    let (Some(source), Some(scale_range)) = (ckpt.data_range(id), ckpt.data_range(scale_id)) else {
-        return Err("or its scale has no data to read".to_owned());
-    };
     let blocks = crate::save::dequant::Fp8Blocks {
         rows,
         cols,
@@ -270,13 +261,7 @@ fn dequantized_compressed(
         block_cols: block.1,
         scale_dtype: scale.dtype,
     };
-    Ok(fp8_recipe(
-        ckpt,
-        id,
-        (source, tensor.dtype),
-        to,
-        (scale_range, blocks),
-    ))
+    fp8_recipe(ckpt, (id, scale_id), to, blocks)
 }
 
 /// How an MXFP4 save treats tensor `id`: `P_blocks` (U8 `[E, rows, G, 16]`) is
