@@ -314,13 +314,9 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
         .iter()
         .filter_map(string)
         .collect();
-    for (k, v) in dict(model.get(&["module"])?) {
-        if let Some(name) = string(k).filter(|n| buffer_names.contains(n)) {
-            let mut t = model.tensor(name, v)?;
-            name.clone_into(&mut t.name);
-            files[0].1.tensors.push(t);
-        }
-    }
+    from_module(model, &mut files[0].1.tensors, |n| {
+        buffer_names.contains(&n)
+    })?;
 
     let mut pieced: Vec<PiecedTensor> = Vec::new();
     let mut dtype = None;
@@ -501,8 +497,18 @@ fn add_untracked_frozen(
         .map(|t| t.name.clone())
         .chain(whole.iter().map(|t| t.name.clone()))
         .collect();
+    from_module(model, whole, |n| !known.contains(n))
+}
+
+/// The entries of the model states' `module` (the model's state dict as the run held
+/// it) whose names `keep` accepts, added to `whole` as stored.
+fn from_module(
+    model: &Archive,
+    whole: &mut Vec<HeaderTensor>,
+    keep: impl Fn(&str) -> bool,
+) -> Result<(), FormatError> {
     for (k, v) in dict(model.get(&["module"])?) {
-        if let Some(name) = string(k).filter(|n| !known.contains(*n)) {
+        if let Some(name) = string(k).filter(|n| keep(n)) {
             let mut t = model.tensor(name, v)?;
             name.clone_into(&mut t.name);
             whole.push(t);
