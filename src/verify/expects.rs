@@ -47,13 +47,13 @@ pub fn of_plan(
         .iter()
         .enumerate()
         .flat_map(|(shard, s)| {
-            s.tensors.iter().map(move |t| WrittenTensor {
-                name: t.name(ckpt).to_owned(),
+            s.header_entries(ckpt).map(move |e| WrittenTensor {
+                name: e.name.to_owned(),
                 shard,
-                dtype: t.dtype,
-                shape: crate::types::shape::Shape::new(&t.shape(ckpt)),
-                offset: 0,
-                len: 0,
+                dtype: e.dtype,
+                shape: crate::types::shape::Shape::new(&e.shape),
+                offset: s.header_len + e.begin,
+                len: e.end - e.begin,
             })
         })
         .collect();

@@ -259,7 +259,9 @@ impl ShardPlan {
         crate::formats::safetensors::header_len(self.header_entries(ckpt), &shard_metadata())
     }
 
-    fn header_entries<'c>(
+    /// The shard's tensors as its header lists them: name, dtype, shape, and where
+    /// the bytes lie in the data region.
+    pub fn header_entries<'c>(
         &'c self,
         ckpt: &'c Checkpoint,
     ) -> impl Iterator<Item = HeaderEntry<'c>> + Clone + 'c {
