@@ -17,16 +17,21 @@ struct Case {
     out: PathBuf,
 }
 
-fn llama(dtype: DType) -> Case {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let src = tmp.path().join("src");
-    let shape = LlamaShape {
+/// The small tied Llama these tests save.
+fn small_llama(dtype: DType) -> LlamaShape {
+    LlamaShape {
         layers: 3,
         hidden: 32,
         intermediate: 64,
         vocab: 128,
         dtype,
-    };
+    }
+}
+
+fn llama(dtype: DType) -> Case {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("src");
+    let shape = small_llama(dtype);
     std::fs::create_dir_all(&src).expect("mkdir");
     devmap::fixtures::write_sharded(&src, &llama_like(shape), 3).expect("shards");
     write_json(&src.join("config.json"), &llama_config(shape)).expect("config");
@@ -643,13 +648,7 @@ fn a_config_for_another_model_lists_twenty_of_each_kind_and_counts_the_rest() {
 fn save_says_before_writing_what_transformers_would_miss() -> Result<(), Box<dyn std::error::Error>>
 {
     let tmp = tempfile::tempdir()?;
-    let shape = LlamaShape {
-        layers: 2,
-        hidden: 32,
-        intermediate: 64,
-        vocab: 128,
-        dtype: DType::BF16,
-    };
+    let shape = small_llama(DType::BF16);
     let src = tmp.path().join("src");
     std::fs::create_dir_all(&src)?;
     let all = llama_like(shape);
