@@ -339,8 +339,11 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
             err_line(format!("  {line}"))?;
         }
         for (dropped, kept) in &plan.dropped_ties {
+            let why = ckpt
+                .tie_evidence(dropped)
+                .map_or(String::new(), |e| format!(" ({})", e.label()));
             err_line(format!(
-                "  `{dropped}` is tied to `{kept}`: written once as `{kept}` (--keep-tied writes both)"
+                "  `{dropped}` is tied to `{kept}`{why}: written once as `{kept}` (--keep-tied writes both)"
             ))?;
         }
         let merged = plan.merged_count();

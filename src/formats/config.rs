@@ -9,6 +9,9 @@ use super::FormatError;
 
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ModelConfig {
+    /// Read from a config.json; `false` for [`ModelConfig::absent`], where nothing
+    /// says what the model is (ties then need other evidence).
+    pub present: bool,
     /// `tie_word_embeddings`; a missing key means the model type's default
     /// ([`ties_by_default`]).
     pub tie_word_embeddings: bool,
@@ -161,7 +164,8 @@ fn value_end(bytes: &[u8], start: usize) -> usize {
 }
 
 impl ModelConfig {
-    /// What transformers assumes when there is no config at all.
+    /// What transformers assumes when there is no config at all (`present` false: the
+    /// loader ties nothing on this default alone).
     pub fn absent() -> ModelConfig {
         ModelConfig {
             tie_word_embeddings: true,
@@ -252,6 +256,7 @@ pub fn read_config(path: &Path) -> Result<ModelConfig, FormatError> {
         .map(str::to_owned);
     let quantization = quantization(&root);
     Ok(ModelConfig {
+        present: true,
         tie_word_embeddings,
         architectures,
         torch_dtype,

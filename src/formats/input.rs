@@ -75,6 +75,28 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// Whether `len` bytes at two places hold the same bytes, read a chunk at a time
+/// until the first difference (two different tensors usually differ in their first
+/// chunk, so this reads little unless they are equal).
+pub fn ranges_equal(a: (&Path, u64), b: (&Path, u64), len: u64) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    const CHUNK: usize = 1 << 20;
+    let open = |p: &Path| open_regular(p).map_err(std::io::Error::other);
+    let (fa, fb) = (open(a.0)?, open(b.0)?);
+    let (mut ba, mut bb) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(CHUNK as u64) as usize;
+        fa.read_exact_at(&mut ba[..n], a.1 + done)?;
+        fb.read_exact_at(&mut bb[..n], b.1 + done)?;
+        if ba[..n] != bb[..n] {
+            return Ok(false);
+        }
+        done += n as u64;
+    }
+    Ok(true)
+}
+
 /// The `*.safetensors` entries of `dir`, sorted. Every one counts: one that is a
 /// folder or a FIFO is refused when it is opened, not skipped.
 pub fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>, FormatError> {

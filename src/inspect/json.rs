@@ -11,6 +11,8 @@ struct Report<'a> {
     model: String,
     tensors: Tensors<'a>,
     ties: Vec<Vec<&'a str>>,
+    /// What says each group of `ties` is tied, in the same order.
+    tie_evidence: Vec<&'static str>,
     devices: Devices,
     total_bytes: u64,
     /// config.json's `quantization_config`: its method and FP8 block, or null.
@@ -285,6 +287,7 @@ fn report(ckpt: &Checkpoint) -> Report<'_> {
                     .collect()
             })
             .collect(),
+        tie_evidence: ckpt.ties.iter().map(|g| g.evidence.label()).collect(),
         devices: Devices(ckpt.device_totals()),
         total_bytes: ckpt.total_bytes(),
         quantization: ckpt.config.quantization.as_ref().map(|q| QuantizationOut {

@@ -147,7 +147,7 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
                     )
                 })
                 .collect();
-            let _ = writeln!(out, "  {}", names.join(" = "));
+            let _ = writeln!(out, "  {}  ({})", names.join(" = "), g.evidence.label());
         }
     }
     lora_section(ckpt, &mut out);

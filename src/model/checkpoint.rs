@@ -79,6 +79,39 @@ impl Tensor {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TieGroup {
     pub members: Vec<TensorId>,
+    /// What says they are tied: a save drops names on this word alone, so it is never
+    /// a name rule (an untied head with no config.json would be lost).
+    pub evidence: TieEvidence,
+}
+
+/// Why devmap holds names tied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TieEvidence {
+    /// config.json: `tie_word_embeddings`, or the architecture's tie keys (transformers
+    /// ties them on load whatever the checkpoint holds).
+    Config,
+    /// One storage for both names: a `torch.save` pickle, a live model's parameter.
+    SameStorage,
+    /// The user's `--tie`.
+    User,
+}
+
+impl TieEvidence {
+    /// How reports name it ("tied (config)").
+    pub fn label(self) -> &'static str {
+        match self {
+            TieEvidence::Config => "config",
+            TieEvidence::SameStorage => "same storage",
+            TieEvidence::User => "--tie",
+        }
+    }
+}
+
+/// A tie group by name, as the loaders find them (the kept name first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedTie {
+    pub names: Vec<String>,
+    pub evidence: TieEvidence,
 }
 
 impl TieGroup {
@@ -228,7 +261,7 @@ impl Checkpoint {
         let find = |name: &str| search(&tensors, name).ok();
         let mut groups = Vec::new();
         let mut tie_of = vec![NO_TIE; tensors.len()];
-        for names in ties {
+        for NamedTie { names, evidence } in ties {
             let members: Vec<TensorId> = names.iter().filter_map(|n| find(n)).collect();
             if members.len() < 2 {
                 continue;
@@ -236,7 +269,7 @@ impl Checkpoint {
             for &m in &members {
                 tie_of[m] = groups.len() as u32;
             }
-            groups.push(TieGroup { members });
+            groups.push(TieGroup { members, evidence });
         }
         let replaced = find_in_order(&tensors, replaced);
         let mut ckpt = Checkpoint {
@@ -331,16 +364,23 @@ impl Checkpoint {
     }
 
     /// Every tie group, by the names of its members (the kept one first).
-    pub fn tie_names(&self) -> Vec<Vec<String>> {
+    pub fn tie_names(&self) -> Vec<NamedTie> {
         self.ties
             .iter()
-            .map(|g| {
-                g.members
+            .map(|g| NamedTie {
+                names: g
+                    .members
                     .iter()
                     .map(|&m| self.tensors[m].name.to_string())
-                    .collect()
+                    .collect(),
+                evidence: g.evidence,
             })
             .collect()
+    }
+
+    /// What says tensor `name` is tied, when it is.
+    pub fn tie_evidence(&self, name: &str) -> Option<TieEvidence> {
+        self.tie_group(self.index_of(name)?).map(|g| g.evidence)
     }
 
     /// The tie group a tensor belongs to.
@@ -647,7 +687,7 @@ pub struct Parts {
     pub dir: PathBuf,
     pub files: Vec<SourceFile>,
     pub tensors: Vec<Tensor>,
-    pub ties: Vec<Vec<String>>,
+    pub ties: Vec<NamedTie>,
     pub device_map: Option<DeviceMap>,
     pub device_map_path: Option<PathBuf>,
     pub offload_dir: Option<PathBuf>,

@@ -17,7 +17,9 @@ pub mod warning;
 
 pub use crate::types::DType;
 pub use crate::types::{DeviceMap, Placement};
-pub use checkpoint::{ByteRange, Checkpoint, Source, Tensor, TensorId, TieGroup};
+pub use checkpoint::{
+    ByteRange, Checkpoint, NamedTie, Source, Tensor, TensorId, TieEvidence, TieGroup,
+};
 pub use load::{LoadError, LoadOptions, load};
 pub use tree::ModuleTree;
 pub use warning::Warning;

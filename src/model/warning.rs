@@ -103,6 +103,18 @@ pub enum Warning {
         chunks: usize,
         problem: String,
     },
+    /// No config.json, and the checkpoint holds both an output head and an input
+    /// embedding of one shape: nothing says they are tied, so both are kept.
+    /// `identical`: whether their bytes are the same (`None`: not compared).
+    HeadKeptWithoutConfig {
+        head: String,
+        embedding: String,
+        identical: Option<bool>,
+    },
+    /// No config.json, and the device map places an output head the checkpoint does
+    /// not hold: only a tie to the embedding could give it a value, and nothing says
+    /// so. A save refuses.
+    HeadTieUnknown { head: String, embedding: String },
     /// A device holds more than its budget.
     OverBudget {
         device: Placement,
@@ -135,6 +147,8 @@ impl Warning {
             Warning::ConfigValue { .. } => "config_value",
             Warning::PiecesDoNotTile { .. } => "pieces_do_not_tile",
             Warning::LeftOut { .. } => "left_out",
+            Warning::HeadKeptWithoutConfig { .. } => "head_kept_without_config",
+            Warning::HeadTieUnknown { .. } => "head_tie_unknown",
         }
     }
 
@@ -150,7 +164,11 @@ impl Warning {
             | Warning::PiecesDoNotTile { tensor, .. } => vec![tensor.clone()],
             Warning::TieShapesDiffer {
                 head, embedding, ..
-            } => vec![head.clone(), embedding.clone()],
+            }
+            | Warning::HeadKeptWithoutConfig {
+                head, embedding, ..
+            }
+            | Warning::HeadTieUnknown { head, embedding } => vec![head.clone(), embedding.clone()],
             Warning::SymlinksOutside { files, .. } => files.clone(),
             Warning::Unmapped { tensors }
             | Warning::DiskWithoutOffload { tensors, .. }
@@ -347,6 +365,26 @@ impl Warning {
                 f,
                 "`{tensor}` is stored in {} across ranks that do not make it up: {problem}; a save refuses it",
                 count(*chunks, "chunk", "chunks")
+            ),
+            Warning::HeadKeptWithoutConfig {
+                head,
+                embedding,
+                identical,
+            } => {
+                let how = match identical {
+                    Some(true) => "holds the same bytes as",
+                    Some(false) => "differs from",
+                    None => "may or may not be tied to",
+                };
+                write!(
+                    f,
+                    "no config.json: `{head}` {how} `{embedding}`, and nothing says they are tied, so both are kept; --config DIR reads the model's config.json (its tie_word_embeddings decides), --tie {head}={embedding} writes one"
+                )
+            }
+            Warning::HeadTieUnknown { head, embedding } => write!(
+                f,
+                "the device map places `{}` but the checkpoint holds no `{head}`, and there is no config.json to say it is tied to `{embedding}`; a save refuses: pass --config DIR (the model's config.json) or --tie {head}={embedding}",
+                head.trim_end_matches(".weight")
             ),
             Warning::OverBudget {
                 device,

@@ -176,6 +176,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
         let inside = |k: &str| format!("{k}.").contains(&format!("{name}."));
         let tied_params: Vec<&str> = ties
             .iter()
+            .map(|g| &g.names)
             .filter(|g| g.iter().any(|k| inside(k)) && !g.iter().all(|k| inside(k)))
             .flat_map(|g| g.iter().filter(|k| !inside(k)).map(String::as_str))
             .collect();

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use crate::model::arch::Arch;
-use crate::model::checkpoint::{Checkpoint, NO_KEY, Parts, Source, Tensor};
+use crate::model::checkpoint::{Checkpoint, NO_KEY, NamedTie, Parts, Source, Tensor};
 use crate::model::names::expert_piece;
 use crate::types::placement::Placement;
 
@@ -146,7 +146,7 @@ fn dequantized_view(ckpt: &Checkpoint) -> Option<Checkpoint> {
 
 /// A checkpoint of `tensors` and `ties` with `ckpt`'s folder and config: what the
 /// planner reads of a view.
-fn view_of(ckpt: &Checkpoint, tensors: Vec<Tensor>, ties: Vec<Vec<String>>) -> Checkpoint {
+fn view_of(ckpt: &Checkpoint, tensors: Vec<Tensor>, ties: Vec<NamedTie>) -> Checkpoint {
     Checkpoint::assemble(Parts {
         dir: ckpt.dir.clone(),
         tensors,
@@ -195,11 +195,13 @@ fn renamed_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint> {
     let ties = ckpt
         .ties
         .iter()
-        .map(|g| {
-            g.members
+        .map(|g| NamedTie {
+            names: g
+                .members
                 .iter()
                 .map(|&m| plain(&ckpt.tensors()[m]).name.to_string())
-                .collect()
+                .collect(),
+            evidence: g.evidence,
         })
         .collect();
     Some(view_of(ckpt, tensors, ties))

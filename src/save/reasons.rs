@@ -111,6 +111,10 @@ pub enum Unsaveable {
     /// The text is the model's own warning about the two layouts.
     #[error("{0}")]
     ConvertedLayout(String),
+    /// A head the device map places, with no value and no config.json to say it is
+    /// tied (the model's own warning, which names `--config` and `--tie`).
+    #[error("{0}")]
+    HeadTieUnknown(String),
     /// A `quantization_config` this save cannot honour; the text says why and what to
     /// do instead.
     #[error("{0}")]

@@ -150,3 +150,70 @@ pub(super) fn match_up<'e>(
     }
     pairs
 }
+
+/// Names the save drops as tied copies that hold values of their own in the source:
+/// each is compared with the value written under the kept name, read from the source
+/// as stored. The tie's evidence (a config, a `--tie`) decided the drop; the source's
+/// own bytes decide whether it lost anything, so a head tied by mistake is a
+/// difference, not "0 differences" by the same decision replayed.
+pub(super) fn dropped_ties(
+    expected: &Expected<'_>,
+    progress: &super::Progress,
+    findings: &mut Vec<Finding>,
+) -> Result<(), super::VerifyError> {
+    use crate::model::checkpoint::Source;
+    let ckpt = expected.ckpt;
+    let mut copier = crate::save::copy::Copier::with_stream_chunk(super::READ_CHUNK);
+    for (dropped, kept) in &expected.plan.dropped_ties {
+        let (Some(d), Some(k)) = (ckpt.index_of(dropped), ckpt.index_of(kept)) else {
+            continue;
+        };
+        let own = ckpt.tensors()[d].source;
+        let Some(kept_source) = ckpt.data_source(k) else {
+            continue;
+        };
+        if matches!(own, Source::Tied(_) | Source::None) || own == kept_source {
+            continue;
+        }
+        let evidence = ckpt
+            .tie_evidence(dropped)
+            .map_or("tied", crate::model::checkpoint::TieEvidence::label);
+        let (a, b) = (&ckpt.tensors()[d], &ckpt.tensors()[k]);
+        if a.dtype != b.dtype {
+            findings.push(Finding::note(
+                Kind::TieLostValues,
+                dropped,
+                format!(
+                    "is dropped as a tied copy of `{kept}` ({evidence}), but the source stores it as {} and `{kept}` as {}: their values were not compared",
+                    a.dtype, b.dtype
+                ),
+            ));
+            continue;
+        }
+        let hash = |id, source, copier: &mut _| {
+            super::stored_hash(ckpt, id, source, copier, progress).map_err(|e| match e {
+                crate::save::copy::CopyError::Cancelled => super::VerifyError::Cancelled,
+                other => super::VerifyError::Format(crate::formats::FormatError::invalid(
+                    &ckpt.dir,
+                    format!(
+                        "`{}` cannot be read to compare it with its tie partner: {}",
+                        ckpt.tensors()[id].name,
+                        super::describe(&other)
+                    ),
+                )),
+            })
+        };
+        let ours = hash(d, own, &mut copier)?;
+        let theirs = hash(k, kept_source, &mut copier)?;
+        if ours != theirs {
+            findings.push(Finding::difference(
+                Kind::TieLostValues,
+                dropped,
+                format!(
+                    "is dropped as a tied copy of `{kept}` ({evidence}), but the source holds different values for it: the saved model loses them (save with --keep-tied, or without the tie)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

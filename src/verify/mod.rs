@@ -206,6 +206,9 @@ pub fn verify(
             _ => {}
         }
     }
+    if let Some(e) = expected {
+        against::dropped_ties(e, progress, &mut findings)?;
+    }
     let mut compared = 0;
     if let Some((hashes, mut source_findings)) = expected_hashes.transpose()? {
         findings.append(&mut source_findings);
@@ -538,6 +541,58 @@ fn hash_expected(
         hashes.push(hashed(outcome, expected.name(p), &what, &mut findings)?);
     }
     Ok((hashes, findings))
+}
+
+/// The hash of the bytes `source` holds for tensor `id`, as stored (a range, or pieces
+/// put together); `None` for a source with no bytes of its own.
+fn stored_hash(
+    ckpt: &crate::model::Checkpoint,
+    id: crate::model::TensorId,
+    source: crate::model::Source,
+    copier: &mut Copier,
+    progress: &Progress,
+) -> Result<Option<u128>, CopyError> {
+    use crate::model::Source;
+    let tensor = &ckpt.tensors()[id];
+    let mut digester = Digester::new(tensor.dtype);
+    match source {
+        Source::Checkpoint(r) | Source::Offload(r) | Source::Adapter(r) => {
+            let file = crate::formats::input::open_regular(ckpt.file_path(r.file))
+                .map_err(|e| CopyError::Io(std::io::Error::other(e)))?;
+            read_into(
+                copier,
+                (&file, r.offset),
+                r.len,
+                None,
+                progress,
+                &mut digester,
+            )?;
+        }
+        Source::Pieces(index) => {
+            let mut open = |file| {
+                crate::formats::input::open_regular(ckpt.file_path(file))
+                    .map_err(|e| CopyError::Io(std::io::Error::other(e)))
+            };
+            let mut feed = |chunk: &[u8]| {
+                digester.update(chunk);
+                Ok(())
+            };
+            crate::save::stitch::put_together(
+                ckpt,
+                (id, index),
+                &mut open,
+                copier,
+                crate::save::stitch::Sink::Stream {
+                    cast: None,
+                    feed: &mut feed,
+                },
+                &progress.cancel,
+            )
+            .map_err(|failed| failed.error)?;
+        }
+        Source::Tied(_) | Source::None => return Ok(None),
+    }
+    Ok(Some(digester.finish().hash))
 }
 
 /// Where [`hash_expected`] reads a source from.

@@ -68,6 +68,9 @@ pub enum Kind {
     Shape,
     /// `--against`: the bytes differ.
     Content,
+    /// `--against`: a name the save drops as a tied copy holds other values than the
+    /// name it keeps, in the source itself: the drop loses them.
+    TieLostValues,
     /// A file could not be read to the end.
     Unreadable,
     /// NaN or infinite elements (a difference unless `--allow-nonfinite`).
@@ -134,6 +137,7 @@ impl Kind {
             Kind::Dtype => "dtype",
             Kind::Shape => "shape",
             Kind::Content => "content",
+            Kind::TieLostValues => "tie-lost-values",
             Kind::Unreadable => "unreadable",
             Kind::NonFinite => "non-finite",
             Kind::Missing => "missing",
@@ -147,9 +151,12 @@ impl Kind {
 
     pub fn check(self) -> Check {
         match self {
-            Kind::MissingTensor | Kind::ExtraTensor | Kind::Dtype | Kind::Shape | Kind::Content => {
-                Check::Against
-            }
+            Kind::MissingTensor
+            | Kind::ExtraTensor
+            | Kind::Dtype
+            | Kind::Shape
+            | Kind::Content
+            | Kind::TieLostValues => Check::Against,
             Kind::ConfigDtype
             | Kind::TieDropped
             | Kind::TieExtra

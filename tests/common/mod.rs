@@ -380,6 +380,13 @@ pub fn run_hf_script_with(
     )
 }
 
+/// [`run_hf_script`] with the devmap Python package importable (built here, or the
+/// installed one under `.ci/run`).
+pub fn run_package_script(script: &str) -> (bool, String, String) {
+    let package = python_package();
+    run_hf_script_with(script, &package.env())
+}
+
 /// Every warning of `ckpt` as the reports print it, one per line.
 pub fn warning_text(ckpt: &devmap::model::Checkpoint) -> String {
     devmap::model::checks::all_warnings(ckpt)

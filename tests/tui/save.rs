@@ -19,7 +19,8 @@ fn save_dialog_preview_and_a_real_save() {
         d.preview.ties_once,
         vec![(
             "lm_head.weight".to_owned(),
-            "model.embed_tokens.weight".to_owned()
+            "model.embed_tokens.weight".to_owned(),
+            "config"
         )]
     );
     // Presets: none past the largest; 5GB (transformers 4's default) one step left.
@@ -743,4 +744,74 @@ fn the_inputs_are_opened_as_the_inspector_opens_and_again_when_a_save_starts() {
         d.preview.errors
     );
     assert!(!out.exists(), "nothing written");
+}
+
+/// Consent to overwrite belongs to one folder (issue 38): Ctrl-O given for one
+/// non-empty folder, then the dialog closed, or its path changed to another folder
+/// holding a model, asks again; nothing is written into the second folder.
+#[test]
+fn overwrite_consent_is_bound_to_the_folder_it_was_given_for() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let first = m.out("first");
+    std::fs::create_dir(&first).expect("mkdir");
+    std::fs::write(first.join("notes.txt"), "x").expect("w");
+    // A second folder that holds a model: what a stray overwrite would destroy.
+    let second = m.out("second");
+    std::fs::create_dir(&second).expect("mkdir");
+    std::fs::copy(
+        m.dir.join("config.json"),
+        second.join("model.safetensors.index.json"),
+    )
+    .expect("cp");
+    let before = common::snapshot(&second);
+    let set_out = |app: &mut App, path: &std::path::Path| {
+        if matches!(&app.mode, Mode::SaveDialog(d) if d.field == Field::ShardSize) {
+            press(app, &[key(KeyCode::Tab)]);
+        }
+        press(app, &[ctrl('u')]);
+        press(app, &text(path.to_str().expect("p")));
+        settle(app);
+    };
+    press(&mut app, &[ch('s')]);
+    set_out(&mut app, &first);
+    press(&mut app, &[ctrl('o')]);
+    settle(&mut app);
+    assert!(matches!(&app.mode, Mode::SaveDialog(d) if d.overwrites()));
+    // Esc, then the dialog again with another folder.
+    press(&mut app, &[key(KeyCode::Esc), ch('s')]);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(!d.overwrites(), "consent does not outlive the dialog");
+    assert_eq!(d.out, first.to_str().expect("p"), "the path is remembered");
+    set_out(&mut app, &second);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(d.preview.offer_overwrite, "asks again: {:?}", d.preview);
+    assert!(
+        d.preview.errors.iter().any(|e| e.contains("not empty")),
+        "{:?}",
+        d.preview.errors
+    );
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(app.save.is_none(), "nothing starts");
+    // Ctrl-O for one folder, then the path edited to another: asks again there too.
+    set_out(&mut app, &first);
+    press(&mut app, &[ctrl('o')]);
+    settle(&mut app);
+    assert!(matches!(&app.mode, Mode::SaveDialog(d) if d.overwrites()));
+    set_out(&mut app, &second);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(!d.overwrites() && d.preview.offer_overwrite);
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(app.save.is_none(), "nothing starts");
+    assert_eq!(
+        common::snapshot(&second),
+        before,
+        "the second folder is untouched"
+    );
 }

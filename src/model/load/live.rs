@@ -16,7 +16,7 @@ use crate::formats::config::{ModelConfig, read_config};
 use crate::formats::live::{LiveSource, LiveTensor, Manifest, PROCESS_MEMORY, STAGED_PREFIX};
 use crate::formats::safetensors::HeaderCache;
 use crate::model::checkpoint::{
-    ByteRange, Checkpoint, FileId, NO_KEY, Parts, Source, SourceFile, Tensor,
+    ByteRange, Checkpoint, FileId, NO_KEY, NamedTie, Parts, Source, SourceFile, Tensor, TieEvidence,
 };
 use crate::types::dtype::DType;
 use crate::types::placement::Placement;
@@ -35,7 +35,11 @@ pub fn load_live(manifest: &Manifest, origin: &Path) -> Result<Checkpoint, LoadE
     for live in &manifest.tensors {
         if let LiveSource::Tied { to } = &live.source {
             // The kept name first: it is the one a save writes.
-            ties.push(vec![to.clone(), live.name.clone()]);
+            // One parameter under two names: the live model's own storage says so.
+            ties.push(NamedTie {
+                names: vec![to.clone(), live.name.clone()],
+                evidence: TieEvidence::SameStorage,
+            });
         }
         tensors.push(tensor_of(live, &mut files, origin)?);
     }

@@ -262,13 +262,24 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         ties.push(explicit_tie(tied, kept, &mut draft)?);
     }
     let ties = merge_groups(ties);
+    // A --tie answers what a missing config.json left open.
+    warnings.retain(|w| match w {
+        Warning::HeadTieUnknown { head, .. } | Warning::HeadKeptWithoutConfig { head, .. } => {
+            !ties.iter().any(|g| g.names.contains(head))
+        }
+        _ => true,
+    });
     // Offload entries that point at the same bytes are a hint, not a tie: zeros are
     // identical without being tied. Unless the config or --tie ties them, both are
     // saved, with a warning.
     let mut shared: Vec<Vec<String>> = shared_offload
         .into_values()
         .filter(|names| names.len() > 1)
-        .filter(|names| !ties.iter().any(|g| names.iter().all(|n| g.contains(n))))
+        .filter(|names| {
+            !ties
+                .iter()
+                .any(|g| names.iter().all(|n| g.names.contains(n)))
+        })
         .collect();
     shared.sort();
     for tensors in shared {

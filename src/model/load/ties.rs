@@ -1,25 +1,38 @@
-//! Tie inference: which tensors hold the same value, from the config, the device map
-//! and the user's `--tie`.
+//! Tie inference: which tensors hold the same value. A save writes a tie group once,
+//! so a tie needs evidence — the config (or the architecture's tie keys), one storage
+//! for both names, or the user's `--tie` — never a name rule alone: with no
+//! config.json, an untied head would otherwise be dropped (issue 38).
 
 use super::LoadError;
 use super::draft::Draft;
 use crate::formats::config::ModelConfig;
-use crate::model::checkpoint::{NO_KEY, Source, Tensor};
+use crate::model::checkpoint::{NO_KEY, NamedTie, Source, Tensor, TieEvidence};
 use crate::model::names::{HEAD_NAMES, input_embedding};
 use crate::model::warning::Warning;
 use crate::types::placement::{DeviceMap, Placement};
 
-/// `tie_word_embeddings`: the output head holds the input embedding. The head is added
-/// when the weights lack it but the device map names it (transformers does not save the
-/// tied side).
+/// The ties the config makes: `tie_word_embeddings` (the output head holds the input
+/// embedding; the head is added when the weights lack it but the device map names
+/// it, as transformers does not save the tied side), or the architecture table's.
+/// With no config.json at all, [`evidence_ties`] decides instead.
 pub(super) fn config_ties(
     config: &ModelConfig,
     draft: &mut Draft,
     map: Option<&DeviceMap>,
     warnings: &mut Vec<Warning>,
-) -> Vec<Vec<String>> {
+) -> Vec<NamedTie> {
+    if !config.present {
+        return evidence_ties(draft, map, warnings);
+    }
+    let by_config = |names: Vec<String>| NamedTie {
+        names,
+        evidence: TieEvidence::Config,
+    };
     if let Some(arch) = crate::model::arch::lookup(&config.architectures) {
-        return table_ties(arch, config, draft, warnings);
+        return table_ties(arch, config, draft, warnings)
+            .into_iter()
+            .map(by_config)
+            .collect();
     }
     if !config.tie_word_embeddings {
         return Vec::new();
@@ -37,7 +50,7 @@ pub(super) fn config_ties(
         };
         if let Some(h) = draft.find(head) {
             if draft.tensors[h].shape == draft.tensors[emb].shape {
-                ties.push(vec![embedding.clone(), head.to_owned()]);
+                ties.push(by_config(vec![embedding.clone(), head.to_owned()]));
             } else {
                 warnings.push(Warning::TieShapesDiffer {
                     head: head.to_owned(),
@@ -57,11 +70,90 @@ pub(super) fn config_ties(
                     .any(|a| a.ends_with("ForCausalLM") || a.ends_with("LMHeadModel"));
             if named || lm {
                 add_tied_copy(draft, head, emb);
-                ties.push(vec![embedding.clone(), head.to_owned()]);
+                ties.push(by_config(vec![embedding.clone(), head.to_owned()]));
             }
         }
     }
     ties
+}
+
+/// Ties with no config.json: only a head that shares the embedding's storage (a
+/// `torch.save` of a tied model pickles one storage under both names). A head with
+/// bytes of its own is kept, with a warning that says whether they are identical; a
+/// head the device map places but the checkpoint lacks gets no value (a save
+/// refuses, naming `--config` and `--tie`).
+fn evidence_ties(
+    draft: &Draft,
+    map: Option<&DeviceMap>,
+    warnings: &mut Vec<Warning>,
+) -> Vec<NamedTie> {
+    let Some(embedding) =
+        input_embedding(draft.tensors.iter().map(|t| t.name.as_ref())).map(str::to_owned)
+    else {
+        return Vec::new();
+    };
+    let Some(emb) = draft.find(&embedding) else {
+        return Vec::new();
+    };
+    let mut ties = Vec::new();
+    for head in HEAD_NAMES {
+        let Some(h) = draft.find(head) else {
+            let module = head.trim_end_matches(".weight");
+            if map.is_some_and(|m| m.get(module).is_some() || m.get(head).is_some()) {
+                warnings.push(Warning::HeadTieUnknown {
+                    head: head.to_owned(),
+                    embedding: embedding.clone(),
+                });
+            }
+            continue;
+        };
+        let (held, embedded) = (&draft.tensors[h], &draft.tensors[emb]);
+        if held.shape != embedded.shape || held.dtype != embedded.dtype {
+            // Another shape is another tensor: nothing to decide.
+            continue;
+        }
+        let same_storage = match (held.source, embedded.source) {
+            (Source::Checkpoint(x), Source::Checkpoint(y)) => x == y,
+            // DeepSpeed's `shared_params`: the alias reads the same blocks.
+            (Source::Pieces(x), Source::Pieces(y)) => {
+                draft.pieces.get(x as usize) == draft.pieces.get(y as usize)
+            }
+            _ => false,
+        };
+        if same_storage {
+            ties.push(NamedTie {
+                names: vec![embedding.clone(), head.to_owned()],
+                evidence: TieEvidence::SameStorage,
+            });
+            continue;
+        }
+        warnings.push(Warning::HeadKeptWithoutConfig {
+            head: head.to_owned(),
+            embedding: embedding.clone(),
+            identical: same_bytes(draft, held, embedded),
+        });
+    }
+    ties
+}
+
+/// Whether two tensors stored as one byte range each hold the same bytes (read
+/// until the first difference); `None` when either is stored otherwise or cannot be
+/// read (the warning then says "may or may not be tied").
+fn same_bytes(draft: &Draft, a: &Tensor, b: &Tensor) -> Option<bool> {
+    let range = |t: &Tensor| match t.source {
+        Source::Checkpoint(r) | Source::Offload(r) => Some(r),
+        _ => None,
+    };
+    let (x, y) = (range(a)?, range(b)?);
+    if x.len != y.len {
+        return Some(false);
+    }
+    crate::formats::input::ranges_equal(
+        (&draft.files[x.file].path, x.offset),
+        (&draft.files[y.file].path, y.offset),
+        x.len,
+    )
+    .ok()
 }
 
 /// The ties transformers' class makes (from the architecture table): every group with
@@ -166,7 +258,7 @@ pub(super) fn explicit_tie(
     tied: &str,
     kept: &str,
     draft: &mut Draft,
-) -> Result<Vec<String>, LoadError> {
+) -> Result<NamedTie, LoadError> {
     let bad = |message: String| LoadError::BadTie {
         tied: tied.to_owned(),
         kept: kept.to_owned(),
@@ -190,13 +282,22 @@ pub(super) fn explicit_tie(
             }
         }
     }
-    Ok(vec![kept.to_owned(), tied.to_owned()])
+    Ok(NamedTie {
+        names: vec![kept.to_owned(), tied.to_owned()],
+        evidence: TieEvidence::User,
+    })
 }
 
-/// Joins groups that share a name; the first group's first name stays first.
-pub(super) fn merge_groups(groups: Vec<Vec<String>>) -> Vec<Vec<String>> {
+/// Joins groups that share a name; the first group's first name stays first, and so
+/// does its evidence.
+pub(super) fn merge_groups(groups: Vec<NamedTie>) -> Vec<NamedTie> {
+    let mut evidence = Vec::new();
     let mut merged: Vec<Vec<String>> = Vec::new();
-    for group in groups {
+    for NamedTie {
+        names: group,
+        evidence: said,
+    } in groups
+    {
         let hits: Vec<usize> = merged
             .iter()
             .enumerate()
@@ -211,10 +312,12 @@ pub(super) fn merge_groups(groups: Vec<Vec<String>>) -> Vec<Vec<String>> {
                 }
             }
             merged.push(g);
+            evidence.push(said);
             continue;
         }
         let first = hits[0];
         for &i in hits[1..].iter().rev() {
+            evidence.remove(i);
             let other = merged.remove(i);
             for n in other {
                 if !merged[first].contains(&n) {
@@ -229,4 +332,8 @@ pub(super) fn merge_groups(groups: Vec<Vec<String>>) -> Vec<Vec<String>> {
         }
     }
     merged
+        .into_iter()
+        .zip(evidence)
+        .map(|(names, evidence)| NamedTie { names, evidence })
+        .collect()
 }

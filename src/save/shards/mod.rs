@@ -590,8 +590,16 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     // Two layouts of the same expert weights would both be written, and transformers
     // could load neither: refused until devmap converts them back (issue 11).
     for w in &ckpt.warnings {
-        if let crate::model::Warning::ConvertedLayout { .. } = w {
-            problems.push(Unsaveable::ConvertedLayout(w.to_string()));
+        match w {
+            crate::model::Warning::ConvertedLayout { .. } => {
+                problems.push(Unsaveable::ConvertedLayout(w.to_string()));
+            }
+            // Writing the model without the head, or with the embedding under its
+            // name, would each be a guess: the user says which.
+            crate::model::Warning::HeadTieUnknown { .. } => {
+                problems.push(Unsaveable::HeadTieUnknown(w.to_string()));
+            }
+            _ => {}
         }
     }
     let mut dropped_ties = Vec::new();

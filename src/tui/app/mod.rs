@@ -88,7 +88,10 @@ pub struct SaveDialog {
     pub size: String,
     pub out: String,
     pub field: Field,
-    pub overwrite: bool,
+    /// The output folder the user allowed to be written into though not empty
+    /// (Ctrl-O): consent for that path alone, gone when the path changes or the
+    /// dialog closes, so it never carries over to another folder.
+    pub overwrite: Option<String>,
     /// `--dtype` of the save, stepped with ←/→ on its field.
     pub dtype: crate::save::shards::DtypeChoice,
     pub preview: Preview,
@@ -99,6 +102,14 @@ pub struct SaveDialog {
     pub preview_pending: Option<u64>,
 }
 
+impl SaveDialog {
+    /// Whether the save may write into a non-empty output folder: the user pressed
+    /// Ctrl-O for the folder the dialog names now.
+    pub fn overwrites(&self) -> bool {
+        self.overwrite.as_deref() == Some(self.out.trim())
+    }
+}
+
 /// What the save would do with the dialog's values, recomputed on every edit.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Preview {
@@ -106,7 +117,8 @@ pub struct Preview {
     pub largest: Option<(String, u64)>,
     pub bytes: u64,
     pub tensors: usize,
-    pub ties_once: Vec<(String, String)>,
+    /// Tied names written once: (dropped, kept, what says they are tied).
+    pub ties_once: Vec<(String, String, &'static str)>,
     /// What floating-point tensors are cast to, when the save casts.
     pub cast_to: Option<crate::types::DType>,
     /// `--merge-lora`: the adapters applied and the tensors they merge into.

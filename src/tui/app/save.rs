@@ -24,7 +24,7 @@ impl App {
             size: crate::save::DEFAULT_MAX_SHARD_SIZE_TEXT.into(),
             out,
             field: Field::ShardSize,
-            overwrite: false,
+            overwrite: None,
             dtype: crate::save::shards::DtypeChoice::Auto,
             preview: Preview::default(),
             preview_due: None,
@@ -99,11 +99,21 @@ impl App {
                 if moves_only {
                     return Vec::new();
                 }
+                // Another folder than the one consent was given for: ask again.
+                if !dialog.overwrites() {
+                    dialog.overwrite = None;
+                }
             }
             Action::PrevPreset | Action::NextPreset if dialog.field == Field::Dtype => {
                 dialog.dtype = step_dtype(dialog.dtype, action == Action::NextPreset);
             }
-            Action::ToggleOverwrite => dialog.overwrite = !dialog.overwrite,
+            Action::ToggleOverwrite => {
+                dialog.overwrite = if dialog.overwrites() {
+                    None
+                } else {
+                    Some(dialog.out.trim().to_owned())
+                };
+            }
             Action::PrevPreset | Action::NextPreset if dialog.field == Field::ShardSize => {
                 dialog.size = step_preset(&dialog.size, action == Action::NextPreset);
                 self.cursor = None;
@@ -154,6 +164,8 @@ impl App {
     fn remember_dialog(&mut self) {
         if let Mode::SaveDialog(dialog) = &self.mode {
             let mut kept = (**dialog).clone();
+            // Consent to overwrite is for this visit to the dialog only.
+            kept.overwrite = None;
             kept.preview = Preview::default();
             kept.preview_due = None;
             kept.preview_pending = None;
@@ -177,7 +189,7 @@ impl App {
         Ok(SaveOptions {
             max_shard_size: max,
             dtype: dialog.dtype,
-            force: dialog.overwrite,
+            force: dialog.overwrites(),
             available_ram: self.memory.back().map(|m| m.available),
             pause_file: self.save_pause.clone(),
             // A save paused for a test writes one shard at a time, so where it stands
@@ -204,7 +216,7 @@ impl App {
             ckpt: Arc::clone(&self.ckpt),
             probe: Arc::clone(&self.probe),
             options: self.options_for(dialog),
-            overwrite: dialog.overwrite,
+            overwrite: dialog.overwrites(),
             memory: self.memory.back().copied(),
         }
     }
@@ -466,7 +478,17 @@ impl PreviewInput {
         preview.largest.clone_from(&plan.largest_tensor);
         preview.bytes = plan.file_bytes();
         preview.tensors = plan.tensor_count();
-        preview.ties_once.clone_from(&plan.dropped_ties);
+        preview.ties_once = plan
+            .dropped_ties
+            .iter()
+            .map(|(dropped, kept)| {
+                let evidence = self
+                    .ckpt
+                    .tie_evidence(dropped)
+                    .map_or("tied", crate::model::TieEvidence::label);
+                (dropped.clone(), kept.clone(), evidence)
+            })
+            .collect();
         preview.cast_to = plan.cast_to;
         let need = plan.memory_need(&self.ckpt, options.jobs);
         preview.memory = need.bytes;

@@ -95,6 +95,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 Span::styled(format!("{:<10}", "tied"), theme.dim()),
                 Span::styled(members.join(" = "), theme.tie()),
             ]));
+            lines.push(kv("evidence", group.evidence.label().to_owned()));
         }
         if let Some(part) = crate::model::quantized::quantized_part(&app.ckpt, t) {
             let dtype = crate::model::quantized::dequantized_dtype(&app.ckpt);

@@ -89,9 +89,9 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
                 theme.good(),
             )));
         }
-        for (dropped, kept) in &p.ties_once {
+        for (dropped, kept, evidence) in &p.ties_once {
             lines.push(Line::from(Span::styled(
-                format!("tied: {dropped} written once, as {kept}"),
+                format!("tied ({evidence}): {dropped} written once, as {kept}"),
                 theme.tie(),
             )));
         }
@@ -100,9 +100,9 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
             human_bytes(p.memory),
             p.memory_parts
         )));
-        if d.overwrite {
+        if d.overwrites() {
             lines.push(Line::from(Span::styled(
-                "overwrite: on (earlier weight files in the folder are replaced)",
+                "overwrite: on for this folder (earlier weight files in it are replaced)",
                 theme.warn(),
             )));
         }
