@@ -98,6 +98,12 @@ fn jump_to_tie_partner() {
     let mut app = app_for(&m);
     press(&mut app, &[key(KeyCode::Right), ch('j')]);
     assert_eq!(selected_name(&app), "lm_head.weight");
+    // The details say what ties them: the fixture's config.json.
+    let shown = frame(&app, 120, 40);
+    assert!(
+        shown.contains("evidence  config"),
+        "the tie's evidence is shown:\n{shown}"
+    );
     press(&mut app, &[ch('t')]);
     assert_eq!(selected_name(&app), "model.embed_tokens.weight");
     press(&mut app, &[ch('t')]);
