@@ -7,6 +7,8 @@
 //! types      DType, Placement, DeviceMap, ByteRange: the shared vocabulary
 //! formats    safetensors headers, HF index, config.json, device_map.json, offload folders
 //! model      Checkpoint (tensors, sources, placement, ties), ModuleTree, checks
+//! oracle     the user's transformers, asked what a config's model is (names, shapes,
+//!            dtypes save_pretrained writes, buffers, float32 modules); cached
 //! save  plan  inspect  monitor
 //!            save: shard plan of per-tensor recipes, writers, commit, verify;
 //!            plan: accelerate's auto placement; inspect: text and JSON reports;
@@ -29,6 +31,7 @@ pub mod formats;
 pub mod inspect;
 pub mod model;
 pub mod monitor;
+pub mod oracle;
 pub mod plan;
 pub mod remote;
 pub mod save;

@@ -525,7 +525,7 @@ fn the_text_report_names_each_difference_and_sums_up() {
     assert!(text.contains("1 difference,"), "{text}");
     // Each check's verdict on its own: which proof failed.
     assert!(
-        text.contains("files: 0 problems; as transformers expects (LlamaForCausalLM): 1 problem"),
+        text.contains("files: 0 problems; as transformers expects (LlamaForCausalLM, devmap's table of transformers 5.24.0): 1 problem"),
         "{text}"
     );
 }

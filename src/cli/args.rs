@@ -136,6 +136,16 @@ pub struct ModelArgs {
     /// tensor); for verify, report NaN and infinities as notes, not differences.
     #[arg(long, global = true)]
     pub allow_nonfinite: bool,
+    /// A Python whose transformers is asked what the model is (names, shapes and dtypes
+    /// save_pretrained writes, modules kept in float32), for verify and the save's
+    /// checks; "none" to use devmap's table alone. Default: $DEVMAP_PYTHON, else
+    /// python3 when it imports transformers. The model is built on the meta device: no
+    /// weights, no network.
+    #[arg(long, value_name = "PYTHON", global = true)]
+    pub transformers: Option<PathBuf>,
+    /// Let transformers run the model's own code (auto_map) when asked about it.
+    #[arg(long, global = true)]
+    pub trust_remote_code: bool,
     /// Most shard headers to fetch for a remote model (two requests each); an index
     /// naming more is refused before any request for them.
     #[arg(long, value_name = "N", global = true, default_value_t = devmap::remote::DEFAULT_MAX_SHARDS)]

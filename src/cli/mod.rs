@@ -268,13 +268,55 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
     Ok(())
 }
 
+/// What the user's transformers says of the model whose config.json is in
+/// `config_dir`, loaded in `dtype` (`None`: the config's own): `None` when there is
+/// none to ask (`--transformers none`, or no Python with transformers found), or it
+/// could not answer (said in a warning: devmap's table is used instead). An explicit
+/// `--transformers` that does not import transformers is an error.
+pub(super) fn ask_transformers(
+    config_dir: &Path,
+    dtype: Option<devmap::model::DType>,
+    model: &ModelArgs,
+    quiet: bool,
+) -> Result<Option<devmap::oracle::Answer>> {
+    use devmap::oracle::Oracle;
+    let oracle = Oracle::find(model.transformers.as_deref(), model.trust_remote_code)
+        .map_err(|e| eyre!(e))
+        .wrap_err("--transformers names a Python that cannot answer")?;
+    let Some(oracle) = oracle else {
+        return Ok(None);
+    };
+    if std::fs::metadata(config_dir.join("config.json")).is_err() {
+        return Ok(None);
+    }
+    match oracle.ask(config_dir, dtype) {
+        Ok(answer) => {
+            if !quiet {
+                err_line(oracle.said())?;
+            }
+            Ok(Some(answer))
+        }
+        Err(e) => {
+            err_line(format!(
+                "warning: {e}; expectations from devmap's table ({}) instead",
+                devmap::model::expect::source()
+            ))?;
+            Ok(None)
+        }
+    }
+}
+
 /// Findings shown before a save at most; `devmap verify OUT` lists them all.
 const EXPECTATIONS_SHOWN: usize = 10;
 
 /// Says before writing what transformers' loader would report of the tensors the save
 /// writes (a training checkpoint that lost parameters is saved, but not silently).
-fn expectation_warnings(ckpt: &Checkpoint, plan: &SavePlan) -> Result<()> {
-    let findings = devmap::verify::expectations_of_plan(ckpt, plan);
+fn expectation_warnings(
+    ckpt: &Checkpoint,
+    plan: &SavePlan,
+    answer: Option<&devmap::oracle::Answer>,
+) -> Result<()> {
+    let findings = devmap::verify::expectations_of_plan(ckpt, plan, answer);
     for f in findings.iter().take(EXPECTATIONS_SHOWN) {
         err_line(format!("warning: {f}"))?;
     }
@@ -290,6 +332,15 @@ fn expectation_warnings(ckpt: &Checkpoint, plan: &SavePlan) -> Result<()> {
 fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
     refuse_remote(&a.dir, "saving")?;
     let ckpt = open(&a.dir, model)?;
+    // Asked at the dtype the save writes: which modules transformers keeps in float32
+    // there, and what its save_pretrained writes for this config.
+    let cast_to = devmap::save::shards::resolve_dtype(&ckpt, a.dtype);
+    let config_dir = ckpt.config_dir.clone().unwrap_or_else(|| ckpt.dir.clone());
+    let answer = ask_transformers(&config_dir, cast_to, model, a.quiet)?.map(Arc::new);
+    let mut ckpt = ckpt;
+    if let Some(answer) = &answer {
+        ckpt.tensorless_modules = answer.empty_modules.clone().into();
+    }
     let options = SaveOptions {
         max_shard_size: a.max_shard_size,
         keep_tied: a.keep_tied,
@@ -302,6 +353,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
         allow_partial: a.allow_partial,
         dtype: a.dtype,
         pause_file: std::env::var_os("DEVMAP_TEST_PAUSE").map(PathBuf::from),
+        asked: answer.clone(),
         ..SaveOptions::new(&a.out)
     };
     let plan = prepare(&ckpt, &options)?;
@@ -309,7 +361,21 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
         for w in &devmap::model::checks::all_warnings(&ckpt) {
             err_line(format!("warning: {w}"))?;
         }
-        expectation_warnings(&ckpt, &plan)?;
+        expectation_warnings(&ckpt, &plan, answer.as_deref())?;
+        if let (Some(to), None) = (plan.cast_to, &answer)
+            && devmap::model::arch::lookup(&ckpt.config.architectures).is_none()
+        {
+            // Nothing knows which modules this architecture keeps in float32.
+            err_line(format!(
+                "warning: {} is not in devmap's table ({}) and no transformers was asked: the modules such a model keeps in float32 cannot be known, so every floating-point tensor is cast to {}; --transformers PYTHON asks yours",
+                ckpt.config.architectures.first().map_or(
+                    "the model (config.json names no architecture)",
+                    String::as_str
+                ),
+                devmap::model::expect::source(),
+                to.torch_name()
+            ))?;
+        }
         err_line(format!(
             "saving {} ({}) into {} in {}",
             devmap::text::count(plan.tensor_count(), "tensor", "tensors"),
@@ -427,7 +493,13 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
             if a.weights_only {
                 expected = expected.weights_only();
             }
-            verify::after_save(&report.out, &expected, model.allow_nonfinite, a.quiet)
+            let answer = ask_transformers(&report.out, None, model, true)?;
+            verify::after_save(
+                &report.out,
+                &expected,
+                (model.allow_nonfinite, answer.as_ref()),
+                a.quiet,
+            )
         }
         None => Ok(ExitCode::SUCCESS),
     }

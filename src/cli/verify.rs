@@ -46,7 +46,13 @@ pub fn run(a: &VerifyArgs, model: &ModelArgs) -> ExitCode {
             }
             _ => None,
         };
-        let report = check(&folder, expected.as_ref(), model.allow_nonfinite, a.quiet)?;
+        let answer = super::ask_transformers(&folder, None, model, a.quiet)?;
+        let report = check(
+            &folder,
+            expected.as_ref(),
+            (model.allow_nonfinite, answer.as_ref()),
+            a.quiet,
+        )?;
         if a.json {
             out(report.to_json())?;
         } else {
@@ -72,10 +78,10 @@ pub fn run(a: &VerifyArgs, model: &ModelArgs) -> ExitCode {
 pub fn after_save(
     out: &Path,
     expected: &Expected,
-    allow_nonfinite: bool,
+    how: (bool, Option<&devmap::oracle::Answer>),
     quiet: bool,
 ) -> Result<ExitCode> {
-    let report = check(out, Some(expected), allow_nonfinite, quiet)?;
+    let report = check(out, Some(expected), how, quiet)?;
     if !quiet || report.differences() > 0 {
         for line in report.to_text().lines() {
             err_line(format!("verify: {line}"))?;
@@ -97,7 +103,7 @@ fn status(report: &devmap::verify::VerifyReport) -> ExitCode {
 fn check(
     out: &Path,
     expected: Option<&Expected>,
-    allow_nonfinite: bool,
+    how: (bool, Option<&devmap::oracle::Answer>),
     quiet: bool,
 ) -> Result<devmap::verify::VerifyReport> {
     let progress = Progress::default();
@@ -105,7 +111,7 @@ fn check(
     let terminated = devmap::sys::catch_termination();
     let started = Instant::now();
     let mut drawn = false;
-    let result = verify_with_ticks(out, expected, allow_nonfinite, &progress, &mut |progress| {
+    let result = verify_with_ticks(out, expected, how, &progress, &mut |progress| {
         if terminated.load(Ordering::SeqCst) {
             progress.cancel.store(true, Ordering::SeqCst);
         }

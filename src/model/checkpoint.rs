@@ -169,6 +169,9 @@ pub struct Checkpoint {
     pub title: Option<String>,
     /// The blocks of each tensor stored in pieces ([`Source::Pieces`]).
     pieces: std::sync::Arc<[Box<[Piece]>]>,
+    /// Modules the user's transformers says hold no tensor a checkpoint has (sorted):
+    /// a device-map key naming one is no typo and no missing data.
+    pub tensorless_modules: std::sync::Arc<[String]>,
 }
 
 const NO_TIE: u32 = u32::MAX;
@@ -293,6 +296,7 @@ impl Checkpoint {
             total_parameters: None,
             title: None,
             pieces: pieces.into(),
+            tensorless_modules: std::sync::Arc::default(),
         };
         ckpt.point_tied_sources();
         ckpt
@@ -376,6 +380,14 @@ impl Checkpoint {
                 evidence: g.evidence,
             })
             .collect()
+    }
+
+    /// Whether transformers said module `key` holds no tensors (see
+    /// [`Checkpoint::tensorless_modules`]).
+    pub fn holds_no_tensors(&self, key: &str) -> bool {
+        self.tensorless_modules
+            .binary_search_by(|m| m.as_str().cmp(key))
+            .is_ok()
     }
 
     /// What says tensor `name` is tied, when it is.

@@ -128,6 +128,7 @@ pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<Warning> {
         // A module the architecture has without tensors (`rotary_emb`, `act_fn`) is
         // no typo: `hf_device_map` lists them.
         .filter(|k| !arch.is_some_and(|a| a.is_empty_module(k)))
+        .filter(|k| !holds_no_parameters(k, arch) && !ckpt.holds_no_tensors(k))
         .map(str::to_owned)
         .collect();
     (!keys.is_empty()).then_some(Warning::UnusedMapKeys { keys })
@@ -229,7 +230,10 @@ fn holds_no_parameters(key: &str, arch: Option<&crate::model::arch::Arch>) -> bo
     let last = key.rsplit('.').next().unwrap_or(key);
     last.contains("rotary")
         || last.contains("dropout")
-        || matches!(last, "drop" | "act" | "act_fn" | "activation_fn")
+        || matches!(
+            last,
+            "drop" | "act" | "act_fn" | "activation_fn" | "pos_emb" | "rope"
+        )
 }
 
 /// Device-map keys under which no tensor has data: the weights of those modules exist
@@ -262,7 +266,12 @@ pub fn keys_without_data(ckpt: &Checkpoint) -> Vec<&str> {
     let arch = crate::model::arch::lookup(&ckpt.config.architectures);
     keys.iter()
         .enumerate()
-        .filter(|&(i, key)| !has_data[i] && !holds_no_parameters(key, arch) && !is_parent(key))
+        .filter(|&(i, key)| {
+            !has_data[i]
+                && !holds_no_parameters(key, arch)
+                && !is_parent(key)
+                && !ckpt.holds_no_tensors(key)
+        })
         .map(|(_, key)| *key)
         .collect()
 }

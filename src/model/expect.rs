@@ -334,6 +334,64 @@ impl std::fmt::Display for Expr {
     }
 }
 
+/// Whether the regular expression `regex` matches somewhere in `name`, as `re.search`
+/// does, for the expressions `_keys_to_ignore_on_load_*` use (`\.`, `\d+`, `.*`, `.`,
+/// anchors, alternatives in one group); `None` for more of the syntax than that (the
+/// caller then does not ignore the name).
+pub fn regex_search(regex: &str, name: &str) -> Option<bool> {
+    let alternatives = match (regex.find('('), regex.rfind(')')) {
+        (Some(open), Some(close)) if open < close && !regex[open + 1..close].contains('(') => {
+            let inner = regex[open + 1..close].trim_start_matches("?:");
+            inner
+                .split('|')
+                .map(|alt| format!("{}{alt}{}", &regex[..open], &regex[close + 1..]))
+                .collect()
+        }
+        (None, None) => vec![regex.to_owned()],
+        _ => return None,
+    };
+    let mut found = false;
+    for alt in alternatives {
+        found |= glob_search(&glob_of(&alt)?, name);
+    }
+    Some(found)
+}
+
+/// A regular expression without groups as a [`glob_search`] pattern, as
+/// `scripts/gen_expect_table.py` translates them; `None` for more of the syntax.
+fn glob_of(regex: &str) -> Option<String> {
+    let mut out = String::new();
+    let bytes = regex.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest = &regex[i..];
+        if rest.starts_with("\\.") {
+            out.push('.');
+            i += 2;
+        } else if rest.starts_with("\\d+") {
+            out.push('*');
+            i += 3;
+        } else if rest.starts_with(".*") {
+            out.push('*');
+            i += 2;
+        } else if bytes[i] == b'.' {
+            out.push('?');
+            i += 1;
+        } else if (bytes[i] == b'^' && i == 0)
+            || (bytes[i] == b'$' && i == bytes.len() - 1)
+            || bytes[i].is_ascii_alphanumeric()
+            || b"_-/".contains(&bytes[i])
+        {
+            // Anchors at the ends, and characters that stand for themselves.
+            out.push(bytes[i] as char);
+            i += 1;
+        } else {
+            return None;
+        }
+    }
+    Some(out)
+}
+
 /// Whether `pattern` matches somewhere in `name`, as `re.search` would match the
 /// regular expression the generator translated it from: `^` and `$` anchor, `*` is any
 /// run, `?` any one character, anything else itself.
@@ -505,6 +563,35 @@ fn parse_node(lines: &[Line<'_>], at: &mut usize, depth: usize) -> Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ignore_expressions_search_as_python_re_does() {
+        // transformers' own `_keys_to_ignore_on_load_*` forms.
+        assert_eq!(
+            regex_search(r"attn\.masked_bias", "h.0.attn.masked_bias"),
+            Some(true)
+        );
+        assert_eq!(
+            regex_search(r"^lm_head\.weight$", "model.lm_head.weight"),
+            Some(false)
+        );
+        assert_eq!(
+            regex_search(r"h\.\d+\.attn\.bias", "h.12.attn.bias"),
+            Some(true)
+        );
+        assert_eq!(
+            regex_search(r"h\.\d+\.attn\.bias", "h.x.attn.bias"),
+            Some(true),
+            "\\d+ is read as any run"
+        );
+        assert_eq!(
+            regex_search(r"(decoder|encoder)\.version", "decoder.version"),
+            Some(true)
+        );
+        assert_eq!(regex_search(r"(?:a|b)\.w", "c.w"), Some(false));
+        // More syntax than devmap matches: unknown, so never ignored.
+        assert_eq!(regex_search(r"layers\.[0-9]{2}\.w", "layers.10.w"), None);
+    }
 
     const BLOCK: &str = "default hidden_size 64\ndefault num_hidden_layers 2\ndefault tie_word_embeddings false\nform saved\nmodel.embed.weight [vocab_size,hidden_size]\nlm_head.weight [vocab_size,hidden_size] tied?\nlist model.layers num_hidden_layers\n variant @0\n  bias [?]\n  list experts 4\n   variant\n    w [2*hidden_size/4]\n variant\n  w [hidden_size,hidden_size]\nform runtime\nmodel.embed.weight [vocab_size,hidden_size]\n";
 

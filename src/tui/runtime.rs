@@ -557,7 +557,7 @@ fn spawn_verify(
             let result = crate::verify::verify_with_ticks(
                 &out,
                 Some(&expected),
-                allow_nonfinite,
+                (allow_nonfinite, None),
                 &progress,
                 &mut |progress| {
                     let read = progress.read.load(Ordering::Relaxed);

@@ -17,6 +17,9 @@ use crate::types::dtype::DType;
 pub struct Coverage {
     /// The architecture checked against, when the table has it.
     pub architecture: Option<String>,
+    /// Where the expectations came from: "devmap's table of transformers 5.24.0", or
+    /// "transformers 5.25.0, asked".
+    pub source: Option<String>,
 }
 
 /// The architecture config.json's tensor names and shapes are checked against, and its
@@ -41,6 +44,7 @@ pub fn checked_against(config: &ModelConfig) -> Option<(&str, &'static Expect)> 
 pub fn of_plan(
     ckpt: &crate::model::checkpoint::Checkpoint,
     plan: &crate::save::SavePlan,
+    answer: Option<&crate::oracle::Answer>,
 ) -> Vec<Finding> {
     let tensors = plan
         .shards
@@ -64,7 +68,14 @@ pub fn of_plan(
         config_present: true,
     };
     let mut findings = Vec::new();
-    check(&written, &mut findings);
+    match answer {
+        Some(answer) => {
+            super::asked::check(&written, answer, &mut findings);
+        }
+        None => {
+            check(&written, &mut findings);
+        }
+    }
     findings.retain(|f| f.severity == super::report::Severity::Difference);
     findings
 }
@@ -127,6 +138,10 @@ pub fn check(written: &Written, findings: &mut Vec<Finding>) -> Coverage {
     check_kept_float32(written, findings);
     Coverage {
         architecture: Some(architecture.to_owned()),
+        source: Some(format!(
+            "devmap's table of {}",
+            expect::source().split(',').next().unwrap_or_default()
+        )),
     }
 }
 

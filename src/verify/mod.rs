@@ -14,6 +14,7 @@
 //! Both sides stream through one fixed buffer each, on two threads: memory stays flat.
 
 mod against;
+mod asked;
 mod digest;
 mod expects;
 mod report;
@@ -64,14 +65,20 @@ pub enum VerifyError {
 pub fn verify_with_ticks(
     out: &Path,
     expected: Option<&Expected>,
-    allow_nonfinite: bool,
+    (allow_nonfinite, answer): (bool, Option<&crate::oracle::Answer>),
     progress: &Progress,
     tick: &mut dyn FnMut(&Progress),
 ) -> Result<VerifyReport, VerifyError> {
     std::thread::scope(|scope| {
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         scope.spawn(move || {
-            let _ = done_tx.send(verify(out, expected, allow_nonfinite, progress));
+            let _ = done_tx.send(verify_asking(
+                out,
+                expected,
+                allow_nonfinite,
+                answer,
+                progress,
+            ));
         });
         loop {
             match done_rx.recv_timeout(std::time::Duration::from_millis(100)) {
@@ -93,6 +100,18 @@ pub fn verify(
     allow_nonfinite: bool,
     progress: &Progress,
 ) -> Result<VerifyReport, VerifyError> {
+    verify_asking(out, expected, allow_nonfinite, None, progress)
+}
+
+/// [`verify`], with names, shapes and float32 modules checked against `answer` (what
+/// the user's transformers says of OUT's config.json) instead of devmap's table.
+pub fn verify_asking(
+    out: &Path,
+    expected: Option<&Expected>,
+    allow_nonfinite: bool,
+    answer: Option<&crate::oracle::Answer>,
+    progress: &Progress,
+) -> Result<VerifyReport, VerifyError> {
     let mut findings = Vec::new();
     let written = written::read(out, &mut findings)?;
     let names_checked = written
@@ -109,7 +128,16 @@ pub fn verify(
         // A head the save itself writes (--keep-tied) is no extra copy.
         findings.retain(|f| !(f.kind == Kind::TieExtra && expected.writes(&f.subject)));
     }
-    let coverage = expects::check(&written, &mut findings);
+    let coverage = match answer {
+        Some(answer) if written.config.is_some() => {
+            asked::check(&written, answer, &mut findings);
+            Coverage {
+                architecture: Some(answer.architecture.clone()),
+                source: Some(answer.source()),
+            }
+        }
+        _ => expects::check(&written, &mut findings),
+    };
     let pairs = match expected {
         Some(e) => against::match_up(&written, e, &mut findings),
         None => Vec::new(),

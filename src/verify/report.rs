@@ -256,7 +256,14 @@ impl VerifyReport {
         )];
         let expects = problems(self.differences_in(Check::Expects));
         parts.push(match &self.coverage.architecture {
-            Some(arch) => format!("as transformers expects ({arch}): {expects}"),
+            Some(arch) => match &self.coverage.source {
+                Some(source) => format!("as transformers expects ({arch}, {source}): {expects}"),
+                None => format!("as transformers expects ({arch}): {expects}"),
+            },
+            // Nothing knew the architecture: no verdict on its names and shapes.
+            None if self.differences_in(Check::Expects) == 0 => {
+                "as transformers expects: not checked".to_owned()
+            }
             None => format!("as transformers expects (names and shapes not checked): {expects}"),
         });
         if let Some(dir) = &self.against {
@@ -367,6 +374,7 @@ impl VerifyReport {
                 "against": self.against.as_ref().map(|_| self.differences_in(Check::Against)),
             },
             "architecture": self.coverage.architecture,
+            "expectations": self.coverage.source,
             "findings": findings,
         });
         let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();

@@ -233,10 +233,14 @@ pub fn read_saved(out: &Path) -> BTreeMap<String, Stored> {
     all
 }
 
+/// Runs the devmap binary. Its answers come from devmap's table, never from a
+/// transformers it might find on this machine (`DEVMAP_PYTHON` empty), so the tests
+/// read the same everywhere; tests/oracle.rs and the reference-library tests ask one.
 pub fn devmap(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_devmap"))
         .args(args)
         .env_remove("RUST_BACKTRACE")
+        .env("DEVMAP_PYTHON", "")
         .output()
         .expect("run devmap")
 }
@@ -257,7 +261,8 @@ pub fn save_command(dir: &Path, out: &Path, extra: &[&str]) -> Command {
     command
         .args(["save", arg(dir), "--out", arg(out), "--quiet"])
         .args(extra)
-        .env_remove("RUST_BACKTRACE");
+        .env_remove("RUST_BACKTRACE")
+        .env("DEVMAP_PYTHON", "");
     command
 }
 

@@ -115,7 +115,7 @@ def case(devmap, work, stage, port, bf16=False, frozen=False):
             if not torch.equal(logits, want_logits):
                 sys.exit(f"FAIL {name}: logits differ by {float((logits - want_logits).abs().max())}")
         r = run([devmap, "verify", ours, "--against", src, "--config", config, "--quiet", *extra])
-        if r.returncode != 0 or "as transformers expects (LlamaForCausalLM): 0 problems" not in r.stdout + r.stderr:
+        if r.returncode != 0 or "as transformers expects (LlamaForCausalLM, " not in r.stdout + r.stderr or "): 0 problems" not in r.stdout + r.stderr:
             sys.exit(f"FAIL {name}: verify --against: {r.stdout[-600:]} {r.stderr[-600:]}")
     r = run([devmap, "inspect", src, "--config", config, "--json"])
     report = json.loads(r.stdout)

@@ -50,13 +50,25 @@ def tiny_config(model_type):
     config = AutoConfig.for_model(model_type)
     for key, value in SMALL.items():
         if hasattr(config, key):
-            setattr(config, key, value)
+            try:
+                setattr(config, key, value)
+            except AttributeError:
+                pass  # a derived attribute (Falcon's head_dim)
+    # Per-layer lists sized for the real model follow the tiny layer count.
+    for key in ("layer_types", "mlp_layer_types"):
+        value = getattr(config, key, None)
+        if isinstance(value, list) and len(value) > config.num_hidden_layers:
+            setattr(config, key, value[:config.num_hidden_layers])
     return config
 
 
-def check(devmap, work, model_type, auto_class, dtype, device_map):
+def check(devmap, work, model_type, auto_class, dtype, device_map, extra=(), options=None):
+    """One family: `extra` goes to every devmap call (`--transformers PYTHON`),
+    `options` set on the tiny config."""
     torch.manual_seed(0)
     config = tiny_config(model_type)
+    for key, value in (options or {}).items():
+        setattr(config, key, value)
     model = auto_class.from_config(config).to(torch.float32)
     src = os.path.join(work, model_type, "src")
     model.save_pretrained(src)
@@ -87,7 +99,7 @@ def check(devmap, work, model_type, auto_class, dtype, device_map):
     out = os.path.join(work, model_type, "devmap")
     run = subprocess.run(
         [devmap, "save", src, "--device-map", map_file, "--offload-folder", offload,
-         "--out", out],
+         "--out", out, *extra],
         capture_output=True, text=True,
     )
     if run.returncode != 0:
@@ -110,7 +122,7 @@ def check(devmap, work, model_type, auto_class, dtype, device_map):
         name = "bfloat16" if dtype == torch.bfloat16 else "float16"
         run = subprocess.run(
             [devmap, "save", src, "--device-map", map_file, "--offload-folder", offload,
-             "--out", explicit, "--dtype", name],
+             "--out", explicit, "--dtype", name, *extra],
             capture_output=True, text=True,
         )
         if run.returncode != 0:

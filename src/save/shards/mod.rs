@@ -57,6 +57,10 @@ pub struct SaveOptions {
     pub commit_check: Option<CommitCheck>,
     /// What fills staged sources (a live model's GPU tensors), see `save::stage`.
     pub stage: Option<super::stage::StageRef>,
+    /// What the user's transformers says of the model at the dtype the save casts to
+    /// ([`crate::oracle`]): the modules it keeps in float32 come from there instead of
+    /// devmap's table.
+    pub asked: Option<std::sync::Arc<crate::oracle::Answer>>,
 }
 
 /// See [`SaveOptions::commit_check`].
@@ -173,6 +177,7 @@ impl SaveOptions {
             pause_file: None,
             commit_check: None,
             stage: None,
+            asked: None,
         }
     }
 }
@@ -663,9 +668,17 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         // Matched on the loaded name (renamed, or the fused expert parameter it becomes),
         // as transformers matches it; computed once per checkpoint.
         let loaded = ckpt.loaded_name(id).unwrap_or(&tensor.name);
-        let keep = cast_to
-            .filter(|_| super::cast::is_floating(tensor.dtype))
-            .and_then(|to| arch?.kept_in_fp32(loaded, to));
+        let asked = options
+            .asked
+            .as_deref()
+            .filter(|a| cast_to.is_some() && a.dtype == cast_to);
+        let keep = match asked {
+            Some(answer) => (super::cast::is_floating(tensor.dtype) && answer.keeps_fp32(loaded))
+                .then_some("transformers, asked"),
+            None => cast_to
+                .filter(|_| super::cast::is_floating(tensor.dtype))
+                .and_then(|to| arch?.kept_in_fp32(loaded, to)),
+        };
         let cast_to = match (keep, options.dtype) {
             (_, DtypeChoice::AsLoaded) => tensor.load_dtype.filter(|&d| d != tensor.dtype),
             (Some(entry), DtypeChoice::Auto) => {

@@ -1,0 +1,148 @@
+//! The check against what transformers expects, with the user's transformers itself as
+//! the oracle ([`crate::oracle`]): the names, shapes and float32 modules of the exact
+//! config, as `save_pretrained` writes them or as the loaded model names them
+//! (whichever the checkpoint follows), instead of the table's fit. Names what
+//! transformers' loader would report: MISSING, UNEXPECTED, MISMATCHED.
+
+use std::collections::{HashMap, HashSet};
+
+use super::report::{Finding, Kind};
+use super::written::{Written, WrittenTensor};
+use crate::oracle::{Answer, Entry};
+use crate::types::dtype::DType;
+
+/// Checks `written` against `answer`; findings go to `findings`.
+pub fn check(written: &Written, answer: &Answer, findings: &mut Vec<Finding>) {
+    let present: HashMap<&str, &WrittenTensor> = written
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
+    let quantized = written
+        .config
+        .as_ref()
+        .is_some_and(|c| c.quantization.is_some());
+    let saved = problems(&answer.saved, &present, answer, quantized, &HashSet::new());
+    let chosen = match &answer.runtime {
+        Some(runtime) => {
+            // Tied copies are in the loaded model's state dict but never saved: not
+            // missing in either form.
+            let saved_names: HashSet<&str> = answer.saved.iter().map(|e| e.name.as_str()).collect();
+            let tied: HashSet<&str> = answer.tied.iter().map(String::as_str).collect();
+            let optional: HashSet<&str> = runtime
+                .iter()
+                .map(|e| e.name.as_str())
+                .filter(|n| tied.contains(n) && !saved_names.contains(n))
+                .collect();
+            let loaded = problems(runtime, &present, answer, quantized, &optional);
+            if loaded.len() < saved.len() {
+                loaded
+            } else {
+                saved
+            }
+        }
+        None => saved,
+    };
+    let arch = &answer.architecture;
+    let source = answer.source();
+    for p in chosen {
+        findings.push(match p {
+            Problem::Missing(e) => Finding::difference(
+                Kind::Missing,
+                &e.name,
+                format!(
+                    "MISSING: {arch} has it (shape {:?}, {source}) but the checkpoint does not; transformers would leave it randomly initialised",
+                    e.shape
+                ),
+            ),
+            Problem::Mismatched(e, have) => Finding::difference(
+                Kind::Mismatched,
+                &e.name,
+                format!(
+                    "MISMATCHED: shape {have:?}, but {arch} expects {:?} ({source}); transformers refuses to load it",
+                    e.shape
+                ),
+            ),
+            Problem::Unexpected(name) => Finding::difference(
+                Kind::Unexpected,
+                name,
+                format!(
+                    "UNEXPECTED: {arch} has no such tensor for this config.json ({source}); transformers would ignore it"
+                ),
+            ),
+        });
+    }
+    kept_float32(written, answer, findings);
+}
+
+enum Problem<'a> {
+    Missing(&'a Entry),
+    Mismatched(&'a Entry, Vec<u64>),
+    Unexpected(&'a str),
+}
+
+/// What transformers would report of `present` against the form `expected`;
+/// `optional` names may be absent.
+fn problems<'a>(
+    expected: &'a [Entry],
+    present: &HashMap<&'a str, &'a WrittenTensor>,
+    answer: &Answer,
+    quantized: bool,
+    optional: &HashSet<&str>,
+) -> Vec<Problem<'a>> {
+    let mut out = Vec::new();
+    let mut known: HashSet<&str> = HashSet::with_capacity(expected.len());
+    for e in expected {
+        known.insert(&e.name);
+        match present.get(e.name.as_str()) {
+            None if optional.contains(e.name.as_str()) || answer.ignores_missing(&e.name) => {}
+            None => out.push(Problem::Missing(e)),
+            Some(t) => {
+                let have: Vec<u64> = t.shape.iter().collect();
+                if have != e.shape {
+                    out.push(Problem::Mismatched(e, have));
+                }
+            }
+        }
+    }
+    let tied: HashSet<&str> = answer.tied.iter().map(String::as_str).collect();
+    let mut unexpected: Vec<&str> = present
+        .keys()
+        .copied()
+        .filter(|n| {
+            let accounted = known.contains(n)
+                || tied.contains(n)
+                || answer.ignores_unexpected(n)
+                || (quantized && crate::save::dequant::is_companion(n));
+            !accounted
+        })
+        .collect();
+    unexpected.sort_unstable();
+    out.extend(unexpected.into_iter().map(Problem::Unexpected));
+    out
+}
+
+/// Tensors transformers holds in float32 at the config's dtype, written in another
+/// floating dtype.
+fn kept_float32(written: &Written, answer: &Answer, findings: &mut Vec<Finding>) {
+    let Some(dtype) = answer.dtype.filter(|&d| d != DType::F32) else {
+        return;
+    };
+    for t in &written.tensors {
+        if t.dtype == DType::F32 || !crate::save::cast::is_floating(t.dtype) {
+            continue;
+        }
+        if answer.keeps_fp32(&t.name) {
+            findings.push(Finding::difference(
+                Kind::KeptFloat32,
+                &t.name,
+                format!(
+                    "is {}, but transformers keeps it in float32 when it loads the model in {} ({}): the values it holds lost precision",
+                    t.dtype.torch_name(),
+                    dtype.torch_name(),
+                    answer.source()
+                ),
+            ));
+        }
+    }
+}
