@@ -117,3 +117,16 @@ fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhe
         "still on the inspector's screen:\n{after}"
     );
 }
+
+/// A LoRA merged by peft into a model whose layers sit on disk (tests/python/
+/// bridge_offload.py): peft leaves those layers' values in a plain dict on the hook,
+/// devmap reads them there and writes what save_pretrained writes, names the layers
+/// peft's merge did not change, and `--merge-lora` from the files merges them; DoRA,
+/// `modules_to_save` and `offload_buffers=True` saved as transformers saves them.
+#[test]
+#[ignore = "needs torch, transformers, accelerate, peft: run .ci/run"]
+fn a_lora_merged_into_disk_offloaded_layers_saves_as_save_pretrained_writes_it() {
+    let (ok, out, err) = common::run_package_script("bridge_offload.py");
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(out.matches("ok: ").count(), 4, "{out}");
+}

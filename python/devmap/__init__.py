@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 
 from ._export import device_map, export, offload_index
 from ._live import Refusal
@@ -66,7 +67,9 @@ def save_pretrained(
     - `force`: allow an `out` that already holds files (devmap replaces its own kind of
       files and leaves the rest); the default refuses a non-empty folder.
 
-    Returns a dict: `out`, `shard_files`, `tensors`, `bytes`, and `verify` (the report).
+    Returns a dict: `out`, `shard_files`, `tensors`, `bytes`, `verify` (the report), and
+    `warnings` (also issued with `warnings.warn`: layers a peft merge left as they
+    were, because peft made their adapters on the meta device).
     Raises `DevmapError` with nothing committed when the save cannot be made or is
     interrupted (Ctrl-C included).
     """
@@ -78,9 +81,11 @@ def save_pretrained(
         max_shard_size = str(max_shard_size)
     with tempfile.TemporaryDirectory(prefix="devmap-config-") as config_dir:
         try:
-            manifest, keep_alive, unchanged, stager = _live.build(model, config_dir)
+            manifest, keep_alive, unchanged, stager, notes = _live.build(model, config_dir)
         except Refusal as refusal:
             raise DevmapError(f"cannot save; nothing was written: {refusal}") from None
+        for note in notes:
+            warnings.warn(note, stacklevel=2)
         bar = _progress_bar(progress)
 
         def check():
@@ -109,7 +114,9 @@ def save_pretrained(
             if bar:
                 bar.close()
             del keep_alive, stager
-    return json.loads(text)
+    report = json.loads(text)
+    report["warnings"] = notes
+    return report
 
 
 def inspect(model):
@@ -125,7 +132,9 @@ def inspect(model):
     binding = _binding()
     with tempfile.TemporaryDirectory(prefix="devmap-config-") as config_dir:
         try:
-            manifest, keep_alive, _, stager = _live.build(model, config_dir, allow_missing=True)
+            manifest, keep_alive, _, stager, notes = _live.build(model, config_dir, allow_missing=True)
+            for note in notes:
+                warnings.warn(note, stacklevel=2)
         except Refusal as refusal:
             raise DevmapError(f"cannot inspect: {refusal}") from None
         try:

@@ -35,10 +35,35 @@ def _offload_loaders(model):
     return found
 
 
+def _tensor_held(holder, key):
+    """The tensor `holder` keeps in memory under `key`: a plain mapping of tensors
+    (peft's `onload_layer` leaves one as a hook's `weights_map`), or an offload
+    loader's `state_dict`. Found by what it holds, not by class: a mapping with an
+    `index` is a loader whose `[key]` would read the file whole, so it is not asked."""
+    import collections.abc
+
+    import torch
+
+    if not isinstance(holder, collections.abc.Mapping) or hasattr(holder, "index"):
+        return None
+    try:
+        value = holder.get(key)
+    except Exception:  # a mapping that reads on access and fails: not a holder
+        return None
+    if torch.is_tensor(value) and value.device.type != "meta":
+        return value
+    return None
+
+
 def _offloaded_source(model, loaders, name, tensor):
-    """Where the offload loader reads the value of meta tensor `name`, and the dtype it
-    gives it (which `save_pretrained` writes), as transformers'
-    `load_offloaded_parameter` finds the hook: the innermost module that has one."""
+    """Where the value of meta tensor `name` is, and the dtype it has (which
+    `save_pretrained` writes), as transformers' `load_offloaded_parameter` finds the
+    hook: the innermost module that has one. Returns (file source or None, dtype,
+    tensor held in memory or None); a source `{"kind": "none"}` when nothing holds it.
+    Every form accelerate, transformers and peft keep a value in is read: a plain dict
+    of tensors, a `PrefixedDataset` over a loader or over a dict, an
+    `OffloadedWeightsLoader`'s `state_dict` and its index (`.dat` files or safetensors
+    entries)."""
     parts = name.split(".")
     for cut in range(len(parts) - 1, -1, -1):
         owner = ".".join(parts[:cut])
@@ -48,14 +73,15 @@ def _offloaded_source(model, loaders, name, tensor):
     else:
         return {"kind": "none"}, tensor.dtype, None
     rest = name[len(owner) + 1:] if owner else name
+    prefix = getattr(weights_map, "prefix", "")
     loader = getattr(weights_map, "dataset", weights_map)
-    key = getattr(weights_map, "prefix", "") + rest
-    held = getattr(loader, "state_dict", None) or {}
-    if key in held:
-        value = held[key]
-        return None, value.dtype, value
-    index = getattr(loader, "index", None) or {}
-    if key not in index:
+    key = prefix + rest
+    for holder, k in ((weights_map, rest), (loader, key), (getattr(loader, "state_dict", None), key)):
+        value = _tensor_held(holder, k)
+        if value is not None:
+            return None, value.dtype, value
+    index = getattr(loader, "index", None)
+    if not isinstance(index, dict) or key not in index:
         return {"kind": "none"}, tensor.dtype, None
     info = index[key]
     dtype = info.get("dtype", _torch_name(tensor.dtype))
@@ -77,6 +103,66 @@ def _offloaded_source(model, loaders, name, tensor):
     import torch
 
     return source, getattr(torch, dtype), None
+
+
+def _peft_onloaded(loaders):
+    """Modules whose hook holds a plain dict of tensors: peft's `onload_layer` put it
+    there when it merged (or tried to merge) an adapter into a disk-offloaded layer."""
+    import collections.abc
+
+    return sorted(owner for owner, weights_map in loaders.items()
+                  if isinstance(weights_map, collections.abc.Mapping)
+                  and not hasattr(weights_map, "dataset") and not hasattr(weights_map, "index"))
+
+
+def _original_first_row(loaders, full_name):
+    """The first row of `full_name` as the offload folder still holds it (any hook's
+    loader shares the one index), read from the file without loading the tensor; None
+    when no loader has it."""
+    import torch
+
+    for weights_map in loaders.values():
+        loader = getattr(weights_map, "dataset", None)
+        index = getattr(loader, "index", None)
+        if not isinstance(index, dict) or full_name not in index:
+            continue
+        info = index[full_name]
+        if info.get("safetensors_file") is not None:
+            from safetensors import safe_open
+
+            with safe_open(info["safetensors_file"], "pt") as f:
+                return f.get_slice(info.get("weight_name", full_name))[0:1]
+        folder = getattr(loader, "save_folder", None)
+        shape = tuple(info.get("shape", ()))
+        if folder is None or not shape:
+            return None
+        # accelerate's `.dat`: raw little-endian values, bfloat16 as its int16 view.
+        dtype = getattr(torch, info["dtype"])
+        row = math.prod(shape[1:]) if len(shape) > 1 else 1
+        size = torch.empty((), dtype=dtype).element_size()
+        with open(os.path.join(folder, f"{full_name}.dat"), "rb") as f:
+            data = bytearray(f.read(row * size))
+        if len(data) < row * size:
+            return None
+        return torch.frombuffer(data, dtype=dtype).reshape(1, *shape[1:])
+    return None
+
+
+def unmerged_layers(model, loaders):
+    """The modules peft onloaded whose weights came back as they were in the offload
+    folder: a merge into them did nothing (peft makes the adapters of offloaded layers
+    on the meta device), though the save writes what the model computes with."""
+    import torch
+
+    unchanged = []
+    for owner in _peft_onloaded(loaders):
+        weight = loaders[owner].get("weight")
+        if not torch.is_tensor(weight) or weight.dim() < 2:
+            continue
+        first = _original_first_row(loaders, f"{owner}.weight")
+        if first is not None and torch.equal(first.to(weight.dtype), weight[0:1]):
+            unchanged.append(owner)
+    return unchanged
 
 
 class Stager:
@@ -238,17 +324,28 @@ def _device_of(tensor):
 
 def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
     """The manifest for `model` (a dict), the tensors it points into (to keep alive
-    while the saver reads them), a check that none changed meanwhile, and the stager of
-    its GPU tensors (`stage_bytes` of host buffer). `allow_missing` lets meta tensors
+    while the saver reads them), a check that none changed meanwhile, the stager of
+    its GPU tensors (`stage_bytes` of host buffer), and notes for the user (layers a
+    peft merge left as they were). `allow_missing` lets meta tensors
     with no value through (the inspector shows them as `meta`)."""
     import torch
     from transformers.core_model_loading import revert_weight_conversion
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
     if getattr(model, "_hf_peft_config_loaded", False) or hasattr(model, "peft_config"):
+        on_meta = sorted({n.split(".lora_")[0] for n, p in model.named_parameters()
+                          if ".lora_" in n and p.device.type == "meta"})
+        where = ""
+        if on_meta:
+            shown = ", ".join(f"`{n}`" for n in on_meta[:3])
+            more = f" and {len(on_meta) - 3} more" if len(on_meta) > 3 else ""
+            where = (f"; peft made the adapters of {shown}{more} on the meta device (their layers are "
+                     "offloaded), so merge_and_unload would leave those layers unmerged: save the adapter "
+                     "(model.save_pretrained(ADAPTER)) and merge it from the files with "
+                     "`devmap save MODEL --out OUT --merge-lora ADAPTER`, streamed")
         raise Refusal(
             "the model has peft adapters attached: merge them first "
-            "(model = model.merge_and_unload()) to save the merged weights"
+            f"(model = model.merge_and_unload()) to save the merged weights{where}"
         )
     if getattr(model, "hf_quantizer", None) is not None:
         raise Refusal("the model is quantized; devmap saves quantized models from their files (devmap save)")
@@ -277,6 +374,18 @@ def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
             watched.append((name, tensor, tensor._version, pointer))
             devices[name] = _device_of(tensor)
         sources[name], held_dtypes[name] = source, dtype
+
+    notes = []
+    unmerged = unmerged_layers(model, loaders)
+    if unmerged:
+        shown = ", ".join(f"`{n}`" for n in unmerged[:8])
+        more = f" and {len(unmerged) - 8} more" if len(unmerged) > 8 else ""
+        notes.append(
+            f"devmap: {shown}{more} came back from peft unchanged: peft makes the adapters of "
+            "disk-offloaded layers on the meta device, so its merge did nothing there. They are "
+            "saved as the model holds them (unmerged, as save_pretrained writes them); to merge "
+            "them, save the adapter and run `devmap save MODEL --out OUT --merge-lora ADAPTER`, "
+            "which merges every layer from the files, streamed")
 
     missing = [n for n, s in sources.items() if s["kind"] == "none"]
     if missing and not allow_missing:
@@ -369,7 +478,7 @@ def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
                 "(an in-place edit from another thread?): nothing was committed; save again"
             )
 
-    return manifest, keep, unchanged, stager
+    return manifest, keep, unchanged, stager, notes
 
 
 def _device_map_value(mapped):
