@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 SECONDS_EACH=${1:-60}
-for target in safetensors_header offload_index device_map torch_bin dcp_metadata; do
+for target in safetensors_header offload_index device_map torch_bin dcp_metadata zip_members rank_files deepspeed_states quantization_config; do
     mkdir -p "corpus/$target"
     cargo +nightly fuzz run -O "$target" "corpus/$target" "seeds/$target" -- \
         -max_total_time="$SECONDS_EACH" -print_final_stats=1 2> "corpus/$target.log" || {

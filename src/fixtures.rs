@@ -4,6 +4,7 @@
 //! offload folders exactly as accelerate and transformers write them, so what devmap
 //! reads in its tests is what users have on disk.
 
+pub mod fuzz;
 pub mod torch_bin;
 
 use std::collections::{BTreeMap, HashMap};
