@@ -156,7 +156,7 @@ pub struct Checkpoint {
     /// The name the loaded model has for each tensor where transformers 5 renames or
     /// fuses it, computed once and shared by the copies a map edit makes (names do not
     /// change with the map; re-deriving them cost 60 ms a re-total at 92k tensors).
-    loaded_names: std::sync::Arc<std::sync::OnceLock<Vec<Option<Box<str>>>>>,
+    loaded_names: std::sync::Arc<std::sync::OnceLock<std::collections::HashMap<u32, Box<str>>>>,
     /// What layers above derive from names, dtypes, shapes, ties and the config alone
     /// (the planner's runtime view, 120 ms at 92k tensors, and its walk tree, 60 ms),
     /// by a key of theirs: kept and shared by the copies a map edit makes (placements
@@ -228,17 +228,22 @@ impl Checkpoint {
     pub fn loaded_name(&self, id: TensorId) -> Option<&str> {
         self.loaded_names
             .get_or_init(|| {
-                let arch = super::arch::lookup(&self.config.architectures);
+                // Only the renamed tensors are kept (none without an architecture): at
+                // a million tensors a slot for every one would cost 16 MB.
+                let Some(arch) = super::arch::lookup(&self.config.architectures) else {
+                    return std::collections::HashMap::new();
+                };
                 self.tensors
                     .iter()
-                    .map(|t| {
-                        arch.and_then(|a| a.loaded_form(&t.name))
-                            .map(|(n, _)| n.into_boxed_str())
+                    .enumerate()
+                    .filter_map(|(i, t)| {
+                        let (name, _) = arch.loaded_form(&t.name)?;
+                        Some((i as u32, name.into_boxed_str()))
                     })
                     .collect()
             })
-            .get(id)?
-            .as_deref()
+            .get(&(id as u32))
+            .map(AsRef::as_ref)
     }
 
     /// Assembles a checkpoint from parts. Sorts tensors into module order, and maps tie
@@ -539,10 +544,33 @@ impl Checkpoint {
     /// Bytes per device, in display order.
     pub fn device_totals(&self) -> Vec<(Placement, u64)> {
         let mut totals = std::collections::BTreeMap::<Placement, u64>::new();
-        for t in &self.tensors {
-            *totals.entry(t.placement).or_default() += t.bytes();
+        for (id, t) in self.tensors.iter().enumerate() {
+            if !self.counted_elsewhere(id) {
+                *totals.entry(t.placement).or_default() += t.bytes();
+            }
         }
         totals.into_iter().collect()
+    }
+
+    /// Whether tensor `id` is a tied copy of one on the same device: one tensor in
+    /// memory under two names, counted once (under the group's first member there), as
+    /// accelerate counts a tied parameter once. Members of a tie split across devices
+    /// each count on their own device: accelerate copies the weights there.
+    pub fn counted_elsewhere(&self, id: TensorId) -> bool {
+        self.counted_with(id).is_some()
+    }
+
+    /// The tie partner a tensor [counted elsewhere](Checkpoint::counted_elsewhere) is
+    /// counted with: the group's first member on the same device.
+    pub fn counted_with(&self, id: TensorId) -> Option<TensorId> {
+        let group = self.tie_group(id)?;
+        let placement = self.tensors[id].placement;
+        group
+            .members
+            .iter()
+            .take_while(|&&m| m != id)
+            .copied()
+            .find(|&m| self.tensors[m].placement == placement)
     }
 
     /// The LoRA merges that change a tensor's value (a tie group's merges are
@@ -662,8 +690,14 @@ impl Checkpoint {
         }
     }
 
+    /// The bytes the model holds, a tied tensor once per device it is on.
     pub fn total_bytes(&self) -> u64 {
-        self.tensors.iter().map(Tensor::bytes).sum()
+        self.tensors
+            .iter()
+            .enumerate()
+            .filter(|&(id, _)| !self.counted_elsewhere(id))
+            .map(|(_, t)| t.bytes())
+            .sum()
     }
 }
 

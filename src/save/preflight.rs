@@ -160,7 +160,7 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Option<Refu
     }
     let mut files: Vec<usize> = plan
         .planned()
-        .flat_map(|t| t.recipe.ranges(ckpt))
+        .flat_map(|t| t.recipe(ckpt).ranges(ckpt))
         .map(|r| r.file)
         .collect();
     files.sort_unstable();
@@ -195,7 +195,7 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Option<Refu
 fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<Refusal> {
     let files: Vec<usize> = plan
         .planned()
-        .flat_map(|t| t.recipe.ranges(ckpt))
+        .flat_map(|t| t.recipe(ckpt).ranges(ckpt))
         .filter(|range| range.len > 0)
         .map(|range| range.file)
         .collect();

@@ -285,7 +285,7 @@ impl ShardWriter<'_> {
         for t in tensors {
             if let Recipe::Stitch {
                 pieces, from, to, ..
-            } = t.recipe
+            } = t.recipe(shared.ckpt)
             {
                 self.write_stitched(
                     t,
@@ -298,7 +298,7 @@ impl ShardWriter<'_> {
                 shared.pause_once();
                 continue;
             }
-            let Some(source) = t.recipe.source() else {
+            let Some(source) = t.recipe(shared.ckpt).source() else {
                 continue;
             };
             if source.len == 0 {
@@ -316,7 +316,7 @@ impl ShardWriter<'_> {
             let mut report = |n: u64| shared.progress(index, shard_written, n);
             let from = (src, source.offset);
             let to = (dst, data_start + t.begin);
-            let moved = match t.recipe {
+            let moved = match t.recipe(shared.ckpt) {
                 Recipe::Copy(_) if src_path == Path::new(PROCESS_MEMORY) => self
                     .copier
                     .copy_through_buffer(from, to, source.len, &stop, &mut report),
@@ -344,7 +344,7 @@ impl ShardWriter<'_> {
                     ..
                 } => {
                     // An FP8 weight's scales, for a merge into its dequantized value.
-                    let dequant = match t.recipe {
+                    let dequant = match t.recipe(shared.ckpt) {
                         Recipe::DequantMerge { scale, blocks, .. } => Some(
                             open_source(ckpt, scale.file)
                                 .map_err(CopyError::Io)
@@ -506,11 +506,11 @@ impl ShardWriter<'_> {
             let range = crate::types::range::ByteRange {
                 file: f.file,
                 offset: 0,
-                len: t.recipe.source_len(),
+                len: t.recipe(shared.ckpt).source_len(),
             };
             copy_failed(f.error, ckpt, t, range, tmp)
         })?;
-        for range in t.recipe.ranges(ckpt) {
+        for range in t.recipe(shared.ckpt).ranges(ckpt) {
             self.sources.get(ckpt, range.file)?;
         }
         Ok(())
@@ -526,14 +526,14 @@ impl ShardWriter<'_> {
         shard_written: &AtomicU64,
     ) -> Result<(), SaveError> {
         let shared = self.shared;
-        let Some(source) = t.recipe.source() else {
+        let Some(source) = t.recipe(shared.ckpt).source() else {
             return Ok(());
         };
         let stop = StopFlag(shared);
         let copier = &mut self.copier;
         let mut report = |n: u64| shared.progress(index, shard_written, n);
         let out = data_start + t.begin;
-        let moved = match t.recipe {
+        let moved = match t.recipe(shared.ckpt) {
             Recipe::Copy(_) => super::stage::through_stage(
                 shared.stage,
                 key,
@@ -611,9 +611,9 @@ fn parts_for_threads<'p>(
     let threads = shared.threads_per_shard.min(tensors.len()).max(1);
     let simple = tensors.iter().all(|t| {
         matches!(
-            t.recipe,
+            t.recipe(shared.ckpt),
             Recipe::Copy(_) | Recipe::Cast { .. } | Recipe::Stitch { .. } | Recipe::Dequant { .. }
-        ) && t.recipe.ranges(shared.ckpt).iter().all(|r| {
+        ) && t.recipe(shared.ckpt).ranges(shared.ckpt).iter().all(|r| {
             let path = shared.ckpt.file_path(r.file);
             super::stage::staged_key(path).is_none() && path != Path::new(PROCESS_MEMORY)
         })

@@ -145,16 +145,12 @@ pub fn verify_asking(
     // Progress counts bytes as they reach the hash (a cast's converted bytes); the
     // report counts bytes read from disk.
     let written_bytes = written.tensors.iter().map(|t| t.len).sum::<u64>();
-    let total = written_bytes
-        + pairs
-            .iter()
-            .map(|(_, p)| p.recipe.output_len())
-            .sum::<u64>();
+    let total = written_bytes + pairs.iter().map(|(_, p)| p.len).sum::<u64>();
     progress.total.store(total, Ordering::Relaxed);
     let bytes_read = written_bytes
         + pairs
             .iter()
-            .map(|(_, p)| p.recipe.source_len())
+            .filter_map(|(_, p)| Some(p.recipe(expected?.ckpt).source_len()))
             .sum::<u64>();
 
     // Two threads: the checkpoint on one and the sources on the other; alone, the
@@ -246,7 +242,8 @@ pub fn verify_asking(
             };
             compared += 1;
             if hash != ours.hash {
-                let how = match p.recipe {
+                let Some(e) = expected else { continue };
+                let how = match p.recipe(e.ckpt) {
                     Recipe::Copy(_) => "the bytes differ from the source's".to_owned(),
                     Recipe::Cast { from, to, .. } => {
                         format!("the bytes differ from the source's {from} values cast to {to}")
@@ -382,7 +379,7 @@ fn hash_expected(
         };
         if let Recipe::Stitch {
             pieces, from, to, ..
-        } = p.recipe
+        } = p.recipe(expected.ckpt)
         {
             let mut open = |file| {
                 crate::formats::input::open_regular(expected.ckpt.file_path(file))
@@ -412,7 +409,7 @@ fn hash_expected(
             hashes.push(hashed(outcome, expected.name(p), &what, &mut findings)?);
             continue;
         }
-        let Some(source) = p.recipe.source() else {
+        let Some(source) = p.recipe(expected.ckpt).source() else {
             hashes.push(None);
             continue;
         };
@@ -445,7 +442,7 @@ fn hash_expected(
         let file = match input {
             Input::File(file) => file,
             Input::Staged(key) => {
-                let cast = match p.recipe {
+                let cast = match p.recipe(expected.ckpt) {
                     Recipe::Cast { from, to, .. } => Some((from, to)),
                     _ => None,
                 };
@@ -463,7 +460,7 @@ fn hash_expected(
             }
         };
         let at = (file, source.offset);
-        let read = match p.recipe {
+        let read = match p.recipe(expected.ckpt) {
             Recipe::Copy(_) => copier.stream(at, source.len, None, &progress.cancel, &mut feed),
             Recipe::Cast { from, to, .. } => copier.stream(
                 at,
@@ -532,7 +529,7 @@ fn hash_expected(
                     crate::formats::input::open_regular(expected.ckpt.file_path(id))
                         .map_err(std::io::Error::other)
                 };
-                let dequant = match p.recipe {
+                let dequant = match p.recipe(expected.ckpt) {
                     Recipe::DequantMerge { scale, blocks, .. } => open(scale.file)
                         .map_err(CopyError::Io)
                         .and_then(|scale_file| {

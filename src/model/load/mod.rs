@@ -532,9 +532,18 @@ fn read_weights(
     for path in &paths {
         let (header, strided) = read_weight_file(path)?;
         let id = draft.file_id(path, &header);
-        draft.tensors.reserve(header.tensors.len());
-        for t in header.tensors {
+        let mut read = header.tensors;
+        draft.tensors.reserve(read.len());
+        // Taken from the end, the header's list giving its memory back as it goes:
+        // at a million tensors it and the checkpoint's list would otherwise be held
+        // at once (72 and 88 MB). The order is restored by the sort into module order.
+        let mut taken = 0usize;
+        while let Some(t) = read.pop() {
             add_checkpoint_tensor(draft, id, t);
+            taken += 1;
+            if taken.is_multiple_of(1 << 16) {
+                read.shrink_to_fit();
+            }
         }
         add_pieced(draft, &[id], strided, warnings);
     }

@@ -14,6 +14,7 @@ use crate::model::checkpoint::{ByteRange, Checkpoint, TensorId};
 use crate::types::dtype::DType;
 
 mod dequantize;
+mod packed;
 
 use dequantize::{Dequantize, Dequantized, Refused};
 
@@ -196,40 +197,99 @@ pub const DEFAULT_MAX_SHARD_SIZE: u64 = 50_000_000_000;
 pub const DEFAULT_MAX_SHARD_SIZE_TEXT: &str = "50GB";
 
 /// One tensor's place in a shard. Its name and shape are the checkpoint's (by id):
-/// a plan of a million tensors copies no names.
+/// a plan of a million tensors copies no names. A plan is read with the checkpoint it
+/// was made from (its recipes find their sources there, see [`PlannedTensor::recipe`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannedTensor {
     pub tensor: TensorId,
     /// The dtype written.
     pub dtype: DType,
-    /// How the bytes are made.
-    pub recipe: Recipe,
+    /// How the bytes are made, kept small (see `packed`).
+    packed: packed::Packed,
+    /// Bytes written.
+    pub len: u64,
     /// Offset in the shard's data region.
     pub begin: u64,
 }
 
 impl PlannedTensor {
+    /// Tensor `id` made by `recipe`, at the start of its shard until laid out.
+    fn new(ckpt: &Checkpoint, id: TensorId, recipe: Recipe) -> PlannedTensor {
+        PlannedTensor {
+            tensor: id,
+            dtype: match recipe {
+                Recipe::Cast { to, .. }
+                | Recipe::Merge { to, .. }
+                | Recipe::Dequant { to, .. }
+                | Recipe::DequantMerge { to, .. }
+                | Recipe::Mxfp4 { to, .. }
+                | Recipe::Stitch { to, .. } => to,
+                Recipe::Copy(_) => ckpt.tensors()[id].dtype,
+            },
+            packed: packed::Packed::new(ckpt, id, recipe),
+            len: recipe.output_len(),
+            begin: 0,
+        }
+    }
+
+    /// How the bytes are made, read with the checkpoint the plan was made from.
+    ///
+    /// # Panics
+    /// With another checkpoint than the plan's, that lacks the tensor's source.
+    pub fn recipe(&self, ckpt: &Checkpoint) -> Recipe {
+        match self.packed.unpack(ckpt, self.tensor) {
+            Some(recipe) => recipe,
+            None => panic!(
+                "the plan of `{}` is read with another checkpoint than its own",
+                ckpt.tensors()[self.tensor].name
+            ),
+        }
+    }
+
+    /// Whether the recipe applies LoRA merges (into the stored or the dequantized value).
+    pub fn merges(&self) -> bool {
+        match &self.packed {
+            packed::Packed::Merge { .. } => true,
+            packed::Packed::Whole(recipe) => {
+                matches!(**recipe, Recipe::Merge { .. } | Recipe::DequantMerge { .. })
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the recipe is an MXFP4 dequantization (written under another name and
+    /// shape).
+    fn mxfp4(&self) -> Option<crate::save::mxfp4::Mxfp4Layout> {
+        match &self.packed {
+            packed::Packed::Whole(recipe) => match **recipe {
+                Recipe::Mxfp4 { layout, .. } => Some(layout),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     /// The name written: the checkpoint's, but `P` for an MXFP4 `P_blocks` written
     /// dequantized.
     pub fn name<'c>(&self, ckpt: &'c Checkpoint) -> &'c str {
         let name = &ckpt.tensors()[self.tensor].name;
-        match self.recipe {
-            Recipe::Mxfp4 { .. } => name.strip_suffix("_blocks").unwrap_or(name),
-            _ => name,
+        match self.mxfp4() {
+            Some(_) => name.strip_suffix("_blocks").unwrap_or(name),
+            None => name,
         }
     }
 
     /// The shape written: the checkpoint's, but the dequantized experts' for MXFP4.
     pub fn shape(&self, ckpt: &Checkpoint) -> Vec<u64> {
-        match self.recipe {
-            Recipe::Mxfp4 { layout, .. } => layout.shape().to_vec(),
-            _ => ckpt.tensors()[self.tensor].shape.to_vec(),
+        match self.mxfp4() {
+            Some(layout) => layout.shape().to_vec(),
+            None => ckpt.tensors()[self.tensor].shape.to_vec(),
         }
     }
 
     /// Where the tensor's bytes end in the shard's data region.
     pub fn end(&self) -> u64 {
-        self.begin + self.recipe.output_len()
+        self.begin + self.len
     }
 }
 
@@ -319,10 +379,7 @@ pub struct MemoryNeed {
 impl SavePlan {
     /// The quantized format this save dequantizes, in words (`FP8`, `MXFP4`).
     pub fn dequantized_format(&self) -> &'static str {
-        if self
-            .planned()
-            .any(|p| matches!(p.recipe, Recipe::Mxfp4 { .. }))
-        {
+        if self.planned().any(|p| p.mxfp4().is_some()) {
             "MXFP4"
         } else {
             "FP8"
@@ -381,9 +438,7 @@ impl SavePlan {
 
     /// How many tensors the save computes through a LoRA merge.
     pub fn merged_count(&self) -> usize {
-        self.planned()
-            .filter(|t| matches!(t.recipe, Recipe::Merge { .. } | Recipe::DequantMerge { .. }))
-            .count()
+        self.planned().filter(|t| t.merges()).count()
     }
 
     /// The memory the save of this plan holds: a copy buffer per writer, a cast buffer
@@ -406,7 +461,7 @@ impl SavePlan {
             bytes: writers * chunk,
             parts: vec!["a copy buffer per writer"],
         };
-        let recipes = || self.planned().map(|t| (t.tensor, t.recipe));
+        let recipes = || self.planned().map(|t| (t.tensor, t.recipe(ckpt)));
         let casts = |r: Recipe| match r {
             Recipe::Cast { .. } => true,
             Recipe::Stitch { from, to, .. } => from != to,
@@ -559,10 +614,16 @@ fn recipe_for(dtype: DType, range: ByteRange, cast_to: Option<DType>) -> Result<
 /// Splits consecutive items into shards as huggingface_hub does: start a new shard when
 /// the next item would pass `max`; an item larger than `max` gets a shard to itself.
 pub fn split_into_shards(sizes: &[u64], max: u64) -> Vec<Range<usize>> {
+    split_sizes(sizes.iter().copied(), max)
+}
+
+/// [`split_into_shards`] of sizes as they come (no list of them held).
+fn split_sizes(sizes: impl ExactSizeIterator<Item = u64>, max: u64) -> Vec<Range<usize>> {
+    let count = sizes.len();
     let mut shards = Vec::new();
     let mut start = 0;
     let mut current = 0u64;
-    for (i, &size) in sizes.iter().enumerate() {
+    for (i, size) in sizes.enumerate() {
         if size > max {
             if i > start {
                 shards.push(start..i);
@@ -579,8 +640,8 @@ pub fn split_into_shards(sizes: &[u64], max: u64) -> Vec<Range<usize>> {
         }
         current += size;
     }
-    if start < sizes.len() {
-        shards.push(start..sizes.len());
+    if start < count {
+        shards.push(start..count);
     }
     shards
 }
@@ -626,7 +687,12 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     let mut dropped_scales = Vec::new();
     let arch = crate::model::arch::lookup(&ckpt.config.architectures);
     let (mut kept_fp32, mut cast_despite_fp32) = (Vec::new(), Vec::new());
-    let mut chosen: Vec<(TensorId, Recipe)> = Vec::new();
+    // One planned tensor per tensor, reserved once: at a million tensors this list is
+    // most of what a save holds, so it is never grown by doubling nor copied.
+    let mut chosen: Vec<PlannedTensor> = Vec::with_capacity(ckpt.tensors().len());
+    let mut chosen_push = |id: TensorId, recipe: Recipe| {
+        chosen.push(PlannedTensor::new(ckpt, id, recipe));
+    };
     for (id, tensor) in ckpt.tensors().iter().enumerate() {
         if &*tensor.name == "__metadata__" {
             // The one key a safetensors header keeps for itself.
@@ -648,7 +714,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                 Ok(Dequantized::NotFp8) => {}
                 Ok(Dequantized::Written(recipe)) => {
                     dequantized_count += 1;
-                    chosen.push((id, recipe));
+                    chosen_push(id, recipe);
                     continue;
                 }
                 Ok(Dequantized::Dropped) => {
@@ -693,7 +759,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         };
         if let Some(crate::model::checkpoint::Source::Pieces(index)) = ckpt.data_source(id) {
             match stitch_recipe(ckpt, id, index, cast_to) {
-                Ok(recipe) => chosen.push((id, recipe)),
+                Ok(recipe) => chosen_push(id, recipe),
                 Err(why) => problems.push(Unsaveable::NoRecipe {
                     tensor: tensor.name.to_string(),
                     why,
@@ -705,7 +771,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             Some(range) if range.len == tensor.bytes() => {
                 if ckpt.merges_of(id).is_empty() {
                     match recipe_for(tensor.dtype, range, cast_to) {
-                        Ok(recipe) => chosen.push((id, recipe)),
+                        Ok(recipe) => chosen_push(id, recipe),
                         Err(why) => problems.push(Unsaveable::NoRecipe {
                             tensor: tensor.name.to_string(),
                             why,
@@ -720,14 +786,14 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                         ),
                     });
                 } else {
-                    chosen.push((
+                    chosen_push(
                         id,
                         Recipe::Merge {
                             source: range,
                             from: tensor.dtype,
                             to: cast_to.unwrap_or(tensor.dtype),
                         },
-                    ));
+                    );
                 }
             }
             Some(range) => problems.push(Unsaveable::WrongSize {
@@ -750,69 +816,58 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     if !problems.is_empty() {
         return Err(SaveError::Unsaveable(problems));
     }
-    let sizes: Vec<u64> = chosen.iter().map(|(_, r)| r.output_len()).collect();
-    let ranges = split_into_shards(&sizes, options.max_shard_size);
-    let count = ranges.len();
-    let shards: Vec<ShardPlan> = ranges
-        .into_iter()
-        .enumerate()
-        .map(|(k, range)| {
-            let file_name = if count == 1 {
-                SINGLE_FILE.to_owned()
-            } else {
-                shard_file_name(k + 1, count)
-            };
-            let mut tensors: Vec<PlannedTensor> = chosen[range]
-                .iter()
-                .map(|&(id, recipe)| PlannedTensor {
-                    tensor: id,
-                    dtype: match recipe {
-                        Recipe::Cast { to, .. }
-                        | Recipe::Merge { to, .. }
-                        | Recipe::Dequant { to, .. }
-                        | Recipe::DequantMerge { to, .. }
-                        | Recipe::Mxfp4 { to, .. }
-                        | Recipe::Stitch { to, .. } => to,
-                        Recipe::Copy(_) => ckpt.tensors()[id].dtype,
-                    },
-                    recipe,
-                    begin: 0,
-                })
-                .collect();
-            // Widest elements first keeps every tensor aligned to its element size,
-            // as the safetensors library lays files out; module order (the tensor id)
-            // otherwise. In place: no copy of the list.
-            tensors.sort_unstable_by_key(|p| (std::cmp::Reverse(p.dtype.size()), p.tensor));
-            let mut begin = 0;
-            for p in &mut tensors {
-                p.begin = begin;
-                begin += p.recipe.output_len();
-            }
-            let mut shard = ShardPlan {
-                file_name,
-                tensors,
-                header_len: 0,
-                data_bytes: begin,
-            };
-            shard.header_len = shard.counted_header_len(ckpt);
-            shard
-        })
-        .collect();
-    let total_size = sizes.iter().sum();
     let total_parameters = ckpt.total_parameters.unwrap_or_else(|| {
         chosen
             .iter()
-            .map(|(id, r)| match r {
-                Recipe::Mxfp4 { layout, .. } => layout.elements(),
-                _ => ckpt.tensors()[*id].numel(),
+            .map(|p| match p.mxfp4() {
+                Some(layout) => layout.elements(),
+                None => ckpt.tensors()[p.tensor].numel(),
             })
             .sum()
     });
+    let total_size = chosen.iter().map(|p| p.len).sum();
+    let ranges = split_sizes(chosen.iter().map(|p| p.len), options.max_shard_size);
+    let count = ranges.len();
+    // Each shard takes its part of the list from the end, and the list gives the memory
+    // back as it shrinks: the tensors are held once, never twice.
+    let mut shards: Vec<ShardPlan> = Vec::with_capacity(count);
+    for (k, range) in ranges.into_iter().enumerate().rev() {
+        let file_name = if count == 1 {
+            SINGLE_FILE.to_owned()
+        } else {
+            shard_file_name(k + 1, count)
+        };
+        let mut tensors = if range.start == 0 {
+            std::mem::take(&mut chosen)
+        } else {
+            let tail = chosen.split_off(range.start);
+            chosen.shrink_to_fit();
+            tail
+        };
+        // Widest elements first keeps every tensor aligned to its element size,
+        // as the safetensors library lays files out; module order (the tensor id)
+        // otherwise. In place: no copy of the list.
+        tensors.sort_unstable_by_key(|p| (std::cmp::Reverse(p.dtype.size()), p.tensor));
+        let mut begin = 0;
+        for p in &mut tensors {
+            p.begin = begin;
+            begin += p.len;
+        }
+        let mut shard = ShardPlan {
+            file_name,
+            tensors,
+            header_len: 0,
+            data_bytes: begin,
+        };
+        shard.header_len = shard.counted_header_len(ckpt);
+        shards.push(shard);
+    }
+    shards.reverse();
     let largest_tensor = shards
         .iter()
         .flat_map(|s: &ShardPlan| &s.tensors)
-        .max_by_key(|p| p.recipe.output_len())
-        .map(|p| (p.name(ckpt).to_owned(), p.recipe.output_len()));
+        .max_by_key(|p| p.len)
+        .map(|p| (p.name(ckpt).to_owned(), p.len));
     Ok(SavePlan {
         shards,
         cast_to,
