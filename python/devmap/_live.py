@@ -39,12 +39,15 @@ def _tensor_held(holder, key):
     """The tensor `holder` keeps in memory under `key`: a plain mapping of tensors
     (peft's `onload_layer` leaves one as a hook's `weights_map`), or an offload
     loader's `state_dict`. Found by what it holds, not by class: a mapping with an
-    `index` is a loader whose `[key]` would read the file whole, so it is not asked."""
+    `index` or a `dataset` reads a file whole on `[key]`, so it is not asked."""
     import collections.abc
 
     import torch
 
-    if not isinstance(holder, collections.abc.Mapping) or hasattr(holder, "index"):
+    # A loader (`index`) or a view of one (`dataset`: accelerate's PrefixedDataset)
+    # reads the value from its file when asked: not asked here, the file is the source.
+    if (not isinstance(holder, collections.abc.Mapping) or hasattr(holder, "index")
+            or hasattr(holder, "dataset")):
         return None
     try:
         value = holder.get(key)

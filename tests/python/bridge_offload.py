@@ -89,6 +89,15 @@ def merged_offloaded(devmap_bin, name, **lora):
         warnings.simplefilter("always")
         report = devmap.save_pretrained(merged, ours, progress=False)
     saved = same(name, theirs, ours)
+    # Disk layers peft did not touch are still copied from their files, never read
+    # into memory (the loader's `[key]` would read them whole).
+    from devmap import _live
+
+    with tempfile.TemporaryDirectory() as config_dir:
+        manifest = _live.build(merged, config_dir)[0]
+    kinds = {t["name"]: t["source"]["kind"] for t in manifest["tensors"]}
+    assert kinds["model.layers.3.mlp.up_proj.weight"] in ("safetensors", "file"), kinds
+    assert kinds["model.layers.3.self_attn.q_proj.weight"] == "memory", kinds
     notes = " ".join(str(w.message) for w in said if "devmap" in str(w.message))
     unmerged = [f"model.layers.{i}" for i in range(2, LAYERS)]
     assert "--merge-lora" in notes and all(f"`{layer}.self_attn.q_proj`" in notes for layer in unmerged) \
