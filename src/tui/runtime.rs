@@ -442,8 +442,11 @@ fn drain<S: EventSource>(
     let deferred_due = app.wake_at().is_some_and(|at| now >= at);
     let mut any = first.is_some() || app.animating() || deferred_due;
     // The tick's effects are carried out like any other's: the save preview's
-    // debounced work starts from here.
+    // debounced work starts from here. A message whose time is up goes with it, and the
+    // key bar it stood in for is drawn again.
+    let had_message = app.message.is_some();
     runtime.handle(app, Action::Tick(now));
+    any |= had_message && app.message.is_none();
     let mut next = first;
     while let Some(event) = next.take().or_else(|| source.try_next()) {
         runtime.note_returned(&event);

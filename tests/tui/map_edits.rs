@@ -72,7 +72,9 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
     let written = press(&mut app, &[key(KeyCode::Enter)]);
     assert!(target.is_file(), "{written}");
     assert_eq!(app.mode, Mode::Browse);
-    assert!(!app.map_edited());
+    // Still unlike the map opened, but in a file now: nothing to lose on quitting.
+    assert!(app.map_edited() && !app.map_unexported());
+    assert!(written.contains("[map edited, exported]"), "{written}");
     // What was written is a device map devmap (and accelerate) reads back.
     let reread = devmap::formats::device_map::read_device_map(&target).expect("valid map");
     assert_eq!(reread.get("model.layers.4"), Some(Placement::Gpu(0)));
@@ -388,4 +390,33 @@ fn bang_lists_every_warning_in_full() {
     assert!(screen.contains("placed on disk"), "{screen}");
     press(&mut app, &[key(KeyCode::Esc)]);
     assert_eq!(app.mode, Mode::Browse);
+}
+
+/// Undoing back to the map as opened is no edit (issue 40): the header drops
+/// "[map edited]" and `q` quits without asking, also after an export in between.
+#[test]
+fn undoing_back_to_the_opened_map_is_no_edit() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    select(&mut app, "model.layers.0");
+    let mut journey = Journey::start(&mut app);
+    let edited = journey.press(&mut app, &[ch('d')]);
+    assert!(edited.contains("[map edited]"), "{edited}");
+    // Export it, then undo back to the map as opened.
+    let target = m.tmp.path().join("edited.json");
+    journey.press(&mut app, &[ch('w'), ctrl('u')]);
+    journey.steps(
+        &mut app,
+        text(target.to_str().expect("p"))
+            .into_iter()
+            .map(press_step),
+    );
+    journey.press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(target.is_file());
+    let undone = journey.press(&mut app, &[ch('u')]);
+    assert!(!app.map_edited() && !app.map_unexported());
+    assert!(!undone.contains("map edited"), "{undone}");
+    journey.press(&mut app, &[ch('q')]);
+    assert!(journey.quit(), "q quits without asking: {:?}", app.mode);
+    journey.end(&app);
 }

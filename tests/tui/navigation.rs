@@ -468,3 +468,30 @@ fn tab_completes_paths_then_moves_on() {
     };
     assert_eq!(d.path, format!("{}/.hidden", base.display()));
 }
+
+/// A message takes the key bar's place for a few seconds of the App's clock, then
+/// goes, and the key bar comes back, with no key pressed (issue 40).
+#[test]
+fn a_message_goes_after_a_few_seconds_and_the_key_bar_returns() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    let mut journey = Journey::start(&mut app);
+    let said = journey.press(&mut app, &[ch('u')]);
+    assert!(said.contains("nothing to undo"), "{said}");
+    assert!(
+        !said.contains("q quit"),
+        "the message stands where the keys were"
+    );
+    let later = journey.steps(
+        &mut app,
+        [Step::Wait(
+            devmap::tui::app::Message::LASTS + Duration::from_millis(100),
+        )],
+    );
+    assert!(app.message.is_none());
+    assert!(
+        later.contains("q quit") && !later.contains("nothing to undo"),
+        "{later}"
+    );
+    journey.end(&app);
+}

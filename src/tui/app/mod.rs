@@ -202,10 +202,19 @@ pub enum Tone {
     Bad,
 }
 
+/// A short-lived line in place of the key bar: it goes at `until` (see
+/// [`Message::LASTS`]), and the key bar comes back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
     pub text: String,
     pub tone: Tone,
+    /// When it goes, on the App's clock.
+    pub until: Duration,
+}
+
+impl Message {
+    /// How long a message stays: long enough to read a line, an error twice that.
+    pub const LASTS: Duration = Duration::from_secs(4);
 }
 
 pub struct App {
@@ -236,8 +245,11 @@ pub struct App {
     pub matches: Vec<NodeId>,
     pub clock: Duration,
     pub size: (u16, u16),
-    /// The map as opened, or as last exported: "edited" means different from it.
+    /// The map as opened: "edited" means different from it.
     pub unedited_map: Option<DeviceMap>,
+    /// The map last exported (`w`), if any: quitting loses nothing while the map is
+    /// this one or the one opened.
+    pub exported_map: Option<Option<DeviceMap>>,
     /// Earlier maps, newest last, for `u`; maps undone, for `Ctrl-R`.
     pub undo: Vec<Option<DeviceMap>>,
     pub redo: Vec<Option<DeviceMap>>,
@@ -338,6 +350,7 @@ impl App {
             clock: Duration::ZERO,
             size: (120, 40),
             unedited_map,
+            exported_map: None,
             undo: Vec::new(),
             redo: Vec::new(),
             known_gpus,
@@ -384,6 +397,12 @@ impl App {
     /// no edit).
     pub fn map_edited(&self) -> bool {
         self.ckpt.device_map != self.unedited_map
+    }
+
+    /// Whether the map holds edits that are in no file: it differs from the one
+    /// opened and from the one last exported.
+    pub fn map_unexported(&self) -> bool {
+        self.map_edited() && self.exported_map.as_ref() != Some(&self.ckpt.device_map)
     }
 
     pub fn selected(&self) -> Option<NodeId> {
@@ -475,10 +494,25 @@ impl App {
         super::layout::areas(screen, self.progress_rows(), self.device_rows()).tree_rows
     }
 
+    /// A message that stays while the work it names runs (a save, a verification):
+    /// the message that work ends with replaces it.
+    fn say_while_running(&mut self, text: impl Into<String>) {
+        self.message = Some(Message {
+            text: text.into(),
+            tone: Tone::Info,
+            until: Duration::MAX,
+        });
+    }
+
     fn say(&mut self, text: impl Into<String>, tone: Tone) {
+        let lasts = match tone {
+            Tone::Bad => Message::LASTS * 2,
+            Tone::Info | Tone::Good => Message::LASTS,
+        };
         self.message = Some(Message {
             text: text.into(),
             tone,
+            until: self.clock + lasts,
         });
     }
 
@@ -496,6 +530,9 @@ impl App {
         let effects = match action {
             Action::Tick(now) => {
                 self.clock = now;
+                if self.message.as_ref().is_some_and(|m| now >= m.until) {
+                    self.message = None;
+                }
                 self.refresh_preview_if_due()
             }
             Action::MapApplied(applied) => self.on_map_applied(applied),
@@ -548,7 +585,7 @@ impl App {
             Action::Written { path, error } => {
                 match error {
                     None => {
-                        self.unedited_map = self.ckpt.device_map.clone();
+                        self.exported_map = Some(self.ckpt.device_map.clone());
                         self.say(
                             format!("device map written to {}", path.display()),
                             Tone::Good,
@@ -724,7 +761,7 @@ impl App {
             Action::Quit => {
                 if self.save_running() {
                     self.mode = Mode::Confirm(Confirm::QuitDuringSave);
-                } else if self.map_edited() {
+                } else if self.map_unexported() {
                     self.mode = Mode::Confirm(Confirm::QuitUnexported);
                 } else {
                     self.quitting = true;

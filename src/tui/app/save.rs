@@ -173,7 +173,9 @@ impl App {
         }
     }
 
-    /// When the App next needs a tick to do deferred work, if it has any.
+    /// When the App next needs a tick to do deferred work (the save preview), if it
+    /// has any. A message's end is no such work: the next tick takes it away (the
+    /// memory sampler's readings tick every second).
     pub fn wake_at(&self) -> Option<std::time::Duration> {
         match &self.mode {
             Mode::SaveDialog(dialog) => dialog.preview_due,
@@ -261,10 +263,10 @@ impl App {
             plan: plan.clone(),
             verify: None,
         });
-        self.say(
-            format!("saving to {}… (Esc cancels)", options.out.display()),
-            Tone::Info,
-        );
+        self.say_while_running(format!(
+            "saving to {}… (Esc cancels)",
+            options.out.display()
+        ));
         vec![Effect::StartSave {
             ckpt: Arc::clone(&self.ckpt),
             plan,

@@ -39,13 +39,10 @@ impl App {
             outcome: None,
         });
         let plan = save.plan.clone();
-        self.say(
-            format!(
-                "verifying {}: reading it back and comparing with the source… (Esc stops)",
-                out.display()
-            ),
-            Tone::Info,
-        );
+        self.say_while_running(format!(
+            "verifying {}: reading it back and comparing with the source… (Esc stops)",
+            out.display()
+        ));
         vec![Effect::StartVerify {
             ckpt: Arc::clone(&self.ckpt),
             plan,

@@ -90,7 +90,9 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     if let Some(q) = &app.ckpt.config.quantization {
         spans.push(Span::raw(format!(" · {} quantized", q.method)));
     }
-    if app.map_edited() {
+    if app.map_edited() && !app.map_unexported() {
+        spans.push(Span::styled("  [map edited, exported]", theme.dim()));
+    } else if app.map_edited() {
         spans.push(Span::styled("  [map edited]", theme.warn()));
     }
     if !app.warnings.is_empty() {
