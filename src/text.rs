@@ -75,3 +75,36 @@ mod tests {
         assert_eq!(escaped("tab\there\r"), "tab\\there\\r");
     }
 }
+
+/// Levenshtein distance between two short words (a mistyped subcommand or folder), in
+/// characters.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != cb));
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod edit_distance_tests {
+    use super::edit_distance;
+
+    #[test]
+    fn counts_insertions_deletions_and_substitutions() {
+        assert_eq!(edit_distance("inspct", "inspect"), 1);
+        assert_eq!(edit_distance("sav", "save"), 1);
+        assert_eq!(edit_distance("verfiy", "verify"), 2);
+        assert_eq!(edit_distance("", "plan"), 4);
+        assert_eq!(edit_distance("plan", "plan"), 0);
+    }
+}

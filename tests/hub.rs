@@ -227,7 +227,7 @@ fn a_missing_repo_or_revision_says_what_the_cache_has() {
     );
     assert!(err.contains("acme/m, other/x"), "{err}");
     assert!(
-        err.contains("huggingface-cli download acme/absent"),
+        err.contains("hf download acme/absent"),
         "{err}"
     );
     let o = devmap_env(&["inspect", "acme/m@v9"], &env);
@@ -573,7 +573,7 @@ fn saving_a_remote_model_is_refused_before_any_request() {
     assert!(!o.status.success());
     let err = stderr(&o);
     assert!(err.contains("hf://acme/tiny is a remote model"), "{err}");
-    assert!(err.contains("huggingface-cli download acme/tiny"), "{err}");
+    assert!(err.contains("hf download acme/tiny"), "{err}");
     assert_eq!(served.server.stats.requests.load(Ordering::Relaxed), 0);
     assert!(!out.exists());
     // The library refuses too (the inspector's save dialog goes through it).

@@ -128,5 +128,5 @@ fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhe
 fn a_lora_merged_into_disk_offloaded_layers_saves_as_save_pretrained_writes_it() {
     let (ok, out, err) = common::run_package_script("bridge_offload.py");
     assert!(ok, "{out}\n{err}");
-    assert_eq!(out.matches("ok: ").count(), 4, "{out}");
+    assert_eq!(out.matches("ok: ").count(), 5, "{out}");
 }

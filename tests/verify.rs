@@ -431,7 +431,7 @@ fn unusable_input_exits_2_with_a_message() {
     let case = llama(DType::BF16);
     let o = devmap(&["verify", arg(&case.out)]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("is not a directory"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no such folder"), "{}", stderr(&o));
     save(&case, &[]);
     let missing = case.src.with_file_name("nowhere");
     let o = devmap(&["verify", arg(&case.out), "--against", arg(&missing)]);

@@ -29,6 +29,16 @@ class DevmapError(Exception):
     why. The output folder holds only what it held before."""
 
 
+def _check_model(model, call):
+    """A model, not a state dict or a path: said in devmap's words."""
+    if not (hasattr(model, "state_dict") and hasattr(model, "named_modules")):
+        raise TypeError(
+            f"devmap.{call} takes a model (a torch.nn.Module, as transformers loads it), not a "
+            f"{type(model).__name__}; for a folder of weights use the devmap command "
+            "(devmap save DIR --out OUT)"
+        )
+
+
 def _binding():
     try:
         from . import _devmap
@@ -75,6 +85,7 @@ def save_pretrained(
     """
     from . import _live
 
+    _check_model(model, "save_pretrained")
     binding = _binding()
     out = os.path.abspath(os.fspath(out))
     if isinstance(max_shard_size, int):
@@ -109,7 +120,8 @@ def save_pretrained(
                 stage=(stager.fill, stager.capacity) if stager.tensors else None,
             )
         except binding.DevmapError as err:
-            raise DevmapError(str(err)) from None
+            # The Rust saver speaks the command line's flags; here they are arguments.
+            raise DevmapError(str(err).replace("pass --force", "pass force=True")) from None
         finally:
             if bar:
                 bar.close()
@@ -129,6 +141,7 @@ def inspect(model):
     `devmap.save_pretrained`)."""
     from . import _live
 
+    _check_model(model, "inspect")
     binding = _binding()
     with tempfile.TemporaryDirectory(prefix="devmap-config-") as config_dir:
         try:
@@ -140,7 +153,8 @@ def inspect(model):
         try:
             report = binding.inspect_manifest(json.dumps(manifest), manifest["title"])
         except binding.DevmapError as err:
-            raise DevmapError(str(err)) from None
+            # The Rust saver speaks the command line's flags; here they are arguments.
+            raise DevmapError(str(err).replace("pass --force", "pass force=True")) from None
         finally:
             del keep_alive, stager
     if report is not None:

@@ -137,15 +137,84 @@ fn remote_source(arg: &Path) -> Result<Option<devmap::remote::Source>> {
 /// A folder as given, or the cache snapshot of a repo id that is not a path here.
 pub(super) fn local_model_dir(arg: &Path) -> Result<PathBuf> {
     use devmap::formats::hub_cache;
+    if let Ok(meta) = std::fs::metadata(arg) {
+        // A weights file, an index or a config names its model's folder.
+        if meta.is_file()
+            && let Some(folder) = holding_folder(arg)
+        {
+            err_line(format!(
+                "{} is a file: reading the folder that holds it, {}",
+                arg.display(),
+                folder.display()
+            ))?;
+            return Ok(folder);
+        }
+        return Ok(arg.to_path_buf());
+    }
     if std::fs::symlink_metadata(arg).is_ok() {
         return Ok(arg.to_path_buf());
     }
-    let Some(id) = arg.to_str().and_then(hub_cache::parse_repo_id) else {
-        return Ok(arg.to_path_buf());
+    // A path here, not a repo id: it starts like one, or its first folder exists.
+    let first_exists = arg
+        .components()
+        .next()
+        .is_some_and(|c| Path::new(c.as_os_str()).is_dir());
+    let id = arg.to_str().and_then(hub_cache::parse_repo_id);
+    let Some(id) = id.filter(|_| !first_exists) else {
+        return Err(eyre!("{}", no_such_folder(arg)));
     };
     let root = hub_cache::cache_root().ok_or(hub_cache::HubCacheError::NoRoot)?;
     let dir = hub_cache::resolve(&id, &root)?;
     Ok(dir)
+}
+
+/// The folder of a file that belongs to a model folder: weights, an index, a config.
+fn holding_folder(file: &Path) -> Option<PathBuf> {
+    let name = file.file_name()?.to_str()?;
+    let belongs = [".safetensors", ".bin", ".index.json", ".distcp"]
+        .iter()
+        .any(|end| name.ends_with(end))
+        || name == "config.json";
+    let parent = file.parent()?;
+    belongs.then(|| {
+        if parent.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            parent.to_path_buf()
+        }
+    })
+}
+
+/// "no such folder", with the names beside it that come closest.
+fn no_such_folder(path: &Path) -> String {
+    let mut text = format!("no such folder: {}", path.display());
+    let parent = match path.parent() {
+        Some(p) if p.as_os_str().is_empty() => Path::new("."),
+        Some(p) => p,
+        None => return text,
+    };
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return text;
+    };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return text;
+    };
+    let mut near: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|n| n.starts_with(name) || devmap::text::edit_distance(n, name) <= 2)
+        .collect();
+    near.sort();
+    near.truncate(3);
+    if !near.is_empty() {
+        let shown: Vec<String> = near
+            .iter()
+            .map(|n| parent.join(n).display().to_string())
+            .collect();
+        text.push_str(&format!(" (did you mean {}?)", shown.join(", ")));
+    }
+    text
 }
 
 /// Fetches a remote model's config, index and shard headers, with a progress line on
@@ -198,7 +267,7 @@ fn fetch_headers(
 pub(super) fn refuse_remote(arg: &Path, what: &str) -> Result<()> {
     if let Some(source) = remote_source(arg)? {
         return Err(eyre!(
-            "{} is a remote model, and {what} needs its weights; download it first (e.g. `huggingface-cli download {}`) and use the local copy or its repo id",
+            "{} is a remote model, and {what} needs its weights; download it first (e.g. `hf download {}`) and use the local copy or its repo id",
             source.display(),
             match &source {
                 devmap::remote::Source::Hub { repo, .. } => repo.clone(),

@@ -81,7 +81,7 @@ pub enum HubCacheError {
     #[error("cannot find the Hugging Face cache: set HF_HUB_CACHE or HF_HOME (HOME is not set)")]
     NoRoot,
     #[error(
-        "{repo} is not in the Hugging Face cache at {} ({}); download it first, e.g. `huggingface-cli download {repo}`",
+        "{repo} is not in the Hugging Face cache at {} ({}); download it first, e.g. `hf download {repo}`",
         crate::text::path(root),
         listing("the cache has", cached)
     )]

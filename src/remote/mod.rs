@@ -66,7 +66,7 @@ impl RemoteError {
     fn status(status: u16, url: &str) -> RemoteError {
         let hint = match status {
             401 | 403 => {
-                " (the repo is private or gated: set HF_TOKEN or log in with `huggingface-cli login`)"
+                " (the repo is private or gated: set HF_TOKEN or log in with `hf auth login`)"
             }
             404 => " (no such repo, revision or file)",
             429 => " (rate limited; try again later)",

@@ -13,7 +13,7 @@ use crate::text::count;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error(
-        "{name} is a remote model: devmap read only its headers, not its weights; download it first (e.g. `huggingface-cli download ORG/NAME`) and save from the local copy or the cache"
+        "{name} is a remote model: devmap read only its headers, not its weights; download it first (e.g. `hf download ORG/NAME`) and save from the local copy or the cache"
     )]
     Remote { name: String },
     #[error(

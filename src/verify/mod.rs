@@ -49,7 +49,7 @@ pub struct Progress {
 /// Why a verification could not run at all (`devmap verify` exits 2).
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
-    #[error("{} is not a directory", crate::text::path(.0))]
+    #[error("{}", if .0.exists() { format!("{} is a file, not a folder", crate::text::path(.0)) } else { format!("no such folder: {}", crate::text::path(.0)) })]
     NotADirectory(PathBuf),
     #[error(transparent)]
     Format(#[from] FormatError),

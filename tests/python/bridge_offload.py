@@ -166,7 +166,27 @@ def dora_on_cpu_layers():
     print("ok: dora: merged into the cpu layers of a cpu+disk model, saved as save_pretrained writes it")
 
 
+def misuse():
+    """A state dict for a model, and a folder that is not empty: said in Python's terms."""
+    try:
+        devmap.save_pretrained({"w": torch.ones(2)}, os.path.join(WORK, "dict"))
+        raise AssertionError("a dict was taken for a model")
+    except TypeError as err:
+        assert "takes a model" in str(err) and "dict" in str(err), err
+    model = loaded("misuse")
+    full = os.path.join(WORK, "full")
+    os.makedirs(full)
+    open(os.path.join(full, "notes.txt"), "w").close()
+    try:
+        devmap.save_pretrained(model, full, progress=False)
+        raise AssertionError("a non-empty folder was written into")
+    except devmap.DevmapError as err:
+        assert "force=True" in str(err) and "--force" not in str(err), err
+    print("ok: a dict for a model and a non-empty folder are refused in Python's terms")
+
+
 def main(devmap_bin):
+    misuse()
     merged_offloaded(devmap_bin, "lora")
     dora_on_cpu_layers()
     modules_to_save(devmap_bin)
