@@ -245,6 +245,45 @@ fn device_map_values_name_the_key() {
     assert!(err.contains("must be a JSON object"), "{err}");
 }
 
+/// The map is optional: a garbage device_map.json beside the weights opens the model
+/// without it, with a warning that names the file (issue 40); a save still refuses,
+/// and a map the user names with --device-map is an error.
+#[test]
+fn a_garbage_device_map_opens_without_it_and_warns() {
+    let m = mixed_model();
+    std::fs::write(m.dir.join("device_map.json"), "{ not json").expect("w");
+    let o = common::devmap(&["inspect", m.dir.to_str().expect("p"), "--json"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let report: serde_json::Value = serde_json::from_str(&common::stdout(&o)).expect("json");
+    let kinds: Vec<&str> = report["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .filter_map(|w| w["kind"].as_str())
+        .collect();
+    assert!(kinds.contains(&"device_map_unreadable"), "{kinds:?}");
+    assert_eq!(
+        report["devices"],
+        serde_json::json!({"cpu": report["total_bytes"]})
+    );
+    let err = refused(&m.dir, &m.out("o"), &[]);
+    assert!(err.contains("device_map.json cannot be read"), "{err}");
+    let named = m.out("named.json");
+    std::fs::write(&named, "{ not json").expect("w");
+    let o = common::devmap(&[
+        "inspect",
+        m.dir.to_str().expect("p"),
+        "--device-map",
+        named.to_str().expect("p"),
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        common::stderr(&o).contains("named.json"),
+        "{}",
+        common::stderr(&o)
+    );
+}
+
 #[test]
 fn output_inside_the_input_is_refused() {
     let m = mixed_model();

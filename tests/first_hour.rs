@@ -69,3 +69,29 @@ fn a_mistyped_subcommand_gets_did_you_mean() {
     let err = stderr(&o);
     assert!(err.contains("did you mean `inspect`"), "{err}");
 }
+
+#[test]
+fn a_bare_number_as_a_shard_size_asks_whether_megabytes_were_meant() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let out = tmp.path().join("out");
+    let o = devmap(&[
+        "save",
+        arg(&demo),
+        "--out",
+        arg(&out),
+        "--max-shard-size",
+        "100",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("did you mean 100MB"), "{}", stderr(&o));
+    let o = devmap(&[
+        "save",
+        arg(&demo),
+        "--out",
+        arg(&tmp.path().join("out2")),
+        "--max-shard-size",
+        "100MB",
+    ]);
+    assert!(!stderr(&o).contains("did you mean"), "{}", stderr(&o));
+}

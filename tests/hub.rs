@@ -226,10 +226,7 @@ fn a_missing_repo_or_revision_says_what_the_cache_has() {
         "{err}"
     );
     assert!(err.contains("acme/m, other/x"), "{err}");
-    assert!(
-        err.contains("hf download acme/absent"),
-        "{err}"
-    );
+    assert!(err.contains("hf download acme/absent"), "{err}");
     let o = devmap_env(&["inspect", "acme/m@v9"], &env);
     let err = stderr(&o);
     assert!(

@@ -183,7 +183,7 @@ pub struct SaveArgs {
     /// default, 50GB, is what transformers 5's save_pretrained writes (transformers 4
     /// wrote 5GB: pass --max-shard-size 5GB for that).
     #[arg(long, default_value = devmap::save::DEFAULT_MAX_SHARD_SIZE_TEXT, value_name = "SIZE", value_parser = parse_shard_size)]
-    pub max_shard_size: u64,
+    pub max_shard_size: ShardSize,
     /// Write every name of each tie group instead of once under the embedding's name.
     #[arg(long)]
     pub keep_tied: bool,
@@ -262,8 +262,18 @@ fn parse_save_dtype(text: &str) -> Result<devmap::save::shards::DtypeChoice, Str
     }
 }
 
-fn parse_shard_size(text: &str) -> Result<u64, devmap::formats::size::SizeError> {
-    devmap::formats::size::parse_size(text)
+/// `--max-shard-size` as parsed, with the text typed (for the hint a bare number gets).
+#[derive(Debug, Clone)]
+pub struct ShardSize {
+    pub bytes: u64,
+    pub text: String,
+}
+
+fn parse_shard_size(text: &str) -> Result<ShardSize, devmap::formats::size::SizeError> {
+    Ok(ShardSize {
+        bytes: devmap::formats::size::parse_size(text)?,
+        text: text.to_owned(),
+    })
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

@@ -411,7 +411,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
         ckpt.tensorless_modules = answer.empty_modules.clone().into();
     }
     let options = SaveOptions {
-        max_shard_size: a.max_shard_size,
+        max_shard_size: a.max_shard_size.bytes,
         keep_tied: a.keep_tied,
         force: a.force,
         weights_only: a.weights_only,
@@ -426,6 +426,9 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
         ..SaveOptions::new(&a.out)
     };
     let plan = prepare(&ckpt, &options)?;
+    if let Some(hint) = devmap::formats::size::unit_hint(&a.max_shard_size.text) {
+        err_line(format!("warning: {hint}"))?;
+    }
     if !a.quiet {
         for w in &devmap::model::checks::all_warnings(&ckpt) {
             err_line(format!("warning: {w}"))?;

@@ -20,6 +20,16 @@ pub enum SizeError {
     Zero(String),
 }
 
+/// A size typed as a bare small number (`100`): bytes, as transformers reads it, but
+/// rarely what was meant. The words that say so, with the guess; `None` otherwise.
+pub fn unit_hint(text: &str) -> Option<String> {
+    let t = text.trim();
+    let n: u64 = t.parse().ok()?;
+    (n < 1_000_000).then(|| {
+        format!("a shard size of {t} is {t} bytes (no unit): every tensor gets a shard of its own; did you mean {t}MB or {t}GB?")
+    })
+}
+
 /// Parses a size. Units are case-insensitive; spaces between number and unit are
 /// allowed; fractions are allowed with a unit (`1.5GB`).
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
@@ -114,5 +124,19 @@ mod tests {
         assert_eq!(parse_size("5XB"), Err(SizeError::UnknownUnit("5XB".into())));
         assert_eq!(parse_size("GB"), Err(SizeError::NoNumber("GB".into())));
         assert_eq!(parse_size("0"), Err(SizeError::Zero("0".into())));
+    }
+}
+
+#[cfg(test)]
+mod unit_hint_tests {
+    use super::unit_hint;
+
+    #[test]
+    fn a_bare_small_number_gets_a_hint_and_a_unit_does_not() {
+        assert!(unit_hint("100").is_some_and(|h| h.contains("did you mean 100MB")));
+        assert!(unit_hint(" 512 ").is_some());
+        assert_eq!(unit_hint("100MB"), None);
+        assert_eq!(unit_hint("5000000000"), None);
+        assert_eq!(unit_hint("1.5"), None);
     }
 }

@@ -115,6 +115,8 @@ pub enum Warning {
     /// not hold: only a tie to the embedding could give it a value, and nothing says
     /// so. A save refuses.
     HeadTieUnknown { head: String, embedding: String },
+    /// The folder's device_map.json cannot be read: the model opened without a map.
+    DeviceMapUnreadable { file: PathBuf, why: String },
     /// A device holds more than its budget.
     OverBudget {
         device: Placement,
@@ -149,6 +151,7 @@ impl Warning {
             Warning::LeftOut { .. } => "left_out",
             Warning::HeadKeptWithoutConfig { .. } => "head_kept_without_config",
             Warning::HeadTieUnknown { .. } => "head_tie_unknown",
+            Warning::DeviceMapUnreadable { .. } => "device_map_unreadable",
         }
     }
 
@@ -186,6 +189,7 @@ impl Warning {
                 vec![key.clone(), their_key.clone()]
             }
             Warning::OverBudget { device, .. } => vec![device.to_string()],
+            Warning::DeviceMapUnreadable { file, .. } => vec![file.display().to_string()],
         }
     }
 }
@@ -381,6 +385,11 @@ impl Warning {
                     "no config.json: `{head}` {how} `{embedding}`, and nothing says they are tied, so both are kept; --config DIR reads the model's config.json (its tie_word_embeddings decides), --tie {head}={embedding} writes one"
                 )
             }
+            Warning::DeviceMapUnreadable { file, why } => write!(
+                f,
+                "{} cannot be read, so the model is shown without a device map (everything on cpu): {why}; fix the file, or name another with --device-map",
+                file.display()
+            ),
             Warning::HeadTieUnknown { head, embedding } => write!(
                 f,
                 "the device map places `{}` but the checkpoint holds no `{head}`, and there is no config.json to say it is tied to `{embedding}`; a save refuses: pass --config DIR (the model's config.json) or --tie {head}={embedding}",

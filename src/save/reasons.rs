@@ -115,6 +115,10 @@ pub enum Unsaveable {
     /// tied (the model's own warning, which names `--config` and `--tie`).
     #[error("{0}")]
     HeadTieUnknown(String),
+    /// The folder's device_map.json cannot be read (the model's own warning): the
+    /// inspector opens without it, a save does not guess where tensors go.
+    #[error("{0}")]
+    DeviceMapUnreadable(String),
     /// A `quantization_config` this save cannot honour; the text says why and what to
     /// do instead.
     #[error("{0}")]

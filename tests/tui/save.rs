@@ -815,3 +815,25 @@ fn overwrite_consent_is_bound_to_the_folder_it_was_given_for() {
         "the second folder is untouched"
     );
 }
+
+/// A shard size typed as a bare number is bytes, as transformers reads it; the preview
+/// asks whether megabytes were meant (issue 40).
+#[test]
+fn a_bare_number_as_the_shard_size_gets_a_did_you_mean() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    press(&mut app, &[ch('s'), ctrl('u')]);
+    press(&mut app, &text("100"));
+    settle(&mut app);
+    let Mode::SaveDialog(d) = &app.mode else {
+        panic!("dialog")
+    };
+    assert!(
+        d.preview
+            .warnings
+            .iter()
+            .any(|w| w.contains("did you mean 100MB")),
+        "{:?}",
+        d.preview.warnings
+    );
+}

@@ -267,9 +267,21 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         .device_map
         .clone()
         .or_else(|| Some(dir.join(DEVICE_MAP_FILE)).filter(|p| exists(p)));
-    let device_map = match &device_map_path {
-        Some(p) => Some(read_device_map(p)?),
-        None => None,
+    // The map is optional: one found beside the weights that cannot be read is a
+    // warning, and the model opens without it; one the user named is an error.
+    let (device_map, device_map_path) = match device_map_path {
+        Some(p) => match read_device_map(&p) {
+            Ok(map) => (Some(map), Some(p)),
+            Err(e) if options.device_map.is_none() => {
+                warnings.push(Warning::DeviceMapUnreadable {
+                    file: p,
+                    why: e.to_string(),
+                });
+                (None, None)
+            }
+            Err(e) => return Err(e.into()),
+        },
+        None => (None, None),
     };
 
     let mut ties = config_ties(&config, &mut draft, device_map.as_ref(), &mut warnings);

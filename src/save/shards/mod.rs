@@ -665,6 +665,9 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             crate::model::Warning::HeadTieUnknown { .. } => {
                 problems.push(Unsaveable::HeadTieUnknown(w.to_string()));
             }
+            crate::model::Warning::DeviceMapUnreadable { .. } => {
+                problems.push(Unsaveable::DeviceMapUnreadable(w.to_string()));
+            }
             _ => {}
         }
     }

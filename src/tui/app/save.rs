@@ -218,6 +218,7 @@ impl App {
             ckpt: Arc::clone(&self.ckpt),
             probe: Arc::clone(&self.probe),
             options: self.options_for(dialog),
+            size_hint: crate::formats::size::unit_hint(&dialog.size),
             overwrite: dialog.overwrites(),
             memory: self.memory.back().copied(),
         }
@@ -437,6 +438,8 @@ struct PreviewInput {
     ckpt: Arc<crate::model::checkpoint::Checkpoint>,
     probe: Arc<dyn crate::tui::probe::Probe>,
     options: Result<SaveOptions, String>,
+    /// What a bare small number typed as the shard size probably meant.
+    size_hint: Option<String>,
     overwrite: bool,
     memory: Option<crate::monitor::MemorySample>,
 }
@@ -507,6 +510,9 @@ impl PreviewInput {
             adapters.sort();
             adapters.dedup();
             preview.lora = Some((adapters, merged));
+        }
+        if let Some(hint) = &self.size_hint {
+            preview.warnings.push(hint.clone());
         }
         if let Some(sample) = self.memory.as_ref()
             && sample.available < preview.memory * 4
