@@ -90,7 +90,7 @@ pub fn hint(mode: &Mode) -> &'static str {
         Mode::Help => "↑↓ scroll  Esc or ? close",
         Mode::Warnings => "Esc or ! close",
         Mode::Confirm(_) => "y yes  n no",
-        Mode::Plan(_) => "edit budgets (0=22GiB,cpu=64GiB)  Enter plan  Ctrl-U clear  Esc cancel",
+        Mode::Plan(_) => "edit budgets (N=size,cpu=size)  Enter plan  Ctrl-U clear  Esc cancel",
         Mode::PlanResult(_) => "↑↓ PgUp/PgDn scroll  w export (after closing)  Esc close",
     }
 }

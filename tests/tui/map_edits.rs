@@ -420,3 +420,39 @@ fn undoing_back_to_the_opened_map_is_no_edit() {
     assert!(journey.quit(), "q quits without asking: {:?}", app.mode);
     journey.end(&app);
 }
+
+/// `u` says which module went back to which device, and selects it (issue 40).
+#[test]
+fn undo_names_the_module_and_its_device_and_selects_it() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    select(&mut app, "model.layers.4");
+    let before = app.tree.nodes[app.selected().expect("sel")].single_placement();
+    press(&mut app, &[ch('d')]);
+    select(&mut app, "lm_head");
+    let said = press(&mut app, &[ch('u')]);
+    let device = before.expect("one device").to_string();
+    assert!(
+        said.contains(&format!("undid: `model.layers.4` is on {device} again")),
+        "{said}"
+    );
+    assert_eq!(selected_name(&app), "model.layers.4");
+}
+
+/// The export dialog opens at the path of the last export (issue 40).
+#[test]
+fn the_export_dialog_remembers_its_last_path() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    select(&mut app, "model.layers.0");
+    press(&mut app, &[ch('d'), ch('w'), ctrl('u')]);
+    let target = m.tmp.path().join("mine.json");
+    press(&mut app, &text(target.to_str().expect("p")));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(target.is_file());
+    press(&mut app, &[ch('w')]);
+    let Mode::Export(d) = &app.mode else {
+        panic!("exporting")
+    };
+    assert_eq!(d.path, target.to_str().expect("p"));
+}

@@ -66,11 +66,43 @@ impl App {
             return Vec::new();
         };
         self.redo.push(self.ckpt.device_map.clone());
-        self.say(
-            "undid the last device-map edit (Ctrl-R redoes it)",
-            Tone::Info,
-        );
+        let undone = changed_key(self.ckpt.device_map.as_ref(), earlier.as_ref());
+        match &undone {
+            Some((key, placement)) => {
+                self.say(
+                    format!("undid: `{key}` is on {placement} again (Ctrl-R redoes it)"),
+                    Tone::Info,
+                );
+                self.reveal_module(key);
+            }
+            None => self.say(
+                "undid the last device-map edit (Ctrl-R redoes it)",
+                Tone::Info,
+            ),
+        }
         self.start_map_work(earlier, stacks)
+    }
+
+    /// Selects the module (or tensor) named `key`, opening the tree down to it.
+    fn reveal_module(&mut self, key: &str) {
+        let dotted = format!("{key}.");
+        let Some(tensor) = self
+            .ckpt
+            .tensors()
+            .iter()
+            .position(|t| *t.name == *key || t.name.starts_with(&dotted))
+        else {
+            return;
+        };
+        let mut node = self.tree.tensor_node[tensor];
+        let depth = key.split('.').count();
+        while usize::from(self.tree.nodes[node].depth) > depth {
+            match self.tree.nodes[node].parent() {
+                Some(parent) => node = parent,
+                None => break,
+            }
+        }
+        self.rows.reveal(&self.tree, node);
     }
 
     pub(super) fn redo_map(&mut self) -> Vec<Effect> {
@@ -272,4 +304,22 @@ pub(super) fn plan_options(max_memory: Vec<(Placement, u64)>) -> crate::plan::Pl
         no_split: Vec::new(),
         dtype: None,
     }
+}
+
+/// The first map key whose device differs between `now` and `then` (an edit undone or
+/// redone), with its device in `then`.
+fn changed_key(now: Option<&DeviceMap>, then: Option<&DeviceMap>) -> Option<(String, Placement)> {
+    let then = then?;
+    let differs = then
+        .entries()
+        .iter()
+        .find(|(key, placement)| now.and_then(|m| m.get(key)) != Some(*placement))
+        .map(|(key, placement)| (key.clone(), *placement));
+    // Or a key the edit added: where `then` places that module.
+    differs.or_else(|| {
+        now?.entries()
+            .iter()
+            .find(|(key, _)| then.get(key).is_none())
+            .and_then(|(key, _)| Some((key.clone(), then.locate(key)?.placement)))
+    })
 }

@@ -11,11 +11,12 @@ impl App {
     pub(super) fn open_export(&mut self) {
         // Beside the model directory, not in it: devmap adds nothing to its inputs
         // (and a later save would copy a stray map into the output).
-        let path = self.beside_model("-device_map.json");
-        self.mode = Mode::Export(ExportDialog {
-            path: path.display().to_string(),
-            error: None,
-        });
+        // The path of the last export in this session, else one beside the model.
+        let path = self
+            .last_export_path
+            .clone()
+            .unwrap_or_else(|| self.beside_model("-device_map.json").display().to_string());
+        self.mode = Mode::Export(ExportDialog { path, error: None });
     }
 
     pub(super) fn export_dialog(&mut self, action: Action) -> Vec<Effect> {

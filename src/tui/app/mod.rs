@@ -250,6 +250,8 @@ pub struct App {
     /// The map last exported (`w`), if any: quitting loses nothing while the map is
     /// this one or the one opened.
     pub exported_map: Option<Option<DeviceMap>>,
+    /// Where the last export went: the export dialog opens there again.
+    pub last_export_path: Option<String>,
     /// Earlier maps, newest last, for `u`; maps undone, for `Ctrl-R`.
     pub undo: Vec<Option<DeviceMap>>,
     pub redo: Vec<Option<DeviceMap>>,
@@ -351,6 +353,7 @@ impl App {
             size: (120, 40),
             unedited_map,
             exported_map: None,
+            last_export_path: None,
             undo: Vec::new(),
             redo: Vec::new(),
             known_gpus,
@@ -586,6 +589,7 @@ impl App {
                 match error {
                     None => {
                         self.exported_map = Some(self.ckpt.device_map.clone());
+                        self.last_export_path = Some(path.display().to_string());
                         self.say(
                             format!("device map written to {}", path.display()),
                             Tone::Good,
