@@ -130,3 +130,14 @@ fn a_lora_merged_into_disk_offloaded_layers_saves_as_save_pretrained_writes_it()
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 5, "{out}");
 }
+
+/// `devmap.save_on_signal` on a training loop killed by SIGTERM at 20 random moments
+/// (tests/python/save_on_signal.py): each time the weights of the step boundary the
+/// signal arrived in, loaded by from_pretrained; a second signal cancels the save.
+#[test]
+#[ignore = "needs torch, transformers: run .ci/run"]
+fn a_sigterm_saves_the_weights_of_the_step_boundary() {
+    let (ok, out, err) = common::run_package_script("save_on_signal.py");
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(out.matches("ok: ").count(), 2, "{out}");
+}

@@ -21,7 +21,8 @@ import warnings
 from ._export import device_map, export, offload_index
 from ._live import Refusal
 
-__all__ = ["save_pretrained", "inspect", "export", "device_map", "offload_index", "DevmapError"]
+__all__ = ["save_pretrained", "save_on_signal", "inspect", "export", "device_map", "offload_index",
+           "DevmapError"]
 
 
 class DevmapError(Exception):
@@ -129,6 +130,32 @@ def save_pretrained(
     report = json.loads(text)
     report["warnings"] = notes
     return report
+
+
+def save_on_signal(model, out, signals=None, deadline_s=None, optimizer=None, exit=True, **save_kwargs):
+    """Arms a handler that saves `model` into `out` when the job is told to stop
+    (SIGTERM from Slurm or a spot instance's notice, SIGUSR1 by default), then exits.
+
+    - `optimizer`: save at the end of the optimizer step the signal arrived in (its
+      step post-hook), so the weights are a step boundary's; without it the save runs
+      at once, between two Python statements of the training loop.
+    - `deadline_s`: past this many seconds after the signal, the save is cancelled.
+      A second signal cancels it too. A cancelled save leaves `out` as it was.
+    - `exit`: raise SystemExit after the save (0 when saved, 128 + the signal when
+      not); False returns to the training loop (the returned object's `saved`).
+    - `save_kwargs` go to `save_pretrained` (defaults here: `verify=False`,
+      `force=True` so a folder an earlier preemption wrote is replaced whole,
+      `progress=False`).
+
+    Returns the armed handlers (`.disarm()` puts the previous ones back)."""
+    import signal as _signal
+
+    from ._signal import Armed
+
+    _check_model(model, "save_on_signal")
+    if signals is None:
+        signals = (_signal.SIGTERM, _signal.SIGUSR1)
+    return Armed(model, os.path.abspath(os.fspath(out)), signals, deadline_s, optimizer, exit, save_kwargs)
 
 
 def inspect(model):

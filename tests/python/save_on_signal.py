@@ -1,0 +1,139 @@
+"""devmap.save_on_signal on a real training loop (issue 37): a tiny Llama trained with
+AdamW on CPU, one thread, in a child process that arms `save_on_signal(model, out,
+optimizer=opt)`; the parent waits for a few steps, then sends SIGTERM at a random
+moment, 20 times. The child saves at the end of the step the signal arrived in and
+exits 0; the output, loaded with `from_pretrained`, must equal the weights after
+exactly that many steps, recomputed here. Then a save cancelled by a second signal
+(the save held after its first tensor by DEVMAP_TEST_PAUSE): exit 143, nothing written.
+
+Usage: python save_on_signal.py            (the devmap package importable)
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+WORK = tempfile.mkdtemp(prefix="devmap-signal-")
+RUNS = 20
+
+
+def model_and_optimizer():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(config)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def train_step(model, optimizer, step):
+    g = torch.Generator().manual_seed(step)
+    batch = torch.randint(0, 97, (2, 8), generator=g)
+    loss = model(batch, labels=batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def child(out, steps_file):
+    """Trains until told to stop; the step counter is written before the save hook
+    runs (hooks run in the order they were registered)."""
+    import devmap
+
+    torch.set_num_threads(1)
+    model, optimizer = model_and_optimizer()
+    done = [0]
+
+    def count(opt, args, kwargs):
+        done[0] += 1
+        with open(steps_file, "w") as f:
+            f.write(str(done[0]))
+
+    optimizer.register_step_post_hook(count)
+    devmap.save_on_signal(model, out, optimizer=optimizer)
+    step = 0
+    while True:
+        step += 1
+        train_step(model, optimizer, step)
+        print(f"step {step}", flush=True)
+
+
+def expected_after(steps):
+    torch.set_num_threads(1)
+    model, optimizer = model_and_optimizer()
+    for step in range(1, steps + 1):
+        train_step(model, optimizer, step)
+    return model.state_dict()
+
+
+def run_child(out, steps_file, env=None):
+    return subprocess.Popen([sys.executable, __file__, "--child", out, steps_file],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for_step(proc, n):
+    for line in proc.stdout:
+        if line.strip() == f"step {n}":
+            return
+    raise AssertionError(f"the child stopped before step {n}: {proc.stderr.read()}")
+
+
+def main():
+    from transformers import AutoModelForCausalLM
+
+    rng = random.Random(11)
+    seen = set()
+    for run in range(RUNS):
+        out, steps_file = os.path.join(WORK, f"out-{run}"), os.path.join(WORK, f"steps-{run}")
+        proc = run_child(out, steps_file)
+        wait_for_step(proc, 2)
+        time.sleep(rng.uniform(0, 0.15))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"run {run}: exit {proc.returncode}: {err}"
+        assert "devmap: saved" in err, err
+        steps = int(open(steps_file).read())
+        seen.add(steps)
+        want = expected_after(steps)
+        got = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+        differ = [k for k in want if not torch.equal(want[k], got[k])]
+        assert not differ, f"run {run}: saved after step {steps}, but {differ[:3]} differ"
+    print(f"ok: {RUNS} of {RUNS} SIGTERMs at random moments saved the weights of the step boundary "
+          f"(steps {min(seen)}-{max(seen)}), loaded by from_pretrained")
+
+    # A second signal during the save cancels it: nothing written.
+    out, steps_file = os.path.join(WORK, "cancelled"), os.path.join(WORK, "steps-cancelled")
+    pause = os.path.join(WORK, "pause")
+    open(pause, "w").close()
+    proc = run_child(out, steps_file, env=dict(os.environ, DEVMAP_TEST_PAUSE=pause))
+    wait_for_step(proc, 2)
+    proc.send_signal(signal.SIGTERM)
+    for _ in range(600):
+        if os.path.exists(pause + ".reached"):
+            break
+        time.sleep(0.05)
+    assert os.path.exists(pause + ".reached"), "the save never started"
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    os.remove(pause)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, f"exit {proc.returncode}: {err}"
+    assert "no save" in err and not os.path.exists(out), err
+    print("ok: a second SIGTERM during the save cancels it; nothing written, exit 143")
+    import shutil
+
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2], sys.argv[3])
+    else:
+        main()
