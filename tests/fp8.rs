@@ -565,3 +565,46 @@ fn a_big_dequantized_shard_written_by_several_jobs_is_byte_identical() {
         "--jobs 2 wrote other bytes than --jobs 1"
     );
 }
+
+/// MXFP4 blocks hold two 4-bit values a byte: the inspector and `inspect` count the
+/// values the weight dequantizes to, not its packed bytes (issue 40: the header said
+/// 24.6K for 49,152 values).
+#[test]
+fn mxfp4_blocks_count_their_values_as_parameters() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("gpt-oss-like");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let blocks = devmap::fixtures::FixtureTensor::patterned(
+        "model.layers.0.mlp.experts.gate_up_proj_blocks",
+        DType::U8,
+        &[2, 8, 3, 16],
+        1,
+    );
+    let scales = devmap::fixtures::FixtureTensor::patterned(
+        "model.layers.0.mlp.experts.gate_up_proj_scales",
+        DType::U8,
+        &[2, 8, 3],
+        2,
+    );
+    devmap::fixtures::write_safetensors(&dir.join("model.safetensors"), &[&blocks, &scales])
+        .expect("write");
+    devmap::fixtures::write_json(
+        &dir.join("config.json"),
+        &serde_json::json!({
+            "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+            "quantization_config": {"quant_method": "mxfp4"}
+        }),
+    )
+    .expect("config");
+    let o = common::devmap(&["inspect", dir.to_str().expect("p")]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    // 2 experts × 3 groups × 32 values × 8 rows, plus the 48 scales.
+    let values = 2 * 3 * 32 * 8 + 48;
+    assert!(
+        common::stdout(&o).contains(&format!("{values} parameters"))
+            || common::stdout(&o)
+                .contains(&format!("{:.2}K parameters", f64::from(values) / 1000.0)),
+        "{}",
+        common::stdout(&o)
+    );
+}

@@ -48,6 +48,22 @@ pub fn dequantized_dtype(ckpt: &Checkpoint) -> DType {
 }
 
 /// Tensor `id`'s part in the checkpoint's quantization, if it has one.
+/// The values tensor `id` holds as a parameter of the model: its elements, but for a
+/// quantized weight packed several to a stored element (MXFP4's `_blocks`: two 4-bit
+/// values a byte) the values it dequantizes to.
+pub fn values_of(ckpt: &Checkpoint, id: TensorId) -> u64 {
+    let tensor = &ckpt.tensors()[id];
+    if ckpt.config.quantization.is_none() {
+        return tensor.numel();
+    }
+    match quantized_part(ckpt, id) {
+        Some(QuantizedPart::Weight {
+            dequantized_shape, ..
+        }) => dequantized_shape.iter().product(),
+        _ => tensor.numel(),
+    }
+}
+
 pub fn quantized_part(ckpt: &Checkpoint, id: TensorId) -> Option<QuantizedPart> {
     let q = ckpt.config.quantization.as_ref()?;
     let tensor = &ckpt.tensors()[id];

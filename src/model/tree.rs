@@ -278,7 +278,7 @@ impl ModuleTree {
                 }
                 let n = &mut self.nodes[into];
                 n.bytes += tensor.bytes();
-                n.params += tensor.numel();
+                n.params += super::quantized::values_of(ckpt, t);
                 n.tensors += 1;
                 add_split(&mut n.split, tensor.placement, tensor.bytes());
                 n.has_tie |= ckpt.tie_group(t).is_some();
