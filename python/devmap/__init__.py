@@ -180,8 +180,7 @@ def inspect(model):
         try:
             report = binding.inspect_manifest(json.dumps(manifest), manifest["title"])
         except binding.DevmapError as err:
-            # The Rust saver speaks the command line's flags; here they are arguments.
-            raise DevmapError(str(err).replace("pass --force", "pass force=True")) from None
+            raise DevmapError(str(err)) from None
         finally:
             del keep_alive, stager
     if report is not None:

@@ -35,19 +35,23 @@ def _offload_loaders(model):
     return found
 
 
-def _tensor_held(holder, key):
-    """The tensor `holder` keeps in memory under `key`: a plain mapping of tensors
-    (peft's `onload_layer` leaves one as a hook's `weights_map`), or an offload
-    loader's `state_dict`. Found by what it holds, not by class: a mapping with an
-    `index` or a `dataset` reads a file whole on `[key]`, so it is not asked."""
+def _holds_in_memory(mapping):
+    """Whether `mapping` keeps its values in memory: a plain mapping of tensors (peft's
+    `onload_layer` leaves one as a hook's `weights_map`; an offload loader's
+    `state_dict`). Found by what it is, not by class: a loader (`index`) or a view of
+    one (`dataset`: accelerate's PrefixedDataset) reads a value from its file, whole,
+    when asked, so it is never asked — the file is the source."""
     import collections.abc
 
+    return (isinstance(mapping, collections.abc.Mapping)
+            and not hasattr(mapping, "index") and not hasattr(mapping, "dataset"))
+
+
+def _tensor_held(holder, key):
+    """The tensor `holder` keeps in memory under `key` (see `_holds_in_memory`)."""
     import torch
 
-    # A loader (`index`) or a view of one (`dataset`: accelerate's PrefixedDataset)
-    # reads the value from its file when asked: not asked here, the file is the source.
-    if (not isinstance(holder, collections.abc.Mapping) or hasattr(holder, "index")
-            or hasattr(holder, "dataset")):
+    if not _holds_in_memory(holder):
         return None
     try:
         value = holder.get(key)
@@ -111,11 +115,7 @@ def _offloaded_source(model, loaders, name, tensor):
 def _peft_onloaded(loaders):
     """Modules whose hook holds a plain dict of tensors: peft's `onload_layer` put it
     there when it merged (or tried to merge) an adapter into a disk-offloaded layer."""
-    import collections.abc
-
-    return sorted(owner for owner, weights_map in loaders.items()
-                  if isinstance(weights_map, collections.abc.Mapping)
-                  and not hasattr(weights_map, "dataset") and not hasattr(weights_map, "index"))
+    return sorted(owner for owner, weights_map in loaders.items() if _holds_in_memory(weights_map))
 
 
 def _original_first_row(loaders, full_name):
