@@ -76,6 +76,22 @@ mod tests {
     }
 }
 
+/// Why `path` cannot be read as a folder, in words: it is not there, or it is a file
+/// (and then the folder that holds it).
+pub fn not_a_folder(path: &std::path::Path) -> String {
+    match std::fs::metadata(path) {
+        Err(_) => format!("no such folder: {}", self::path(path)),
+        Ok(_) => format!(
+            "{} is a file, not a folder{}",
+            self::path(path),
+            path.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|p| format!(" (the folder that holds it: {})", self::path(p)))
+                .unwrap_or_default()
+        ),
+    }
+}
+
 /// Levenshtein distance between two short words (a mistyped subcommand or folder), in
 /// characters.
 pub fn edit_distance(a: &str, b: &str) -> usize {

@@ -125,10 +125,9 @@ pub fn unused_map_keys(ckpt: &Checkpoint) -> Option<Warning> {
         .map(|((k, _), _)| k.as_str())
         // `""` covers every tensor there is.
         .filter(|k| (!k.is_empty() || ckpt.tensors().is_empty()) && !names_a_module(ckpt, k))
-        // A module the architecture has without tensors (`rotary_emb`, `act_fn`) is
-        // no typo: `hf_device_map` lists them.
-        .filter(|k| !arch.is_some_and(|a| a.is_empty_module(k)))
-        .filter(|k| !holds_no_parameters(k, arch) && !ckpt.holds_no_tensors(k))
+        // A module without tensors (`rotary_emb`, `act_fn`) is no typo:
+        // `hf_device_map` lists them.
+        .filter(|k| !holds_no_parameters(ckpt, k, arch))
         .map(str::to_owned)
         .collect();
     (!keys.is_empty()).then_some(Warning::UnusedMapKeys { keys })
@@ -222,9 +221,14 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<Warning> {
 
 /// Modules that hold no parameters yet appear in accelerate's `hf_device_map` (the
 /// rotary embedding's `inv_freq` is a non-persistent buffer, never in a checkpoint):
-/// the architecture table's empty modules, else these names.
-fn holds_no_parameters(key: &str, arch: Option<&crate::model::arch::Arch>) -> bool {
-    if arch.is_some_and(|a| a.is_empty_module(key)) {
+/// those the user's transformers named, the architecture table's empty modules, else
+/// these names.
+fn holds_no_parameters(
+    ckpt: &Checkpoint,
+    key: &str,
+    arch: Option<&crate::model::arch::Arch>,
+) -> bool {
+    if ckpt.holds_no_tensors(key) || arch.is_some_and(|a| a.is_empty_module(key)) {
         return true;
     }
     let last = key.rsplit('.').next().unwrap_or(key);
@@ -267,10 +271,7 @@ pub fn keys_without_data(ckpt: &Checkpoint) -> Vec<&str> {
     keys.iter()
         .enumerate()
         .filter(|&(i, key)| {
-            !has_data[i]
-                && !holds_no_parameters(key, arch)
-                && !is_parent(key)
-                && !ckpt.holds_no_tensors(key)
+            !has_data[i] && !holds_no_parameters(ckpt, key, arch) && !is_parent(key)
         })
         .map(|(_, key)| *key)
         .collect()

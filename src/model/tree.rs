@@ -265,17 +265,11 @@ impl ModuleTree {
             n.split.clear();
             n.has_tie = false;
         }
-        // The nodes of tied tensors, to count each tie once where its members meet.
-        let mut tied: std::collections::HashMap<TensorId, NodeId> =
-            std::collections::HashMap::new();
         // Pre-order numbering: walking backwards visits children before parents.
         for id in (0..self.nodes.len()).rev() {
             if let Some(t) = self.nodes[id].tensor() {
                 let tensor = &ckpt.tensors()[t];
                 let into = self.nodes[id].folded_into().unwrap_or(id);
-                if ckpt.tie_group(t).is_some() {
-                    tied.insert(t, into);
-                }
                 let n = &mut self.nodes[into];
                 n.bytes += tensor.bytes();
                 n.params += super::quantized::values_of(ckpt, t);
@@ -288,50 +282,46 @@ impl ModuleTree {
                 // borrowed apart without copying the child's split.
                 let (before, from_child) = self.nodes.split_at_mut(id);
                 let (p, child) = (&mut before[parent], &from_child[0]);
-                p.tensors += child.tensors;
-                p.has_tie |= child.has_tie;
                 p.bytes += child.bytes;
                 p.params += child.params;
+                p.tensors += child.tensors;
+                p.has_tie |= child.has_tie;
                 for &(placement, bytes) in &child.split {
                     add_split(&mut p.split, placement, bytes);
                 }
             }
         }
-        self.count_ties_once(ckpt, &tied);
+        self.count_ties_once(ckpt);
     }
 
     /// A tied copy on the device of a partner is one tensor in memory (accelerate
     /// counts it once): each module shows what its own tensors hold, and the modules
     /// holding both names count it once, from the first module that holds both up.
-    fn count_ties_once(
-        &mut self,
-        ckpt: &Checkpoint,
-        tied: &std::collections::HashMap<TensorId, NodeId>,
-    ) {
-        for (&t, &node) in tied {
-            let Some(partner) = ckpt.counted_with(t) else {
-                continue;
-            };
-            let Some(&other) = tied.get(&partner) else {
-                continue;
-            };
-            let tensor = &ckpt.tensors()[t];
-            let (bytes, params) = (tensor.bytes(), tensor.numel());
-            let mut at = Some(self.common_ancestor(node, other));
-            while let Some(n) = at {
-                let node = &mut self.nodes[n];
-                node.bytes = node.bytes.saturating_sub(bytes);
-                node.params = node.params.saturating_sub(params);
-                if let Ok(i) = node
-                    .split
-                    .binary_search_by(|(p, _)| p.cmp(&tensor.placement))
-                {
-                    node.split[i].1 = node.split[i].1.saturating_sub(bytes);
-                    if node.split[i].1 == 0 {
-                        node.split.remove(i);
+    fn count_ties_once(&mut self, ckpt: &Checkpoint) {
+        for group in &ckpt.ties {
+            for &t in &group.members {
+                let Some(partner) = ckpt.counted_with(t) else {
+                    continue;
+                };
+                let tensor = &ckpt.tensors()[t];
+                let (bytes, params) = (tensor.bytes(), super::quantized::values_of(ckpt, t));
+                let top = self.common_ancestor(self.tensor_node[t], self.tensor_node[partner]);
+                let mut at = Some(top);
+                while let Some(n) = at {
+                    let node = &mut self.nodes[n];
+                    node.bytes = node.bytes.saturating_sub(bytes);
+                    node.params = node.params.saturating_sub(params);
+                    if let Ok(i) = node
+                        .split
+                        .binary_search_by_key(&tensor.placement, |(p, _)| *p)
+                    {
+                        node.split[i].1 = node.split[i].1.saturating_sub(bytes);
+                        if node.split[i].1 == 0 {
+                            node.split.remove(i);
+                        }
                     }
+                    at = node.parent();
                 }
-                at = node.parent();
             }
         }
     }

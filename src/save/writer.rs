@@ -283,9 +283,10 @@ impl ShardWriter<'_> {
         let ckpt = shared.ckpt;
         let stop = StopFlag(shared);
         for t in tensors {
+            let recipe = t.recipe(ckpt);
             if let Recipe::Stitch {
                 pieces, from, to, ..
-            } = t.recipe(shared.ckpt)
+            } = recipe
             {
                 self.write_stitched(
                     t,
@@ -298,7 +299,7 @@ impl ShardWriter<'_> {
                 shared.pause_once();
                 continue;
             }
-            let Some(source) = t.recipe(shared.ckpt).source() else {
+            let Some(source) = recipe.source() else {
                 continue;
             };
             if source.len == 0 {
@@ -316,7 +317,7 @@ impl ShardWriter<'_> {
             let mut report = |n: u64| shared.progress(index, shard_written, n);
             let from = (src, source.offset);
             let to = (dst, data_start + t.begin);
-            let moved = match t.recipe(shared.ckpt) {
+            let moved = match recipe {
                 Recipe::Copy(_) if src_path == Path::new(PROCESS_MEMORY) => self
                     .copier
                     .copy_through_buffer(from, to, source.len, &stop, &mut report),
@@ -344,7 +345,7 @@ impl ShardWriter<'_> {
                     ..
                 } => {
                     // An FP8 weight's scales, for a merge into its dequantized value.
-                    let dequant = match t.recipe(shared.ckpt) {
+                    let dequant = match recipe {
                         Recipe::DequantMerge { scale, blocks, .. } => Some(
                             open_source(ckpt, scale.file)
                                 .map_err(CopyError::Io)
@@ -502,15 +503,16 @@ impl ShardWriter<'_> {
         if let Some(e) = refused {
             return Err(e);
         }
+        let recipe = t.recipe(ckpt);
         written.map_err(|f| {
             let range = crate::types::range::ByteRange {
                 file: f.file,
                 offset: 0,
-                len: t.recipe(shared.ckpt).source_len(),
+                len: recipe.source_len(),
             };
             copy_failed(f.error, ckpt, t, range, tmp)
         })?;
-        for range in t.recipe(shared.ckpt).ranges(ckpt) {
+        for range in recipe.ranges(ckpt) {
             self.sources.get(ckpt, range.file)?;
         }
         Ok(())
@@ -526,14 +528,15 @@ impl ShardWriter<'_> {
         shard_written: &AtomicU64,
     ) -> Result<(), SaveError> {
         let shared = self.shared;
-        let Some(source) = t.recipe(shared.ckpt).source() else {
+        let recipe = t.recipe(shared.ckpt);
+        let Some(source) = recipe.source() else {
             return Ok(());
         };
         let stop = StopFlag(shared);
         let copier = &mut self.copier;
         let mut report = |n: u64| shared.progress(index, shard_written, n);
         let out = data_start + t.begin;
-        let moved = match t.recipe(shared.ckpt) {
+        let moved = match recipe {
             Recipe::Copy(_) => super::stage::through_stage(
                 shared.stage,
                 key,
@@ -610,10 +613,11 @@ fn parts_for_threads<'p>(
     let tensors = &shard.tensors[..];
     let threads = shared.threads_per_shard.min(tensors.len()).max(1);
     let simple = tensors.iter().all(|t| {
+        let recipe = t.recipe(shared.ckpt);
         matches!(
-            t.recipe(shared.ckpt),
+            recipe,
             Recipe::Copy(_) | Recipe::Cast { .. } | Recipe::Stitch { .. } | Recipe::Dequant { .. }
-        ) && t.recipe(shared.ckpt).ranges(shared.ckpt).iter().all(|r| {
+        ) && recipe.ranges(shared.ckpt).iter().all(|r| {
             let path = shared.ckpt.file_path(r.file);
             super::stage::staged_key(path).is_none() && path != Path::new(PROCESS_MEMORY)
         })

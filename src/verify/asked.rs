@@ -22,19 +22,24 @@ pub fn check(written: &Written, answer: &Answer, findings: &mut Vec<Finding>) {
         .config
         .as_ref()
         .is_some_and(|c| c.quantization.is_some());
-    let saved = problems(&answer.saved, &present, answer, quantized, &HashSet::new());
+    // Tied copies are in the loaded model's state dict but never saved: neither
+    // missing nor unexpected.
+    let tied: HashSet<&str> = answer.tied.iter().map(String::as_str).collect();
+    let saved = problems(
+        &answer.saved,
+        &present,
+        (answer, quantized, &tied),
+        &HashSet::new(),
+    );
     let chosen = match &answer.runtime {
         Some(runtime) => {
-            // Tied copies are in the loaded model's state dict but never saved: not
-            // missing in either form.
             let saved_names: HashSet<&str> = answer.saved.iter().map(|e| e.name.as_str()).collect();
-            let tied: HashSet<&str> = answer.tied.iter().map(String::as_str).collect();
             let optional: HashSet<&str> = runtime
                 .iter()
                 .map(|e| e.name.as_str())
                 .filter(|n| tied.contains(n) && !saved_names.contains(n))
                 .collect();
-            let loaded = problems(runtime, &present, answer, quantized, &optional);
+            let loaded = problems(runtime, &present, (answer, quantized, &tied), &optional);
             if loaded.len() < saved.len() {
                 loaded
             } else {
@@ -81,13 +86,13 @@ enum Problem<'a> {
     Unexpected(&'a str),
 }
 
-/// What transformers would report of `present` against the form `expected`;
-/// `optional` names may be absent.
+/// What transformers would report of `present` against the form `expected`, given
+/// its answer, whether the checkpoint is quantized (scales are no UNEXPECTED) and the
+/// tied names; `optional` names may be absent.
 fn problems<'a>(
     expected: &'a [Entry],
     present: &HashMap<&'a str, &'a WrittenTensor>,
-    answer: &Answer,
-    quantized: bool,
+    (answer, quantized, tied): (&Answer, bool, &HashSet<&str>),
     optional: &HashSet<&str>,
 ) -> Vec<Problem<'a>> {
     let mut out = Vec::new();
@@ -105,7 +110,6 @@ fn problems<'a>(
             }
         }
     }
-    let tied: HashSet<&str> = answer.tied.iter().map(String::as_str).collect();
     let mut unexpected: Vec<&str> = present
         .keys()
         .copied()
@@ -128,21 +132,10 @@ fn kept_float32(written: &Written, answer: &Answer, findings: &mut Vec<Finding>)
     let Some(dtype) = answer.dtype.filter(|&d| d != DType::F32) else {
         return;
     };
-    for t in &written.tensors {
-        if t.dtype == DType::F32 || !crate::save::cast::is_floating(t.dtype) {
-            continue;
-        }
-        if answer.keeps_fp32(&t.name) {
-            findings.push(Finding::difference(
-                Kind::KeptFloat32,
-                &t.name,
-                format!(
-                    "is {}, but transformers keeps it in float32 when it loads the model in {} ({}): the values it holds lost precision",
-                    t.dtype.torch_name(),
-                    dtype.torch_name(),
-                    answer.source()
-                ),
-            ));
-        }
-    }
+    super::expects::kept_float32_findings(
+        written,
+        dtype,
+        |name| answer.keeps_fp32(name).then(|| answer.source()),
+        findings,
+    );
 }

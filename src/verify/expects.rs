@@ -435,17 +435,36 @@ fn check_kept_float32(written: &Written, findings: &mut Vec<Finding>) {
     let Some(arch) = crate::model::arch::lookup(&config.architectures) else {
         return;
     };
+    kept_float32_findings(
+        written,
+        dtype,
+        |name| {
+            arch.kept_in_fp32(&arch.loaded_or_same(name), dtype)
+                .map(|pattern| format!("`{pattern}` is in the architecture's keep-in-float32 list"))
+        },
+        findings,
+    );
+}
+
+/// Every floating tensor written in another dtype than float32 that transformers holds
+/// in float32 when it loads the model in `dtype` — `keeps` says so for a name, with the
+/// reason in words — as a MISMATCHED-like difference: its values lost precision.
+pub(super) fn kept_float32_findings(
+    written: &Written,
+    dtype: DType,
+    keeps: impl Fn(&str) -> Option<String>,
+    findings: &mut Vec<Finding>,
+) {
     for t in &written.tensors {
         if t.dtype == DType::F32 || !crate::save::cast::is_floating(t.dtype) {
             continue;
         }
-        let loaded = arch.loaded_or_same(&t.name);
-        if let Some(pattern) = arch.kept_in_fp32(&loaded, dtype) {
+        if let Some(why) = keeps(&t.name) {
             findings.push(Finding::difference(
                 Kind::KeptFloat32,
                 &t.name,
                 format!(
-                    "is {}, but transformers keeps it in float32 when it loads the model in {} (`{pattern}` is in the architecture's keep-in-float32 list): the values it holds lost precision",
+                    "is {}, but transformers keeps it in float32 when it loads the model in {} ({why}): the values it holds lost precision",
                     t.dtype.torch_name(),
                     dtype.torch_name()
                 ),

@@ -49,7 +49,7 @@ pub struct Progress {
 /// Why a verification could not run at all (`devmap verify` exits 2).
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
-    #[error("{}", if .0.exists() { format!("{} is a file, not a folder", crate::text::path(.0)) } else { format!("no such folder: {}", crate::text::path(.0)) })]
+    #[error("{}", crate::text::not_a_folder(.0))]
     NotADirectory(PathBuf),
     #[error(transparent)]
     Format(#[from] FormatError),
@@ -368,6 +368,7 @@ fn hash_expected(
     let mut hashes = Vec::with_capacity(pairs.len());
     let mut findings = Vec::new();
     for (_, p) in pairs {
+        let recipe = p.recipe(expected.ckpt);
         let mut digester = Digester::new(p.dtype);
         // What every recipe's bytes go through: the hash, and the progress count.
         let mut feed = |chunk: &[u8]| {
@@ -379,7 +380,7 @@ fn hash_expected(
         };
         if let Recipe::Stitch {
             pieces, from, to, ..
-        } = p.recipe(expected.ckpt)
+        } = recipe
         {
             let mut open = |file| {
                 crate::formats::input::open_regular(expected.ckpt.file_path(file))
@@ -409,7 +410,7 @@ fn hash_expected(
             hashes.push(hashed(outcome, expected.name(p), &what, &mut findings)?);
             continue;
         }
-        let Some(source) = p.recipe(expected.ckpt).source() else {
+        let Some(source) = recipe.source() else {
             hashes.push(None);
             continue;
         };
@@ -442,7 +443,7 @@ fn hash_expected(
         let file = match input {
             Input::File(file) => file,
             Input::Staged(key) => {
-                let cast = match p.recipe(expected.ckpt) {
+                let cast = match recipe {
                     Recipe::Cast { from, to, .. } => Some((from, to)),
                     _ => None,
                 };
@@ -460,7 +461,7 @@ fn hash_expected(
             }
         };
         let at = (file, source.offset);
-        let read = match p.recipe(expected.ckpt) {
+        let read = match recipe {
             Recipe::Copy(_) => copier.stream(at, source.len, None, &progress.cancel, &mut feed),
             Recipe::Cast { from, to, .. } => copier.stream(
                 at,
@@ -529,7 +530,7 @@ fn hash_expected(
                     crate::formats::input::open_regular(expected.ckpt.file_path(id))
                         .map_err(std::io::Error::other)
                 };
-                let dequant = match p.recipe(expected.ckpt) {
+                let dequant = match recipe {
                     Recipe::DequantMerge { scale, blocks, .. } => open(scale.file)
                         .map_err(CopyError::Io)
                         .and_then(|scale_file| {

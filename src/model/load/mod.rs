@@ -44,7 +44,7 @@ pub struct LoadOptions {
 pub enum LoadError {
     #[error(transparent)]
     Format(#[from] FormatError),
-    #[error("{}", not_a_folder(.0))]
+    #[error("{}", crate::text::not_a_folder(.0))]
     NotADirectory(PathBuf),
     #[error(
         "no weights in {}: expected model.safetensors, model.safetensors.index.json, *.safetensors, pytorch_model.bin, pytorch_model.bin.index.json or a torch.distributed.checkpoint folder (.metadata)",
@@ -59,21 +59,6 @@ pub enum LoadError {
         kept: String,
         message: String,
     },
-}
-
-/// Why `path` cannot be read as a folder, in words: it is not there, or it is a file.
-fn not_a_folder(path: &Path) -> String {
-    match std::fs::metadata(path) {
-        Err(_) => format!("no such folder: {}", path.display()),
-        Ok(_) => format!(
-            "{} is a file, not a folder{}",
-            path.display(),
-            path.parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .map(|p| format!(" (the folder that holds it: {})", p.display()))
-                .unwrap_or_default()
-        ),
-    }
 }
 
 /// Reads the model directory `dir`.

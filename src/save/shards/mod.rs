@@ -690,6 +690,11 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     let mut dropped_scales = Vec::new();
     let arch = crate::model::arch::lookup(&ckpt.config.architectures);
     let (mut kept_fp32, mut cast_despite_fp32) = (Vec::new(), Vec::new());
+    // transformers' own answer, when it was asked at the dtype this save casts to.
+    let asked = options
+        .asked
+        .as_deref()
+        .filter(|a| cast_to.is_some() && a.dtype == cast_to);
     // One planned tensor per tensor, reserved once: at a million tensors this list is
     // most of what a save holds, so it is never grown by doubling nor copied.
     let mut chosen: Vec<PlannedTensor> = Vec::with_capacity(ckpt.tensors().len());
@@ -737,10 +742,6 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         // Matched on the loaded name (renamed, or the fused expert parameter it becomes),
         // as transformers matches it; computed once per checkpoint.
         let loaded = ckpt.loaded_name(id).unwrap_or(&tensor.name);
-        let asked = options
-            .asked
-            .as_deref()
-            .filter(|a| cast_to.is_some() && a.dtype == cast_to);
         let keep = match asked {
             Some(answer) => (super::cast::is_floating(tensor.dtype) && answer.keeps_fp32(loaded))
                 .then_some("transformers, asked"),
