@@ -182,7 +182,7 @@ struct ShardWriter<'a> {
 /// (delayed allocation), under the lock every write to the file takes: a 1 GB shard
 /// took 1.3× as long as `cp` of the same bytes, and the writers of one big shard
 /// waited on each other; with the blocks reserved up front it takes as long as `cp`
-/// (docs/performance.md). A full disk is an error now, before anything is copied; a
+/// (CHANGELOG.md, Performance history: Saving). A full disk is an error now, before anything is copied; a
 /// file system that cannot reserve blocks (some network ones) is written as before.
 fn reserve(dst: &File, len: u64) -> std::io::Result<()> {
     match rustix::fs::fallocate(dst, rustix::fs::FallocateFlags::empty(), 0, len) {

@@ -187,7 +187,8 @@ impl SaveOptions {
 /// shard needs, each taking a run of its tensors.
 pub(super) const PARALLEL_SHARD_BYTES: u64 = 64 << 20;
 
-/// Shards written in parallel by default (see docs/performance.md).
+/// Shards written in parallel by default: two writers overlap one shard's copy or
+/// fsync with the other's (docs/performance.md, Saving).
 pub const DEFAULT_JOBS: usize = 2;
 
 /// What transformers 5's `save_pretrained` writes by default (`max_shard_size="50GB"`;
