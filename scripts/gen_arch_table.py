@@ -35,7 +35,9 @@ in float16) and `fp32-strict NAME...` (`_keep_in_fp32_modules_strict`: kept in f
 when loaded in float16 or bfloat16). transformers matches each NAME as a regular
 expression searched anywhere in a loaded parameter name (`.` any character, `*` any
 run), and so does devmap; then `empty NAME...`: modules that hold no parameter and no
-persistent buffer (every index `*`), which a device map may name.
+persistent buffer (every index `*`), which a device map may name; then `buffers
+NAME...`: the persistent buffers, which the checkpoint holds but accelerate keeps off
+the disk (every index `*`).
 """
 
 import copy
@@ -237,7 +239,7 @@ def describe(cls, model_type):
         conditional = with_words - without
         tied = with_words
     keep = keep_in_fp32(model)
-    return order, sorted(tied), conditional, renamed, keep, empty_modules(model)
+    return order, sorted(tied), conditional, renamed, keep, empty_modules(model), persistent_buffers(model)
 
 
 def empty_modules(model):
@@ -275,7 +277,15 @@ def keep_in_fp32(model):
     return tuple(lists)
 
 
-def render_block(order, tied, conditional, renamed=(), keep=((), ()), empty=()):
+def persistent_buffers(model):
+    """The buffers a checkpoint holds (DeepSeek's `e_score_correction_bias`), every
+    index collapsed to `*`: accelerate does not offload them with their module
+    (`offload_buffers=False`), it moves them to the main device."""
+    saved = set(model.state_dict())
+    return sorted({collapse(n) for n, _ in model.named_buffers() if n in saved})
+
+
+def render_block(order, tied, conditional, renamed=(), keep=((), ()), empty=(), buffers=()):
     """The walk as an indented tree. A key first met late (layer 3's experts, when layers
     0-2 are dense and share the collapsed `layers.*.mlp`) goes under its own parent,
     after that parent's earlier children: siblings keep the order they were met in."""
@@ -305,6 +315,8 @@ def render_block(order, tied, conditional, renamed=(), keep=((), ()), empty=()):
         lines.append("fp32-strict " + " ".join(strict))
     if empty:
         lines.append("empty " + " ".join(empty))
+    if buffers:
+        lines.append("buffers " + " ".join(buffers))
     return "\n".join(lines)
 
 

@@ -34,6 +34,9 @@ pub struct Arch {
     /// Modules with no parameter and no persistent buffer (`model.rotary_emb`,
     /// `model.layers.*.mlp.act_fn`), every index `*`.
     empty: std::collections::HashSet<String>,
+    /// Persistent buffers (a checkpoint holds them; accelerate does not offload them
+    /// with their module), every index `*`.
+    buffers: Vec<String>,
 }
 
 /// A name starting with `checkpoint` is loaded under `runtime` instead (components; `*`
@@ -68,6 +71,7 @@ impl Default for Arch {
             keep_fp32: Vec::new(),
             keep_fp32_strict: Vec::new(),
             empty: std::collections::HashSet::new(),
+            buffers: Vec::new(),
         }
     }
 }
@@ -100,6 +104,10 @@ fn parse_block(body: &str) -> Arch {
                     runtime: parts(runtime),
                 });
             }
+            continue;
+        }
+        if let Some(names) = line.strip_prefix("buffers ") {
+            arch.buffers = names.split(' ').map(str::to_owned).collect();
             continue;
         }
         if let Some(names) = line.strip_prefix("empty ") {
@@ -194,6 +202,16 @@ impl Arch {
             (1..=parts.len()).any(|n| self.empty.contains(&parts[..n].join(".")))
         };
         inside_empty(key) || self.runtime_name(key).is_some_and(|r| inside_empty(&r))
+    }
+
+    /// Whether a tensor (checkpoint or loaded name) is a persistent buffer: accelerate
+    /// keeps it on the main device when its module is offloaded.
+    pub fn is_persistent_buffer(&self, name: &str) -> bool {
+        if self.buffers.is_empty() {
+            return false;
+        }
+        let hit = |n: &str| self.buffers.iter().any(|p| super::options::matches(p, n));
+        hit(name) || self.runtime_name(name).is_some_and(|r| hit(&r))
     }
 }
 

@@ -721,6 +721,9 @@ pub fn place(
                 let fused = super::names::expert_piece(name)?.fused;
                 m.locate(&arch.map_or_else(|| fused.clone(), |a| a.loaded_or_same(&fused)))
             }) {
+            Some(hit) if arch.is_some_and(|a| a.is_persistent_buffer(name)) => {
+                (m.buffer_placement(hit.placement), hit.index as u32)
+            }
             Some(hit) => (hit.placement, hit.index as u32),
             None => (Placement::Unmapped, NO_KEY),
         },

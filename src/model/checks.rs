@@ -72,10 +72,14 @@ fn offloaded(t: &crate::model::Tensor) -> bool {
 
 pub fn offload_not_on_disk(ckpt: &Checkpoint) -> Option<Warning> {
     ckpt.device_map.as_ref()?;
+    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
+    // A persistent buffer of a disk-offloaded module is in the offload folder but held
+    // on the main device (accelerate's `offload_buffers=False`).
+    let buffer = |name: &str| arch.is_some_and(|a| a.is_persistent_buffer(name));
     let tensors: Vec<(String, Placement)> = ckpt
         .tensors()
         .iter()
-        .filter(|t| offloaded(t) && t.placement != Placement::Disk)
+        .filter(|t| offloaded(t) && t.placement != Placement::Disk && !buffer(&t.name))
         .map(|t| (t.name.to_string(), t.placement))
         .collect();
     (!tensors.is_empty()).then_some(Warning::OffloadNotOnDisk { tensors })

@@ -9,6 +9,7 @@ pub mod load;
 pub mod lora;
 pub mod merge;
 pub mod names;
+pub mod options;
 pub mod quantized;
 mod table;
 pub use crate::types::shape;

@@ -109,6 +109,37 @@ impl DeviceMap {
         }
     }
 
+    /// The device accelerate's `dispatch_model` runs offloaded modules on and keeps
+    /// their buffers on (`offload_buffers=False`, transformers' default): the first
+    /// GPU (or mps) the map uses, else the CPU. None when accelerate dispatches nothing
+    /// (one device, and not the disk).
+    pub fn main_device(&self) -> Option<Placement> {
+        let mut devices: Vec<Placement> = self.entries.iter().map(|(_, p)| *p).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        if devices.len() < 2 && !devices.contains(&Placement::Disk) {
+            return None;
+        }
+        Some(
+            devices
+                .into_iter()
+                .find(|p| matches!(p, Placement::Gpu(_) | Placement::Mps))
+                .unwrap_or(Placement::Cpu),
+        )
+    }
+
+    /// Where accelerate holds a persistent buffer of a module the map places on
+    /// `placement`: an offloaded module's buffers (the disk's; the CPU's when the
+    /// main device is a GPU) live on the main device.
+    pub fn buffer_placement(&self, placement: Placement) -> Placement {
+        let Some(main) = self.main_device() else {
+            return placement;
+        };
+        let offloaded = placement == Placement::Disk
+            || (placement == Placement::Cpu && matches!(main, Placement::Gpu(_)));
+        if offloaded { main } else { placement }
+    }
+
     /// accelerate's rule: strip whole `.component`s from the name until it is a key,
     /// then try `""`. This is the longest whole-component prefix.
     ///
@@ -188,6 +219,26 @@ mod tests {
 
     fn map(entries: &[(&str, Placement)]) -> DeviceMap {
         DeviceMap::new(entries.iter().map(|(k, p)| ((*k).to_owned(), *p)).collect())
+    }
+
+    #[test]
+    fn offloaded_modules_keep_their_buffers_on_the_main_device() {
+        use Placement::{Cpu, Disk, Gpu};
+        // CPU and disk: the CPU runs the disk's layers and holds their buffers.
+        let m = map(&[("a", Cpu), ("b", Disk)]);
+        assert_eq!(m.main_device(), Some(Cpu));
+        assert_eq!(m.buffer_placement(Disk), Cpu);
+        assert_eq!(m.buffer_placement(Cpu), Cpu);
+        // With GPUs the first one is the main device, and the CPU's modules are
+        // offloaded too.
+        let m = map(&[("a", Gpu(1)), ("b", Gpu(0)), ("c", Cpu), ("d", Disk)]);
+        assert_eq!(m.main_device(), Some(Gpu(0)));
+        assert_eq!(m.buffer_placement(Disk), Gpu(0));
+        assert_eq!(m.buffer_placement(Cpu), Gpu(0));
+        assert_eq!(m.buffer_placement(Gpu(1)), Gpu(1));
+        // One device: accelerate dispatches nothing; all-disk still dispatches.
+        assert_eq!(map(&[("a", Gpu(0))]).main_device(), None);
+        assert_eq!(map(&[("", Disk)]).buffer_placement(Disk), Cpu);
     }
 
     #[test]

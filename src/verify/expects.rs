@@ -10,6 +10,7 @@ use super::report::{Finding, Kind};
 use super::written::{Written, WrittenTensor};
 use crate::formats::config::ModelConfig;
 use crate::model::expect::{self, Expect, ExpectedTensor, Form, List, Node, Tied, Values};
+use crate::model::options;
 use crate::types::dtype::DType;
 
 /// What the check covered, for the report's summary.
@@ -126,6 +127,7 @@ pub fn check(written: &Written, findings: &mut Vec<Finding>) -> Coverage {
         Some(r) => (saved, Some(r)),
         None => (saved, None),
     };
+    let mut names_and_shapes = Vec::new();
     report(
         config.quantization.is_some(),
         expect,
@@ -133,8 +135,13 @@ pub fn check(written: &Written, findings: &mut Vec<Finding>) -> Coverage {
         other.as_ref(),
         &present,
         architecture,
-        findings,
+        &mut names_and_shapes,
     );
+    if let Some(table) = options::lookup(&config.architectures) {
+        let switched = table.switched(&config.raw);
+        follow_options(&switched, &mut names_and_shapes);
+    }
+    findings.append(&mut names_and_shapes);
     check_kept_float32(written, findings);
     Coverage {
         architecture: Some(architecture.to_owned()),
@@ -416,6 +423,58 @@ fn report(
                 ),
             ));
         }
+    }
+}
+
+/// Follows the options config.json sets otherwise than the defaults the expect table
+/// was fitted on (see [`crate::model::options`]): what a value the option table tried
+/// removes is not MISSING, what it adds is not UNEXPECTED, what it reshapes is not
+/// MISMATCHED; what a value it never tried could change is not checked, said once per
+/// option. (An added tensor that is absent is not reported: the table does not say
+/// which members of a list hold it, as a hybrid model's layer kinds differ.)
+fn follow_options(switched: &options::Switched, findings: &mut Vec<Finding>) {
+    let mut unchecked: Vec<(&str, Vec<String>)> = switched
+        .unexplored
+        .iter()
+        .map(|(option, _)| (option.as_str(), Vec::new()))
+        .collect();
+    findings.retain(|f| {
+        let excused = match f.kind {
+            Kind::Missing => switched.removes(&f.subject),
+            Kind::Unexpected | Kind::MixedLayout => switched.adds(&f.subject),
+            Kind::Mismatched => switched.reshapes(&f.subject),
+            _ => return true,
+        };
+        if excused.is_some() {
+            return false;
+        }
+        match switched.unexplored_for(&f.subject) {
+            Some(option) => {
+                if let Some((_, names)) = unchecked.iter_mut().find(|(o, _)| *o == option) {
+                    names.push(f.subject.clone());
+                }
+                false
+            }
+            None => true,
+        }
+    });
+    for (option, names) in unchecked {
+        let what = match names.as_slice() {
+            [] => "no tensor it could change differs from the table".to_owned(),
+            [one] => format!("`{one}` differs from the table and was not checked"),
+            [first, rest @ ..] => format!(
+                "`{first}` and {} more tensors differ from the table and were not checked",
+                rest.len()
+            ),
+        };
+        findings.push(Finding::note(
+            Kind::NotChecked,
+            "config.json",
+            format!(
+                "sets {option}, a value devmap's table of {} never tried: {what} (`--transformers PYTHON` asks transformers itself)",
+                options::source().split(',').next().unwrap_or_default()
+            ),
+        ));
     }
 }
 
