@@ -341,12 +341,14 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
 /// `config_dir`, loaded in `dtype` (`None`: the config's own): `None` when there is
 /// none to ask (`--transformers none`, or no Python with transformers found), or it
 /// could not answer (said in a warning: devmap's table is used instead). An explicit
-/// `--transformers` that does not import transformers is an error.
+/// `--transformers` that does not import transformers is an error. When transformers
+/// refuses config.json itself, the answer says so (verify reports it) if
+/// `keep_refusal`; else that is said in a warning and the table answers.
 pub(super) fn ask_transformers(
     config_dir: &Path,
     dtype: Option<devmap::model::DType>,
     model: &ModelArgs,
-    quiet: bool,
+    (quiet, keep_refusal): (bool, bool),
 ) -> Result<Option<devmap::oracle::Answer>> {
     use devmap::oracle::Oracle;
     let oracle = Oracle::find(model.transformers.as_deref(), model.trust_remote_code)
@@ -359,6 +361,15 @@ pub(super) fn ask_transformers(
         return Ok(None);
     }
     match oracle.ask(config_dir, dtype) {
+        Ok(ref answer) if !keep_refusal && let Some(reason) = &answer.refused => {
+            err_line(format!(
+                "warning: transformers {} refuses {}: {reason}; from_pretrained will fail on it. Expectations from devmap's table ({}) instead",
+                answer.transformers,
+                devmap::text::path(&config_dir.join("config.json")),
+                devmap::model::expect::source()
+            ))?;
+            Ok(None)
+        }
         Ok(answer) => {
             if !quiet {
                 err_line(oracle.said())?;
@@ -405,7 +416,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
     // there, and what its save_pretrained writes for this config.
     let cast_to = devmap::save::shards::resolve_dtype(&ckpt, a.dtype);
     let config_dir = ckpt.config_dir.clone().unwrap_or_else(|| ckpt.dir.clone());
-    let answer = ask_transformers(&config_dir, cast_to, model, a.quiet)?.map(Arc::new);
+    let answer = ask_transformers(&config_dir, cast_to, model, (a.quiet, false))?.map(Arc::new);
     let mut ckpt = ckpt;
     if let Some(answer) = &answer {
         ckpt.tensorless_modules = answer.empty_modules.clone().into();
@@ -565,7 +576,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
             if a.weights_only {
                 expected = expected.weights_only();
             }
-            let answer = ask_transformers(&report.out, None, model, true)?;
+            let answer = ask_transformers(&report.out, None, model, (true, true))?;
             verify::after_save(
                 &report.out,
                 &expected,

@@ -46,7 +46,7 @@ pub fn run(a: &VerifyArgs, model: &ModelArgs) -> ExitCode {
             }
             _ => None,
         };
-        let answer = super::ask_transformers(&folder, None, model, a.quiet)?;
+        let answer = super::ask_transformers(&folder, None, model, (a.quiet, true))?;
         let report = check(
             &folder,
             expected.as_ref(),

@@ -32,12 +32,35 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
+def _architectures(config_dir):
+    try:
+        with open(os.path.join(config_dir, "config.json")) as f:
+            return list(json.load(f).get("architectures") or [])
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
 def main(config_dir, dtype_name, trust):
     import torch
     import transformers
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(config_dir, trust_remote_code=trust)
+    try:
+        config = AutoConfig.from_pretrained(config_dir, trust_remote_code=trust)
+    except Exception as e:  # noqa: BLE001 - the config classes' validators raise their own kinds
+        # A model type this transformers does not know, remote code it may not run,
+        # a file it cannot read: no verdict on the config.
+        if isinstance(e, (ImportError, OSError)) or "Unrecognized model" in str(e) or "does not recognize" in str(e):
+            raise
+        # The config class refuses config.json itself: from_pretrained fails before
+        # it loads a tensor. That is the answer.
+        lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+        print(MARK + json.dumps({
+            "transformers": transformers.__version__,
+            "architecture": next(iter(_architectures(config_dir)), ""),
+            "refused": f"{type(e).__name__}: {lines[-1] if lines else ''}",
+        }))
+        return
     names = list(getattr(config, "architectures", None) or [])
     cls = None
     for name in names:

@@ -119,18 +119,28 @@ pub struct Answer {
     /// expressions transformers searches names with, leaving them out of its report).
     pub ignore_missing: Vec<String>,
     pub ignore_unexpected: Vec<String>,
+    /// Why transformers' config class refuses config.json itself (`from_pretrained`
+    /// fails before it loads a tensor); the rest of the answer is then empty.
+    pub refused: Option<String>,
 }
 
 #[derive(Deserialize)]
 struct RawAnswer {
     transformers: String,
     architecture: String,
+    #[serde(default)]
     dtype: String,
+    #[serde(default)]
     saved: Vec<(String, String, Vec<u64>)>,
     runtime: Option<Vec<(String, String, Vec<u64>)>>,
+    #[serde(default)]
     buffers: Vec<(String, String, Vec<u64>)>,
+    #[serde(default)]
     no_split: Vec<String>,
+    #[serde(default)]
     kept_fp32: Vec<String>,
+    #[serde(default)]
+    refused: Option<String>,
     #[serde(default)]
     tied: Vec<String>,
     #[serde(default)]
@@ -173,6 +183,7 @@ impl Answer {
             empty_modules: raw.empty_modules,
             ignore_missing: raw.ignore_missing,
             ignore_unexpected: raw.ignore_unexpected,
+            refused: raw.refused,
         })
     }
 

@@ -13,6 +13,17 @@ use crate::types::dtype::DType;
 
 /// Checks `written` against `answer`; findings go to `findings`.
 pub fn check(written: &Written, answer: &Answer, findings: &mut Vec<Finding>) {
+    if let Some(reason) = &answer.refused {
+        findings.push(Finding::difference(
+            Kind::ConfigRefused,
+            "config.json",
+            format!(
+                "transformers {} refuses it: {reason}; from_pretrained fails before it loads a tensor",
+                answer.transformers
+            ),
+        ));
+        return;
+    }
     let present: HashMap<&str, &WrittenTensor> = written
         .tensors
         .iter()
@@ -31,7 +42,9 @@ pub fn check(written: &Written, answer: &Answer, findings: &mut Vec<Finding>) {
         (answer, quantized, &tied),
         &HashSet::new(),
     );
-    let chosen = match &answer.runtime {
+    // The form the checkpoint follows; the other one's names, if any, are a layout
+    // mixed into it.
+    let (chosen, other): (_, &[Entry]) = match &answer.runtime {
         Some(runtime) => {
             let saved_names: HashSet<&str> = answer.saved.iter().map(|e| e.name.as_str()).collect();
             let optional: HashSet<&str> = runtime
@@ -41,13 +54,14 @@ pub fn check(written: &Written, answer: &Answer, findings: &mut Vec<Finding>) {
                 .collect();
             let loaded = problems(runtime, &present, (answer, quantized, &tied), &optional);
             if loaded.len() < saved.len() {
-                loaded
+                (loaded, &answer.saved)
             } else {
-                saved
+                (saved, runtime)
             }
         }
-        None => saved,
+        None => (saved, &[]),
     };
+    let in_other: HashSet<&str> = other.iter().map(|e| e.name.as_str()).collect();
     let arch = &answer.architecture;
     let source = answer.source();
     for p in chosen {
@@ -66,6 +80,13 @@ pub fn check(written: &Written, answer: &Answer, findings: &mut Vec<Finding>) {
                 format!(
                     "MISMATCHED: shape {have:?}, but {arch} expects {:?} ({source}); transformers refuses to load it",
                     e.shape
+                ),
+            ),
+            Problem::Unexpected(name) if in_other.contains(&*name) => Finding::difference(
+                Kind::MixedLayout,
+                name,
+                format!(
+                    "UNEXPECTED: {arch}'s checkpoint holds this tensor in the other layout (fused experts or renamed modules) than the rest ({source}); a mix of the two does not load as one model"
                 ),
             ),
             Problem::Unexpected(name) => Finding::difference(

@@ -83,6 +83,8 @@ pub enum Kind {
     Mismatched,
     /// A tensor in the other layout (fused experts, runtime names) than the rest.
     MixedLayout,
+    /// transformers' config class refuses config.json (asked): nothing loads.
+    ConfigRefused,
     /// A tensor transformers keeps in float32 written in another dtype.
     KeptFloat32,
     /// The architecture is not in devmap's table: names and shapes not checked (a note).
@@ -144,6 +146,7 @@ impl Kind {
             Kind::Unexpected => "unexpected",
             Kind::Mismatched => "mismatched",
             Kind::MixedLayout => "mixed-layout",
+            Kind::ConfigRefused => "config-refused",
             Kind::KeptFloat32 => "kept-float32",
             Kind::NotChecked => "not-checked",
         }
@@ -165,6 +168,7 @@ impl Kind {
             | Kind::Unexpected
             | Kind::Mismatched
             | Kind::MixedLayout
+            | Kind::ConfigRefused
             | Kind::KeptFloat32
             | Kind::NotChecked => Check::Expects,
             _ => Check::Files,
