@@ -82,7 +82,7 @@ pub fn check(written: &Written, answer: &Answer, findings: &mut Vec<Finding>) {
                     e.shape
                 ),
             ),
-            Problem::Unexpected(name) if in_other.contains(&*name) => Finding::difference(
+            Problem::Unexpected(name) if in_other.contains(name) => Finding::difference(
                 Kind::MixedLayout,
                 name,
                 format!(
