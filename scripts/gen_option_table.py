@@ -13,7 +13,8 @@ config class derives the rest), and the model instantiated on the `meta` device:
   - a `null`: 64 (a size that is off by default: `n_inner`, `head_dim`);
   - a string: each quoted value the config class's docstring gives for it.
 The saved names (tied copies left out, conversions reverted, indices collapsed to
-`*`) are compared with the default's; and again from a second base config where the
+`*`, each with its members' shapes) are compared with the default's: a name in more
+members is added, in fewer removed, in other shapes reshaped; and again from a second base config where the
 integers that leave out a kind of layer at 0 are 1 (DeepSeek's dense first layers,
 at `first_k_dense_replace: 0` by default), as the expect table does. Recorded: the options one of whose values
 changes a name or a shape, with every value tried and what it changes, and the
@@ -116,8 +117,8 @@ def names(cls, config):
     out = {}
     for name, shape in shapes.items():
         if name not in tied:
-            out.setdefault(collapse(name), set()).add(shape)
-    return out
+            out.setdefault(collapse(name), []).append(shape)
+    return {n: sorted(shapes) for n, shapes in out.items()}
 
 
 def structural(cls, config):
@@ -143,10 +144,12 @@ def changes(cls, config, keys, path, value, base):
         changed = names(cls, with_option(type(config)(**keys), path, value))
     else:
         changed = names(cls, type(config)(**{**keys, path: value}))
+    # By collapsed name: in more or fewer members (Gemma 4's `attention_k_eq_v` drops
+    # `v_proj` from its full-attention layers only), or in other shapes.
     return (
-        set(changed) - set(base),
-        set(base) - set(changed),
-        {n for n in set(base) & set(changed) if base[n] != changed[n]},
+        {n for n in changed if len(changed[n]) > len(base.get(n, []))},
+        {n for n in base if len(base[n]) > len(changed.get(n, []))},
+        {n for n in set(base) & set(changed) if set(base[n]) != set(changed[n])},
     )
 
 

@@ -68,6 +68,17 @@ pub struct ExpectedTensor {
     pub dtype: Option<DType>,
 }
 
+impl ExpectedTensor {
+    /// Its name under `prefix` (which ends in `.`); a nameless tensor is the list
+    /// member `prefix` names.
+    pub fn full_name(&self, prefix: &str) -> String {
+        match self.name.as_str() {
+            "" => prefix.trim_end_matches('.').to_owned(),
+            name => format!("{prefix}{name}"),
+        }
+    }
+}
+
 /// A non-persistent buffer of a model as config.json sizes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Buffer {
@@ -203,7 +214,7 @@ fn expand_buffers(node: &Node, prefix: &str, values: &Values<'_>, out: &mut Vec<
         let shape: Option<Vec<u64>> = t.dims.iter().map(|d| values.eval(d)).collect();
         if let (Some(shape), Some(dtype)) = (shape, t.dtype) {
             out.push(Buffer {
-                name: format!("{prefix}{}", t.name),
+                name: t.full_name(prefix),
                 dtype,
                 shape,
             });
@@ -452,8 +463,12 @@ fn lines(body: &str) -> Vec<Line<'_>> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let text = l.trim_start_matches(' ');
+            // A list whose members are tensors themselves (Reformer's
+            // `position_embeddings.weights.0`) has lines with an empty name: the space
+            // before their shape is not indent.
+            let separator = usize::from(text.starts_with('['));
             Line {
-                depth: l.len() - text.len(),
+                depth: (l.len() - text.len()).saturating_sub(separator),
                 text,
             }
         })
@@ -529,7 +544,12 @@ fn parse_node(lines: &[Line<'_>], at: &mut usize, depth: usize) -> Node {
             });
         } else {
             let mut words = line.text.split(' ');
-            let name = words.next().unwrap_or("").to_owned();
+            // No name: the list member is the tensor.
+            let name = if line.text.starts_with('[') {
+                String::new()
+            } else {
+                words.next().unwrap_or("").to_owned()
+            };
             let dims = words
                 .next()
                 .and_then(|d| d.strip_prefix('[')?.strip_suffix(']'))
@@ -614,6 +634,20 @@ mod tests {
             "2*hidden_size/4"
         );
         assert_eq!(e.runtime.as_ref().map(|f| f.root.tensors.len()), Some(1));
+    }
+
+    #[test]
+    fn a_list_whose_members_are_tensors_ends_where_its_lines_do() {
+        // Reformer: `position_embeddings.weights.0` and `.1` are tensors, written with
+        // no name; the list of layers after them is not inside that list.
+        let block = "form saved\nw [4]\nlist emb.weights 2\n variant @0,1\n   [?,?,?]\nlist layers n\n variant\n  a [4]\n";
+        let e = parse_block(block);
+        let root = &e.saved.root;
+        assert_eq!(root.lists.len(), 2, "{root:?}");
+        let member = &root.lists[0].variants[0].node.tensors[0];
+        assert_eq!(member.full_name("emb.weights.0."), "emb.weights.0");
+        assert_eq!(member.dims.len(), 3);
+        assert_eq!(root.lists[1].path, "layers");
     }
 
     #[test]

@@ -117,11 +117,11 @@ pub fn check(written: &Written, findings: &mut Vec<Finding>) -> Coverage {
     };
     let values = expect.values(&config.raw);
     let present = Present::new(written);
-    let saved = match_form(&expect.saved, &present, &values);
+    let saved = match_form(&expect.saved, &present, &values, &config.raw);
     let runtime = expect
         .runtime
         .as_ref()
-        .map(|f| match_form(f, &present, &values));
+        .map(|f| match_form(f, &present, &values, &config.raw));
     let (chosen, other) = match runtime {
         Some(r) if r.score(&present) < saved.score(&present) => (r, Some(saved)),
         Some(r) => (saved, Some(r)),
@@ -219,9 +219,14 @@ impl<'a> Matched<'a> {
     }
 }
 
-fn match_form<'a>(form: &Form, present: &Present<'a>, values: &Values<'_>) -> Matched<'a> {
+fn match_form<'a>(
+    form: &Form,
+    present: &Present<'a>,
+    values: &Values<'_>,
+    config: &serde_json::Value,
+) -> Matched<'a> {
     let mut matched = match_node(&form.root, "", present, values);
-    consistent(&mut matched, present);
+    consistent(&mut matched, present, config);
     matched
 }
 
@@ -233,7 +238,7 @@ fn match_node<'a>(
 ) -> Matched<'a> {
     let mut m = Matched::default();
     for t in &node.tensors {
-        let name = format!("{prefix}{}", t.name);
+        let name = t.full_name(prefix);
         if let Some((&key, written)) = present.by_name.get_key_value(name.as_str()) {
             m.claimed.insert(key);
             if let Some(want) = mismatch(t, written, values) {
@@ -331,11 +336,29 @@ fn shape_text(t: &ExpectedTensor, values: &Values<'_>) -> String {
 }
 
 /// Members that met one expectation with an unknown dimension must agree: the shape
-/// most of them have is taken as right, the others are MISMATCHED.
-fn consistent(m: &mut Matched<'_>, present: &Present<'_>) {
-    let mut groups: HashMap<usize, Vec<&str>> = HashMap::new();
+/// most of them have is taken as right, the others are MISMATCHED. Members that
+/// config.json's per-layer lists set apart (`layer_types`' sliding and full attention
+/// layers, `conv_kernel`'s sizes) are compared only with their own kind.
+fn consistent(m: &mut Matched<'_>, present: &Present<'_>, config: &serde_json::Value) {
+    let mut by_expectation: HashMap<usize, Vec<&str>> = HashMap::new();
     for (k, name) in &m.unknown {
-        groups.entry(*k).or_default().push(name);
+        by_expectation.entry(*k).or_default().push(name);
+    }
+    let mut groups: HashMap<(usize, String), Vec<&str>> = HashMap::new();
+    for (k, names) in by_expectation {
+        let indices: Vec<Option<usize>> = names.iter().map(|n| first_index(n)).collect();
+        let count = indices.iter().flatten().max().map_or(0, |i| i + 1);
+        let lists = per_layer_lists(config, count);
+        for (name, index) in names.into_iter().zip(indices) {
+            let kind = index.map_or_else(String::new, |i| {
+                lists
+                    .iter()
+                    .map(|l| l[i].to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
+            groups.entry((k, kind)).or_default().push(name);
+        }
     }
     for names in groups.values() {
         let shape = |n: &str| -> Vec<u64> { present.by_name[n].shape.iter().collect() };
@@ -363,6 +386,28 @@ fn consistent(m: &mut Matched<'_>, present: &Present<'_>) {
             }
         }
     }
+}
+
+/// The first list index in a name (`model.layers.2.…` gives 2).
+fn first_index(name: &str) -> Option<usize> {
+    name.split('.').find_map(|c| c.parse().ok())
+}
+
+/// config.json's lists of `count` plain values, at the top level and one sub-config
+/// down (`text_config.layer_types`): per-layer settings.
+fn per_layer_lists(config: &serde_json::Value, count: usize) -> Vec<&Vec<serde_json::Value>> {
+    let Some(top) = config.as_object() else {
+        return Vec::new();
+    };
+    let nested = top.values().filter_map(serde_json::Value::as_object);
+    std::iter::once(top)
+        .chain(nested)
+        .flat_map(|o| o.values())
+        .filter_map(serde_json::Value::as_array)
+        .filter(|l| {
+            count > 1 && l.len() == count && l.iter().all(|v| !v.is_object() && !v.is_array())
+        })
+        .collect()
 }
 
 fn report(

@@ -65,6 +65,14 @@ def tiny(cls, key, value):
     config_cls = cls.config_class
     defaults = config_cls().to_dict()
     kwargs = {k: v for k, v in SMALL.items() if k in defaults and k != "layer_types"}
+    # Per-layer lists as long as a count the small config cuts (Reformer's
+    # `attn_layers`, `layer_types`) are cut with it, as a real config's agree.
+    for k, small in list(kwargs.items()):
+        old = defaults[k]
+        if isinstance(old, int) and not isinstance(old, bool) and old > 1 and small != old:
+            for other, v in defaults.items():
+                if isinstance(v, list) and len(v) == old and other not in kwargs:
+                    kwargs[other] = (v * (small // old + 1))[:small]
     kwargs[key] = value
     return config_cls(**kwargs)
 
