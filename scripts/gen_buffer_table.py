@@ -18,16 +18,21 @@ defaults of the attributes the shapes use, from the class's real default config;
 an attribute the config class derives when config.json leaves it out, the expression
 it derives it by, fitted the same way: `default head_dim hidden_size/num_attention_heads`) and
 one `form buffers` tree, whose tensor lines end with the buffer's dtype (`F32`, `I64`,
-`BOOL`, …). Classes without non-persistent buffers are left out.
+`BOOL`, …) as the model holds it loaded in float32, then ` load` where the buffer
+follows the dtype the model is loaded in (made in the default dtype: Gemma's
+`embed_scale`), unlike one made in float32 explicitly (rotary `inv_freq`). Classes without non-persistent buffers are left out.
 """
 
 import re
 import sys
+import warnings
 
+import torch
 import transformers
+from accelerate import init_empty_weights
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from gen_arch_table import TooSlow, default_config, instantiate, write_table  # noqa: E402
+from gen_arch_table import TooSlow, collapse, default_config, instantiate, write_table  # noqa: E402
 from gen_expect_table import (  # noqa: E402
     _get,
     attributes_used,
@@ -48,15 +53,24 @@ from gen_expect_table import (  # noqa: E402
 COUNTS = re.compile(r"^(num_hidden_layers|num_layers|n_layers?|\w+_layers|num_\w*experts|n_routed_experts)$")
 
 
+def buffer_kinds(model):
+    """The model's non-persistent buffers, indices collapsed: which kinds it has."""
+    return {collapse(n) for n in state_of(model, "buffers")[0]}
+
+
 def cut(cls, config):
     """`config` with its layer and expert counts cut to 2, one at a time, keeping each
-    cut only if the class still instantiates with it."""
+    cut only if the class still instantiates with it and still has every kind of
+    buffer (Gemma 3's full-attention rotary tables exist only where a full-attention
+    layer does: two layers of its pattern are both sliding)."""
+    kinds = buffer_kinds(instantiate(cls, config))
     for path, value in flat_ints(config.to_dict()).items():
         if value <= 2 or not COUNTS.match(path.rsplit(".", 1)[-1]):
             continue
         try:
             smaller = with_value(config, path, 2, resize=True)
-            instantiate(cls, smaller)
+            if buffer_kinds(instantiate(cls, smaller)) != kinds:
+                continue
             config = smaller
         except TooSlow:
             raise
@@ -105,7 +119,16 @@ def describe(cls, model_type):
         raise LookupError("no non-persistent buffers")
     fit = fitted(cls, small, {"buffers": state_of(model, "buffers")})
     tree, exprs, _ = fit["buffers"]
-    lines = render(tree, exprs, set(), set(), dtypes=buffer_dtypes(model))
+    dtypes = buffer_dtypes(model)
+    # Loaded in bfloat16: a floating buffer made in the default dtype follows the load
+    # dtype (Gemma's `embed_scale`); one made in float32 explicitly stays so (`inv_freq`).
+    with init_empty_weights(include_buffers=True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        half = cls._from_config(small, dtype=torch.bfloat16)
+    for name, dtype in buffer_dtypes(half).items():
+        if dtype == "BF16" and dtypes.get(name) == "F32":
+            dtypes[name] = "F32 load"
+    lines = render(tree, exprs, set(), set(), dtypes=dtypes)
     used = attributes_used(exprs)
     values = config.to_dict()
     others = list(flat_ints(values))

@@ -60,6 +60,8 @@ fn plan_of(
         max_memory: parse_max_memory(spec).expect("spec"),
         no_split: no_split.iter().map(|s| (*s).to_owned()).collect(),
         dtype,
+        // The walk itself, as accelerate's infer_auto_device_map does it.
+        mode: devmap::plan::PlanMode::Sequential,
     };
     plan(ckpt, &options).expect("plan")
 }
@@ -362,6 +364,71 @@ fn a_load_dtype_plans_like_the_model_stored_in_it() {
 }
 
 #[test]
+fn a_load_dtype_wider_than_stored_grows_the_plan() {
+    // from_pretrained(dtype=float32) of a bfloat16 checkpoint holds 4 bytes an element:
+    // planned at the stored 2, layers would go to devices that cannot hold them.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let bf16 = tmp.path().join("bf16");
+    llama(&bf16, 6);
+    let f32_dir = tmp.path().join("f32");
+    let total_f32 = llama_stored_as(&f32_dir, 6, DType::F32);
+    let spec = format!("0={},cpu={}", total_f32 / 3, total_f32 / 3);
+    let map = |dir: &Path, dtype| planned_as(dir, &spec, &[], dtype).device_map;
+    assert_eq!(map(&bf16, Some(DType::F32)), map(&f32_dir, None));
+    assert_ne!(map(&bf16, Some(DType::F32)), map(&bf16, None));
+}
+
+#[test]
+fn balanced_modes_spread_the_layers_over_the_gpus_as_from_pretrained_does() {
+    use devmap::plan::PlanMode;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("m");
+    let total = llama(&dir, 6);
+    let ckpt = load(&dir, &LoadOptions::default()).expect("load");
+    let spec = format!("0={},1={},cpu={}", 2 * total, 2 * total, 2 * total);
+    let used = |mode| {
+        let options = PlanOptions {
+            max_memory: parse_max_memory(&spec).expect("spec"),
+            no_split: Vec::new(),
+            dtype: None,
+            mode,
+        };
+        let planned = plan(&ckpt, &options).expect("plan");
+        let on = |gpu| {
+            planned
+                .used
+                .iter()
+                .find(|(p, _)| *p == Placement::Gpu(gpu))
+                .map_or(0, |(_, b)| *b)
+        };
+        (on(0), on(1))
+    };
+    // Sequential fills GPU 0; "auto" caps it near half the model; balanced_low_0
+    // leaves GPU 0 what GPU 1 cannot hold.
+    let (seq0, seq1) = used(PlanMode::Sequential);
+    assert!(seq0 >= total && seq1 == 0, "{seq0} {seq1}");
+    let (auto0, auto1) = used(PlanMode::Balanced);
+    assert!(auto0 > 0 && auto1 > 0 && auto0 < total, "{auto0} {auto1}");
+    let (low0, low1) = used(PlanMode::BalancedLow0);
+    assert!(
+        low0 < auto0 && low1 > auto1,
+        "{low0} {low1} vs {auto0} {auto1}"
+    );
+    // The CLI takes from_pretrained's words.
+    for mode in ["auto", "balanced", "balanced_low_0", "sequential"] {
+        let o = devmap(&[
+            "plan",
+            dir.to_str().expect("p"),
+            "--max-memory",
+            &spec,
+            "--device-map",
+            mode,
+        ]);
+        assert!(o.status.success(), "{mode}: {}", stderr(&o));
+    }
+}
+
+#[test]
 fn non_persistent_buffers_count_in_their_module_and_a_buffer_only_module_is_placed() {
     // A Llama holds two rotary tables no checkpoint has (`model.rotary_emb.inv_freq`
     // and `original_inv_freq`, F32, head_dim / 2 each; head_dim = 64 / 4 heads):
@@ -390,10 +457,11 @@ fn non_persistent_buffers_count_in_their_module_and_a_buffer_only_module_is_plac
     };
     let rotary = 2 * 8 * 4;
     assert_eq!(on_disk(&llama_dir, None), on_disk(&unknown, None) + rotary);
-    // Loaded as bfloat16, accelerate counts the F32 tables at 2 bytes an element.
+    // Loaded as bfloat16, the tables stay F32 (made in float32 whatever the load
+    // dtype), and transformers counts them at 4 bytes an element.
     assert_eq!(
         on_disk(&llama_dir, Some(DType::BF16)),
-        on_disk(&unknown, Some(DType::BF16)) + rotary / 2
+        on_disk(&unknown, Some(DType::BF16)) + rotary
     );
     // Split across devices, the map names the module that holds only buffers, as
     // accelerate's (and `hf_device_map`) does; saving with that map accepts the key.
@@ -554,7 +622,10 @@ fn t5_is_planned_encoder_first_as_its_class_defines_it() {
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     let tree = devmap::plan::order::PlanTree::build(
         &ckpt,
-        &std::collections::HashSet::default(),
+        (
+            &std::collections::HashSet::default(),
+            &std::collections::HashSet::default(),
+        ),
         &["none".to_owned()],
         None,
     );
@@ -807,7 +878,10 @@ fn names_the_table_does_not_describe_fall_back_to_the_heuristics() {
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     let tree = devmap::plan::order::PlanTree::build(
         &ckpt,
-        &std::collections::HashSet::default(),
+        (
+            &std::collections::HashSet::default(),
+            &std::collections::HashSet::default(),
+        ),
         &[],
         None,
     );

@@ -36,7 +36,7 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Write the model's current weights as a sharded safetensors checkpoint.
     Save(SaveArgs),
-    /// Compute the device map accelerate's infer_auto_device_map gives for budgets.
+    /// Compute the device map from_pretrained(device_map="auto") makes for budgets.
     Plan(PlanArgs),
     /// Check a saved checkpoint: its files as transformers reads them, its tensors,
     /// shapes, float32 modules and values against what config.json's architecture
@@ -90,9 +90,9 @@ pub struct PlanArgs {
     /// decoder block); `none` lets every module be split.
     #[arg(long, value_name = "PATTERN")]
     pub no_split: Vec<String>,
-    /// The dtype the model will be loaded as (from_pretrained's torch_dtype, e.g.
-    /// bfloat16): floating-point tensors wider than it count at its size, as in
-    /// accelerate. Default: as stored.
+    /// The dtype the model will be loaded as (from_pretrained's dtype, e.g. bfloat16):
+    /// floating-point tensors count at its size, larger or smaller than stored, but
+    /// those transformers keeps in float32. Default: as stored.
     #[arg(long, value_name = "DTYPE", value_parser = parse_dtype)]
     pub dtype: Option<devmap::model::DType>,
     /// Write the map to FILE instead of standard output (never over the input map).
@@ -107,7 +107,7 @@ pub struct PlanArgs {
 /// How to read the model directory; shared by every subcommand.
 #[derive(Debug, Clone, ClapArgs)]
 pub struct ModelArgs {
-    /// Device map JSON (module prefix -> GPU index, "cpu", "disk", ...). Default: DIR/device_map.json.
+    /// Device map JSON (module prefix -> GPU index, "cpu", "disk", ...). Default: DIR/device_map.json. For `plan`: auto (the default), balanced, balanced_low_0 or sequential, as from_pretrained's device_map.
     #[arg(long, value_name = "FILE", global = true)]
     pub device_map: Option<PathBuf>,
     /// accelerate/transformers offload folder. Default: DIR/offload when it exists.

@@ -279,11 +279,24 @@ pub(super) fn refuse_remote(arg: &Path, what: &str) -> Result<()> {
 }
 
 fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
-    let mut ckpt = open(&a.dir, model)?;
+    // `--device-map auto|balanced|balanced_low_0|sequential` is from_pretrained's
+    // `device_map` string, not a map file to read.
+    let named_mode = model
+        .device_map
+        .as_deref()
+        .and_then(|p| p.to_str())
+        .filter(|p| !Path::new(p).exists())
+        .and_then(devmap::plan::PlanMode::parse);
+    let mut model = model.clone();
+    if named_mode.is_some() {
+        model.device_map = None;
+    }
+    let mode = named_mode.unwrap_or_default();
+    let mut ckpt = open(&a.dir, &model)?;
     let max_memory = if let Some(m) = &a.max_memory {
         m.0.clone()
     } else {
-        let detected = devmap::monitor::detected_budgets();
+        let detected = devmap::plan::default_budgets(&devmap::monitor::detected_budgets(), mode);
         err_line(format!(
             "budgets (detected; give --max-memory to choose): {}",
             detected
@@ -298,6 +311,7 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
         max_memory,
         no_split: a.no_split.clone(),
         dtype: a.dtype,
+        mode,
     };
     let planned = devmap::plan::plan(&ckpt, &options)?;
     // A plan from name heuristics may differ from accelerate's: said in the normal

@@ -64,8 +64,12 @@ pub struct ExpectedTensor {
     pub name: String,
     pub dims: Vec<Expr>,
     pub tied: Tied,
-    /// A buffer's dtype (the buffers form only).
+    /// A buffer's dtype (the buffers form only), as the model holds it loaded in
+    /// float32.
     pub dtype: Option<DType>,
+    /// A floating buffer that follows the dtype the model is loaded in (made in the
+    /// default dtype), unlike one made in float32 explicitly.
+    pub follows_load: bool,
 }
 
 impl ExpectedTensor {
@@ -86,6 +90,8 @@ pub struct Buffer {
     pub name: String,
     pub dtype: DType,
     pub shape: Vec<u64>,
+    /// Follows the dtype the model is loaded in (see [`ExpectedTensor::follows_load`]).
+    pub follows_load: bool,
 }
 
 /// Whether a tensor may be left out: a tied copy transformers does not save, or one
@@ -217,6 +223,7 @@ fn expand_buffers(node: &Node, prefix: &str, values: &Values<'_>, out: &mut Vec<
                 name: t.full_name(prefix),
                 dtype,
                 shape,
+                follows_load: t.follows_load,
             });
         }
     }
@@ -569,11 +576,13 @@ fn parse_node(lines: &[Line<'_>], at: &mut usize, depth: usize) -> Node {
                 _ => Tied::No,
             };
             let dtype = mark.and_then(DType::from_safetensors_name);
+            let follows_load = words.next() == Some("load");
             node.tensors.push(ExpectedTensor {
                 name,
                 dims,
                 tied,
                 dtype,
+                follows_load,
             });
         }
     }

@@ -28,6 +28,35 @@ pub struct PlanOptions {
     pub no_split: Vec<String>,
     /// The dtype the model will be loaded as (`torch_dtype`); `None`: as stored.
     pub dtype: Option<crate::model::DType>,
+    /// `from_pretrained`'s `device_map` string.
+    pub mode: PlanMode,
+}
+
+/// How `from_pretrained(device_map=...)` plans: every mode but `sequential` first
+/// caps the GPUs to balance the model over them (transformers'
+/// `get_balanced_memory`), then walks as `sequential` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PlanMode {
+    /// `"auto"` and `"balanced"` (the same in transformers 5).
+    #[default]
+    Balanced,
+    /// `"balanced_low_0"`: as little as fits on GPU 0, which generation uses for
+    /// other work.
+    BalancedLow0,
+    /// `"sequential"`: GPU 0 filled first, then 1, …
+    Sequential,
+}
+
+impl PlanMode {
+    /// The mode `from_pretrained` takes under this name.
+    pub fn parse(text: &str) -> Option<PlanMode> {
+        match text {
+            "auto" | "balanced" => Some(PlanMode::Balanced),
+            "balanced_low_0" => Some(PlanMode::BalancedLow0),
+            "sequential" => Some(PlanMode::Sequential),
+            _ => None,
+        }
+    }
 }
 
 /// A device map and the reasons behind it.
@@ -120,7 +149,12 @@ fn prepared(ckpt: &Checkpoint, options: &PlanOptions) -> (Arc<PlanView>, Arc<Pla
     });
     let viewed = view.ckpt.as_ref().unwrap_or(ckpt);
     let tree = ckpt.derived(tree_key(options), || {
-        PlanTree::build(viewed, &view.buffers, &options.no_split, options.dtype)
+        PlanTree::build(
+            viewed,
+            (&view.buffers, &view.fixed),
+            &options.no_split,
+            options.dtype,
+        )
     });
     (view, tree)
 }
@@ -137,8 +171,15 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
     // by the copies map edits make.
     let (view, tree) = prepared(ckpt, options);
     let ckpt = view.ckpt.as_ref().unwrap_or(ckpt);
-    let devices = device_order(&options.max_memory);
-    let budget: HashMap<Placement, u64> = options.max_memory.iter().copied().collect();
+    let note = architecture_note(ckpt, tree.from_table);
+    let mut explain = vec![note.clone()];
+    let max_memory = match options.mode {
+        PlanMode::Sequential => options.max_memory.clone(),
+        PlanMode::Balanced => balanced(&tree, &options.max_memory, false, &mut explain),
+        PlanMode::BalancedLow0 => balanced(&tree, &options.max_memory, true, &mut explain),
+    };
+    let devices = device_order(&max_memory);
+    let budget: HashMap<Placement, u64> = max_memory.iter().copied().collect();
     let gpus: Vec<Placement> = devices
         .iter()
         .copied()
@@ -156,9 +197,7 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
     let mut queue: VecDeque<usize> = tree.children_in_order(PlanTree::ROOT).into();
     let mut used: HashMap<Placement, i128> = devices.iter().map(|d| (*d, 0)).collect();
     let mut assigned: Vec<(String, Placement)> = Vec::new();
-    let note = architecture_note(ckpt, tree.from_table);
-    let heuristics = (!tree.from_table).then(|| note.clone());
-    let mut explain = vec![note];
+    let heuristics = (!tree.from_table).then_some(note);
     let mut current = 0usize;
     let (mut max_layer, mut max_layer_names) = tree.max_layer(queue.iter().copied());
 
@@ -286,6 +325,74 @@ pub fn plan(ckpt: &Checkpoint, options: &PlanOptions) -> Result<Planned, Plannin
         used,
         heuristics,
     })
+}
+
+/// transformers' `get_balanced_memory` on budgets the user gave: with more than one
+/// GPU, every GPU but the last is capped at the model's size over the GPUs plus a
+/// margin of 1.25 × the largest no-split module or module's own tensors, so the walk
+/// spreads the layers; with `low_zero`, GPU 0 gets only what the others cannot hold.
+fn balanced(
+    tree: &PlanTree,
+    max_memory: &[(Placement, u64)],
+    low_zero: bool,
+    explain: &mut Vec<String>,
+) -> Vec<(Placement, u64)> {
+    let accelerators = max_memory
+        .iter()
+        .filter(|(p, b)| matches!(p, Placement::Gpu(_) | Placement::Mps) && *b > 0)
+        .count() as u64;
+    if accelerators < 2 {
+        return max_memory.to_vec();
+    }
+    let total = tree.nodes[PlanTree::ROOT].size;
+    let per_gpu = total
+        / if low_zero {
+            accelerators - 1
+        } else {
+            accelerators
+        };
+    let (largest, what) = tree.largest_unit();
+    // Python's int(1.25 * size).
+    let margin = (1.25 * largest as f64) as u64;
+    let per_gpu = per_gpu + margin;
+    let mut gpus: Vec<u32> = max_memory
+        .iter()
+        .filter_map(|(p, b)| match p {
+            Placement::Gpu(i) if *b > 0 => Some(*i),
+            _ => None,
+        })
+        .collect();
+    gpus.sort_unstable();
+    let mut out = max_memory.to_vec();
+    let budget_of = |out: &[(Placement, u64)], i: u32| {
+        out.iter()
+            .find(|(p, _)| *p == Placement::Gpu(i))
+            .map_or(0, |(_, b)| *b)
+    };
+    let gpu0 = budget_of(&out, 0);
+    for &i in gpus.iter().take(gpus.len().saturating_sub(1)) {
+        let cap = if low_zero && i == 0 { gpu0 } else { per_gpu };
+        if let Some((_, b)) = out.iter_mut().find(|(p, _)| *p == Placement::Gpu(i)) {
+            *b = (*b).min(cap);
+        }
+    }
+    if low_zero {
+        let others: u64 = (1..accelerators as u32).map(|i| budget_of(&out, i)).sum();
+        let least = total.saturating_sub(others);
+        if let Some((_, b)) = out.iter_mut().find(|(p, _)| *p == Placement::Gpu(0)) {
+            *b = (*b).min(least);
+        }
+    }
+    explain.push(format!(
+        "balanced over {accelerators} GPUs (from_pretrained's device_map=\"{}\"): each GPU but the last capped at {} = {} / {} + 1.25 × {} ({what}){}",
+        if low_zero { "balanced_low_0" } else { "auto" },
+        crate::human_bytes(per_gpu),
+        crate::human_bytes(total),
+        if low_zero { accelerators - 1 } else { accelerators },
+        crate::human_bytes(largest),
+        if low_zero { "; GPU 0 holds only what the others cannot" } else { "" }
+    ));
+    out
 }
 
 fn reserve_note(reserved: i128, names: &[String]) -> String {

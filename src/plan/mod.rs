@@ -5,12 +5,35 @@ pub mod auto;
 pub mod order;
 pub mod view;
 
-pub use auto::{PlanOptions, Planned, PlanningError, plan, prepare};
+pub use auto::{PlanMode, PlanOptions, Planned, PlanningError, plan, prepare};
 
 use crate::formats::size::{SizeError, parse_size};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::warning::Warning;
 use crate::types::placement::Placement;
+
+/// The budgets `from_pretrained` takes when `max_memory` is not given, from what
+/// the machine has free (`detected`): 90% of the CPU's (transformers' `get_max_memory`
+/// keeps a tenth for conversion spikes) and, balancing over a lone GPU, 90% of it.
+pub fn default_budgets(detected: &[(Placement, u64)], mode: PlanMode) -> Vec<(Placement, u64)> {
+    let gpus = detected
+        .iter()
+        .filter(|(p, b)| matches!(p, Placement::Gpu(_) | Placement::Mps) && *b > 0)
+        .count();
+    let ninety = |b: u64| (b as f64 * 0.9) as u64;
+    let mut lone_gpu_cut = gpus == 1 && mode != PlanMode::Sequential;
+    detected
+        .iter()
+        .map(|&(p, b)| match p {
+            Placement::Cpu => (p, ninety(b)),
+            Placement::Gpu(_) if lone_gpu_cut => {
+                lone_gpu_cut = false;
+                (p, ninety(b))
+            }
+            _ => (p, b),
+        })
+        .collect()
+}
 
 /// Why a `--max-memory` spec was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

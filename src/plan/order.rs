@@ -180,6 +180,10 @@ struct Builder<'a> {
     tree: &'a ModuleTree,
     ckpt: &'a Checkpoint,
     buffers: &'a HashSet<std::sync::Arc<str>>,
+    /// Buffers made in float32 whatever the load dtype.
+    fixed: &'a HashSet<std::sync::Arc<str>>,
+    /// The architecture whose keep-in-float32 rules apply.
+    kept_fp32: Option<&'a Arch>,
     order: &'a [&'a str],
     dtype: Option<DType>,
     no_split: &'a [String],
@@ -224,7 +228,17 @@ impl Builder<'_> {
                 None => true,
             };
             self.nodes[index].size = if first_of_group {
-                loaded_bytes(&self.ckpt.tensors()[t], self.dtype)
+                let tensor = &self.ckpt.tensors()[t];
+                let kept = |dtype| {
+                    self.kept_fp32
+                        .is_some_and(|a| a.kept_in_fp32(&tensor.name, dtype).is_some())
+                };
+                let held = match self.dtype {
+                    _ if self.fixed.contains(&tensor.name) => Held::AsMade,
+                    Some(dtype) if kept(dtype) => Held::Float32,
+                    _ => Held::AsLoaded,
+                };
+                loaded_bytes(tensor, self.dtype, held)
             } else {
                 0
             };
@@ -265,12 +279,13 @@ impl Builder<'_> {
 impl PlanTree {
     pub const ROOT: usize = 0;
 
-    /// `dtype`: the type the model will be loaded as (`torch_dtype`), which shrinks
-    /// wider floating-point tensors to it as accelerate counts them. `buffers`: which
-    /// of the tensors are non-persistent buffers (`plan::view`).
+    /// `dtype`: the type the model will be loaded as (`dtype=`), the size of its
+    /// floating-point tensors but those held in float32 (see [`loaded_bytes`]).
+    /// `buffers`: which of the tensors are non-persistent buffers, and `fixed` which of
+    /// those keep the dtype they are made in (`plan::view`).
     pub fn build(
         ckpt: &Checkpoint,
-        buffers: &HashSet<std::sync::Arc<str>>,
+        (buffers, fixed): (&HashSet<std::sync::Arc<str>>, &HashSet<std::sync::Arc<str>>),
         no_split: &[String],
         dtype: Option<DType>,
     ) -> PlanTree {
@@ -288,6 +303,8 @@ impl PlanTree {
             tree: &tree,
             ckpt,
             buffers,
+            fixed,
+            kept_fp32: crate::model::arch::lookup(&ckpt.config.architectures),
             order,
             dtype,
             no_split,
@@ -331,6 +348,35 @@ impl PlanTree {
             && (n.bare_children || n.children.iter().any(|&c| !self.nodes[c].is_param))
     }
 
+    /// What transformers' `get_balanced_memory` sizes its margin by: the larger of the
+    /// largest no-split module and the largest sum of one module's own tensors (its
+    /// parameters and buffers, not its submodules'), with a name for it.
+    pub fn largest_unit(&self) -> (u64, String) {
+        let mut best = (0u64, String::new());
+        // The root's own tensors are no module's (transformers counts names with a
+        // dot only).
+        for n in self.nodes.iter().skip(1) {
+            if n.is_param {
+                continue;
+            }
+            let own: u64 = n
+                .children
+                .iter()
+                .filter(|&&c| self.nodes[c].is_param)
+                .map(|&c| self.nodes[c].size)
+                .sum();
+            let (size, what) = if n.no_split && n.size >= own {
+                (n.size, "the largest no-split module")
+            } else {
+                (own, "the largest module's own tensors")
+            };
+            if size > best.0 {
+                best = (size, format!("{what}, {}", n.name));
+            }
+        }
+        best
+    }
+
     /// accelerate's `get_max_layer_size`: the largest "layer" (a module without
     /// submodules, a no-split module, or a bare parameter) among `start` and below.
     pub fn max_layer(&self, start: impl Iterator<Item = usize>) -> (u64, Vec<String>) {
@@ -365,34 +411,31 @@ impl PlanTree {
     }
 }
 
-/// A tensor's size as accelerate's `compute_module_sizes` counts it when the model is
-/// loaded as `dtype`: integers and booleans keep their size, floating-point tensors take
-/// the smaller of theirs and `dtype`'s. accelerate counts a boolean as one bit
-/// (`dtype_byte_size`: 1/8 byte; GPT-Neo's causal masks are boolean buffers), in a
-/// float sum; here rounded up to whole bytes, exact for a multiple of 8 elements.
-pub fn loaded_bytes(t: &Tensor, dtype: Option<DType>) -> u64 {
-    if t.dtype == DType::Bool {
-        return t.numel().div_ceil(8);
-    }
-    let Some(target) = dtype else {
+/// How the loaded model holds a floating tensor, for [`loaded_bytes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// In the dtype the model is loaded in.
+    AsLoaded,
+    /// In float32: a module transformers keeps in float32 (`_keep_in_fp32_modules`).
+    Float32,
+    /// In the dtype it is made in, whatever the load dtype (rotary `inv_freq`).
+    AsMade,
+}
+
+/// A tensor's size as transformers' `compute_module_sizes` counts it on the model it
+/// builds to plan (`_get_device_map`, in `from_pretrained`): each tensor in the dtype
+/// the model holds it in, `numel × element_size`. Loaded as `dtype`, a floating tensor
+/// takes `dtype`'s size, larger or smaller than stored, unless [`Held`] says otherwise;
+/// integers and booleans keep theirs (a boolean is one byte, torch's element size).
+/// `None`: the model is loaded as stored.
+pub fn loaded_bytes(t: &Tensor, dtype: Option<DType>, held: Held) -> u64 {
+    let Some(target) = dtype.filter(|_| crate::save::cast::is_floating(t.dtype)) else {
         return t.bytes();
     };
-    let integral = matches!(
-        t.dtype,
-        DType::Bool
-            | DType::U8
-            | DType::I8
-            | DType::I16
-            | DType::U16
-            | DType::I32
-            | DType::U32
-            | DType::I64
-            | DType::U64
-    );
-    if integral {
-        t.bytes()
-    } else {
-        t.numel().saturating_mul(t.dtype.size().min(target.size()))
+    match held {
+        Held::AsLoaded => t.numel().saturating_mul(target.size()),
+        Held::Float32 => t.numel().saturating_mul(DType::F32.size()),
+        Held::AsMade => t.bytes(),
     }
 }
 

@@ -32,6 +32,9 @@ pub struct PlanView {
     /// Which of its tensors are non-persistent buffers: counted in their module's
     /// size, never walked on their own (accelerate drops a split module's buffers).
     pub buffers: HashSet<Arc<str>>,
+    /// Which of those keep the dtype they are made in whatever the load dtype (rotary
+    /// `inv_freq`, made in float32), unlike Gemma's `embed_scale`.
+    pub fixed: HashSet<Arc<str>>,
 }
 
 /// The checkpoint as the loaded model has it (see [`PlanView`]).
@@ -42,24 +45,30 @@ pub fn plan_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> PlanView {
     if buffers.is_empty() {
         return PlanView {
             ckpt: runtime,
-            buffers: HashSet::new(),
+            ..PlanView::default()
         };
     }
-    let names = buffers.iter().map(|t| t.name.clone()).collect();
+    let names = buffers.iter().map(|(t, _)| t.name.clone()).collect();
+    let fixed = buffers
+        .iter()
+        .filter(|(_, follows_load)| !follows_load)
+        .map(|(t, _)| t.name.clone())
+        .collect();
     let mut tensors = base.tensors().to_vec();
-    tensors.extend(buffers);
+    tensors.extend(buffers.into_iter().map(|(t, _)| t));
     let ckpt = view_of(base, tensors, base.tie_names());
     PlanView {
         ckpt: Some(ckpt),
         buffers: names,
+        fixed,
     }
 }
 
 /// The non-persistent buffers of the model `ckpt` loads into (the buffer table),
 /// each where the checkpoint has its module's parent: a buffer the checkpoint's names
 /// would not reach (a model saved under other names) is left out rather than put in a
-/// module of its own.
-fn buffers_of(ckpt: &Checkpoint) -> Vec<Tensor> {
+/// module of its own. Each with whether it follows the load dtype.
+fn buffers_of(ckpt: &Checkpoint) -> Vec<(Tensor, bool)> {
     let buffers = crate::model::expect::buffers_of(&ckpt.config.architectures, &ckpt.config.raw);
     if buffers.is_empty() {
         return Vec::new();
@@ -82,14 +91,17 @@ fn buffers_of(ckpt: &Checkpoint) -> Vec<Tensor> {
             let parent = module.rsplit_once('.').map_or("", |(p, _)| p);
             !held.contains(b.name.as_str()) && (parent.is_empty() || parents.contains(parent))
         })
-        .map(|b| Tensor {
-            name: b.name.into(),
-            dtype: b.dtype,
-            shape: b.shape.as_slice().into(),
-            placement: Placement::Cpu,
-            map_key: NO_KEY,
-            source: Source::None,
-            load_dtype: None,
+        .map(|b| {
+            let tensor = Tensor {
+                name: b.name.into(),
+                dtype: b.dtype,
+                shape: b.shape.as_slice().into(),
+                placement: Placement::Cpu,
+                map_key: NO_KEY,
+                source: Source::None,
+                load_dtype: None,
+            };
+            (tensor, b.follows_load)
         })
         .collect()
 }

@@ -453,8 +453,20 @@ fn check_head(
         .architectures
         .iter()
         .any(|a| a.ends_with("ForCausalLM") || a.ends_with("LMHeadModel"));
+    // An architecture the table knows ties its head only where its class says so
+    // (transformers 5's BigBird-Pegasus causal LM keeps its own head whatever
+    // `tie_word_embeddings` says).
+    let arch = crate::model::arch::lookup(&config.architectures);
+    let ties_head = |head: &str| {
+        arch.is_none_or(|a| {
+            let loaded = a.loaded_or_same(head);
+            a.ties
+                .iter()
+                .any(|t| t.members.iter().any(|m| m == head || *m == loaded))
+        })
+    };
     if config.tie_word_embeddings {
-        for head in heads {
+        for head in heads.into_iter().filter(|h| ties_head(h)) {
             findings.push(Finding::difference(
                 Kind::TieExtra,
                 head,

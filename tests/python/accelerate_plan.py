@@ -1,7 +1,10 @@
-"""Acceptance test of `devmap plan`: accelerate's `infer_auto_device_map` (under
-`init_empty_weights`, from a transformers config) and devmap must place every tensor
-on the same device, for cpu/disk budgets and for GPU budgets (accelerate only warns
-about GPUs it cannot see).
+"""Acceptance test of `devmap plan --device-map sequential`: the walk of the planner
+`from_pretrained` runs — transformers' own `infer_auto_device_map` (accelerate's walk,
+with transformers' sizes: each tensor in the dtype the model is loaded in, a boolean
+one byte), on a model built under `init_empty_weights` in the load dtype — and devmap
+must place every tensor on the same device, for cpu/disk budgets and for GPU budgets
+(only a warning about GPUs it cannot see). tests/python/transformers_plan.py checks the
+balanced modes on top of it.
 
 Usage: python accelerate_plan.py PATH/TO/devmap
 Prints one line per case and exits non-zero on any difference.
@@ -18,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 import transformers
 from accelerate import init_empty_weights
-from accelerate.utils import infer_auto_device_map
+from transformers.integrations.accelerate import compute_module_sizes, infer_auto_device_map
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 
@@ -200,7 +203,7 @@ def main(devmap):
         f, n = check_family(devmap, family, config)
         failures += f
         total_cases += n
-    # Stored in float32, loaded as bfloat16: `dtype=` in accelerate, `--dtype` in devmap.
+    # Stored in float32, loaded as bfloat16: `dtype=` in from_pretrained, `--dtype` in devmap.
     if not only or only == "llama-f32":
         _, llama = next(families())
         f, n = check_family(devmap, "llama-f32", llama, store=torch.float32, load=torch.bfloat16)
@@ -311,7 +314,7 @@ def check_edges(devmap, family, config):
     a cpu that holds the rest: the budgets where a buffer's bytes decide where a module
     goes. Compares every tensor's device, and the modules that hold only buffers
     (`model.rotary_emb`) too."""
-    from accelerate.utils.modeling import compute_module_sizes, get_max_layer_size
+    from accelerate.utils.modeling import get_max_layer_size
 
     work = tempfile.mkdtemp(prefix=f"devmap-plan-{family}-")
     torch.manual_seed(0)
@@ -322,7 +325,7 @@ def check_edges(devmap, family, config):
         model = auto.from_config(config, torch_dtype=torch.bfloat16)
     model.tie_weights()
     names = list(model.state_dict().keys())
-    sizes = compute_module_sizes(model)
+    sizes = compute_module_sizes(model, only_modules=False)[0]
     top = list(model.named_parameters(recurse=False)) + list(model.named_children()) + list(model.named_buffers(recurse=False))
     largest, _ = get_max_layer_size(top, sizes, model._no_split_modules)
     buffer_only = [
@@ -342,13 +345,13 @@ def check_edges(devmap, family, config):
                 model, max_memory={0: budget, "cpu": int(4 * sizes[""])}, no_split_module_classes=model._no_split_modules
             )
         except IndexError:
-            # accelerate 1.16 fails on some budgets of tied models
+            # The walk fails on some budgets of tied models
             # (`get_module_size_with_ties` looks for a tied module already placed):
             # no reference to compare with.
             skipped += 1
             continue
         spec = f"0={budget},cpu={int(4 * sizes[''])}"
-        out = subprocess.run([devmap, "plan", src, "--max-memory", spec], check=True, capture_output=True, text=True).stdout
+        out = subprocess.run([devmap, "plan", src, "--max-memory", spec, "--device-map", "sequential"], check=True, capture_output=True, text=True).stdout
         ours = json.loads(out)
         diff = [(n, placement(theirs, n), placement(ours, n)) for n in names + buffer_only if placement(theirs, n) != placement(ours, n)]
         if diff:
@@ -379,6 +382,12 @@ def check_family(devmap, family, config, store=torch.bfloat16, load=None, first=
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     if load is not None:
         total //= 2
+    # The model transformers plans: built in the dtype it is loaded in.
+    walked = model
+    if load is not None:
+        with init_empty_weights():
+            walked = auto.from_config(config, torch_dtype=load)
+        walked.tie_weights()
     kb = total // 1000
     cases = {
         "cpu holds all": {"cpu": f"{2 * kb}KB"},
@@ -403,17 +412,16 @@ def check_family(devmap, family, config, store=torch.bfloat16, load=None, first=
         runs = runs[:first]
     for label, budgets, protect in runs:
         theirs = infer_auto_device_map(
-            model,
+            walked,
             max_memory=dict(budgets),
             no_split_module_classes=model._no_split_modules if protect else [],
-            dtype=load,
         )
         spec = ",".join(f"{k}={v}" for k, v in budgets.items())
         extra = [] if protect else ["--no-split", "none"]
         if load is not None:
             extra += ["--dtype", str(load).replace("torch.", "")]
         out = subprocess.run(
-            [devmap, "plan", src, "--max-memory", spec] + extra, check=True, capture_output=True, text=True
+            [devmap, "plan", src, "--max-memory", spec, "--device-map", "sequential"] + extra, check=True, capture_output=True, text=True
         ).stdout
         ours = json.loads(out)
         # devmap's map uses the names the loaded model has (GPT-NeoX's `lm_head`, saved

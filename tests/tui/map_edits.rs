@@ -146,6 +146,7 @@ fn plan_key_replans_shows_the_diff_and_exports() {
             max_memory: devmap::plan::parse_max_memory("0=3KB,cpu=3KB").expect("spec"),
             no_split: vec![],
             dtype: None,
+            mode: devmap::plan::PlanMode::default(),
         },
     )
     .expect("plan");

@@ -297,12 +297,14 @@ fn short_size(bytes: u64) -> String {
 }
 
 /// The options `p` plans with, for `max_memory`: the planner's defaults (the
-/// architecture's no-split modules, the checkpoint's dtype).
+/// architecture's no-split modules, the checkpoint's dtype, `from_pretrained`'s
+/// `device_map="auto"`).
 pub(super) fn plan_options(max_memory: Vec<(Placement, u64)>) -> crate::plan::PlanOptions {
     crate::plan::PlanOptions {
         max_memory,
         no_split: Vec::new(),
         dtype: None,
+        mode: crate::plan::PlanMode::default(),
     }
 }
 

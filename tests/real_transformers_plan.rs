@@ -1,0 +1,19 @@
+//! `devmap plan --device-map MODE` against what `from_pretrained(device_map=MODE)`
+//! really plans (tests/python/transformers_plan.py): six families × ten budgets over
+//! one, two and three GPUs × "auto", "balanced_low_0" and "sequential" × four dtype
+//! setups (stored bfloat16 or float32, loaded as stored or in the other), captured
+//! from transformers' own `from_pretrained`. Ignored by a bare `cargo test`; `.ci/run`
+//! runs it with the reference libraries.
+
+mod common;
+
+#[test]
+#[ignore = "needs torch, transformers, accelerate: run .ci/run"]
+fn devmap_plan_places_every_tensor_where_from_pretrained_does() {
+    let (ok, out, err) = common::run_hf_script("transformers_plan.py");
+    assert!(ok, "plans differ from from_pretrained's:\n{out}\n{err}");
+    assert!(
+        out.contains("720 of 720 cases place every tensor as from_pretrained does"),
+        "{out}"
+    );
+}
