@@ -217,8 +217,19 @@ pub struct SaveArgs {
     pub allow_partial: bool,
     /// After the save, read every tensor back and compare it with its source, as
     /// `devmap verify OUT --against DIR` does; exit 1 on any difference.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "part")]
     pub verify: bool,
+    /// Write only part K of N of the save (K/N, or auto: the rank and world size of
+    /// Slurm, torchrun or Open MPI), for N processes that share a filesystem: the
+    /// whole plan is computed as a plain save does, this part's shards are written
+    /// under OUT/.devmap-parts/, and nothing is published until --commit N.
+    #[arg(long, value_name = "K/N", value_parser = devmap::save::parts::Part::parse, conflicts_with = "commit")]
+    pub part: Option<devmap::save::parts::Part>,
+    /// Publish a save written by N parts (--part K/N): checks that every part
+    /// finished for this same plan, then writes the index and config and puts it all
+    /// in place at once, as a plain save does (--verify included).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub commit: Option<u32>,
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,

@@ -448,6 +448,11 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
         dtype: a.dtype,
         pause_file: std::env::var_os("DEVMAP_TEST_PAUSE").map(PathBuf::from),
         asked: answer.clone(),
+        distributed: match (a.part, a.commit) {
+            (Some(part), _) => Some(devmap::save::parts::Distributed::Part(part)),
+            (None, Some(n)) => Some(devmap::save::parts::Distributed::Commit(n)),
+            (None, None) => None,
+        },
         ..SaveOptions::new(&a.out)
     };
     let plan = prepare(&ckpt, &options)?;
@@ -480,6 +485,22 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
             devmap::text::count(plan.shards.len(), "shard", "shards"),
             a.out.display()
         ))?;
+        if let Some(part) = a.part {
+            let dealt = devmap::save::parts::assign(&plan, part.n);
+            let mine: Vec<&devmap::save::ShardPlan> = plan
+                .shards
+                .iter()
+                .zip(&dealt)
+                .filter(|(_, p)| **p == part.k)
+                .map(|(s, _)| s)
+                .collect();
+            err_line(format!(
+                "  part {part}: writing {} ({}) of them; nothing is published until `--commit {}`",
+                devmap::text::count(mine.len(), "shard", "shards"),
+                human_bytes(mine.iter().map(|s| s.file_bytes()).sum()),
+                part.n
+            ))?;
+        }
         if let Some(dtype) = plan.cast_to {
             err_line(format!(
                 "  floating-point tensors are written as {} (config.json records it; --dtype keep writes them as stored)",
@@ -564,6 +585,19 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
         return Err(output::OutputGone("stderr").into());
     }
     let report = result.map_err(|e| eyre!(e))?;
+    if let (Some(part), false) = (a.part, a.quiet) {
+        err_line(format!(
+            "part {part} done: {} ({}), under {}; once all {} parts are done: devmap save {} --out {} --commit {}",
+            report.shard_files.join(", "),
+            human_bytes(report.bytes),
+            report.out.join(devmap::save::parts::PARTS_DIR).display(),
+            part.n,
+            a.dir.display(),
+            a.out.display(),
+            part.n
+        ))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if !a.quiet {
         err_line(format!(
             "done: {}, {} in {} ({}){}",

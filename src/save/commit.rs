@@ -108,6 +108,20 @@ impl Staging {
         Ok(file)
     }
 
+    /// Puts the finished file `from` (a part's shard) at the temporary name `tmp`: a
+    /// hard link, so `from` stays whole if this save fails (a copy where the file
+    /// system has no links).
+    pub(super) fn link(&self, from: &Path, tmp: &Path) -> Result<(), SaveError> {
+        if std::fs::hard_link(from, tmp).is_err() {
+            std::fs::copy(from, tmp).map_err(|e| SaveError::io(tmp, e))?;
+        }
+        self.created
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(tmp.to_path_buf());
+        Ok(())
+    }
+
     /// Final names that already exist as something other than a regular file (a
     /// folder, a FIFO, a symlink): a rename onto them would fail or replace the wrong
     /// thing, so the save refuses before writing.

@@ -13,6 +13,7 @@ use super::check_written::verify_plan_covered;
 use super::commit::{Staging, write_synced};
 use super::error::SaveError;
 use super::event::{Reporter, SaveEvent, SaveReport};
+use super::parts::{self, Distributed, Part};
 use super::preflight::{self, files_to_copy};
 use super::reasons::Refusal;
 use super::shards::{CachePolicy, SaveOptions, SavePlan};
@@ -88,13 +89,88 @@ impl SaveJob {
     }
 }
 
-/// Writes the plan (blocking). `write` assumes `preflight::check` passed.
+/// Writes the plan (blocking). `write` assumes `preflight::check` passed. A split save
+/// (`options.distributed`) writes one part's shards, or commits the parts.
 pub fn write(
     ckpt: &Checkpoint,
     plan: &SavePlan,
     options: &SaveOptions,
     cancel: &AtomicBool,
     reporter: &Reporter<'_>,
+) -> Result<SaveReport, SaveError> {
+    match options.distributed {
+        None => write_as(ckpt, plan, options, (cancel, reporter), Shards::Written),
+        Some(Distributed::Part(part)) => write_part(ckpt, plan, options, part, (cancel, reporter)),
+        Some(Distributed::Commit(n)) => {
+            let files = parts::gather(&options.out, ckpt, plan, n)?;
+            let report = write_as(
+                ckpt,
+                plan,
+                options,
+                (cancel, reporter),
+                Shards::Linked(&files),
+            )?;
+            parts::clear(&options.out, &parts::fingerprint(ckpt, plan));
+            Ok(report)
+        }
+    }
+}
+
+/// Where the shards of a save come from.
+#[derive(Clone, Copy)]
+enum Shards<'a> {
+    /// Written here, from the sources: a whole save.
+    Written,
+    /// Written here, one part's: no index, no coverage check, nothing copied beside.
+    Part,
+    /// Written by the parts (`--commit`): linked into place by shard index.
+    Linked(&'a [PathBuf]),
+}
+
+/// Part `part` of a split save: its shards, in its own folder under OUT, and its
+/// manifest; OUT itself is not touched.
+fn write_part(
+    ckpt: &Checkpoint,
+    plan: &SavePlan,
+    options: &SaveOptions,
+    part: Part,
+    (cancel, reporter): (&AtomicBool, &Reporter<'_>),
+) -> Result<SaveReport, SaveError> {
+    let fingerprint = parts::fingerprint(ckpt, plan);
+    let dir = parts::prepare_part(&options.out, &fingerprint, part, options.force)?;
+    let dealt = parts::assign(plan, part.n);
+    let mine = SavePlan {
+        shards: plan
+            .shards
+            .iter()
+            .zip(&dealt)
+            .filter(|(_, p)| **p == part.k)
+            .map(|(s, _)| s.clone())
+            .collect(),
+        ..plan.clone()
+    };
+    let inner = SaveOptions {
+        out: dir.clone(),
+        force: true,
+        weights_only: true,
+        distributed: None,
+        ..options.clone()
+    };
+    let report = write_as(ckpt, &mine, &inner, (cancel, reporter), Shards::Part)?;
+    parts::write_manifest(&dir, &fingerprint, part, &report.shard_files)?;
+    Ok(SaveReport {
+        out: options.out.clone(),
+        bytes: mine.shards.iter().map(super::shards::ShardPlan::file_bytes).sum(),
+        ..report
+    })
+}
+
+fn write_as(
+    ckpt: &Checkpoint,
+    plan: &SavePlan,
+    options: &SaveOptions,
+    (cancel, reporter): (&AtomicBool, &Reporter<'_>),
+    shards: Shards<'_>,
 ) -> Result<SaveReport, SaveError> {
     let out = &options.out;
     let mut staging = Staging::begin(out)?;
@@ -111,7 +187,8 @@ pub fn write(
         .iter()
         .map(|shard| staging.add(shard.file_name.as_ref()))
         .collect();
-    let copies: Vec<(PathBuf, PathBuf)> = if options.weights_only {
+    let copies: Vec<(PathBuf, PathBuf)> = if options.weights_only || matches!(shards, Shards::Part)
+    {
         Vec::new()
     } else {
         files_to_copy(ckpt)
@@ -122,7 +199,8 @@ pub fn write(
             })
             .collect()
     };
-    let index_tmp = (plan.shards.len() > 1).then(|| staging.add(INDEX_FILE.as_ref()));
+    let index_tmp = (plan.shards.len() > 1 && !matches!(shards, Shards::Part))
+        .then(|| staging.add(INDEX_FILE.as_ref()));
     let blocked = staging.blocked_targets();
     if !blocked.is_empty() {
         return Err(SaveError::Refused(blocked));
@@ -152,7 +230,15 @@ pub fn write(
         paused: AtomicBool::new(false),
         threads_per_shard: (options.jobs / options.jobs.clamp(1, plan.shards.len().max(1))).max(1),
     };
-    let workers = options.jobs.clamp(1, plan.shards.len().max(1));
+    let workers = match shards {
+        Shards::Linked(files) => {
+            for (from, tmp) in files.iter().zip(&shard_tmps) {
+                staging.link(from, tmp)?;
+            }
+            0
+        }
+        _ => options.jobs.clamp(1, plan.shards.len().max(1)),
+    };
     let results: Vec<Result<(), SaveError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| scope.spawn(|| shared.work()))
@@ -177,7 +263,9 @@ pub fn write(
     if cancelled || cancel.load(Ordering::Relaxed) {
         return Err(SaveError::Cancelled);
     }
-    verify_plan_covered(ckpt, plan)?;
+    if !matches!(shards, Shards::Part) {
+        verify_plan_covered(ckpt, plan)?;
+    }
     let kernel_copy = shared.used_kernel_copy.load(Ordering::Relaxed);
 
     let mut copied_files = Vec::new();

@@ -12,6 +12,7 @@ mod job;
 pub mod lora_kernel;
 pub mod mxfp4;
 pub mod names;
+pub mod parts;
 pub mod preflight;
 pub mod reasons;
 pub mod recipe;

@@ -243,8 +243,14 @@ pub fn check_out_folder(options: &SaveOptions) -> Vec<Refusal> {
         problems.push(Refusal::OutNotFolder(options.out.clone()));
     }
     if options.out.is_dir() {
+        // The parts of a split save in progress are no content of OUT's.
         let entries: Vec<std::ffi::OsString> = std::fs::read_dir(&options.out)
-            .map(|r| r.filter_map(Result::ok).map(|e| e.file_name()).collect())
+            .map(|r| {
+                r.filter_map(Result::ok)
+                    .map(|e| e.file_name())
+                    .filter(|n| n != super::parts::PARTS_DIR)
+                    .collect()
+            })
             .unwrap_or_default();
         let partial: Vec<&std::ffi::OsString> = entries
             .iter()

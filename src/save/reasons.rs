@@ -51,6 +51,16 @@ pub enum Refusal {
         files: usize,
         example: String,
     },
+    /// A part of a split save (`--part`) found parts of another plan in OUT.
+    #[error(
+        "{} holds the parts of another save ({}/{found}: another model, shard size, dtype or a changed source); parts of two plans are never published together: commit or remove those, or pass --force to clear them",
+        out.display(),
+        super::parts::PARTS_DIR
+    )]
+    ForeignParts { out: PathBuf, found: String },
+    /// The commit of a split save (`--commit N`) found a part not ready.
+    #[error("part {part} is not ready: {why}; run it (again) with --part {part}, then commit")]
+    PartMissing { part: String, why: String },
     /// `--force` (the inspector's Ctrl-O) writes into it.
     #[error(
         "the output folder {} is not empty ({}); pass --force to write into it (earlier weight files there are replaced)",

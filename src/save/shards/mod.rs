@@ -62,6 +62,9 @@ pub struct SaveOptions {
     /// ([`crate::oracle`]): the modules it keeps in float32 come from there instead of
     /// devmap's table.
     pub asked: Option<std::sync::Arc<crate::oracle::Answer>>,
+    /// A save split over processes: write one part, or commit the parts
+    /// (`save::parts`).
+    pub distributed: Option<super::parts::Distributed>,
 }
 
 /// See [`SaveOptions::commit_check`].
@@ -179,6 +182,7 @@ impl SaveOptions {
             commit_check: None,
             stage: None,
             asked: None,
+            distributed: None,
         }
     }
 }
