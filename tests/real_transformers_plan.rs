@@ -16,4 +16,6 @@ fn devmap_plan_places_every_tensor_where_from_pretrained_does() {
         out.contains("720 of 720 cases place every tensor as from_pretrained does"),
         "{out}"
     );
+    // `--transformers` asks the planner itself: agreement said, a difference named.
+    assert_eq!(out.matches("\nasked ").count(), 2, "{out}");
 }

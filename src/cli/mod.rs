@@ -348,6 +348,75 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
     for w in devmap::model::checks::ties_across_devices(&ckpt) {
         err_line(format!("warning: {w}"))?;
     }
+    compare_with_transformers(&ckpt, &options, &model)
+}
+
+/// With `--transformers PYTHON` (only then: the question is not cached, and takes
+/// seconds), what that transformers' own planner makes of the same model and budgets,
+/// compared tensor by tensor with devmap's plan (already applied to `ckpt`).
+fn compare_with_transformers(
+    ckpt: &Checkpoint,
+    options: &devmap::plan::PlanOptions,
+    model: &ModelArgs,
+) -> Result<()> {
+    let Some(flag) = model.transformers.as_deref() else {
+        return Ok(());
+    };
+    let oracle = devmap::oracle::Oracle::find(Some(flag), model.trust_remote_code)
+        .map_err(|e| eyre!(e))
+        .wrap_err("--transformers names a Python that cannot answer")?;
+    let config_dir = ckpt.config_dir.clone().unwrap_or_else(|| ckpt.dir.clone());
+    let Some(oracle) = oracle.filter(|_| config_dir.join("config.json").is_file()) else {
+        return Ok(());
+    };
+    let theirs = match oracle.plan(
+        &config_dir,
+        options.dtype,
+        options.mode.name(),
+        &options.max_memory,
+    ) {
+        Ok(map) => map,
+        Err(e) => {
+            err_line(format!(
+                "warning: {e}; devmap's plan is not compared with transformers'"
+            ))?;
+            return Ok(());
+        }
+    };
+    let mut placed = ckpt.clone();
+    placed.apply_device_map(Some(devmap::model::DeviceMap::new(theirs)));
+    let differ: Vec<String> = ckpt
+        .tensors()
+        .iter()
+        .zip(placed.tensors())
+        .filter(|(ours, theirs)| ours.placement != theirs.placement)
+        .map(|(ours, theirs)| {
+            format!(
+                "`{}` devmap {}, transformers {}",
+                ours.name, ours.placement, theirs.placement
+            )
+        })
+        .collect();
+    let who = format!(
+        "transformers {}, asked ({})",
+        oracle.version,
+        oracle.found_where()
+    );
+    if differ.is_empty() {
+        err_line(format!("{who} plans every tensor where devmap does"))?;
+    } else {
+        err_line(format!(
+            "warning: {who} plans {} elsewhere: {}{}",
+            devmap::text::count(differ.len(), "tensor", "tensors"),
+            differ
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; "),
+            if differ.len() > 5 { "; …" } else { "" }
+        ))?;
+    }
     Ok(())
 }
 

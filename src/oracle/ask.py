@@ -40,7 +40,7 @@ def _architectures(config_dir):
         return []
 
 
-def main(config_dir, dtype_name, trust):
+def main(config_dir, dtype_name, trust, plan=None):
     import torch
     import transformers
     from transformers import AutoConfig
@@ -131,9 +131,22 @@ def main(config_dir, dtype_name, trust):
         "ignore_missing": sorted(getattr(model, "_keys_to_ignore_on_load_missing", None) or []),
         "ignore_unexpected": sorted(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []),
     }
+    if plan is not None:
+        # What from_pretrained(device_map=MODE, max_memory=...) would plan for this
+        # model, from its own planner on the same meta model.
+        from transformers.integrations.accelerate import _get_device_map
+
+        mode, budgets = plan
+        budgets = {int(k) if k.isdigit() else k: v for k, v in budgets.items()}
+        import logging
+
+        logging.disable(logging.WARNING)
+        planned = _get_device_map(model, mode, budgets, None)
+        answer["plan"] = [[k, v] for k, v in planned.items()]
     # One marked line: imports may print to stdout too (DeepSpeed's logger does).
     sys.stdout.write("\n" + MARK + json.dumps(answer) + "\n")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3] == "1")
+    asked_plan = (sys.argv[4], json.loads(sys.argv[5])) if len(sys.argv) > 5 else None
+    main(sys.argv[1], sys.argv[2], sys.argv[3] == "1", asked_plan)

@@ -268,16 +268,21 @@ impl Oracle {
 
     /// The one line that says which transformers answers, and where it was found.
     pub fn said(&self) -> String {
+        format!(
+            "expectations from transformers {} ({}), asked",
+            self.version,
+            self.found_where()
+        )
+    }
+
+    /// Where this Python was found, and its path: `--transformers: /usr/bin/python3`.
+    pub fn found_where(&self) -> String {
         let how = match self.found {
             Found::Flag => "--transformers",
             Found::Environment => "DEVMAP_PYTHON",
             Found::Path => "python3 on the PATH",
         };
-        format!(
-            "expectations from transformers {} ({how}: {}), asked",
-            self.version,
-            self.python.display()
-        )
+        format!("{how}: {}", self.python.display())
     }
 
     /// What transformers says of the model `config_dir/config.json` describes, loaded
@@ -337,6 +342,82 @@ impl Oracle {
             }
         }
         Ok(answer)
+    }
+}
+
+impl Oracle {
+    /// What `from_pretrained(device_map=mode, max_memory=budgets)` plans for the model
+    /// of `config_dir` loaded in `dtype` (`None`: config.json's), from transformers'
+    /// own planner on the meta model ([`Oracle::ask`] builds): `(key, device)` in its
+    /// order. Not cached: budgets change from run to run.
+    pub fn plan(
+        &self,
+        config_dir: &Path,
+        dtype: Option<DType>,
+        mode: &str,
+        budgets: &[(crate::types::placement::Placement, u64)],
+    ) -> Result<Vec<(String, crate::types::placement::Placement)>, OracleError> {
+        use crate::types::placement::Placement;
+        let budgets: serde_json::Map<String, serde_json::Value> = budgets
+            .iter()
+            .map(|(p, b)| {
+                let key = match p {
+                    Placement::Gpu(i) => i.to_string(),
+                    other => other.to_string(),
+                };
+                (key, serde_json::Value::from(*b))
+            })
+            .collect();
+        let out = Command::new(&self.python)
+            .args(["-c", ASK])
+            .arg(config_dir)
+            .arg(dtype.map_or("config", DType::torch_name))
+            .arg(if self.trust_remote_code { "1" } else { "0" })
+            .arg(mode)
+            .arg(serde_json::Value::Object(budgets).to_string())
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TRANSFORMERS_VERBOSITY", "error")
+            .output()
+            .map_err(|error| OracleError::Run {
+                python: self.python.clone(),
+                error,
+            })?;
+        if !out.status.success() {
+            return Err(OracleError::Failed {
+                python: self.python.clone(),
+                config: config_dir.join("config.json"),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(MARK))
+            .ok_or_else(|| OracleError::Answer("the script printed no answer".into()))?;
+        #[derive(Deserialize)]
+        struct Planned {
+            plan: Vec<(String, serde_json::Value)>,
+        }
+        let planned: Planned =
+            serde_json::from_str(line).map_err(|e| OracleError::Answer(e.to_string()))?;
+        planned
+            .plan
+            .into_iter()
+            .map(|(key, device)| {
+                let placement = match &device {
+                    serde_json::Value::Number(n) => n
+                        .as_u64()
+                        .and_then(|i| u32::try_from(i).ok())
+                        .map(Placement::Gpu),
+                    serde_json::Value::String(s) => Placement::parse_device(s),
+                    _ => None,
+                };
+                placement
+                    .map(|p| (key.clone(), p))
+                    .ok_or_else(|| OracleError::Answer(format!("{key}: device {device}")))
+            })
+            .collect()
     }
 }
 

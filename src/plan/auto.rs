@@ -48,6 +48,15 @@ pub enum PlanMode {
 }
 
 impl PlanMode {
+    /// The name `from_pretrained` takes for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlanMode::Balanced => "auto",
+            PlanMode::BalancedLow0 => "balanced_low_0",
+            PlanMode::Sequential => "sequential",
+        }
+    }
+
     /// The mode `from_pretrained` takes under this name.
     pub fn parse(text: &str) -> Option<PlanMode> {
         match text {

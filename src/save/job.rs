@@ -160,7 +160,11 @@ fn write_part(
     parts::write_manifest(&dir, &fingerprint, part, &report.shard_files)?;
     Ok(SaveReport {
         out: options.out.clone(),
-        bytes: mine.shards.iter().map(super::shards::ShardPlan::file_bytes).sum(),
+        bytes: mine
+            .shards
+            .iter()
+            .map(super::shards::ShardPlan::file_bytes)
+            .sum(),
         ..report
     })
 }

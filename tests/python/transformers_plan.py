@@ -89,11 +89,7 @@ def model_class_of(src):
 
 
 def main(devmap):
-    configs = {}
-    for gen in (families, more_families, wider_families):
-        for family, config in gen():
-            if family in FAMILIES and family not in configs:
-                configs[family] = config
+    configs = configs_of()
     same = differ = 0
     work = tempfile.mkdtemp(prefix="devmap-tf-plan-")
     for family in FAMILIES:
@@ -127,7 +123,40 @@ def main(devmap):
                         same += 1
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     print(f"{same} of {same + differ} cases place every tensor as from_pretrained does")
+    differ += asked(devmap, work)
     sys.exit(1 if differ else 0)
+
+
+def asked(devmap, work):
+    """`devmap plan --transformers PYTHON` asks transformers' own planner and says
+    whether it agrees: it does on a balanced two-GPU case, and it names the tensors
+    when devmap is told to plan otherwise (`--no-split none` splits layers)."""
+    src = next(p for p in CLASSES if "llama" in p)
+    failures = 0
+    with torch.device("meta"):
+        meta = CLASSES[src].from_config(configs_of()["llama"], dtype=torch.bfloat16)
+    total = sum(p.numel() * p.element_size() for p in meta.parameters())
+    spec = f"0={int(total * 0.3)},1={int(total * 0.3)},cpu={total}"
+    for extra, want in ((["--dtype", "float32"], "plans every tensor where devmap does"),
+                        (["--no-split", "none"], "elsewhere")):
+        cmd = [devmap, "plan", src, "--max-memory", spec, "--transformers", sys.executable, *extra]
+        said = subprocess.run(cmd, check=True, capture_output=True, text=True).stderr
+        line = next((l for l in said.splitlines() if "asked" in l), "")
+        if want not in line:
+            print(f"ASKED {extra}: want `{want}`, said: {said[-500:]}")
+            failures += 1
+        else:
+            print(f"asked {extra}: {line}")
+    return failures
+
+
+def configs_of():
+    configs = {}
+    for gen in (families, more_families, wider_families):
+        for family, config in gen():
+            if family in FAMILIES and family not in configs:
+                configs[family] = config
+    return configs
 
 
 if __name__ == "__main__":
