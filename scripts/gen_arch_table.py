@@ -26,7 +26,8 @@ Format: a header of `#` lines; then blocks, each opened by `= ARCH [ARCH...]` (t
 architectures that share the block), then one line per walk entry, indented one space
 per level below its parent, the last component of its name, ` !` when the module is
 never split, ` ~` when it has a child module without parameters (which accelerate
-still splits it into); then `tie A B [...]` lines (dotted names, `*` for indices), ending with
+still splits it into), ` 0` when it has no parameters itself (a dropout, a rotary
+embedding: transformers' walk meets it and names it where its parent is split); then `tie A B [...]` lines (dotted names, `*` for indices), ending with
 ` ?` when the tie needs `tie_word_embeddings`; then `rename CHECKPOINT RUNTIME` lines:
 a name that starts with the checkpoint prefix (`*` matching an index) is loaded under
 the runtime prefix instead (how transformers 5 writes and reads the model's weights);
@@ -87,6 +88,11 @@ def walk(model):
 
     def visit(module, prefix, key):
         if not any(True for _ in module.parameters()):
+            # A module without parameters (dropout, rotary embedding): transformers'
+            # walk still meets it, and names it in the map where its parent is split.
+            if prefix and key not in seen:
+                keys[prefix] = key
+                seen[key] = (False, False, True)
             return
         if prefix:
             keys[prefix] = key
@@ -94,11 +100,11 @@ def walk(model):
                 # A child without parameters still makes a module splittable for
                 # accelerate (MixtralExperts: gate_up_proj, down_proj and act_fn).
                 bare = any(not any(True for _ in c.parameters()) for _, c in module.named_children())
-                seen[key] = (type(module).__name__ in no_split, bare)
+                seen[key] = (type(module).__name__ in no_split, bare, False)
         for name, _ in module.named_parameters(recurse=False):
             full = f"{prefix}.{name}" if prefix else name
             keys[full] = f"{key}.{name}" if key else name
-            seen.setdefault(keys[full], (False, False))
+            seen.setdefault(keys[full], (False, False, False))
         children = list(module.named_children())
         numbered = [c for n, c in children if n.isdigit()]
         same_class = len({type(c).__name__ for c in numbered}) <= 1
@@ -299,8 +305,9 @@ def render_block(order, tied, conditional, renamed=(), keep=((), ()), empty=(), 
     def emit(node, prefix, depth):
         for part, children in node.items():
             name = f"{prefix}.{part}" if prefix else part
-            no_split, bare = order.get(name, (False, False))
-            lines.append(" " * depth + part + (" !" if no_split else "") + (" ~" if bare else ""))
+            no_split, bare, parameterless = order.get(name, (False, False, False))
+            lines.append(" " * depth + part + (" !" if no_split else "") + (" ~" if bare else "")
+                         + (" 0" if parameterless else ""))
             emit(children, name, depth + 1)
 
     emit(tree, "", 0)

@@ -640,11 +640,13 @@ fn t5_is_planned_encoder_first_as_its_class_defines_it() {
             .map(|c| tree.nodes[c].name.clone())
             .collect()
     };
+    // Its dropout, which holds nothing, is walked too, last, as transformers walks it.
     assert_eq!(
         children("decoder.block.0.layer.1"),
         [
             "decoder.block.0.layer.1.EncDecAttention",
-            "decoder.block.0.layer.1.layer_norm"
+            "decoder.block.0.layer.1.layer_norm",
+            "decoder.block.0.layer.1.dropout"
         ]
     );
     assert_eq!(children("")[..3], ["shared", "encoder", "decoder"]);

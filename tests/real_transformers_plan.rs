@@ -16,6 +16,12 @@ fn devmap_plan_places_every_tensor_where_from_pretrained_does() {
         out.contains("720 of 720 cases place every tensor as from_pretrained does"),
         "{out}"
     );
+    // And the map itself, key for key: the modules without tensors it names
+    // (`transformer.drop`) included.
+    assert!(
+        out.contains("720 of 720 cases give from_pretrained's map key for key"),
+        "{out}"
+    );
     // `--transformers` asks the planner itself: agreement said, a difference named.
     assert_eq!(out.matches("\nasked ").count(), 2, "{out}");
 }

@@ -60,6 +60,9 @@ struct Entry {
     /// Has a child module that holds no parameter (`act_fn`): accelerate splits it even
     /// when its parameters are its own.
     bare_children: bool,
+    /// Holds no parameter itself (a dropout, a rotary embedding): the walk meets it all
+    /// the same.
+    parameterless: bool,
 }
 
 impl Default for Arch {
@@ -135,6 +138,10 @@ fn parse_block(body: &str) -> Arch {
         }
         let depth = line.len() - line.trim_start_matches(' ').len();
         let entry = &line[depth..];
+        let (entry, parameterless) = match entry.strip_suffix(" 0") {
+            Some(c) => (c, true),
+            None => (entry, false),
+        };
         let (entry, bare) = match entry.strip_suffix(" ~") {
             Some(c) => (c, true),
             None => (entry, false),
@@ -156,6 +163,7 @@ fn parse_block(body: &str) -> Arch {
         let e = &mut arch.nodes[at as usize];
         e.no_split |= no_split;
         e.bare_children |= bare;
+        e.parameterless |= parameterless;
         path.push(at);
     }
     arch
@@ -320,6 +328,19 @@ impl Arch {
 
     pub fn bare_children_at(&self, at: Cursor) -> bool {
         self.nodes[at as usize].bare_children
+    }
+
+    /// The children of `at` that hold no parameter, with their cursors (their place in
+    /// the walk); a collapsed list member (`*`) is left out.
+    pub fn parameterless_children(&self, at: Cursor) -> Vec<(&str, Cursor)> {
+        let mut out: Vec<(&str, Cursor)> = self.nodes[at as usize]
+            .children
+            .iter()
+            .filter(|(name, c)| &***name != "*" && self.nodes[**c as usize].parameterless)
+            .map(|(name, c)| (&**name, *c))
+            .collect();
+        out.sort_by_key(|(_, c)| *c);
+        out
     }
 
     /// The name the loaded model has for a checkpoint tensor or module, where

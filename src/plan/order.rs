@@ -265,10 +265,49 @@ impl Builder<'_> {
         });
         let mut children = Vec::with_capacity(kids.len());
         let mut size = 0;
-        for c in kids {
+        for &c in &kids {
             let ci = self.visit(arch.map(|(a, _)| (a, step(c))), c);
             size += self.nodes[ci].size;
             children.push(ci);
+        }
+        // The modules without tensors the walk meets too (dropouts, activations), each
+        // at its place among its siblings: transformers names them in the map where it
+        // splits their parent.
+        if let Some((a, Some(at))) = arch {
+            let present: HashSet<&str> = kids.iter().map(|&c| &*tree.nodes[c].name).collect();
+            let parent = self.nodes[index].name.clone();
+            let empty: Vec<(String, Cursor)> = a
+                .parameterless_children(at)
+                .into_iter()
+                .filter(|(component, _)| !present.contains(component))
+                .map(|(component, cursor)| match parent.as_str() {
+                    "" => (component.to_owned(), cursor),
+                    _ => (format!("{parent}.{component}"), cursor),
+                })
+                .collect();
+            if !empty.is_empty() {
+                let mut placed: Vec<(u32, usize)> = kids
+                    .iter()
+                    .zip(&children)
+                    .map(|(&c, &ci)| (step(c).map_or(u32::MAX, |at| a.position_at(at)), ci))
+                    .collect();
+                for (full, cursor) in empty {
+                    let ei = self.nodes.len();
+                    self.nodes.push(PlanNode {
+                        name: full.clone(),
+                        is_param: false,
+                        size: 0,
+                        children: Vec::new(),
+                        no_split: false,
+                        is_buffer: false,
+                        bare_children: false,
+                    });
+                    self.by_name.insert(full, ei);
+                    placed.push((a.position_at(cursor), ei));
+                }
+                placed.sort_by_key(|(position, _)| *position);
+                children = placed.into_iter().map(|(_, ci)| ci).collect();
+            }
         }
         self.nodes[index].children = children;
         self.nodes[index].size = size;

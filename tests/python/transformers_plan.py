@@ -90,7 +90,7 @@ def model_class_of(src):
 
 def main(devmap):
     configs = configs_of()
-    same = differ = 0
+    same = differ = keys_same = 0
     work = tempfile.mkdtemp(prefix="devmap-tf-plan-")
     for family in FAMILIES:
         config = configs[family]
@@ -116,6 +116,10 @@ def main(devmap):
                     diff = [(n, placement(theirs, n), placement(ours, n)) for n in names
                             if placement(theirs, n) != placement(ours, n)]
                     case = f"{family} stored {str(stored)[6:]} loaded {str(loaded)[6:] if loaded else 'as stored'} {mode} [{spec}]"
+                    if dict(theirs) == ours:
+                        keys_same += 1
+                    elif os.environ.get("DEVMAP_SHOW_KEYS"):
+                        print(f"KEYS {family} {mode} [{spec}]: transformers {dict(theirs)}\n  devmap {ours}")
                     if diff:
                         differ += 1
                         print(f"DIFFERS {case}: {len(diff)} tensors, e.g. {diff[:3]}\n  transformers: {dict(theirs)}\n  devmap:       {ours}")
@@ -123,6 +127,7 @@ def main(devmap):
                         same += 1
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     print(f"{same} of {same + differ} cases place every tensor as from_pretrained does")
+    print(f"{keys_same} of {same + differ} cases give from_pretrained's map key for key")
     differ += asked(devmap, work)
     sys.exit(1 if differ else 0)
 
