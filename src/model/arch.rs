@@ -257,7 +257,7 @@ pub fn loaded_as(architectures: &[String], name: &str) -> Option<(String, String
     lookup(architectures)?.loaded_form(name)
 }
 
-/// Where the table comes from, for notes: `transformers 5.24.0, torch 2.15.0`.
+/// Where the table comes from, for notes: `transformers 5.25.0, torch 2.15.0`.
 pub fn source() -> &'static str {
     table().source
 }

@@ -153,7 +153,7 @@ pub fn lookup_named(architectures: &[String]) -> Option<(&str, &'static Expect)>
     Some((name, PARSED.get(block, || parse_block(t.bodies[block]))))
 }
 
-/// Where the table comes from, for reports: `transformers 5.24.0, torch 2.15.0`.
+/// Where the table comes from, for reports: `transformers 5.25.0, torch 2.15.0`.
 pub fn source() -> &'static str {
     table().source
 }

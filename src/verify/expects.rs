@@ -18,7 +18,7 @@ use crate::types::dtype::DType;
 pub struct Coverage {
     /// The architecture checked against, when the table has it.
     pub architecture: Option<String>,
-    /// Where the expectations came from: "devmap's table of transformers 5.24.0", or
+    /// Where the expectations came from: "devmap's table of transformers 5.25.0", or
     /// "transformers 5.25.0, asked".
     pub source: Option<String>,
 }
