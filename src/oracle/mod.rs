@@ -312,26 +312,7 @@ impl Oracle {
         {
             return Ok(answer);
         }
-        let out = Command::new(&self.python)
-            .args(["-c", ASK])
-            .arg(config_dir)
-            .arg(dtype_name)
-            .arg(if self.trust_remote_code { "1" } else { "0" })
-            .env("HF_HUB_OFFLINE", "1")
-            .env("TRANSFORMERS_VERBOSITY", "error")
-            .output()
-            .map_err(|error| OracleError::Run {
-                python: self.python.clone(),
-                error,
-            })?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            return Err(OracleError::Failed {
-                python: self.python.clone(),
-                config: config_path,
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            });
-        }
+        let stdout = self.run_ask(config_dir, dtype_name, &[])?;
         let answer = Answer::parse(&stdout)?;
         if let Some(path) = cached {
             // A cache that cannot be written only costs the next run the question.
@@ -368,28 +349,12 @@ impl Oracle {
                 (key, serde_json::Value::from(*b))
             })
             .collect();
-        let out = Command::new(&self.python)
-            .args(["-c", ASK])
-            .arg(config_dir)
-            .arg(dtype.map_or("config", DType::torch_name))
-            .arg(if self.trust_remote_code { "1" } else { "0" })
-            .arg(mode)
-            .arg(serde_json::Value::Object(budgets).to_string())
-            .env("HF_HUB_OFFLINE", "1")
-            .env("TRANSFORMERS_VERBOSITY", "error")
-            .output()
-            .map_err(|error| OracleError::Run {
-                python: self.python.clone(),
-                error,
-            })?;
-        if !out.status.success() {
-            return Err(OracleError::Failed {
-                python: self.python.clone(),
-                config: config_dir.join("config.json"),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            });
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let budgets = serde_json::Value::Object(budgets).to_string();
+        let stdout = self.run_ask(
+            config_dir,
+            dtype.map_or("config", DType::torch_name),
+            &[mode, &budgets],
+        )?;
         let line = stdout
             .lines()
             .rev()
@@ -418,6 +383,39 @@ impl Oracle {
                     .ok_or_else(|| OracleError::Answer(format!("{key}: device {device}")))
             })
             .collect()
+    }
+}
+
+impl Oracle {
+    /// Runs the question script on `config_dir` at `dtype_name`, with `extra`
+    /// arguments (a plan's mode and budgets); its standard output.
+    fn run_ask(
+        &self,
+        config_dir: &Path,
+        dtype_name: &str,
+        extra: &[&str],
+    ) -> Result<String, OracleError> {
+        let out = Command::new(&self.python)
+            .args(["-c", ASK])
+            .arg(config_dir)
+            .arg(dtype_name)
+            .arg(if self.trust_remote_code { "1" } else { "0" })
+            .args(extra)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TRANSFORMERS_VERBOSITY", "error")
+            .output()
+            .map_err(|error| OracleError::Run {
+                python: self.python.clone(),
+                error,
+            })?;
+        if !out.status.success() {
+            return Err(OracleError::Failed {
+                python: self.python.clone(),
+                config: config_dir.join("config.json"),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }
 
