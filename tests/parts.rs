@@ -60,7 +60,8 @@ fn four_parts_and_a_commit_write_exactly_what_one_save_writes() {
         assert!(o.status.success(), "part {k}: {}", stderr(&o));
         assert!(!published(&split), "part {k} published something");
     }
-    let o = save(&m.dir, &split, &["--commit", "4"]);
+    // The commit verifies what it publishes against the sources, as a save does.
+    let o = save(&m.dir, &split, &["--commit", "4", "--verify"]);
     assert!(o.status.success(), "commit: {}", stderr(&o));
     let shards = files(&single)
         .iter()
