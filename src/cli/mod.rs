@@ -383,18 +383,17 @@ fn compare_with_transformers(
             return Ok(());
         }
     };
-    let mut placed = ckpt.clone();
-    placed.apply_device_map(Some(devmap::model::DeviceMap::new(theirs)));
+    // Each tensor placed by their map as `apply_device_map` places it, without a copy
+    // of the checkpoint.
+    let theirs = devmap::model::DeviceMap::new(theirs);
+    let arch = devmap::model::arch::lookup(&ckpt.config.architectures);
     let differ: Vec<String> = ckpt
         .tensors()
         .iter()
-        .zip(placed.tensors())
-        .filter(|(ours, theirs)| ours.placement != theirs.placement)
-        .map(|(ours, theirs)| {
-            format!(
-                "`{}` devmap {}, transformers {}",
-                ours.name, ours.placement, theirs.placement
-            )
+        .filter_map(|t| {
+            let (there, _) = devmap::model::checkpoint::place(Some(&theirs), &t.name, arch);
+            (there != t.placement)
+                .then(|| format!("`{}` devmap {}, transformers {there}", t.name, t.placement))
         })
         .collect();
     let who = format!(
@@ -555,14 +554,8 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
             a.out.display()
         ))?;
         if let Some(part) = a.part {
-            let dealt = devmap::save::parts::assign(&plan, part.n);
-            let mine: Vec<&devmap::save::ShardPlan> = plan
-                .shards
-                .iter()
-                .zip(&dealt)
-                .filter(|(_, p)| **p == part.k)
-                .map(|(s, _)| s)
-                .collect();
+            let mine: Vec<&devmap::save::ShardPlan> =
+                devmap::save::parts::shards_of(&plan, part).collect();
             err_line(format!(
                 "  part {part}: writing {} ({}) of them; nothing is published until `--commit {}`",
                 devmap::text::count(mine.len(), "shard", "shards"),

@@ -163,13 +163,7 @@ fn entries(raw: Vec<(String, String, Vec<u64>)>) -> Vec<Entry> {
 
 impl Answer {
     fn parse(stdout: &str) -> Result<Answer, OracleError> {
-        let line = stdout
-            .lines()
-            .rev()
-            .find_map(|l| l.strip_prefix(MARK))
-            .ok_or_else(|| OracleError::Answer("the script printed no answer".into()))?;
-        let raw: RawAnswer =
-            serde_json::from_str(line).map_err(|e| OracleError::Answer(e.to_string()))?;
+        let raw: RawAnswer = marked_answer(stdout)?;
         Ok(Answer {
             transformers: raw.transformers,
             architecture: raw.architecture,
@@ -355,17 +349,11 @@ impl Oracle {
             dtype.map_or("config", DType::torch_name),
             &[mode, &budgets],
         )?;
-        let line = stdout
-            .lines()
-            .rev()
-            .find_map(|l| l.strip_prefix(MARK))
-            .ok_or_else(|| OracleError::Answer("the script printed no answer".into()))?;
         #[derive(Deserialize)]
         struct Planned {
             plan: Vec<(String, serde_json::Value)>,
         }
-        let planned: Planned =
-            serde_json::from_str(line).map_err(|e| OracleError::Answer(e.to_string()))?;
+        let planned: Planned = marked_answer(&stdout)?;
         planned
             .plan
             .into_iter()
@@ -417,6 +405,17 @@ impl Oracle {
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
+}
+
+/// The question script's answer: the last line of its output that starts with
+/// [`MARK`] (imports may print to stdout too), read as JSON.
+fn marked_answer<T: serde::de::DeserializeOwned>(stdout: &str) -> Result<T, OracleError> {
+    let line = stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix(MARK))
+        .ok_or_else(|| OracleError::Answer("the script printed no answer".into()))?;
+    serde_json::from_str(line).map_err(|e| OracleError::Answer(e.to_string()))
 }
 
 /// `$XDG_CACHE_HOME/devmap/transformers`, else `~/.cache/devmap/transformers`.

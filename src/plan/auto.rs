@@ -378,11 +378,14 @@ fn balanced(
             .find(|(p, _)| *p == Placement::Gpu(i))
             .map_or(0, |(_, b)| *b)
     };
-    let gpu0 = budget_of(&out, 0);
+    // With `low_zero`, GPU 0 keeps its own budget here (transformers caps it at
+    // itself) and is cut below.
     for &i in gpus.iter().take(gpus.len().saturating_sub(1)) {
-        let cap = if low_zero && i == 0 { gpu0 } else { per_gpu };
+        if low_zero && i == 0 {
+            continue;
+        }
         if let Some((_, b)) = out.iter_mut().find(|(p, _)| *p == Placement::Gpu(i)) {
-            *b = (*b).min(cap);
+            *b = (*b).min(per_gpu);
         }
     }
     if low_zero {

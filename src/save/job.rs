@@ -102,7 +102,8 @@ pub fn write(
         None => write_as(ckpt, plan, options, (cancel, reporter), Shards::Written),
         Some(Distributed::Part(part)) => write_part(ckpt, plan, options, part, (cancel, reporter)),
         Some(Distributed::Commit(n)) => {
-            let files = parts::gather(&options.out, ckpt, plan, n)?;
+            let fingerprint = parts::fingerprint(ckpt, plan);
+            let files = parts::gather(&options.out, &fingerprint, plan, n)?;
             let report = write_as(
                 ckpt,
                 plan,
@@ -110,7 +111,7 @@ pub fn write(
                 (cancel, reporter),
                 Shards::Linked(&files),
             )?;
-            parts::clear(&options.out, &parts::fingerprint(ckpt, plan));
+            parts::clear(&options.out, &fingerprint);
             Ok(report)
         }
     }
@@ -138,15 +139,8 @@ fn write_part(
 ) -> Result<SaveReport, SaveError> {
     let fingerprint = parts::fingerprint(ckpt, plan);
     let dir = parts::prepare_part(&options.out, &fingerprint, part, options.force)?;
-    let dealt = parts::assign(plan, part.n);
     let mine = SavePlan {
-        shards: plan
-            .shards
-            .iter()
-            .zip(&dealt)
-            .filter(|(_, p)| **p == part.k)
-            .map(|(s, _)| s.clone())
-            .collect(),
+        shards: parts::shards_of(plan, part).cloned().collect(),
         ..plan.clone()
     };
     let inner = SaveOptions {

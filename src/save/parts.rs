@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::SaveError;
 use super::reasons::Refusal;
-use super::shards::SavePlan;
+use super::shards::{SavePlan, ShardPlan};
 use crate::model::checkpoint::Checkpoint;
 
 /// Where parts keep their shards until the commit, inside OUT.
@@ -126,6 +126,15 @@ pub fn assign(plan: &SavePlan, n: u32) -> Vec<u32> {
         part[i] = least as u32 + 1;
     }
     part
+}
+
+/// The shards of `plan` that part `part` writes ([`assign`]'s deal).
+pub fn shards_of(plan: &SavePlan, part: Part) -> impl Iterator<Item = &ShardPlan> {
+    plan.shards
+        .iter()
+        .zip(assign(plan, part.n))
+        .filter(move |(_, p)| *p == part.k)
+        .map(|(s, _)| s)
 }
 
 /// What identifies a plan across processes: every shard's name and header (names,
@@ -280,21 +289,20 @@ pub fn prepare_part(
 }
 
 /// The commit's check: every part of `n` present, finished (not being written),
-/// from this plan, holding exactly the shards the plan deals it, at their sizes.
-/// Returns each shard's file in its part's folder, by shard index.
+/// from this plan (its `fingerprint`), holding exactly the shards the plan deals it,
+/// at their sizes. Returns each shard's file in its part's folder, by shard index.
 pub fn gather(
     out: &Path,
-    ckpt: &Checkpoint,
+    fingerprint: &str,
     plan: &SavePlan,
     n: u32,
 ) -> Result<Vec<PathBuf>, SaveError> {
-    let fingerprint = fingerprint(ckpt, plan);
     let dealt = assign(plan, n);
     let mut problems = Vec::new();
     let mut files = vec![PathBuf::new(); plan.shards.len()];
     for k in 1..=n {
         let part = Part { k, n };
-        let dir = part_dir(out, &fingerprint, part);
+        let dir = part_dir(out, fingerprint, part);
         let Ok(lock) = File::open(&dir) else {
             problems.push(Refusal::PartMissing {
                 part: part.to_string(),
