@@ -243,12 +243,16 @@ pub fn check_out_folder(options: &SaveOptions) -> Vec<Refusal> {
         problems.push(Refusal::OutNotFolder(options.out.clone()));
     }
     if options.out.is_dir() {
-        // The parts of a split save in progress are no content of OUT's.
+        // The parts of a split save in progress, and the write probe of another save
+        // checking OUT at this moment (parts start together), are no content of OUT's.
         let entries: Vec<std::ffi::OsString> = std::fs::read_dir(&options.out)
             .map(|r| {
                 r.filter_map(Result::ok)
                     .map(|e| e.file_name())
-                    .filter(|n| n != super::parts::PARTS_DIR)
+                    .filter(|n| {
+                        n != super::parts::PARTS_DIR
+                            && !n.as_encoded_bytes().starts_with(PROBE_PREFIX.as_bytes())
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -289,8 +293,11 @@ pub fn check_out_folder(options: &SaveOptions) -> Vec<Refusal> {
 }
 
 /// Creates and removes an empty probe file in `folder`.
+/// The name [`probe_writable`]'s file starts with (the process id follows).
+const PROBE_PREFIX: &str = ".devmap-write-probe-";
+
 fn probe_writable(folder: &Path) -> std::io::Result<()> {
-    let probe = folder.join(format!(".devmap-write-probe-{}", std::process::id()));
+    let probe = folder.join(format!("{PROBE_PREFIX}{}", std::process::id()));
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
