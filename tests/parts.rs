@@ -12,19 +12,16 @@ use std::time::{Duration, Instant};
 
 use common::{mixed_model, stderr};
 
+/// `devmap save` in 1 KB shards (the fixture then needs several), as the common
+/// helper runs it.
+fn part_save(dir: &Path, out: &Path, extra: &[&str]) -> Command {
+    let mut command = common::save_command(dir, out, &["--max-shard-size", "1KB"]);
+    command.args(extra);
+    command
+}
+
 fn save(dir: &Path, out: &Path, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_devmap"))
-        .env("DEVMAP_PYTHON", "")
-        .args([
-            "save",
-            dir.to_str().expect("p"),
-            "--out",
-            out.to_str().expect("p"),
-        ])
-        .args(["--max-shard-size", "1KB", "-q"])
-        .args(extra)
-        .output()
-        .expect("devmap")
+    part_save(dir, out, extra).output().expect("devmap")
 }
 
 /// Every file of `dir` (not the parts folder) with its bytes, by name.
@@ -87,15 +84,7 @@ fn parts_racing_on_one_out_commit_to_the_single_save() {
     let split = m.out("split");
     let children: Vec<_> = (1..=4)
         .map(|k| {
-            Command::new(env!("CARGO_BIN_EXE_devmap"))
-                .env("DEVMAP_PYTHON", "")
-                .args([
-                    "save",
-                    m.dir.to_str().expect("p"),
-                    "--out",
-                    split.to_str().expect("p"),
-                ])
-                .args(["--max-shard-size", "1KB", "-q", "--part", &format!("{k}/4")])
+            part_save(&m.dir, &split, &["--part", &format!("{k}/4")])
                 .stderr(Stdio::piped())
                 .spawn()
                 .expect("spawn")
@@ -115,24 +104,8 @@ fn parts_racing_on_one_out_commit_to_the_single_save() {
 fn paused_part(dir: &Path, out: &Path, k: u32) -> (std::process::Child, PathBuf) {
     let pause = out.with_extension(format!("pause{k}"));
     std::fs::write(&pause, b"").expect("pause file");
-    let child = Command::new(env!("CARGO_BIN_EXE_devmap"))
-        .env("DEVMAP_PYTHON", "")
+    let child = part_save(dir, out, &["-j", "1", "--part", &format!("{k}/2")])
         .env("DEVMAP_TEST_PAUSE", &pause)
-        .args([
-            "save",
-            dir.to_str().expect("p"),
-            "--out",
-            out.to_str().expect("p"),
-        ])
-        .args([
-            "--max-shard-size",
-            "1KB",
-            "-q",
-            "-j",
-            "1",
-            "--part",
-            &format!("{k}/2"),
-        ])
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
