@@ -237,7 +237,7 @@ proptest! {
                 prop_assert!(!broken, "defect {defect} accepted");
                 prop_assert_eq!(h.tensors.len(), entries.len());
                 for (name, _, _, a, b) in &entries {
-                    let found = h.tensors.iter().find(|t| &t.name == name);
+                    let found = h.tensors.iter().find(|t| *t.name == **name);
                     prop_assert!(found.is_some(), "{name} missing");
                     prop_assert_eq!(found.map(|t| t.len), Some(b - a));
                 }

@@ -126,7 +126,7 @@ fn header_entry(out: &Path, tensor: &str) -> (PathBuf, HeaderTensor) {
     let t = header
         .tensors
         .into_iter()
-        .find(|t| t.name == tensor)
+        .find(|t| &*t.name == tensor)
         .expect("in header");
     (path, t)
 }
@@ -607,7 +607,7 @@ fn a_transposed_weight_is_mismatched_and_nan_is_a_difference_unless_allowed() {
                     data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
                 }
                 FixtureTensor {
-                    name: h.name.clone(),
+                    name: h.name.to_string(),
                     dtype: h.dtype,
                     shape,
                     data,

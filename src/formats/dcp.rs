@@ -173,7 +173,7 @@ pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Split, FormatError> {
             }
             if whole {
                 data.files[file].1.tensors.push(HeaderTensor {
-                    name: name.clone(),
+                    name: name.as_str().into(),
                     ..tensor
                 });
                 break;

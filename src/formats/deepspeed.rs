@@ -427,7 +427,7 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
         if stage <= 2 {
             let v = model.get(&["frozen_param_fragments", &name])?;
             let mut t = model.tensor(&name, v)?;
-            t.name = name;
+            t.name = name.into();
             t.shape = Shape::new(&shape);
             files[0].1.tensors.push(t);
         } else {
@@ -495,7 +495,7 @@ fn add_untracked_frozen(
     let known: std::collections::HashSet<String> = pieced
         .iter()
         .map(|t| t.name.clone())
-        .chain(whole.iter().map(|t| t.name.clone()))
+        .chain(whole.iter().map(|t| t.name.to_string()))
         .collect();
     from_module(model, whole, |n| !known.contains(n))
 }
@@ -510,7 +510,7 @@ fn from_module(
     for (k, v) in dict(model.get(&["module"])?) {
         if let Some(name) = string(k).filter(|n| keep(n)) {
             let mut t = model.tensor(name, v)?;
-            name.clone_into(&mut t.name);
+            t.name = name.into();
             whole.push(t);
         }
     }

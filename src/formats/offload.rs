@@ -213,7 +213,7 @@ pub fn parse_index(
             let t = header
                 .tensors
                 .iter()
-                .find(|t| t.name == weight_name)
+                .find(|t| &*t.name == weight_name)
                 .ok_or_else(|| {
                     FormatError::tensor(
                         index_path,
@@ -452,7 +452,7 @@ fn read_per_tensor_files(
         let t = header
             .tensors
             .iter()
-            .find(|t| t.name == name)
+            .find(|t| *t.name == *name)
             .or_else(|| (header.tensors.len() == 1).then(|| &header.tensors[0]))
             .ok_or_else(|| {
                 FormatError::tensor_as(

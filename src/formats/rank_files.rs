@@ -59,23 +59,26 @@ fn saved_offsets(path: &Path, header: &Header) -> Result<HashMap<String, Vec<u64
         .collect())
 }
 
+/// One rank file's block of a tensor: (file, tensor as its header gives it, offsets).
+type Block = (usize, HeaderTensor, Vec<u64>);
+
 /// The tensors of the rank files `paths` (sorted), under their full names.
 pub fn read_rank_files(paths: &[PathBuf]) -> Result<Split, FormatError> {
     let mut files = Vec::with_capacity(paths.len());
     // Each name's blocks, in file order: (file, tensor as its header gives it, offsets).
-    let mut blocks: HashMap<String, Vec<(usize, HeaderTensor, Vec<u64>)>> = HashMap::new();
+    let mut blocks: HashMap<Box<str>, Vec<Block>> = HashMap::new();
     let mut order = Vec::new();
     for (file, path) in paths.iter().enumerate() {
         let mut header = read_header(path)?;
         let mut offsets = saved_offsets(path, &header)?;
         for t in std::mem::take(&mut header.tensors) {
             let at = offsets
-                .remove(&t.name)
+                .remove(&*t.name)
                 .unwrap_or_else(|| vec![0; t.shape.len()]);
             if at.len() != t.shape.len() {
                 return Err(FormatError::tensor(
                     path,
-                    &t.name,
+                    &*t.name,
                     format!(
                         "has {} dimensions, but {SHARDING_INFO} gives it offsets {at:?}",
                         t.shape.len()
@@ -92,14 +95,14 @@ pub fn read_rank_files(paths: &[PathBuf]) -> Result<Split, FormatError> {
     }
     let mut pieced = Vec::new();
     for name in order {
-        let Some(list) = blocks.remove(&name) else {
+        let Some(list) = blocks.remove(&*name) else {
             continue;
         };
         let (first_file, first, _) = &list[0];
         if let Some((file, other, _)) = list.iter().find(|(_, t, _)| t.dtype != first.dtype) {
             return Err(FormatError::tensor(
                 &paths[*file],
-                &name,
+                &*name,
                 format!(
                     "is {} here but {} in {}",
                     other.dtype,
@@ -112,7 +115,7 @@ pub fn read_rank_files(paths: &[PathBuf]) -> Result<Split, FormatError> {
         if let Some((file, _, _)) = list.iter().find(|(_, t, _)| t.shape.len() != dims) {
             return Err(FormatError::tensor(
                 &paths[*file],
-                &name,
+                &*name,
                 format!(
                     "has another number of dimensions than in {}",
                     paths[*first_file].display()
@@ -150,7 +153,7 @@ pub fn read_rank_files(paths: &[PathBuf]) -> Result<Split, FormatError> {
             })
             .collect();
         pieced.push(PiecedTensor {
-            name,
+            name: name.to_string(),
             dtype,
             shape: Shape::new(&size),
             pieces,

@@ -18,7 +18,9 @@ pub const MAX_HEADER_LEN: u64 = 100_000_000;
 /// One tensor as a header describes it. Offsets are absolute positions in the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderTensor {
-    pub name: String,
+    /// Allocated at its length: it becomes the checkpoint's name as it is (a `String`
+    /// copied into another form later would leave a million freed blocks behind).
+    pub name: Box<str>,
     pub dtype: DType,
     pub shape: Shape,
     pub offset: u64,
@@ -49,24 +51,78 @@ pub fn read_header(path: &Path) -> Result<Header, FormatError> {
             ),
         ));
     }
-    let mut prefix = vec![0u8; 8];
-    read_exact_at(&file, &mut prefix, 0).map_err(|e| FormatError::io(path, e))?;
-    let header_len = u64::from_le_bytes(prefix[..8].try_into().unwrap_or([0; 8]));
-    // Checked before anything is allocated for it.
+    let mut len_bytes = [0u8; 8];
+    read_exact_at(&file, &mut len_bytes, 0).map_err(|e| FormatError::io(path, e))?;
+    let header_len = u64::from_le_bytes(len_bytes);
     check_header_len(path, header_len, file_len)?;
-    // Lossless: header_len <= MAX_HEADER_LEN, far below usize::MAX.
-    prefix.resize(8 + header_len as usize, 0);
-    read_exact_at(&file, &mut prefix[8..], 8).map_err(|e| FormatError::io(path, e))?;
-    let (raw, data_start) = parse_entries(path, &prefix, file_len)?;
-    // The text goes before the checks that follow allocate: at a million tensors it
-    // is 88 MB, the largest thing an open holds.
-    drop(prefix);
-    finish(path, raw, data_start, file_len)
+    // Parsed as it is read, never held whole: at a million tensors the text is 88 MB,
+    // as much again as the entries parsed from it.
+    let text = std::io::Read::take(PositionedReader { file: &file, at: 8 }, header_len);
+    let raw = parse_entries(path, text, 8 + header_len)?;
+    finish(path, raw, 8 + header_len, file_len)
 }
 
 fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     file.read_exact_at(buf, offset)
+}
+
+/// Reads a file from a position with positioned reads (the file's own cursor is
+/// left alone).
+struct PositionedReader<'f> {
+    file: &'f File,
+    at: u64,
+}
+
+impl std::io::Read for PositionedReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.read_at(buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+/// Passes bytes through, failing at the first that are not UTF-8: serde_json checks
+/// the strings, not the bytes between them, and a header must be UTF-8 whole. A
+/// character cut by a read's end is held over (`carry`) and checked with the next.
+struct Utf8Checked<R> {
+    inner: R,
+    carry: Vec<u8>,
+    /// Bytes passed so far, for the message.
+    offset: u64,
+    /// Where the first bad byte was: kept outside, since the error serde_json is
+    /// given may come back wrapped in an entry's message.
+    bad_at: std::rc::Rc<std::cell::Cell<Option<u64>>>,
+}
+
+impl<R: std::io::Read> std::io::Read for Utf8Checked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let bad = |at: u64| {
+            self.bad_at.set(Some(at));
+            std::io::Error::new(std::io::ErrorKind::InvalidData, "the header is not UTF-8")
+        };
+        if n == 0 {
+            if self.carry.is_empty() || buf.is_empty() {
+                return Ok(0);
+            }
+            return Err(bad(self.offset - self.carry.len() as u64));
+        }
+        let mut checked = std::mem::take(&mut self.carry);
+        checked.extend_from_slice(&buf[..n]);
+        // Where `checked` starts in the header: the carried bytes came before.
+        let start = (self.offset + n as u64).saturating_sub(checked.len() as u64);
+        match std::str::from_utf8(&checked) {
+            Ok(_) => {}
+            Err(e) if e.error_len().is_none() => {
+                self.carry = checked[e.valid_up_to()..].to_vec();
+            }
+            Err(e) => return Err(bad(start + e.valid_up_to() as u64)),
+        }
+        self.offset += n as u64;
+        Ok(n)
+    }
 }
 
 /// The declared header length must fit the 100 MB limit and the file.
@@ -114,17 +170,6 @@ impl HeaderCache {
 /// least the 8-byte length and the header (the whole file will do); tensor data in it
 /// is not read.
 pub fn parse_header(path: &Path, prefix: &[u8], file_len: u64) -> Result<Header, FormatError> {
-    let (raw, data_start) = parse_entries(path, prefix, file_len)?;
-    finish(path, raw, data_start, file_len)
-}
-
-/// The entries of the header at the start of `prefix`, each checked, and where the
-/// data starts.
-fn parse_entries(
-    path: &Path,
-    prefix: &[u8],
-    file_len: u64,
-) -> Result<(RawHeader, u64), FormatError> {
     let mut len_bytes = [0u8; 8];
     len_bytes.copy_from_slice(prefix.get(..8).ok_or_else(|| {
         FormatError::invalid_as(
@@ -148,36 +193,60 @@ fn parse_entries(
                 ),
             )
         })?;
-    let text = std::str::from_utf8(header_bytes).map_err(|e| {
-        FormatError::invalid_as(
-            Kind::NotTheFormat,
-            path,
-            format!("header is not UTF-8 ({e})"),
-        )
-    })?;
+    let raw = parse_entries(path, header_bytes, data_start)?;
+    finish(path, raw, data_start, file_len)
+}
+
+/// The entries of the header `text` (a reader of the header's bytes), each checked as
+/// it is read; the data region starts at `data_start`.
+fn parse_entries(
+    path: &Path,
+    text: impl std::io::Read,
+    data_start: u64,
+) -> Result<RawHeader, FormatError> {
     // Each entry is checked as it is read and kept only as a HeaderTensor: no second
     // list of raw entries, which for a million tensors would double the cost.
     let seed = HeaderSeed {
         path,
         data_start,
         entry_error: std::cell::RefCell::new(None),
-        entries_hint: text.matches("\"data_offsets\"").count(),
     };
-    let mut de = serde_json::Deserializer::from_str(text.trim_end_matches(' '));
+    // serde_json reads a byte at a time: the buffer goes outside the check.
+    let bad_at = std::rc::Rc::default();
+    let text = std::io::BufReader::with_capacity(
+        1 << 16,
+        Utf8Checked {
+            inner: text,
+            carry: Vec::new(),
+            offset: 0,
+            bad_at: std::rc::Rc::clone(&bad_at),
+        },
+    );
+    let mut de = serde_json::Deserializer::from_reader(text);
     let parsed = serde::de::DeserializeSeed::deserialize(&seed, &mut de).and_then(|h| {
         de.end()?;
         Ok(h)
     });
-    match parsed {
-        Ok(raw) => Ok((raw, data_start)),
-        Err(e) => Err(seed.entry_error.into_inner().unwrap_or_else(|| {
+    parsed.map_err(|e| {
+        if let Some(at) = bad_at.get() {
+            return FormatError::invalid_as(
+                Kind::NotTheFormat,
+                path,
+                format!("header is not UTF-8 (invalid byte at {at} of the header)"),
+            );
+        }
+        if e.is_io() {
+            // serde_json gives back the reader's own error.
+            return FormatError::io(path, std::io::Error::from(e));
+        }
+        seed.entry_error.into_inner().unwrap_or_else(|| {
             FormatError::invalid_as(
                 Kind::NotTheFormat,
                 path,
                 format!("header is not a JSON object of tensors: {e}"),
             )
-        })),
-    }
+        })
+    })
 }
 
 /// A parsed header checked whole: no name twice, and the data region covered exactly.
@@ -220,9 +289,6 @@ struct HeaderSeed<'p> {
     path: &'p Path,
     data_start: u64,
     entry_error: std::cell::RefCell<Option<FormatError>>,
-    /// Entries the text seems to hold, so the list is allocated once at its size
-    /// instead of doubling (a doubling copy of a million entries is the open's peak).
-    entries_hint: usize,
 }
 
 #[derive(serde::Deserialize)]
@@ -230,6 +296,26 @@ struct RawEntry {
     dtype: DTypeName,
     shape: Vec<u64>,
     data_offsets: (u64, u64),
+}
+
+/// A header key read straight into the shared name the checkpoint keeps: one
+/// allocation per tensor, not a `String` and then a copy.
+struct TensorName(Box<str>);
+
+impl<'de> serde::Deserialize<'de> for TensorName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NameVisitor;
+        impl serde::de::Visitor<'_> for NameVisitor {
+            type Value = TensorName;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a tensor name")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TensorName, E> {
+                Ok(TensorName(v.into()))
+            }
+        }
+        deserializer.deserialize_str(NameVisitor)
+    }
 }
 
 /// A dtype name read without allocating when it is one devmap knows.
@@ -273,10 +359,12 @@ impl<'de> serde::de::DeserializeSeed<'de> for &HeaderSeed<'_> {
             ) -> Result<RawHeader, A::Error> {
                 use serde::de::Error;
                 let seed = self.0;
-                let mut tensors = Vec::with_capacity(seed.entries_hint);
+                // Grown by doubling: past the allocator's mmap threshold a grown list
+                // is remapped, not copied, and pages not yet written are not resident.
+                let mut tensors = Vec::new();
                 let mut metadata = None;
-                while let Some(key) = map.next_key::<String>()? {
-                    if key == "__metadata__" {
+                while let Some(TensorName(key)) = map.next_key::<TensorName>()? {
+                    if &*key == "__metadata__" {
                         let m = map.next_value::<BTreeMap<String, String>>().map_err(|e| {
                             A::Error::custom(format!(
                                 "`__metadata__` must be an object of strings ({e})"
@@ -310,18 +398,18 @@ impl<'de> serde::de::DeserializeSeed<'de> for &HeaderSeed<'_> {
 }
 
 fn first_duplicate(tensors: &[HeaderTensor]) -> Option<&str> {
-    let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    let mut names: Vec<&str> = tensors.iter().map(|t| &*t.name).collect();
     names.sort_unstable();
     names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
 fn check_entry(
     path: &Path,
-    name: String,
+    name: Box<str>,
     entry: RawEntry,
     data_start: u64,
 ) -> Result<HeaderTensor, FormatError> {
-    let bad = |message: String| FormatError::tensor(path, &name, message);
+    let bad = |message: String| FormatError::tensor(path, &*name, message);
     let dtype = match entry.dtype {
         DTypeName::Known(d) => d,
         DTypeName::Unknown(name) => return Err(bad(format!("unknown dtype `{name}`"))),
@@ -373,7 +461,7 @@ fn validate_layout(
         if t.offset < cursor {
             return Err(FormatError::tensor(
                 path,
-                &t.name,
+                &*t.name,
                 format!(
                     "bytes from {rel} overlap the previous tensor, which ends at {}",
                     cursor - data_start
@@ -383,7 +471,7 @@ fn validate_layout(
         if t.offset > cursor {
             return Err(FormatError::tensor(
                 path,
-                &t.name,
+                &*t.name,
                 format!(
                     "starts at {rel}, leaving a hole after byte {}",
                     cursor - data_start
@@ -394,7 +482,7 @@ fn validate_layout(
         if cursor > file_len {
             return Err(FormatError::tensor(
                 path,
-                &t.name,
+                &*t.name,
                 format!(
                     "ends at byte {} of the data, past the end of the file ({} data bytes); the file is truncated",
                     cursor - data_start,
@@ -556,7 +644,7 @@ mod tests {
         bytes.resize(bytes.len() + 18, 7);
         let h = parse_header(Path::new("x"), &bytes, bytes.len() as u64).expect("valid");
         assert_eq!(h.tensors.len(), 2);
-        assert_eq!(h.tensors[1].name, "b");
+        assert_eq!(&*h.tensors[1].name, "b");
         assert_eq!(h.tensors[1].offset, h.data_start + 16);
         assert_eq!(h.metadata, Some(meta));
         // The reference parser agrees.
@@ -621,7 +709,7 @@ mod tests {
         let bytes = file_with(h, 8);
         let parsed = parse_header(Path::new("x"), &bytes, bytes.len() as u64).expect("valid");
         assert_eq!(parsed.tensors.len(), 2);
-        assert_eq!(parsed.tensors[0].name, "e");
+        assert_eq!(&*parsed.tensors[0].name, "e");
         assert_eq!(parsed.tensors[0].len, 0);
     }
 
@@ -643,5 +731,40 @@ mod tests {
             .expect_err("file shorter than the data")
             .to_string();
         assert!(short.contains("truncated"), "{short}");
+    }
+
+    /// A file's header is read in 64 KiB pieces: a character cut between two reads
+    /// is whole UTF-8, and a bad byte far in is still named as not UTF-8.
+    #[test]
+    fn a_header_read_in_pieces_is_checked_across_them() {
+        use std::fmt::Write as _;
+        let mut header = String::from("{");
+        for i in 0..3000 {
+            let _ = write!(
+                header,
+                "\"couche_\u{e9}t\u{e9}_\u{1f600}.{i}\":{{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[{i},{}]}},",
+                i + 1
+            );
+        }
+        header.pop();
+        header.push('}');
+        assert!(header.len() > 3 * (1 << 16), "spans several reads");
+        let tmp = tempfile::tempdir().expect("tmp");
+        let path = tmp.path().join("model.safetensors");
+        std::fs::write(&path, file_with(&header, 3000)).expect("write");
+        let read = read_header(&path).expect("a valid header read in pieces");
+        assert_eq!(read.tensors.len(), 3000);
+        assert!(
+            read.tensors
+                .iter()
+                .any(|t| &*t.name == "couche_\u{e9}t\u{e9}_\u{1f600}.2999")
+        );
+        // The same header with one byte made invalid near its end.
+        let mut bytes = file_with(&header, 3000);
+        let at = 8 + header.len() - 40;
+        bytes[at] = 0xff;
+        std::fs::write(&path, &bytes).expect("write");
+        let e = read_header(&path).expect_err("not UTF-8").to_string();
+        assert!(e.contains("not UTF-8"), "{e}");
     }
 }

@@ -221,7 +221,7 @@ pub(super) fn view(
     let offset = member.offset + t.offset * size;
     if contiguous || elements == 0 {
         return Ok(Stored::Whole(HeaderTensor {
-            name: name.to_owned(),
+            name: name.into(),
             dtype: t.storage.dtype,
             shape: crate::types::shape::Shape::new(&t.shape),
             offset,

@@ -40,11 +40,13 @@ pub enum Source {
     None,
 }
 
-/// One tensor. Kept small (96 bytes and no heap but the name): a checkpoint may hold
-/// 100,000 of them.
+/// One tensor. Kept small (88 bytes and no heap but the name): a checkpoint may hold
+/// a million of them. The name is a `Box<str>`, allocated once as the header is
+/// parsed: an `Arc<str>` would add 16 bytes of counts to each, and a copy made later
+/// would leave the first allocation's hole behind.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
-    pub name: std::sync::Arc<str>,
+    pub name: Box<str>,
     pub shape: crate::types::shape::Shape,
     pub source: Source,
     pub placement: Placement,
@@ -148,8 +150,9 @@ pub struct Checkpoint {
     /// LoRA merges by the tensor that holds the data (a tie group's kept member), in
     /// the order they apply (`--merge-lora`).
     pub merges: std::collections::HashMap<TensorId, Vec<super::merge::MergeStep>>,
-    /// The tie group of each tensor, by tensor id (`NO_TIE` for none).
-    tie_of: Vec<u32>,
+    /// `(tensor, tie group)` for each tied tensor, sorted by tensor: a few entries,
+    /// where a slot per tensor cost 4 MB at a million tensors for none.
+    tie_of: Vec<(TensorId, u32)>,
     /// Checkpoint entries whose value an offload entry replaced, with the dtype the
     /// checkpoint stores them in, for `explain` and the save's `--dtype auto`.
     replaced: std::collections::HashMap<TensorId, (ByteRange, DType)>,
@@ -173,8 +176,6 @@ pub struct Checkpoint {
     /// a device-map key naming one is no typo and no missing data.
     pub tensorless_modules: std::sync::Arc<[String]>,
 }
-
-const NO_TIE: u32 = u32::MAX;
 
 /// See [`Checkpoint::derived`]: a few values by (type, key), the oldest dropped first.
 #[derive(Default)]
@@ -268,17 +269,20 @@ impl Checkpoint {
         sort_in_module_order(&mut tensors);
         let find = |name: &str| search(&tensors, name).ok();
         let mut groups = Vec::new();
-        let mut tie_of = vec![NO_TIE; tensors.len()];
+        let mut tie_of = Vec::new();
         for NamedTie { names, evidence } in ties {
             let members: Vec<TensorId> = names.iter().filter_map(|n| find(n)).collect();
             if members.len() < 2 {
                 continue;
             }
             for &m in &members {
-                tie_of[m] = groups.len() as u32;
+                tie_of.push((m, groups.len() as u32));
             }
             groups.push(TieGroup { members, evidence });
         }
+        // A name in two groups belongs to the later one.
+        tie_of.sort_unstable_by_key(|&(m, g)| (m, std::cmp::Reverse(g)));
+        tie_of.dedup_by_key(|(m, _)| *m);
         let replaced = find_in_order(&tensors, replaced);
         let mut ckpt = Checkpoint {
             dir,
@@ -402,19 +406,19 @@ impl Checkpoint {
 
     /// The tie group a tensor belongs to.
     pub fn tie_group(&self, id: TensorId) -> Option<&TieGroup> {
-        match self.tie_of.get(id) {
-            Some(&g) if g != NO_TIE => Some(&self.ties[g as usize]),
-            _ => None,
-        }
+        self.tie_index(id).map(|g| &self.ties[g])
+    }
+
+    fn tie_index(&self, id: TensorId) -> Option<usize> {
+        let at = self.tie_of.binary_search_by_key(&id, |&(m, _)| m).ok()?;
+        Some(self.tie_of[at].1 as usize)
     }
 
     /// Where a tensor's current value is, following ties: an offload, checkpoint or
     /// adapter range, or pieces; `None` when no bytes hold it.
     pub fn data_source(&self, id: TensorId) -> Option<Source> {
-        if let Some(&g) = self.tie_of.get(id)
-            && g != NO_TIE
-        {
-            let holder = self.group_data_holder(g as usize)?;
+        if let Some(g) = self.tie_index(id) {
+            let holder = self.group_data_holder(g)?;
             return Some(self.tensors[holder].source).filter(Self::holds_data);
         }
         match self.tensors[id].source {

@@ -201,7 +201,8 @@ impl Builder<'_> {
         let name = tree.full_name(id);
         let tensor = tree.nodes[id].tensor();
         let is_param = tensor.is_some();
-        let is_buffer = tensor.is_some_and(|t| self.buffers.contains(&self.ckpt.tensors()[t].name));
+        let is_buffer =
+            tensor.is_some_and(|t| self.buffers.contains(&*self.ckpt.tensors()[t].name));
         let index = self.nodes.len();
         let split_rule = match (self.no_split, arch) {
             ([], Some((arch, Some(at)))) => arch.no_split_at(at),
@@ -234,7 +235,7 @@ impl Builder<'_> {
                         .is_some_and(|a| a.kept_in_fp32(&tensor.name, dtype).is_some())
                 };
                 let held = match self.dtype {
-                    _ if self.fixed.contains(&tensor.name) => Held::AsMade,
+                    _ if self.fixed.contains(&*tensor.name) => Held::AsMade,
                     Some(dtype) if kept(dtype) => Held::Float32,
                     _ => Held::AsLoaded,
                 };

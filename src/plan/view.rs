@@ -48,11 +48,11 @@ pub fn plan_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> PlanView {
             ..PlanView::default()
         };
     }
-    let names = buffers.iter().map(|(t, _)| t.name.clone()).collect();
+    let names = buffers.iter().map(|(t, _)| Arc::from(&*t.name)).collect();
     let fixed = buffers
         .iter()
         .filter(|(_, follows_load)| !follows_load)
-        .map(|(t, _)| t.name.clone())
+        .map(|(t, _)| Arc::from(&*t.name))
         .collect();
     let mut tensors = base.tensors().to_vec();
     tensors.extend(buffers.into_iter().map(|(t, _)| t));
@@ -178,7 +178,7 @@ fn renamed_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint> {
         return None;
     }
     let plain = |t: &Tensor| Tensor {
-        name: runtime(&t.name).map_or_else(|| t.name.clone(), std::sync::Arc::from),
+        name: runtime(&t.name).map_or_else(|| t.name.clone(), Box::from),
         placement: Placement::Cpu,
         map_key: NO_KEY,
         source: Source::None,

@@ -80,10 +80,12 @@ impl std::io::Write for CompareWith<'_> {
 /// Every tensor of the model is written once, or dropped as a tied copy or as the
 /// scale of a weight written dequantized.
 pub fn verify_plan_covered(ckpt: &Checkpoint, plan: &SavePlan) -> Result<(), SaveError> {
-    let mut seen = vec![0u32; ckpt.tensors().len()];
+    // A byte per tensor (times past 255 read as 255): this runs at the save's end,
+    // beside the checkpoint and the plan.
+    let mut seen = vec![0u8; ckpt.tensors().len()];
     for s in &plan.shards {
         for t in &s.tensors {
-            seen[t.tensor] += 1;
+            seen[t.tensor()] = seen[t.tensor()].saturating_add(1);
         }
     }
     let dropped: HashMap<&str, &str> = plan
@@ -103,7 +105,7 @@ pub fn verify_plan_covered(ckpt: &Checkpoint, plan: &SavePlan) -> Result<(), Sav
             (0, _) => problems.push(Mismatch::NotWritten(t.name.to_string())),
             (times, _) => problems.push(Mismatch::WrittenTwice {
                 tensor: t.name.to_string(),
-                times,
+                times: times.into(),
             }),
         }
     }

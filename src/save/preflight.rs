@@ -158,13 +158,7 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Option<Refu
     if !out.exists() {
         return None;
     }
-    let mut files: Vec<usize> = plan
-        .planned()
-        .flat_map(|t| t.recipe(ckpt).ranges(ckpt))
-        .map(|r| r.file)
-        .collect();
-    files.sort_unstable();
-    files.dedup();
+    let files = files_read(ckpt, plan, |_| true);
     // One canonical path per folder, not per file: an offload folder holds tens of
     // thousands of files in one folder (a realpath each cost 100 ms a preview).
     let mut folders: std::collections::HashMap<&Path, PathBuf> = std::collections::HashMap::new();
@@ -193,13 +187,26 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Option<Refu
 /// replaced by a folder since the model was opened): found before writing, not
 /// halfway through a shard.
 fn unreadable_sources(ckpt: &Checkpoint, plan: &SavePlan) -> Vec<Refusal> {
-    let files: Vec<usize> = plan
-        .planned()
-        .flat_map(|t| t.recipe(ckpt).ranges(ckpt))
-        .filter(|range| range.len > 0)
-        .map(|range| range.file)
-        .collect();
-    unreadable_files(ckpt, files)
+    unreadable_files(ckpt, files_read(ckpt, plan, |range| range.len > 0))
+}
+
+/// The source files of the ranges `plan` reads that `keep` accepts, each once, in
+/// id order: marked in a list as long as the model's files, not collected per tensor
+/// (a million tensors would hold 8 MB of ids at the save's peak).
+fn files_read(
+    ckpt: &Checkpoint,
+    plan: &SavePlan,
+    keep: impl Fn(&crate::types::range::ByteRange) -> bool,
+) -> Vec<usize> {
+    let mut read = vec![false; ckpt.files.len()];
+    for range in plan.planned().flat_map(|t| t.recipe(ckpt).ranges(ckpt)) {
+        if keep(&range)
+            && let Some(slot) = read.get_mut(range.file)
+        {
+            *slot = true;
+        }
+    }
+    (0..read.len()).filter(|&f| read[f]).collect()
 }
 
 /// Every source file of the model that cannot be opened now: what [`check`] finds

@@ -351,7 +351,7 @@ impl ShardWriter<'_> {
                                 .map_err(CopyError::Io)
                                 .and_then(|scale_file| {
                                     super::dequant::Fp8Rows::load(
-                                        &ckpt.tensors()[t.tensor].name,
+                                        &ckpt.tensors()[t.tensor()].name,
                                         (&scale_file, scale),
                                         blocks,
                                         from_dtype,
@@ -373,7 +373,7 @@ impl ShardWriter<'_> {
                         super::lora_kernel::write_in_parallel(
                             super::lora_kernel::MergeInput {
                                 ckpt,
-                                id: t.tensor,
+                                id: t.tensor(),
                                 src: from,
                                 len: source.len,
                                 dtypes: (from_dtype, to_dtype),
@@ -400,7 +400,7 @@ impl ShardWriter<'_> {
                             .then(|| {
                                 super::lora_kernel::RowMerger::load(
                                     ckpt,
-                                    t.tensor,
+                                    t.tensor(),
                                     layout.matrix(),
                                     &|file| open_source(ckpt, file),
                                 )
@@ -415,7 +415,7 @@ impl ShardWriter<'_> {
                         };
                         super::mxfp4::write_in_parallel(
                             super::mxfp4::Packed {
-                                name: &ckpt.tensors()[t.tensor].name,
+                                name: &ckpt.tensors()[t.tensor()].name,
                                 blocks: (src, blocks),
                                 scales: (&scales_file, scales),
                                 layout,
@@ -441,7 +441,7 @@ impl ShardWriter<'_> {
                     .and_then(|scale_file| {
                         let mut written = 0u64;
                         super::dequant::stream(
-                            &ckpt.tensors()[t.tensor].name,
+                            &ckpt.tensors()[t.tensor()].name,
                             (src, range),
                             (&scale_file, scale),
                             blocks,
@@ -490,7 +490,7 @@ impl ShardWriter<'_> {
         let mut report = |n: u64| shared.progress(index, shard_written, n);
         let written = super::stitch::put_together(
             ckpt,
-            (t.tensor, pieces),
+            (t.tensor(), pieces),
             &mut open,
             &mut self.copier,
             super::stitch::Sink::File {

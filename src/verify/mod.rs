@@ -388,7 +388,7 @@ fn hash_expected(
             };
             let outcome = crate::save::stitch::put_together(
                 expected.ckpt,
-                (p.tensor, pieces),
+                (p.tensor(), pieces),
                 &mut open,
                 &mut copier,
                 crate::save::stitch::Sink::Stream {
@@ -486,7 +486,7 @@ fn hash_expected(
                     .then(|| {
                         crate::save::lora_kernel::RowMerger::load(
                             expected.ckpt,
-                            p.tensor,
+                            p.tensor(),
                             layout.matrix(),
                             &open,
                         )
@@ -495,7 +495,7 @@ fn hash_expected(
                 merger.and_then(|merger| {
                     let scales_file = open(scales.file).map_err(CopyError::Io)?;
                     let packed = crate::save::mxfp4::Packed {
-                        name: &expected.ckpt.tensors()[p.tensor].name,
+                        name: &expected.ckpt.tensors()[p.tensor()].name,
                         blocks: (file, blocks),
                         scales: (&scales_file, scales),
                         layout,
@@ -549,7 +549,7 @@ fn hash_expected(
                     crate::save::lora_kernel::stream(
                         crate::save::lora_kernel::MergeInput {
                             ckpt: expected.ckpt,
-                            id: p.tensor,
+                            id: p.tensor(),
                             src: at,
                             len: source.len,
                             dtypes: (from, to),

@@ -149,7 +149,7 @@ pub fn read(out: &Path, findings: &mut Vec<Finding>) -> Result<Written, VerifyEr
     let mut holders: HashMap<&str, Vec<usize>> = HashMap::new();
     for (shard, header) in headers.iter().enumerate() {
         for t in &header.tensors {
-            holders.entry(t.name.as_str()).or_default().push(shard);
+            holders.entry(&*t.name).or_default().push(shard);
         }
     }
     let indexed_shard = |tensor: &str| -> Option<usize> {
@@ -159,7 +159,7 @@ pub fn read(out: &Path, findings: &mut Vec<Finding>) -> Result<Written, VerifyEr
     let mut tensors: Vec<WrittenTensor> = Vec::new();
     for (shard, header) in headers.iter().enumerate() {
         for t in &header.tensors {
-            let all = &holders[t.name.as_str()];
+            let all = &holders[&*t.name];
             if all.len() > 1 {
                 let keep = indexed_shard(&t.name)
                     .filter(|s| all.contains(s))
@@ -170,27 +170,27 @@ pub fn read(out: &Path, findings: &mut Vec<Finding>) -> Result<Written, VerifyEr
                 let names: Vec<&str> = all.iter().map(|&s| shards[s].name.as_str()).collect();
                 findings.push(Finding::difference(
                     Kind::InTwoShards,
-                    &t.name,
+                    &*t.name,
                     format!("is in {}", names.join(" and ")),
                 ));
             } else if let Some(index) = &index {
                 let name = &shards[shard].name;
-                match index.get(&t.name) {
+                match index.get(&*t.name) {
                     Some(f) if f == name => {}
                     Some(f) => findings.push(Finding::difference(
                         Kind::IndexMismatch,
-                        &t.name,
+                        &*t.name,
                         format!("is in {name}, but the index puts it in {f}"),
                     )),
                     None => findings.push(Finding::difference(
                         Kind::NotInIndex,
-                        &t.name,
+                        &*t.name,
                         format!("is in {name} but not in the index: transformers will not load it"),
                     )),
                 }
             }
             tensors.push(WrittenTensor {
-                name: t.name.clone(),
+                name: t.name.to_string(),
                 shard,
                 dtype: t.dtype,
                 shape: t.shape.clone(),
@@ -440,8 +440,8 @@ fn check_head(
     guess_dropped: bool,
     findings: &mut Vec<Finding>,
 ) {
-    let names: HashSet<&str> = written.tensors.iter().map(|t| t.name.as_str()).collect();
-    let Some(embedding) = input_embedding(written.tensors.iter().map(|t| t.name.as_str())) else {
+    let names: HashSet<&str> = written.tensors.iter().map(|t| &*t.name).collect();
+    let Some(embedding) = input_embedding(written.tensors.iter().map(|t| &*t.name)) else {
         return;
     };
     let heads: Vec<&str> = HEAD_NAMES

@@ -605,7 +605,7 @@ fn v_verifies_a_finished_save_and_shows_the_verdict() {
     let t = header
         .tensors
         .iter()
-        .find(|t| t.name == "model.layers.2.proj.weight")
+        .find(|t| &*t.name == "model.layers.2.proj.weight")
         .expect("tensor");
     let mut bytes = std::fs::read(&file).expect("read");
     bytes[t.offset as usize] ^= 0xff;

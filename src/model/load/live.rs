@@ -197,7 +197,7 @@ fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tens
             let entry = header
                 .tensors
                 .iter()
-                .find(|t| t.name == *tensor)
+                .find(|t| *t.name == **tensor)
                 .ok_or_else(|| {
                     LoadError::Format(FormatError::tensor(
                         path,

@@ -545,17 +545,17 @@ fn read_weights(
         let (header, strided) = read_weight_file(path)?;
         let id = draft.file_id(path, &header);
         let mut read = header.tensors;
-        draft.tensors.reserve(read.len());
-        // Taken from the end, the header's list giving its memory back as it goes:
-        // at a million tensors it and the checkpoint's list would otherwise be held
-        // at once (72 and 88 MB). The order is restored by the sort into module order.
-        let mut taken = 0usize;
-        while let Some(t) = read.pop() {
-            add_checkpoint_tensor(draft, id, t);
-            taken += 1;
-            if taken.is_multiple_of(1 << 16) {
-                read.shrink_to_fit();
+        // Taken from the end, the header's list giving its memory back as the
+        // checkpoint's grows, a step at a time: at a million tensors the two would
+        // otherwise be held whole at once (64 and 88 MB). The order is restored by the
+        // sort into module order.
+        const STEP: usize = 1 << 16;
+        while !read.is_empty() {
+            draft.tensors.reserve_exact(STEP.min(read.len()));
+            for t in read.drain(read.len().saturating_sub(STEP)..).rev() {
+                add_checkpoint_tensor(draft, id, t);
             }
+            read.shrink_to_fit();
         }
         add_pieced(draft, &[id], strided, warnings);
     }
@@ -638,8 +638,8 @@ fn read_indexed(
         let present: HashSet<&str> = header
             .tensors
             .iter()
-            .map(|t| t.name.as_str())
-            .chain(strided.iter().map(|t| t.name.as_str()))
+            .map(|t| &*t.name)
+            .chain(strided.iter().map(|t| &*t.name))
             .collect();
         let missing: Vec<&str> = names
             .iter()
@@ -661,18 +661,18 @@ fn read_indexed(
         // the peak of the whole open.
         draft.tensors.reserve(header.tensors.len());
         for t in header.tensors {
-            match file_of.get(t.name.as_str()) {
+            match file_of.get(&*t.name) {
                 Some(&f) if f == file => {}
                 Some(_) => {
                     warnings.push(Warning::IndexPointsElsewhere {
                         file: path.clone(),
-                        tensor: t.name.clone(),
+                        tensor: t.name.to_string(),
                     });
                     continue;
                 }
                 None => warnings.push(Warning::NotInIndex {
                     file: path.clone(),
-                    tensor: t.name.clone(),
+                    tensor: t.name.to_string(),
                 }),
             }
             add_checkpoint_tensor(draft, id, t);
@@ -731,7 +731,7 @@ fn add_pieced(
             });
         }
         let source = Source::Pieces(draft.pieces.len() as u32);
-        push_tensor(draft, t.name, t.dtype, t.shape, source);
+        push_tensor(draft, t.name.into(), t.dtype, t.shape, source);
         draft.pieces.push(t.pieces.into_boxed_slice());
     }
 }
@@ -752,13 +752,13 @@ fn add_checkpoint_tensor(
 /// A checkpoint tensor as read, on the CPU until a device map places it.
 fn push_tensor(
     draft: &mut Draft,
-    name: String,
+    name: Box<str>,
     dtype: crate::types::dtype::DType,
     shape: crate::types::shape::Shape,
     source: Source,
 ) {
     draft.tensors.push(Tensor {
-        name: name.into(),
+        name,
         dtype,
         shape,
         placement: Placement::Cpu,

@@ -86,7 +86,7 @@ fn refuse_nonfinite(
         if let Some(first) = first {
             return Err(LoraError::Key {
                 dir: dir.to_path_buf(),
-                key: t.name.clone(),
+                key: t.name.to_string(),
                 message: format!(
                     "holds {} (the first at element {first}); merged, they would make the weights they touch NaN or infinite. Nothing was written; pass --allow-nonfinite to merge anyway",
                     crate::text::count(bad, "NaN or infinite value", "NaN or infinite values")
@@ -274,7 +274,7 @@ pub fn apply_adapter_with(
     let mut modules: BTreeMap<String, ModuleKeys> = BTreeMap::new();
     let mut replacements: Vec<(String, String, HeaderTensor)> = Vec::new();
     for t in header.tensors {
-        let key = t.name.clone();
+        let key = t.name.to_string();
         let bare = key.strip_prefix(KEY_PREFIX).unwrap_or(&key).to_owned();
         let split = |suffix: &str| bare.strip_suffix(suffix).map(str::to_owned);
         if let Some(m) = split(".lora_A.weight") {

@@ -206,7 +206,9 @@ pub const DEFAULT_MAX_SHARD_SIZE_TEXT: &str = "50GB";
 /// was made from (its recipes find their sources there, see [`PlannedTensor::recipe`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannedTensor {
-    pub tensor: TensorId,
+    /// The checkpoint's tensor, as 32 bits (see [`PlannedTensor::tensor`]): at a
+    /// million tensors the plan is the save's largest list but the checkpoint's.
+    tensor: u32,
     /// The dtype written.
     pub dtype: DType,
     /// How the bytes are made, kept small (see `packed`).
@@ -221,7 +223,7 @@ impl PlannedTensor {
     /// Tensor `id` made by `recipe`, at the start of its shard until laid out.
     fn new(ckpt: &Checkpoint, id: TensorId, recipe: Recipe) -> PlannedTensor {
         PlannedTensor {
-            tensor: id,
+            tensor: u32::try_from(id).expect("a checkpoint holds fewer than 2^32 tensors"),
             dtype: match recipe {
                 Recipe::Cast { to, .. }
                 | Recipe::Merge { to, .. }
@@ -237,16 +239,21 @@ impl PlannedTensor {
         }
     }
 
+    /// The checkpoint's tensor this writes.
+    pub fn tensor(&self) -> TensorId {
+        self.tensor as TensorId
+    }
+
     /// How the bytes are made, read with the checkpoint the plan was made from.
     ///
     /// # Panics
     /// With another checkpoint than the plan's, that lacks the tensor's source.
     pub fn recipe(&self, ckpt: &Checkpoint) -> Recipe {
-        match self.packed.unpack(ckpt, self.tensor) {
+        match self.packed.unpack(ckpt, self.tensor()) {
             Some(recipe) => recipe,
             None => panic!(
                 "the plan of `{}` is read with another checkpoint than its own",
-                ckpt.tensors()[self.tensor].name
+                ckpt.tensors()[self.tensor()].name
             ),
         }
     }
@@ -277,7 +284,7 @@ impl PlannedTensor {
     /// The name written: the checkpoint's, but `P` for an MXFP4 `P_blocks` written
     /// dequantized.
     pub fn name<'c>(&self, ckpt: &'c Checkpoint) -> &'c str {
-        let name = &ckpt.tensors()[self.tensor].name;
+        let name = &ckpt.tensors()[self.tensor()].name;
         match self.mxfp4() {
             Some(_) => name.strip_suffix("_blocks").unwrap_or(name),
             None => name,
@@ -288,7 +295,7 @@ impl PlannedTensor {
     pub fn shape(&self, ckpt: &Checkpoint) -> Vec<u64> {
         match self.mxfp4() {
             Some(layout) => layout.shape().to_vec(),
-            None => ckpt.tensors()[self.tensor].shape.to_vec(),
+            None => ckpt.tensors()[self.tensor()].shape.to_vec(),
         }
     }
 
@@ -466,7 +473,7 @@ impl SavePlan {
             bytes: writers * chunk,
             parts: vec!["a copy buffer per writer"],
         };
-        let recipes = || self.planned().map(|t| (t.tensor, t.recipe(ckpt)));
+        let recipes = || self.planned().map(|t| (t.tensor(), t.recipe(ckpt)));
         let casts = |r: Recipe| match r {
             Recipe::Cast { .. } => true,
             Recipe::Stitch { from, to, .. } => from != to,
@@ -830,7 +837,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             .iter()
             .map(|p| match p.mxfp4() {
                 Some(layout) => layout.elements(),
-                None => ckpt.tensors()[p.tensor].numel(),
+                None => ckpt.tensors()[p.tensor()].numel(),
             })
             .sum()
     });
@@ -856,7 +863,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         // Widest elements first keeps every tensor aligned to its element size,
         // as the safetensors library lays files out; module order (the tensor id)
         // otherwise. In place: no copy of the list.
-        tensors.sort_unstable_by_key(|p| (std::cmp::Reverse(p.dtype.size()), p.tensor));
+        tensors.sort_unstable_by_key(|p| (std::cmp::Reverse(p.dtype.size()), p.tensor()));
         let mut begin = 0;
         for p in &mut tensors {
             p.begin = begin;
