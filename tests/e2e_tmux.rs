@@ -158,6 +158,42 @@ fn inspect_save_and_quit_in_a_real_terminal() {
     assert_restored(&tmux);
 }
 
+/// `p` plans and previews, changing nothing until Enter: Esc leaves the map as it
+/// was (no `[map edited]`, `q` quits without asking), Enter applies it.
+#[test]
+#[ignore = "needs tmux (CI installs it)"]
+fn a_plan_is_a_preview_until_accepted_in_a_real_terminal() {
+    let m = mixed_model();
+    let tmux = start("plan", &wrapped("", &format!("'{}'", m.dir.display())));
+    tmux.wait_for("Modules", Duration::from_secs(20));
+    tmux.keys(&["p"]);
+    tmux.wait_for("Plan", Duration::from_secs(5));
+    tmux.keys(&["C-u"]);
+    tmux.type_text("0=3KB,cpu=3KB");
+    tmux.keys(&["Enter"]);
+    let preview = tmux.wait_for("not applied", Duration::from_secs(10));
+    assert!(preview.contains("would move"), "{preview}");
+    assert!(!preview.contains("map edited"), "{preview}");
+    tmux.keys(&["Escape"]);
+    let discarded = tmux.wait_for("plan discarded", Duration::from_secs(5));
+    assert!(!discarded.contains("map edited"), "{discarded}");
+    tmux.keys(&["p"]);
+    tmux.wait_for("Plan", Duration::from_secs(5));
+    tmux.keys(&["C-u"]);
+    tmux.type_text("0=3KB,cpu=3KB");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("not applied", Duration::from_secs(10));
+    tmux.keys(&["Enter"]);
+    let applied = tmux.wait_for("applied the plan", Duration::from_secs(5));
+    assert!(applied.contains("map edited"), "{applied}");
+    tmux.keys(&["u"]);
+    tmux.wait_for("undid", Duration::from_secs(5));
+    tmux.keys(&["q"]);
+    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
+    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
+    assert_restored(&tmux);
+}
+
 /// The dialog's preview follows what is typed: the size's new shard count appears
 /// once the keys stop (the runtime's tick starts the check; with the samplers stopped,
 /// nothing else could wake it). Before, it said `checking…` forever.

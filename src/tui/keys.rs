@@ -91,7 +91,7 @@ pub fn hint(mode: &Mode) -> &'static str {
         Mode::Warnings => "Esc or ! close",
         Mode::Confirm(_) => "y yes  n no",
         Mode::Plan(_) => "edit budgets (N=size,cpu=size)  Enter plan  Ctrl-U clear  Esc cancel",
-        Mode::PlanResult(_) => "↑↓ PgUp/PgDn scroll  w export (after closing)  Esc close",
+        Mode::PlanPreview(_) => "Enter apply  Esc discard  ↑↓ PgUp/PgDn scroll",
     }
 }
 
@@ -124,8 +124,9 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
             KeyCode::Char(c) if !ctrl => Some(Action::Input(c)),
             _ => None,
         }),
-        Mode::PlanResult(_) => match key.code {
-            KeyCode::Esc | KeyCode::Enter | KeyCode::Char('q') => Some(Action::Close),
+        Mode::PlanPreview(_) => match key.code {
+            KeyCode::Enter => Some(Action::Submit),
+            KeyCode::Esc | KeyCode::Char('q') => Some(Action::Close),
             KeyCode::Up | KeyCode::Char('k') => Some(Action::Up),
             KeyCode::Down | KeyCode::Char('j') => Some(Action::Down),
             KeyCode::PageUp => Some(Action::PageUp),

@@ -121,17 +121,22 @@ fn plan_key_replans_shows_the_diff_and_exports() {
         "{:?}",
         d.error
     );
-    // Tight budgets: the plan moves tensors, and says how many.
+    // Tight budgets: the plan would move tensors, and says how many — a preview,
+    // the map untouched until it is accepted.
+    let loaded_map = app.ckpt.device_map.clone();
     press(&mut app, &[ctrl('u')]);
     press(&mut app, &text("0=3KB,cpu=3KB"));
     press(&mut app, &[key(KeyCode::Enter)]);
-    let Mode::PlanResult(lines) = &app.mode else {
-        panic!("result: {:?}", app.mode)
+    let Mode::PlanPreview(preview) = &app.mode else {
+        panic!("preview: {:?}", app.mode)
     };
-    assert!(lines[0].contains("tensors move"), "{lines:?}");
+    let lines = preview.lines.clone();
+    assert!(lines[0].contains("tensors would move"), "{lines:?}");
     assert!(lines.iter().any(|l| l.contains("→ disk")), "{lines:?}");
-    assert!(app.map_edited());
-    // A long result scrolls: its last line comes into view at 80x24.
+    assert!(!app.map_edited(), "a preview changes nothing");
+    assert_eq!(app.ckpt.device_map, loaded_map);
+    assert!(frame(&app, 80, 24).contains("not applied"));
+    // A long preview scrolls: its last line comes into view at 80x24.
     let last = lines.last().cloned().unwrap_or_default();
     let tail: String = last.chars().take(30).collect();
     if !frame(&app, 80, 24).contains(&tail) {
@@ -150,13 +155,31 @@ fn plan_key_replans_shows_the_diff_and_exports() {
         },
     )
     .expect("plan");
+    // Esc discards it: the map is as it was.
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert_eq!(app.mode, Mode::Browse);
+    assert_eq!(app.ckpt.device_map, loaded_map);
+    assert!(!app.map_edited());
+    assert!(frame(&app, 80, 24).contains("plan discarded"));
+    // Planned again and accepted with Enter: the map is the plan's, one undo away.
+    press(&mut app, &[ch('p'), ctrl('u')]);
+    press(&mut app, &text("0=3KB,cpu=3KB"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(matches!(app.mode, Mode::PlanPreview(_)), "{:?}", app.mode);
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(app.mode, Mode::Browse);
+    assert!(app.map_edited());
     assert_eq!(
         app.ckpt.device_map.as_ref(),
         Some(&planned.map),
         "the TUI applies the same plan as devmap plan"
     );
-    press(&mut app, &[key(KeyCode::Esc)]);
-    assert_eq!(app.mode, Mode::Browse);
+    assert!(frame(&app, 80, 24).contains("applied the plan"));
+    press(&mut app, &[ch('u')]);
+    assert_eq!(app.ckpt.device_map, loaded_map, "one undo step");
+    assert!(!app.map_edited());
+    press(&mut app, &[ctrl('r')]);
+    assert_eq!(app.ckpt.device_map.as_ref(), Some(&planned.map));
     // w exports the planned map.
     let target = m.tmp.path().join("planned.json");
     press(&mut app, &[ch('w'), ctrl('u')]);

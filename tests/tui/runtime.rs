@@ -147,6 +147,8 @@ fn a_device_emptied_by_a_plan_keeps_its_row() {
     }
     let mut keys = vec![ch('p'), ctrl('u')];
     keys.extend(text("cpu=1GB"));
+    // Enter plans, a second Enter accepts the preview.
+    keys.push(key(KeyCode::Enter));
     keys.push(key(KeyCode::Enter));
     let after = press(&mut app, &keys);
     assert!(
@@ -227,7 +229,7 @@ fn every_view_at_three_sizes() {
         ("help", vec![ch('?')]),
         ("warnings", vec![ch('!')]),
         ("plan", vec![ch('p')]),
-        ("plan_result", {
+        ("plan_preview", {
             let mut k = vec![ch('p'), ctrl('u')];
             k.extend(text("0=4KB,cpu=4KB"));
             k.push(key(KeyCode::Enter));

@@ -233,27 +233,27 @@ impl App {
         Vec::new()
     }
 
-    /// Lists what a plan, now in place, moved from the checkpoint as it was `before`.
-    pub(super) fn show_plan_result(
-        &mut self,
-        before: &Checkpoint,
+    /// What a plan would move, from the map in place now to the model `after` it:
+    /// the preview's lines, and how many tensors change device.
+    pub(super) fn plan_preview_lines(
+        &self,
+        after: &Checkpoint,
         planned: &crate::plan::Planned,
         spec: &str,
-    ) {
+    ) -> (Vec<String>, usize) {
+        let before = &self.ckpt;
         let totals_before = before.device_totals();
-        let moved = self
-            .ckpt
+        let moved = after
             .tensors()
             .iter()
             .zip(before.tensors())
             .filter(|(t, b)| t.placement != b.placement)
             .count();
         let mut lines = vec![format!(
-            "accelerate's plan for {spec}: {moved} of {} {}",
-            crate::text::count(self.ckpt.tensors().len(), "tensor", "tensors"),
-            if moved == 1 { "moves" } else { "move" }
+            "from_pretrained's plan for {spec}: {moved} of {} would move",
+            crate::text::count(after.tensors().len(), "tensor", "tensors"),
         )];
-        let totals_after = self.ckpt.device_totals();
+        let totals_after = after.device_totals();
         let mut devices: Vec<Placement> = totals_before
             .iter()
             .chain(&totals_after)
@@ -265,13 +265,14 @@ impl App {
             let get =
                 |v: &[(Placement, u64)]| v.iter().find(|(p, _)| *p == d).map_or(0, |(_, b)| *b);
             lines.push(format!(
-                "  {d:<9} {:>11} → {:>11}",
+                "  {:<9} {:>11} → {:>11}",
+                d.to_string(),
                 crate::human_bytes(get(&totals_before)),
                 crate::human_bytes(get(&totals_after))
             ));
         }
         lines.push("new map:".into());
-        if let Some(map) = &self.ckpt.device_map {
+        if let Some(map) = &after.device_map {
             for (k, p) in map.entries() {
                 let k = if k.is_empty() {
                     "\"\" (everything)"
@@ -282,8 +283,8 @@ impl App {
             }
         }
         lines.extend(planned.explain.iter().take(12).map(|e| format!("· {e}")));
-        lines.push("w exports this map; Esc closes".into());
-        self.mode = Mode::PlanResult(lines);
+        lines.push("Enter applies this map (u undoes it); Esc discards it".into());
+        (lines, moved)
     }
 }
 

@@ -56,8 +56,20 @@ pub enum Mode {
     Warnings,
     Confirm(Confirm),
     Plan(PlanDialog),
-    /// What the last plan changed, until closed.
-    PlanResult(Vec<String>),
+    /// What a plan would change, not applied until accepted.
+    PlanPreview(Box<PlanPreview>),
+}
+
+/// A plan (`p`) shown before it is applied: Enter puts its map in place (one undo
+/// step), Esc leaves the map as it was.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanPreview {
+    /// What moves, device totals before → after, the new map, why.
+    pub lines: Vec<String>,
+    /// The planned map applied to a copy of the model: swapped in when accepted.
+    pub applied: MapApplied,
+    /// How many tensors change device.
+    pub moved: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -642,11 +654,16 @@ impl App {
             }
             Mode::Confirm(_) => self.confirm(action),
             Mode::Plan(_) => self.plan_dialog(action),
-            Mode::PlanResult(_) => {
+            Mode::PlanPreview(_) => {
                 match action {
-                    Action::Close | Action::Submit | Action::Quit => {
+                    Action::Submit => {
+                        self.result_scroll = 0;
+                        return self.accept_plan();
+                    }
+                    Action::Close | Action::Quit => {
                         self.mode = Mode::Browse;
                         self.result_scroll = 0;
+                        self.say("plan discarded: the map is as it was", Tone::Info);
                     }
                     Action::Up | Action::ScrollUp => {
                         self.result_scroll = self.result_scroll.saturating_sub(1);

@@ -172,19 +172,41 @@ impl App {
     pub(super) fn on_map_applied(&mut self, applied: Arc<MapApplied>) -> Vec<Effect> {
         self.busy = None;
         let applied = Arc::unwrap_or_clone(applied);
-        if let Some((planned, spec)) = applied.plan {
-            // The plan dialog was closed while planning: the plan is dropped.
+        if let Some((planned, spec)) = &applied.plan {
+            // Shown, not applied, until accepted. The plan dialog was closed while
+            // planning: the plan is dropped.
             if matches!(self.mode, Mode::Plan(_)) {
-                let before = Arc::clone(&self.ckpt);
-                self.undo.push(self.ckpt.device_map.clone());
-                self.redo.clear();
-                self.swap_in(applied.ckpt, applied.tree, applied.warnings);
-                self.show_plan_result(&before, &planned, &spec);
+                let (lines, moved) = self.plan_preview_lines(&applied.ckpt, planned, spec);
+                self.result_scroll = 0;
+                self.mode = Mode::PlanPreview(Box::new(super::PlanPreview {
+                    lines,
+                    applied,
+                    moved,
+                }));
             }
         } else {
             self.swap_in(applied.ckpt, applied.tree, applied.warnings);
         }
         self.replay_queued()
+    }
+
+    /// Enter on a plan preview: its map goes in place, one undo step.
+    pub(super) fn accept_plan(&mut self) -> Vec<Effect> {
+        let Mode::PlanPreview(preview) = std::mem::replace(&mut self.mode, Mode::Browse) else {
+            return Vec::new();
+        };
+        let super::PlanPreview { applied, moved, .. } = *preview;
+        self.undo.push(self.ckpt.device_map.clone());
+        self.redo.clear();
+        self.swap_in(applied.ckpt, applied.tree, applied.warnings);
+        self.say(
+            format!(
+                "applied the plan: {} moved (u undoes it, w exports it)",
+                crate::text::count(moved, "tensor", "tensors")
+            ),
+            Tone::Good,
+        );
+        Vec::new()
     }
 
     pub(super) fn on_plan_failed(&mut self, why: String) -> Vec<Effect> {

@@ -340,13 +340,13 @@ pub fn plan(
     frame.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
 }
 
-pub fn plan_result(text: &[String], scroll: u16, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+pub fn plan_preview(text: &[String], scroll: u16, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let inner = popup(
         frame,
         area,
         96,
         text.len() as u16 + 2,
-        "Planned map (applied; compare with the loaded one; ↑↓ scroll)",
+        "Planned map (not applied: Enter applies, Esc discards)",
     );
     let lines: Vec<Line> = text
         .iter()

@@ -61,8 +61,8 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
             area,
             theme,
         ),
-        Mode::PlanResult(lines) => {
-            dialogs::plan_result(lines, app.result_scroll, frame, area, theme);
+        Mode::PlanPreview(preview) => {
+            dialogs::plan_preview(&preview.lines, app.result_scroll, frame, area, theme);
         }
         Mode::Browse | Mode::Search(_) => {}
     }
