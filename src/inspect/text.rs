@@ -51,7 +51,7 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
         out,
         "  {} · {} · {} parameters",
         crate::text::count(root.tensors, "tensor", "tensors"),
-        human_bytes(root.bytes),
+        human_bytes(root.bytes()),
         human_count(root.params)
     );
     let _ = writeln!(
@@ -210,7 +210,7 @@ fn placement_label(node: &Node) -> String {
     match node.split.as_slice() {
         [(p, _)] => p.to_string(),
         split => {
-            let total = node.bytes.max(1) as f64;
+            let total = node.bytes().max(1) as f64;
             let parts: Vec<String> = split
                 .iter()
                 .map(|(p, b)| format!("{p} {:.0}%", *b as f64 * 100.0 / total))
@@ -260,7 +260,7 @@ fn collect_rows(
                 first,
                 format!("{indent}  {}–{} ×{run}", first.name, last.name),
             );
-            row.size = format!("{} each", human_bytes(first.bytes));
+            row.size = format!("{} each", human_bytes(first.bytes()));
             rows.push(row);
             i += run;
         } else {
@@ -291,7 +291,7 @@ fn run_length(
             numbered(n)
                 && closed(n)
                 && n.tensor().is_none()
-                && n.bytes == first.bytes
+                && n.bytes() == first.bytes()
                 && n.split.first().map(|s| s.0) == first.split.first().map(|s| s.0)
                 && !n.has_tie
         })
@@ -318,7 +318,7 @@ fn node_row(ckpt: &Checkpoint, node: &Node, label: String) -> Row {
     }
     Row {
         label,
-        size: human_bytes(node.bytes),
+        size: human_bytes(node.bytes()),
         params: human_count(node.params),
         placement: placement_label(node),
         note,

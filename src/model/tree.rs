@@ -35,11 +35,7 @@ pub struct Node {
     /// The tensor whose full name ends at this node; [`NONE`] for none (see
     /// [`Node::tensor`]).
     tensor: u32,
-    /// For the scales of a quantized weight: the weight's node, whose row shows them
-    /// (their bytes counted there); [`NONE`] otherwise (see [`Node::folded_into`]).
-    folded_into: u32,
     pub depth: u16,
-    pub bytes: u64,
     pub params: u64,
     pub tensors: u32,
     /// Bytes per device under this node, sorted by device (one device inline).
@@ -53,22 +49,30 @@ const NONE: u32 = u32::MAX;
 
 /// A node's name: shared with every node of the same name, or, for a short name that
 /// rarely repeats (the index in `t.123456.w`), held inline with no allocation.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum Name {
-    Shared(Arc<str>),
-    Inline { len: u8, bytes: [u8; 15] },
+    /// A thin pointer (`Arc<String>`, not the fat `Arc<str>`), so a name is 16 bytes:
+    /// two million of them in a million-tensor tree.
+    Shared(Arc<String>),
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE],
+    },
 }
+
+/// The longest name held inline.
+const INLINE: usize = 14;
 
 impl Name {
     /// Inline when `text` fits, shared otherwise.
     fn new(text: &str) -> Name {
         match u8::try_from(text.len()) {
-            Ok(len) if text.len() <= 15 => {
-                let mut bytes = [0u8; 15];
+            Ok(len) if text.len() <= INLINE => {
+                let mut bytes = [0u8; INLINE];
                 bytes[..text.len()].copy_from_slice(text.as_bytes());
                 Name::Inline { len, bytes }
             }
-            _ => Name::Shared(Arc::from(text)),
+            _ => Name::Shared(Arc::new(text.to_owned())),
         }
     }
 }
@@ -86,6 +90,15 @@ impl std::ops::Deref for Name {
         }
     }
 }
+
+/// The same text, however it is held.
+impl PartialEq for Name {
+    fn eq(&self, other: &Name) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Name {}
 
 impl AsRef<str> for Name {
     fn as_ref(&self) -> &str {
@@ -106,10 +119,9 @@ impl std::fmt::Display for Name {
 }
 
 impl Node {
-    /// The node of the quantized weight whose scales this node holds: its row shows
-    /// them, and their bytes are counted there.
-    pub fn folded_into(&self) -> Option<NodeId> {
-        (self.folded_into != NONE).then_some(self.folded_into as NodeId)
+    /// Bytes under this node: the sum of its split (so not kept twice).
+    pub fn bytes(&self) -> u64 {
+        self.split.iter().map(|(_, b)| b).sum()
     }
 
     /// The parent; `None` for the root.
@@ -135,8 +147,11 @@ impl Node {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModuleTree {
     pub nodes: Vec<Node>,
-    /// The node of each tensor, by tensor id.
-    pub tensor_node: Vec<NodeId>,
+    /// The node of each tensor, by tensor id ([`ModuleTree::node_of`]), as 32 bits.
+    tensor_node: Vec<u32>,
+    /// `(scales' node, weight's node)` for the scales of each quantized weight, sorted:
+    /// few, so kept apart from the two million nodes of a million-tensor tree.
+    folded: Vec<(u32, u32)>,
 }
 
 impl ModuleTree {
@@ -168,9 +183,7 @@ impl ModuleTree {
             parent: NONE,
             children: smallvec::SmallVec::new(),
             tensor: NONE,
-            folded_into: NONE,
             depth: 0,
-            bytes: 0,
             params: 0,
             tensors: 0,
             split: Split::new(),
@@ -180,7 +193,7 @@ impl ModuleTree {
         // are contiguous: a stack of the current path replaces a (parent, name) map.
         let mut tensor_node = Vec::with_capacity(ckpt.tensors().len());
         let mut path: Vec<(&str, NodeId)> = Vec::new();
-        let mut interned: HashMap<&str, Arc<str>> = HashMap::new();
+        let mut interned: HashMap<&str, Arc<String>> = HashMap::new();
         for (id, tensor) in ckpt.tensors().iter().enumerate() {
             let mut depth = 0;
             for component in components(&tensor.name) {
@@ -191,18 +204,19 @@ impl ModuleTree {
                 path.truncate(depth);
                 let parent = path.last().map_or(Self::ROOT, |&(_, n)| n);
                 let c = nodes.len();
-                // Names repeat (`weight`, `q_proj`, layer numbers): one allocation
-                // per distinct name. Large indices (`t.123456.w`) rarely repeat, and
-                // remembering each would cost more than it saves.
+                // Short names (`weight`, `q_proj`, layer numbers) sit inline. Longer
+                // ones repeat (`post_attention_layernorm`): one allocation per
+                // distinct name. Large indices rarely repeat, and remembering each
+                // would cost more than it saves.
                 let large_index =
                     component.len() >= 5 && component.bytes().all(|b| b.is_ascii_digit());
-                let name = if large_index {
+                let name = if component.len() <= INLINE || large_index {
                     Name::new(component)
                 } else {
                     Name::Shared(Arc::clone(
                         interned
                             .entry(component)
-                            .or_insert_with(|| Arc::from(component)),
+                            .or_insert_with(|| Arc::new(component.to_owned())),
                     ))
                 };
                 nodes.push(Node {
@@ -210,10 +224,8 @@ impl ModuleTree {
                     parent: parent as u32,
                     children: smallvec::SmallVec::new(),
                     tensor: NONE,
-                    folded_into: NONE,
                     // At most MAX_DEPTH: the components iterator stops there.
                     depth: (depth + 1) as u16,
-                    bytes: 0,
                     params: 0,
                     tensors: 0,
                     split: Split::new(),
@@ -226,13 +238,15 @@ impl ModuleTree {
             path.truncate(depth);
             let at = path.last().map_or(Self::ROOT, |&(_, n)| n);
             nodes[at].tensor = id as u32;
-            tensor_node.push(at);
+            tensor_node.push(at as u32);
         }
         // A quantized weight's scales are part of it: their node folds into the
         // weight's (a sibling before it in pre-order, so the weight's totals are made
         // after the scales' are added to them).
+        let mut folded = Vec::new();
         if ckpt.config.quantization.is_some() {
             for (id, &node) in tensor_node.iter().enumerate() {
+                let node = node as NodeId;
                 // Only names a scale can have are looked at (a checkpoint of 90,000
                 // tensors has a few thousand).
                 let name: &str = &ckpt.tensors()[id].name;
@@ -245,21 +259,40 @@ impl ModuleTree {
                 if let Some(crate::model::quantized::QuantizedPart::Scales { of }) =
                     crate::model::quantized::quantized_part(ckpt, id)
                     && let Some(weight) = ckpt.index_of(&of)
-                    && tensor_node[weight] < node
+                    && (tensor_node[weight] as NodeId) < node
                 {
-                    nodes[node].folded_into = tensor_node[weight] as u32;
+                    folded.push((node as u32, tensor_node[weight]));
                 }
             }
         }
-        let mut tree = ModuleTree { nodes, tensor_node };
+        folded.sort_unstable();
+        let mut tree = ModuleTree {
+            nodes,
+            tensor_node,
+            folded,
+        };
         tree.recompute(ckpt);
         tree
+    }
+
+    /// The node whose full name is tensor `id`'s.
+    pub fn node_of(&self, id: TensorId) -> NodeId {
+        self.tensor_node[id] as NodeId
+    }
+
+    /// The node of the quantized weight whose scales node `id` holds: its row shows
+    /// them, and their bytes are counted there.
+    pub fn folded_into(&self, id: NodeId) -> Option<NodeId> {
+        let at = self
+            .folded
+            .binary_search_by_key(&id, |&(n, _)| n as NodeId)
+            .ok()?;
+        Some(self.folded[at].1 as NodeId)
     }
 
     /// Recomputes sizes and device splits (after the device map changed).
     pub fn recompute(&mut self, ckpt: &Checkpoint) {
         for n in &mut self.nodes {
-            n.bytes = 0;
             n.params = 0;
             n.tensors = 0;
             n.split.clear();
@@ -269,9 +302,8 @@ impl ModuleTree {
         for id in (0..self.nodes.len()).rev() {
             if let Some(t) = self.nodes[id].tensor() {
                 let tensor = &ckpt.tensors()[t];
-                let into = self.nodes[id].folded_into().unwrap_or(id);
+                let into = self.folded_into(id).unwrap_or(id);
                 let n = &mut self.nodes[into];
-                n.bytes += tensor.bytes();
                 n.params += super::quantized::values_of(ckpt, t);
                 n.tensors += 1;
                 add_split(&mut n.split, tensor.placement, tensor.bytes());
@@ -282,7 +314,6 @@ impl ModuleTree {
                 // borrowed apart without copying the child's split.
                 let (before, from_child) = self.nodes.split_at_mut(id);
                 let (p, child) = (&mut before[parent], &from_child[0]);
-                p.bytes += child.bytes;
                 p.params += child.params;
                 p.tensors += child.tensors;
                 p.has_tie |= child.has_tie;
@@ -305,11 +336,10 @@ impl ModuleTree {
                 };
                 let tensor = &ckpt.tensors()[t];
                 let (bytes, params) = (tensor.bytes(), super::quantized::values_of(ckpt, t));
-                let top = self.common_ancestor(self.tensor_node[t], self.tensor_node[partner]);
+                let top = self.common_ancestor(self.node_of(t), self.node_of(partner));
                 let mut at = Some(top);
                 while let Some(n) = at {
                     let node = &mut self.nodes[n];
-                    node.bytes = node.bytes.saturating_sub(bytes);
                     node.params = node.params.saturating_sub(params);
                     if let Ok(i) = node
                         .split
@@ -417,5 +447,15 @@ mod tests {
         assert_eq!(components(&dots).count(), MAX_DEPTH);
         assert_eq!(components(&dots).collect::<Vec<_>>().join("."), dots);
         assert_eq!(components("").collect::<Vec<_>>(), [""]);
+    }
+}
+#[cfg(test)]
+mod size {
+    /// A million-tensor tree is two million nodes, copied on every map edit: a field
+    /// added carelessly costs 16 MB there (docs/performance.md, "Hostile metadata").
+    #[test]
+    fn a_node_stays_within_88_bytes() {
+        assert!(std::mem::size_of::<super::Node>() <= 88);
+        assert_eq!(std::mem::size_of::<super::Name>(), 16);
     }
 }

@@ -30,11 +30,7 @@ impl TreeRows {
         }
         let mut expanded = vec![false; n];
         expanded[ModuleTree::ROOT] = true;
-        let hidden = tree
-            .nodes
-            .iter()
-            .map(|n| n.folded_into().is_some())
-            .collect();
+        let hidden = (0..n).map(|id| tree.folded_into(id).is_some()).collect();
         let mut rows = TreeRows {
             expanded,
             hidden,

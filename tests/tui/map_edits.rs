@@ -27,7 +27,7 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
         .into_iter()
         .find(|(p, _)| *p == Placement::Disk)
         .map_or(0, |x| x.1);
-    assert_eq!(disk_after, disk_before + node.bytes);
+    assert_eq!(disk_after, disk_before + node.bytes());
     assert!(app.map_edited());
     assert!(
         app.warnings
@@ -258,7 +258,7 @@ fn d_cycles_through_every_known_gpu_and_edits_can_be_undone() {
         press(&mut app, &[ch('u')]);
     }
     assert_eq!(device(&app), Placement::Gpu(0), "back to the map as opened");
-    assert_eq!(app.tree.nodes[app.tree.tensor_node[0]].depth, 2);
+    assert_eq!(app.tree.nodes[app.tree.node_of(0)].depth, 2);
 }
 
 /// Re-totalling after `d` and `u` runs off the UI thread: the key returns at once with
@@ -306,7 +306,7 @@ fn map_edits_retotal_off_the_ui_thread_and_later_keys_wait_for_them() {
         "the waiting `d` moved the row it was pressed on, not the one selected now"
     );
     // The tree's totals are those of the new map.
-    let node = app.tree.tensor_node[app.ckpt.index_of(layer0).expect("id")];
+    let node = app.tree.node_of(app.ckpt.index_of(layer0).expect("id"));
     assert_eq!(app.tree.nodes[node].single_placement(), Some(next(before0)));
     // Two undos pressed together: the second waits for the first.
     journey.steps(

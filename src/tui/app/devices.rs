@@ -21,7 +21,7 @@ impl App {
         };
         let pos = group.members.iter().position(|&m| m == tensor).unwrap_or(0);
         let partner = group.members[(pos + 1) % group.members.len()];
-        let target = self.tree.tensor_node[partner];
+        let target = self.tree.node_of(partner);
         self.rows.reveal(&self.tree, target);
     }
 
@@ -94,7 +94,7 @@ impl App {
         else {
             return;
         };
-        let mut node = self.tree.tensor_node[tensor];
+        let mut node = self.tree.node_of(tensor);
         let depth = key.split('.').count();
         while usize::from(self.tree.nodes[node].depth) > depth {
             match self.tree.nodes[node].parent() {

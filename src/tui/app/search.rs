@@ -78,13 +78,13 @@ impl App {
             let end = at + needle.len();
             // Components after the one the match ends in.
             let below = name[end..].matches('.').count();
-            let mut node = self.tree.tensor_node[id];
+            let mut node = self.tree.node_of(id);
             for _ in 0..below {
                 node = self.tree.nodes[node].parent().unwrap_or(node);
             }
             // A quantized weight's scales are found as the weight, whose row shows them.
             self.matches
-                .push(self.tree.nodes[node].folded_into().unwrap_or(node));
+                .push(self.tree.folded_into(node).unwrap_or(node));
         }
         self.matches.sort_unstable();
         self.matches.dedup();

@@ -136,7 +136,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 human_count(node.params)
             ),
         ));
-        lines.push(kv("size", human_bytes(node.bytes)));
+        lines.push(kv("size", human_bytes(node.bytes())));
         if let Some(map) = &app.ckpt.device_map
             && let Some(p) = map.get(&name)
         {
@@ -149,7 +149,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             )));
         }
         lines.push(Line::from(Span::styled("split", theme.dim())));
-        let total = node.bytes.max(1) as f64;
+        let total = node.bytes().max(1) as f64;
         let bar_w = (inner.width as usize).saturating_sub(28).clamp(4, 20);
         for (p, b) in &node.split {
             lines.push(Line::from(vec![

@@ -83,7 +83,7 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         Span::raw(format!(
             "· {name} · {} · {} · {} params",
             crate::text::count(root.tensors, "tensor", "tensors"),
-            crate::human_bytes(root.bytes),
+            crate::human_bytes(root.bytes()),
             crate::inspect::human_count(root.params)
         )),
     ];

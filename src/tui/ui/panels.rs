@@ -22,7 +22,7 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let root = &app.tree.nodes[crate::model::tree::ModuleTree::ROOT];
-    let total = root.bytes.max(1);
+    let total = root.bytes().max(1);
     // The bar takes what the text leaves, up to half the panel.
     let bar_w = (inner.width as usize)
         .saturating_sub(42)

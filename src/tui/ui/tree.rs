@@ -80,7 +80,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     }
     header.push_str(&format!("{:<BADGE_W$}", "device"));
     lines.push(Line::from(Span::styled(header, theme.dim())));
-    let total = app.tree.nodes[0].bytes.max(1) as f64;
+    let total = app.tree.nodes[0].bytes().max(1) as f64;
     for (i, &id) in visible.iter().enumerate().skip(start).take(height) {
         let node = &app.tree.nodes[id];
         let marker = if !app.rows.has_children(id) {
@@ -123,11 +123,11 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         let mut spans = vec![
             Span::styled(format!("{label:<name_w$}"), name_style),
             Span::raw(" "),
-            Span::raw(format!("{:>SIZE_W$} ", crate::human_bytes(node.bytes))),
+            Span::raw(format!("{:>SIZE_W$} ", crate::human_bytes(node.bytes()))),
         ];
         if share {
             spans.push(Span::styled(
-                format!("{} ", bar(node.bytes as f64 / total, SHARE_W)),
+                format!("{} ", bar(node.bytes() as f64 / total, SHARE_W)),
                 theme.gauge(),
             ));
         }
@@ -183,7 +183,7 @@ fn split_note(node: &Node) -> String {
     if node.split.len() < 2 {
         return String::new();
     }
-    let total = node.bytes.max(1) as f64;
+    let total = node.bytes().max(1) as f64;
     node.split
         .iter()
         .map(|(p, b)| format!(" {p} {:.0}%", *b as f64 * 100.0 / total))
