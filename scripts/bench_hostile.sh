@@ -98,7 +98,12 @@ echo "| --- | ---: | ---: | ---: |"
 rm -rf "$WORK/million-out"
 measure "save, 1,000,000 tensors, one shard" "$DEVMAP" save "$MILLION" --out "$WORK/million-out" -q
 rm -rf "$WORK/million-out"
+measure "save, 1,000,000 tensors in one module (t.N.w)" "$DEVMAP" save "$WIDE" --out "$WORK/million-out" -q
+rm -rf "$WORK/million-out"
+measure "save, 1,000,000 MoE expert tensors" "$DEVMAP" save "$MOE" --out "$WORK/million-out" -q
+rm -rf "$WORK/million-out"
 measure "inspect (text), 1,000,000 tensors" "$DEVMAP" inspect "$MILLION"
+measure "inspect --json, 1,000,000 tensors" "$DEVMAP" inspect "$MILLION" --json
 measure "inspect (text), 1,000,000 tensors in one module (t.N.w)" "$DEVMAP" inspect "$WIDE"
 measure "inspect --json, 1,000,000 tensors in one module" "$DEVMAP" inspect "$WIDE" --json
 measure "inspect (text), 1,000,000 MoE expert tensors" "$DEVMAP" inspect "$MOE"

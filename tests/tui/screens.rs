@@ -28,6 +28,46 @@ fn main_screen_at_three_sizes() {
     assert!(small.contains("needs at least 60×16"), "{small}");
 }
 
+/// At 80×24 no short value of the Details panel breaks onto a row of its own (it
+/// showed `131K` / `params` and `256 KiB` / `100%`): every module and tensor of the
+/// model is selected in turn and the panel's rows are read back.
+#[test]
+fn at_80x24_details_values_do_not_wrap() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    resized(&mut app, 80, 24);
+    // Everything open, so every row is visited.
+    for _ in 0..200 {
+        press(&mut app, &[key(KeyCode::Right), ch('j')]);
+    }
+    press(&mut app, &[ch('g')]);
+    let mut seen = 0;
+    for _ in 0..120 {
+        let screen = frame(&app, 80, 24);
+        for line in screen.lines() {
+            // The Details panel is the right-hand box of the top half.
+            let Some(cell) = line.split('│').rev().nth(1) else {
+                continue;
+            };
+            let value = cell.trim();
+            let alone = [
+                "params", "tensors", "tensor", "B", "KiB", "gpu:0", "cpu", "disk",
+            ];
+            assert!(
+                !alone.contains(&value)
+                    && !(value.ends_with('%') && value.len() <= 4)
+                    && !value.starts_with("B)"),
+                "`{value}` alone on a row of Details at 80×24 ({}):\n{screen}",
+                selected_name(&app)
+            );
+        }
+        seen += 1;
+        press(&mut app, &[ch('j')]);
+    }
+    assert!(seen > 60, "visited every row");
+}
+
 #[test]
 fn help_overlay_snapshot() {
     let m = mixed_model();
@@ -288,10 +328,10 @@ fn the_details_of_a_quantized_weight_and_its_scales() {
     app.color = false;
     select(&mut app, "model.layers.0.mlp.down_proj.weight");
     let screen = frame(&app, 120, 40);
-    // (The panel wraps the line at its words.)
+    // (The panel continues a long value under its column, broken at its parts.)
     for piece in [
         "quantized fp8 e4m3, 128×128 blocks; scales",
-        "down_proj.weight_scale_in",
+        "weight_scale_inv",
         "64 B as bfloat16",
     ] {
         assert!(screen.contains(piece), "{piece}: {screen}");

@@ -35,44 +35,53 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         escaped(&name).into_owned(),
         theme.title(),
     ))];
+    // A value too long for the panel continues under the value column, never under
+    // the labels (and a short one never breaks: the rows below are laid out to fit).
+    let width = usize::from(inner.width);
     let kv = |k: &str, v: String| {
-        Line::from(vec![
-            Span::styled(format!("{k:<10}"), theme.dim()),
-            Span::raw(escaped(&v).into_owned()),
-        ])
+        let v = escaped(&v).into_owned();
+        let mut rows = continued(&v, width.saturating_sub(LABEL).max(8)).into_iter();
+        let mut lines = vec![Line::from(vec![
+            Span::styled(format!("{k:<LABEL$}"), theme.dim()),
+            Span::raw(rows.next().unwrap_or_default()),
+        ])];
+        lines.extend(rows.map(|r| Line::from(format!("{:LABEL$}{r}", ""))));
+        lines
     };
     if let Some(t) = node.tensor() {
         let tensor = &app.ckpt.tensors()[t];
-        lines.push(kv("dtype", tensor.dtype.to_string()));
-        lines.push(kv("shape", format!("{:?}", tensor.shape)));
-        lines.push(kv(
+        lines.extend(kv("dtype", tensor.dtype.to_string()));
+        lines.extend(kv("shape", format!("{:?}", tensor.shape)));
+        let size = human_bytes(tensor.bytes());
+        let exact = format!("{} B", tensor.bytes());
+        lines.extend(kv(
             "size",
-            format!(
-                "{} ({} B, {} params)",
-                human_bytes(tensor.bytes()),
-                tensor.bytes(),
-                human_count(tensor.numel())
-            ),
+            if size == exact {
+                size
+            } else {
+                format!("{size} ({exact})")
+            },
         ));
+        lines.extend(kv("params", human_count(tensor.numel())));
         lines.push(Line::from(vec![
-            Span::styled(format!("{:<10}", "device"), theme.dim()),
+            Span::styled(format!("{:<LABEL$}", "device"), theme.dim()),
             Span::styled(tensor.placement.to_string(), theme.device(tensor.placement)),
         ]));
-        lines.push(kv("because", because(app, app.ckpt.map_key(tensor))));
+        lines.extend(kv("because", because(app, app.ckpt.map_key(tensor))));
         if let Some((runtime, part)) =
             crate::model::arch::loaded_as(&app.ckpt.config.architectures, &tensor.name)
         {
-            lines.push(kv("loaded as", format!("{runtime} ({part})")));
+            lines.extend(kv("loaded as", format!("{runtime} ({part})")));
         }
-        lines.push(kv("bytes in", source_text(app, tensor.source)));
+        lines.extend(kv("bytes in", source_text(app, tensor.source)));
         if let (Source::Offload(_), Some(old)) = (tensor.source, app.ckpt.checkpoint_range(t)) {
-            lines.push(kv(
+            lines.extend(kv(
                 "replaces",
                 format!("{} (older value)", range_text(app, old)),
             ));
         }
         if let Some(load) = tensor.load_dtype {
-            lines.push(kv(
+            lines.extend(kv(
                 "loads as",
                 format!("{} (stored {})", load.torch_name(), tensor.dtype),
             ));
@@ -91,11 +100,19 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                     )
                 })
                 .collect();
+            let joined = members.join(" = ");
+            let mut rows = continued(&joined, width.saturating_sub(LABEL).max(8)).into_iter();
             lines.push(Line::from(vec![
-                Span::styled(format!("{:<10}", "tied"), theme.dim()),
-                Span::styled(members.join(" = "), theme.tie()),
+                Span::styled(format!("{:<LABEL$}", "tied"), theme.dim()),
+                Span::styled(rows.next().unwrap_or_default(), theme.tie()),
             ]));
-            lines.push(kv("evidence", group.evidence.label().to_owned()));
+            lines.extend(rows.map(|r| {
+                Line::from(vec![
+                    Span::raw(format!("{:LABEL$}", "")),
+                    Span::styled(r, theme.tie()),
+                ])
+            }));
+            lines.extend(kv("evidence", group.evidence.label().to_owned()));
         }
         if let Some(part) = crate::model::quantized::quantized_part(&app.ckpt, t) {
             let dtype = crate::model::quantized::dequantized_dtype(&app.ckpt);
@@ -110,11 +127,11 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                     format!("the scales of {of}")
                 }
             };
-            lines.push(kv("quantized", text));
+            lines.extend(kv("quantized", text));
         }
         for m in app.ckpt.merges_of(t) {
             lines.push(Line::from(vec![
-                Span::styled(format!("{:<10}", "lora"), theme.dim()),
+                Span::styled(format!("{:<LABEL$}", "lora"), theme.dim()),
                 Span::styled(
                     format!(
                         "+ {} ({}, rank {}, scale {}) on save",
@@ -128,19 +145,17 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             ]));
         }
     } else {
-        lines.push(kv(
+        lines.extend(kv(
             "module",
-            format!(
-                "{}, {} params",
-                crate::text::count(node.tensors, "tensor", "tensors"),
-                human_count(node.params)
-            ),
+            crate::text::count(node.tensors, "tensor", "tensors"),
         ));
-        lines.push(kv("size", human_bytes(node.bytes())));
+        lines.extend(kv("params", human_count(node.params)));
+        lines.extend(kv("size", human_bytes(node.bytes())));
         if let Some(map) = &app.ckpt.device_map
             && let Some(p) = map.get(&name)
         {
-            lines.push(kv("map key", format!("`{name}` → {p}")));
+            // The key is the module's own name (the title above).
+            lines.extend(kv("map key", format!("{p} (own key)")));
         }
         if node.has_tie {
             lines.push(Line::from(Span::styled(
@@ -150,24 +165,67 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         }
         lines.push(Line::from(Span::styled("split", theme.dim())));
         let total = node.bytes().max(1) as f64;
-        let bar_w = (inner.width as usize).saturating_sub(28).clamp(4, 20);
+        // `  gpu:0    ███ 612 B  100%`: the bar takes what the device, size and share
+        // leave (none on a narrow panel), so the row never wraps.
+        let bar_w = width.saturating_sub(SPLIT_TEXT).min(20);
         for (p, b) in &node.split {
-            lines.push(Line::from(vec![
-                Span::styled(format!("  {:<9}", p.to_string()), theme.device(*p)),
-                Span::styled(bar(*b as f64 / total, bar_w), theme.device(*p)),
-                Span::raw(format!(
-                    " {:>10} {:>3.0}%",
-                    human_bytes(*b),
-                    *b as f64 * 100.0 / total
-                )),
-            ]));
+            let mut row = vec![Span::styled(
+                format!("  {:<9}", p.to_string()),
+                theme.device(*p),
+            )];
+            if bar_w >= 2 {
+                row.push(Span::styled(
+                    bar(*b as f64 / total, bar_w),
+                    theme.device(*p),
+                ));
+            }
+            row.push(Span::raw(format!(
+                " {:>9} {:>3.0}%",
+                human_bytes(*b),
+                *b as f64 * 100.0 / total
+            )));
+            lines.push(Line::from(row));
         }
     }
-    // Scrolled no further than its last line.
+    // Scrolled no further than its last line. The name (the title row) may wrap;
+    // every other row was cut to the panel above.
     let total = super::wrapped_rows(&lines, inner.width);
     let paragraph = Paragraph::new(lines).wrap(Wrap { trim: false });
     let scroll = app.details_scroll.min(total.saturating_sub(inner.height));
     frame.render_widget(paragraph.scroll((scroll, 0)), inner);
+}
+
+/// The label column's width.
+const LABEL: usize = 10;
+/// A split row without its bar: `  ` + device (9) + ` ` + size (9) + ` ` + `100%`.
+const SPLIT_TEXT: usize = 2 + 9 + 1 + 9 + 1 + 4;
+
+/// `text` in rows of at most `width` characters, broken after a space, `/`, `.` or
+/// `,` where one is near the end of a row (so paths and names break at their parts).
+fn continued(text: &str, width: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut rows = Vec::new();
+    let mut start = 0;
+    while chars.len() - start > width {
+        let end = start + width;
+        let cut = (start + width / 2..end)
+            .rev()
+            .find(|&i| matches!(chars[i], ' ' | '/' | '.' | ','))
+            .map_or(end, |i| i + 1);
+        rows.push(
+            chars[start..cut]
+                .iter()
+                .collect::<String>()
+                .trim_end()
+                .to_owned(),
+        );
+        start = cut;
+        while start < chars.len() && chars[start] == ' ' {
+            start += 1;
+        }
+    }
+    rows.push(chars[start..].iter().collect());
+    rows
 }
 
 fn because(app: &App, key: Option<&str>) -> String {
@@ -212,4 +270,22 @@ fn range_text(app: &App, r: ByteRange) -> String {
 fn relative(path: &Path, dir: &Path) -> String {
     path.strip_prefix(dir)
         .map_or_else(|_| path.display().to_string(), |p| p.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::continued;
+
+    #[test]
+    fn long_values_break_at_their_parts_and_short_ones_stay_whole() {
+        assert_eq!(continued("612 B", 18), vec!["612 B"]);
+        let rows = continued("model-00001-of-00002.safetensors @ 123456", 18);
+        assert!(rows.iter().all(|r| r.chars().count() <= 18), "{rows:?}");
+        assert_eq!(
+            rows.concat().replace(' ', ""),
+            "model-00001-of-00002.safetensors@123456"
+        );
+        // A word longer than a row is cut at the row's end.
+        assert_eq!(continued("abcdefghij", 4), vec!["abcd", "efgh", "ij"]);
+    }
 }
