@@ -35,18 +35,11 @@ fn a_hundred_thousand_tensor_sparse_checkpoint_opens() {
     assert_eq!(ckpt.total_bytes(), bytes);
     assert_eq!(ckpt.files.len(), 160);
     let tree = ModuleTree::build(&ckpt);
-    let layers = tree.nodes[ModuleTree::ROOT]
-        .children
-        .iter()
-        .map(|&c| &tree.nodes[c])
-        .find(|n| &*n.name == "model")
-        .and_then(|m| {
-            m.children
-                .iter()
-                .map(|&c| &tree.nodes[c])
-                .find(|n| &*n.name == "layers")
-        })
+    let layers = tree
+        .children(ModuleTree::ROOT)
+        .find(|&c| &*tree.nodes[c].name == "model")
+        .and_then(|m| tree.children(m).find(|&c| &*tree.nodes[c].name == "layers"))
         .expect("model.layers");
-    assert_eq!(layers.children.len(), 60);
+    assert_eq!(tree.children(layers).count(), 60);
     assert_eq!(tree.nodes[ModuleTree::ROOT].tensors as usize, count);
 }

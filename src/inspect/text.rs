@@ -79,7 +79,7 @@ pub fn to_text(ckpt: &Checkpoint, options: TextOptions) -> String {
         placement: "PLACEMENT".into(),
         note: String::new(),
     }];
-    for &child in &root.children {
+    for child in tree.children(ModuleTree::ROOT) {
         collect_rows(ckpt, &tree, child, 0, options, &mut rows);
     }
     // Names come from the files: escaped before anything is measured or printed.
@@ -236,8 +236,10 @@ fn collect_rows(
     // (`lm_head.weight`, `rotary_emb.inv_freq`).
     let mut id = id;
     let mut name = tree.nodes[id].name.to_string();
-    while tree.nodes[id].tensor().is_none() && tree.nodes[id].children.len() == 1 {
-        id = tree.nodes[id].children[0];
+    while tree.nodes[id].tensor().is_none()
+        && let Some(only) = tree.only_child(id)
+    {
+        id = only;
         name = format!("{name}.{}", tree.nodes[id].name);
     }
     let node = &tree.nodes[id];
@@ -248,7 +250,8 @@ fn collect_rows(
     if !open {
         return;
     }
-    let children = &node.children;
+    let children: Vec<NodeId> = tree.children(id).collect();
+    let children = children.as_slice();
     let mut i = 0;
     while i < children.len() {
         let first = &tree.nodes[children[i]];

@@ -28,10 +28,10 @@ pub struct Node {
     /// The parent's id; [`NONE`] for the root (see [`Node::parent`]). 32 bits: a tree
     /// of a million tensors is two million nodes, and every map edit copies it.
     parent: u32,
-    /// Most modules have one or two children and a tensor's node none: kept inline,
-    /// so a node costs no allocation of its own (a million-tensor tree is two million
-    /// nodes, and a map edit copies the tree).
-    pub children: smallvec::SmallVec<[NodeId; 2]>,
+    /// The next child of the same parent; [`NONE`] for the last. A node's first child
+    /// is the node after it (pre-order), so these links are the whole child list at
+    /// 4 bytes a node (see [`ModuleTree::children`]).
+    next_sibling: u32,
     /// The tensor whose full name ends at this node; [`NONE`] for none (see
     /// [`Node::tensor`]).
     tensor: u32,
@@ -144,6 +144,23 @@ impl Node {
     }
 }
 
+/// The children of a node ([`ModuleTree::children`]), following the sibling links.
+pub struct Children<'t> {
+    tree: &'t ModuleTree,
+    next: Option<NodeId>,
+}
+
+impl Iterator for Children<'_> {
+    type Item = NodeId;
+
+    fn next(&mut self) -> Option<NodeId> {
+        let at = self.next?;
+        let link = self.tree.nodes[at].next_sibling;
+        self.next = (link != NONE).then_some(link as NodeId);
+        Some(at)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModuleTree {
     pub nodes: Vec<Node>,
@@ -181,7 +198,7 @@ impl ModuleTree {
         nodes.push(Node {
             name: Name::new(""),
             parent: NONE,
-            children: smallvec::SmallVec::new(),
+            next_sibling: NONE,
             tensor: NONE,
             depth: 0,
             params: 0,
@@ -201,9 +218,13 @@ impl ModuleTree {
                     depth += 1;
                     continue;
                 }
+                let c = nodes.len();
+                // The node this one diverges from is its parent's last child so far.
+                if let Some(&(_, previous)) = path.get(depth) {
+                    nodes[previous].next_sibling = c as u32;
+                }
                 path.truncate(depth);
                 let parent = path.last().map_or(Self::ROOT, |&(_, n)| n);
-                let c = nodes.len();
                 // Short names (`weight`, `q_proj`, layer numbers) sit inline. Longer
                 // ones repeat (`post_attention_layernorm`): one allocation per
                 // distinct name. Large indices rarely repeat, and remembering each
@@ -222,7 +243,7 @@ impl ModuleTree {
                 nodes.push(Node {
                     name,
                     parent: parent as u32,
-                    children: smallvec::SmallVec::new(),
+                    next_sibling: NONE,
                     tensor: NONE,
                     // At most MAX_DEPTH: the components iterator stops there.
                     depth: (depth + 1) as u16,
@@ -231,7 +252,6 @@ impl ModuleTree {
                     split: Split::new(),
                     has_tie: false,
                 });
-                nodes[parent].children.push(c);
                 path.push((component, c));
                 depth += 1;
             }
@@ -273,6 +293,26 @@ impl ModuleTree {
         };
         tree.recompute(ckpt);
         tree
+    }
+
+    /// The children of node `id`, in module order.
+    pub fn children(&self, id: NodeId) -> Children<'_> {
+        let first = self
+            .nodes
+            .get(id + 1)
+            .filter(|n| n.parent() == Some(id))
+            .map(|_| id + 1);
+        Children {
+            tree: self,
+            next: first,
+        }
+    }
+
+    /// The child of node `id` when it has exactly one.
+    pub fn only_child(&self, id: NodeId) -> Option<NodeId> {
+        let mut children = self.children(id);
+        let first = children.next()?;
+        children.next().is_none().then_some(first)
     }
 
     /// The node whose full name is tensor `id`'s.
@@ -454,8 +494,8 @@ mod size {
     /// A million-tensor tree is two million nodes, copied on every map edit: a field
     /// added carelessly costs 16 MB there (docs/performance.md, "Hostile metadata").
     #[test]
-    fn a_node_stays_within_88_bytes() {
-        assert!(std::mem::size_of::<super::Node>() <= 88);
+    fn a_node_stays_within_72_bytes() {
+        assert!(std::mem::size_of::<super::Node>() <= 72);
         assert_eq!(std::mem::size_of::<super::Name>(), 16);
     }
 }

@@ -126,11 +126,10 @@ fn rank(tree: &ModuleTree, id: NodeId, order: &[&str]) -> (u8, usize) {
 fn role(tree: &ModuleTree, id: NodeId) -> u8 {
     let node = &tree.nodes[id];
     let name = node.name.as_ref();
-    let numbered = !node.children.is_empty()
-        && node
-            .children
-            .iter()
-            .all(|&c| tree.nodes[c].name.bytes().all(|b| b.is_ascii_digit()));
+    let numbered = tree.children(id).next().is_some()
+        && tree
+            .children(id)
+            .all(|c| tree.nodes[c].name.bytes().all(|b| b.is_ascii_digit()));
     if HEADS.contains(&name) {
         6
     } else if EMBEDDINGS.contains(&name) || (name.contains("embed") && name != "embed_out") {
@@ -245,7 +244,7 @@ impl Builder<'_> {
             };
             return index;
         }
-        let mut kids: Vec<NodeId> = tree.nodes[id].children.to_vec();
+        let mut kids: Vec<NodeId> = tree.children(id).collect();
         // An architecture in the table: accelerate's own walk order, names it does not
         // have after. Otherwise parameters first (weight before bias), then modules by
         // role; the sort is stable, so module order breaks ties within a role.
@@ -334,10 +333,8 @@ impl PlanTree {
         // The table's entry, if the checkpoint's names are the ones it describes (a
         // checkpoint under other top-level names falls back to the heuristics).
         let arch = crate::model::arch::lookup(&ckpt.config.architectures).filter(|a| {
-            tree.nodes[ModuleTree::ROOT]
-                .children
-                .iter()
-                .any(|&c| a.step(Arch::ROOT, &tree.nodes[c].name).is_some())
+            tree.children(ModuleTree::ROOT)
+                .any(|c| a.step(Arch::ROOT, &tree.nodes[c].name).is_some())
         });
         let mut builder = Builder {
             tree: &tree,

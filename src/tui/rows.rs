@@ -23,10 +23,10 @@ impl TreeRows {
         let n = tree.len();
         let mut subtree_end = vec![0; n];
         for id in (0..n).rev() {
-            subtree_end[id] = tree.nodes[id]
-                .children
+            subtree_end[id] = tree
+                .children(id)
                 .last()
-                .map_or(id + 1, |&last| subtree_end[last]);
+                .map_or(id + 1, |last| subtree_end[last]);
         }
         let mut expanded = vec![false; n];
         expanded[ModuleTree::ROOT] = true;

@@ -318,9 +318,9 @@ impl App {
         let tree = ModuleTree::build(&ckpt);
         let mut rows = TreeRows::new(&tree);
         // A model with one top-level module (`model`) opens it, like the text report.
-        let top = &tree.nodes[ModuleTree::ROOT].children;
-        for &child in top {
-            if top.len() == 1 || tree.nodes[child].children.len() > 1 {
+        let top: Vec<NodeId> = tree.children(ModuleTree::ROOT).collect();
+        for &child in &top {
+            if top.len() == 1 || tree.children(child).nth(1).is_some() {
                 rows.set_expanded(child, true);
             }
         }
