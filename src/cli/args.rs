@@ -26,6 +26,11 @@ pub struct Args {
     /// Default: the bundled demo model.
     #[arg(value_name = "MODEL")]
     pub dir: Option<PathBuf>,
+    /// The inspector's budgets: DEVICE=SIZE pairs as `devmap plan` takes them (e.g.
+    /// 0=22GiB,cpu=64GiB). The Devices panel measures each device against them and
+    /// `p` starts from them. Default: what each device has free.
+    #[arg(long, value_name = "SPEC", value_parser = parse_max_memory)]
+    pub max_memory: Option<Budgets>,
     #[command(flatten)]
     pub model: ModelArgs,
 }

@@ -59,7 +59,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 // remote model's fetch progress under it).
                 let model = args.model.clone();
                 let what = dir.display().to_string();
-                let loaded = devmap::tui::run_loading(&what, move |status| {
+                let budgets = args.max_memory.map(|b| b.0).unwrap_or_default();
+                let loaded = devmap::tui::run_loading(&what, budgets, move |status| {
                     open_with(&dir, &model, Some(&|line| status.set(line)))
                 })
                 .wrap_err("the terminal interface failed")?;

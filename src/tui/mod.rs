@@ -35,7 +35,7 @@ pub fn system_budgets(ckpt: &Checkpoint) -> Budgets {
     let place = ckpt.offload_dir.as_deref().unwrap_or(&ckpt.dir);
     Budgets {
         disk_free: crate::sys::free_space(place).ok(),
-        gpu_total: Vec::new(),
+        ..Budgets::default()
     }
 }
 
@@ -69,6 +69,7 @@ impl LoadingStatus {
 /// on it. `q`, Esc or Ctrl-C while loading leave.
 pub fn run_loading<E: Send + 'static>(
     what: &str,
+    max_memory: Vec<(crate::types::placement::Placement, u64)>,
     load: impl FnOnce(&LoadingStatus) -> Result<Checkpoint, E> + Send + 'static,
 ) -> io::Result<Loaded<E>> {
     terminal::install_panic_restore();
@@ -110,15 +111,23 @@ pub fn run_loading<E: Send + 'static>(
     let result = match outcome {
         None => Ok(Loaded::Ran),
         Some(Err(e)) => Ok(Loaded::Failed(e)),
-        Some(Ok(ckpt)) => inspect(&mut terminal, ckpt).map(|()| Loaded::Ran),
+        Some(Ok(ckpt)) => inspect(&mut terminal, ckpt, max_memory).map(|()| Loaded::Ran),
     };
     terminal::leave();
     result
 }
 
 /// The inspector on `ckpt` in the real terminal, with the real clock and samplers.
-fn inspect(terminal: &mut terminal::Real, ckpt: Checkpoint) -> io::Result<()> {
-    let budgets = system_budgets(&ckpt);
+fn inspect(
+    terminal: &mut terminal::Real,
+    ckpt: Checkpoint,
+    max_memory: Vec<(crate::types::placement::Placement, u64)>,
+) -> io::Result<()> {
+    let mut budgets = system_budgets(&ckpt);
+    if !max_memory.is_empty() {
+        budgets.chosen = max_memory;
+        budgets.chosen_from = Some("--max-memory");
+    }
     let mut app = App::new(ckpt);
     app.color = color_wanted();
     app.budgets = budgets;

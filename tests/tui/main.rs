@@ -50,6 +50,7 @@ fn bare_app(model: &common::Model) -> App {
     app.budgets = Budgets {
         disk_free: Some(100 * GIB),
         gpu_total: vec![(0, 24 * GIB)],
+        ..Budgets::default()
     };
     app.size = (120, 40);
     app
@@ -199,6 +200,7 @@ fn ten_devices(m: &common::Model) -> App {
     app.budgets = Budgets {
         disk_free: Some(100),
         gpu_total: (0..8).map(|i| (i, 24 * GIB)).collect(),
+        ..Budgets::default()
     };
     // About 200 bytes of RAM available: cpu is over its budget too.
     sampled(&mut app, Event::Memory(sample(4.0, 2e-7)));

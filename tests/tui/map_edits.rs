@@ -480,3 +480,53 @@ fn the_export_dialog_remembers_its_last_path() {
     };
     assert_eq!(d.path, target.to_str().expect("p"));
 }
+
+/// Budgets the user chose stand before what the devices have free: `--max-memory`
+/// (here set as the runtime sets it) measures every device and shows OVER; the
+/// budgets of an applied plan become the panel's; the percentages are each device's
+/// share of the model whatever the budget (they add up to 100%).
+#[test]
+fn chosen_budgets_measure_the_devices_and_an_applied_plan_carries_its_own() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    // cpu holds 2.39 KiB of this model; a 2 KB budget is too small for it.
+    app.budgets.chosen = devmap::plan::parse_max_memory("0=20GiB,cpu=2KB").expect("spec");
+    app.budgets.chosen_from = Some("--max-memory");
+    assert_eq!(app.device_budget(Placement::Cpu), Some(2000));
+    let screen = frame(&app, 100, 30);
+    assert!(
+        screen.contains("Devices · ≤ --max-memory budgets"),
+        "{screen}"
+    );
+    let row = |screen: &str, device: &str| {
+        screen
+            .lines()
+            .find(|l| l.contains(&format!("│{device} ")))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let cpu = row(&screen, "cpu");
+    assert!(cpu.contains("OVER 1.95 KiB"), "{cpu}");
+    assert!(row(&screen, "gpu:0").contains("≤ 20 GiB"), "{screen}");
+    // Shares of the model, whatever the budgets: 48 + 26 + 27 (rounded).
+    for (device, share) in [("gpu:0", "48%"), ("cpu", "26%"), ("disk", "27%")] {
+        assert!(row(&screen, device).contains(share), "{device}: {screen}");
+    }
+    // `p` starts from the chosen budgets.
+    press(&mut app, &[ch('p')]);
+    let Mode::Plan(dialog) = &app.mode else {
+        panic!("plan dialog: {:?}", app.mode)
+    };
+    assert!(dialog.budgets.contains("0=20GiB"), "{}", dialog.budgets);
+    // A plan for other budgets, applied: they are the panel's now, and nothing is over.
+    press(&mut app, &[ctrl('u')]);
+    press(&mut app, &text("0=1MB,cpu=1MB"));
+    press(&mut app, &[key(KeyCode::Enter), key(KeyCode::Enter)]);
+    assert_eq!(app.mode, Mode::Browse);
+    assert_eq!(app.budgets.chosen_from, Some("plan"));
+    assert_eq!(app.device_budget(Placement::Cpu), Some(1_000_000));
+    let screen = frame(&app, 100, 30);
+    assert!(screen.contains("Devices · ≤ plan budgets"), "{screen}");
+    assert!(!screen.contains("OVER"), "{screen}");
+}

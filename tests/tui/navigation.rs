@@ -348,7 +348,10 @@ fn tab_focuses_details_and_devices_which_then_scroll() {
     // Devices: ten rows in a panel of fewer; scrolling shows the later ones.
     press(&mut app, &[key(KeyCode::Tab)]);
     let screen = frame(&app, 80, 24);
-    assert!(screen.contains("Devices · ↑↓ scroll"), "{screen}");
+    assert!(
+        screen.contains("▶ Devices · ≤ free · ↑↓ scroll"),
+        "{screen}"
+    );
     // The focused panel's border is thick.
     let gpu7 = |screen: &str| screen.contains("│gpu:7 ") || screen.contains("┃gpu:7 ");
     assert!(!gpu7(&screen), "{screen}");

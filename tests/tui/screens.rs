@@ -96,7 +96,7 @@ fn gpu_gauges_and_budgets_come_from_the_gpu_source() {
         "{screen}"
     );
     assert!(
-        screen.contains("of 20 GiB"),
+        screen.contains("≤ 20 GiB"),
         "gpu:0 measured against its free memory: {screen}"
     );
     insta::assert_snapshot!("gpus", screen);

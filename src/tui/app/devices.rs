@@ -162,9 +162,13 @@ impl App {
 
     // ----- planning -----
 
-    /// What each device can hold now: GPU free memory, available RAM (the defaults of
-    /// the plan dialog and the budgets of the Devices panel).
+    /// What each device may hold: the budget the user chose (`--max-memory`, the plan
+    /// last applied), else what it has now: GPU free memory, available RAM, free disk
+    /// (the defaults of the plan dialog and the budgets of the Devices panel).
     pub fn device_budget(&self, p: Placement) -> Option<u64> {
+        if let Some(&(_, b)) = self.budgets.chosen.iter().find(|(d, _)| *d == p) {
+            return Some(b);
+        }
         match p {
             Placement::Gpu(i) => self
                 .gpus
@@ -188,6 +192,10 @@ impl App {
         let mut parts: Vec<String> = Vec::new();
         let mut gpus: Vec<u32> = self.gpus.iter().map(|g| g.index).collect();
         gpus.extend(self.budgets.gpu_total.iter().map(|(i, _)| *i));
+        gpus.extend(self.budgets.chosen.iter().filter_map(|(d, _)| match d {
+            Placement::Gpu(i) => Some(*i),
+            _ => None,
+        }));
         gpus.sort_unstable();
         gpus.dedup();
         for i in gpus {

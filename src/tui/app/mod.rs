@@ -70,6 +70,8 @@ pub struct PlanPreview {
     pub applied: MapApplied,
     /// How many tensors change device.
     pub moved: usize,
+    /// The budgets planned for: the Devices panel's once the plan is applied.
+    pub budgets: Vec<(Placement, u64)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -305,6 +307,11 @@ pub struct Budgets {
     pub disk_free: Option<u64>,
     /// Total memory per GPU index.
     pub gpu_total: Vec<(u32, u64)>,
+    /// Budgets the user chose (`--max-memory`, or those of the plan last applied):
+    /// they stand before what the devices have free.
+    pub chosen: Vec<(Placement, u64)>,
+    /// Where [`Budgets::chosen`] came from, for the Devices panel's title.
+    pub chosen_from: Option<&'static str>,
 }
 
 impl App {

@@ -177,11 +177,13 @@ impl App {
             // planning: the plan is dropped.
             if matches!(self.mode, Mode::Plan(_)) {
                 let (lines, moved) = self.plan_preview_lines(&applied.ckpt, planned, spec);
+                let budgets = crate::plan::parse_max_memory(spec).unwrap_or_default();
                 self.result_scroll = 0;
                 self.mode = Mode::PlanPreview(Box::new(super::PlanPreview {
                     lines,
                     applied,
                     moved,
+                    budgets,
                 }));
             }
         } else {
@@ -195,7 +197,17 @@ impl App {
         let Mode::PlanPreview(preview) = std::mem::replace(&mut self.mode, Mode::Browse) else {
             return Vec::new();
         };
-        let super::PlanPreview { applied, moved, .. } = *preview;
+        let super::PlanPreview {
+            applied,
+            moved,
+            budgets,
+            ..
+        } = *preview;
+        // The budgets planned for are the panel's from now on.
+        if !budgets.is_empty() {
+            self.budgets.chosen = budgets;
+            self.budgets.chosen_from = Some("plan");
+        }
         self.undo.push(self.ckpt.device_map.clone());
         self.redo.clear();
         self.swap_in(applied.ckpt, applied.tree, applied.warnings);

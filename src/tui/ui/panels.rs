@@ -13,8 +13,14 @@ use crate::tui::app::{App, Outcome};
 use crate::types::placement::Placement;
 
 pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
+    // The bars are each device's share of the model (they add up to 100%); the
+    // figure after them is the device's budget, chosen or free.
+    let title = match app.budgets.chosen_from {
+        Some(from) => format!("Devices · ≤ {from} budgets"),
+        None => "Devices · ≤ free".to_owned(),
+    };
     let block = super::focusable(
-        "Devices",
+        &title,
         app.focus == crate::tui::app::Focus::Devices,
         "↑↓ scroll, Tab next",
         theme,
@@ -23,41 +29,48 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     frame.render_widget(block, area);
     let root = &app.tree.nodes[crate::model::tree::ModuleTree::ROOT];
     let total = root.bytes().max(1);
-    // The bar takes what the text leaves, up to half the panel.
-    let bar_w = (inner.width as usize)
-        .saturating_sub(42)
-        .min(inner.width as usize / 2);
+    let width = inner.width as usize;
     // The root's split is the per-device total, kept current by `recompute`: no walk
     // over every tensor per frame.
-    let rows: Vec<(Line, bool)> = app
+    let devices: Vec<(Placement, DeviceRow)> = app
         .device_totals()
         .into_iter()
         .map(|(p, bytes)| {
             let budget = app.device_budget(p);
-            let (fraction, of) = match budget {
-                Some(b) if b > 0 => (bytes as f64 / b as f64, format!(" of {}", human_bytes(b))),
-                _ => (bytes as f64 / total as f64, " of model".to_owned()),
-            };
             let over = budget.is_some_and(|b| bytes > b);
-            let mut spans = vec![
-                Span::styled(format!("{:<9}", p.to_string()), theme.device(p)),
-                Span::raw(format!("{:>11} ", human_bytes(bytes))),
-            ];
-            if bar_w >= 4 {
-                spans.push(Span::styled(
-                    bar(fraction, bar_w),
-                    if over { theme.bad() } else { theme.device(p) },
-                ));
-            }
-            // OVER before the percentage: when the line is cut, "of …" goes first.
-            if over {
-                spans.push(Span::styled(" OVER", theme.bad()));
-            }
-            spans.push(Span::styled(
-                format!(" {:>3.0}%{of}", fraction * 100.0),
-                theme.dim(),
-            ));
-            (Line::from(spans), over)
+            let row = DeviceRow {
+                device: p.to_string(),
+                bytes: human_bytes(bytes),
+                share: bytes as f64 / total as f64,
+                budget: budget.map(|b| match over {
+                    true => format!("OVER {}", human_bytes(b)),
+                    false => format!("≤ {}", human_bytes(b)),
+                }),
+                over,
+            };
+            (p, row)
+        })
+        .collect();
+    // One layout for every row, so the bars line up: budgets shown when all fit (an
+    // OVER always is), the bar in what is left.
+    let widest = devices
+        .iter()
+        .map(|(_, r)| r.budget.as_deref().map_or(0, |b| b.chars().count() + 2))
+        .max()
+        .unwrap_or(0);
+    let budgets_fit = DeviceRow::TEXT + widest <= width;
+    let bar_w = width
+        .saturating_sub(DeviceRow::TEXT + if budgets_fit { widest } else { 0 } + 1)
+        .min(20);
+    let rows: Vec<(Line, bool)> = devices
+        .into_iter()
+        .map(|(p, row)| {
+            let style = if row.over {
+                theme.bad()
+            } else {
+                theme.device(p)
+            };
+            (row.line(bar_w, budgets_fit, style, theme), row.over)
         })
         .collect();
     let room = inner.height as usize;
@@ -114,6 +127,55 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         .map(|l| fit(l, inner.width as usize))
         .collect();
     frame.render_widget(Paragraph::new(lines), inner);
+}
+
+/// One row of the Devices panel: what does not fit is dropped whole (the bar first,
+/// then the budget unless it is OVER), never cut mid-phrase.
+struct DeviceRow {
+    device: String,
+    bytes: String,
+    /// Of the model's bytes.
+    share: f64,
+    /// `≤ 24 GiB` or `OVER 300 KB`, when a budget is known.
+    budget: Option<String>,
+    over: bool,
+}
+
+impl DeviceRow {
+    /// The device, its bytes and its share: `gpu:0      4.39 KiB  48%`.
+    const TEXT: usize = 9 + 10 + 5;
+
+    /// `gpu:0      4.39 KiB ████  48%  ≤ 24 GiB`
+    fn line(
+        &self,
+        bar_w: usize,
+        budgets_fit: bool,
+        style: ratatui::style::Style,
+        theme: Theme,
+    ) -> Line<'static> {
+        let share = format!(" {:>3.0}%", self.share * 100.0);
+        let budget = self
+            .budget
+            .as_ref()
+            .filter(|_| budgets_fit || self.over)
+            .map(|b| format!("  {b}"));
+        let mut spans = vec![
+            Span::styled(format!("{:<9}", self.device), style),
+            Span::raw(format!("{:>10}", self.bytes)),
+        ];
+        if bar_w >= 4 {
+            spans.push(Span::raw(" "));
+            spans.push(Span::styled(bar(self.share, bar_w), style));
+        }
+        spans.push(Span::styled(share, theme.dim()));
+        if let Some(b) = budget {
+            spans.push(Span::styled(
+                b,
+                if self.over { theme.bad() } else { theme.dim() },
+            ));
+        }
+        Line::from(spans)
+    }
 }
 
 pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
