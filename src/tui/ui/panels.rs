@@ -42,9 +42,9 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 device: p.to_string(),
                 bytes: human_bytes(bytes),
                 share: bytes as f64 / total as f64,
-                budget: budget.map(|b| match over {
-                    true => format!("OVER {}", human_bytes(b)),
-                    false => format!("≤ {}", human_bytes(b)),
+                budget: budget.map(|b| {
+                    let word = if over { "OVER" } else { "≤" };
+                    format!("{word} {}", human_bytes(b))
                 }),
                 over,
             };
