@@ -96,6 +96,9 @@ fn search_and_step_through_matches() {
 fn jump_to_tie_partner() {
     let m = mixed_model();
     let mut app = app_for(&m);
+    // `t` on a module asks for a tensor…
+    press(&mut app, &[ch('t')]);
+    assert!(frame(&app, 120, 40).contains("select a tensor"));
     press(&mut app, &[key(KeyCode::Right), ch('j')]);
     assert_eq!(selected_name(&app), "lm_head.weight");
     // The details say what ties them: the fixture's config.json.
@@ -106,6 +109,13 @@ fn jump_to_tie_partner() {
     );
     press(&mut app, &[ch('t')]);
     assert_eq!(selected_name(&app), "model.embed_tokens.weight");
+    // …and once it jumps, the footer says where it went, not that any more.
+    let jumped = frame(&app, 120, 40);
+    assert!(!jumped.contains("select a tensor"), "{jumped}");
+    assert!(
+        jumped.contains("`model.embed_tokens.weight` is tied to `lm_head.weight`"),
+        "{jumped}"
+    );
     press(&mut app, &[ch('t')]);
     assert_eq!(selected_name(&app), "lm_head.weight");
 }

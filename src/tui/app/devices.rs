@@ -23,6 +23,15 @@ impl App {
         let partner = group.members[(pos + 1) % group.members.len()];
         let target = self.tree.node_of(partner);
         self.rows.reveal(&self.tree, target);
+        // Replaces whatever was said before the jump ("select a tensor").
+        self.say(
+            format!(
+                "`{}` is tied to `{}` (t jumps on)",
+                self.ckpt.tensors()[partner].name,
+                self.ckpt.tensors()[tensor].name
+            ),
+            Tone::Info,
+        );
     }
 
     /// The devices `d` cycles through: every GPU known (the map as opened, the
