@@ -1,16 +1,19 @@
 //! Frame and key timings of the TUI on a ~100,000-tensor model (a benchmark, not a
 //! test):
 //!
-//!     cargo run --release --example bench_tui [-- DIR]
+//!     cargo run --release --example bench_tui [-- [--deep] DIR]
 //!
 //! Generates (once) a sparse 60-layer x 256-expert MoE checkpoint over 160 shards in
-//! DIR (default target/bench/moe), then reports: time to open it (all headers, the
-//! tree), and median / worst time to draw a frame, to handle a key, and to search.
+//! DIR (default target/bench/moe) — the wide shape, 92,583 tensors — or with `--deep`
+//! a dense Llama of 10,200 layers over 100 shards (default target/bench/deep, 91,803
+//! tensors), then reports: time to open it (all headers, the tree), median / worst
+//! time to draw a frame, to handle a key, to search, and the work each edit hands off
+//! (re-total, undo, plan, save preview).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use devmap::fixtures::{MoeShape, write_sparse_moe};
+use devmap::fixtures::{MoeShape, write_sparse_deep, write_sparse_moe};
 use devmap::model::{LoadOptions, load};
 use devmap::tui::app::{Action, App, Effect};
 use devmap::tui::ui;
@@ -45,11 +48,24 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() -> std::io::Result<()> {
-    let dir = std::env::args()
-        .nth(1)
-        .map_or_else(|| PathBuf::from("target/bench/moe"), PathBuf::from);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let deep = args.iter().any(|a| a == "--deep");
+    let dir = args.iter().find(|a| *a != "--deep").map_or_else(
+        || {
+            PathBuf::from(if deep {
+                "target/bench/deep"
+            } else {
+                "target/bench/moe"
+            })
+        },
+        PathBuf::from,
+    );
     if !dir.join("model.safetensors.index.json").exists() {
-        let (n, bytes) = write_sparse_moe(&dir, MoeShape::GIANT)?;
+        let (n, bytes) = if deep {
+            write_sparse_deep(&dir, 10_200, 512, 100)?
+        } else {
+            write_sparse_moe(&dir, MoeShape::GIANT)?
+        };
         println!(
             "generated {n} tensors describing {} in {}",
             devmap::human_bytes(bytes),
@@ -246,6 +262,10 @@ fn main() -> std::io::Result<()> {
     for _ in 0..10 {
         device_edits.push(key_to_frame(&mut app, Action::CycleDevice));
     }
+    let mut undos = Vec::new();
+    for _ in 0..10 {
+        undos.push(key_to_frame(&mut app, Action::Undo));
+    }
     let mut plans = Vec::new();
     for _ in 0..3 {
         key_to_frame(&mut app, Action::StartPlan);
@@ -254,7 +274,14 @@ fn main() -> std::io::Result<()> {
             key_to_frame(&mut app, Action::Input(c));
         }
         plans.push(key_to_frame(&mut app, Action::Submit));
-        key_to_frame(&mut app, Action::Close);
+        // Accept the preview: the map goes in place.
+        key_to_frame(&mut app, Action::Submit);
+    }
+    // Edits on the planned map (a key per layer: 10,200 on the deep shape): their
+    // re-totals come after the 20 of `d` and `u` above.
+    for _ in 0..5 {
+        key_to_frame(&mut app, Action::Undo);
+        key_to_frame(&mut app, Action::Redo);
     }
     let by_kind = |what: &str| -> Vec<Duration> {
         work_times
@@ -263,11 +290,12 @@ fn main() -> std::io::Result<()> {
             .map(|(_, d)| *d)
             .collect()
     };
-    let (retotals, checks, plannings) = (
+    let (mut retotals, checks, plannings) = (
         by_kind("re-totalling"),
         by_kind("checking"),
         by_kind("planning"),
     );
+    let on_planned = retotals.split_off(retotals.len().min(20));
     let (open_med, open_max) = stats(opens);
     let (draw_med, draw_max) = stats(draws);
     let (key_med, key_max) = stats(keys);
@@ -312,6 +340,7 @@ fn main() -> std::io::Result<()> {
         ),
         ("typing the export path", export_typing),
         ("`d` (re-place a module; re-total handed off)", device_edits),
+        ("`u` (undo; re-total handed off)", undos),
         ("save preview starts after the keys stop", previews),
         ("`p` Enter (plan handed off)", plans),
         ("frame showing handed-off work's result", landing_frames),
@@ -324,9 +353,10 @@ fn main() -> std::io::Result<()> {
     println!("| --- | ---: | ---: | ---: | ---: |");
     for (name, v) in [
         ("opening work (once, as the inspector opens)", opening),
-        ("re-total after `d`", retotals),
+        ("re-total after `d` and `u`", retotals),
         ("save preview (plan + checks)", checks),
         ("`p`: plan + re-total", plannings),
+        ("re-total after `u` / Ctrl-R on the planned map", on_planned),
     ] {
         print_row(name, v);
     }

@@ -283,7 +283,6 @@ impl MoeShape {
 /// disk. FP8 expert weights with F32 block scales, BF16 attention, F32 norms.
 /// Returns the number of tensors and the bytes they describe.
 pub fn write_sparse_moe(dir: &Path, shape: MoeShape) -> io::Result<(usize, u64)> {
-    use crate::formats::safetensors::{HeaderEntry, encode_header};
     std::fs::create_dir_all(dir)?;
     let h = shape.hidden;
     let i = shape.expert_intermediate;
@@ -333,8 +332,74 @@ pub fn write_sparse_moe(dir: &Path, shape: MoeShape) -> io::Result<(usize, u64)>
     }
     names.push(("model.norm.weight".into(), DType::F32, vec![h]));
     names.push(("lm_head.weight".into(), DType::BF16, vec![129_280, h]));
+    write_sparse(
+        dir,
+        &names,
+        shape.shards,
+        &serde_json::json!({"architectures": ["DeepseekV3ForCausalLM"], "tie_word_embeddings": false}),
+    )
+}
+
+/// A deep dense Llama of `layers` decoder layers (nine tensors each) over `shards`
+/// sparse shards, as [`write_sparse_moe`] writes them: the deep shape of the
+/// inspector's benchmark (10,200 layers is 91,803 tensors). Returns the number of
+/// tensors and the bytes they describe.
+pub fn write_sparse_deep(
+    dir: &Path,
+    layers: usize,
+    hidden: u64,
+    shards: usize,
+) -> io::Result<(usize, u64)> {
+    let h = hidden;
+    let mut names: Vec<(String, DType, Vec<u64>)> = vec![(
+        "model.embed_tokens.weight".into(),
+        DType::BF16,
+        vec![32_000, h],
+    )];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            names.push((
+                format!("{p}.self_attn.{proj}.weight"),
+                DType::BF16,
+                vec![h, h],
+            ));
+        }
+        for (proj, dims) in [
+            ("gate_proj", [4 * h, h]),
+            ("up_proj", [4 * h, h]),
+            ("down_proj", [h, 4 * h]),
+        ] {
+            names.push((format!("{p}.mlp.{proj}.weight"), DType::BF16, dims.to_vec()));
+        }
+        names.push((format!("{p}.input_layernorm.weight"), DType::BF16, vec![h]));
+        names.push((
+            format!("{p}.post_attention_layernorm.weight"),
+            DType::BF16,
+            vec![h],
+        ));
+    }
+    names.push(("model.norm.weight".into(), DType::BF16, vec![h]));
+    names.push(("lm_head.weight".into(), DType::BF16, vec![32_000, h]));
+    write_sparse(
+        dir,
+        &names,
+        shards,
+        &serde_json::json!({"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": false}),
+    )
+}
+
+/// Writes `names` over `shards` sparse safetensors files with an index and `config`.
+fn write_sparse(
+    dir: &Path,
+    names: &[(String, DType, Vec<u64>)],
+    shards: usize,
+    config: &serde_json::Value,
+) -> io::Result<(usize, u64)> {
+    use crate::formats::safetensors::{HeaderEntry, encode_header};
+    std::fs::create_dir_all(dir)?;
     let count = names.len();
-    let per_shard = count.div_ceil(shape.shards.max(1));
+    let per_shard = count.div_ceil(shards.max(1));
     let shards = count.div_ceil(per_shard);
     let mut weight_map = BTreeMap::new();
     let mut total = 0u64;
@@ -367,9 +432,6 @@ pub fn write_sparse_moe(dir: &Path, shape: MoeShape) -> io::Result<(usize, u64)>
     }
     let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
     write_json(&dir.join(INDEX_FILE), &index)?;
-    write_json(
-        &dir.join("config.json"),
-        &serde_json::json!({"architectures": ["DeepseekV3ForCausalLM"], "tie_word_embeddings": false}),
-    )?;
+    write_json(&dir.join("config.json"), config)?;
     Ok((count, total))
 }

@@ -164,7 +164,7 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<Warning> {
     let Some(map) = ckpt.device_map.as_ref() else {
         return Vec::new();
     };
-    let order = map.transformers5_order();
+    let index = map.transformers5_index();
     let fallback = map.get("").unwrap_or(Placement::Cpu);
     let mut traps: BTreeMap<(String, String), (Placement, Placement, usize)> = BTreeMap::new();
     // A key matches the start of a name, so names that agree on their first `longest`
@@ -189,10 +189,9 @@ pub fn transformers_prefix_traps(ckpt: &Checkpoint) -> Vec<Warning> {
         let start = &name[..cut];
         let hit = match last {
             Some((prev, hit)) if prev == start => hit,
-            _ => *answers.entry(start).or_insert_with(|| {
-                map.locate_transformers5(&order, name)
-                    .map(|hit| (hit.index, hit.placement))
-            }),
+            _ => *answers
+                .entry(start)
+                .or_insert_with(|| index.locate(name).map(|hit| (hit.index, hit.placement))),
         };
         last = Some((start, hit));
         let (their_key, theirs) = match hit {

@@ -193,12 +193,85 @@ impl DeviceMap {
         })
     }
 
+    /// [`DeviceMap::locate_transformers5`] for many names at once.
+    pub fn transformers5_index(&self) -> Transformers5Index<'_> {
+        Transformers5Index::new(self)
+    }
+
     /// The devices the map uses, in display order.
     pub fn devices(&self) -> Vec<Placement> {
         let mut devices: Vec<Placement> = self.entries.iter().map(|(_, p)| *p).collect();
         devices.sort();
         devices.dedup();
         devices
+    }
+}
+
+/// transformers 5's matching ([`DeviceMap::locate_transformers5`]) for many names:
+/// the keys grouped by their length and the positions of their dots, each group a map
+/// from a key's other bytes to its rank in transformers' order. A name is looked up
+/// once per group (a few) instead of compared with every key: a planned map of 10,200
+/// layer keys against 92,000 names took half a second the linear way.
+pub struct Transformers5Index<'m> {
+    map: &'m DeviceMap,
+    order: Vec<usize>,
+    /// (key length, positions that are not dots, other bytes → rank in `order`).
+    groups: Vec<(usize, Vec<usize>, HashMap<Vec<u8>, usize>)>,
+}
+
+impl<'m> Transformers5Index<'m> {
+    fn new(map: &'m DeviceMap) -> Transformers5Index<'m> {
+        let order = map.transformers5_order();
+        let mut groups: Vec<(usize, Vec<usize>, HashMap<Vec<u8>, usize>)> = Vec::new();
+        for (rank, &i) in order.iter().enumerate() {
+            let key = map.entries[i].0.as_bytes();
+            let literal: Vec<usize> = (0..key.len()).filter(|&p| key[p] != b'.').collect();
+            let bytes: Vec<u8> = literal.iter().map(|&p| key[p]).collect();
+            let group = match groups
+                .iter()
+                .position(|(len, lit, _)| *len == key.len() && *lit == literal)
+            {
+                Some(g) => g,
+                None => {
+                    groups.push((key.len(), literal, HashMap::new()));
+                    groups.len() - 1
+                }
+            };
+            // The first in transformers' order wins (a key given twice keeps its first).
+            groups[group].2.entry(bytes).or_insert(rank);
+        }
+        Transformers5Index { map, order, groups }
+    }
+
+    /// The entry transformers 5 places `name` by, as
+    /// [`DeviceMap::locate_transformers5`] finds it.
+    pub fn locate(&self, name: &str) -> Option<Match<'m>> {
+        let n = name.as_bytes();
+        let mut best: Option<usize> = None;
+        let mut bytes = Vec::new();
+        for (len, literal, keys) in &self.groups {
+            if n.len() < *len {
+                continue;
+            }
+            bytes.clear();
+            bytes.extend(literal.iter().map(|&p| n[p]));
+            if let Some(&rank) = keys.get(&bytes)
+                && best.is_none_or(|b| rank < b)
+                // A dot matches any byte but a newline.
+                && regex_prefix_matches(&self.map.entries[self.order[rank]].0, name)
+            {
+                best = Some(rank);
+            }
+        }
+        best.map(|rank| {
+            let i = self.order[rank];
+            let (key, placement) = &self.map.entries[i];
+            Match {
+                key,
+                index: i,
+                placement: *placement,
+            }
+        })
     }
 }
 
@@ -285,6 +358,60 @@ mod tests {
         );
     }
 
+    /// The index finds what the linear walk finds, over many small maps whose keys and
+    /// names share an alphabet with `.` (so dots match other bytes, keys nest and cut
+    /// numbers short); the counts show both kinds of match happen.
+    #[test]
+    fn the_transformers5_index_agrees_with_the_linear_walk() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let alphabet = b"ab1.0.";
+        let (mut hits, mut wildcard_hits) = (0, 0);
+        for _ in 0..400 {
+            let mut entries: Vec<(String, Placement)> = Vec::new();
+            for k in 0..next(8) + 1 {
+                let len = next(6);
+                let key: String = (0..len).map(|_| alphabet[next(6)] as char).collect();
+                if entries.iter().all(|(e, _)| *e != key) {
+                    entries.push((key, Placement::Gpu(k as u32)));
+                }
+            }
+            let refs: Vec<(&str, Placement)> =
+                entries.iter().map(|(k, p)| (k.as_str(), *p)).collect();
+            let m = map(&refs);
+            let order = m.transformers5_order();
+            let index = m.transformers5_index();
+            for _ in 0..40 {
+                // A key with some bytes changed and more appended, or random bytes.
+                let mut name: Vec<u8> = entries[next(entries.len())].0.clone().into_bytes();
+                for b in name.iter_mut() {
+                    if next(4) == 0 {
+                        *b = alphabet[next(6)];
+                    }
+                }
+                name.extend((0..next(5)).map(|_| alphabet[next(6)]));
+                let name = String::from_utf8(name).expect("ascii");
+                let linear = m.locate_transformers5(&order, &name);
+                assert_eq!(index.locate(&name), linear, "{name} in {entries:?}");
+                if let Some(hit) = linear {
+                    hits += 1;
+                    if !name.starts_with(hit.key) {
+                        wildcard_hits += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            hits > 1000 && wildcard_hits > 100,
+            "{hits} hits, {wildcard_hits} by a dot"
+        );
+    }
+
     #[test]
     fn string_prefix_trap_is_reported() {
         let m = map(&[
@@ -292,7 +419,12 @@ mod tests {
             ("model.layers", Placement::Cpu),
         ]);
         let order = m.transformers5_order();
-        let t5 = |n: &str| m.locate_transformers5(&order, n).map(|x| x.key.to_owned());
+        let index = m.transformers5_index();
+        let t5 = |n: &str| {
+            let linear = m.locate_transformers5(&order, n);
+            assert_eq!(index.locate(n), linear, "the index agrees on {n}");
+            linear.map(|x| x.key.to_owned())
+        };
         assert_eq!(
             t5("model.layers.10.mlp.weight").as_deref(),
             Some("model.layers.1")
