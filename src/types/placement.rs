@@ -215,30 +215,39 @@ impl DeviceMap {
 pub struct Transformers5Index<'m> {
     map: &'m DeviceMap,
     order: Vec<usize>,
-    /// (key length, positions that are not dots, other bytes → rank in `order`).
-    groups: Vec<(usize, Vec<usize>, HashMap<Vec<u8>, usize>)>,
+    groups: Vec<KeyGroup>,
+}
+
+/// Keys of one length with dots at the same positions.
+struct KeyGroup {
+    len: usize,
+    /// The positions that are not dots.
+    literal: Vec<usize>,
+    /// A key's bytes at those positions → its rank in transformers' order.
+    ranks: HashMap<Vec<u8>, usize>,
 }
 
 impl<'m> Transformers5Index<'m> {
     fn new(map: &'m DeviceMap) -> Transformers5Index<'m> {
         let order = map.transformers5_order();
-        let mut groups: Vec<(usize, Vec<usize>, HashMap<Vec<u8>, usize>)> = Vec::new();
+        let mut groups: Vec<KeyGroup> = Vec::new();
         for (rank, &i) in order.iter().enumerate() {
             let key = map.entries[i].0.as_bytes();
             let literal: Vec<usize> = (0..key.len()).filter(|&p| key[p] != b'.').collect();
             let bytes: Vec<u8> = literal.iter().map(|&p| key[p]).collect();
-            let group = match groups
+            let at = groups
                 .iter()
-                .position(|(len, lit, _)| *len == key.len() && *lit == literal)
-            {
-                Some(g) => g,
-                None => {
-                    groups.push((key.len(), literal, HashMap::new()));
+                .position(|g| g.len == key.len() && g.literal == literal)
+                .unwrap_or_else(|| {
+                    groups.push(KeyGroup {
+                        len: key.len(),
+                        literal,
+                        ranks: HashMap::new(),
+                    });
                     groups.len() - 1
-                }
-            };
+                });
             // The first in transformers' order wins (a key given twice keeps its first).
-            groups[group].2.entry(bytes).or_insert(rank);
+            groups[at].ranks.entry(bytes).or_insert(rank);
         }
         Transformers5Index { map, order, groups }
     }
@@ -249,13 +258,13 @@ impl<'m> Transformers5Index<'m> {
         let n = name.as_bytes();
         let mut best: Option<usize> = None;
         let mut bytes = Vec::new();
-        for (len, literal, keys) in &self.groups {
-            if n.len() < *len {
+        for group in &self.groups {
+            if n.len() < group.len {
                 continue;
             }
             bytes.clear();
-            bytes.extend(literal.iter().map(|&p| n[p]));
-            if let Some(&rank) = keys.get(&bytes)
+            bytes.extend(group.literal.iter().map(|&p| n[p]));
+            if let Some(&rank) = group.ranks.get(&bytes)
                 && best.is_none_or(|b| rank < b)
                 // A dot matches any byte but a newline.
                 && regex_prefix_matches(&self.map.entries[self.order[rank]].0, name)
