@@ -383,7 +383,7 @@ mod tests {
         let (mut hits, mut wildcard_hits) = (0, 0);
         for _ in 0..400 {
             let mut entries: Vec<(String, Placement)> = Vec::new();
-            for k in 0..next(8) + 1 {
+            for k in 0..=next(8) {
                 let len = next(6);
                 let key: String = (0..len).map(|_| alphabet[next(6)] as char).collect();
                 if entries.iter().all(|(e, _)| *e != key) {
@@ -398,7 +398,7 @@ mod tests {
             for _ in 0..40 {
                 // A key with some bytes changed and more appended, or random bytes.
                 let mut name: Vec<u8> = entries[next(entries.len())].0.clone().into_bytes();
-                for b in name.iter_mut() {
+                for b in &mut name {
                     if next(4) == 0 {
                         *b = alphabet[next(6)];
                     }
