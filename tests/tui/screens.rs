@@ -160,6 +160,32 @@ fn the_selection_bar_covers_the_whole_row_in_colour_and_without() {
     }
 }
 
+/// At 140 columns the demo's deepest rows keep the params column (a three-device note
+/// on one row once dropped it from every row, 40 columns standing empty).
+#[test]
+fn at_140_columns_deep_rows_keep_the_params_column() {
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let mut app = App::new(load(&demo, &LoadOptions::default()).expect("the demo"));
+    app.color = false;
+    resized(&mut app, 140, 45);
+    for _ in 0..200 {
+        press(&mut app, &[key(KeyCode::Right), ch('j')]);
+    }
+    for _ in 0..40 {
+        let screen = frame(&app, 140, 45);
+        let header = screen
+            .lines()
+            .find(|l| l.contains("name") && l.contains("size"))
+            .expect("the header");
+        assert!(
+            header.contains("params"),
+            "{}: {screen}",
+            selected_name(&app)
+        );
+        press(&mut app, &[ch('k')]);
+    }
+}
+
 #[test]
 fn narrow_screens_drop_share_and_params_before_names_and_devices() {
     let m = mixed_model();
@@ -186,12 +212,18 @@ fn narrow_screens_drop_share_and_params_before_names_and_devices() {
         }
         assert!(screen.contains("gpu:0"), "{w}x{h}:\n{screen}");
         if w >= 120 {
-            // The split note of a mixed module (what a map is debugged by) comes whole
-            // before the params and share columns.
+            // The split note of a mixed module (what a map is debugged by): its first
+            // two devices before the params column, the rest after it, and a device
+            // that does not fit is left out whole, never cut mid-figure.
             assert!(
-                screen.contains("gpu:0 48% cpu 26% disk 27%"),
+                screen.contains("gpu:0 48% cpu 26%"),
                 "{w}x{h}: the split note is cut:\n{screen}"
             );
+            assert!(header.contains("params"), "{w}x{h}:\n{screen}");
+            assert!(!screen.contains("disk 2…"), "{w}x{h}:\n{screen}");
+        }
+        if w >= 160 {
+            assert!(screen.contains("gpu:0 48% cpu 26% disk 27%"), "{screen}");
         }
         if w == 60 {
             assert!(

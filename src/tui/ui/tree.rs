@@ -17,6 +17,10 @@ const PARAMS_W: usize = 7;
 const BADGE_W: usize = 9;
 /// Columns a name gets before the share and params columns give way.
 const NAME_MIN: usize = 24;
+/// Columns a mixed module's split note gets before them: a two-device note whole
+/// (` cpu 33% disk 67%`); a longer one shares what the columns leave, cut with `…`
+/// (Details shows it whole).
+const NOTE_MIN: usize = 17;
 
 pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let block = super::focusable(
@@ -48,12 +52,13 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         .unwrap_or(0);
     let name_need = longest_name.clamp(8, 44);
     // Room is handed out by priority: the name its minimum, then the split note of a
-    // mixed module (what a user debugging a map reads), then the rest of the name,
-    // then the parameter count, then the share bar; what is left goes to the note's
-    // column, so nothing is cut while columns stand empty.
+    // mixed module (what a user debugging a map reads) up to a two-device note, then
+    // the rest of the name, then the parameter count, then the rest of the note, then
+    // the share bar; what is left goes to the note's column. A note as wide as three
+    // devices on one row no longer drops the params column of every row.
     let name_min = name_need.min(NAME_MIN);
     let mut left = width.saturating_sub(always + name_min);
-    let note_fit = note_w.min(left);
+    let mut note_fit = note_w.min(NOTE_MIN).min(left);
     left -= note_fit;
     let name_extra = (name_need - name_min).min(left);
     left -= name_extra;
@@ -61,6 +66,9 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     if params {
         left -= PARAMS_W + 1;
     }
+    let note_rest = (note_w - note_fit).min(left);
+    note_fit += note_rest;
+    left -= note_rest;
     // The share bar only beside the parameter count: it gives way first.
     let share = params && left > SHARE_W;
     if share {
@@ -165,16 +173,24 @@ fn badge(node: &Node, theme: Theme) -> (String, ratatui::style::Style) {
     }
 }
 
-/// The split note cut to `room` columns with an ellipsis, or nothing where too little
-/// of it would show to be read.
+/// The split note in `room` columns: the devices that fit whole, then `…` for the
+/// rest (never a figure cut in two), or nothing where not even one fits.
 fn fit_note(note: String, room: usize) -> String {
-    let len = note.chars().count();
-    if len <= room {
-        note
-    } else if room >= 10 {
-        note.chars().take(room - 1).collect::<String>() + "…"
-    } else {
+    if note.chars().count() <= room {
+        return note;
+    }
+    // Entries are ` device NN%`: keep whole ones while they and the `…` fit.
+    let mut kept = String::new();
+    for entry in note.split_inclusive('%') {
+        if kept.chars().count() + entry.chars().count() + 2 > room {
+            break;
+        }
+        kept.push_str(entry);
+    }
+    if kept.is_empty() {
         String::new()
+    } else {
+        kept + " …"
     }
 }
 
