@@ -76,6 +76,23 @@ pub fn browse_hint(width: usize) -> String {
         .join("  ")
 }
 
+/// A mode's hint in `width` columns: whole `key what` items from the start, the ones
+/// that do not fit left out (never a phrase cut in two).
+pub fn hint_in(mode: &Mode, width: usize) -> String {
+    let mut kept = String::new();
+    for item in hint(mode).split("  ") {
+        let cost = item.chars().count() + if kept.is_empty() { 0 } else { 2 };
+        if kept.chars().count() + cost > width {
+            break;
+        }
+        if !kept.is_empty() {
+            kept.push_str("  ");
+        }
+        kept.push_str(item);
+    }
+    kept
+}
+
 /// The short hint on the status line for each mode.
 pub fn hint(mode: &Mode) -> &'static str {
     match mode {

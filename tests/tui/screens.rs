@@ -160,6 +160,29 @@ fn the_selection_bar_covers_the_whole_row_in_colour_and_without() {
     }
 }
 
+/// At 60×18 the header keeps `[map edited]` and the warning count (the counts give
+/// way, whole), and a dialog's key bar leaves out whole items instead of cutting one.
+#[test]
+fn at_60x18_markers_stay_and_key_hints_are_whole() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    resized(&mut app, 60, 18);
+    press(&mut app, &[ch('j'), ch('d')]);
+    // The message of the edit goes after its 4 seconds.
+    app.handle(Action::Tick(std::time::Duration::from_secs(30)));
+    let screen = frame(&app, 60, 18);
+    let header = screen.lines().next().unwrap_or_default();
+    assert!(header.contains("[map edited]"), "{header}");
+    assert!(header.contains("! 1 warning"), "{header}");
+    assert!(!header.contains('…'), "{header}");
+    press(&mut app, &[ch('p')]);
+    let screen = frame(&app, 60, 18);
+    let footer = screen.lines().last().unwrap_or_default();
+    assert!(footer.starts_with("edit budgets"), "{footer}");
+    assert!(!footer.contains('…'), "no phrase cut: {footer}");
+}
+
 /// At 140 columns the demo's deepest rows keep the params column (a three-device note
 /// on one row once dropped it from every row, 40 columns standing empty).
 #[test]

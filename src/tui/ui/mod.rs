@@ -78,25 +78,17 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             |n| crate::text::escaped(&n.to_string_lossy()).into_owned(),
         ),
     };
-    let mut spans = vec![
-        Span::styled(" devmap ", theme.title()),
-        Span::raw(format!(
-            "· {name} · {} · {} · {} params",
-            crate::text::count(root.tensors, "tensor", "tensors"),
-            crate::human_bytes(root.bytes()),
-            crate::inspect::human_count(root.params)
-        )),
-    ];
-    if let Some(q) = &app.ckpt.config.quantization {
-        spans.push(Span::raw(format!(" · {} quantized", q.method)));
-    }
+    // The markers (edited, warnings) matter more than the counts: on a narrow
+    // screen the params, then the tensor count, then the quantization go first, whole,
+    // and only then is the name cut.
+    let mut markers: Vec<Span> = Vec::new();
     if app.map_edited() && !app.map_unexported() {
-        spans.push(Span::styled("  [map edited, exported]", theme.dim()));
+        markers.push(Span::styled("  [map edited, exported]", theme.dim()));
     } else if app.map_edited() {
-        spans.push(Span::styled("  [map edited]", theme.warn()));
+        markers.push(Span::styled("  [map edited]", theme.warn()));
     }
     if !app.warnings.is_empty() {
-        spans.push(Span::styled(
+        markers.push(Span::styled(
             format!(
                 "  ! {}",
                 crate::text::count(app.warnings.len(), "warning", "warnings")
@@ -104,10 +96,57 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             theme.warn(),
         ));
     }
-    frame.render_widget(
-        Paragraph::new(fit(Line::from(spans), usize::from(area.width))),
-        area,
-    );
+    // (what, the order it is left out in; `None`: kept).
+    let mut facts: Vec<(String, Option<u8>)> = vec![
+        (
+            crate::text::count(root.tensors, "tensor", "tensors"),
+            Some(1),
+        ),
+        (crate::human_bytes(root.bytes()), None),
+        (
+            format!("{} params", crate::inspect::human_count(root.params)),
+            Some(0),
+        ),
+    ];
+    if let Some(q) = &app.ckpt.config.quantization {
+        facts.push((format!("{} quantized", q.method), Some(2)));
+    }
+    let marker_width: usize = markers.iter().map(|s| s.content.chars().count()).sum();
+    let width = usize::from(area.width);
+    let facts_width = |facts: &[(String, Option<u8>)]| -> usize {
+        facts.iter().map(|(f, _)| 3 + f.chars().count()).sum()
+    };
+    // " devmap · NAME" and the facts and markers.
+    let needed = |facts: &[(String, Option<u8>)]| {
+        10 + name.chars().count() + facts_width(facts) + marker_width
+    };
+    while needed(&facts) > width {
+        let Some(at) = (0..facts.len())
+            .filter(|&i| facts[i].1.is_some())
+            .min_by_key(|&i| facts[i].1)
+        else {
+            break;
+        };
+        facts.remove(at);
+    }
+    // Still too wide: the name is what gives.
+    let name_room = width.saturating_sub(10 + facts_width(&facts) + marker_width);
+    let name = if name.chars().count() > name_room {
+        name.chars()
+            .take(name_room.saturating_sub(1))
+            .collect::<String>()
+            + "…"
+    } else {
+        name
+    };
+    let mut text = format!("· {name}");
+    for (f, _) in &facts {
+        text.push_str(" · ");
+        text.push_str(f);
+    }
+    let mut spans = vec![Span::styled(" devmap ", theme.title()), Span::raw(text)];
+    spans.extend(markers);
+    frame.render_widget(Paragraph::new(fit(Line::from(spans), width)), area);
 }
 
 fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
@@ -158,7 +197,7 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         (Mode::Browse, None) => {
             Line::from(Span::styled(keys::browse_hint(hint_width), theme.dim()))
         }
-        (mode, _) => Line::from(Span::styled(keys::hint(mode), theme.dim())),
+        (mode, _) => Line::from(Span::styled(keys::hint_in(mode, hint_width), theme.dim())),
     };
     let line = match busy {
         Some(busy) => {
