@@ -158,6 +158,30 @@ fn inspect_save_and_quit_in_a_real_terminal() {
     assert_restored(&tmux);
 }
 
+/// `d` opens the device picker in a real terminal; Enter moves the module there.
+#[test]
+#[ignore = "needs tmux (CI installs it)"]
+fn the_device_picker_moves_a_module_in_a_real_terminal() {
+    let m = mixed_model();
+    let tmux = start("picker", &wrapped("", &format!("'{}'", m.dir.display())));
+    tmux.wait_for("Modules", Duration::from_secs(20));
+    tmux.keys(&["j", "d"]);
+    let picker = tmux.wait_for("Enter move here", Duration::from_secs(5));
+    assert!(
+        picker.contains("holds now") && picker.contains("with it"),
+        "{picker}"
+    );
+    tmux.keys(&["Enter"]);
+    let moved = tmux.wait_for("map edited", Duration::from_secs(5));
+    assert!(moved.contains("→"), "{moved}");
+    tmux.keys(&["u"]);
+    tmux.wait_for("undid", Duration::from_secs(5));
+    tmux.keys(&["q"]);
+    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
+    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
+    assert_restored(&tmux);
+}
+
 /// `p` plans and previews, changing nothing until Enter: Esc leaves the map as it
 /// was (no `[map edited]`, `q` quits without asking), Enter applies it.
 #[test]
@@ -320,7 +344,7 @@ fn a_panicking_worker_is_reported_in_the_inspector() {
         ),
     );
     tmux.wait_for("Modules", Duration::from_secs(20));
-    tmux.keys(&["j", "d"]);
+    tmux.keys(&["j", "D"]);
     let screen = tmux.wait_for("re-totalling failed", Duration::from_secs(10));
     assert!(
         screen.contains("▶ Modules"),

@@ -14,7 +14,11 @@ pub const HELP: &[(&str, &str)] = &[
     ("←/h", "collapse, or go to parent"),
     ("/", "search names; n / N next / previous match"),
     ("t", "jump to the tie partner"),
-    ("d", "cycle the selected module's device (edits the map)"),
+    (
+        "d",
+        "pick the selected module's device from a list, with budgets",
+    ),
+    ("D", "move the selected module to the next device at once"),
     ("u / Ctrl-R", "undo / redo a device-map edit"),
     (
         "p",
@@ -109,6 +113,7 @@ pub fn hint(mode: &Mode) -> &'static str {
         Mode::Confirm(_) => "y yes  n no",
         Mode::Plan(_) => "edit budgets (N=size,cpu=size)  Enter plan  Ctrl-U clear  Esc cancel",
         Mode::PlanPreview(_) => "Enter apply  Esc discard  ↑↓ PgUp/PgDn scroll",
+        Mode::DevicePicker(_) => "↑↓ choose  Enter move here  Esc cancel",
     }
 }
 
@@ -141,6 +146,13 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
             KeyCode::Char(c) if !ctrl => Some(Action::Input(c)),
             _ => None,
         }),
+        Mode::DevicePicker(_) => match key.code {
+            KeyCode::Enter => Some(Action::Submit),
+            KeyCode::Esc | KeyCode::Char('q' | 'd') => Some(Action::Close),
+            KeyCode::Up | KeyCode::Char('k') => Some(Action::Up),
+            KeyCode::Down | KeyCode::Char('j') | KeyCode::Tab => Some(Action::Down),
+            _ => None,
+        },
         Mode::PlanPreview(_) => match key.code {
             KeyCode::Enter => Some(Action::Submit),
             KeyCode::Esc | KeyCode::Char('q') => Some(Action::Close),
@@ -203,7 +215,8 @@ fn browse(key: KeyEvent) -> Option<Action> {
         KeyCode::Char('n') => Action::NextMatch,
         KeyCode::Char('N') => Action::PrevMatch,
         KeyCode::Char('t') => Action::JumpTie,
-        KeyCode::Char('d') => Action::CycleDevice,
+        KeyCode::Char('d') => Action::PickDevice,
+        KeyCode::Char('D') => Action::CycleDevice,
         KeyCode::Char('u') => Action::Undo,
         KeyCode::Char('w') => Action::StartExport,
         KeyCode::Char('p') => Action::StartPlan,

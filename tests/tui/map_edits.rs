@@ -18,7 +18,7 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
     press(&mut app, &text("layers.4"));
     press(&mut app, &[key(KeyCode::Enter)]);
     assert_eq!(selected_name(&app), "model.layers.4");
-    press(&mut app, &[ch('d')]);
+    press(&mut app, &[ch('D')]);
     let node = &app.tree.nodes[app.selected().expect("sel")];
     assert_eq!(node.single_placement(), Some(Placement::Disk));
     let disk_after = app
@@ -38,7 +38,7 @@ fn cycle_device_updates_totals_and_export_writes_the_map() {
         app.warnings
     );
     // d again: disk → the first GPU.
-    press(&mut app, &[ch('d')]);
+    press(&mut app, &[ch('D')]);
     assert_eq!(
         app.tree.nodes[app.selected().expect("sel")].single_placement(),
         Some(Placement::Gpu(0))
@@ -232,7 +232,7 @@ fn d_cycles_through_every_known_gpu_and_edits_can_be_undone() {
     assert_eq!(device(&app), Placement::Gpu(0));
     let mut seen = Vec::new();
     for _ in 0..6 {
-        press(&mut app, &[ch('d')]);
+        press(&mut app, &[ch('D')]);
         seen.push(device(&app));
     }
     assert_eq!(
@@ -275,7 +275,7 @@ fn map_edits_retotal_off_the_ui_thread_and_later_keys_wait_for_them() {
     let (before0, before1) = (placement(&app, layer0), placement(&app, layer1));
     let mut journey = Journey::start(&mut app);
     // The re-total's result is held back: the App is between the key and the result.
-    let busy = journey.steps(&mut app, [Step::Hold, press_step(ch('d'))]);
+    let busy = journey.steps(&mut app, [Step::Hold, press_step(ch('D'))]);
     assert!(app.busy.is_some());
     assert_eq!(
         placement(&app, layer0),
@@ -288,7 +288,7 @@ fn map_edits_retotal_off_the_ui_thread_and_later_keys_wait_for_them() {
     journey.press(&mut app, &[key(KeyCode::Down)]);
     assert_ne!(app.rows.selected, at, "the selection moved while busy");
     select_in(&mut journey, &mut app, "model.layers.1");
-    journey.press(&mut app, &[ch('d')]);
+    journey.press(&mut app, &[ch('D')]);
     select_in(&mut journey, &mut app, "model.layers.0");
     assert_eq!(app.queued.len(), 1);
     assert_eq!(placement(&app, layer1), before1, "the second d waits");
@@ -336,7 +336,7 @@ fn failed_work_is_reported_and_the_waiting_keys_go_on() {
     let mut journey = Journey::start(&mut app);
     journey.steps(
         &mut app,
-        [Step::Hold, press_now(ch('d')), press_now(ch('q'))],
+        [Step::Hold, press_now(ch('D')), press_now(ch('q'))],
     );
     assert!(!journey.quit(), "q waits");
     let failed = Event::Worked(Action::WorkFailed("re-totalling failed: boom".into()));
@@ -383,7 +383,7 @@ fn quitting_with_an_unexported_map_asks() {
     let mut app = app_for(&m);
     select(&mut app, "model.layers.0");
     let mut journey = Journey::start(&mut app);
-    journey.press(&mut app, &[ch('d')]);
+    journey.press(&mut app, &[ch('D')]);
     let asked = journey.press(&mut app, &[ch('q')]);
     assert!(!journey.quit());
     assert_eq!(app.mode, Mode::Confirm(Confirm::QuitUnexported));
@@ -402,7 +402,7 @@ fn bang_lists_every_warning_in_full() {
     let mut app = app_for(&m);
     select(&mut app, "model.layers.4");
     // cpu -> disk: layer 4 has no offload entry, which is worth a warning.
-    press(&mut app, &[ch('d')]);
+    press(&mut app, &[ch('D')]);
     assert!(!app.warnings.is_empty());
     press(&mut app, &[ch('!')]);
     assert_eq!(app.mode, Mode::Warnings);
@@ -424,7 +424,7 @@ fn undoing_back_to_the_opened_map_is_no_edit() {
     let mut app = app_for(&m);
     select(&mut app, "model.layers.0");
     let mut journey = Journey::start(&mut app);
-    let edited = journey.press(&mut app, &[ch('d')]);
+    let edited = journey.press(&mut app, &[ch('D')]);
     assert!(edited.contains("[map edited]"), "{edited}");
     // Export it, then undo back to the map as opened.
     let target = m.tmp.path().join("edited.json");
@@ -452,7 +452,7 @@ fn undo_names_the_module_and_its_device_and_selects_it() {
     let mut app = app_for(&m);
     select(&mut app, "model.layers.4");
     let before = app.tree.nodes[app.selected().expect("sel")].single_placement();
-    press(&mut app, &[ch('d')]);
+    press(&mut app, &[ch('D')]);
     select(&mut app, "lm_head");
     let said = press(&mut app, &[ch('u')]);
     let device = before.expect("one device").to_string();
@@ -469,7 +469,7 @@ fn the_export_dialog_remembers_its_last_path() {
     let m = mixed_model();
     let mut app = app_for(&m);
     select(&mut app, "model.layers.0");
-    press(&mut app, &[ch('d'), ch('w'), ctrl('u')]);
+    press(&mut app, &[ch('D'), ch('w'), ctrl('u')]);
     let target = m.tmp.path().join("mine.json");
     press(&mut app, &text(target.to_str().expect("p")));
     press(&mut app, &[key(KeyCode::Enter)]);
@@ -529,4 +529,81 @@ fn chosen_budgets_measure_the_devices_and_an_applied_plan_carries_its_own() {
     let screen = frame(&app, 100, 30);
     assert!(screen.contains("Devices · ≤ plan budgets"), "{screen}");
     assert!(!screen.contains("OVER"), "{screen}");
+}
+
+/// `d` opens a picker of every device with what it holds now and would hold with the
+/// module, against its budget (OVER where it would not fit); the next device in the
+/// cycle is selected, so `d` Enter does what `D` does; ↑↓ choose; Esc changes nothing.
+#[test]
+fn the_device_picker_shows_budgets_and_moves_the_module_where_chosen() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    // cpu can take 3 KB: model.layers.4 (612 B) fits there, the embedding (2 KiB) not.
+    app.budgets.chosen = devmap::plan::parse_max_memory("0=20GiB,cpu=3KB").expect("spec");
+    app.budgets.chosen_from = Some("--max-memory");
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("layers.4"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    let node = app.selected().expect("layers.4");
+    assert_eq!(
+        app.tree.nodes[node].single_placement(),
+        Some(Placement::Cpu)
+    );
+    press(&mut app, &[ch('d')]);
+    let Mode::DevicePicker(picker) = &app.mode else {
+        panic!("picker: {:?}", app.mode)
+    };
+    let devices: Vec<Placement> = picker.choices.iter().map(|c| c.device).collect();
+    assert_eq!(
+        devices,
+        app.device_cycle(),
+        "every device, in the cycle's order"
+    );
+    assert_eq!(
+        picker.choices[picker.selected].device,
+        Placement::Disk,
+        "the next device after cpu"
+    );
+    let screen = frame(&app, 120, 40);
+    assert!(
+        screen.contains("Move model.layers.4 (612 B) to"),
+        "{screen}"
+    );
+    let row = |device: &str| {
+        screen
+            .lines()
+            .find(|l| l.contains(&format!(" {device} ")) && l.contains('→'))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    assert!(row("cpu").contains("(here)"), "{screen}");
+    assert!(row("gpu:0").contains("≤ 20 GiB"), "{screen}");
+    // Esc: nothing moved.
+    press(&mut app, &[key(KeyCode::Esc)]);
+    assert_eq!(app.mode, Mode::Browse);
+    assert!(!app.map_edited());
+    // ↑ from disk to cpu's neighbour above it (gpu:0), Enter: moved there.
+    press(&mut app, &[ch('d'), key(KeyCode::Up), key(KeyCode::Up)]);
+    let Mode::DevicePicker(picker) = &app.mode else {
+        panic!("picker")
+    };
+    assert_eq!(picker.choices[picker.selected].device, Placement::Gpu(0));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(app.mode, Mode::Browse);
+    assert_eq!(
+        app.tree.nodes[node].single_placement(),
+        Some(Placement::Gpu(0))
+    );
+    assert!(app.map_edited());
+    // The embedding to cpu would not fit its 3 KB with what cpu holds: OVER.
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("embed_tokens"));
+    press(&mut app, &[key(KeyCode::Enter), ch('d')]);
+    let screen = frame(&app, 120, 40);
+    let cpu = screen
+        .lines()
+        .find(|l| l.contains(" cpu ") && l.contains('→'))
+        .unwrap_or_default();
+    assert!(cpu.contains("OVER 2.93 KiB"), "{screen}");
 }

@@ -105,7 +105,7 @@ fn keys_pressed_while_a_retotal_runs_wait_for_it_and_then_apply() {
     press(&mut app, &[ch('j'), ch('j')]);
     let selected = app.selected();
     // `d` starts a re-total on a worker; `u` comes while it runs and waits for it.
-    drive(&mut app, [press_now(ch('d')), press_now(ch('u'))]);
+    drive(&mut app, [press_now(ch('D')), press_now(ch('u'))]);
     assert!(app.busy.is_none(), "the work landed");
     assert_eq!(app.selected(), selected);
     assert!(app.undo.is_empty(), "u undid the d");
@@ -118,7 +118,7 @@ fn keys_pressed_while_a_retotal_runs_wait_for_it_and_then_apply() {
 fn an_edit_taken_back_is_no_edit() {
     let m = mixed_model();
     let mut app = bare_app(&m);
-    let edited = press(&mut app, &[ch('j'), ch('d')]);
+    let edited = press(&mut app, &[ch('j'), ch('D')]);
     assert!(app.map_edited());
     assert!(edited.contains("map edited"), "{edited}");
     let undone = press(&mut app, &[ch('u')]);
@@ -235,7 +235,7 @@ fn every_view_at_three_sizes() {
             k.push(key(KeyCode::Enter));
             k
         }),
-        ("quit_asks", vec![ch('j'), ch('d'), ch('q')]),
+        ("quit_asks", vec![ch('j'), ch('D'), ch('q')]),
         ("saved", {
             let mut k = vec![ch('s'), ctrl('u')];
             k.extend(text("2KB"));

@@ -168,7 +168,7 @@ fn at_60x18_markers_stay_and_key_hints_are_whole() {
     let mut app = app_for(&m);
     app.color = false;
     resized(&mut app, 60, 18);
-    press(&mut app, &[ch('j'), ch('d')]);
+    press(&mut app, &[ch('j'), ch('D')]);
     // The message of the edit goes after its 4 seconds.
     app.handle(Action::Tick(std::time::Duration::from_secs(30)));
     let screen = frame(&app, 60, 18);

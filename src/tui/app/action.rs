@@ -40,7 +40,10 @@ pub enum Action {
     NextMatch,
     PrevMatch,
     JumpTie,
+    /// Move the selected module to the next device at once (`D`).
     CycleDevice,
+    /// Pick the device for the selected module from a list (`d`).
+    PickDevice,
     /// Show every warning (`!`).
     ShowWarnings,
     /// Take back the last device-map edit (`u`), or do it again (`Ctrl-R`).

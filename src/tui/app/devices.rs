@@ -134,14 +134,83 @@ impl App {
 
     /// Moves `node`'s module to the next device in [`App::device_cycle`].
     pub(super) fn cycle_device_of(&mut self, node: super::NodeId) -> Vec<Effect> {
+        let next = self.next_device(node);
+        self.move_module(node, next)
+    }
+
+    /// The device after the one `node` is on, in [`App::device_cycle`] (for a module
+    /// on several, the one holding most of it).
+    fn next_device(&self, node: super::NodeId) -> Placement {
         let n = &self.tree.nodes[node];
         let current = n.split.iter().max_by_key(|(_, b)| *b).map(|(p, _)| *p);
         let cycle = self.device_cycle();
-        let next = match current.and_then(|c| cycle.iter().position(|&p| p == c)) {
+        match current.and_then(|c| cycle.iter().position(|&p| p == c)) {
             Some(i) if n.split.len() == 1 => cycle[(i + 1) % cycle.len()],
             Some(i) => cycle[i],
             None => cycle[0],
+        }
+    }
+
+    /// `d`: the picker over every device, the next one in the cycle selected (so `d`
+    /// then Enter does what `D` does).
+    pub(super) fn open_device_picker(&mut self) {
+        let Some(node) = self.selected() else { return };
+        let n = &self.tree.nodes[node];
+        let totals = self.device_totals();
+        let next = self.next_device(node);
+        let choices: Vec<super::DeviceChoice> = self
+            .device_cycle()
+            .into_iter()
+            .map(|device| {
+                let holds = totals
+                    .iter()
+                    .find(|(p, _)| *p == device)
+                    .map_or(0, |(_, b)| *b);
+                let here = n
+                    .split
+                    .iter()
+                    .find(|(p, _)| *p == device)
+                    .map_or(0, |(_, b)| *b);
+                super::DeviceChoice {
+                    device,
+                    holds,
+                    after: holds + n.bytes() - here,
+                    budget: self.device_budget(device),
+                    current: n.single_placement() == Some(device),
+                }
+            })
+            .collect();
+        let selected = choices.iter().position(|c| c.device == next).unwrap_or(0);
+        self.mode = Mode::DevicePicker(super::DevicePicker {
+            node,
+            choices,
+            selected,
+        });
+    }
+
+    pub(super) fn device_picker(&mut self, action: Action) -> Vec<Effect> {
+        let Mode::DevicePicker(picker) = &mut self.mode else {
+            return Vec::new();
         };
+        let n = picker.choices.len();
+        match action {
+            Action::Up => picker.selected = (picker.selected + n - 1) % n.max(1),
+            Action::Down | Action::NextField => picker.selected = (picker.selected + 1) % n.max(1),
+            Action::Close | Action::Quit => self.mode = Mode::Browse,
+            // The picker opens only once no map edit is in flight (`d` waits for it),
+            // and nothing starts one while it is open.
+            Action::Submit if self.busy.is_none() => {
+                let (node, device) = (picker.node, picker.choices[picker.selected].device);
+                self.mode = Mode::Browse;
+                return self.move_module(node, device);
+            }
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    /// Moves `node`'s module to `next`: one device-map edit (an undo step).
+    pub(super) fn move_module(&mut self, node: super::NodeId, next: Placement) -> Vec<Effect> {
         let key = self.tree.full_name(node);
         let mut map = self.ckpt.device_map.clone().unwrap_or_else(|| {
             // No map means everything on cpu; make that explicit before editing.

@@ -58,6 +58,31 @@ pub enum Mode {
     Plan(PlanDialog),
     /// What a plan would change, not applied until accepted.
     PlanPreview(Box<PlanPreview>),
+    /// The devices the selected module can go to (`d`).
+    DevicePicker(DevicePicker),
+}
+
+/// `d`: every device the module can go to, with what it would hold there against its
+/// budget; Enter moves the module to the one selected.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DevicePicker {
+    /// The module (or tensor) being placed.
+    pub node: NodeId,
+    pub choices: Vec<DeviceChoice>,
+    pub selected: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceChoice {
+    pub device: Placement,
+    /// What the device holds now.
+    pub holds: u64,
+    /// What it would hold with the module moved there.
+    pub after: u64,
+    /// Its budget (chosen or free), if known.
+    pub budget: Option<u64>,
+    /// Whether the whole module is on this device now.
+    pub current: bool,
 }
 
 /// A plan (`p`) shown before it is applied: Enter puts its map in place (one undo
@@ -661,6 +686,7 @@ impl App {
             }
             Mode::Confirm(_) => self.confirm(action),
             Mode::Plan(_) => self.plan_dialog(action),
+            Mode::DevicePicker(_) => return self.device_picker(action),
             Mode::PlanPreview(_) => {
                 match action {
                     Action::Submit => {
@@ -781,6 +807,7 @@ impl App {
             Action::PrevMatch => self.step_match(-1),
             Action::JumpTie => self.jump_tie(),
             Action::CycleDevice => return self.cycle_device(),
+            Action::PickDevice => self.open_device_picker(),
             Action::StartExport => self.open_export(),
             Action::StartPlan => self.open_plan(),
             Action::OpenSave => return self.open_save(),

@@ -94,6 +94,7 @@ impl App {
         matches!(
             action,
             Action::CycleDevice
+                | Action::PickDevice
                 | Action::Undo
                 | Action::Redo
                 | Action::StartExport

@@ -366,3 +366,76 @@ pub fn plan_preview(text: &[String], scroll: u16, frame: &mut Frame<'_>, area: R
     let scroll = scroll.min(total.saturating_sub(inner.height));
     frame.render_widget(paragraph.scroll((scroll, 0)), inner);
 }
+
+/// `d`: the devices, each with what it holds now → with the module, against its budget.
+pub fn device_picker(
+    app: &App,
+    picker: &crate::tui::app::DevicePicker,
+    frame: &mut Frame<'_>,
+    area: Rect,
+    theme: Theme,
+) {
+    let name = app.tree.full_name(picker.node);
+    let bytes = app.tree.nodes[picker.node].bytes();
+    let title = format!(
+        "Move {} ({}) to",
+        if name.is_empty() {
+            "the whole model"
+        } else {
+            name.as_str()
+        },
+        crate::human_bytes(bytes)
+    );
+    let inner = popup(
+        frame,
+        area,
+        72,
+        picker.choices.len() as u16 + 4,
+        &crate::text::escaped(&title),
+    );
+    let mut lines = vec![Line::from(Span::styled(
+        format!(
+            "  {:<9} {:>11}   {:>11}   budget",
+            "device", "holds now", "with it"
+        ),
+        theme.dim(),
+    ))];
+    for (i, c) in picker.choices.iter().enumerate() {
+        let over = c.budget.is_some_and(|b| c.after > b);
+        let budget = match c.budget {
+            Some(b) if over => format!("OVER {}", crate::human_bytes(b)),
+            Some(b) => format!(
+                "≤ {} ({} left)",
+                crate::human_bytes(b),
+                crate::human_bytes(b - c.after)
+            ),
+            None => "unknown".to_owned(),
+        };
+        let mark = if i == picker.selected { "▶ " } else { "  " };
+        let here = if c.current { " (here)" } else { "" };
+        let row = Line::from(vec![
+            Span::raw(mark),
+            Span::styled(
+                format!("{:<9}", c.device.to_string()),
+                theme.device(c.device),
+            ),
+            Span::raw(format!(
+                " {:>11} → {:>11}   ",
+                crate::human_bytes(c.holds),
+                crate::human_bytes(c.after)
+            )),
+            Span::styled(budget, if over { theme.bad() } else { theme.dim() }),
+            Span::styled(here, theme.dim()),
+        ]);
+        lines.push(if i == picker.selected {
+            row.style(theme.selected())
+        } else {
+            row
+        });
+    }
+    lines.push(Line::from(Span::styled(
+        "↑↓ choose  Enter move here  Esc cancel",
+        theme.dim(),
+    )));
+    frame.render_widget(Paragraph::new(lines), inner);
+}

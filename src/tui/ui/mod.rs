@@ -61,6 +61,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
             area,
             theme,
         ),
+        Mode::DevicePicker(picker) => dialogs::device_picker(app, picker, frame, area, theme),
         Mode::PlanPreview(preview) => {
             dialogs::plan_preview(&preview.lines, app.result_scroll, frame, area, theme);
         }
