@@ -686,7 +686,7 @@ impl App {
             }
             Mode::Confirm(_) => self.confirm(action),
             Mode::Plan(_) => self.plan_dialog(action),
-            Mode::DevicePicker(_) => return self.device_picker(action),
+            Mode::DevicePicker(_) => self.device_picker(action),
             Mode::PlanPreview(_) => {
                 match action {
                     Action::Submit => {
