@@ -21,11 +21,59 @@ pub struct Areas {
     pub tree_rows: usize,
 }
 
+/// The panel that takes the screen between the title and the status line (`z`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Zoomed {
+    Tree,
+    Details,
+    Devices,
+}
+
+/// Below this width the Memory panel gives its place to Devices (its gauges need
+/// more room than is left to be read).
+pub const MEMORY_MIN_WIDTH: u16 = 72;
+
 /// Where everything goes. `progress_rows` is how many lines the save panel would like
 /// (one per shard and its headings; 0: no save panel), `device_rows` how many the
 /// Devices panel would: each grows to hold them, the save panel up to a quarter of the
 /// screen and the bottom row up to a third.
 pub fn areas(area: Rect, progress_rows: usize, device_rows: usize) -> Areas {
+    areas_zoomed(area, progress_rows, device_rows, None)
+}
+
+/// [`areas`] with one panel zoomed: it takes the tree's and the bottom row's room,
+/// the others none (the save panel, when shown, stays).
+pub fn areas_zoomed(
+    area: Rect,
+    progress_rows: usize,
+    device_rows: usize,
+    zoomed: Option<Zoomed>,
+) -> Areas {
+    let mut a = layout(area, progress_rows, device_rows);
+    let Some(zoomed) = zoomed else {
+        return a;
+    };
+    let body = a.tree.union(a.details).union(a.devices).union(a.memory);
+    let body = match a.progress {
+        // The save panel sits between the tree and the bottom row: the zoomed panel
+        // takes the room above it and below it is left to the bottom row's height.
+        Some(p) => Rect::new(body.x, body.y, body.width, p.y.saturating_sub(body.y)),
+        None => body,
+    };
+    let (tree, details, devices) = match zoomed {
+        Zoomed::Tree => (body, Rect::default(), Rect::default()),
+        Zoomed::Details => (Rect::default(), body, Rect::default()),
+        Zoomed::Devices => (Rect::default(), Rect::default(), body),
+    };
+    a.tree = tree;
+    a.details = details;
+    a.devices = devices;
+    a.memory = Rect::default();
+    a.tree_rows = tree.height.saturating_sub(3) as usize;
+    a
+}
+
+fn layout(area: Rect, progress_rows: usize, device_rows: usize) -> Areas {
     let with_progress = progress_rows > 0;
     let base = if area.height >= 30 { 8 } else { 6 };
     let wanted = u16::try_from(device_rows + 2).unwrap_or(u16::MAX);
@@ -51,9 +99,13 @@ pub fn areas(area: Rect, progress_rows: usize, device_rows: usize) -> Areas {
         .direction(Direction::Horizontal)
         .constraints([Constraint::Percentage(62), Constraint::Percentage(38)])
         .split(rows[1]);
+    let memory_share = if area.width < MEMORY_MIN_WIDTH { 0 } else { 45 };
     let lower = Layout::default()
         .direction(Direction::Horizontal)
-        .constraints([Constraint::Percentage(55), Constraint::Percentage(45)])
+        .constraints([
+            Constraint::Percentage(100 - memory_share),
+            Constraint::Percentage(memory_share),
+        ])
         .split(rows[3]);
     Areas {
         title: rows[0],

@@ -86,6 +86,34 @@ impl TreeRows {
         }
     }
 
+    /// Every module open, the selection kept.
+    pub fn expand_all(&mut self) {
+        let keep = self.selected_node();
+        self.expanded.iter_mut().for_each(|e| *e = true);
+        self.rebuild();
+        if let Some(k) = keep {
+            self.select_node(k);
+        }
+    }
+
+    /// Only the top level shown, as when the model opened with nothing open; the
+    /// selection goes to the top-level module it was in.
+    pub fn collapse_all(&mut self, tree: &ModuleTree) {
+        let mut keep = self.selected_node();
+        while let Some(k) = keep
+            && let Some(parent) = tree.nodes[k].parent()
+            && parent != ModuleTree::ROOT
+        {
+            keep = Some(parent);
+        }
+        self.expanded.iter_mut().for_each(|e| *e = false);
+        self.expanded[ModuleTree::ROOT] = true;
+        self.rebuild();
+        if let Some(k) = keep {
+            self.select_node(k);
+        }
+    }
+
     /// Opens every ancestor of `id` and selects it.
     pub fn reveal(&mut self, tree: &ModuleTree, id: NodeId) {
         let mut at = tree.nodes[id].parent();

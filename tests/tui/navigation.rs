@@ -508,3 +508,48 @@ fn a_message_goes_after_a_few_seconds_and_the_key_bar_returns() {
     );
     journey.end(&app);
 }
+
+/// `z` gives the focused panel the screen and takes it back; `+` opens every module
+/// and `-` goes back to the top level, the selection kept (or moved to its top-level
+/// module).
+#[test]
+fn zoom_and_expand_or_collapse_everything() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    resized(&mut app, 100, 30);
+    let before = frame(&app, 100, 30);
+    assert!(before.contains("Details") && before.contains("Devices"));
+    press(&mut app, &[ch('z')]);
+    let zoomed = frame(&app, 100, 30);
+    assert!(
+        !zoomed.contains("Details") && !zoomed.contains("Devices") && !zoomed.contains("Memory"),
+        "{zoomed}"
+    );
+    // The tree has the rows the other panels had: more of it shows.
+    let rows = |s: &str| s.lines().filter(|l| l.starts_with('┃')).count();
+    assert!(rows(&zoomed) > rows(&before) + 5, "{zoomed}");
+    press(&mut app, &[ch('z'), key(KeyCode::Tab), ch('z')]);
+    let details = frame(&app, 100, 30);
+    assert!(
+        details.contains("▶ Details") && !details.contains("Modules"),
+        "{details}"
+    );
+    press(&mut app, &[ch('z'), key(KeyCode::BackTab)]);
+    // + opens everything: every tensor is a row.
+    let shown_before = app.rows.visible().len();
+    press(&mut app, &[ch('+')]);
+    let tensors = app.ckpt.tensors().len();
+    assert!(
+        app.rows.visible().len() >= tensors,
+        "{}",
+        app.rows.visible().len()
+    );
+    assert!(app.rows.visible().len() > shown_before);
+    // Deep in the tree, - closes everything and selects the top-level module.
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("layers.3.proj"));
+    press(&mut app, &[key(KeyCode::Enter), ch('-')]);
+    assert_eq!(selected_name(&app), "model");
+    assert!(app.rows.visible().len() < shown_before + 1);
+}

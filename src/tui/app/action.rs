@@ -52,6 +52,11 @@ pub enum Action {
     StartExport,
     OpenSave,
     Help,
+    /// `z`: the focused panel takes the screen, or gives it back.
+    Zoom,
+    /// `+` / `-`: every module open, or only the top level.
+    ExpandAll,
+    CollapseAll,
     Quit,
     /// Esc: close what is open, or ask to cancel a running save.
     Close,

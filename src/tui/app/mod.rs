@@ -274,6 +274,8 @@ pub struct App {
     pub cursor: Option<usize>,
     /// Which panel the movement keys scroll, and how far each scrolled panel is.
     pub focus: Focus,
+    /// `z`: the focused panel takes the screen.
+    pub zoomed: bool,
     pub details_scroll: u16,
     pub devices_scroll: u16,
     /// Lines scrolled in the plan result.
@@ -388,6 +390,7 @@ impl App {
             last_search: String::new(),
             cursor: None,
             focus: Focus::Tree,
+            zoomed: false,
             details_scroll: 0,
             devices_scroll: 0,
             result_scroll: 0,
@@ -464,7 +467,7 @@ impl App {
     /// tree's selection, three rows a notch.
     fn wheel(&mut self, column: u16, row: u16, down: bool) {
         let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
-        let areas = super::layout::areas(screen, self.progress_rows(), self.device_rows());
+        let areas = self.layout(screen);
         let at = ratatui::layout::Position::new(column, row);
         let notch = |v: u16| {
             if down {
@@ -490,7 +493,7 @@ impl App {
     /// opens or closes it.
     fn click(&mut self, column: u16, row: u16) {
         let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
-        let tree = super::layout::areas(screen, self.progress_rows(), self.device_rows()).tree;
+        let tree = self.layout(screen).tree;
         // Inside the border, below the header line.
         let first = tree.y + 2;
         if column <= tree.x
@@ -536,9 +539,20 @@ impl App {
         totals.into_iter().collect()
     }
 
+    /// Where the panels are on `screen`, with the zoom (`z`) applied.
+    pub fn layout(&self, screen: ratatui::layout::Rect) -> super::layout::Areas {
+        use super::layout::Zoomed;
+        let zoomed = self.zoomed.then_some(match self.focus {
+            Focus::Tree => Zoomed::Tree,
+            Focus::Details => Zoomed::Details,
+            Focus::Devices => Zoomed::Devices,
+        });
+        super::layout::areas_zoomed(screen, self.progress_rows(), self.device_rows(), zoomed)
+    }
+
     fn tree_height(&self) -> usize {
         let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
-        super::layout::areas(screen, self.progress_rows(), self.device_rows()).tree_rows
+        self.layout(screen).tree_rows
     }
 
     /// A message that stays while the work it names runs (a save, a verification):
@@ -812,6 +826,12 @@ impl App {
             Action::StartPlan => self.open_plan(),
             Action::OpenSave => return self.open_save(),
             Action::Help => self.mode = Mode::Help,
+            Action::Zoom => {
+                self.zoomed = !self.zoomed;
+                self.rows.scroll_into_view(self.tree_height());
+            }
+            Action::ExpandAll => self.rows.expand_all(),
+            Action::CollapseAll => self.rows.collapse_all(&self.tree),
             Action::ShowWarnings => self.mode = Mode::Warnings,
             Action::Quit => {
                 if self.save_running() {

@@ -15,13 +15,13 @@ use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
 
 use super::app::{App, Mode, Tone};
 use super::keys;
-use super::layout::{Areas, areas};
+use super::layout::Areas;
 use theme::Theme;
 
 /// The layout the app is drawn with (the progress panel takes room while a save is
 /// shown).
 pub fn app_areas(app: &App, area: Rect) -> Areas {
-    areas(area, app.progress_rows(), app.device_rows())
+    app.layout(area)
 }
 
 pub fn draw(app: &App, frame: &mut Frame<'_>) {
@@ -37,13 +37,23 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
     }
     let a = app_areas(app, area);
     draw_title(app, frame, a.title, theme);
-    tree::draw(app, frame, a.tree, theme);
-    details::draw(app, frame, a.details, theme);
+    // A panel zoomed away or dropped on a narrow screen has no room: not drawn.
+    let shown = |r: Rect| r.width > 2 && r.height > 2;
+    if shown(a.tree) {
+        tree::draw(app, frame, a.tree, theme);
+    }
+    if shown(a.details) {
+        details::draw(app, frame, a.details, theme);
+    }
     if let Some(p) = a.progress {
         panels::progress(app, frame, p, theme);
     }
-    panels::devices(app, frame, a.devices, theme);
-    panels::memory(app, frame, a.memory, theme);
+    if shown(a.devices) {
+        panels::devices(app, frame, a.devices, theme);
+    }
+    if shown(a.memory) {
+        panels::memory(app, frame, a.memory, theme);
+    }
     draw_status(app, frame, a.status, theme);
     match &app.mode {
         Mode::SaveDialog(d) => dialogs::save(app, d, frame, area, theme),
