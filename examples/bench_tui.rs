@@ -227,6 +227,14 @@ fn main() -> std::io::Result<()> {
         }
         key_to_frame(&mut app, Action::Close);
     }
+    let mut filter_typing = Vec::new();
+    for _ in 0..5 {
+        key_to_frame(&mut app, Action::StartFilter);
+        for c in "layers.7 dev:cpu".chars() {
+            filter_typing.push(key_to_frame(&mut app, Action::Input(c)));
+        }
+        key_to_frame(&mut app, Action::Close);
+    }
     let mut save_typing = Vec::new();
     let mut previews = Vec::new();
     let mut clock = Duration::from_secs(1);
@@ -334,6 +342,10 @@ fn main() -> std::io::Result<()> {
     for (name, v) in [
         ("navigation (↑↓, PgDn, →←)", navigation),
         ("typing a search", search_typing),
+        (
+            "typing a filter (the tree re-filtered each key)",
+            filter_typing,
+        ),
         (
             "typing in the save dialog (size, path, Tab, ←→)",
             save_typing,

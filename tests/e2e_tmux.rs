@@ -182,6 +182,32 @@ fn the_device_picker_moves_a_module_in_a_real_terminal() {
     assert_restored(&tmux);
 }
 
+/// `f` filters the tree in a real terminal; Esc clears the filter.
+#[test]
+#[ignore = "needs tmux (CI installs it)"]
+fn filter_mode_in_a_real_terminal() {
+    let m = mixed_model();
+    let tmux = start("filter", &wrapped("", &format!("'{}'", m.dir.display())));
+    tmux.wait_for("Modules", Duration::from_secs(20));
+    tmux.keys(&["f"]);
+    tmux.type_text("dev:disk");
+    let typed = tmux.wait_for("filter dev:disk", Duration::from_secs(5));
+    assert!(
+        !typed.contains("lm_head"),
+        "gpu:0's lm_head is filtered out:\n{typed}"
+    );
+    tmux.keys(&["Enter"]);
+    let kept = tmux.wait_for("[filter: dev:disk]", Duration::from_secs(5));
+    assert!(kept.contains("disk"), "{kept}");
+    tmux.keys(&["Escape"]);
+    let cleared = tmux.wait_for("filter cleared", Duration::from_secs(5));
+    assert!(cleared.contains("lm_head"), "{cleared}");
+    tmux.keys(&["q"]);
+    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
+    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
+    assert_restored(&tmux);
+}
+
 /// `p` plans and previews, changing nothing until Enter: Esc leaves the map as it
 /// was (no `[map edited]`, `q` quits without asking), Enter applies it.
 #[test]

@@ -29,6 +29,10 @@ pub const HELP: &[(&str, &str)] = &[
     ("v", "verify a finished save: compare it with its source"),
     ("+  -", "open every module; back to the top level"),
     (
+        "f",
+        "filter the tree: name text, dev:cpu, dtype:bf16, src:offload, tied (Esc clears)",
+    ),
+    (
         "z",
         "zoom: the focused panel takes the screen (z again gives it back)",
     ),
@@ -109,6 +113,9 @@ pub fn hint(mode: &Mode) -> &'static str {
             "↑↓ move  →← open/close  / search  t tie  d device  u undo  p plan  w export  s save  ? help  q quit"
         }
         Mode::Search(_) => "type to search  Enter keep  Esc cancel",
+        Mode::Filter(_) => {
+            "name text, dev:cpu, dtype:bf16, src:offload, tied  Enter keep  Esc clear"
+        }
         Mode::SaveDialog(_) => {
             "Tab field  ←→ preset/cursor  ^W ^U delete  ^O overwrite  Enter start  Esc close"
         }
@@ -131,14 +138,16 @@ pub fn key_action(mode: &Mode, key: KeyEvent) -> Option<Action> {
         Mode::Browse => browse(key),
         Mode::Export(_) if key.code == KeyCode::Tab => Some(Action::NextField),
         // The one-line text prompts: search, the export path, the plan's budgets.
-        Mode::Search(_) | Mode::Export(_) | Mode::Plan(_) => text_keys(key).or(match key.code {
-            KeyCode::Enter => Some(Action::Submit),
-            KeyCode::Esc => Some(Action::Close),
-            KeyCode::Left => Some(Action::CursorLeft),
-            KeyCode::Right => Some(Action::CursorRight),
-            KeyCode::Char(c) if !ctrl => Some(Action::Input(c)),
-            _ => None,
-        }),
+        Mode::Search(_) | Mode::Filter(_) | Mode::Export(_) | Mode::Plan(_) => {
+            text_keys(key).or(match key.code {
+                KeyCode::Enter => Some(Action::Submit),
+                KeyCode::Esc => Some(Action::Close),
+                KeyCode::Left => Some(Action::CursorLeft),
+                KeyCode::Right => Some(Action::CursorRight),
+                KeyCode::Char(c) if !ctrl => Some(Action::Input(c)),
+                _ => None,
+            })
+        }
         Mode::SaveDialog(_) => text_keys(key).or(match key.code {
             KeyCode::Enter => Some(Action::Submit),
             KeyCode::Esc => Some(Action::Close),
@@ -229,6 +238,7 @@ fn browse(key: KeyEvent) -> Option<Action> {
         KeyCode::Char('v') => Action::Verify,
         KeyCode::Char('?') => Action::Help,
         KeyCode::Char('z') => Action::Zoom,
+        KeyCode::Char('f') => Action::StartFilter,
         KeyCode::Char('+') => Action::ExpandAll,
         KeyCode::Char('-') => Action::CollapseAll,
         KeyCode::Char('!') => Action::ShowWarnings,

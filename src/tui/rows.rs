@@ -9,6 +9,8 @@ pub struct TreeRows {
     expanded: Vec<bool>,
     /// Nodes never shown: a quantized weight's scales (its row shows them).
     hidden: Vec<bool>,
+    /// A filter in place (`f`): only these nodes show, every one of them open.
+    filter: Option<Vec<bool>>,
     /// One past the last node of each node's subtree (pre-order numbering).
     subtree_end: Vec<NodeId>,
     visible: Vec<NodeId>,
@@ -34,6 +36,7 @@ impl TreeRows {
         let mut rows = TreeRows {
             expanded,
             hidden,
+            filter: None,
             subtree_end,
             visible: Vec::new(),
             selected: 0,
@@ -45,6 +48,13 @@ impl TreeRows {
 
     fn rebuild(&mut self) {
         self.visible.clear();
+        if let Some(keep) = &self.filter {
+            // Filtered: what the filter keeps, open, in tree order.
+            self.visible
+                .extend((1..keep.len()).filter(|&id| keep[id] && !self.hidden[id]));
+            self.selected = self.selected.min(self.visible.len().saturating_sub(1));
+            return;
+        }
         let mut id = 1;
         while id < self.expanded.len() {
             if !self.hidden[id] {
@@ -84,6 +94,24 @@ impl TreeRows {
                 self.select_node(k);
             }
         }
+    }
+
+    /// Shows only the nodes `keep` marks (`None`: the tree as its open flags say),
+    /// keeping the selection where it still shows.
+    pub fn set_filter(&mut self, keep: Option<Vec<bool>>) {
+        let was = self.selected_node();
+        self.filter = keep;
+        self.rebuild();
+        match was {
+            Some(k) if self.visible.binary_search(&k).is_ok() => self.select_node(k),
+            _ => self.selected = 0,
+        }
+        self.offset = self.offset.min(self.selected);
+    }
+
+    /// Whether a filter is in place.
+    pub fn filtered(&self) -> bool {
+        self.filter.is_some()
     }
 
     /// Every module open, the selection kept.

@@ -553,3 +553,93 @@ fn zoom_and_expand_or_collapse_everything() {
     assert_eq!(selected_name(&app), "model");
     assert!(app.rows.visible().len() < shown_before + 1);
 }
+
+/// `f` filters the tree as it is typed: only the tensors that match show, with the
+/// modules that hold them; words combine (name text, `dev:`, `dtype:`, `src:`, `tied`);
+/// Enter keeps the filter (the header says so), a map edit re-applies it, Esc clears
+/// it.
+#[test]
+fn filter_mode_hides_what_does_not_match() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    let all = app.rows.visible().len();
+    press(&mut app, &[ch('f')]);
+    press(&mut app, &text("dev:disk"));
+    assert!(matches!(app.mode, Mode::Filter(_)));
+    let disk: Vec<String> = app
+        .rows
+        .visible()
+        .iter()
+        .filter_map(|&id| app.tree.nodes[id].tensor())
+        .map(|t| app.ckpt.tensors()[t].name.to_string())
+        .collect();
+    assert!(!disk.is_empty());
+    for (t, tensor) in app.ckpt.tensors().iter().enumerate() {
+        let shown = disk.iter().any(|n| **n == *tensor.name);
+        assert_eq!(
+            shown,
+            tensor.placement == Placement::Disk,
+            "{} ({}), node {}",
+            tensor.name,
+            tensor.placement,
+            app.tree.node_of(t)
+        );
+    }
+    // A second word narrows it: the layer of the first tensor on disk.
+    let layer = disk
+        .iter()
+        .find_map(|n| {
+            let at = n.find("layers.")?;
+            let rest = &n[at + 7..];
+            Some(format!("layers.{}.", &rest[..rest.find('.')?]))
+        })
+        .expect("a layer on disk");
+    press(&mut app, &text(&format!(" {layer}")));
+    let narrowed: Vec<String> = app
+        .rows
+        .visible()
+        .iter()
+        .filter_map(|&id| app.tree.nodes[id].tensor())
+        .map(|t| app.ckpt.tensors()[t].name.to_string())
+        .collect();
+    assert!(
+        !narrowed.is_empty() && narrowed.len() < disk.len(),
+        "{narrowed:?}"
+    );
+    assert!(narrowed.iter().all(|n| n.contains(&layer)), "{narrowed:?}");
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(app.mode, Mode::Browse);
+    let screen = frame(&app, 120, 40);
+    assert!(
+        screen.contains(&format!("[filter: dev:disk {layer}]")),
+        "{screen}"
+    );
+    // The filter stays through a map edit and follows it: the layer moved off disk
+    // leaves nothing on disk under that name.
+    press(&mut app, &[ch('g')]);
+    let module = format!("model.{}", layer.trim_end_matches('.'));
+    while selected_name(&app) != module {
+        press(&mut app, &[ch('j')]);
+    }
+    press(&mut app, &[ch('D')]);
+    assert!(
+        app.rows
+            .visible()
+            .iter()
+            .filter_map(|&id| app.tree.nodes[id].tensor())
+            .all(|t| app.ckpt.tensors()[t].placement == Placement::Disk),
+        "the filter follows the edited map"
+    );
+    // Esc clears it: the tree as its open modules say (undo opened the one it names).
+    press(&mut app, &[ch('u'), key(KeyCode::Esc)]);
+    assert!(app.filter.is_none() && !app.rows.filtered());
+    assert!(app.rows.visible().len() >= all);
+    assert!(frame(&app, 120, 40).contains("filter cleared"));
+    // Words that match nothing: no row, and the message says so.
+    press(&mut app, &[ch('f')]);
+    press(&mut app, &text("dtype:f64"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(app.rows.visible().is_empty());
+    assert!(frame(&app, 120, 40).contains("0 rows"));
+}

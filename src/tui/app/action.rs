@@ -52,6 +52,8 @@ pub enum Action {
     StartExport,
     OpenSave,
     Help,
+    /// `f`: type a filter for the tree.
+    StartFilter,
     /// `z`: the focused panel takes the screen, or gives it back.
     Zoom,
     /// `+` / `-`: every module open, or only the top level.

@@ -6,6 +6,7 @@ mod action;
 mod devices;
 mod edit;
 mod export;
+mod filter;
 mod save;
 
 pub use action::{Action, Effect};
@@ -49,6 +50,8 @@ pub const SAVE_MEMORY: u64 = 8 << 20;
 pub enum Mode {
     Browse,
     Search(String),
+    /// `f`: the filter being typed (the tree follows as it changes).
+    Filter(String),
     SaveDialog(Box<SaveDialog>),
     Export(ExportDialog),
     Help,
@@ -274,6 +277,8 @@ pub struct App {
     pub cursor: Option<usize>,
     /// Which panel the movement keys scroll, and how far each scrolled panel is.
     pub focus: Focus,
+    /// The filter in place (`f`): the tree shows only what it keeps.
+    pub filter: Option<String>,
     /// `z`: the focused panel takes the screen.
     pub zoomed: bool,
     pub details_scroll: u16,
@@ -390,6 +395,7 @@ impl App {
             last_search: String::new(),
             cursor: None,
             focus: Focus::Tree,
+            filter: None,
             zoomed: false,
             details_scroll: 0,
             devices_scroll: 0,
@@ -426,7 +432,7 @@ impl App {
     fn paste(&mut self, text: &str) -> Vec<Effect> {
         let clean: String = text.chars().filter(|c| !c.is_control()).collect();
         let in_field = match &self.mode {
-            Mode::Search(_) | Mode::Export(_) | Mode::Plan(_) => true,
+            Mode::Search(_) | Mode::Filter(_) | Mode::Export(_) | Mode::Plan(_) => true,
             Mode::SaveDialog(d) => d.field != Field::Dtype,
             _ => false,
         };
@@ -674,6 +680,10 @@ impl App {
                 self.search_input(action);
                 Vec::new()
             }
+            Mode::Filter(_) => {
+                self.filter_input(action);
+                Vec::new()
+            }
             Mode::SaveDialog(_) => self.save_dialog(action),
             Mode::Export(_) => self.export_dialog(action),
             Mode::Help | Mode::Warnings => {
@@ -826,6 +836,7 @@ impl App {
             Action::StartPlan => self.open_plan(),
             Action::OpenSave => return self.open_save(),
             Action::Help => self.mode = Mode::Help,
+            Action::StartFilter => self.open_filter(),
             Action::Zoom => {
                 self.zoomed = !self.zoomed;
                 self.rows.scroll_into_view(self.tree_height());
@@ -844,7 +855,11 @@ impl App {
                 }
             }
             Action::Close => {
-                if self.save_running() {
+                if self.filter.is_some() && !self.save_running() {
+                    // Esc first takes the filter away.
+                    self.clear_filter();
+                    self.say("filter cleared", Tone::Info);
+                } else if self.save_running() {
                     self.mode = Mode::Confirm(Confirm::CancelSave);
                 } else if self.verify_running() {
                     return vec![Effect::CancelVerify];

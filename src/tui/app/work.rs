@@ -273,6 +273,10 @@ impl App {
             .name("devmap-free".into())
             .spawn(move || drop(old));
         self.warnings = warnings;
+        // A filter by device follows the new map.
+        if let Some(filter) = self.filter.clone() {
+            self.apply_filter(&filter);
+        }
     }
 
     /// Whether something on screen moves by itself (a save's progress, a spinner), so

@@ -75,7 +75,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
         Mode::PlanPreview(preview) => {
             dialogs::plan_preview(&preview.lines, app.result_scroll, frame, area, theme);
         }
-        Mode::Browse | Mode::Search(_) => {}
+        Mode::Browse | Mode::Search(_) | Mode::Filter(_) => {}
     }
 }
 
@@ -97,6 +97,12 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         markers.push(Span::styled("  [map edited, exported]", theme.dim()));
     } else if app.map_edited() {
         markers.push(Span::styled("  [map edited]", theme.warn()));
+    }
+    if let Some(f) = &app.filter {
+        markers.push(Span::styled(
+            format!("  [filter: {}]", crate::text::escaped(f)),
+            theme.warn(),
+        ));
     }
     if !app.warnings.is_empty() {
         markers.push(Span::styled(
@@ -170,6 +176,18 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let hint_width =
         usize::from(area.width).saturating_sub(busy.as_ref().map_or(0, |b| b.chars().count()));
     let line = match (&app.mode, &app.message) {
+        (Mode::Filter(q), _) => Line::from(vec![
+            Span::styled("filter ", theme.title()),
+            Span::raw(with_cursor(q, app.cursor)),
+            Span::styled(
+                format!(
+                    "   {}   {}",
+                    crate::text::count(app.rows.visible().len(), "row", "rows"),
+                    keys::hint(&app.mode)
+                ),
+                theme.dim(),
+            ),
+        ]),
         (Mode::Search(q), _) => {
             // The count always shows; the query scrolls to keep its cursor in view;
             // the key hint takes what is left.

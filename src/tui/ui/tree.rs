@@ -93,7 +93,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         let node = &app.tree.nodes[id];
         let marker = if !app.rows.has_children(id) {
             "  "
-        } else if app.rows.is_expanded(id) {
+        } else if app.rows.filtered() || app.rows.is_expanded(id) {
             "▾ "
         } else {
             "▸ "
