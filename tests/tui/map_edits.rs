@@ -607,3 +607,35 @@ fn the_device_picker_shows_budgets_and_moves_the_module_where_chosen() {
         .unwrap_or_default();
     assert!(cpu.contains("OVER 2.93 KiB"), "{screen}");
 }
+
+/// A row moved since the model opened is marked `*` (the modules above it too), until
+/// an undo puts it back; the header names what the weights were read from.
+#[test]
+fn edited_rows_are_marked_and_the_header_names_the_source() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    let screen = frame(&app, 120, 40);
+    assert!(screen.contains("· safetensors + offload ·"), "{screen}");
+    assert!(!screen.contains('*'), "{screen}");
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("layers.4"));
+    press(&mut app, &[key(KeyCode::Enter), ch('D')]);
+    let screen = frame(&app, 120, 40);
+    let row = |screen: &str, name: &str| {
+        screen
+            .lines()
+            .find(|l| l.contains(&format!(" {name} ")))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    assert!(row(&screen, "4").contains("disk*"), "{screen}");
+    assert!(row(&screen, "layers").contains("mixed*"), "{screen}");
+    assert!(!row(&screen, "3").contains('*'), "{screen}");
+    press(&mut app, &[ch('u')]);
+    let screen = frame(&app, 120, 40);
+    assert!(
+        !screen.contains("disk*") && !screen.contains("mixed*"),
+        "{screen}"
+    );
+}

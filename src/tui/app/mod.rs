@@ -325,6 +325,12 @@ pub struct App {
     pub preview_generation: u64,
     /// The devices that held weights when the model opened.
     pub opened_devices: Vec<Placement>,
+    /// Each tensor's device as the model opened (the `*` of an edited row compares
+    /// with it).
+    opened_placements: Vec<Placement>,
+    /// Rows whose tensors are, some of them, on another device than when the model
+    /// opened: by node, kept current as the map changes.
+    pub edited_nodes: Vec<bool>,
     /// For tests: the [`SaveOptions::pause_file`] of the saves this App starts, so a
     /// journey can cancel or quit a save that is surely still running.
     #[doc(hidden)]
@@ -378,6 +384,7 @@ impl App {
             .unwrap_or_default();
         let warnings = crate::model::checks::all_warnings(&ckpt);
         let unedited_map = ckpt.device_map.clone();
+        let opened_placements = ckpt.tensors().iter().map(|t| t.placement).collect();
         let opened_devices = tree.nodes[ModuleTree::ROOT]
             .split
             .iter()
@@ -423,6 +430,8 @@ impl App {
             queued: VecDeque::new(),
             preview_generation: 0,
             opened_devices,
+            opened_placements,
+            edited_nodes: Vec::new(),
         }
     }
 
@@ -554,6 +563,36 @@ impl App {
             Focus::Devices => Zoomed::Devices,
         });
         super::layout::areas_zoomed(screen, self.progress_rows(), self.device_rows(), zoomed)
+    }
+
+    /// Marks the rows whose tensors moved since the model opened (and the modules
+    /// above them).
+    pub(super) fn mark_edited_rows(&mut self) {
+        let mut edited = vec![false; self.tree.len()];
+        let mut any = false;
+        for (t, tensor) in self.ckpt.tensors().iter().enumerate() {
+            if self.opened_placements.get(t) != Some(&tensor.placement) {
+                edited[self.tree.node_of(t)] = true;
+                any = true;
+            }
+        }
+        if any {
+            for id in (1..edited.len()).rev() {
+                if edited[id]
+                    && let Some(parent) = self.tree.nodes[id].parent()
+                {
+                    edited[parent] = true;
+                }
+            }
+        } else {
+            edited.clear();
+        }
+        self.edited_nodes = edited;
+    }
+
+    /// Whether row `id` holds tensors moved since the model opened.
+    pub fn row_edited(&self, id: NodeId) -> bool {
+        self.edited_nodes.get(id).copied().unwrap_or(false)
     }
 
     fn tree_height(&self) -> usize {

@@ -273,6 +273,7 @@ impl App {
             .name("devmap-free".into())
             .spawn(move || drop(old));
         self.warnings = warnings;
+        self.mark_edited_rows();
         // A filter by device follows the new map.
         if let Some(filter) = self.filter.clone() {
             self.apply_filter(&filter);

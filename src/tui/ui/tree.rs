@@ -107,7 +107,11 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 .collect::<String>()
                 + "…";
         }
-        let (badge, badge_style) = badge(node, theme);
+        let (mut badge, badge_style) = badge(node, theme);
+        // `*`: moved since the model opened (by `d`, a plan, an undo of one).
+        if app.row_edited(id) {
+            badge.push('*');
+        }
         // One marker column: ⇄ a tied tensor, + one a LoRA adapter changes on save.
         let changed = node
             .tensor()
