@@ -196,7 +196,11 @@ pub fn source_kind(ckpt: &crate::model::checkpoint::Checkpoint) -> String {
         && any(&crate::formats::rank_files::is_rank_file_name)
     {
         "rank files"
-    } else if any(&|n| n.ends_with(".bin")) {
+    } else if ckpt
+        .weight_files
+        .iter()
+        .any(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("bin")))
+    {
         ".bin"
     } else {
         "safetensors"
