@@ -451,6 +451,16 @@ fn tab_completes_paths_then_moves_on() {
         .map(|m| m.text.clone())
         .unwrap_or_default();
     assert_eq!(said, "Tab: alpha_dir/  alpine.txt");
+    // …on the screen, while the dialog is open (it once showed only after it closed).
+    let screen = frame(&app, 120, 40);
+    assert!(
+        screen
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .contains("Tab: alpha_dir/  alpine.txt"),
+        "{screen}"
+    );
     // Shift-Tab goes back a field, and Tab forward again.
     press(&mut app, &[key(KeyCode::BackTab)]);
     assert_eq!(out(&app).1, Field::ShardSize);

@@ -257,7 +257,9 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 Span::styled(format!("{count}{hint}"), theme.dim()),
             ])
         }
-        (Mode::Browse, Some(m)) => {
+        // A message stands where the key bar is, in a dialog too (Tab's list of
+        // completions in the save dialog was only seen once the dialog closed).
+        (Mode::Browse | Mode::SaveDialog(_) | Mode::Export(_), Some(m)) => {
             let style = match m.tone {
                 Tone::Info => ratatui::style::Style::default(),
                 Tone::Good => theme.good(),
