@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{devmap, mixed_model, snapshot, stderr};
+use common::{arg, devmap, mixed_model, snapshot, stderr, stdout};
 use devmap::model::checkpoint::{Checkpoint, Parts, Source, Tensor};
 use devmap::model::{DType, Placement};
 use devmap::save::{SaveOptions, prepare};
@@ -469,4 +469,88 @@ fn a_config_value_of_the_wrong_type_is_named() {
         text.contains("`torch_dtype` is a number (5), not a dtype name"),
         "{text}"
     );
+}
+
+/// A copy of the demo (two shards and an index) in a temporary folder.
+fn demo_copy(tmp: &Path) -> PathBuf {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let dir = tmp.join("demo");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    for entry in std::fs::read_dir(&demo).expect("demo") {
+        let entry = entry.expect("entry");
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
+        }
+    }
+    dir
+}
+
+/// One shard cut short: `inspect` opens what is readable and names the broken file
+/// and its tensors (those whose bytes are there are read as usual); a save refuses,
+/// naming the file. Cut inside its header, every tensor the index maps to it is kept
+/// without data.
+#[test]
+fn a_truncated_shard_opens_for_looking_and_is_refused_for_saving() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = demo_copy(tmp.path());
+    let second = dir.join("model-00002-of-00002.safetensors");
+    let len = std::fs::metadata(&second).expect("shard").len();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&second)
+        .expect("open");
+    file.set_len(len - 1000).expect("cut the data");
+    drop(file);
+    let o = devmap(&["inspect", arg(&dir), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let broken = report["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .find(|w| w["kind"] == "broken_file")
+        .unwrap_or_else(|| panic!("no broken_file warning: {report}"));
+    let unreadable: Vec<&str> = broken["names"]
+        .as_array()
+        .expect("names")
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    assert!(!unreadable.is_empty(), "{broken}");
+    // The shard's other tensors were read: fewer unreadable than the shard holds.
+    let header = devmap::formats::safetensors::read_header_of_cut_file(&second).expect("header");
+    assert!(unreadable.len() < header.tensors.len(), "{unreadable:?}");
+    let text = devmap(&["inspect", arg(&dir)]);
+    let said = stdout(&text) + &stderr(&text);
+    assert!(
+        said.contains("model-00002-of-00002.safetensors cannot be read whole"),
+        "{said}"
+    );
+    let out = tmp.path().join("out");
+    let e = refused(&dir, &out, &[]);
+    assert!(e.contains("model-00002-of-00002.safetensors"), "{e}");
+
+    // Cut inside its header: every tensor the index maps there, without data.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&second)
+        .expect("open");
+    file.set_len(100).expect("cut the header");
+    drop(file);
+    let o = devmap(&["inspect", arg(&dir), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let broken = report["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .find(|w| w["kind"] == "broken_file")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(
+        broken["names"].as_array().map(Vec::len),
+        Some(header.tensors.len()),
+        "{broken}"
+    );
+    let e = refused(&dir, &out, &[]);
+    assert!(e.contains("model-00002-of-00002.safetensors"), "{e}");
 }

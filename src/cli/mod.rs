@@ -24,7 +24,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     match args.command {
         Some(Command::Verify(a)) => Ok(verify::run(&a, &args.model)),
         Some(Command::Inspect(a)) => {
-            let mut ckpt = open(&a.dir, &args.model)?;
+            let mut ckpt = open_to_look(&a.dir, &args.model)?;
             if let Some(budgets) = &a.max_memory {
                 ckpt.warnings
                     .extend(devmap::plan::budget_warnings(&ckpt, &budgets.0));
@@ -61,14 +61,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 let what = dir.display().to_string();
                 let budgets = args.max_memory.map(|b| b.0).unwrap_or_default();
                 let loaded = devmap::tui::run_loading(&what, budgets, move |status| {
-                    open_with(&dir, &model, Some(&|line| status.set(line)))
+                    open_with(&dir, &model, Some(&|line| status.set(line)), true)
                 })
                 .wrap_err("the terminal interface failed")?;
                 if let devmap::tui::Loaded::Failed(e) = loaded {
                     return Err(e);
                 }
             } else {
-                let ckpt = open(&dir, &args.model)?;
+                let ckpt = open_to_look(&dir, &args.model)?;
                 // Not a terminal (piped, redirected): the same picture as text.
                 out(inspect::to_text(&ckpt, inspect::TextOptions::default()))?;
             }
@@ -81,15 +81,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
 /// (`org/name[@revision]`, when no such path exists), or a remote model (`hf://…`,
 /// `https://…`) read by its headers alone.
 pub(super) fn open(arg: &Path, model: &ModelArgs) -> Result<Checkpoint> {
-    open_with(arg, model, None)
+    open_with(arg, model, None, false)
+}
+
+/// [`open`] for looking (the inspector, `inspect`): a broken shard is a warning, its
+/// tensors kept without data, instead of the model not opening.
+pub(super) fn open_to_look(arg: &Path, model: &ModelArgs) -> Result<Checkpoint> {
+    open_with(arg, model, None, true)
 }
 
 /// [`open`]; with `report`, a remote fetch's progress goes there (the inspector's
-/// opening screen) instead of stderr.
+/// opening screen) instead of stderr; `looking`: see [`open_to_look`].
 fn open_with(
     arg: &Path,
     model: &ModelArgs,
     report: Option<&(dyn Fn(String) + Sync)>,
+    looking: bool,
 ) -> Result<Checkpoint> {
     let options = LoadOptions {
         device_map: model.device_map.clone(),
@@ -97,6 +104,7 @@ fn open_with(
         ties: model.ties.clone(),
         config_dir: model.config_dir.clone(),
         state_dict_key: model.state_dict_key.clone(),
+        open_broken: looking,
     };
     if let Some(source) = remote_source(arg)? {
         let mirror = fetch_headers(&source, report, model.max_remote_shards)?;

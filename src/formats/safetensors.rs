@@ -40,6 +40,17 @@ pub struct Header {
 
 /// Reads and validates the header of the safetensors file at `path`.
 pub fn read_header(path: &Path) -> Result<Header, FormatError> {
+    read_header_as(path, false)
+}
+
+/// The header of a file cut short after its header (a download that stopped): checked
+/// as a whole file of the length its header declares. Its tensors past the real end
+/// (`Header::file_len`) have no bytes; the caller tells them apart.
+pub fn read_header_of_cut_file(path: &Path) -> Result<Header, FormatError> {
+    read_header_as(path, true)
+}
+
+fn read_header_as(path: &Path, cut: bool) -> Result<Header, FormatError> {
     let file = super::input::open_regular(path)?;
     let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
     if file_len < 8 {
@@ -59,6 +70,17 @@ pub fn read_header(path: &Path) -> Result<Header, FormatError> {
     // as much again as the entries parsed from it.
     let text = std::io::Read::take(PositionedReader { file: &file, at: 8 }, header_len);
     let raw = parse_entries(path, text, 8 + header_len)?;
+    if cut {
+        let declared = raw
+            .tensors
+            .iter()
+            .map(|t| t.offset.saturating_add(t.len))
+            .max()
+            .unwrap_or(8 + header_len);
+        let mut header = finish(path, raw, 8 + header_len, declared.max(file_len))?;
+        header.file_len = file_len;
+        return Ok(header);
+    }
     finish(path, raw, 8 + header_len, file_len)
 }
 

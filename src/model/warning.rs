@@ -97,6 +97,14 @@ pub enum Warning {
     /// What a training checkpoint holds besides the model's weights, left out of the
     /// model (a note: nothing is wrong).
     LeftOut { file: PathBuf, entries: Vec<String> },
+    /// A weight file that cannot be read whole (cut short by a download, overwritten):
+    /// the model opened without the tensors it should hold (`unreadable`, no data),
+    /// which a save refuses.
+    BrokenFile {
+        file: PathBuf,
+        problem: String,
+        unreadable: Vec<String>,
+    },
     /// A tensor stored in chunks across ranks that do not make it up exactly once.
     PiecesDoNotTile {
         tensor: String,
@@ -149,6 +157,7 @@ impl Warning {
             Warning::ConfigValue { .. } => "config_value",
             Warning::PiecesDoNotTile { .. } => "pieces_do_not_tile",
             Warning::LeftOut { .. } => "left_out",
+            Warning::BrokenFile { .. } => "broken_file",
             Warning::HeadKeptWithoutConfig { .. } => "head_kept_without_config",
             Warning::HeadTieUnknown { .. } => "head_tie_unknown",
             Warning::DeviceMapUnreadable { .. } => "device_map_unreadable",
@@ -179,6 +188,7 @@ impl Warning {
             | Warning::ConvertedLayout { tensors } => tensors.clone(),
             Warning::ConfigValue { key, .. } => vec![key.clone()],
             Warning::LeftOut { entries, .. } => entries.clone(),
+            Warning::BrokenFile { unreadable, .. } => unreadable.clone(),
             Warning::ExpertsUnfused { fused, experts } => std::iter::once(fused.clone())
                 .chain(experts.iter().cloned())
                 .collect(),
@@ -354,6 +364,17 @@ impl Warning {
                 "{} offload entries hold fused experts under transformers 5's runtime names ({}) while the checkpoint stores its experts one by one: devmap cannot convert them back yet, so they count twice in the totals and a save is refused (save with transformers, or without this offload folder)",
                 tensors.len(),
                 name_list(tensors)
+            ),
+            Warning::BrokenFile {
+                file,
+                problem,
+                unreadable,
+            } => write!(
+                f,
+                "{} cannot be read whole ({problem}): opened without its {} (no data: a save refuses them until the file is downloaded again): {}",
+                file.display(),
+                count(unreadable.len(), "tensor", "tensors"),
+                name_list(unreadable)
             ),
             Warning::LeftOut { file, entries } => write!(
                 f,

@@ -403,3 +403,44 @@ fn the_details_of_a_quantized_weight_and_its_scales() {
     press(&mut app, &[key(KeyCode::Enter)]);
     assert_eq!(selected_name(&app), "model.layers.0.mlp.down_proj.weight");
 }
+
+/// A model with a shard cut short opens in the inspector (as the CLI opens it, for
+/// looking): the warning names the file, and a tensor it lost says it has no data.
+#[test]
+fn a_truncated_shard_opens_degraded_in_the_inspector() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let dir = tmp.path().join("demo");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    for entry in std::fs::read_dir(&demo).expect("demo").flatten() {
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
+        }
+    }
+    let second = dir.join("model-00002-of-00002.safetensors");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&second)
+        .and_then(|f| f.set_len(100))
+        .expect("cut");
+    let options = LoadOptions {
+        open_broken: true,
+        ..LoadOptions::default()
+    };
+    let mut app = App::new(load(&dir, &options).expect("opens degraded"));
+    app.color = false;
+    let screen = frame(&app, 120, 40);
+    assert!(screen.contains("warning"), "{screen}");
+    press(&mut app, &[ch('!')]);
+    let warnings = frame(&app, 120, 40);
+    assert!(
+        warnings.contains("model-00002-of-00002.safetensors cannot be read"),
+        "{warnings}"
+    );
+    press(&mut app, &[key(KeyCode::Esc)]);
+    select(&mut app, "model.norm.weight");
+    let details = frame(&app, 120, 40);
+    assert!(details.contains("nowhere"), "{details}");
+    // Without the option (a save's open) the model does not open.
+    assert!(load(&dir, &LoadOptions::default()).is_err());
+}

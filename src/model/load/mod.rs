@@ -38,6 +38,11 @@ pub struct LoadOptions {
     /// model (a torch.distributed.checkpoint folder's `{"model": …, "optimizer": …}`);
     /// `None`: `model` when there is one.
     pub state_dict_key: Option<String>,
+    /// Open a model whose weight files are not all readable (a shard cut short): the
+    /// tensors a broken shard should hold are kept without data, with a
+    /// [`Warning::BrokenFile`], instead of the open failing. For looking (the
+    /// inspector, `inspect`); a save refuses tensors without data.
+    pub open_broken: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -486,7 +491,7 @@ fn read_weights(
     let single = dir.join(SINGLE_FILE);
     let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
     if exists(&index_path) {
-        return read_indexed(dir, &index_path, draft, warnings);
+        return read_indexed(dir, &index_path, draft, warnings, options.open_broken);
     }
     let mut paths = if exists(&single) {
         vec![single]
@@ -498,7 +503,7 @@ fn read_weights(
     if paths.is_empty() {
         let bin_index = dir.join(crate::formats::torch_bin::BIN_INDEX);
         if exists(&bin_index) {
-            return read_indexed(dir, &bin_index, draft, warnings);
+            return read_indexed(dir, &bin_index, draft, warnings, options.open_broken);
         }
         let bin = dir.join(crate::formats::torch_bin::SINGLE_BIN);
         if exists(&bin) {
@@ -588,6 +593,7 @@ fn read_indexed(
     index_path: &Path,
     draft: &mut Draft,
     warnings: &mut Vec<Warning>,
+    open_broken: bool,
 ) -> Result<Vec<PathBuf>, LoadError> {
     let index_text = read_index_text(index_path)?;
     let index = parse_index(index_path, &index_text)?;
@@ -633,7 +639,15 @@ fn read_indexed(
             )
             .into());
         }
-        let (header, strided) = read_weight_file(&path)?;
+        let (header, strided) = match read_weight_file(&path) {
+            Ok(read) => read,
+            Err(problem) if open_broken => {
+                add_broken_shard(draft, &path, names, problem, warnings);
+                files.push(path);
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let id = draft.file_id(&path, &header);
         let present: HashSet<&str> = header
             .tensors
@@ -681,6 +695,56 @@ fn read_indexed(
         files.push(path);
     }
     Ok(files)
+}
+
+/// A shard that cannot be read whole, opened for looking ([`LoadOptions::open_broken`]):
+/// when its header is whole (a download cut in the data), the tensors whose bytes are
+/// there are read as usual and the others kept without data; otherwise every tensor
+/// the index maps to it is kept without data, its dtype and shape unknown (`U8 [0]`).
+fn add_broken_shard(
+    draft: &mut Draft,
+    path: &Path,
+    names: &[&str],
+    problem: FormatError,
+    warnings: &mut Vec<Warning>,
+) {
+    let cut = path
+        .extension()
+        .is_some_and(|e| e == "safetensors")
+        .then(|| crate::formats::safetensors::read_header_of_cut_file(path).ok())
+        .flatten();
+    let mut unreadable = Vec::new();
+    match cut {
+        Some(header) => {
+            let id = draft.file_id(path, &header);
+            let end = header.file_len;
+            for t in header.tensors {
+                if t.offset.saturating_add(t.len) <= end {
+                    add_checkpoint_tensor(draft, id, t);
+                } else {
+                    unreadable.push(t.name.to_string());
+                    push_tensor(draft, t.name, t.dtype, t.shape, Source::None);
+                }
+            }
+        }
+        None => {
+            for name in names {
+                unreadable.push((*name).to_owned());
+                push_tensor(
+                    draft,
+                    (*name).into(),
+                    crate::types::dtype::DType::U8,
+                    crate::types::shape::Shape::new(&[0]),
+                    Source::None,
+                );
+            }
+        }
+    }
+    warnings.push(Warning::BrokenFile {
+        file: path.to_path_buf(),
+        problem: problem.to_string(),
+        unreadable,
+    });
 }
 
 /// The tensors of a checkpoint split across ranks: those its files hold whole, and
