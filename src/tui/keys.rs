@@ -29,6 +29,10 @@ pub const HELP: &[(&str, &str)] = &[
     ("v", "verify a finished save: compare it with its source"),
     ("+  -", "open every module; back to the top level"),
     (
+        "o",
+        "sort siblings by size, params, name, or back to module order",
+    ),
+    (
         "f",
         "filter the tree: name text, dev:cpu, dtype:bf16, src:offload, tied (Esc clears)",
     ),
@@ -239,6 +243,7 @@ fn browse(key: KeyEvent) -> Option<Action> {
         KeyCode::Char('?') => Action::Help,
         KeyCode::Char('z') => Action::Zoom,
         KeyCode::Char('f') => Action::StartFilter,
+        KeyCode::Char('o') => Action::CycleSort,
         KeyCode::Char('+') => Action::ExpandAll,
         KeyCode::Char('-') => Action::CollapseAll,
         KeyCode::Char('!') => Action::ShowWarnings,

@@ -4,6 +4,48 @@
 
 use crate::model::tree::{ModuleTree, NodeId};
 
+/// The order siblings are listed in (`o` steps through them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Sort {
+    /// As the checkpoint names them (module order): the model's own order.
+    #[default]
+    Module,
+    /// Largest first.
+    Size,
+    /// Most parameters first.
+    Params,
+    /// By name.
+    Name,
+}
+
+impl Sort {
+    pub fn next(self) -> Sort {
+        match self {
+            Sort::Module => Sort::Size,
+            Sort::Size => Sort::Params,
+            Sort::Params => Sort::Name,
+            Sort::Name => Sort::Module,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Sort::Module => "module order",
+            Sort::Size => "size",
+            Sort::Params => "params",
+            Sort::Name => "name",
+        }
+    }
+}
+
+/// The tree walked with each node's children in a [`Sort`]'s order: nodes in that
+/// order, and where each one's subtree ends (a subtree stays contiguous).
+#[derive(Debug, Clone, PartialEq)]
+struct SortedWalk {
+    nodes: Vec<NodeId>,
+    subtree_end: Vec<usize>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct TreeRows {
     expanded: Vec<bool>,
@@ -11,6 +53,9 @@ pub struct TreeRows {
     hidden: Vec<bool>,
     /// A filter in place (`f`): only these nodes show, every one of them open.
     filter: Option<Vec<bool>>,
+    sort: Sort,
+    /// The walk for `sort` when it is not module order.
+    sorted: Option<SortedWalk>,
     /// One past the last node of each node's subtree (pre-order numbering).
     subtree_end: Vec<NodeId>,
     visible: Vec<NodeId>,
@@ -37,6 +82,8 @@ impl TreeRows {
             expanded,
             hidden,
             filter: None,
+            sort: Sort::Module,
+            sorted: None,
             subtree_end,
             visible: Vec::new(),
             selected: 0,
@@ -48,6 +95,26 @@ impl TreeRows {
 
     fn rebuild(&mut self) {
         self.visible.clear();
+        if let Some(walk) = &self.sorted {
+            let mut pos = 0;
+            while pos < walk.nodes.len() {
+                let id = walk.nodes[pos];
+                let shown = match &self.filter {
+                    Some(keep) => keep[id],
+                    None => true,
+                };
+                if shown && !self.hidden[id] {
+                    self.visible.push(id);
+                }
+                pos = if self.filter.is_some() || self.expanded[id] {
+                    pos + 1
+                } else {
+                    walk.subtree_end[pos]
+                };
+            }
+            self.selected = self.selected.min(self.visible.len().saturating_sub(1));
+            return;
+        }
         if let Some(keep) = &self.filter {
             // Filtered: what the filter keeps, open, in tree order.
             self.visible
@@ -102,9 +169,9 @@ impl TreeRows {
         let was = self.selected_node();
         self.filter = keep;
         self.rebuild();
-        match was {
-            Some(k) if self.visible.binary_search(&k).is_ok() => self.select_node(k),
-            _ => self.selected = 0,
+        match was.and_then(|k| self.position(k)) {
+            Some(i) => self.selected = i,
+            None => self.selected = 0,
         }
         self.offset = self.offset.min(self.selected);
     }
@@ -160,9 +227,33 @@ impl TreeRows {
     }
 
     pub fn select_node(&mut self, id: NodeId) {
-        // `visible` is in pre-order, so node ids are sorted: binary search.
-        if let Ok(i) = self.visible.binary_search(&id) {
+        if let Some(i) = self.position(id) {
             self.selected = i;
+        }
+    }
+
+    /// Where node `id` is among the visible rows.
+    fn position(&self, id: NodeId) -> Option<usize> {
+        if self.sorted.is_some() {
+            self.visible.iter().position(|&v| v == id)
+        } else {
+            // In module order `visible` is in pre-order, so ids are sorted.
+            self.visible.binary_search(&id).ok()
+        }
+    }
+
+    pub fn sort(&self) -> Sort {
+        self.sort
+    }
+
+    /// Lists siblings in `sort`'s order, the selection kept.
+    pub fn set_sort(&mut self, tree: &ModuleTree, sort: Sort) {
+        let keep = self.selected_node();
+        self.sort = sort;
+        self.sorted = (sort != Sort::Module).then(|| sorted_walk(tree, sort));
+        self.rebuild();
+        if let Some(k) = keep {
+            self.select_node(k);
         }
     }
 
@@ -188,5 +279,52 @@ impl TreeRows {
         }
         let max_offset = self.visible.len().saturating_sub(height);
         self.offset = self.offset.min(max_offset);
+    }
+}
+
+/// The tree in pre-order with each node's children in `sort`'s order (ties in module
+/// order), and where each subtree ends.
+fn sorted_walk(tree: &ModuleTree, sort: Sort) -> SortedWalk {
+    let mut nodes = Vec::with_capacity(tree.len());
+    let mut subtree_end = vec![0; tree.len()];
+    // (node, its position once pushed): children pushed in reverse so they pop in
+    // order; a node's end is set when the walk leaves its subtree.
+    let mut stack: Vec<(NodeId, bool)> = Vec::new();
+    let mut open: Vec<usize> = Vec::new();
+    let mut children: Vec<NodeId> = tree.children(ModuleTree::ROOT).collect();
+    order_children(tree, sort, &mut children);
+    stack.extend(children.iter().rev().map(|&c| (c, false)));
+    while let Some((id, leaving)) = stack.pop() {
+        if leaving {
+            if let Some(pos) = open.pop() {
+                subtree_end[pos] = nodes.len();
+            }
+            continue;
+        }
+        open.push(nodes.len());
+        nodes.push(id);
+        stack.push((id, true));
+        let mut children: Vec<NodeId> = tree.children(id).collect();
+        order_children(tree, sort, &mut children);
+        stack.extend(children.iter().rev().map(|&c| (c, false)));
+    }
+    subtree_end.truncate(nodes.len());
+    SortedWalk { nodes, subtree_end }
+}
+
+fn order_children(tree: &ModuleTree, sort: Sort, children: &mut [NodeId]) {
+    let n = |id: NodeId| &tree.nodes[id];
+    match sort {
+        Sort::Module => {}
+        Sort::Size => children.sort_by_key(|&c| std::cmp::Reverse(n(c).bytes())),
+        Sort::Params => children.sort_by_key(|&c| std::cmp::Reverse(n(c).params)),
+        // Numbered siblings (layers) by their number, others by their name.
+        Sort::Name => children.sort_by(|&a, &b| {
+            let (a, b) = (&*n(a).name, &*n(b).name);
+            match (a.parse::<u64>(), b.parse::<u64>()) {
+                (Ok(x), Ok(y)) => x.cmp(&y),
+                _ => a.cmp(b),
+            }
+        }),
     }
 }

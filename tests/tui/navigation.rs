@@ -653,3 +653,73 @@ fn filter_mode_hides_what_does_not_match() {
     assert!(app.rows.visible().is_empty());
     assert!(frame(&app, 120, 40).contains("0 rows"));
 }
+
+/// `o` lists siblings largest first, then by params, by name (layers by number), and
+/// back in module order; the selection stays on its node, and the header says the
+/// order. Works with a filter in place.
+#[test]
+fn sort_orders_siblings_and_keeps_the_selection() {
+    let m = mixed_model();
+    let mut app = app_for(&m);
+    app.color = false;
+    let top = |app: &App| -> Vec<String> {
+        app.rows
+            .visible()
+            .iter()
+            .filter(|&&id| app.tree.nodes[id].depth == 1)
+            .map(|&id| app.tree.nodes[id].name.to_string())
+            .collect()
+    };
+    let module_order = top(&app);
+    press(&mut app, &[ch('j')]);
+    let selected = selected_name(&app);
+    press(&mut app, &[ch('o')]);
+    assert_eq!(app.rows.sort(), devmap::tui::rows::Sort::Size);
+    assert_eq!(
+        selected_name(&app),
+        selected,
+        "the selection stays on its node"
+    );
+    let sizes: Vec<u64> = app
+        .rows
+        .visible()
+        .iter()
+        .filter(|&&id| app.tree.nodes[id].depth == 2)
+        .map(|&id| app.tree.nodes[id].bytes())
+        .collect();
+    assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+    assert!(frame(&app, 120, 40).contains("[by size]"));
+    // By name: layers numerically (2 before 10), once they are open.
+    press(&mut app, &[ch('o'), ch('o'), ch('+')]);
+    assert_eq!(app.rows.sort(), devmap::tui::rows::Sort::Name);
+    let layers: Vec<u64> = app
+        .rows
+        .visible()
+        .iter()
+        .filter(|&&id| {
+            let n = &app.tree.nodes[id];
+            n.depth == 3
+                && n.parent()
+                    .is_some_and(|p| &*app.tree.nodes[p].name == "layers")
+        })
+        .filter_map(|&id| app.tree.nodes[id].name.parse().ok())
+        .collect();
+    assert!(
+        layers.len() > 10 && layers.windows(2).all(|w| w[0] < w[1]),
+        "{layers:?}"
+    );
+    // A filter with a sort: still sorted, still filtered.
+    press(&mut app, &[ch('f')]);
+    press(&mut app, &text("dev:cpu"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert!(
+        app.rows
+            .visible()
+            .iter()
+            .filter_map(|&id| app.tree.nodes[id].tensor())
+            .all(|t| app.ckpt.tensors()[t].placement == Placement::Cpu)
+    );
+    press(&mut app, &[key(KeyCode::Esc), ch('o'), ch('-')]);
+    assert_eq!(app.rows.sort(), devmap::tui::rows::Sort::Module);
+    assert_eq!(top(&app), module_order);
+}

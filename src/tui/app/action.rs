@@ -52,6 +52,8 @@ pub enum Action {
     StartExport,
     OpenSave,
     Help,
+    /// `o`: list siblings by size, params, name, or back in module order.
+    CycleSort,
     /// `f`: type a filter for the tree.
     StartFilter,
     /// `z`: the focused panel takes the screen, or gives it back.

@@ -876,6 +876,14 @@ impl App {
             Action::OpenSave => return self.open_save(),
             Action::Help => self.mode = Mode::Help,
             Action::StartFilter => self.open_filter(),
+            Action::CycleSort => {
+                let next = self.rows.sort().next();
+                self.rows.set_sort(&self.tree, next);
+                self.say(
+                    format!("sorted by {} (o for the next order)", next.label()),
+                    Tone::Info,
+                );
+            }
             Action::Zoom => {
                 self.zoomed = !self.zoomed;
                 self.rows.scroll_into_view(self.tree_height());

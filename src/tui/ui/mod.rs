@@ -98,6 +98,12 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     } else if app.map_edited() {
         markers.push(Span::styled("  [map edited]", theme.warn()));
     }
+    if app.rows.sort() != crate::tui::rows::Sort::Module {
+        markers.push(Span::styled(
+            format!("  [by {}]", app.rows.sort().label()),
+            theme.dim(),
+        ));
+    }
     if let Some(f) = &app.filter {
         markers.push(Span::styled(
             format!("  [filter: {}]", crate::text::escaped(f)),
