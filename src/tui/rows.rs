@@ -313,17 +313,17 @@ fn sorted_walk(tree: &ModuleTree, sort: Sort) -> SortedWalk {
 }
 
 fn order_children(tree: &ModuleTree, sort: Sort, children: &mut [NodeId]) {
-    let n = |id: NodeId| &tree.nodes[id];
+    let node = |id: NodeId| &tree.nodes[id];
     match sort {
         Sort::Module => {}
-        Sort::Size => children.sort_by_key(|&c| std::cmp::Reverse(n(c).bytes())),
-        Sort::Params => children.sort_by_key(|&c| std::cmp::Reverse(n(c).params)),
+        Sort::Size => children.sort_by_key(|&c| std::cmp::Reverse(node(c).bytes())),
+        Sort::Params => children.sort_by_key(|&c| std::cmp::Reverse(node(c).params)),
         // Numbered siblings (layers) by their number, others by their name.
-        Sort::Name => children.sort_by(|&a, &b| {
-            let (a, b) = (&*n(a).name, &*n(b).name);
-            match (a.parse::<u64>(), b.parse::<u64>()) {
+        Sort::Name => children.sort_by(|&left, &right| {
+            let (left, right) = (&*node(left).name, &*node(right).name);
+            match (left.parse::<u64>(), right.parse::<u64>()) {
                 (Ok(x), Ok(y)) => x.cmp(&y),
-                _ => a.cmp(b),
+                _ => left.cmp(right),
             }
         }),
     }
