@@ -19,6 +19,7 @@ pub enum Sort {
 }
 
 impl Sort {
+    #[must_use]
     pub fn next(self) -> Sort {
         match self {
             Sort::Module => Sort::Size,
