@@ -34,17 +34,27 @@ fn main_screen_at_three_sizes() {
 #[test]
 fn at_80x24_details_values_do_not_wrap() {
     let m = mixed_model();
-    let mut app = app_for(&m);
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    // The demo's sizes are the long ones (`515.50 KiB`).
+    for mut app in [
+        app_for(&m),
+        App::new(load(&demo, &LoadOptions::default()).expect("the demo")),
+    ] {
+        details_fit_at_80x24(&mut app);
+    }
+}
+
+fn details_fit_at_80x24(app: &mut App) {
     app.color = false;
-    resized(&mut app, 80, 24);
+    resized(app, 80, 24);
     // Everything open, so every row is visited.
     for _ in 0..200 {
-        press(&mut app, &[key(KeyCode::Right), ch('j')]);
+        press(app, &[key(KeyCode::Right), ch('j')]);
     }
-    press(&mut app, &[ch('g')]);
+    press(app, &[ch('g')]);
     let mut seen = 0;
     for _ in 0..120 {
-        let screen = frame(&app, 80, 24);
+        let screen = frame(app, 80, 24);
         for line in screen.lines() {
             // The Details panel is the right-hand box of the top half.
             let Some(cell) = line.split('│').rev().nth(1) else {
@@ -58,11 +68,11 @@ fn at_80x24_details_values_do_not_wrap() {
             assert!(
                 !(alone.contains(&value) || a_share || value.starts_with("B)")),
                 "`{value}` alone on a row of Details at 80×24 ({}):\n{screen}",
-                selected_name(&app)
+                selected_name(app)
             );
         }
         seen += 1;
-        press(&mut app, &[ch('j')]);
+        press(app, &[ch('j')]);
     }
     assert!(seen > 60, "visited every row");
 }

@@ -180,7 +180,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 ));
             }
             row.push(Span::raw(format!(
-                " {:>9} {:>3.0}%",
+                " {:>10} {:>3.0}%",
                 human_bytes(*b),
                 *b as f64 * 100.0 / total
             )));
@@ -197,8 +197,9 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
 
 /// The label column's width.
 const LABEL: usize = 10;
-/// A split row without its bar: `  ` + device (9) + ` ` + size (9) + ` ` + `100%`.
-const SPLIT_TEXT: usize = 2 + 9 + 1 + 9 + 1 + 4;
+/// A split row without its bar: `  ` + device (9) + ` ` + size (10: `515.50 KiB`) +
+/// ` ` + `100%`.
+const SPLIT_TEXT: usize = 2 + 9 + 1 + 10 + 1 + 4;
 
 /// `text` in rows of at most `width` characters, broken after a space, `/`, `.` or
 /// `,` where one is near the end of a row (so paths and names break at their parts).
