@@ -207,8 +207,9 @@ fn inspect_manifest(py: Python<'_>, manifest: &str, title: String) -> PyResult<O
         let options = devmap::inspect::TextOptions::default();
         return Ok(Some(devmap::inspect::to_text(&ckpt, options)));
     }
-    let loaded =
-        py.detach(move || devmap::tui::run_loading(&title, move |_| Ok::<_, String>(ckpt)));
+    let loaded = py.detach(move || {
+        devmap::tui::run_loading(&title, Vec::new(), move |_| Ok::<_, String>(ckpt))
+    });
     match loaded {
         Ok(devmap::tui::Loaded::Failed(why)) => Err(DevmapError::new_err(why)),
         Ok(_) => Ok(None),
