@@ -454,3 +454,43 @@ fn a_truncated_shard_opens_degraded_in_the_inspector() {
     // Without the option (a save's open) the model does not open.
     assert!(load(&dir, &LoadOptions::default()).is_err());
 }
+
+/// A tensor stored in blocks across a training run's ranks (transformers 5 rank
+/// files): Details shows the dimension they split and each rank's block; a top-level
+/// module shows each rank's share.
+#[test]
+fn details_show_the_ranks_blocks_of_a_sharded_checkpoint() {
+    use safetensors::Dtype;
+    use safetensors::tensor::TensorView;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("ckpt");
+    std::fs::create_dir(&dir).expect("dir");
+    for rank in 0..2u64 {
+        let bytes: Vec<u8> = (0..8u32).flat_map(|v| (v as f32).to_le_bytes()).collect();
+        let metadata = std::collections::HashMap::from([
+            ("format".to_owned(), "pt".to_owned()),
+            (
+                "DCP_SHARDING_INFO".to_owned(),
+                serde_json::json!({"model.w.weight": {"saved_offsets": [2 * rank, 0]}}).to_string(),
+            ),
+        ]);
+        let view = TensorView::new(Dtype::F32, vec![2, 4], &bytes).expect("view");
+        let file = dir.join(format!(
+            "shard-{:05}-model-00001-of-00001.safetensors",
+            rank + 1
+        ));
+        safetensors::serialize_to_file(vec![("model.w.weight", view)], Some(metadata), &file)
+            .expect("write");
+    }
+    let mut app = App::new(load(&dir, &LoadOptions::default()).expect("rank files"));
+    app.color = false;
+    select(&mut app, "model");
+    let top = frame(&app, 120, 40);
+    assert!(top.contains("rank 0") && top.contains("rank 1"), "{top}");
+    assert!(top.contains("50% of the stored blocks"), "{top}");
+    select(&mut app, "model.w.weight");
+    let details = frame(&app, 120, 40);
+    assert!(details.contains("along dim 0 in 2 blocks"), "{details}");
+    assert!(details.contains("at [2, 0] size [2, 4]"), "{details}");
+    assert!(details.contains("· rank files ·"), "{details}");
+}

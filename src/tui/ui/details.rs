@@ -74,6 +74,44 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             lines.extend(kv("loaded as", format!("{runtime} ({part})")));
         }
         lines.extend(kv("bytes in", source_text(app, tensor.source)));
+        // A tensor stored in blocks across a training run's ranks: each block, and
+        // the dimension they split.
+        if let Source::Pieces(index) = tensor.source {
+            let pieces = app.ckpt.pieces(index);
+            let split: Vec<usize> = (0..tensor.shape.len())
+                .filter(|&d| {
+                    pieces
+                        .iter()
+                        .any(|p| p.offsets.get(d) != pieces[0].offsets.get(d))
+                })
+                .collect();
+            lines.extend(kv(
+                "split",
+                match split.as_slice() {
+                    [] => "not split (each rank holds it whole)".to_owned(),
+                    [d] => format!("along dim {d} in {} blocks", pieces.len()),
+                    dims => format!("along dims {dims:?} in {} blocks", pieces.len()),
+                },
+            ));
+            for p in pieces.iter().take(16) {
+                let path = app.ckpt.file_path(p.range.file);
+                let rank = crate::formats::pieced::rank_of(path)
+                    .map_or_else(|| "rank ?".to_owned(), |r| format!("rank {r}"));
+                lines.extend(kv(
+                    &rank,
+                    format!(
+                        "at {:?} size {:?} ({}, {})",
+                        p.offsets,
+                        p.sizes,
+                        human_bytes(p.range.len),
+                        relative(path, &app.ckpt.dir)
+                    ),
+                ));
+            }
+            if pieces.len() > 16 {
+                lines.extend(kv("", format!("and {} more blocks", pieces.len() - 16)));
+            }
+        }
         if let (Source::Offload(_), Some(old)) = (tensor.source, app.ckpt.checkpoint_range(t)) {
             lines.extend(kv(
                 "replaces",
@@ -151,6 +189,21 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         ));
         lines.extend(kv("params", human_count(node.params)));
         lines.extend(kv("size", human_bytes(node.bytes())));
+        // The training run's ranks, on the top-level modules of a sharded checkpoint.
+        if node.depth == 1 {
+            let shares = app.ckpt.rank_shares();
+            let all = shares.iter().map(|(_, b)| b).sum::<u64>().max(1);
+            for (rank, bytes) in shares.iter().take(16) {
+                lines.extend(kv(
+                    &format!("rank {rank}"),
+                    format!(
+                        "{} ({:.0}% of the stored blocks)",
+                        human_bytes(*bytes),
+                        *bytes as f64 * 100.0 / all as f64
+                    ),
+                ));
+            }
+        }
         if let Some(map) = &app.ckpt.device_map
             && let Some(p) = map.get(&name)
         {
