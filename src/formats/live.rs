@@ -29,15 +29,9 @@ pub const FORMAT: &str = "devmap-live/1";
 /// Where this process's memory reads from.
 pub const PROCESS_MEMORY: &str = "/proc/self/mem";
 
-/// The pseudo path of a staged tensor's source: `devmap:staged/KEY` (see `save::stage`).
+/// How a staged tensor's source is named in messages: `devmap:staged/KEY` (see
+/// `save::stage`). Only a name: the source's `InputKind::Staged` says what it is.
 pub const STAGED_PREFIX: &str = "devmap:staged/";
-
-/// Whether a source path names no file in a folder: this process's memory, or a staged
-/// tensor's pseudo path (relative: resolved against the working folder it would
-/// seem to be in it).
-pub fn is_pseudo_path(path: &Path) -> bool {
-    path == Path::new(PROCESS_MEMORY) || path.to_str().is_some_and(|p| p.starts_with(STAGED_PREFIX))
-}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -16,9 +16,26 @@ pub type TensorId = usize;
 /// save can tell when it changed underneath.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SourceFile {
+    /// The file; for input that is no file, a name for messages (`/proc/self/mem`,
+    /// `devmap:staged/KEY`) that nothing parses: `kind` says what it is.
     pub path: PathBuf,
     pub len: u64,
     pub modified: Option<SystemTime>,
+    pub kind: InputKind,
+}
+
+/// What a source "file" is: a file, or a live model's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InputKind {
+    /// A file on disk, opened and read with positioned reads.
+    #[default]
+    File,
+    /// This process's memory (a live model's CPU tensors), read through
+    /// `/proc/self/mem`; offsets are addresses.
+    ProcessMemory,
+    /// A live model's tensor the Python session copies into a stage when asked (a GPU
+    /// tensor), by its key (see `save::stage`).
+    Staged(u64),
 }
 
 /// Where a tensor's current value comes from, in the design's order of precedence.
@@ -496,6 +513,11 @@ impl Checkpoint {
         &self.files[id].path
     }
 
+    /// What source `id` is: a file, or a live model's memory.
+    pub fn input_kind(&self, id: FileId) -> InputKind {
+        self.files[id].kind
+    }
+
     /// The checkpoint entry of a tensor: its source, or the entry an offload value
     /// replaced.
     pub fn checkpoint_range(&self, id: TensorId) -> Option<ByteRange> {
@@ -655,6 +677,7 @@ impl Checkpoint {
             path: path.to_path_buf(),
             len,
             modified,
+            kind: InputKind::File,
         });
         self.files.len() - 1
     }

@@ -164,8 +164,8 @@ fn sources_inside(out: &Path, ckpt: &Checkpoint, plan: &SavePlan) -> Option<Refu
     let mut folders: std::collections::HashMap<&Path, PathBuf> = std::collections::HashMap::new();
     let inside: Vec<&Path> = files
         .into_iter()
+        .filter(|&f| ckpt.input_kind(f) == crate::model::checkpoint::InputKind::File)
         .map(|f| ckpt.file_path(f))
-        .filter(|p| !crate::formats::live::is_pseudo_path(p))
         .filter(|p| {
             let parent = p.parent().unwrap_or(Path::new("."));
             let folder = folders
@@ -223,7 +223,12 @@ pub fn unreadable_inputs(ckpt: &Checkpoint) -> Vec<Refusal> {
 
 fn unreadable_files(ckpt: &Checkpoint, mut files: Vec<usize>) -> Vec<Refusal> {
     // A staged source is no file: the Python session fills it when asked.
-    files.retain(|&file| super::stage::staged_key(ckpt.file_path(file)).is_none());
+    files.retain(|&file| {
+        !matches!(
+            ckpt.input_kind(file),
+            crate::model::checkpoint::InputKind::Staged(_)
+        )
+    });
     files.sort_unstable();
     files.dedup();
     // Opened on a few threads: an offload folder is tens of thousands of files, and

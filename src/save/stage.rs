@@ -5,16 +5,14 @@
 //! source; the buffer is reused for the next chunk, so host memory grows by the buffer
 //! and GPU memory not at all.
 //!
-//! A staged tensor's source file is the pseudo path `devmap:staged/KEY`
-//! ([`crate::formats::live::STAGED_PREFIX`]); its byte range counts from the start of
-//! that tensor.
+//! A staged tensor's source is `InputKind::Staged(KEY)` (named `devmap:staged/KEY` in
+//! messages); its byte range counts from the start of that tensor.
 
 use std::fs::File;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use super::copy::CopyError;
-use crate::formats::live::{PROCESS_MEMORY, STAGED_PREFIX};
+use crate::formats::live::PROCESS_MEMORY;
 
 /// What copies staged bytes into memory. `fill(key, offset, len)` puts bytes
 /// `offset..offset + len` of tensor `key` somewhere in this process and returns their
@@ -53,11 +51,6 @@ impl PartialEq for StageRef {
     fn eq(&self, other: &StageRef) -> bool {
         Arc::ptr_eq(&self.busy, &other.busy)
     }
-}
-
-/// The key of a staged source file, or None for a real file.
-pub fn staged_key(path: &Path) -> Option<u64> {
-    path.to_str()?.strip_prefix(STAGED_PREFIX)?.parse().ok()
 }
 
 /// What [`through_stage`] does with each filled chunk: `((memory, address), done, n)`.

@@ -15,7 +15,7 @@ use super::error::SaveError;
 use super::event::{Reporter, SaveEvent};
 use super::recipe::Recipe;
 use super::shards::{SavePlan, ShardPlan};
-use crate::formats::live::PROCESS_MEMORY;
+use crate::model::checkpoint::InputKind;
 use crate::model::checkpoint::{Checkpoint, FileId};
 
 /// Input files a writer keeps open at once. An offload folder may hold thousands of
@@ -307,8 +307,8 @@ impl ShardWriter<'_> {
                 // its source may not exist.
                 continue;
             }
-            let src_path = ckpt.file_path(source.file);
-            if let Some(key) = super::stage::staged_key(src_path) {
+            let kind = ckpt.input_kind(source.file);
+            if let InputKind::Staged(key) = kind {
                 self.write_staged(t, key, (dst, data_start), (index, tmp), shard_written)?;
                 shared.pause_once();
                 continue;
@@ -318,7 +318,7 @@ impl ShardWriter<'_> {
             let from = (src, source.offset);
             let to = (dst, data_start + t.begin);
             let moved = match recipe {
-                Recipe::Copy(_) if src_path == Path::new(PROCESS_MEMORY) => self
+                Recipe::Copy(_) if kind == InputKind::ProcessMemory => self
                     .copier
                     .copy_through_buffer(from, to, source.len, &stop, &mut report),
                 Recipe::Copy(_) => self.copier.copy(from, to, source.len, &stop, &mut report),
@@ -575,7 +575,8 @@ fn copy_failed(
 ) -> SaveError {
     let path = ckpt.file_path(source.file);
     let name = t.name(ckpt);
-    let staged = super::stage::staged_key(path).is_some();
+    let kind = ckpt.input_kind(source.file);
+    let staged = matches!(kind, InputKind::Staged(_));
     let changed = |message: String| SaveError::SourceChanged {
         path: path.to_path_buf(),
         message,
@@ -592,7 +593,7 @@ fn copy_failed(
         )),
         // Out of space or over a file-size limit is about the output.
         CopyError::Io(io) if super::error::output_is_full(&io) => SaveError::io(tmp, io),
-        CopyError::Io(io) if path == Path::new(PROCESS_MEMORY) => changed(format!(
+        CopyError::Io(io) if kind == InputKind::ProcessMemory => changed(format!(
             "tensor `{name}`: its memory at {:#x} cannot be read ({io}): the tensor was freed or moved while devmap saved it",
             source.offset
         )),
@@ -617,10 +618,10 @@ fn parts_for_threads<'p>(
         matches!(
             recipe,
             Recipe::Copy(_) | Recipe::Cast { .. } | Recipe::Stitch { .. } | Recipe::Dequant { .. }
-        ) && recipe.ranges(shared.ckpt).iter().all(|r| {
-            let path = shared.ckpt.file_path(r.file);
-            super::stage::staged_key(path).is_none() && path != Path::new(PROCESS_MEMORY)
-        })
+        ) && recipe
+            .ranges(shared.ckpt)
+            .iter()
+            .all(|r| shared.ckpt.input_kind(r.file) == InputKind::File)
     });
     let bytes = shard.file_bytes();
     if threads < 2 || !simple || bytes < super::shards::PARALLEL_SHARD_BYTES {

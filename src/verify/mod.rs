@@ -417,7 +417,9 @@ fn hash_expected(
         let path = expected.ckpt.file_path(source.file);
         // A staged source (a live model's GPU tensor) is no file: read again through
         // the stage that filled it for the save.
-        let input = if let Some(key) = crate::save::stage::staged_key(path) {
+        let input = if let crate::model::checkpoint::InputKind::Staged(key) =
+            expected.ckpt.input_kind(source.file)
+        {
             Input::Staged(key)
         } else {
             let file =

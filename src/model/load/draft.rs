@@ -86,6 +86,7 @@ impl Draft {
             path: path.to_path_buf(),
             len,
             modified,
+            kind: crate::model::checkpoint::InputKind::File,
         });
         self.files.len() - 1
     }

@@ -16,7 +16,8 @@ use crate::formats::config::{ModelConfig, read_config};
 use crate::formats::live::{LiveSource, LiveTensor, Manifest, PROCESS_MEMORY, STAGED_PREFIX};
 use crate::formats::safetensors::HeaderCache;
 use crate::model::checkpoint::{
-    ByteRange, Checkpoint, FileId, NO_KEY, NamedTie, Parts, Source, SourceFile, Tensor, TieEvidence,
+    ByteRange, Checkpoint, FileId, InputKind, NO_KEY, NamedTie, Parts, Source, SourceFile, Tensor,
+    TieEvidence,
 };
 use crate::types::dtype::DType;
 use crate::types::placement::Placement;
@@ -84,7 +85,13 @@ struct Files {
 }
 
 impl Files {
-    fn id(&mut self, path: &Path, len: u64, modified: Option<std::time::SystemTime>) -> FileId {
+    fn id(
+        &mut self,
+        path: &Path,
+        len: u64,
+        modified: Option<std::time::SystemTime>,
+        kind: InputKind,
+    ) -> FileId {
         if let Some(&id) = self.ids.get(path) {
             return id;
         }
@@ -92,6 +99,7 @@ impl Files {
             path: path.to_path_buf(),
             len,
             modified,
+            kind,
         });
         self.ids.insert(path.to_path_buf(), self.list.len() - 1);
         self.list.len() - 1
@@ -100,7 +108,7 @@ impl Files {
     /// This process's memory: no length or time to compare (the Python side checks
     /// each tensor's version counter instead).
     fn memory(&mut self) -> FileId {
-        self.id(Path::new(PROCESS_MEMORY), 0, None)
+        self.id(Path::new(PROCESS_MEMORY), 0, None, InputKind::ProcessMemory)
     }
 }
 
@@ -177,7 +185,7 @@ fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tens
                         ),
                     ))
                 })?;
-            let file = files.id(path, meta.len(), meta.modified().ok());
+            let file = files.id(path, meta.len(), meta.modified().ok(), InputKind::File);
             // A value an offload loader reads from a file: reported as offloaded.
             (
                 Source::Offload(ByteRange {
@@ -226,7 +234,7 @@ fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tens
             // `entry.offset` counts from the start of the file.
             let offset = entry.offset + skip;
             let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-            let file = files.id(path, header.file_len, modified);
+            let file = files.id(path, header.file_len, modified, InputKind::File);
             // A value an offload loader reads from a file: reported as offloaded.
             (Source::Offload(ByteRange { file, offset, len }), stored)
         }
@@ -235,7 +243,12 @@ fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tens
             let skip = first
                 .checked_mul(held.size())
                 .ok_or_else(|| bad(format!("starts at element {first}, past any tensor")))?;
-            let file = files.id(Path::new(&format!("{STAGED_PREFIX}{key}")), 0, None);
+            let file = files.id(
+                Path::new(&format!("{STAGED_PREFIX}{key}")),
+                0,
+                None,
+                InputKind::Staged(*key),
+            );
             (
                 Source::Checkpoint(ByteRange {
                     file,

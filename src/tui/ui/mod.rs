@@ -186,9 +186,9 @@ pub fn source_kind(ckpt: &crate::model::checkpoint::Checkpoint) -> String {
     let kind = if ckpt.remote.is_some() {
         "remote headers"
     } else if ckpt
-        .weight_files
+        .files
         .iter()
-        .any(|p| crate::formats::live::is_pseudo_path(p))
+        .any(|f| f.kind != crate::model::checkpoint::InputKind::File)
     {
         "live model"
     } else if any(&|n| n.ends_with(".distcp") || n == ".metadata") {
