@@ -235,6 +235,20 @@ fn main() -> std::io::Result<()> {
         }
         key_to_frame(&mut app, Action::Close);
     }
+    // Whole-tree keys: sort through every order, open and close everything.
+    let mut whole_tree = Vec::new();
+    for _ in 0..2 {
+        for action in [
+            Action::CycleSort,
+            Action::CycleSort,
+            Action::CycleSort,
+            Action::CycleSort,
+            Action::ExpandAll,
+            Action::CollapseAll,
+        ] {
+            whole_tree.push(key_to_frame(&mut app, action));
+        }
+    }
     let mut save_typing = Vec::new();
     let mut previews = Vec::new();
     let mut clock = Duration::from_secs(1);
@@ -346,6 +360,7 @@ fn main() -> std::io::Result<()> {
             "typing a filter (the tree re-filtered each key)",
             filter_typing,
         ),
+        ("`o` sort / `+` open all / `-` close all", whole_tree),
         (
             "typing in the save dialog (size, path, Tab, ←→)",
             save_typing,
