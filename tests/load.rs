@@ -434,3 +434,31 @@ fn the_built_in_demo_opens_without_the_source_tree() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), report);
 }
+
+/// A folder holding two training formats (a torch.distributed.checkpoint's
+/// `.metadata` and a DeepSpeed rank's optimizer states) is refused, naming both,
+/// instead of one silently winning; a model's own weights beside a training format
+/// are read, as transformers would (the training files are not the model).
+#[test]
+fn two_training_formats_in_one_folder_are_named_not_guessed() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("ckpt");
+    std::fs::create_dir(&dir).expect("dir");
+    std::fs::write(dir.join(".metadata"), b"").expect("metadata");
+    std::fs::write(dir.join("zero_pp_rank_0_mp_rank_00_optim_states.pt"), b"").expect("zero");
+    let e = load(&dir, &LoadOptions::default())
+        .expect_err("ambiguous")
+        .to_string();
+    assert!(
+        e.contains("torch.distributed.checkpoint") && e.contains("DeepSpeed"),
+        "{e}"
+    );
+    let o = devmap(&["inspect", dir.to_str().expect("p")]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("holds both"), "{}", stderr(&o));
+    // With the model's safetensors beside them, those are the model.
+    let w = FixtureTensor::patterned("w", DType::F32, &[2, 2], 1);
+    write_safetensors(&dir.join("model.safetensors"), &[&w]).expect("weights");
+    let ckpt = load(&dir, &LoadOptions::default()).expect("the safetensors");
+    assert_eq!(ckpt.tensors().len(), 1);
+}

@@ -479,73 +479,152 @@ fn symlinks_in(folder: &Path) -> Option<std::collections::HashSet<std::ffi::OsSt
     Some(links)
 }
 
-/// Finds and reads the checkpoint's safetensors files. Returns the files that make up
-/// the weights (shards and index).
+/// How a folder holds a model's weights: what [`detect_layout`] finds.
+#[derive(Debug)]
+enum Layout {
+    /// `model.safetensors.index.json` or `pytorch_model.bin.index.json` and its shards.
+    Index(PathBuf),
+    /// Weight files read one by one: `model.safetensors`, other `*.safetensors`, or
+    /// `pytorch_model.bin`.
+    Files(Vec<PathBuf>),
+    /// transformers 5's distributed checkpoint: every rank's safetensors files, the
+    /// same names in each, put together from their blocks.
+    RankFiles(Vec<PathBuf>),
+    /// A torch.distributed.checkpoint folder (`.metadata` and its `.distcp` files).
+    Dcp(PathBuf),
+    /// A DeepSpeed ZeRO checkpoint (`latest` and its step folder, or the step folder).
+    DeepSpeed,
+}
+
+/// Whether a folder holds a format, and where: a row of [`READERS`].
+type Detect = fn(&Path) -> Result<Option<Layout>, LoadError>;
+
+/// The formats a folder is asked about, in the order transformers' loader takes them
+/// (safetensors before `.bin`, an index before its files); the training formats come
+/// after the model's and may not both be there. A new format is a row here and an
+/// arm in [`read_layout`].
+const READERS: &[(&str, Detect)] = &[
+    ("a safetensors index", |dir| {
+        let index = dir.join(INDEX_FILE);
+        Ok(exists(&index).then_some(Layout::Index(index)))
+    }),
+    ("safetensors files", |dir| {
+        let single = dir.join(SINGLE_FILE);
+        if exists(&single) {
+            return Ok(Some(Layout::Files(vec![single])));
+        }
+        let files = crate::formats::input::safetensors_files(dir)?;
+        let is_rank_file = |p: &PathBuf| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(crate::formats::rank_files::is_rank_file_name)
+        };
+        Ok(match files.is_empty() {
+            true => None,
+            false if files.iter().all(is_rank_file) => Some(Layout::RankFiles(files)),
+            false => Some(Layout::Files(files)),
+        })
+    }),
+    ("a pytorch_model.bin index", |dir| {
+        let index = dir.join(crate::formats::torch_bin::BIN_INDEX);
+        Ok(exists(&index).then_some(Layout::Index(index)))
+    }),
+    ("pytorch_model.bin", |dir| {
+        let bin = dir.join(crate::formats::torch_bin::SINGLE_BIN);
+        Ok(exists(&bin).then(|| Layout::Files(vec![bin])))
+    }),
+];
+
+/// The training formats: at most one of them may be in a folder without model
+/// weights (both is an error naming them).
+const TRAINING_READERS: &[(&str, Detect)] = &[
+    ("a torch.distributed.checkpoint (.metadata)", |dir| {
+        let metadata = dir.join(crate::formats::dcp::METADATA);
+        Ok(exists(&metadata).then_some(Layout::Dcp(metadata)))
+    }),
+    ("a DeepSpeed ZeRO checkpoint", |dir| {
+        Ok(crate::formats::deepspeed::step_folder(dir).map(|_| Layout::DeepSpeed))
+    }),
+];
+
+fn exists(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok()
+}
+
+/// How `dir` holds its weights: the first of [`READERS`] that finds them, else the one
+/// training format that does; `None`: none.
+fn detect_layout(dir: &Path) -> Result<Option<Layout>, LoadError> {
+    for (_, detect) in READERS {
+        if let Some(layout) = detect(dir)? {
+            return Ok(Some(layout));
+        }
+    }
+    let mut found = Vec::new();
+    for (name, detect) in TRAINING_READERS {
+        if let Some(layout) = detect(dir)? {
+            found.push((*name, layout));
+        }
+    }
+    if let [(first, _), (second, _), ..] = found.as_slice() {
+        return Err(LoadError::Conflict {
+            path: dir.to_path_buf(),
+            message: format!(
+                "holds both {first} and {second}: which one is the model is not clear; move one of them to its own folder"
+            ),
+        });
+    }
+    Ok(found.pop().map(|(_, layout)| layout))
+}
+
+/// Finds and reads the checkpoint's weights. Returns the files that make up the
+/// weights (shards and index).
 fn read_weights(
     dir: &Path,
     options: &LoadOptions,
     draft: &mut Draft,
     warnings: &mut Vec<Warning>,
 ) -> Result<Vec<PathBuf>, LoadError> {
-    let index_path = dir.join(INDEX_FILE);
-    let single = dir.join(SINGLE_FILE);
-    let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
-    if exists(&index_path) {
-        return read_indexed(dir, &index_path, draft, warnings, options.open_broken);
+    match detect_layout(dir)? {
+        Some(layout) => read_layout(dir, layout, options, draft, warnings),
+        None => Ok(Vec::new()),
     }
-    let mut paths = if exists(&single) {
-        vec![single]
-    } else {
-        crate::formats::input::safetensors_files(dir)?
-    };
-    // No safetensors: the legacy `pytorch_model.bin` (sharded or not), as transformers
-    // falls back to it.
-    if paths.is_empty() {
-        let bin_index = dir.join(crate::formats::torch_bin::BIN_INDEX);
-        if exists(&bin_index) {
-            return read_indexed(dir, &bin_index, draft, warnings, options.open_broken);
+}
+
+/// Reads the weights `layout` says `dir` holds.
+fn read_layout(
+    dir: &Path,
+    layout: Layout,
+    options: &LoadOptions,
+    draft: &mut Draft,
+    warnings: &mut Vec<Warning>,
+) -> Result<Vec<PathBuf>, LoadError> {
+    let paths = match layout {
+        Layout::Index(index) => {
+            return read_indexed(dir, &index, draft, warnings, options.open_broken);
         }
-        let bin = dir.join(crate::formats::torch_bin::SINGLE_BIN);
-        if exists(&bin) {
-            paths.push(bin);
+        Layout::DeepSpeed => {
+            let split = crate::formats::deepspeed::read_deepspeed(dir)?;
+            let mut files = add_split(draft, (dir, split), warnings);
+            files.extend(
+                crate::formats::deepspeed::OWN_FILES
+                    .iter()
+                    .map(|f| dir.join(f))
+                    .filter(|p| exists(p)),
+            );
+            return Ok(files);
         }
-    }
-    // Nor a `.bin`: a torch.distributed.checkpoint folder (`.metadata` and its
-    // `.distcp` files), as a training run leaves it.
-    let metadata = dir.join(crate::formats::dcp::METADATA);
-    // Nor DCP: a DeepSpeed ZeRO checkpoint (`latest` and its step folder, or the step
-    // folder itself).
-    if paths.is_empty()
-        && !exists(&metadata)
-        && crate::formats::deepspeed::step_folder(dir).is_some()
-    {
-        let split = crate::formats::deepspeed::read_deepspeed(dir)?;
-        let mut files = add_split(draft, (dir, split), warnings);
-        files.extend(
-            crate::formats::deepspeed::OWN_FILES
-                .iter()
-                .map(|f| dir.join(f))
-                .filter(|p| exists(p)),
-        );
-        return Ok(files);
-    }
-    if paths.is_empty() && exists(&metadata) {
-        let split = crate::formats::dcp::read_dcp(dir, options.state_dict_key.as_deref())?;
-        let mut files = add_split(draft, (&metadata, split), warnings);
-        files.insert(0, metadata);
-        return Ok(files);
-    }
-    // transformers 5's distributed checkpoint: every rank's own safetensors files,
-    // the same names in each, put together from their blocks.
-    let is_rank_file = |p: &PathBuf| {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(crate::formats::rank_files::is_rank_file_name)
+        Layout::Dcp(metadata) => {
+            let split = crate::formats::dcp::read_dcp(dir, options.state_dict_key.as_deref())?;
+            let mut files = add_split(draft, (&metadata, split), warnings);
+            files.insert(0, metadata);
+            return Ok(files);
+        }
+        Layout::RankFiles(paths) => {
+            let split = crate::formats::rank_files::read_rank_files(&paths)?;
+            return Ok(add_split(draft, (dir, split), warnings));
+        }
+        Layout::Files(paths) => paths,
     };
-    if !paths.is_empty() && paths.iter().all(is_rank_file) {
-        let split = crate::formats::rank_files::read_rank_files(&paths)?;
-        return Ok(add_split(draft, (dir, split), warnings));
-    }
     for path in &paths {
         let (header, strided) = read_weight_file(path)?;
         let id = draft.file_id(path, &header);
