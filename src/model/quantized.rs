@@ -1,7 +1,7 @@
 //! What a quantized checkpoint's tensors are, read from config.json's
 //! `quantization_config` and each tensor's neighbours: a quantized weight (its format,
 //! its scale tensor, its shape and size once dequantized) or the scale of one. The
-//! inspector, `inspect` and `--json` show it; the saver's recipes (`save::dequant`,
+//! inspector, `inspect` and `--json` show it; the saver's recipes (`save::fp8`,
 //! `save::mxfp4`) are what dequantizes.
 
 use super::checkpoint::{Checkpoint, TensorId};

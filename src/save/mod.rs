@@ -5,7 +5,7 @@ pub mod cast;
 pub mod check_written;
 mod commit;
 pub mod copy;
-pub mod dequant;
+pub mod fp8;
 mod error;
 mod event;
 mod job;

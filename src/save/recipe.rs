@@ -31,13 +31,13 @@ pub enum Recipe {
         to: DType,
     },
     /// A fine-grained FP8 weight multiplied by its per-block scales (`scale`, the
-    /// `…_scale_inv` tensor's bytes), then converted to `to` (see `save::dequant`).
+    /// `…_scale_inv` tensor's bytes), then converted to `to` (see `save::fp8`).
     Dequant {
         source: ByteRange,
         from: DType,
         to: DType,
         scale: ByteRange,
-        blocks: crate::save::dequant::Fp8Blocks,
+        blocks: crate::save::fp8::Fp8Blocks,
     },
     /// An FP8 weight dequantized as [`Recipe::Dequant`] does — rounded to `to`, the
     /// dtype transformers loads the dequantized model in — with the checkpoint's LoRA
@@ -48,7 +48,7 @@ pub enum Recipe {
         from: DType,
         to: DType,
         scale: ByteRange,
-        blocks: crate::save::dequant::Fp8Blocks,
+        blocks: crate::save::fp8::Fp8Blocks,
     },
     /// An MXFP4 experts weight (`P_blocks`, with its `P_scales`), dequantized and
     /// transposed per expert as transformers loads it, in `to` (see `save::mxfp4`);

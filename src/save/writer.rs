@@ -350,7 +350,7 @@ impl ShardWriter<'_> {
                             open_source(ckpt, scale.file)
                                 .map_err(CopyError::Io)
                                 .and_then(|scale_file| {
-                                    super::dequant::Fp8Rows::load(
+                                    super::fp8::Fp8Rows::load(
                                         &ckpt.tensors()[t.tensor()].name,
                                         (&scale_file, scale),
                                         blocks,
@@ -440,7 +440,7 @@ impl ShardWriter<'_> {
                     .map_err(CopyError::Io)
                     .and_then(|scale_file| {
                         let mut written = 0u64;
-                        super::dequant::stream(
+                        super::fp8::stream(
                             &ckpt.tensors()[t.tensor()].name,
                             (src, range),
                             (&scale_file, scale),

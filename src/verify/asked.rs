@@ -138,7 +138,7 @@ fn problems<'a>(
             let accounted = known.contains(n)
                 || tied.contains(n)
                 || answer.ignores_unexpected(n)
-                || (quantized && crate::save::dequant::is_companion(n));
+                || (quantized && crate::save::fp8::is_companion(n));
             !accounted
         })
         .collect();

@@ -445,7 +445,7 @@ fn report(
         .iter()
         .copied()
         .filter(|n| {
-            let companion = quantized && crate::save::dequant::is_companion(n);
+            let companion = quantized && crate::save::fp8::is_companion(n);
             !(chosen.claimed.contains(n) || expect.ignores_unexpected(n) || companion)
         })
         .collect();

@@ -515,7 +515,7 @@ fn hash_expected(
             } => crate::formats::input::open_regular(expected.ckpt.file_path(scale.file))
                 .map_err(|e| CopyError::Io(std::io::Error::other(e)))
                 .and_then(|scale_file| {
-                    crate::save::dequant::stream(
+                    crate::save::fp8::stream(
                         expected.name(p),
                         (file, source),
                         (&scale_file, scale),
@@ -536,7 +536,7 @@ fn hash_expected(
                     Recipe::DequantMerge { scale, blocks, .. } => open(scale.file)
                         .map_err(CopyError::Io)
                         .and_then(|scale_file| {
-                            crate::save::dequant::Fp8Rows::load(
+                            crate::save::fp8::Fp8Rows::load(
                                 expected.name(p),
                                 (&scale_file, scale),
                                 blocks,

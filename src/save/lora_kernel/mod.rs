@@ -91,7 +91,7 @@ pub struct MergeInput<'a> {
     pub cancel: &'a (dyn Stop + Sync),
     /// For an FP8 weight (`dtypes.0`): its block scales. The weight is dequantized and
     /// rounded to `dtypes.1` first — what transformers loads — and merged in that dtype.
-    pub dequant: Option<&'a super::dequant::Fp8Rows>,
+    pub dequant: Option<&'a super::fp8::Fp8Rows>,
 }
 
 /// Streams the merged value of `input`'s tensor, converted to its output dtype, into

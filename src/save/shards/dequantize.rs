@@ -104,7 +104,7 @@ fn dequantized(
     to: DType,
 ) -> Result<Dequantized, String> {
     let tensor = &ckpt.tensors()[id];
-    if crate::save::dequant::is_companion(&tensor.name) {
+    if crate::save::fp8::is_companion(&tensor.name) {
         return Ok(Dequantized::Dropped);
     }
     if !matches!(tensor.dtype, DType::F8E4M3 | DType::F8E5M2) {
@@ -126,7 +126,7 @@ fn dequantized(
             dims.len()
         ));
     }
-    let blocks = crate::save::dequant::Fp8Blocks {
+    let blocks = crate::save::fp8::Fp8Blocks {
         rows: dims[dims.len() - 2],
         cols: dims[dims.len() - 1],
         block_rows: block.0,
@@ -153,7 +153,7 @@ fn fp8_recipe(
     ckpt: &Checkpoint,
     (id, scale_id): (TensorId, TensorId),
     to: DType,
-    blocks: crate::save::dequant::Fp8Blocks,
+    blocks: crate::save::fp8::Fp8Blocks,
 ) -> Result<Dequantized, String> {
     let (Some(source), Some(scale)) = (ckpt.data_range(id), ckpt.data_range(scale_id)) else {
         return Err("or its scale has no data to read".to_owned());
@@ -254,7 +254,7 @@ fn dequantized_compressed(
             scale.dtype
         ));
     }
-    let blocks = crate::save::dequant::Fp8Blocks {
+    let blocks = crate::save::fp8::Fp8Blocks {
         rows,
         cols,
         block_rows: block.0,

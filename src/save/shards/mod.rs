@@ -499,7 +499,7 @@ impl SavePlan {
             .max();
         if let Some(scales) = largest_scales {
             // A band of FP8 rows, its float32 values and its output, and the scales.
-            need.bytes += writers * (super::dequant::BAND_BYTES + scales);
+            need.bytes += writers * (super::fp8::BAND_BYTES + scales);
             need.parts
                 .push("a band of rows and the scales per dequantizing writer");
         }
