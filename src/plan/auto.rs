@@ -146,7 +146,7 @@ fn tree_key(options: &PlanOptions) -> u64 {
 /// time on this checkpoint: the runtime view and the walk tree (120 and 60 ms at 92,000
 /// tensors). The inspector calls it as it opens, off the UI thread, so its first `p` is
 /// as quick as later ones.
-pub fn prepare(ckpt: &Checkpoint, options: &PlanOptions) {
+pub fn warm_up(ckpt: &Checkpoint, options: &PlanOptions) {
     prepared(ckpt, options);
 }
 

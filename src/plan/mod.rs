@@ -5,7 +5,7 @@ pub mod auto;
 pub mod order;
 pub mod view;
 
-pub use auto::{PlanMode, PlanOptions, Planned, PlanningError, plan, prepare};
+pub use auto::{PlanMode, PlanOptions, Planned, PlanningError, plan, warm_up};
 
 use crate::formats::size::{SizeError, parse_size};
 use crate::model::checkpoint::Checkpoint;

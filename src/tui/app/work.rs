@@ -137,7 +137,7 @@ impl App {
             probe.learn_inputs(&ckpt);
             // The loaded names are made for every tensor on the first question.
             let _ = ckpt.loaded_name(0);
-            crate::plan::prepare(&ckpt, &super::devices::plan_options(Vec::new()));
+            crate::plan::warm_up(&ckpt, &super::devices::plan_options(Vec::new()));
             Action::WarmedUp
         }))]
     }
