@@ -1,0 +1,64 @@
+//! CONTRIBUTING's layout map names every source file, and no file that is gone: a
+//! module added or renamed without a word in the map fails here (the map once omitted
+//! seven readers and kernels a newcomer had to find by grep).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+fn rust_files(dir: &Path, out: &mut BTreeSet<String>) {
+    for entry in std::fs::read_dir(dir).expect("src").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.insert(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+}
+
+#[test]
+fn the_layout_map_names_every_source_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("CONTRIBUTING.md")).expect("CONTRIBUTING");
+    let start = text.find("## Layout").expect("a Layout section");
+    let section = &text[start..];
+    let section = match section[3..].find("\n## ") {
+        Some(end) => &section[..end + 3],
+        None => section,
+    };
+    let mut files = BTreeSet::new();
+    rust_files(&root.join("src"), &mut files);
+    // The crate roots and module files are named by their folders.
+    let unnamed: Vec<&String> = files
+        .iter()
+        .filter(|f| !matches!(f.as_str(), "lib.rs" | "main.rs" | "mod.rs"))
+        .filter(|f| {
+            !section
+                .match_indices(f.as_str())
+                .any(|(at, _)| at == 0 || !is_name_char(section.as_bytes()[at - 1]))
+        })
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "CONTRIBUTING's layout map does not name {unnamed:?}: say in a few words what each holds"
+    );
+    // Every `name.rs` the map names is a file (src/, or the Python binding's lib.rs).
+    let named: BTreeSet<&str> = section
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        .filter(|w| w.ends_with(".rs") && w.len() > 3)
+        .map(|w| w.trim_start_matches('.'))
+        .collect();
+    let gone: Vec<&&str> = named
+        .iter()
+        .filter(|n| !files.contains(**n) && **n != "lib.rs" && !n.starts_with("layout_map"))
+        .filter(|n| !root.join("tests").join(n).exists())
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "the layout map names files that are gone: {gone:?}"
+    );
+}
+
+fn is_name_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
