@@ -23,7 +23,8 @@
 //! ```
 //!
 //! `sys` holds the few system calls std lacks (through rustix: no `unsafe` anywhere).
-//! Nothing below `tui` needs a terminal.
+//! Nothing below `tui` needs a terminal. The layers at this height only; every file,
+//! with what it holds, is in CONTRIBUTING.md's layout map (checked by a test).
 
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
