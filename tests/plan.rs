@@ -1034,3 +1034,47 @@ fn a_table_tie_with_shapes_that_differ_is_a_warning_and_no_tie() {
         "{warnings}"
     );
 }
+
+/// `plan --json` carries the same map as the plain output, each device's bytes against
+/// its budget, the mode and dtype, and says what it does not count yet.
+#[test]
+fn plan_json_carries_the_map_the_devices_and_what_is_not_counted() {
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let args = [
+        "plan",
+        demo.to_str().expect("p"),
+        "--max-memory",
+        "0=1MB,cpu=1MB",
+        "--dtype",
+        "float32",
+    ];
+    let plain = devmap(&args);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let map: serde_json::Value = serde_json::from_str(&stdout(&plain)).expect("the map");
+    let mut with_json = args.to_vec();
+    with_json.push("--json");
+    let o = devmap(&with_json);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    assert_eq!(report["device_map"], map);
+    assert_eq!(report["mode"], "auto");
+    assert_eq!(report["dtype"], "float32");
+    assert_eq!(report["budgets"]["0"], 1_000_000);
+    assert_eq!(report["budgets"]["cpu"], 1_000_000);
+    let devices = report["devices"].as_array().expect("devices");
+    let gpu = devices.iter().find(|d| d["device"] == 0).expect("GPU 0");
+    assert_eq!(gpu["budget"], 1_000_000);
+    assert!(
+        gpu["bytes"]
+            .as_u64()
+            .is_some_and(|b| b > 0 && b <= 1_000_000),
+        "{gpu}"
+    );
+    // float32 doubles the demo's bfloat16 bytes: more than the 2.52 MiB stored, in all.
+    let total: u64 = devices.iter().filter_map(|d| d["bytes"].as_u64()).sum();
+    assert!(total > 2_640_000, "{total}");
+    assert_eq!(
+        report["not_counted"],
+        serde_json::json!(["kv_cache", "activations"])
+    );
+}

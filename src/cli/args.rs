@@ -107,6 +107,12 @@ pub struct PlanArgs {
     /// where the module order came from (transformers' class, or name heuristics).
     #[arg(long)]
     pub explain: bool,
+    /// Print (or write with --out) the plan as JSON: the mode, dtype, budgets, the
+    /// device map, each device's bytes as transformers counts them against its budget,
+    /// and the reasons. Runtime memory (KV cache, activations) is not counted yet, and
+    /// the JSON says so.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// How to read the model directory; shared by every subcommand.

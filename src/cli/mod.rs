@@ -77,6 +77,60 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 }
 
+/// `plan --json`: the plan with what it counted, for scripts.
+fn plan_json(
+    planned: &devmap::plan::Planned,
+    options: &devmap::plan::PlanOptions,
+    dtype: Option<devmap::model::DType>,
+) -> String {
+    use serde_json::{Map, Value, json};
+    let key = |p: devmap::model::Placement| match p.to_device_map_value() {
+        Value::Number(n) => n.to_string(),
+        other => other.as_str().unwrap_or_default().to_owned(),
+    };
+    let budgets: Map<String, Value> = options
+        .max_memory
+        .iter()
+        .map(|(p, b)| (key(*p), Value::from(*b)))
+        .collect();
+    let device_map: Map<String, Value> = planned
+        .map
+        .entries()
+        .iter()
+        .map(|(k, p)| (k.clone(), p.to_device_map_value()))
+        .collect();
+    let devices: Vec<Value> = planned
+        .used
+        .iter()
+        .map(|(p, bytes)| {
+            let budget = options
+                .max_memory
+                .iter()
+                .find(|(d, _)| d == p)
+                .map(|(_, b)| *b);
+            json!({
+                "device": p.to_device_map_value(),
+                "bytes": bytes,
+                "budget": budget,
+                "over": budget.is_some_and(|b| *bytes > b),
+            })
+        })
+        .collect();
+    let value = json!({
+        "mode": options.mode.name(),
+        "dtype": dtype.map(devmap::model::DType::torch_name),
+        "budgets": budgets,
+        "device_map": device_map,
+        "devices": devices,
+        "explain": planned.explain,
+        "heuristics": planned.heuristics,
+        "not_counted": ["kv_cache", "activations"],
+    });
+    let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
 /// Opens a MODEL argument: a folder, a repo id in the local Hugging Face cache
 /// (`org/name[@revision]`, when no such path exists), or a remote model (`hf://…`,
 /// `https://…`) read by its headers alone.
@@ -333,7 +387,11 @@ fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
             err_line(line)?;
         }
     }
-    let text = devmap::formats::device_map::encode_device_map(&planned.map);
+    let text = if a.json {
+        plan_json(&planned, &options, a.dtype)
+    } else {
+        devmap::formats::device_map::encode_device_map(&planned.map)
+    };
     match &a.out {
         Some(path) => {
             if ckpt
