@@ -1,7 +1,7 @@
 //! `--merge-lora` without Python: adapters written here in peft's layout; refusals
 //! before writing, inspect's listing, composition with offload values, `--dtype`,
 //! ties and `verify --against`, and flat memory on a model far larger than the adapter.
-//! (tests/real_lora_merge.rs compares the values with peft's own merge.)
+//! (tests/real/lora_merge.rs compares the values with peft's own merge.)
 
 mod common;
 

@@ -1,5 +1,5 @@
 //! The Rust side of asking transformers (`--transformers PYTHON`), with a stand-in
-//! Python that answers the protocol (the real one: tests/real_oracle.rs): its answer
+//! Python that answers the protocol (the real one: tests/real/oracle.rs): its answer
 //! replaces devmap's table in verify and in the save's report, the report names the
 //! source, the answer is cached per config and version, `--transformers none` and an
 //! unusable Python fall back to the table, and a `--transformers` that cannot import

@@ -2,7 +2,7 @@
 //! single save of an offload folder; parts racing on one OUT; a part killed mid-write
 //! and rerun; a commit while a part still writes, or with a part missing, or over the
 //! parts of another model: refused by name, nothing published. (DCP, ZeRO-3 and
-//! torchrun's `--part auto` are in tests/real_parts.rs.)
+//! torchrun's `--part auto` are in tests/real/parts.rs.)
 
 mod common;
 

@@ -1,6 +1,6 @@
 //! The planner on generated models: what accelerate's algorithm does, checked as
 //! properties of the maps it gives (the byte-exact comparison with accelerate itself
-//! is tests/real_accelerate_plan.rs).
+//! is tests/real/accelerate_plan.rs).
 
 mod common;
 

@@ -4,7 +4,7 @@
 //! evidence; a head the device map places but nothing holds is refused, naming
 //! `--config` and `--tie`; and `verify --against` flags a dropped head whose values
 //! differed in the source. The same against torch, DCP and rank files:
-//! tests/real_tie_sweep.rs.
+//! tests/real/tie_sweep.rs.
 
 mod common;
 

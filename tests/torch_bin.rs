@@ -1,7 +1,7 @@
 //! `pytorch_model.bin` folders (single and sharded) read without torch: state dicts in
 //! `torch.save`'s format written by `devmap::fixtures::torch_bin`, saved as safetensors
 //! and read back with the `safetensors` crate; hostile archives refused by name with
-//! nothing written. The same against torch itself: tests/real_torch_bin.rs.
+//! nothing written. The same against torch itself: tests/real/torch_bin.rs.
 
 mod common;
 

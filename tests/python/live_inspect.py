@@ -1,4 +1,4 @@
-"""devmap.inspect on a live model (cpu + disk) for tests/real_python_bridge.rs: in a
+"""devmap.inspect on a live model (cpu + disk) for tests/real/python_bridge.rs: in a
 terminal (tmux) the inspector takes the screen until `q`, then `INSPECTOR CLOSED` is
 printed; with `--report` (stdout not a terminal) the text report is printed instead
 and checked here.

@@ -1,5 +1,5 @@
 """devmap.save_pretrained on live models, against transformers' save_pretrained of the
-same model in the same session. Run by tests/real_python_bridge.rs with the devmap
+same model in the same session. Run by tests/real/python_bridge.rs with the devmap
 package on PYTHONPATH; prints one `ok: ` line per case and exits non-zero on the first
 failure.
 

@@ -3,8 +3,6 @@
 //! transformers upgrade this fails, naming both versions and how to regenerate.
 //! Ignored by a bare `cargo test`; `.ci/run` runs it with the reference libraries.
 
-mod common;
-
 use std::process::Command;
 
 const TABLES: [&str; 5] = [
@@ -18,7 +16,8 @@ const TABLES: [&str; 5] = [
 #[test]
 #[ignore = "needs transformers: run .ci/run"]
 fn the_tables_come_from_the_installed_transformers() {
-    let python = common::hf_python().unwrap_or_else(|why| panic!("{why}"));
+    let _serial = crate::serial();
+    let python = crate::common::hf_python().unwrap_or_else(|why| panic!("{why}"));
     let out = Command::new(python)
         .args(["-c", "import transformers; print(transformers.__version__)"])
         .output()

@@ -6,12 +6,11 @@
 //! with no contiguous dimension and a pickle naming `os.system` refused by name. Ignored by a bare `cargo test`; `.ci/run` runs it with the
 //! reference libraries installed.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn bin_checkpoints_save_as_transformers_saves_them() {
-    let (ok, out, err) = common::run_hf_script("torch_bin.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("torch_bin.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 6, "{out}");
 }

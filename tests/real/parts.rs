@@ -5,12 +5,11 @@
 //! `torchrun --nproc-per-node 4` with `--part auto`. Ignored by a bare `cargo test`;
 //! `.ci/run` runs it with the reference libraries.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers, deepspeed: run .ci/run"]
 fn split_saves_of_dcp_and_zero3_equal_a_single_save_also_under_torchrun() {
-    let (ok, out, err) = common::run_hf_script("parts_sources.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("parts_sources.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(
         out.matches("byte-identical to a single save").count(),

@@ -6,12 +6,11 @@
 //! tables alone; a value the table never tried is verified with a "not checked" note.
 //! Ignored by a bare `cargo test`; `.ci/run` runs it with the reference libraries.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn pristine_outputs_with_switched_options_verify_clean_from_the_table() {
-    let (ok, out, err) = common::run_hf_script("option_sweep.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("option_sweep.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(
         out.matches("verifies clean, saves without a warning")

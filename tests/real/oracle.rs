@@ -6,12 +6,11 @@
 //! cast warns and verify says "not checked"; the time to ask about a 70B-size config.
 //! Ignored by a bare `cargo test`; `.ci/run` runs it with the reference libraries.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn transformers_asked_is_exact_where_the_table_is_not() {
-    let (ok, out, err) = common::run_hf_script("oracle.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("oracle.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 7 + 5 + 1, "{out}");
 }

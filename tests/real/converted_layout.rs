@@ -4,12 +4,11 @@
 //! `model.`). Ignored by a bare `cargo test`; `.ci/run` runs it with the reference
 //! libraries installed.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn transformers_fused_offload_experts_are_read_back() {
-    let (ok, out, err) = common::run_hf_script("converted_layout.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("converted_layout.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 4, "{out}");
     assert!(out.contains("ok: lfm2_moe"), "{out}");

@@ -9,16 +9,16 @@
 //! put beside the package's Python files. Ignored by a bare `cargo test`; `.ci/run`
 //! runs it with the reference libraries installed.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
 #[test]
 #[ignore = "needs torch, transformers, accelerate, peft: run .ci/run"]
 fn live_models_save_as_transformers_saves_them() {
-    let package = common::python_package();
-    let py = common::hf_python().unwrap_or_else(|why| panic!("live_save.py cannot run: {why}"));
+    let _serial = crate::serial();
+    let package = crate::common::python_package();
+    let py =
+        crate::common::hf_python().unwrap_or_else(|why| panic!("live_save.py cannot run: {why}"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/live_save.py");
     let o = Command::new(py)
         .arg(script)
@@ -36,8 +36,10 @@ fn live_models_save_as_transformers_saves_them() {
 #[test]
 #[ignore = "needs torch, transformers, accelerate and tmux: run .ci/run"]
 fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhere() {
-    let package = common::python_package();
-    let py = common::hf_python().unwrap_or_else(|why| panic!("live_inspect.py cannot run: {why}"));
+    let _serial = crate::serial();
+    let package = crate::common::python_package();
+    let py = crate::common::hf_python()
+        .unwrap_or_else(|why| panic!("live_inspect.py cannot run: {why}"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/live_inspect.py");
     let report = Command::new(&py)
         .arg(&script)
@@ -126,7 +128,8 @@ fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhe
 #[test]
 #[ignore = "needs torch, transformers, accelerate, peft: run .ci/run"]
 fn a_lora_merged_into_disk_offloaded_layers_saves_as_save_pretrained_writes_it() {
-    let (ok, out, err) = common::run_package_script("bridge_offload.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_package_script("bridge_offload.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 5, "{out}");
 }
@@ -137,7 +140,8 @@ fn a_lora_merged_into_disk_offloaded_layers_saves_as_save_pretrained_writes_it()
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn a_sigterm_saves_the_weights_of_the_step_boundary() {
-    let (ok, out, err) = common::run_package_script("save_on_signal.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_package_script("save_on_signal.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 2, "{out}");
 }

@@ -8,12 +8,11 @@
 //! states refused. Ignored by a bare `cargo test`;
 //! `.ci/run` installs DeepSpeed and runs it.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers, deepspeed: run .ci/run"]
 fn zero_checkpoints_save_as_zero_to_fp32_rebuilds_them() {
-    let (ok, out, err) = common::run_hf_script("deepspeed_zero.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("deepspeed_zero.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 5, "{out}");
 }

@@ -11,12 +11,11 @@
 //! Ignored by a bare `cargo test`; `.ci/run` runs them with the reference libraries
 //! installed.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn dcp_checkpoints_save_as_transformers_saves_the_model() {
-    let (ok, out, err) = common::run_hf_script("dcp.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("dcp.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 6, "{out}");
 }
@@ -24,7 +23,8 @@ fn dcp_checkpoints_save_as_transformers_saves_the_model() {
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn dcp_checkpoints_of_several_ranks_are_put_together_as_torch_loads_them() {
-    let (ok, out, err) = common::run_hf_script("dcp_ranks.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("dcp_ranks.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 7, "{out}");
 }

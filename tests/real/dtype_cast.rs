@@ -4,12 +4,11 @@
 //! `save_pretrained` writes. Ignored by a bare `cargo test`; `.ci/run` installs the
 //! libraries and runs it with `--include-ignored`.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn casts_are_torchs_and_auto_writes_what_save_pretrained_writes() {
-    let (ok, out, err) = common::run_hf_script("dtype_cast.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("dtype_cast.py");
     assert!(ok, "dtype check failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 4, "{out}");
 }

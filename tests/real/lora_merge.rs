@@ -7,12 +7,11 @@
 //! adapter refused. Ignored by a bare
 //! `cargo test`; `.ci/run` runs it with the reference libraries installed.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers, peft: run .ci/run"]
 fn merges_match_peft_merge_and_unload() {
-    let (ok, out, err) = common::run_hf_script("lora_merge.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("lora_merge.py");
     assert!(ok, "LoRA merge check failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 16, "{out}");
     assert!(out.contains("ok: llava-renamed-modules"), "{out}");

@@ -5,12 +5,11 @@
 //! from transformers' own `from_pretrained`. Ignored by a bare `cargo test`; `.ci/run`
 //! runs it with the reference libraries.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn devmap_plan_places_every_tensor_where_from_pretrained_does() {
-    let (ok, out, err) = common::run_hf_script("transformers_plan.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("transformers_plan.py");
     assert!(ok, "plans differ from from_pretrained's:\n{out}\n{err}");
     assert!(
         out.contains("720 of 720 cases place every tensor as from_pretrained does"),

@@ -2,12 +2,11 @@
 //! tests/python/verify_real.py). Ignored by a bare `cargo test`; `.ci/run` runs it with
 //! the reference libraries installed.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn checkpoints_transformers_wrote_verify_clean() {
-    let (ok, out, err) = common::run_hf_script("verify_real.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("verify_real.py");
     assert!(
         ok,
         "verify on transformers' checkpoints failed:\n{out}\n{err}"

@@ -2,18 +2,17 @@
 //! repo id where huggingface_hub finds it (tests/python/hub_cache.py). Ignored by a
 //! bare `cargo test`; `.ci/run` runs it with the reference libraries installed.
 
-mod common;
-
 use std::process::Command;
 
-use common::hub_server::{self, ServerOptions};
+use crate::common::hub_server::{self, ServerOptions};
 use devmap::fixtures::{LlamaShape, llama_config, llama_like, write_json, write_sharded};
 use devmap::model::DType;
 
 #[test]
 #[ignore = "needs huggingface_hub (with torch, transformers): run .ci/run"]
 fn devmap_reads_the_cache_huggingface_hub_writes() {
-    let py = common::hf_python().unwrap_or_else(|why| panic!("cannot run: {why}"));
+    let _serial = crate::serial();
+    let py = crate::common::hf_python().unwrap_or_else(|why| panic!("cannot run: {why}"));
     let tmp = tempfile::tempdir().expect("tmp");
     let src = tmp.path().join("src");
     std::fs::create_dir_all(&src).expect("mkdir");

@@ -5,12 +5,11 @@
 //! logits; a LoRA adapter made on the dequantized model merges bit-identically with
 //! peft's `merge_and_unload` + `save_pretrained`. Ignored by a bare `cargo test`; `.ci/run` runs it with `--include-ignored`.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn fp8_checkpoints_dequantize_bit_exact_with_torch_and_transformers() {
-    let (ok, out, err) = common::run_hf_script("fp8_dequant.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("fp8_dequant.py");
     assert!(ok, "FP8 dequantization check failed:\n{out}\n{err}");
     assert_eq!(out.matches("bit-exact").count(), 6, "{out}");
     assert_eq!(
@@ -33,7 +32,8 @@ fn fp8_checkpoints_dequantize_bit_exact_with_torch_and_transformers() {
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn mxfp4_checkpoints_dequantize_bit_exact_with_transformers() {
-    let (ok, out, err) = common::run_hf_script("mxfp4_dequant.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("mxfp4_dequant.py");
     assert!(ok, "MXFP4 dequantization check failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: mxfp4 to ").count(), 3, "{out}");
     // LoRA on the fused experts merged while dequantizing, and into the plain gpt-oss.
@@ -52,7 +52,8 @@ fn mxfp4_checkpoints_dequantize_bit_exact_with_transformers() {
 #[test]
 #[ignore = "needs torch, transformers, compressed-tensors: run .ci/run"]
 fn compressed_tensors_fp8_dequantizes_bit_exact_with_transformers() {
-    let (ok, out, err) = common::run_hf_script("compressed_fp8.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("compressed_fp8.py");
     assert!(ok, "compressed-tensors check failed:\n{out}\n{err}");
     assert_eq!(
         out.matches("ok: compressed-tensors FP8,").count(),

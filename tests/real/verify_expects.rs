@@ -6,12 +6,11 @@
 //! transformers asked: clean, and the 28 corruptions that apply to them caught. Ignored by a bare
 //! `cargo test`; `.ci/run` runs it with `--include-ignored`.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn verify_finds_what_transformers_loader_reports() {
-    let (ok, out, err) = common::run_hf_script("verify_expects.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("verify_expects.py");
     assert!(ok, "verify against transformers failed:\n{out}\n{err}");
     let summary = out
         .lines()

@@ -4,12 +4,11 @@
 //! output as the model itself, and `verify --against` flags a wrong drop. Ignored by a
 //! bare `cargo test`; `.ci/run` runs it with the reference libraries installed.
 
-mod common;
-
 #[test]
 #[ignore = "needs torch, transformers, deepspeed: run .ci/run"]
 fn every_input_kind_keeps_an_untied_head_and_drops_a_tie_only_on_evidence() {
-    let (ok, out, err) = common::run_package_script("tie_sweep.py");
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_package_script("tie_sweep.py");
     assert!(ok, "{out}\n{err}");
     // 4 kinds x tied/untied x with/without config, ZeRO 2 without, live 2.
     assert_eq!(out.matches("ok: ").count(), 4 * 2 * 2 + 2 + 2, "{out}");
