@@ -513,6 +513,46 @@ impl Checkpoint {
         &self.files[id].path
     }
 
+    /// What the weights were read from, in a few words: `safetensors`, `.bin`, `DCP`,
+    /// `ZeRO`, `rank files`, `live model`, `remote headers`, with `+ offload` when an
+    /// offload folder's values are read too.
+    pub fn source_kind(&self) -> String {
+        let names: Vec<String> = self
+            .weight_files
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        let any = |f: &dyn Fn(&str) -> bool| names.iter().any(|n| f(n));
+        let kind = if self.remote.is_some() {
+            "remote headers"
+        } else if self.files.iter().any(|f| f.kind != InputKind::File) {
+            "live model"
+        } else if any(&|n| n.ends_with(".distcp") || n == ".metadata") {
+            "DCP"
+        } else if any(&|n| n.ends_with("_model_states.pt") || n.ends_with("_optim_states.pt")) {
+            "ZeRO"
+        } else if !names.is_empty()
+            && names.iter().all(|n| {
+                !n.ends_with(".safetensors") || crate::formats::rank_files::is_rank_file_name(n)
+            })
+            && any(&crate::formats::rank_files::is_rank_file_name)
+        {
+            "rank files"
+        } else if self
+            .weight_files
+            .iter()
+            .any(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("bin")))
+        {
+            ".bin"
+        } else {
+            "safetensors"
+        };
+        match self.offload_dir {
+            Some(_) => format!("{kind} + offload"),
+            None => kind.to_owned(),
+        }
+    }
+
     /// What source `id` is: a file, or a live model's memory.
     pub fn input_kind(&self, id: FileId) -> InputKind {
         self.files[id].kind

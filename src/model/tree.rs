@@ -315,6 +315,27 @@ impl ModuleTree {
         children.next().is_none().then_some(first)
     }
 
+    /// The nodes of the tensors `marked` accepts, and every module above them, as one
+    /// flag per node (the inspector's filter and its edited-row marks).
+    pub fn marked_with_ancestors(&self, mut marked: impl FnMut(TensorId) -> bool) -> Vec<bool> {
+        let mut flags = vec![false; self.len()];
+        for t in 0..self.tensor_node.len() {
+            if marked(t) {
+                flags[self.node_of(t)] = true;
+            }
+        }
+        // Pre-order: children come after their parent, so a walk backwards carries a
+        // flag up to every module above it.
+        for id in (1..flags.len()).rev() {
+            if flags[id]
+                && let Some(parent) = self.nodes[id].parent()
+            {
+                flags[parent] = true;
+            }
+        }
+        flags
+    }
+
     /// The node whose full name is tensor `id`'s.
     pub fn node_of(&self, id: TensorId) -> NodeId {
         self.tensor_node[id] as NodeId

@@ -114,21 +114,10 @@ impl App {
             return;
         }
         let ckpt = &self.ckpt;
-        let mut keep = vec![false; self.tree.len()];
-        for (id, t) in ckpt.tensors().iter().enumerate() {
-            if words.iter().all(|w| holds(ckpt, id, t, w)) {
-                keep[self.tree.node_of(id)] = true;
-            }
-        }
-        // Pre-order: children come after their parent, so a walk backwards carries a
-        // kept node up to every module above it.
-        for id in (1..keep.len()).rev() {
-            if keep[id]
-                && let Some(parent) = self.tree.nodes[id].parent()
-            {
-                keep[parent] = true;
-            }
-        }
+        let keep = self.tree.marked_with_ancestors(|id| {
+            let t = &ckpt.tensors()[id];
+            words.iter().all(|w| holds(ckpt, id, t, w))
+        });
         self.rows.set_filter(Some(keep));
         self.filter = Some(query.to_owned());
     }

@@ -279,6 +279,9 @@ pub struct App {
     pub focus: Focus,
     /// The filter in place (`f`): the tree shows only what it keeps.
     pub filter: Option<String>,
+    /// What the weights were read from (`safetensors + offload`), for the header:
+    /// found once, as the model opens.
+    pub source_kind: String,
     /// `z`: the focused panel takes the screen.
     pub zoomed: bool,
     pub details_scroll: u16,
@@ -385,6 +388,7 @@ impl App {
         let warnings = crate::model::checks::all_warnings(&ckpt);
         let unedited_map = ckpt.device_map.clone();
         let opened_placements = ckpt.tensors().iter().map(|t| t.placement).collect();
+        let source_kind = ckpt.source_kind();
         let opened_devices = tree.nodes[ModuleTree::ROOT]
             .split
             .iter()
@@ -403,6 +407,7 @@ impl App {
             cursor: None,
             focus: Focus::Tree,
             filter: None,
+            source_kind,
             zoomed: false,
             details_scroll: 0,
             devices_scroll: 0,
@@ -568,26 +573,15 @@ impl App {
     /// Marks the rows whose tensors moved since the model opened (and the modules
     /// above them).
     pub(super) fn mark_edited_rows(&mut self) {
-        let mut edited = vec![false; self.tree.len()];
-        let mut any = false;
-        for (t, tensor) in self.ckpt.tensors().iter().enumerate() {
-            if self.opened_placements.get(t) != Some(&tensor.placement) {
-                edited[self.tree.node_of(t)] = true;
-                any = true;
-            }
-        }
-        if any {
-            for id in (1..edited.len()).rev() {
-                if edited[id]
-                    && let Some(parent) = self.tree.nodes[id].parent()
-                {
-                    edited[parent] = true;
-                }
-            }
+        let tensors = self.ckpt.tensors();
+        let moved = |t: usize| self.opened_placements.get(t) != Some(&tensors[t].placement);
+        let edited = self.tree.marked_with_ancestors(moved);
+        // No move: no list at all (the usual case after an undo back to the start).
+        self.edited_nodes = if edited.contains(&true) {
+            edited
         } else {
-            edited.clear();
-        }
-        self.edited_nodes = edited;
+            Vec::new()
+        };
     }
 
     /// Whether row `id` holds tensors moved since the model opened.

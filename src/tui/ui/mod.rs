@@ -121,7 +121,7 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     }
     // (what, the order it is left out in; `None`: kept).
     let mut facts: Vec<(String, Option<u8>)> = vec![
-        (source_kind(&app.ckpt), Some(3)),
+        (app.source_kind.clone(), Some(3)),
         (
             crate::text::count(root.tensors, "tensor", "tensors"),
             Some(1),
@@ -171,50 +171,6 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let mut spans = vec![Span::styled(" devmap ", theme.title()), Span::raw(text)];
     spans.extend(markers);
     frame.render_widget(Paragraph::new(fit(Line::from(spans), width)), area);
-}
-
-/// What the weights were read from, in a few words: `safetensors`, `.bin`, `DCP`,
-/// `ZeRO`, `rank files`, `live model`, `remote headers`, with `+ offload` when an
-/// offload folder's values are read too.
-pub fn source_kind(ckpt: &crate::model::checkpoint::Checkpoint) -> String {
-    let names: Vec<String> = ckpt
-        .weight_files
-        .iter()
-        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .collect();
-    let any = |f: &dyn Fn(&str) -> bool| names.iter().any(|n| f(n));
-    let kind = if ckpt.remote.is_some() {
-        "remote headers"
-    } else if ckpt
-        .files
-        .iter()
-        .any(|f| f.kind != crate::model::checkpoint::InputKind::File)
-    {
-        "live model"
-    } else if any(&|n| n.ends_with(".distcp") || n == ".metadata") {
-        "DCP"
-    } else if any(&|n| n.ends_with("_model_states.pt") || n.ends_with("_optim_states.pt")) {
-        "ZeRO"
-    } else if !names.is_empty()
-        && names.iter().all(|n| {
-            !n.ends_with(".safetensors") || crate::formats::rank_files::is_rank_file_name(n)
-        })
-        && any(&crate::formats::rank_files::is_rank_file_name)
-    {
-        "rank files"
-    } else if ckpt
-        .weight_files
-        .iter()
-        .any(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("bin")))
-    {
-        ".bin"
-    } else {
-        "safetensors"
-    };
-    match ckpt.offload_dir {
-        Some(_) => format!("{kind} + offload"),
-        None => kind.to_owned(),
-    }
 }
 
 fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
