@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{arg, devmap, mixed_model, snapshot, stderr, stdout};
+use common::{arg, cut, demo_copy, devmap, mixed_model, snapshot, stderr, stdout};
 use devmap::model::checkpoint::{Checkpoint, Parts, Source, Tensor};
 use devmap::model::{DType, Placement};
 use devmap::save::{SaveOptions, prepare};
@@ -471,20 +471,6 @@ fn a_config_value_of_the_wrong_type_is_named() {
     );
 }
 
-/// A copy of the demo (two shards and an index) in a temporary folder.
-fn demo_copy(tmp: &Path) -> PathBuf {
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
-    let dir = tmp.join("demo");
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    for entry in std::fs::read_dir(&demo).expect("demo") {
-        let entry = entry.expect("entry");
-        if entry.path().is_file() {
-            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
-        }
-    }
-    dir
-}
-
 /// One shard cut short: `inspect` opens what is readable and names the broken file
 /// and its tensors (those whose bytes are there are read as usual); a save refuses,
 /// naming the file. Cut inside its header, every tensor the index maps to it is kept
@@ -495,12 +481,7 @@ fn a_truncated_shard_opens_for_looking_and_is_refused_for_saving() {
     let dir = demo_copy(tmp.path());
     let second = dir.join("model-00002-of-00002.safetensors");
     let len = std::fs::metadata(&second).expect("shard").len();
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&second)
-        .expect("open");
-    file.set_len(len - 1000).expect("cut the data");
-    drop(file);
+    cut(&second, len - 1000);
     let o = devmap(&["inspect", arg(&dir), "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
@@ -531,12 +512,7 @@ fn a_truncated_shard_opens_for_looking_and_is_refused_for_saving() {
     assert!(e.contains("model-00002-of-00002.safetensors"), "{e}");
 
     // Cut inside its header: every tensor the index maps there, without data.
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&second)
-        .expect("open");
-    file.set_len(100).expect("cut the header");
-    drop(file);
+    cut(&second, 100);
     let o = devmap(&["inspect", arg(&dir), "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");

@@ -44,6 +44,14 @@ fn wrapped(env: &str, args: &str) -> String {
     )
 }
 
+/// `q`: devmap exits 0, and the terminal is as it was.
+fn quit_cleanly(tmux: &Tmux) {
+    tmux.keys(&["q"]);
+    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
+    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
+    assert_restored(tmux);
+}
+
 /// After devmap exited: the tty is back in cooked mode and off the alternate screen.
 fn assert_restored(tmux: &Tmux) -> String {
     std::thread::sleep(Duration::from_millis(300));
@@ -152,10 +160,7 @@ fn inspect_save_and_quit_in_a_real_terminal() {
 
     // Quit; the terminal comes back cooked (icanon, not -icanon) and off the
     // alternate screen.
-    tmux.keys(&["q"]);
-    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
-    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
-    assert_restored(&tmux);
+    quit_cleanly(&tmux);
 }
 
 /// `d` opens the device picker in a real terminal; Enter moves the module there.
@@ -176,10 +181,7 @@ fn the_device_picker_moves_a_module_in_a_real_terminal() {
     assert!(moved.contains("→"), "{moved}");
     tmux.keys(&["u"]);
     tmux.wait_for("undid", Duration::from_secs(5));
-    tmux.keys(&["q"]);
-    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
-    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
-    assert_restored(&tmux);
+    quit_cleanly(&tmux);
 }
 
 /// `f` filters the tree in a real terminal; Esc clears the filter.
@@ -202,10 +204,7 @@ fn filter_mode_in_a_real_terminal() {
     tmux.keys(&["Escape"]);
     let cleared = tmux.wait_for("filter cleared", Duration::from_secs(5));
     assert!(cleared.contains("lm_head"), "{cleared}");
-    tmux.keys(&["q"]);
-    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
-    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
-    assert_restored(&tmux);
+    quit_cleanly(&tmux);
 }
 
 /// `p` plans and previews, changing nothing until Enter: Esc leaves the map as it
@@ -238,10 +237,7 @@ fn a_plan_is_a_preview_until_accepted_in_a_real_terminal() {
     assert!(applied.contains("map edited"), "{applied}");
     tmux.keys(&["u"]);
     tmux.wait_for("undid", Duration::from_secs(5));
-    tmux.keys(&["q"]);
-    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
-    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
-    assert_restored(&tmux);
+    quit_cleanly(&tmux);
 }
 
 /// The dialog's preview follows what is typed: the size's new shard count appears
@@ -377,10 +373,7 @@ fn a_panicking_worker_is_reported_in_the_inspector() {
         "still the inspector:\n{screen}"
     );
     assert!(!screen.contains("panicked at"), "{screen}");
-    tmux.keys(&["q"]);
-    let after = tmux.wait_for("DEVMAP-EXIT=", Duration::from_secs(10));
-    assert!(after.contains("DEVMAP-EXIT=0"), "{after}");
-    assert_restored(&tmux);
+    quit_cleanly(&tmux);
 }
 
 #[test]

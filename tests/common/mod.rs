@@ -477,3 +477,29 @@ fn built_python_package() -> tempfile::TempDir {
     std::fs::copy(&library, package.join("_devmap.abi3.so")).expect("copy library");
     tmp
 }
+
+/// The bundled demo model's folder (two shards, an index, a map, an offload folder).
+pub fn demo_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo")
+}
+
+/// A copy of the demo's files (not its offload folder) in `tmp/demo`, to damage.
+pub fn demo_copy(tmp: &Path) -> PathBuf {
+    let dir = tmp.join("demo");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    for entry in std::fs::read_dir(demo_dir()).expect("demo").flatten() {
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
+        }
+    }
+    dir
+}
+
+/// Cuts `file` to `len` bytes, as a download that stopped leaves it.
+pub fn cut(file: &Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .and_then(|f| f.set_len(len))
+        .expect("cut");
+}

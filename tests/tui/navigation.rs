@@ -564,6 +564,16 @@ fn zoom_and_expand_or_collapse_everything() {
     assert!(app.rows.visible().len() < shown_before + 1);
 }
 
+/// The names of the tensors whose rows show.
+fn shown_tensors(app: &App) -> Vec<String> {
+    app.rows
+        .visible()
+        .iter()
+        .filter_map(|&id| app.tree.nodes[id].tensor())
+        .map(|t| app.ckpt.tensors()[t].name.to_string())
+        .collect()
+}
+
 /// `f` filters the tree as it is typed: only the tensors that match show, with the
 /// modules that hold them; words combine (name text, `dev:`, `dtype:`, `src:`, `tied`);
 /// Enter keeps the filter (the header says so), a map edit re-applies it, Esc clears
@@ -577,13 +587,7 @@ fn filter_mode_hides_what_does_not_match() {
     press(&mut app, &[ch('f')]);
     press(&mut app, &text("dev:disk"));
     assert!(matches!(app.mode, Mode::Filter(_)));
-    let disk: Vec<String> = app
-        .rows
-        .visible()
-        .iter()
-        .filter_map(|&id| app.tree.nodes[id].tensor())
-        .map(|t| app.ckpt.tensors()[t].name.to_string())
-        .collect();
+    let disk = shown_tensors(&app);
     assert!(!disk.is_empty());
     for (t, tensor) in app.ckpt.tensors().iter().enumerate() {
         let shown = disk.iter().any(|n| **n == *tensor.name);
@@ -606,13 +610,7 @@ fn filter_mode_hides_what_does_not_match() {
         })
         .expect("a layer on disk");
     press(&mut app, &text(&format!(" {layer}")));
-    let narrowed: Vec<String> = app
-        .rows
-        .visible()
-        .iter()
-        .filter_map(|&id| app.tree.nodes[id].tensor())
-        .map(|t| app.ckpt.tensors()[t].name.to_string())
-        .collect();
+    let narrowed = shown_tensors(&app);
     assert!(
         !narrowed.is_empty() && narrowed.len() < disk.len(),
         "{narrowed:?}"

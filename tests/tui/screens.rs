@@ -34,7 +34,7 @@ fn main_screen_at_three_sizes() {
 #[test]
 fn at_80x24_details_values_do_not_wrap() {
     let m = mixed_model();
-    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let demo = common::demo_dir();
     // The demo's sizes are the long ones (`515.50 KiB`).
     for mut app in [
         app_for(&m),
@@ -197,7 +197,7 @@ fn at_60x18_markers_stay_and_key_hints_are_whole() {
 /// on one row once dropped it from every row, 40 columns standing empty).
 #[test]
 fn at_140_columns_deep_rows_keep_the_params_column() {
-    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let demo = common::demo_dir();
     let mut app = App::new(load(&demo, &LoadOptions::default()).expect("the demo"));
     app.color = false;
     resized(&mut app, 140, 45);
@@ -419,20 +419,8 @@ fn the_details_of_a_quantized_weight_and_its_scales() {
 #[test]
 fn a_truncated_shard_opens_degraded_in_the_inspector() {
     let tmp = tempfile::tempdir().expect("tmp");
-    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
-    let dir = tmp.path().join("demo");
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    for entry in std::fs::read_dir(&demo).expect("demo").flatten() {
-        if entry.path().is_file() {
-            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
-        }
-    }
-    let second = dir.join("model-00002-of-00002.safetensors");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&second)
-        .and_then(|f| f.set_len(100))
-        .expect("cut");
+    let dir = common::demo_copy(tmp.path());
+    common::cut(&dir.join("model-00002-of-00002.safetensors"), 100);
     let options = LoadOptions {
         open_broken: true,
         ..LoadOptions::default()
