@@ -177,23 +177,7 @@ impl DeviceMap {
         order
     }
 
-    /// The entry transformers 5 places `name` by: the first key, in
-    /// [`DeviceMap::transformers5_order`], that matches the start of the name as an
-    /// unescaped regular expression (so `.` matches any character and no dot boundary
-    /// is needed: `model.layers.1` captures `model.layers.10.mlp.weight`). `None`:
-    /// it falls back to `""` or cpu.
-    pub fn locate_transformers5(&self, order: &[usize], name: &str) -> Option<Match<'_>> {
-        order.iter().copied().find_map(|i| {
-            let (key, placement) = &self.entries[i];
-            regex_prefix_matches(key, name).then_some(Match {
-                key,
-                index: i,
-                placement: *placement,
-            })
-        })
-    }
-
-    /// [`DeviceMap::locate_transformers5`] for many names at once.
+    /// transformers 5's matching, ready for many names ([`Transformers5Index::locate`]).
     pub fn transformers5_index(&self) -> Transformers5Index<'_> {
         Transformers5Index::new(self)
     }
@@ -207,8 +191,11 @@ impl DeviceMap {
     }
 }
 
-/// transformers 5's matching ([`DeviceMap::locate_transformers5`]) for many names:
-/// the keys grouped by their length and the positions of their dots, each group a map
+/// transformers 5's matching: the entry it places a name by is the first key, in
+/// [`DeviceMap::transformers5_order`], that matches the start of the name as an
+/// unescaped regular expression (so `.` matches any character and no dot boundary is
+/// needed: `model.layers.1` captures `model.layers.10.mlp.weight`); none: it falls
+/// back to `""` or cpu. Found here for many names: the keys grouped by their length and the positions of their dots, each group a map
 /// from a key's other bytes to its rank in transformers' order. A name is looked up
 /// once per group (a few) instead of compared with every key: a planned map of 10,200
 /// layer keys against 92,000 names took half a second the linear way.
@@ -252,8 +239,7 @@ impl<'m> Transformers5Index<'m> {
         Transformers5Index { map, order, groups }
     }
 
-    /// The entry transformers 5 places `name` by, as
-    /// [`DeviceMap::locate_transformers5`] finds it.
+    /// The entry transformers 5 places `name` by (see [`Transformers5Index`]).
     pub fn locate(&self, name: &str) -> Option<Match<'m>> {
         let n = name.as_bytes();
         let mut best: Option<usize> = None;
@@ -298,6 +284,19 @@ fn regex_prefix_matches(key: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// transformers 5's rule as stated, key by key in its order: the reference the
+    /// index is held to.
+    fn linear<'m>(m: &'m DeviceMap, order: &[usize], name: &str) -> Option<Match<'m>> {
+        order.iter().copied().find_map(|i| {
+            let (key, placement) = &m.entries[i];
+            regex_prefix_matches(key, name).then_some(Match {
+                key,
+                index: i,
+                placement: *placement,
+            })
+        })
+    }
 
     fn map(entries: &[(&str, Placement)]) -> DeviceMap {
         DeviceMap::new(entries.iter().map(|(k, p)| ((*k).to_owned(), *p)).collect())
@@ -405,7 +404,7 @@ mod tests {
                 }
                 name.extend((0..next(5)).map(|_| alphabet[next(6)]));
                 let name = String::from_utf8(name).expect("ascii");
-                let linear = m.locate_transformers5(&order, &name);
+                let linear = linear(&m, &order, &name);
                 assert_eq!(index.locate(&name), linear, "{name} in {entries:?}");
                 if let Some(hit) = linear {
                     hits += 1;
@@ -430,7 +429,7 @@ mod tests {
         let order = m.transformers5_order();
         let index = m.transformers5_index();
         let t5 = |n: &str| {
-            let linear = m.locate_transformers5(&order, n);
+            let linear = linear(&m, &order, n);
             assert_eq!(index.locate(n), linear, "the index agrees on {n}");
             linear.map(|x| x.key.to_owned())
         };
