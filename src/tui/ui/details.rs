@@ -38,16 +38,21 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     // A value too long for the panel continues under the value column, never under
     // the labels (and a short one never breaks: the rows below are laid out to fit).
     let width = usize::from(inner.width);
-    let kv = |k: &str, v: String| {
-        let v = escaped(&v).into_owned();
-        let mut rows = continued(&v, width.saturating_sub(LABEL).max(8)).into_iter();
+    let labelled = |k: &str, text: &str, style: ratatui::style::Style| {
+        let mut rows = continued(text, width.saturating_sub(LABEL).max(8)).into_iter();
         let mut lines = vec![Line::from(vec![
             Span::styled(format!("{k:<LABEL$}"), theme.dim()),
-            Span::raw(rows.next().unwrap_or_default()),
+            Span::styled(rows.next().unwrap_or_default(), style),
         ])];
-        lines.extend(rows.map(|r| Line::from(format!("{:LABEL$}{r}", ""))));
+        lines.extend(rows.map(|r| {
+            Line::from(vec![
+                Span::raw(format!("{:LABEL$}", "")),
+                Span::styled(r, style),
+            ])
+        }));
         lines
     };
+    let kv = |k: &str, v: String| labelled(k, &escaped(&v), ratatui::style::Style::default());
     if let Some(t) = node.tensor() {
         let tensor = &app.ckpt.tensors()[t];
         lines.extend(kv("dtype", tensor.dtype.to_string()));
@@ -138,18 +143,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                     )
                 })
                 .collect();
-            let joined = members.join(" = ");
-            let mut rows = continued(&joined, width.saturating_sub(LABEL).max(8)).into_iter();
-            lines.push(Line::from(vec![
-                Span::styled(format!("{:<LABEL$}", "tied"), theme.dim()),
-                Span::styled(rows.next().unwrap_or_default(), theme.tie()),
-            ]));
-            lines.extend(rows.map(|r| {
-                Line::from(vec![
-                    Span::raw(format!("{:LABEL$}", "")),
-                    Span::styled(r, theme.tie()),
-                ])
-            }));
+            lines.extend(labelled("tied", &members.join(" = "), theme.tie()));
             lines.extend(kv("evidence", group.evidence.label().to_owned()));
         }
         if let Some(part) = crate::model::quantized::quantized_part(&app.ckpt, t) {
