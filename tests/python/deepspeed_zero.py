@@ -65,6 +65,26 @@ def rank_main(rank, world, port, stage, bf16, folder, config_dir, frozen=False):
     engine.save_checkpoint(folder)
 
 
+def train(name, ports, stage, bf16, src, config, frozen=False):
+    """The 2-rank training run that writes checkpoint `src`. A rank of it sometimes aborts
+    in gloo's teardown on this VM (SIGABRT, "terminate called without an active
+    exception"): the run is made once more, on the second port. devmap has not been
+    called yet."""
+    import shutil
+
+    for attempt, port in enumerate(ports):
+        try:
+            torch.multiprocessing.spawn(rank_main, args=(2, port, stage, bf16, src, config, frozen),
+                                        nprocs=2, join=True)
+            return
+        except torch.multiprocessing.ProcessExitedException as e:
+            if attempt + 1 == len(ports):
+                raise
+            print(f"the {name} training run failed ({e}); running it again")
+            shutil.rmtree(src, ignore_errors=True)
+            shutil.rmtree(config, ignore_errors=True)
+
+
 def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
 
@@ -76,22 +96,7 @@ def case(devmap, work, stage, port, bf16=False, frozen=False):
 
     name = f"zero{stage}" + ("-bf16" if bf16 else "") + ("-frozen" if frozen else "")
     src, config = os.path.join(work, f"{name}-src"), os.path.join(work, f"{name}-config")
-    # A rank of the training run itself sometimes aborts in gloo's teardown on this VM
-    # (SIGABRT, "terminate called without an active exception"; seen once in ZeRO-3):
-    # the run is made once more, on another port. devmap has not been called yet.
-    for attempt, at in enumerate((port, port + 5)):
-        try:
-            torch.multiprocessing.spawn(rank_main, args=(2, at, stage, bf16, src, config, frozen),
-                                        nprocs=2, join=True)
-            break
-        except torch.multiprocessing.ProcessExitedException as e:
-            if attempt:
-                raise
-            print(f"the {name} training run failed ({e}); running it again")
-            import shutil
-
-            shutil.rmtree(src, ignore_errors=True)
-            shutil.rmtree(config, ignore_errors=True)
+    train(name, (port, port + 5), stage, bf16, src, config, frozen)
     want = get_fp32_state_dict_from_zero_checkpoint(src)
     want = {k: v.contiguous() for k, v in want.items()}
     # The ranks' model as it started (same seed): what frozen parameters still hold.

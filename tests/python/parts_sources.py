@@ -84,22 +84,7 @@ def main(devmap):
     under_torchrun(devmap, work, "dcp-4-ranks", src, config, single)
     # ZeRO-3, 2 ranks.
     src, config = os.path.join(work, "zero3-src"), os.path.join(work, "zero3-config")
-    # A rank of the training run itself sometimes aborts in gloo's teardown on this
-    # VM (SIGABRT, "terminate called without an active exception"): the run is made
-    # once more, on another port; devmap has not been called yet.
-    for attempt, port in enumerate((29612, 29622)):
-        try:
-            torch.multiprocessing.spawn(deepspeed_zero.rank_main, args=(2, port, 3, False, src, config),
-                                        nprocs=2, join=True)
-            break
-        except torch.multiprocessing.ProcessExitedException as e:
-            if attempt:
-                raise
-            print(f"the ZeRO-3 training run failed ({e}); running it again")
-            import shutil
-
-            shutil.rmtree(src, ignore_errors=True)
-            shutil.rmtree(config, ignore_errors=True)
+    deepspeed_zero.train("ZeRO-3", (29612, 29622), 3, False, src, config)
     split_equals_single(devmap, work, "zero3", src, config)
 
 
