@@ -7,6 +7,7 @@ mod commit;
 pub mod copy;
 mod error;
 mod event;
+pub mod execute;
 pub mod fp8;
 mod job;
 pub mod lora_kernel;
@@ -15,7 +16,6 @@ pub mod names;
 pub mod parts;
 pub mod preflight;
 pub mod reasons;
-pub mod recipe;
 pub mod shards;
 pub mod stage;
 pub mod stitch;
@@ -23,9 +23,9 @@ mod writer;
 
 pub use error::SaveError;
 pub use event::{Reporter, SaveEvent, SaveReport};
+pub use execute::Recipe;
 pub use job::{SaveJob, write};
 pub use reasons::{Mismatch, Refusal, Unsaveable};
-pub use recipe::Recipe;
 pub use shards::{
     CommitCheck, DEFAULT_MAX_SHARD_SIZE, DEFAULT_MAX_SHARD_SIZE_TEXT, SaveOptions, SavePlan,
     ShardPlan, plan,

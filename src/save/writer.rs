@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::SystemTime;
@@ -13,7 +12,7 @@ use super::commit::Staging;
 use super::copy::{Copier, CopyError};
 use super::error::SaveError;
 use super::event::{Reporter, SaveEvent};
-use super::recipe::Recipe;
+use super::execute::Recipe;
 use super::shards::{SavePlan, ShardPlan};
 use crate::model::checkpoint::InputKind;
 use crate::model::checkpoint::{Checkpoint, FileId};
@@ -271,7 +270,9 @@ impl ShardWriter<'_> {
         Ok(())
     }
 
-    /// Streams `tensors` (some or all of a shard's) into the shard file `dst`.
+    /// Streams `tensors` (some or all of a shard's) into the shard file `dst`, each
+    /// through its recipe (`save::execute`). Every file a tensor is read from is checked
+    /// unchanged before and after.
     fn write_tensors(
         &mut self,
         tensors: &[super::shards::PlannedTensor],
@@ -284,295 +285,79 @@ impl ShardWriter<'_> {
         let stop = StopFlag(shared);
         for t in tensors {
             let recipe = t.recipe(ckpt);
-            if let Recipe::Stitch {
-                pieces, from, to, ..
-            } = recipe
-            {
-                self.write_stitched(
-                    t,
-                    pieces,
-                    (from, to),
-                    (dst, data_start),
-                    (index, tmp),
-                    shard_written,
-                )?;
-                shared.pause_once();
-                continue;
+            if recipe.pieces().is_some() {
+                for range in recipe.ranges(ckpt) {
+                    self.sources.get(ckpt, range.file)?;
+                }
             }
-            let Some(source) = recipe.source() else {
-                continue;
+            // The one source file, kept open from tensor to tensor; none for an empty
+            // tensor (accelerate writes no `.dat` for one), pieces or a staged tensor.
+            let source = recipe
+                .source()
+                .filter(|r| r.len > 0 && !matches!(ckpt.input_kind(r.file), InputKind::Staged(_)));
+            let src = match source {
+                Some(r) => Some(self.sources.get(ckpt, r.file)?),
+                None => None,
             };
-            if source.len == 0 {
-                // Nothing to copy, and accelerate writes no `.dat` for an empty tensor:
-                // its source may not exist.
-                continue;
-            }
-            let kind = ckpt.input_kind(source.file);
-            if let InputKind::Staged(key) = kind {
-                self.write_staged(t, key, (dst, data_start), (index, tmp), shard_written)?;
-                shared.pause_once();
-                continue;
-            }
-            let src = self.sources.get(ckpt, source.file)?;
             let mut report = |n: u64| shared.progress(index, shard_written, n);
-            let from = (src, source.offset);
-            let to = (dst, data_start + t.begin);
-            let moved = match recipe {
-                Recipe::Copy(_) if kind == InputKind::ProcessMemory => self
-                    .copier
-                    .copy_through_buffer(from, to, source.len, &stop, &mut report),
-                Recipe::Copy(_) => self.copier.copy(from, to, source.len, &stop, &mut report),
-                Recipe::Cast {
-                    from: from_dtype,
-                    to: to_dtype,
-                    ..
-                } => self.copier.cast(
-                    from,
-                    to,
-                    source.len,
-                    (from_dtype, to_dtype),
-                    &stop,
-                    &mut report,
-                ),
-                Recipe::Merge {
-                    from: from_dtype,
-                    to: to_dtype,
-                    ..
+            super::execute::run(
+                &recipe,
+                super::execute::Inputs {
+                    ckpt,
+                    tensor: t.tensor(),
+                    source: src,
+                    stage: shared.stage,
+                    stop: &stop,
+                },
+                &mut self.copier,
+                super::execute::Sink::File {
+                    at: (dst, data_start + t.begin),
+                    report: &mut report,
+                },
+            )
+            .map_err(|failed| copy_failed(failed, ckpt, t, &recipe, tmp))?;
+            if let (Some(r), Some(src)) = (source, src) {
+                check_unchanged(ckpt, r.file, src)?;
+            }
+            if recipe.pieces().is_some() {
+                for range in recipe.ranges(ckpt) {
+                    self.sources.get(ckpt, range.file)?;
                 }
-                | Recipe::DequantMerge {
-                    from: from_dtype,
-                    to: to_dtype,
-                    ..
-                } => {
-                    // An FP8 weight's scales, for a merge into its dequantized value.
-                    let dequant = match recipe {
-                        Recipe::DequantMerge { scale, blocks, .. } => Some(
-                            open_source(ckpt, scale.file)
-                                .map_err(CopyError::Io)
-                                .and_then(|scale_file| {
-                                    super::fp8::Fp8Rows::load(
-                                        &ckpt.tensors()[t.tensor()].name,
-                                        (&scale_file, scale),
-                                        blocks,
-                                        from_dtype,
-                                        source.len,
-                                    )
-                                }),
-                        )
-                        .transpose(),
-                        _ => Ok(None),
-                    };
-                    // The merge is arithmetic, not I/O: a big tensor's rows are split
-                    // among the cores (each part written in place).
-                    let threads = if source.len >= PARALLEL_MERGE_BYTES {
-                        std::thread::available_parallelism().map_or(1, usize::from)
-                    } else {
-                        1
-                    };
-                    dequant.and_then(|dequant| {
-                        super::lora_kernel::write_in_parallel(
-                            super::lora_kernel::MergeInput {
-                                ckpt,
-                                id: t.tensor(),
-                                src: from,
-                                len: source.len,
-                                dtypes: (from_dtype, to_dtype),
-                                open: &|file| open_source(ckpt, file),
-                                cancel: &stop,
-                                dequant: dequant.as_ref(),
-                            },
-                            to,
-                            threads,
-                        )
-                        .map(&mut report)
-                    })
-                }
-                Recipe::Mxfp4 {
-                    blocks,
-                    scales,
-                    layout,
-                    to: to_dtype,
-                    merge,
-                } => open_source(ckpt, scales.file)
-                    .map_err(CopyError::Io)
-                    .and_then(|scales_file| {
-                        let merger = merge
-                            .then(|| {
-                                super::lora_kernel::RowMerger::load(
-                                    ckpt,
-                                    t.tensor(),
-                                    layout.matrix(),
-                                    &|file| open_source(ckpt, file),
-                                )
-                            })
-                            .transpose()?;
-                        // Arithmetic, not I/O: a big weight's experts are split among
-                        // the cores, each written in place.
-                        let threads = if blocks.len >= PARALLEL_MERGE_BYTES {
-                            std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
-                        } else {
-                            1
-                        };
-                        super::mxfp4::write_in_parallel(
-                            super::mxfp4::Packed {
-                                name: &ckpt.tensors()[t.tensor()].name,
-                                blocks: (src, blocks),
-                                scales: (&scales_file, scales),
-                                layout,
-                                merge: merger.as_ref(),
-                            },
-                            to_dtype,
-                            (dst, data_start + t.begin),
-                            threads,
-                            &stop,
-                        )
-                    })
-                    .map(&mut report),
-                // Written by `write_stitched` above.
-                Recipe::Stitch { .. } => Ok(()),
-                Recipe::Dequant {
-                    from: from_dtype,
-                    to: to_dtype,
-                    scale,
-                    blocks,
-                    source: range,
-                } => open_source(ckpt, scale.file)
-                    .map_err(CopyError::Io)
-                    .and_then(|scale_file| {
-                        let mut written = 0u64;
-                        super::fp8::stream(
-                            &ckpt.tensors()[t.tensor()].name,
-                            (src, range),
-                            (&scale_file, scale),
-                            blocks,
-                            (from_dtype, to_dtype),
-                            &stop,
-                            &mut |out| {
-                                dst.write_all_at(out, data_start + t.begin + written)?;
-                                written += out.len() as u64;
-                                report(out.len() as u64);
-                                Ok(())
-                            },
-                        )
-                    }),
-            };
-            moved.map_err(|e| copy_failed(e, ckpt, t, source, tmp))?;
-            check_unchanged(ckpt, source.file, src)?;
+            }
             shared.pause_once();
         }
         Ok(())
     }
-
-    /// One tensor stored in pieces, run by run in the whole tensor's order; every
-    /// piece's file is checked unchanged before and after.
-    fn write_stitched(
-        &mut self,
-        t: &super::shards::PlannedTensor,
-        pieces: u32,
-        dtypes: (crate::types::dtype::DType, crate::types::dtype::DType),
-        (dst, data_start): (&File, u64),
-        (index, tmp): (usize, &Path),
-        shard_written: &AtomicU64,
-    ) -> Result<(), SaveError> {
-        let shared = self.shared;
-        let ckpt = shared.ckpt;
-        let stop = StopFlag(shared);
-        let sources = &mut self.sources;
-        let mut refused = None;
-        let mut open = |file| match sources.get(ckpt, file).map(File::try_clone) {
-            Ok(Ok(f)) => Ok(f),
-            Ok(Err(e)) => Err(CopyError::Io(e)),
-            Err(e) => {
-                refused = Some(e);
-                Err(CopyError::Io(std::io::Error::other("changed")))
-            }
-        };
-        let mut report = |n: u64| shared.progress(index, shard_written, n);
-        let written = super::stitch::put_together(
-            ckpt,
-            (t.tensor(), pieces),
-            &mut open,
-            &mut self.copier,
-            super::stitch::Sink::File {
-                at: (dst, data_start + t.begin),
-                dtypes,
-                report: &mut report,
-            },
-            &stop,
-        );
-        if let Some(e) = refused {
-            return Err(e);
-        }
-        let recipe = t.recipe(ckpt);
-        written.map_err(|f| {
-            let range = crate::types::range::ByteRange {
-                file: f.file,
-                offset: 0,
-                len: recipe.source_len(),
-            };
-            copy_failed(f.error, ckpt, t, range, tmp)
-        })?;
-        for range in recipe.ranges(ckpt) {
-            self.sources.get(ckpt, range.file)?;
-        }
-        Ok(())
-    }
-
-    /// One staged tensor (a live model's GPU tensor), a filled chunk at a time.
-    fn write_staged(
-        &mut self,
-        t: &super::shards::PlannedTensor,
-        key: u64,
-        (dst, data_start): (&File, u64),
-        (index, tmp): (usize, &Path),
-        shard_written: &AtomicU64,
-    ) -> Result<(), SaveError> {
-        let shared = self.shared;
-        let recipe = t.recipe(shared.ckpt);
-        let Some(source) = recipe.source() else {
-            return Ok(());
-        };
-        let stop = StopFlag(shared);
-        let copier = &mut self.copier;
-        let mut report = |n: u64| shared.progress(index, shard_written, n);
-        let out = data_start + t.begin;
-        let moved = match recipe {
-            Recipe::Copy(_) => super::stage::through_stage(
-                shared.stage,
-                key,
-                (source.offset, source.len),
-                1,
-                &mut |from, done, n| {
-                    copier.copy_through_buffer(from, (dst, out + done), n, &stop, &mut report)
-                },
-            ),
-            Recipe::Cast { from, to, .. } => super::stage::through_stage(
-                shared.stage,
-                key,
-                (source.offset, source.len),
-                from.size(),
-                &mut |at, done, n| {
-                    let written = done / from.size() * to.size();
-                    copier.cast(at, (dst, out + written), n, (from, to), &stop, &mut report)
-                },
-            ),
-            _ => Err(CopyError::Io(std::io::Error::other(
-                "a staged tensor is copied or cast, not merged or dequantized",
-            ))),
-        };
-        moved.map_err(|e| copy_failed(e, shared.ckpt, t, source, tmp))
-    }
 }
 
-/// A copy of tensor `t` from `source` into the shard `tmp` that failed, as the save
-/// reports it: the output when it is full, else the input, with the tensor named.
+/// A recipe of tensor `t` into the shard `tmp` that failed, as the save reports it:
+/// the output when it is full, else the input it was reading, with the tensor named.
 fn copy_failed(
-    e: CopyError,
+    failed: super::execute::Failed,
     ckpt: &Checkpoint,
     t: &super::shards::PlannedTensor,
-    source: crate::types::range::ByteRange,
+    recipe: &Recipe,
     tmp: &Path,
 ) -> SaveError {
+    let e = failed.error;
+    let file = failed
+        .file
+        .or_else(|| recipe.ranges(ckpt).first().map(|r| r.file));
+    let (Some(file), false) = (file, matches!(e, CopyError::Cancelled)) else {
+        return match e {
+            CopyError::Cancelled => SaveError::Cancelled,
+            CopyError::Io(io) => SaveError::io(tmp, io),
+            CopyError::ShortSource { copied } => SaveError::io(
+                tmp,
+                std::io::Error::other(format!("a source ended after {copied} bytes")),
+            ),
+        };
+    };
+    let source = crate::types::range::ByteRange {
+        file,
+        offset: recipe.source().map_or(0, |r| r.offset),
+        len: recipe.source_len(),
+    };
     let path = ckpt.file_path(source.file);
     let name = t.name(ckpt);
     let kind = ckpt.input_kind(source.file);
@@ -615,13 +400,11 @@ fn parts_for_threads<'p>(
     let threads = shared.threads_per_shard.min(tensors.len()).max(1);
     let simple = tensors.iter().all(|t| {
         let recipe = t.recipe(shared.ckpt);
-        matches!(
-            recipe,
-            Recipe::Copy(_) | Recipe::Cast { .. } | Recipe::Stitch { .. } | Recipe::Dequant { .. }
-        ) && recipe
-            .ranges(shared.ckpt)
-            .iter()
-            .all(|r| shared.ckpt.input_kind(r.file) == InputKind::File)
+        recipe.shares_a_shard()
+            && recipe
+                .ranges(shared.ckpt)
+                .iter()
+                .all(|r| shared.ckpt.input_kind(r.file) == InputKind::File)
     });
     let bytes = shard.file_bytes();
     if threads < 2 || !simple || bytes < super::shards::PARALLEL_SHARD_BYTES {
@@ -641,14 +424,6 @@ fn parts_for_threads<'p>(
 }
 
 /// Lets the copy loop see both the user's cancel and another worker's failure.
-/// Merged tensors at least this large are computed on every core.
-const PARALLEL_MERGE_BYTES: u64 = 1 << 20;
-
-/// Opens a source file by id (an adapter's weights, for a merge).
-fn open_source(ckpt: &Checkpoint, file: crate::types::range::FileId) -> std::io::Result<File> {
-    crate::formats::input::open_regular(ckpt.file_path(file)).map_err(std::io::Error::other)
-}
-
 struct StopFlag<'a>(&'a Shared<'a>);
 
 impl super::copy::Stop for StopFlag<'_> {

@@ -30,7 +30,6 @@ pub use report::{Check, Finding, Kind, Severity, VerifyReport};
 
 use crate::formats::FormatError;
 use crate::save::copy::{Copier, CopyError};
-use crate::save::recipe::Recipe;
 use digest::{Digest, Digester, Uniform};
 use written::Written;
 
@@ -243,28 +242,10 @@ pub fn verify_asking(
             compared += 1;
             if hash != ours.hash {
                 let Some(e) = expected else { continue };
-                let how = match p.recipe(e.ckpt) {
-                    Recipe::Copy(_) => "the bytes differ from the source's".to_owned(),
-                    Recipe::Cast { from, to, .. } => {
-                        format!("the bytes differ from the source's {from} values cast to {to}")
-                    }
-                    Recipe::Merge { .. } | Recipe::DequantMerge { .. } => {
-                        "the bytes differ from the source's value with the LoRA merges applied"
-                            .to_owned()
-                    }
-                    Recipe::Dequant { from, to, .. } => format!(
-                        "the bytes differ from the source's {from} values times their block scales, in {to}"
-                    ),
-                    Recipe::Mxfp4 { to, .. } => format!(
-                        "the bytes differ from the source's MXFP4 blocks times their scales, transposed per expert, in {to}"
-                    ),
-                    Recipe::Stitch { from, to, .. } if from == to => {
-                        "the bytes differ from the source's chunks put together".to_owned()
-                    }
-                    Recipe::Stitch { from, to, .. } => format!(
-                        "the bytes differ from the source's chunks put together, cast from {from} to {to}"
-                    ),
-                };
+                let how = format!(
+                    "the bytes differ from {}",
+                    p.recipe(e.ckpt).what_it_writes()
+                );
                 findings.push(Finding::difference(
                     Kind::Content,
                     &written.tensors[*i].name,
@@ -355,20 +336,51 @@ fn byte_midpoint(tensors: &[written::WrittenTensor]) -> usize {
         .map_or(tensors.len(), |i| i + 1)
 }
 
-/// The hash of what a save writes for each pair, read from the source through the
-/// recipe (a cast converts exactly as the saver does).
+/// The hash of what a save writes for each pair: the save's own recipe run by the
+/// save's own executor (`save::execute`), into a digest instead of a file.
 fn hash_expected(
     expected: &Expected,
     pairs: &[(usize, &crate::save::shards::PlannedTensor)],
     progress: &Progress,
 ) -> Result<(Vec<Option<u128>>, Vec<Finding>), VerifyError> {
+    use crate::model::checkpoint::InputKind;
+    use crate::save::execute;
+    let ckpt = expected.ckpt;
     let mut copier = Copier::with_stream_chunk(READ_CHUNK);
     let mut files: std::collections::HashMap<usize, Option<File>> =
         std::collections::HashMap::new();
     let mut hashes = Vec::with_capacity(pairs.len());
     let mut findings = Vec::new();
     for (_, p) in pairs {
-        let recipe = p.recipe(expected.ckpt);
+        let recipe = p.recipe(ckpt);
+        // The one source file, opened once for all the tensors it holds; none for an
+        // empty tensor, pieces, or a staged tensor (read again through the stage).
+        let staged = recipe
+            .source()
+            .is_some_and(|r| matches!(ckpt.input_kind(r.file), InputKind::Staged(_)));
+        let source = recipe.source().filter(|r| r.len > 0 && !staged);
+        let src = match source {
+            Some(r) => {
+                let path = ckpt.file_path(r.file);
+                let file = files.entry(r.file).or_insert_with(|| {
+                    crate::formats::input::open_regular(path)
+                        .map_err(|e| {
+                            findings.push(Finding::difference(
+                                Kind::Unreadable,
+                                crate::text::path(path),
+                                e.to_string(),
+                            ));
+                        })
+                        .ok()
+                });
+                let Some(file) = file.as_ref() else {
+                    hashes.push(None);
+                    continue;
+                };
+                Some(file)
+            }
+            None => None,
+        };
         let mut digester = Digester::new(p.dtype);
         // What every recipe's bytes go through: the hash, and the progress count.
         let mut feed = |chunk: &[u8]| {
@@ -378,194 +390,43 @@ fn hash_expected(
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
             Ok(())
         };
-        if let Recipe::Stitch {
-            pieces, from, to, ..
-        } = recipe
-        {
-            let mut open = |file| {
-                crate::formats::input::open_regular(expected.ckpt.file_path(file))
-                    .map_err(|e| CopyError::Io(std::io::Error::other(e)))
-            };
-            let outcome = crate::save::stitch::put_together(
-                expected.ckpt,
-                (p.tensor(), pieces),
-                &mut open,
-                &mut copier,
-                crate::save::stitch::Sink::Stream {
-                    cast: (from != to).then_some((from, to)),
-                    feed: &mut feed,
-                },
-                &progress.cancel,
-            );
-            let (outcome, what) = match outcome {
-                Ok(()) => (Ok(digester.finish().hash), String::new()),
-                Err(failed) => (
-                    Err(failed.error),
-                    format!(
+        let ran = execute::run(
+            &recipe,
+            execute::Inputs {
+                ckpt,
+                tensor: p.tensor(),
+                source: src,
+                stage: expected.stage.as_ref(),
+                stop: &progress.cancel,
+            },
+            &mut copier,
+            execute::Sink::Stream(&mut feed),
+        );
+        let (outcome, what) = match ran {
+            Ok(()) => (Ok(digester.finish().hash), String::new()),
+            Err(failed) => {
+                let what = match (failed.file, recipe.pieces()) {
+                    _ if staged => "its staged source cannot be read again".to_owned(),
+                    (Some(file), Some(_)) => format!(
                         "its chunk in {} cannot be read",
-                        crate::text::path(expected.ckpt.file_path(failed.file))
+                        crate::text::path(ckpt.file_path(file))
                     ),
-                ),
-            };
-            hashes.push(hashed(outcome, expected.name(p), &what, &mut findings)?);
-            continue;
-        }
-        let Some(source) = recipe.source() else {
-            hashes.push(None);
-            continue;
-        };
-        let path = expected.ckpt.file_path(source.file);
-        // A staged source (a live model's GPU tensor) is no file: read again through
-        // the stage that filled it for the save.
-        let input = if let crate::model::checkpoint::InputKind::Staged(key) =
-            expected.ckpt.input_kind(source.file)
-        {
-            Input::Staged(key)
-        } else {
-            let file =
-                files.entry(source.file).or_insert_with(
-                    || match crate::formats::input::open_regular(path) {
-                        Ok(f) => Some(f),
-                        Err(e) => {
-                            findings.push(Finding::difference(
-                                Kind::Unreadable,
-                                crate::text::path(path),
-                                e.to_string(),
-                            ));
-                            None
-                        }
-                    },
-                );
-            let Some(file) = file.as_ref() else {
-                hashes.push(None);
-                continue;
-            };
-            Input::File(file)
-        };
-        let file = match input {
-            Input::File(file) => file,
-            Input::Staged(key) => {
-                let cast = match recipe {
-                    Recipe::Cast { from, to, .. } => Some((from, to)),
-                    _ => None,
+                    (Some(file), None) => format!(
+                        "{}, which it is made with, cannot be read",
+                        crate::text::path(ckpt.file_path(file))
+                    ),
+                    (None, _) => format!(
+                        "its source in {} cannot be read",
+                        recipe
+                            .source()
+                            .map_or_else(String::new, |r| crate::text::path(
+                                ckpt.file_path(r.file)
+                            ))
+                    ),
                 };
-                let read = crate::save::stage::through_stage(
-                    expected.stage.as_ref(),
-                    key,
-                    (source.offset, source.len),
-                    cast.map_or(1, |(from, _)| from.size()),
-                    &mut |at, _, n| copier.stream(at, n, cast, &progress.cancel, &mut feed),
-                );
-                let outcome = read.map(|()| digester.finish().hash);
-                let what = "its staged source cannot be read again";
-                hashes.push(hashed(outcome, expected.name(p), what, &mut findings)?);
-                continue;
+                (Err(failed.error), what)
             }
         };
-        let at = (file, source.offset);
-        let read = match recipe {
-            Recipe::Copy(_) => copier.stream(at, source.len, None, &progress.cancel, &mut feed),
-            Recipe::Cast { from, to, .. } => copier.stream(
-                at,
-                source.len,
-                Some((from, to)),
-                &progress.cancel,
-                &mut feed,
-            ),
-            // Dequantized and merged values, computed by the saver's own kernels.
-            Recipe::Mxfp4 {
-                blocks,
-                scales,
-                layout,
-                to,
-                merge,
-            } => {
-                let open = |id| {
-                    crate::formats::input::open_regular(expected.ckpt.file_path(id))
-                        .map_err(std::io::Error::other)
-                };
-                let merger = merge
-                    .then(|| {
-                        crate::save::lora_kernel::RowMerger::load(
-                            expected.ckpt,
-                            p.tensor(),
-                            layout.matrix(),
-                            &open,
-                        )
-                    })
-                    .transpose();
-                merger.and_then(|merger| {
-                    let scales_file = open(scales.file).map_err(CopyError::Io)?;
-                    let packed = crate::save::mxfp4::Packed {
-                        name: &expected.ckpt.tensors()[p.tensor()].name,
-                        blocks: (file, blocks),
-                        scales: (&scales_file, scales),
-                        layout,
-                        merge: merger.as_ref(),
-                    };
-                    crate::save::mxfp4::stream(&packed, to, &progress.cancel, &mut feed)
-                })
-            }
-            Recipe::Dequant {
-                from,
-                to,
-                scale,
-                blocks,
-                source,
-            } => crate::formats::input::open_regular(expected.ckpt.file_path(scale.file))
-                .map_err(|e| CopyError::Io(std::io::Error::other(e)))
-                .and_then(|scale_file| {
-                    crate::save::fp8::stream(
-                        expected.name(p),
-                        (file, source),
-                        (&scale_file, scale),
-                        blocks,
-                        (from, to),
-                        &progress.cancel,
-                        &mut feed,
-                    )
-                }),
-            // Handled before a single source is looked for.
-            Recipe::Stitch { .. } => Ok(()),
-            Recipe::Merge { from, to, .. } | Recipe::DequantMerge { from, to, .. } => {
-                let open = |id| {
-                    crate::formats::input::open_regular(expected.ckpt.file_path(id))
-                        .map_err(std::io::Error::other)
-                };
-                let dequant = match recipe {
-                    Recipe::DequantMerge { scale, blocks, .. } => open(scale.file)
-                        .map_err(CopyError::Io)
-                        .and_then(|scale_file| {
-                            crate::save::fp8::Fp8Rows::load(
-                                expected.name(p),
-                                (&scale_file, scale),
-                                blocks,
-                                from,
-                                source.len,
-                            )
-                        })
-                        .map(Some),
-                    _ => Ok(None),
-                };
-                dequant.and_then(|dequant| {
-                    crate::save::lora_kernel::stream(
-                        crate::save::lora_kernel::MergeInput {
-                            ckpt: expected.ckpt,
-                            id: p.tensor(),
-                            src: at,
-                            len: source.len,
-                            dtypes: (from, to),
-                            open: &open,
-                            cancel: &progress.cancel,
-                            dequant: dequant.as_ref(),
-                        },
-                        &mut feed,
-                    )
-                })
-            }
-        };
-        let outcome = read.map(|()| digester.finish().hash);
-        let what = format!("its source in {} cannot be read", crate::text::path(path));
         hashes.push(hashed(outcome, expected.name(p), &what, &mut findings)?);
     }
     Ok((hashes, findings))
@@ -621,13 +482,6 @@ fn stored_hash(
         Source::Tied(_) | Source::None => return Ok(None),
     }
     Ok(Some(digester.finish().hash))
-}
-
-/// Where [`hash_expected`] reads a source from.
-enum Input<'f> {
-    File(&'f File),
-    /// A live model's staged tensor, by its key.
-    Staged(u64),
 }
 
 /// A source's hash, or the finding that says why it could not be read (`what`, then

@@ -4,8 +4,8 @@
 
 use super::DtypeChoice;
 use crate::model::checkpoint::{Checkpoint, TensorId};
+use crate::save::execute::{Make, Quant, Read, Recipe};
 use crate::save::reasons::Unsaveable;
-use crate::save::recipe::Recipe;
 use crate::types::dtype::DType;
 
 /// How a save dequantizes (an explicit float `--dtype` on a quantized checkpoint).
@@ -159,22 +159,17 @@ fn fp8_recipe(
         return Err("or its scale has no data to read".to_owned());
     };
     let from = ckpt.tensors()[id].dtype;
-    Ok(Dequantized::Written(if ckpt.merges_of(id).is_empty() {
-        Recipe::Dequant {
-            source,
-            from,
+    Ok(Dequantized::Written(Recipe {
+        read: Read::Range(source),
+        make: Make::Dequantize {
+            quant: Quant::Fp8 {
+                from,
+                scale,
+                blocks,
+            },
             to,
-            scale,
-            blocks,
-        }
-    } else {
-        Recipe::DequantMerge {
-            source,
-            from,
-            to,
-            scale,
-            blocks,
-        }
+        },
+        merge: !ckpt.merges_of(id).is_empty(),
     }))
 }
 
@@ -302,15 +297,19 @@ fn dequantized_mxfp4(ckpt: &Checkpoint, id: TensorId, to: DType) -> Result<Dequa
     let (Some(blocks), Some(scales)) = (ckpt.data_range(id), ckpt.data_range(scales_id)) else {
         return Err("or its scales have no data to read".to_owned());
     };
-    Ok(Dequantized::Written(Recipe::Mxfp4 {
-        blocks,
-        scales,
-        layout: crate::save::mxfp4::Mxfp4Layout {
-            experts,
-            rows,
-            groups,
+    Ok(Dequantized::Written(Recipe {
+        read: Read::Range(blocks),
+        make: Make::Dequantize {
+            quant: Quant::Mxfp4 {
+                scales,
+                layout: crate::save::mxfp4::Mxfp4Layout {
+                    experts,
+                    rows,
+                    groups,
+                },
+            },
+            to,
         },
-        to,
         // A LoRA adapter merges into the dequantized weight, as peft merges into the
         // model transformers loads dequantized.
         merge: !ckpt.merges_of(id).is_empty(),

@@ -6,15 +6,15 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use super::error::SaveError;
+use super::execute::Recipe;
+use super::execute::packed;
 use super::reasons::Unsaveable;
-use super::recipe::Recipe;
 use crate::formats::hf_index::{SINGLE_FILE, shard_file_name};
 use crate::formats::safetensors::{HeaderEntry, write_header};
 use crate::model::checkpoint::{ByteRange, Checkpoint, TensorId};
 use crate::types::dtype::DType;
 
 mod dequantize;
-mod packed;
 
 use dequantize::{Dequantize, Dequantized, Refused};
 
@@ -224,17 +224,9 @@ impl PlannedTensor {
     fn new(ckpt: &Checkpoint, id: TensorId, recipe: Recipe) -> PlannedTensor {
         PlannedTensor {
             tensor: u32::try_from(id).expect("a checkpoint holds fewer than 2^32 tensors"),
-            dtype: match recipe {
-                Recipe::Cast { to, .. }
-                | Recipe::Merge { to, .. }
-                | Recipe::Dequant { to, .. }
-                | Recipe::DequantMerge { to, .. }
-                | Recipe::Mxfp4 { to, .. }
-                | Recipe::Stitch { to, .. } => to,
-                Recipe::Copy(_) => ckpt.tensors()[id].dtype,
-            },
-            packed: packed::Packed::new(ckpt, id, recipe),
-            len: recipe.output_len(),
+            dtype: recipe.output_dtype(ckpt.tensors()[id].dtype),
+            packed: recipe.pack(ckpt, id),
+            len: recipe.output_len(ckpt.tensors()[id].dtype),
             begin: 0,
         }
     }
@@ -260,25 +252,13 @@ impl PlannedTensor {
 
     /// Whether the recipe applies LoRA merges (into the stored or the dequantized value).
     pub fn merges(&self) -> bool {
-        match &self.packed {
-            packed::Packed::Merge { .. } => true,
-            packed::Packed::Whole(recipe) => {
-                matches!(**recipe, Recipe::Merge { .. } | Recipe::DequantMerge { .. })
-            }
-            _ => false,
-        }
+        self.packed.merges()
     }
 
     /// Whether the recipe is an MXFP4 dequantization (written under another name and
     /// shape).
     fn mxfp4(&self) -> Option<crate::save::mxfp4::Mxfp4Layout> {
-        match &self.packed {
-            packed::Packed::Whole(recipe) => match **recipe {
-                Recipe::Mxfp4 { layout, .. } => Some(layout),
-                _ => None,
-            },
-            _ => None,
-        }
+        self.packed.whole().and_then(Recipe::mxfp4)
     }
 
     /// The name written: the checkpoint's, but `P` for an MXFP4 `P_blocks` written
@@ -474,29 +454,17 @@ impl SavePlan {
             parts: vec!["a copy buffer per writer"],
         };
         let recipes = || self.planned().map(|t| (t.tensor(), t.recipe(ckpt)));
-        let casts = |r: Recipe| match r {
-            Recipe::Cast { .. } => true,
-            Recipe::Stitch { from, to, .. } => from != to,
-            _ => false,
-        };
-        if recipes().any(|(_, r)| casts(r)) {
+        if recipes().any(|(_, r)| r.casts()) {
             need.bytes += writers * chunk;
             need.parts.push("a cast buffer per writer");
         }
-        if recipes().any(|(_, r)| matches!(r, Recipe::Stitch { .. })) {
+        if recipes().any(|(_, r)| r.pieces().is_some()) {
             // A window of rows, a piece's share of it, and its cast (see save::stitch).
             need.bytes += writers * super::stitch::ASSEMBLY_BYTES;
             need.parts
                 .push("a window of rows per writer, for tensors split across ranks");
         }
-        let largest_scales = recipes()
-            .filter_map(|(_, r)| match r {
-                Recipe::Dequant { scale, .. } | Recipe::DequantMerge { scale, .. } => {
-                    Some(scale.len)
-                }
-                _ => None,
-            })
-            .max();
+        let largest_scales = recipes().filter_map(|(_, r)| r.fp8_scales_len()).max();
         if let Some(scales) = largest_scales {
             // A band of FP8 rows, its float32 values and its output, and the scales.
             need.bytes += writers * (super::fp8::BAND_BYTES + scales);
@@ -504,10 +472,7 @@ impl SavePlan {
                 .push("a band of rows and the scales per dequantizing writer");
         }
         let largest_mxfp4 = recipes()
-            .filter_map(|(_, r)| match r {
-                Recipe::Mxfp4 { layout, .. } => Some(layout.memory()),
-                _ => None,
-            })
+            .filter_map(|(_, r)| Some(r.mxfp4()?.memory()))
             .max();
         if let Some(bytes) = largest_mxfp4 {
             need.bytes += writers * bytes;
@@ -515,7 +480,7 @@ impl SavePlan {
                 .push("one expert's MXFP4 bytes and a band of rows per dequantizing writer");
         }
         let largest_pair = recipes()
-            .filter(|(_, r)| matches!(r, Recipe::Merge { .. } | Recipe::DequantMerge { .. }))
+            .filter(|(_, r)| r.merge)
             .map(|(id, _)| {
                 ckpt.merges_of(id)
                     .iter()
@@ -589,15 +554,11 @@ fn stitch_recipe(
         },
         |p| p.range,
     );
-    let (from, to) = match recipe_for(tensor.dtype, first, cast_to)? {
-        Recipe::Cast { from, to, .. } => (from, to),
-        _ => (tensor.dtype, tensor.dtype),
-    };
-    Ok(Recipe::Stitch {
-        pieces: index,
-        len,
-        from,
-        to,
+    let make = recipe_for(tensor.dtype, first, cast_to)?.make;
+    Ok(Recipe {
+        read: super::execute::Read::Pieces { index, len },
+        make,
+        merge: false,
     })
 }
 
@@ -608,18 +569,14 @@ fn recipe_for(dtype: DType, range: ByteRange, cast_to: Option<DType>) -> Result<
     match cast_to {
         Some(to) if is_floating(dtype) && dtype != to => {
             if is_castable(dtype) && is_castable(to) {
-                Ok(Recipe::Cast {
-                    source: range,
-                    from: dtype,
-                    to,
-                })
+                Ok(Recipe::cast(range, dtype, to))
             } else {
                 Err(format!(
                     "is {dtype}, which devmap does not cast (it casts float32, float16 and bfloat16); save with --dtype keep"
                 ))
             }
         }
-        _ => Ok(Recipe::Copy(range)),
+        _ => Ok(Recipe::copy(range)),
     }
 }
 
@@ -802,14 +759,13 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                         ),
                     });
                 } else {
-                    chosen_push(
-                        id,
-                        Recipe::Merge {
-                            source: range,
-                            from: tensor.dtype,
-                            to: cast_to.unwrap_or(tensor.dtype),
-                        },
-                    );
+                    let to = cast_to.unwrap_or(tensor.dtype);
+                    let recipe = if to == tensor.dtype {
+                        Recipe::copy(range)
+                    } else {
+                        Recipe::cast(range, tensor.dtype, to)
+                    };
+                    chosen_push(id, recipe.merged(true));
                 }
             }
             Some(range) => problems.push(Unsaveable::WrongSize {

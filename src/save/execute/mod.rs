@@ -1,0 +1,342 @@
+//! The one place a [`Recipe`] is run. The writer runs each planned tensor's recipe into
+//! its place in a shard file; `verify --against` runs the same recipe into a digest.
+//! Both go through [`run`], so what a save writes and what verify expects it to have
+//! written cannot disagree, and a new recipe is taught here once.
+//!
+//! The kernels themselves stay in their modules (`copy`, `cast`, `stitch`, `fp8`,
+//! `mxfp4`, `lora_kernel`, `stage`); this module picks one for the recipe and the sink.
+
+pub mod packed;
+pub mod recipe;
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+pub use recipe::{Make, Quant, Read, Recipe};
+
+use super::copy::{Copier, CopyError, Stop};
+use super::stage::StageRef;
+use crate::model::checkpoint::{Checkpoint, InputKind, TensorId};
+use crate::types::dtype::DType;
+use crate::types::range::{ByteRange, FileId};
+
+/// Merged or dequantized-MXFP4 tensors at least this large are computed on every core
+/// when written to a file (the work is arithmetic, not I/O).
+const PARALLEL_BYTES: u64 = 1 << 20;
+
+/// A reader of a recipe's bytes, handed each chunk in order.
+type Feed<'s> = dyn FnMut(&[u8]) -> io::Result<()> + 's;
+
+/// Where a recipe's bytes go.
+pub enum Sink<'a> {
+    /// Into a file at an offset (a tensor's place in a shard), with `report(n)` after
+    /// each `n` bytes. Copies use `copy_file_range` where the kernel can; merges and
+    /// MXFP4 experts are computed on every core, each part written in place.
+    File {
+        at: (&'a File, u64),
+        report: &'a mut dyn FnMut(u64),
+    },
+    /// Every byte, in order, to a reader (verify's digest).
+    Stream(&'a mut Feed<'a>),
+}
+
+/// What a recipe reads from besides its recipe.
+#[derive(Clone, Copy)]
+pub struct Inputs<'a> {
+    pub ckpt: &'a Checkpoint,
+    /// The tensor the recipe makes.
+    pub tensor: TensorId,
+    /// The recipe's source file ([`Recipe::source`]'s), opened by the caller, who keeps
+    /// files open from tensor to tensor and checks them unchanged. `None` for a tensor
+    /// stored in pieces, or one staged from a live model. Every other file (scales,
+    /// adapters, pieces) is opened here.
+    pub source: Option<&'a File>,
+    /// What fills staged sources (a live model's GPU tensors).
+    pub stage: Option<&'a StageRef>,
+    pub stop: &'a (dyn Stop + Sync),
+}
+
+/// A recipe that failed: the error, and the file it was reading when that was not the
+/// recipe's source (a piece's, the scales', an adapter's).
+#[derive(Debug)]
+pub struct Failed {
+    pub error: CopyError,
+    pub file: Option<FileId>,
+}
+
+impl From<CopyError> for Failed {
+    fn from(error: CopyError) -> Failed {
+        Failed { error, file: None }
+    }
+}
+
+/// Runs `recipe` for `inputs.tensor` into `sink`, through `copier`'s buffers.
+pub fn run(
+    recipe: &Recipe,
+    inputs: Inputs<'_>,
+    copier: &mut Copier,
+    sink: Sink<'_>,
+) -> Result<(), Failed> {
+    let ckpt = inputs.ckpt;
+    let stored = ckpt.tensors()[inputs.tensor].dtype;
+    let dtypes = (recipe.input_dtype(stored), recipe.output_dtype(stored));
+    let cast = (dtypes.0 != dtypes.1).then_some(dtypes);
+    let range = match recipe.read {
+        Read::Pieces { index, .. } => {
+            if recipe.merge || recipe.quant().is_some() {
+                return Err(unsupported("a tensor stored in pieces is copied or cast"));
+            }
+            return stitched(inputs, index, (dtypes, cast), copier, sink);
+        }
+        Read::Range(range) => range,
+    };
+    if range.len == 0 {
+        // Nothing to read, and accelerate writes no `.dat` for an empty tensor: its
+        // source may not exist.
+        return Ok(());
+    }
+    let kind = ckpt.input_kind(range.file);
+    if let InputKind::Staged(key) = kind {
+        if recipe.merge || recipe.quant().is_some() {
+            return Err(unsupported(
+                "a staged tensor is copied or cast, not merged or dequantized",
+            ));
+        }
+        return staged(
+            (inputs.stage, key),
+            range,
+            cast,
+            (copier, inputs.stop),
+            sink,
+        );
+    }
+    let Some(src) = inputs.source else {
+        return Err(unsupported("the recipe's source file was not opened"));
+    };
+    let from = (src, range.offset);
+    let stop = inputs.stop;
+    match (recipe.make, recipe.merge) {
+        (Make::Copy | Make::Cast { .. }, false) => Ok(match sink {
+            Sink::File { at, report } => match cast {
+                Some(dtypes) => copier.cast(from, at, range.len, dtypes, stop, report),
+                None if kind == InputKind::ProcessMemory => {
+                    copier.copy_through_buffer(from, at, range.len, stop, report)
+                }
+                None => copier.copy(from, at, range.len, stop, report),
+            },
+            Sink::Stream(feed) => copier.stream(from, range.len, cast, stop, feed),
+        }?),
+        (Make::Copy | Make::Cast { .. }, true) => merged(inputs, (src, range), dtypes, None, sink),
+        (
+            Make::Dequantize {
+                quant:
+                    Quant::Fp8 {
+                        from,
+                        scale,
+                        blocks,
+                    },
+                to,
+            },
+            merge,
+        ) => {
+            let name = &ckpt.tensors()[inputs.tensor].name;
+            let scale_file = open(ckpt, scale.file)?;
+            if merge {
+                let rows =
+                    super::fp8::Fp8Rows::load(name, (&scale_file, scale), blocks, from, range.len)
+                        .map_err(|error| Failed {
+                            error,
+                            file: Some(scale.file),
+                        })?;
+                return merged(inputs, (src, range), (from, to), Some(&rows), sink);
+            }
+            let mut feed = feed_of(sink);
+            super::fp8::stream(
+                name,
+                (src, range),
+                (&scale_file, scale),
+                blocks,
+                (from, to),
+                stop,
+                &mut feed,
+            )?;
+            Ok(())
+        }
+        (
+            Make::Dequantize {
+                quant: Quant::Mxfp4 { scales, layout },
+                to,
+            },
+            merge,
+        ) => {
+            let scales_file = open(ckpt, scales.file)?;
+            let merger = merge
+                .then(|| {
+                    super::lora_kernel::RowMerger::load(
+                        ckpt,
+                        inputs.tensor,
+                        layout.matrix(),
+                        &open_io(ckpt),
+                    )
+                })
+                .transpose()?;
+            let packed = super::mxfp4::Packed {
+                name: &ckpt.tensors()[inputs.tensor].name,
+                blocks: (src, range),
+                scales: (&scales_file, scales),
+                layout,
+                merge: merger.as_ref(),
+            };
+            match sink {
+                Sink::File { at, report } => {
+                    let written = super::mxfp4::write_in_parallel(
+                        packed,
+                        to,
+                        at,
+                        threads_for(range.len),
+                        stop,
+                    )?;
+                    report(written);
+                }
+                Sink::Stream(feed) => super::mxfp4::stream(&packed, to, stop, feed)?,
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A recipe with LoRA merges: the value `src` holds (as `dtypes.0`; an FP8 weight
+/// dequantized with `dequant`'s scales first), merged and written as `dtypes.1`.
+fn merged(
+    inputs: Inputs<'_>,
+    (src, range): (&File, ByteRange),
+    dtypes: (DType, DType),
+    dequant: Option<&super::fp8::Fp8Rows>,
+    sink: Sink<'_>,
+) -> Result<(), Failed> {
+    let open = open_io(inputs.ckpt);
+    let input = super::lora_kernel::MergeInput {
+        ckpt: inputs.ckpt,
+        id: inputs.tensor,
+        src: (src, range.offset),
+        len: range.len,
+        dtypes,
+        open: &open,
+        cancel: inputs.stop,
+        dequant,
+    };
+    match sink {
+        Sink::File { at, report } => {
+            let threads = threads_for(range.len) as usize;
+            report(super::lora_kernel::write_in_parallel(input, at, threads)?);
+        }
+        Sink::Stream(feed) => super::lora_kernel::stream(input, feed)?,
+    }
+    Ok(())
+}
+
+/// A tensor stored in pieces, put together (and cast when `cast` says so).
+fn stitched(
+    inputs: Inputs<'_>,
+    index: u32,
+    (dtypes, cast): ((DType, DType), Option<(DType, DType)>),
+    copier: &mut Copier,
+    sink: Sink<'_>,
+) -> Result<(), Failed> {
+    let ckpt = inputs.ckpt;
+    let mut open = |file| open(ckpt, file).map_err(|f| f.error);
+    let sink = match sink {
+        Sink::File { at, report } => super::stitch::Sink::File { at, dtypes, report },
+        Sink::Stream(feed) => super::stitch::Sink::Stream { cast, feed },
+    };
+    super::stitch::put_together(
+        ckpt,
+        (inputs.tensor, index),
+        &mut open,
+        copier,
+        sink,
+        inputs.stop,
+    )
+    .map_err(|failed| Failed {
+        error: failed.error,
+        file: Some(failed.file),
+    })
+}
+
+/// A staged tensor (a live model's GPU tensor), a filled chunk at a time.
+fn staged(
+    (stage, key): (Option<&StageRef>, u64),
+    range: ByteRange,
+    cast: Option<(DType, DType)>,
+    (copier, stop): (&mut Copier, &dyn Stop),
+    sink: Sink<'_>,
+) -> Result<(), Failed> {
+    let align = cast.map_or(1, |(from, _)| from.size());
+    let span = (range.offset, range.len);
+    Ok(match sink {
+        Sink::File {
+            at: (dst, out),
+            report,
+        } => {
+            super::stage::through_stage(stage, key, span, align, &mut |from, done, n| match cast {
+                Some((f, t)) => {
+                    let written = done / f.size() * t.size();
+                    copier.cast(from, (dst, out + written), n, (f, t), stop, report)
+                }
+                None => copier.copy_through_buffer(from, (dst, out + done), n, stop, report),
+            })
+        }
+        Sink::Stream(feed) => {
+            super::stage::through_stage(stage, key, span, align, &mut |at, _, n| {
+                copier.stream(at, n, cast, stop, feed)
+            })
+        }
+    }?)
+}
+
+/// A sink as a stream of chunks: a file sink writes each chunk after the last and
+/// reports it.
+fn feed_of(sink: Sink<'_>) -> Box<Feed<'_>> {
+    match sink {
+        Sink::File {
+            at: (dst, start),
+            report,
+        } => {
+            let mut written = 0u64;
+            Box::new(move |chunk: &[u8]| {
+                dst.write_all_at(chunk, start + written)?;
+                written += chunk.len() as u64;
+                report(chunk.len() as u64);
+                Ok(())
+            })
+        }
+        Sink::Stream(feed) => Box::new(feed),
+    }
+}
+
+/// Threads for an arithmetic recipe of `len` source bytes: every core for a big one.
+fn threads_for(len: u64) -> u64 {
+    if len >= PARALLEL_BYTES {
+        std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+    } else {
+        1
+    }
+}
+
+/// Opens a secondary input (scales, an adapter's weights, a piece) by id.
+fn open(ckpt: &Checkpoint, file: FileId) -> Result<File, Failed> {
+    open_io(ckpt)(file).map_err(|e| Failed {
+        error: CopyError::Io(e),
+        file: Some(file),
+    })
+}
+
+/// [`open`] as the kernels take it.
+fn open_io(ckpt: &Checkpoint) -> impl Fn(FileId) -> io::Result<File> + Sync + '_ {
+    move |file| crate::formats::input::open_regular(ckpt.file_path(file)).map_err(io::Error::other)
+}
+
+fn unsupported(what: &str) -> Failed {
+    Failed::from(CopyError::Io(io::Error::other(what.to_owned())))
+}

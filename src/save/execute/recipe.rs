@@ -1,0 +1,234 @@
+//! How each output tensor's bytes are made. The shard planner writes one recipe per
+//! tensor; [`super::run`] runs it, into a shard file for the writer and into a digest
+//! for `verify --against`, so a value is defined in one place.
+//!
+//! A recipe says three things, each independent of the others:
+//! - what is read ([`Read`]): one byte range of a source, or a tensor stored in pieces
+//!   across files (a training run's ranks);
+//! - what is done to it ([`Make`]): nothing (copied byte for byte, `copy_file_range`
+//!   where the kernel can), a float cast as torch's `.to(dtype)` casts, or a
+//!   dequantization with its scales ([`Quant`]: fine-grained FP8, MXFP4 experts);
+//! - whether the checkpoint's LoRA merges for the tensor are applied to the result
+//!   (`merge`), as peft merges into the model transformers loads.
+//!
+//! Where the source lives (a file, this process's memory, a live model's staged GPU
+//! tensor) is the source file's [`InputKind`](crate::model::checkpoint::InputKind), not
+//! the recipe's.
+
+use crate::model::checkpoint::{Checkpoint, TensorId};
+use crate::save::fp8::Fp8Blocks;
+use crate::save::mxfp4::Mxfp4Layout;
+use crate::types::dtype::DType;
+use crate::types::range::ByteRange;
+
+/// One output tensor's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recipe {
+    pub read: Read,
+    pub make: Make,
+    /// Apply the checkpoint's LoRA merges for this tensor (`Checkpoint::merges_of`) to
+    /// what `make` gives, as peft merges them (see `save::lora_kernel`).
+    pub merge: bool,
+}
+
+/// What a recipe reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// One source range (for a quantized weight, its values; the scales are the
+    /// [`Quant`]'s).
+    Range(ByteRange),
+    /// A tensor stored in pieces across files (`Checkpoint::pieces(index)`, `len` bytes
+    /// in all), put together in the whole tensor's order (see `save::stitch`).
+    Pieces { index: u32, len: u64 },
+}
+
+/// What a recipe does to what it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Make {
+    /// The stored bytes, unchanged.
+    Copy,
+    /// The stored elements converted from one floating dtype to another, as torch's
+    /// `.to(dtype)` converts them (see `save::cast`).
+    Cast { from: DType, to: DType },
+    /// A quantized weight multiplied out by its scales, in `to`: the values
+    /// transformers computes when it loads the model dequantized.
+    Dequantize { quant: Quant, to: DType },
+}
+
+/// A quantized weight's format and scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quant {
+    /// FP8 (`from`) with a scale per block (`scale`: the `…_scale_inv` or
+    /// `…weight_scale` tensor's bytes; see `save::fp8`).
+    Fp8 {
+        from: DType,
+        scale: ByteRange,
+        blocks: Fp8Blocks,
+    },
+    /// MXFP4 experts (`P_blocks` read, `P_scales` here), transposed per expert as
+    /// transformers loads them (see `save::mxfp4`); written under the name `P` and the
+    /// shape [`Mxfp4Layout::shape`].
+    Mxfp4 {
+        scales: ByteRange,
+        layout: Mxfp4Layout,
+    },
+}
+
+impl Recipe {
+    /// The stored bytes of `range`, unchanged.
+    pub fn copy(range: ByteRange) -> Recipe {
+        Recipe {
+            read: Read::Range(range),
+            make: Make::Copy,
+            merge: false,
+        }
+    }
+
+    /// The elements of `range` cast from `from` to `to`.
+    pub fn cast(range: ByteRange, from: DType, to: DType) -> Recipe {
+        Recipe {
+            read: Read::Range(range),
+            make: Make::Cast { from, to },
+            merge: false,
+        }
+    }
+
+    /// The same recipe with the tensor's LoRA merges applied (or not).
+    #[must_use]
+    pub fn merged(self, merge: bool) -> Recipe {
+        Recipe { merge, ..self }
+    }
+
+    /// The dtype written, for a tensor stored as `stored`.
+    pub fn output_dtype(&self, stored: DType) -> DType {
+        match self.make {
+            Make::Copy => stored,
+            Make::Cast { to, .. } | Make::Dequantize { to, .. } => to,
+        }
+    }
+
+    /// The dtype of what is read, for a tensor stored as `stored`.
+    pub fn input_dtype(&self, stored: DType) -> DType {
+        match self.make {
+            Make::Copy => stored,
+            Make::Cast { from, .. }
+            | Make::Dequantize {
+                quant: Quant::Fp8 { from, .. },
+                ..
+            } => from,
+            Make::Dequantize {
+                quant: Quant::Mxfp4 { .. },
+                ..
+            } => DType::U8,
+        }
+    }
+
+    /// Bytes the recipe writes, for a tensor stored as `stored`.
+    pub fn output_len(&self, stored: DType) -> u64 {
+        if let Some(layout) = self.mxfp4() {
+            return layout.elements() * self.output_dtype(stored).size();
+        }
+        let from = self.input_dtype(stored);
+        self.source_len() / from.size() * self.output_dtype(stored).size()
+    }
+
+    /// The one source range the recipe streams from (for a quantized weight, its
+    /// values); `None` for a tensor stored in pieces.
+    pub fn source(&self) -> Option<ByteRange> {
+        match self.read {
+            Read::Range(range) => Some(range),
+            Read::Pieces { .. } => None,
+        }
+    }
+
+    /// Bytes the recipe reads from its source (or pieces).
+    pub fn source_len(&self) -> u64 {
+        match self.read {
+            Read::Range(range) => range.len,
+            Read::Pieces { len, .. } => len,
+        }
+    }
+
+    /// The pieces the tensor is stored in, when it is.
+    pub fn pieces(&self) -> Option<u32> {
+        match self.read {
+            Read::Pieces { index, .. } => Some(index),
+            Read::Range(_) => None,
+        }
+    }
+
+    /// Every range the recipe streams from: its source, or each of its pieces.
+    pub fn ranges(&self, ckpt: &Checkpoint) -> Vec<ByteRange> {
+        match self.read {
+            Read::Pieces { index, .. } => ckpt.pieces(index).iter().map(|p| p.range).collect(),
+            Read::Range(range) => vec![range],
+        }
+    }
+
+    /// Whether values pass through a float cast (a buffer of converted bytes).
+    pub fn casts(&self) -> bool {
+        matches!(self.make, Make::Cast { from, to } if from != to)
+    }
+
+    /// The quantized format the recipe dequantizes, if it does.
+    pub fn quant(&self) -> Option<Quant> {
+        match self.make {
+            Make::Dequantize { quant, .. } => Some(quant),
+            _ => None,
+        }
+    }
+
+    /// Bytes of the FP8 scales the recipe reads whole, for one that dequantizes FP8.
+    pub fn fp8_scales_len(&self) -> Option<u64> {
+        match self.quant()? {
+            Quant::Fp8 { scale, .. } => Some(scale.len),
+            Quant::Mxfp4 { .. } => None,
+        }
+    }
+
+    /// The MXFP4 layout, for a recipe that writes MXFP4 experts dequantized (under
+    /// another name and shape than the stored tensor's).
+    pub fn mxfp4(&self) -> Option<Mxfp4Layout> {
+        match self.quant() {
+            Some(Quant::Mxfp4 { layout, .. }) => Some(layout),
+            _ => None,
+        }
+    }
+
+    /// Whether several threads may write parts of one shard whose tensors all have
+    /// this recipe: I/O-bound recipes only (a merge or an MXFP4 weight already
+    /// computes on every core; FP8 dequantizes a tensor on one core).
+    pub fn shares_a_shard(&self) -> bool {
+        !self.merge && !matches!(self.quant(), Some(Quant::Mxfp4 { .. }))
+    }
+
+    /// What the output is, as `verify --against` says its bytes differ from it.
+    pub fn what_it_writes(&self) -> String {
+        let read = match self.read {
+            Read::Range(_) => "the source's",
+            Read::Pieces { .. } => "the source's chunks put together,",
+        };
+        let made = match self.make {
+            Make::Copy => format!("{read} bytes"),
+            Make::Cast { from, to } => format!("{read} {from} values cast to {to}"),
+            Make::Dequantize {
+                quant: Quant::Fp8 { from, .. },
+                to,
+            } => format!("{read} {from} values times their block scales, in {to}"),
+            Make::Dequantize {
+                quant: Quant::Mxfp4 { .. },
+                to,
+            } => format!("{read} MXFP4 blocks times their scales, transposed per expert, in {to}"),
+        };
+        if self.merge {
+            format!("{made}, with the LoRA merges applied")
+        } else {
+            made
+        }
+    }
+
+    /// Tensor `id`'s recipe as stored in a plan: see [`super::packed`].
+    pub(crate) fn pack(self, ckpt: &Checkpoint, id: TensorId) -> super::packed::Packed {
+        super::packed::Packed::new(ckpt, id, self)
+    }
+}
