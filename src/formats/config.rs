@@ -39,6 +39,49 @@ pub struct Quantization {
     /// `dequantize: true`: transformers loads the weights dequantized (plain layers in
     /// the model's dtype), so they take that room on a device.
     pub dequantize: bool,
+    /// compressed-tensors' integer weight schemes (`type: int`), one per distinct
+    /// scheme among the config groups, in their order.
+    pub int_weights: Vec<IntWeights>,
+}
+
+/// A compressed-tensors config group's integer weights (`weights` with `type: int`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntWeights {
+    pub num_bits: u64,
+    /// `tensor`, `channel`, `group`, …
+    pub strategy: String,
+    pub group_size: Option<u64>,
+    pub symmetric: bool,
+    /// `actorder` (`group`, `weight`, `static`), when set.
+    pub actorder: Option<String>,
+}
+
+fn int_weights(q: &serde_json::Map<String, Value>) -> Vec<IntWeights> {
+    let mut schemes: Vec<IntWeights> = Vec::new();
+    let groups = q.get("config_groups").and_then(Value::as_object);
+    for group in groups.into_iter().flat_map(|g| g.values()) {
+        let Some(w) = group.get("weights").and_then(Value::as_object) else {
+            continue;
+        };
+        if w.get("type").and_then(Value::as_str) != Some("int") {
+            continue;
+        }
+        let scheme = IntWeights {
+            num_bits: w.get("num_bits").and_then(Value::as_u64).unwrap_or(0),
+            strategy: w
+                .get("strategy")
+                .and_then(Value::as_str)
+                .unwrap_or("tensor")
+                .to_owned(),
+            group_size: w.get("group_size").and_then(Value::as_u64),
+            symmetric: w.get("symmetric").and_then(Value::as_bool).unwrap_or(true),
+            actorder: w.get("actorder").and_then(Value::as_str).map(str::to_owned),
+        };
+        if !schemes.contains(&scheme) {
+            schemes.push(scheme);
+        }
+    }
+    schemes
 }
 
 fn quantization(root: &serde_json::Map<String, Value>) -> Option<Quantization> {
@@ -69,6 +112,7 @@ fn quantization(root: &serde_json::Map<String, Value>) -> Option<Quantization> {
         block,
         format,
         dequantize,
+        int_weights: int_weights(q),
     })
 }
 

@@ -261,7 +261,7 @@ impl Copier {
 
 /// Fills `buf` from `src` at `at`; a source that ends first is
 /// [`CopyError::ShortSource`] (with the bytes of `buf` it did fill).
-pub(super) fn read_exact_at(src: &File, buf: &mut [u8], at: u64) -> Result<(), CopyError> {
+pub(crate) fn read_exact_at(src: &File, buf: &mut [u8], at: u64) -> Result<(), CopyError> {
     let mut got = 0;
     while got < buf.len() {
         let n = src

@@ -10,8 +10,8 @@ transformers writes after loading the checkpoint dequantized
 (`CompressedTensorsConfig(dequantize=True)`, in that dtype) and saving it: the same
 names and dtypes, every element bit-identical, no scales and no `quantization_config`;
 `from_pretrained(OUT)` gives the same logits; `devmap verify OUT --against DIR --dtype D`
-is clean. A `pack-quantized` (INT4) config under a float --dtype is refused, naming the
-format, with nothing written. A LoRA adapter made by peft on the dequantized model
+is clean. An `nvfp4-pack-quantized` config (not dequantized yet) under a float --dtype
+is refused, naming the format, with nothing written. A LoRA adapter made by peft on the dequantized model
 merges into the dequantized weights bit-identically with peft's `merge_and_unload()` +
 `save_pretrained`.
 
@@ -114,14 +114,14 @@ def main(devmap):
                     print(f"ok: compressed-tensors FP8, {case}: {len(theirs)} tensors bit-identical with transformers' "
                           "dequantized save, logits equal, verify clean")
     failures += check_lora(devmap, work)
-    packed = os.path.join(work, "ct-packed")
-    make(packed, "tensor", torch.bfloat16, fmt="pack-quantized")
+    packed = os.path.join(work, "ct-nvfp4")
+    make(packed, "tensor", torch.bfloat16, fmt="nvfp4-pack-quantized")
     out = packed + "-out"
     r = run([devmap, "save", packed, "--out", out, "--dtype", "bfloat16"])
-    if r.returncode == 0 or "`pack-quantized` format" not in r.stderr or os.path.exists(out):
-        failures.append(f"pack-quantized must be refused with nothing written: {r.stderr}")
+    if r.returncode == 0 or "`nvfp4-pack-quantized` format" not in r.stderr or os.path.exists(out):
+        failures.append(f"nvfp4-pack-quantized must be refused with nothing written: {r.stderr}")
     else:
-        print("ok: a pack-quantized config is refused, naming the format, and nothing is written")
+        print("ok: an nvfp4-pack-quantized config is refused, naming the format, and nothing is written")
     shutil.rmtree(work, ignore_errors=True)
     if failures:
         print("\n".join("FAIL: " + f for f in failures))

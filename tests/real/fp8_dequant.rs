@@ -47,8 +47,8 @@ fn mxfp4_checkpoints_dequantize_bit_exact_with_transformers() {
 /// compressed-tensors `float-quantized` FP8 against transformers with the
 /// compressed-tensors library (tests/python/compressed_fp8.py): per-tensor and
 /// per-channel scales, stored in bfloat16 and float32, to bfloat16, float16 and float32:
-/// bit-identical with transformers' dequantized save, logits equal, verify clean; a
-/// `pack-quantized` config refused.
+/// bit-identical with transformers' dequantized save, logits equal, verify clean; an
+/// `nvfp4-pack-quantized` config (not dequantized yet) refused.
 #[test]
 #[ignore = "needs torch, transformers, compressed-tensors: run .ci/run"]
 fn compressed_tensors_fp8_dequantizes_bit_exact_with_transformers() {
@@ -61,11 +61,35 @@ fn compressed_tensors_fp8_dequantizes_bit_exact_with_transformers() {
         "{out}"
     );
     assert!(
-        out.contains("ok: a pack-quantized config is refused"),
+        out.contains("ok: an nvfp4-pack-quantized config is refused"),
         "{out}"
     );
     assert!(
         out.contains("ok: LoRA merged into 6 dequantized compressed-tensors FP8 weights"),
+        "{out}"
+    );
+}
+
+/// compressed-tensors `pack-quantized` integers (tests/python/packed_int.py), packed by
+/// compressed-tensors' own compressor: 4 and 8 bits, groups of 32/64/128, per row and
+/// per tensor, symmetric and asymmetric, bfloat16/float16/float32 scales, each to
+/// bfloat16, float16 and float32: bit-identical with transformers' dequantized save
+/// (compressed-tensors' `decompress` inside), logits equal, verify clean; a LoRA adapter
+/// made by peft on the dequantized model merges bit-identically (the QLoRA flow).
+#[test]
+#[ignore = "needs torch, transformers, compressed-tensors: run .ci/run"]
+fn compressed_tensors_packed_integers_dequantize_bit_exact_with_transformers() {
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("packed_int.py");
+    assert!(ok, "pack-quantized check failed:\n{out}\n{err}");
+    assert_eq!(out.matches("ok: pack-quantized ").count(), 24, "{out}");
+    assert_eq!(
+        out.matches("logits equal, verify clean").count(),
+        8,
+        "{out}"
+    );
+    assert!(
+        out.contains("ok: LoRA merged into 6 dequantized INT4 weights"),
         "{out}"
     );
 }

@@ -149,12 +149,37 @@ fn mergeable(quantized: Option<&str>, name: &str, dtype: DType) -> Result<(), St
     let fp8 = matches!(quantized, Some("fp8" | "compressed-tensors"))
         && matches!(dtype, DType::F8E4M3 | DType::F8E5M2);
     let mxfp4 = quantized == Some("mxfp4") && dtype == DType::U8 && name.ends_with("_blocks");
-    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || fp8 || mxfp4 {
+    let packed = quantized == Some("compressed-tensors")
+        && dtype == DType::I32
+        && name.ends_with(".weight_packed");
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || fp8 || mxfp4 || packed {
         Ok(())
     } else {
         Err(format!(
-            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8 and MXFP4 experts weights dequantized"
+            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8, MXFP4 experts and packed integer weights dequantized"
         ))
+    }
+}
+
+/// A compressed-tensors packed integer weight `{module}.weight_packed` whose rows of
+/// I32 words hold `cols` values of the config's bits: its id and the shape it
+/// dequantizes to.
+fn packed_int_weight(
+    ckpt: &Checkpoint,
+    module: &str,
+    cols: u64,
+) -> Option<(crate::model::TensorId, Vec<u64>)> {
+    let q = ckpt.config.quantization.as_ref()?;
+    let [scheme] = q.int_weights.as_slice() else {
+        return None;
+    };
+    let id = model_tensor(ckpt, &format!("{module}.weight_packed"))?;
+    let dims: Vec<u64> = ckpt.tensors()[id].shape.to_vec();
+    match dims.as_slice() {
+        &[rows, words] if words == (cols * scheme.num_bits).div_ceil(32) => {
+            Some((id, vec![rows, cols]))
+        }
+        _ => None,
     }
 }
 
@@ -392,19 +417,26 @@ pub fn apply_adapter_with(
             .map_err(|message| key_error(&a_key.0, message))?;
             continue;
         }
-        let Some(id) = model_tensor(ckpt, &weight) else {
-            return Err(key_error(
-                &a_key.0,
-                format!("adapts `{module}`, but the model has no tensor `{weight}`"),
-            ));
-        };
-        let base = &ckpt.tensors()[id];
-        mergeable(quant_method(ckpt), &weight, base.dtype)
-            .map_err(|message| key_error(&a_key.0, message))?;
         let (Some(ma), Some(mb)) = (matrix(&a_key.1), matrix(&b_key.1)) else {
             return Err(key_error(&a_key.0, "A and B must be matrices".into()));
         };
-        let dims: Vec<u64> = base.shape.iter().collect();
+        // A packed integer weight (`M.weight_packed`) is merged into as the weight it
+        // dequantizes to, `[rows, A's columns]` when A's columns pack to its width.
+        let (id, dims) = match model_tensor(ckpt, &weight) {
+            Some(id) => (id, ckpt.tensors()[id].shape.iter().collect::<Vec<u64>>()),
+            None => match packed_int_weight(ckpt, &module, ma.cols) {
+                Some(found) => found,
+                None => {
+                    return Err(key_error(
+                        &a_key.0,
+                        format!("adapts `{module}`, but the model has no tensor `{weight}`"),
+                    ));
+                }
+            },
+        };
+        let base = &ckpt.tensors()[id];
+        mergeable(quant_method(ckpt), &base.name, base.dtype)
+            .map_err(|message| key_error(&a_key.0, message))?;
         let rank = ma.rows;
         // Each layout's expected shapes: W, A, B.
         let fan_in_fan_out = config.fan_in_fan_out && !embedding;

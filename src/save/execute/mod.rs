@@ -203,6 +203,42 @@ pub fn run(
             }
             Ok(())
         }
+        (
+            Make::Dequantize {
+                quant:
+                    Quant::PackedInt {
+                        scales,
+                        zeros,
+                        layout,
+                    },
+                to,
+            },
+            merge,
+        ) => {
+            let scales_file = open(ckpt, scales.file)?;
+            let zeros_file = zeros.map(|z| open(ckpt, z.file)).transpose()?;
+            let merger = merge
+                .then(|| {
+                    super::lora_kernel::RowMerger::load(
+                        ckpt,
+                        inputs.tensor,
+                        (layout.rows, layout.cols),
+                        &open_io(ckpt),
+                    )
+                })
+                .transpose()?;
+            let packed = super::packed_int::PackedInt {
+                name: &ckpt.tensors()[inputs.tensor].name,
+                packed: (src, range),
+                scales: (&scales_file, scales),
+                zeros: zeros_file.as_ref().zip(zeros),
+                layout,
+                merge: merger.as_ref(),
+            };
+            let mut feed = feed_of(sink);
+            super::packed_int::stream(&packed, to, stop, &mut feed)?;
+            Ok(())
+        }
     }
 }
 

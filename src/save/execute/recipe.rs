@@ -18,6 +18,7 @@
 use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::save::fp8::Fp8Blocks;
 use crate::save::mxfp4::Mxfp4Layout;
+use crate::save::packed_int::PackedIntLayout;
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
 
@@ -72,6 +73,14 @@ pub enum Quant {
         scales: ByteRange,
         layout: Mxfp4Layout,
     },
+    /// compressed-tensors `pack-quantized` integers (`M.weight_packed` read; its
+    /// `weight_scale` and, when asymmetric, `weight_zero_point` here; see
+    /// `save::packed_int`), written as `M.weight` of [`PackedIntLayout::shape`].
+    PackedInt {
+        scales: ByteRange,
+        zeros: Option<ByteRange>,
+        layout: PackedIntLayout,
+    },
 }
 
 impl Recipe {
@@ -120,13 +129,17 @@ impl Recipe {
                 quant: Quant::Mxfp4 { .. },
                 ..
             } => DType::U8,
+            Make::Dequantize {
+                quant: Quant::PackedInt { .. },
+                ..
+            } => DType::I32,
         }
     }
 
     /// Bytes the recipe writes, for a tensor stored as `stored`.
     pub fn output_len(&self, stored: DType) -> u64 {
-        if let Some(layout) = self.mxfp4() {
-            return layout.elements() * self.output_dtype(stored).size();
+        if let Some(shape) = self.renamed_shape() {
+            return shape.iter().product::<u64>() * self.output_dtype(stored).size();
         }
         let from = self.input_dtype(stored);
         self.source_len() / from.size() * self.output_dtype(stored).size()
@@ -182,7 +195,28 @@ impl Recipe {
     pub fn fp8_scales_len(&self) -> Option<u64> {
         match self.quant()? {
             Quant::Fp8 { scale, .. } => Some(scale.len),
-            Quant::Mxfp4 { .. } => None,
+            Quant::Mxfp4 { .. } | Quant::PackedInt { .. } => None,
+        }
+    }
+
+    /// For a recipe that writes a quantized weight under another name than the stored
+    /// tensor's: the stored name's suffix the written name drops (`P_blocks` → `P`,
+    /// `M.weight_packed` → `M.weight`).
+    pub fn renamed_from_suffix(&self) -> Option<&'static str> {
+        match self.quant()? {
+            Quant::Mxfp4 { .. } => Some("_blocks"),
+            Quant::PackedInt { .. } => Some("_packed"),
+            Quant::Fp8 { .. } => None,
+        }
+    }
+
+    /// The shape written, for a recipe that writes another shape than the stored
+    /// tensor's (a packed or blocked quantized weight).
+    pub fn renamed_shape(&self) -> Option<Vec<u64>> {
+        match self.quant()? {
+            Quant::Mxfp4 { layout, .. } => Some(layout.shape().to_vec()),
+            Quant::PackedInt { layout, .. } => Some(layout.shape().to_vec()),
+            Quant::Fp8 { .. } => None,
         }
     }
 
@@ -219,6 +253,13 @@ impl Recipe {
                 quant: Quant::Mxfp4 { .. },
                 to,
             } => format!("{read} MXFP4 blocks times their scales, transposed per expert, in {to}"),
+            Make::Dequantize {
+                quant: Quant::PackedInt { layout, .. },
+                to,
+            } => format!(
+                "{read} packed {}-bit integers less their zero points, times their scales, in {to}",
+                layout.bits
+            ),
         };
         if self.merge {
             format!("{made}, with the LoRA merges applied")

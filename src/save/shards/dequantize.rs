@@ -1,6 +1,7 @@
 //! Which tensors a save dequantizes, and through which recipe: fine-grained FP8
-//! (block scales), compressed-tensors FP8 (per-tensor or per-channel scales) and
-//! MXFP4 experts, written as the float dtype `--dtype` names, their scales left out.
+//! (block scales), compressed-tensors FP8 (per-tensor or per-channel scales), MXFP4
+//! experts and compressed-tensors packed integers (`dequantize_int`), written as the
+//! float dtype `--dtype` names, their scales left out.
 
 use super::DtypeChoice;
 use crate::model::checkpoint::{Checkpoint, TensorId};
@@ -17,6 +18,8 @@ pub(super) enum Dequantize {
     Mxfp4(DType),
     /// compressed-tensors `float-quantized` FP8, to this dtype.
     CompressedFp8(DType),
+    /// compressed-tensors `pack-quantized` integers of this scheme, to this dtype.
+    PackedInt(super::dequantize_int::IntScheme, DType),
 }
 
 /// What a dequantizing save does with one tensor.
@@ -64,9 +67,22 @@ impl Dequantize {
             {
                 Ok(Some(Dequantize::CompressedFp8(to)))
             }
+            (Some(q), DtypeChoice::To(to))
+                if q.method == "compressed-tensors"
+                    && q.format.as_deref() == Some("pack-quantized") =>
+            {
+                match super::dequantize_int::IntScheme::of(&q.int_weights) {
+                    Ok(scheme) => Ok(Some(Dequantize::PackedInt(scheme, to))),
+                    Err(why) => Err(Refused::Alone(Unsaveable::Quantization(format!(
+                        "config.json's quantization_config is {why}; --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy it as it is",
+                        to.torch_name(),
+                        to.torch_name()
+                    )))),
+                }
+            }
             (Some(q), DtypeChoice::To(to)) if q.method == "compressed-tensors" => {
                 Err(Refused::WithOthers(Unsaveable::Quantization(format!(
-                    "config.json's quantization_config is compressed-tensors in the `{}` format, which devmap does not dequantize (it dequantizes `float-quantized`: FP8 weights with per-tensor or per-channel scales); --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy it as it is",
+                    "config.json's quantization_config is compressed-tensors in the `{}` format, which devmap does not dequantize (it dequantizes `float-quantized`: FP8 weights with per-tensor or per-channel scales, and `pack-quantized`: integers of 1 to 8 bits); --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy it as it is",
                     q.format.as_deref().unwrap_or("(unnamed)"),
                     to.torch_name(),
                     to.torch_name()
@@ -91,6 +107,9 @@ impl Dequantize {
             Dequantize::Fp8(block, to) => dequantized(ckpt, id, block, to),
             Dequantize::Mxfp4(to) => dequantized_mxfp4(ckpt, id, to),
             Dequantize::CompressedFp8(to) => dequantized_compressed(ckpt, id, to),
+            Dequantize::PackedInt(scheme, to) => {
+                super::dequantize_int::dequantized(ckpt, id, scheme, to)
+            }
         }
     }
 }

@@ -6,8 +6,8 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use super::error::SaveError;
-use super::execute::Recipe;
 use super::execute::packed;
+use super::execute::{Quant, Recipe};
 use super::reasons::Unsaveable;
 use crate::formats::hf_index::{SINGLE_FILE, shard_file_name};
 use crate::formats::safetensors::{HeaderEntry, write_header};
@@ -15,6 +15,7 @@ use crate::model::checkpoint::{ByteRange, Checkpoint, TensorId};
 use crate::types::dtype::DType;
 
 mod dequantize;
+mod dequantize_int;
 
 use dequantize::{Dequantize, Dequantized, Refused};
 
@@ -255,26 +256,20 @@ impl PlannedTensor {
         self.packed.merges()
     }
 
-    /// Whether the recipe is an MXFP4 dequantization (written under another name and
-    /// shape).
-    fn mxfp4(&self) -> Option<crate::save::mxfp4::Mxfp4Layout> {
-        self.packed.whole().and_then(Recipe::mxfp4)
-    }
-
-    /// The name written: the checkpoint's, but `P` for an MXFP4 `P_blocks` written
-    /// dequantized.
+    /// The name written: the checkpoint's, but `P` for an MXFP4 `P_blocks` and
+    /// `M.weight` for a packed `M.weight_packed` written dequantized.
     pub fn name<'c>(&self, ckpt: &'c Checkpoint) -> &'c str {
         let name = &ckpt.tensors()[self.tensor()].name;
-        match self.mxfp4() {
-            Some(_) => name.strip_suffix("_blocks").unwrap_or(name),
+        match self.packed.whole().and_then(Recipe::renamed_from_suffix) {
+            Some(suffix) => name.strip_suffix(suffix).unwrap_or(name),
             None => name,
         }
     }
 
     /// The shape written: the checkpoint's, but the dequantized experts' for MXFP4.
     pub fn shape(&self, ckpt: &Checkpoint) -> Vec<u64> {
-        match self.mxfp4() {
-            Some(layout) => layout.shape().to_vec(),
+        match self.packed.whole().and_then(Recipe::renamed_shape) {
+            Some(shape) => shape,
             None => ckpt.tensors()[self.tensor()].shape.to_vec(),
         }
     }
@@ -371,10 +366,11 @@ pub struct MemoryNeed {
 impl SavePlan {
     /// The quantized format this save dequantizes, in words (`FP8`, `MXFP4`).
     pub fn dequantized_format(&self) -> &'static str {
-        if self.planned().any(|p| p.mxfp4().is_some()) {
-            "MXFP4"
-        } else {
-            "FP8"
+        let quant = |p: &PlannedTensor| p.packed.whole().and_then(Recipe::quant);
+        match self.planned().find_map(quant) {
+            Some(Quant::Mxfp4 { .. }) => "MXFP4",
+            Some(Quant::PackedInt { .. }) => "packed integer",
+            _ => "FP8",
         }
     }
 
@@ -478,6 +474,11 @@ impl SavePlan {
             need.bytes += writers * bytes;
             need.parts
                 .push("one expert's MXFP4 bytes and a band of rows per dequantizing writer");
+        }
+        if recipes().any(|(_, r)| matches!(r.quant(), Some(Quant::PackedInt { .. }))) {
+            need.bytes += writers * super::packed_int::BAND_BYTES;
+            need.parts
+                .push("a band of packed rows, their scales and output per dequantizing writer");
         }
         let largest_pair = recipes()
             .filter(|(_, r)| r.merge)
@@ -791,10 +792,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
     let total_parameters = ckpt.total_parameters.unwrap_or_else(|| {
         chosen
             .iter()
-            .map(|p| match p.mxfp4() {
-                Some(layout) => layout.elements(),
-                None => ckpt.tensors()[p.tensor()].numel(),
-            })
+            .map(|p| p.shape(ckpt).iter().product::<u64>())
             .sum()
     });
     let total_size = chosen.iter().map(|p| p.len).sum();
