@@ -69,6 +69,24 @@ pub fn pattern_bytes(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// compressed-tensors' `pack_to_int32` of `values` (`bits`-bit integers, one row of a
+/// weight or one column of zero points): value `i` at bit `i·bits` of little-endian I32
+/// words, stored plus `2^(bits−1)`, straddling words where it must. Written plainly
+/// here, for tests that make `pack-quantized` checkpoints without Python.
+pub fn pack_int32(values: &[i32], bits: u32) -> Vec<u32> {
+    let mut words = vec![0u32; (values.len() * bits as usize).div_ceil(32)];
+    for (i, v) in values.iter().enumerate() {
+        let stored = (i64::from(*v) + (1 << (bits - 1))) as u64;
+        let at = i as u64 * u64::from(bits);
+        let (word, shift) = ((at / 32) as usize, at % 32);
+        words[word] |= (stored << shift) as u32;
+        if shift + u64::from(bits) > 32 {
+            words[word + 1] |= (stored >> (32 - shift)) as u32;
+        }
+    }
+    words
+}
+
 fn st_dtype(d: DType) -> safetensors::Dtype {
     use safetensors::Dtype as S;
     match d {

@@ -1,12 +1,12 @@
 //! The one recipe executor (`save::execute`) runs every recipe into both of its sinks:
 //! a shard file (the writer) and a digest stream (`verify --against`). Over random
 //! models whose recipes cover copies, casts, LoRA merges, FP8 dequantization with and
-//! without a merge, and MXFP4 experts, every tensor the save wrote hashes to what the
+//! without a merge, MXFP4 experts and compressed-tensors packed integers, every tensor the save wrote hashes to what the
 //! streamed recipe hashes to — the two sinks never disagree.
 
 use std::path::Path;
 
-use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
+use devmap::fixtures::{FixtureTensor, pack_int32, write_json, write_safetensors};
 use devmap::model::{DType, LoadOptions, load};
 use devmap::save::{Reporter, SaveOptions, prepare, write};
 use devmap::verify::{Expected, Kind, Progress, Severity, verify};
@@ -32,6 +32,13 @@ enum Quantized {
         cols: u64,
         block: (u64, u64),
     },
+    /// compressed-tensors INT4 `[rows, groups·32]` with a scale per group of 32,
+    /// symmetric or with zero points.
+    PackedInt {
+        rows: u64,
+        groups: u64,
+        symmetric: bool,
+    },
     /// MXFP4 experts `[experts, rows, groups, 16]`.
     Mxfp4 {
         experts: u64,
@@ -47,6 +54,13 @@ fn quantized() -> impl Strategy<Value = Quantized> {
             rows,
             cols,
             block: (br, bc)
+        }),
+        (1u64..40, 1u64..4, any::<bool>()).prop_map(|(rows, groups, symmetric)| {
+            Quantized::PackedInt {
+                rows,
+                groups,
+                symmetric,
+            }
         }),
         (1u64..3, 1u64..5, 1u64..3).prop_map(|(experts, rows, groups)| Quantized::Mxfp4 {
             experts,
@@ -147,6 +161,38 @@ proptest! {
                     data: (0..grid).flat_map(|k| (0.25 + k as f32 * 0.5).to_le_bytes()).collect(),
                 });
                 config["quantization_config"] = serde_json::json!({"quant_method": "fp8", "weight_block_size": [block.0, block.1]});
+            }
+            Quantized::PackedInt { rows, groups, symmetric } => {
+                let cols = groups * 32;
+                let words = |v: Vec<u32>| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+                let packed: Vec<u32> = (0..rows)
+                    .flat_map(|r| pack_int32(&(0..cols).map(|c| ((r * 5 + c * 3) % 16) as i32 - 8).collect::<Vec<_>>(), 4))
+                    .collect();
+                tensors.push(FixtureTensor { name: "model.q.weight_packed".into(), dtype: DType::I32, shape: vec![rows, cols / 8], data: words(packed) });
+                tensors.push(FixtureTensor {
+                    name: "model.q.weight_scale".into(),
+                    dtype: DType::BF16,
+                    shape: vec![rows, groups],
+                    data: (0..rows * groups).flat_map(|k| half::bf16::from_f32(0.01 + k as f32 * 0.003).to_le_bytes()).collect(),
+                });
+                tensors.push(FixtureTensor {
+                    name: "model.q.weight_shape".into(),
+                    dtype: DType::I64,
+                    shape: vec![2],
+                    data: [rows as i64, cols as i64].iter().flat_map(|v| v.to_le_bytes()).collect(),
+                });
+                if !symmetric {
+                    let columns: Vec<Vec<u32>> = (0..groups)
+                        .map(|g| pack_int32(&(0..rows).map(|r| ((r + g * 7) % 16) as i32 - 8).collect::<Vec<_>>(), 4))
+                        .collect();
+                    let zero_rows = columns[0].len();
+                    let zeros: Vec<u32> = (0..zero_rows).flat_map(|w| columns.iter().map(move |c| c[w])).collect();
+                    tensors.push(FixtureTensor { name: "model.q.weight_zero_point".into(), dtype: DType::I32, shape: vec![zero_rows as u64, groups], data: words(zeros) });
+                }
+                config["quantization_config"] = serde_json::json!({
+                    "quant_method": "compressed-tensors", "format": "pack-quantized",
+                    "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": symmetric}}},
+                });
             }
             Quantized::Mxfp4 { experts, rows, groups } => {
                 tensors.push(FixtureTensor {

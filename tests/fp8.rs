@@ -242,7 +242,7 @@ fn inspect_says_the_checkpoint_is_quantized() {
     // 35 FP8 bytes and 6 float32 scales stored; 35 bfloat16 values dequantized.
     assert!(
         text.contains(
-            "quantized: fp8, 2×4 blocks: 1 quantized weight with their scales, 59 B stored, 70 B as bfloat16 (save --dtype bfloat16 dequantizes)"
+            "quantized: fp8, 2×4 blocks: 1 quantized weight with its scales, 59 B stored, 70 B as bfloat16 (save --dtype bfloat16 dequantizes)"
         ),
         "{text}"
     );
@@ -289,7 +289,7 @@ fn inspect_shows_mxfp4_experts_as_the_weights_they_dequantize_to() {
     // 192 packed bytes and 12 scale bytes; 2·64·3 bfloat16 values.
     assert!(
         text.contains(
-            "quantized: mxfp4: 1 quantized weight with their scales, 204 B stored, 768 B as bfloat16 (save --dtype bfloat16 dequantizes)"
+            "quantized: mxfp4: 1 quantized weight with its scales, 204 B stored, 768 B as bfloat16 (save --dtype bfloat16 dequantizes)"
         ),
         "{text}"
     );

@@ -657,9 +657,12 @@ impl Checkpoint {
             "compressed-tensors" if q.format.as_deref() == Some("float-quantized") => {
                 "compressed-tensors float-quantized".to_owned()
             }
+            "compressed-tensors" if q.format.as_deref() == Some("pack-quantized") => {
+                "compressed-tensors pack-quantized".to_owned()
+            }
             other => {
                 return Some(format!(
-                    "{other}{} (devmap copies it as stored; it dequantizes fine-grained FP8, MXFP4 and compressed-tensors float-quantized)",
+                    "{other}{} (devmap copies it as stored; it dequantizes fine-grained FP8, MXFP4, and compressed-tensors float-quantized and pack-quantized)",
                     q.format
                         .as_deref()
                         .map_or_else(String::new, |f| format!(" `{f}`"))
@@ -680,8 +683,9 @@ impl Checkpoint {
             }
         }
         Some(format!(
-            "{method}: {} with their scales, {} stored, {} as {} (save --dtype {} dequantizes)",
+            "{method}: {} with {} scales, {} stored, {} as {} (save --dtype {} dequantizes)",
             crate::text::count(weights, "quantized weight", "quantized weights"),
+            if weights == 1 { "its" } else { "their" },
             crate::human_bytes(stored),
             crate::human_bytes(dequantized),
             dtype.torch_name(),

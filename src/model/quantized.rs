@@ -121,6 +121,9 @@ pub fn quantized_part(ckpt: &Checkpoint, id: TensorId) -> Option<QuantizedPart> 
                 dequantized_shape: tensor.shape.to_vec(),
             })
         }
+        "compressed-tensors" if q.format.as_deref() == Some("pack-quantized") => {
+            packed_int_part(ckpt, q, name, tensor)
+        }
         "mxfp4" => {
             if let Some(base) = name.strip_suffix("_scales") {
                 let blocks = format!("{base}_blocks");
@@ -146,4 +149,67 @@ pub fn quantized_part(ckpt: &Checkpoint, id: TensorId) -> Option<QuantizedPart> 
         }
         _ => None,
     }
+}
+
+/// A compressed-tensors `pack-quantized` tensor's part: `M.weight_packed` (I32
+/// `[rows, words]`) is a weight of `[rows, cols]`, its scale, zero points and shape are
+/// part of it. The columns come from the scales for groups (exact, as compressed-tensors
+/// itself finds them); per row or per tensor, from the packed width (at most
+/// `32 / bits − 1` more than stored: the exact count is in `weight_shape`'s data, which
+/// a save reads).
+fn packed_int_part(
+    ckpt: &Checkpoint,
+    q: &crate::formats::config::Quantization,
+    name: &str,
+    tensor: &crate::model::checkpoint::Tensor,
+) -> Option<QuantizedPart> {
+    for companion in [
+        ".weight_scale",
+        ".weight_zero_point",
+        ".weight_shape",
+        ".weight_g_idx",
+    ] {
+        if let Some(module) = name.strip_suffix(companion) {
+            let weight = format!("{module}.weight_packed");
+            return ckpt
+                .index_of(&weight)
+                .map(|_| QuantizedPart::Scales { of: weight });
+        }
+    }
+    let module = name.strip_suffix(".weight_packed")?;
+    let [scheme] = q.int_weights.as_slice() else {
+        return None;
+    };
+    let &[rows, words] = tensor.shape.to_vec().as_slice() else {
+        return None;
+    };
+    let scales = format!("{module}.weight_scale");
+    let scale = ckpt.tensor(&scales)?;
+    let bits = scheme.num_bits.max(1);
+    let cols = match (
+        scheme.strategy.as_str(),
+        scheme.group_size,
+        scale.shape.to_vec().as_slice(),
+    ) {
+        ("group", Some(g), &[_, groups]) => groups * g,
+        _ => words * 32 / bits,
+    };
+    let grouping = match (scheme.strategy.as_str(), scheme.group_size) {
+        ("group", Some(g)) => format!("groups of {g}"),
+        ("channel", _) => "a scale per row".to_owned(),
+        (other, _) => format!("a scale per {other}"),
+    };
+    Some(QuantizedPart::Weight {
+        format: format!(
+            "int{bits} packed (compressed-tensors), {grouping}, {}",
+            if scheme.symmetric {
+                "symmetric"
+            } else {
+                "with zero points"
+            }
+        ),
+        scales,
+        dequantized_name: format!("{module}.weight"),
+        dequantized_shape: vec![rows, cols],
+    })
 }

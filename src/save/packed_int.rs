@@ -122,17 +122,21 @@ fn word_of(bytes: &[u8], i: usize) -> u32 {
         .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
-/// Reads `input`'s packed values, scales and zero points, and hands `sink` the
-/// dequantized weight converted to `to`, a band of rows at a time.
-pub fn stream(
-    input: &PackedInt<'_>,
-    to: DType,
-    cancel: &dyn Stop,
-    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
-) -> Result<(), CopyError> {
+/// Stored value `c` of a packed row (its little-endian bytes): a nibble or a byte read
+/// directly for 4 and 8 bits (each whole in one byte, the low nibble first), else by
+/// its bit position.
+fn stored_value(row: &[u8], c: usize, bits: u8) -> u32 {
+    match bits {
+        8 => u32::from(row[c]),
+        4 => u32::from(row[c / 2] >> ((c % 2) * 4)) & 0xF,
+        _ => value_at(|w| word_of(row, w), c as u64 * u64::from(bits), bits),
+    }
+}
+
+/// Checks the stored sizes against the layout before anything is read.
+fn check_sizes(input: &PackedInt<'_>) -> Result<(), CopyError> {
     let layout = input.layout;
     let name = input.name;
-    let ssize = layout.scale_dtype.size();
     if input.packed.1.len != layout.rows * layout.packed_cols() * 4 {
         return Err(invalid(format!(
             "`{name}` holds {} bytes, but [{}, {}] values of {} bits pack into {} I32 words a row",
@@ -143,7 +147,7 @@ pub fn stream(
             layout.packed_cols()
         )));
     }
-    if input.scales.1.len != layout.scale_count() * ssize {
+    if input.scales.1.len != layout.scale_count() * layout.scale_dtype.size() {
         return Err(invalid(format!(
             "the scales of `{name}` hold {} bytes, but {} {} scales are needed",
             input.scales.1.len,
@@ -161,156 +165,324 @@ pub fn stream(
             layout.groups()
         )));
     }
-    let cols = layout.cols as usize;
-    let band_rows = ((BAND_ELEMENTS / layout.cols.max(1)) / 32 * 32).max(32);
-    let packed_row = layout.packed_cols() as usize * 4;
-    let groups = layout.groups() as usize;
-    let mut packed = Vec::new();
-    let mut scale_bytes = Vec::new();
-    let mut scales: Vec<f32> = Vec::new();
-    let mut zero_words = Vec::new();
-    let mut stored = Vec::new();
-    let mut output = Vec::new();
-    let offset = layout.offset();
-    let mut r0 = 0;
-    while r0 < layout.rows {
+    Ok(())
+}
+
+/// Rows per band: a multiple of 32 (a band's zero points are whole words).
+fn band_rows(layout: PackedIntLayout) -> u64 {
+    ((BAND_ELEMENTS / layout.cols.max(1)) / 32 * 32).max(32)
+}
+
+/// One band's inputs, read, and the buffers its output is made in.
+#[derive(Default)]
+struct Band {
+    packed: Vec<u8>,
+    scale_bytes: Vec<u8>,
+    wide: Vec<u8>,
+    scales: Vec<f32>,
+    zero_words: Vec<u8>,
+    /// Products in f32 (exact), as bytes, and those rounded to the scale's dtype.
+    floats: Vec<u8>,
+    rounded: Vec<u8>,
+    output: Vec<u8>,
+}
+
+/// Reads `input`'s packed values, scales and zero points, and hands `sink` the
+/// dequantized weight converted to `to`, a band of rows at a time.
+pub fn stream(
+    input: &PackedInt<'_>,
+    to: DType,
+    cancel: &dyn Stop,
+    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), CopyError> {
+    check_sizes(input)?;
+    stream_rows(input, 0..input.layout.rows, to, cancel, sink)
+}
+
+/// [`stream`] with the bands split among `threads` threads, each writing its rows'
+/// output at their place in `dst` from `dst_offset` on (the work is arithmetic, not
+/// I/O). Returns the bytes written.
+pub fn write_in_parallel(
+    input: &PackedInt<'_>,
+    to: DType,
+    (dst, dst_offset): (&File, u64),
+    threads: u64,
+    cancel: &(dyn Stop + Sync),
+) -> Result<u64, CopyError> {
+    check_sizes(input)?;
+    let layout = input.layout;
+    let unit = 32;
+    let units = layout.rows.div_ceil(unit);
+    super::copy::write_parts_in_parallel(
+        units,
+        unit * layout.cols * to.size(),
+        threads,
+        (dst, dst_offset),
+        &|range, sink| {
+            let rows = range.start * unit..(range.end * unit).min(layout.rows);
+            stream_rows(input, rows, to, cancel, sink)
+        },
+    )?;
+    Ok(layout.elements() * to.size())
+}
+
+/// [`stream`] of rows `rows` only (`rows.start` a multiple of 32).
+fn stream_rows(
+    input: &PackedInt<'_>,
+    rows: std::ops::Range<u64>,
+    to: DType,
+    cancel: &dyn Stop,
+    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), CopyError> {
+    let step = band_rows(input.layout);
+    let mut band = Band::default();
+    let mut r0 = rows.start;
+    while r0 < rows.end {
         if cancel.stop() {
             return Err(CopyError::Cancelled);
         }
-        let r1 = (r0 + band_rows).min(layout.rows);
-        let band = (r1 - r0) as usize;
-        packed.resize(band * packed_row, 0);
-        read_exact_at(
-            input.packed.0,
-            &mut packed,
-            input.packed.1.offset + r0 * packed_row as u64,
-        )?;
-        // This band's scales (or the tensor's one), as f32.
-        let (first_scale, count) = if layout.group == 0 {
-            (0, 1)
-        } else {
-            (r0 * groups as u64, band * groups)
-        };
-        scale_bytes.resize(count * ssize as usize, 0);
-        read_exact_at(
-            input.scales.0,
-            &mut scale_bytes,
-            input.scales.1.offset + first_scale * ssize,
-        )?;
-        scales.resize(count, 0.0);
-        let mut wide = vec![0u8; count * 4];
-        super::cast::cast(layout.scale_dtype, DType::F32, &scale_bytes, &mut wide);
-        for (s, b) in scales.iter_mut().zip(wide.chunks_exact(4)) {
-            *s = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
-        if let Some(bad) = scales.iter().position(|s| !s.is_finite()) {
-            return Err(invalid(format!(
-                "the scales of `{name}` hold {} at element {}: the weight cannot be dequantized",
-                scales[bad],
-                first_scale + bad as u64
-            )));
-        }
-        // The zero-point words of rows r0..r1 (r0 is a multiple of 32: whole words).
-        let first_word_row = r0 * u64::from(layout.bits) / 32;
-        let word_rows = ((r1 * u64::from(layout.bits)).div_ceil(32) - first_word_row) as usize;
-        if let Some((file, z)) = input.zeros {
-            zero_words.resize(word_rows * groups * 4, 0);
-            read_exact_at(
-                file,
-                &mut zero_words,
-                z.offset + first_word_row * groups as u64 * 4,
-            )?;
-        }
-        // Each value in the scale's dtype (f32 here; rounded to it below).
-        stored.resize(band * cols, 0f32);
-        for i in 0..band {
-            let row = &packed[i * packed_row..(i + 1) * packed_row];
-            let out = &mut stored[i * cols..(i + 1) * cols];
-            for (c, slot) in out.iter_mut().enumerate() {
-                let q = value_at(
-                    |w| word_of(row, w),
-                    c as u64 * u64::from(layout.bits),
-                    layout.bits,
-                ) as i32
-                    - offset;
-                let g = if layout.group == 0 {
-                    0
-                } else {
-                    c / layout.group as usize
-                };
-                let s = if layout.group == 0 {
-                    scales[0]
-                } else {
-                    scales[i * groups + g]
-                };
-                let z = if input.zeros.is_some() {
-                    // Column g of the zero-point words, row r0 + i of its bit stream.
-                    let word = |w: usize| word_of(&zero_words, w * groups + g);
-                    value_at(word, i as u64 * u64::from(layout.bits), layout.bits) as i32 - offset
-                } else {
-                    0
-                };
-                // q − z is a small integer, exact in every float dtype; the product of
-                // two values of at most 11 significant bits each is exact in f32.
-                *slot = (q - z) as f32 * s;
-            }
-        }
-        // Rounded once to the scale's dtype (torch's multiply in that dtype), then
-        // converted to `to` as `.to(dtype)` does.
-        let in_scale_dtype: Vec<u8> = match layout.scale_dtype {
-            DType::BF16 => stored
-                .iter()
-                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-                .collect(),
-            DType::F16 => stored
-                .iter()
-                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-                .collect(),
-            _ => stored.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        };
-        let out: &mut [u8] = if layout.scale_dtype == to {
-            output = in_scale_dtype;
-            &mut output
-        } else {
-            output.resize(band * cols * to.size() as usize, 0);
-            super::cast::cast(layout.scale_dtype, to, &in_scale_dtype, &mut output);
-            &mut output
-        };
+        let r1 = (r0 + step).min(rows.end);
+        band.read(input, r0..r1)?;
+        band.dequantize(input.layout, r1 - r0, to);
         if let Some(merge) = input.merge {
-            merge.merge(r0 as usize, to, out)?;
+            merge.merge(r0 as usize, to, &mut band.output)?;
         }
-        sink(out).map_err(CopyError::Io)?;
+        sink(&band.output).map_err(CopyError::Io)?;
         r0 = r1;
     }
     Ok(())
+}
+
+impl Band {
+    /// Reads rows `rows` of the packed values, their scales (checked finite) and their
+    /// zero points' words.
+    fn read(&mut self, input: &PackedInt<'_>, rows: std::ops::Range<u64>) -> Result<(), CopyError> {
+        let layout = input.layout;
+        let packed_row = layout.packed_cols() * 4;
+        let n = rows.end - rows.start;
+        self.packed.resize((n * packed_row) as usize, 0);
+        read_exact_at(
+            input.packed.0,
+            &mut self.packed,
+            input.packed.1.offset + rows.start * packed_row,
+        )?;
+        let groups = layout.groups();
+        let (first_scale, count) = if layout.group == 0 {
+            (0, 1)
+        } else {
+            (rows.start * groups, n * groups)
+        };
+        let size = layout.scale_dtype.size();
+        self.scale_bytes.resize((count * size) as usize, 0);
+        read_exact_at(
+            input.scales.0,
+            &mut self.scale_bytes,
+            input.scales.1.offset + first_scale * size,
+        )?;
+        self.wide.resize(count as usize * 4, 0);
+        super::cast::cast(
+            layout.scale_dtype,
+            DType::F32,
+            &self.scale_bytes,
+            &mut self.wide,
+        );
+        self.scales.clear();
+        self.scales.extend(
+            self.wide
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+        if let Some(bad) = self.scales.iter().position(|s| !s.is_finite()) {
+            return Err(invalid(format!(
+                "the scales of `{}` hold {} at element {}: the weight cannot be dequantized",
+                input.name,
+                self.scales[bad],
+                first_scale + bad as u64
+            )));
+        }
+        if let Some((file, z)) = input.zeros {
+            // rows.start is a multiple of 32: the band's zero points are whole words.
+            let bits = u64::from(layout.bits);
+            let first = rows.start * bits / 32;
+            let words = (rows.end * bits).div_ceil(32) - first;
+            self.zero_words.resize((words * groups * 4) as usize, 0);
+            read_exact_at(file, &mut self.zero_words, z.offset + first * groups * 4)?;
+        }
+        Ok(())
+    }
+
+    /// The band's `n` rows dequantized into `output`, in `to`.
+    fn dequantize(&mut self, layout: PackedIntLayout, n: u64, to: DType) {
+        let (n, cols) = (n as usize, layout.cols as usize);
+        let group = if layout.group == 0 {
+            cols
+        } else {
+            layout.group as usize
+        };
+        // Where a group holds many more values than a value has patterns (4 bits in
+        // groups of 32 or more), each pattern's output is made once and looked up.
+        if (1usize << layout.bits) * 2 <= group {
+            self.dequantize_by_table(layout, n, to);
+        } else {
+            self.dequantize_each(layout, n, to);
+        }
+    }
+
+    /// The scale and zero point of row `i` (of the band), group `g`.
+    fn scale_and_zero(&self, layout: PackedIntLayout, i: usize, g: usize) -> (f32, i32) {
+        let groups = layout.groups() as usize;
+        let s = if layout.group == 0 {
+            self.scales[0]
+        } else {
+            self.scales[i * groups + g]
+        };
+        let z = if layout.zero_points {
+            let word = |w: usize| word_of(&self.zero_words, w * groups + g);
+            value_at(word, i as u64 * u64::from(layout.bits), layout.bits) as i32 - layout.offset()
+        } else {
+            0
+        };
+        (s, z)
+    }
+
+    /// Each value computed: `(q − z) · s` in f32 (exact: q − z is a small integer, and
+    /// the product of values of at most 11 significant bits each fits f32's 24), then
+    /// rounded once to the scale's dtype — as torch's multiply in that dtype rounds it —
+    /// and converted to `to` as `.to(dtype)` does.
+    fn dequantize_each(&mut self, layout: PackedIntLayout, n: usize, to: DType) {
+        let cols = layout.cols as usize;
+        let groups = layout.groups() as usize;
+        let group = if layout.group == 0 {
+            cols
+        } else {
+            layout.group as usize
+        };
+        let packed_row = layout.packed_cols() as usize * 4;
+        let mut floats = std::mem::take(&mut self.floats);
+        floats.resize(n * cols * 4, 0);
+        for i in 0..n {
+            let row = &self.packed[i * packed_row..(i + 1) * packed_row];
+            let out = &mut floats[i * cols * 4..(i + 1) * cols * 4];
+            for g in 0..groups {
+                let (s, z) = self.scale_and_zero(layout, i, g);
+                for c in g * group..((g + 1) * group).min(cols) {
+                    let q = stored_value(row, c, layout.bits) as i32 - layout.offset();
+                    out[c * 4..c * 4 + 4].copy_from_slice(&((q - z) as f32 * s).to_le_bytes());
+                }
+            }
+        }
+        self.floats = floats;
+        round_and_convert(
+            &self.floats,
+            layout.scale_dtype,
+            to,
+            &mut self.rounded,
+            &mut self.output,
+        );
+    }
+
+    /// [`Band::dequantize_each`]'s values, each stored pattern's computed once a group.
+    fn dequantize_by_table(&mut self, layout: PackedIntLayout, n: usize, to: DType) {
+        let cols = layout.cols as usize;
+        let groups = layout.groups() as usize;
+        let group = if layout.group == 0 {
+            cols
+        } else {
+            layout.group as usize
+        };
+        let packed_row = layout.packed_cols() as usize * 4;
+        let entries = 1usize << layout.bits;
+        let size = to.size() as usize;
+        let mut output = std::mem::take(&mut self.output);
+        output.resize(n * cols * size, 0);
+        let mut table = [0u8; 256 * 4];
+        for i in 0..n {
+            let row = &self.packed[i * packed_row..(i + 1) * packed_row];
+            let out = &mut output[i * cols * size..(i + 1) * cols * size];
+            for g in 0..groups {
+                let (s, z) = self.scale_and_zero(layout, i, g);
+                for v in 0..entries {
+                    let product = (v as i32 - layout.offset() - z) as f32 * s;
+                    let bits = output_bits(product, layout.scale_dtype, to);
+                    table[v * size..(v + 1) * size].copy_from_slice(&bits.to_le_bytes()[..size]);
+                }
+                let span = g * group..((g + 1) * group).min(cols);
+                match (layout.bits, size) {
+                    // Two values a byte, the low nibble first.
+                    (4, 2) if span.start % 2 == 0 && span.len() % 2 == 0 => {
+                        let bytes = &row[span.start / 2..span.end / 2];
+                        let dst = &mut out[span.start * 2..span.end * 2];
+                        for (b, o) in bytes.iter().zip(dst.chunks_exact_mut(4)) {
+                            let (lo, hi) = (usize::from(b & 0xF), usize::from(b >> 4));
+                            o[..2].copy_from_slice(&table[lo * 2..lo * 2 + 2]);
+                            o[2..].copy_from_slice(&table[hi * 2..hi * 2 + 2]);
+                        }
+                    }
+                    _ => {
+                        for c in span {
+                            let v = stored_value(row, c, layout.bits) as usize;
+                            out[c * size..(c + 1) * size]
+                                .copy_from_slice(&table[v * size..(v + 1) * size]);
+                        }
+                    }
+                }
+            }
+        }
+        self.output = output;
+    }
+}
+
+/// An exact f32 product rounded to the scale's dtype `sd`, then converted to `to`: the
+/// bits of the output element (low bytes, little-endian). The values are finite, where
+/// the `half` crate's round-to-nearest-even is torch's (`save::cast`).
+fn output_bits(product: f32, sd: DType, to: DType) -> u32 {
+    let rounded = match sd {
+        DType::BF16 => half::bf16::from_f32(product).to_f32(),
+        DType::F16 => half::f16::from_f32(product).to_f32(),
+        _ => product,
+    };
+    match to {
+        DType::BF16 => u32::from(half::bf16::from_f32(rounded).to_bits()),
+        DType::F16 => u32::from(half::f16::from_f32(rounded).to_bits()),
+        _ => rounded.to_bits(),
+    }
+}
+
+/// Exact f32 products rounded to the scale's dtype `sd`, then converted to `to`, into
+/// `output` (`rounded` holds the middle step).
+fn round_and_convert(
+    floats: &[u8],
+    sd: DType,
+    to: DType,
+    rounded: &mut Vec<u8>,
+    output: &mut Vec<u8>,
+) {
+    let elements = floats.len() / 4;
+    let mid: &[u8] = if sd == DType::F32 {
+        floats
+    } else {
+        rounded.resize(elements * sd.size() as usize, 0);
+        super::cast::cast(DType::F32, sd, floats, rounded);
+        rounded
+    };
+    output.resize(elements * to.size() as usize, 0);
+    if sd == to {
+        output.copy_from_slice(mid);
+    } else {
+        super::cast::cast(sd, to, mid, output);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// compressed-tensors' `pack_to_int32` of one row, written plainly: value `i` at bit
-    /// `i·bits`, stored plus `2^(bits−1)`.
-    fn pack(values: &[i32], bits: u8) -> Vec<u32> {
-        let mut words = vec![0u32; (values.len() * bits as usize).div_ceil(32)];
-        for (i, v) in values.iter().enumerate() {
-            let u = (v + (1 << (bits - 1))) as u64;
-            let at = i as u64 * u64::from(bits);
-            let (w, s) = ((at / 32) as usize, at % 32);
-            words[w] |= (u << s) as u32;
-            if s + u64::from(bits) > 32 {
-                words[w + 1] |= (u >> (32 - s)) as u32;
-            }
-        }
-        words
-    }
-
     #[test]
     fn values_straddling_words_unpack_for_every_width() {
         for bits in 1..=8u8 {
             let half = 1i32 << (bits - 1);
             let values: Vec<i32> = (0..70).map(|i| (i * 5 % (2 * half)) - half).collect();
-            let words = pack(&values, bits);
+            let words = crate::fixtures::pack_int32(&values, u32::from(bits));
             for (i, v) in values.iter().enumerate() {
                 let got = value_at(
                     |w| words.get(w).copied().unwrap_or(0),

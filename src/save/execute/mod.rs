@@ -235,8 +235,15 @@ pub fn run(
                 layout,
                 merge: merger.as_ref(),
             };
-            let mut feed = feed_of(sink);
-            super::packed_int::stream(&packed, to, stop, &mut feed)?;
+            match sink {
+                Sink::File { at, report } => {
+                    let threads = threads_for(range.len);
+                    report(super::packed_int::write_in_parallel(
+                        &packed, to, at, threads, stop,
+                    )?);
+                }
+                Sink::Stream(feed) => super::packed_int::stream(&packed, to, stop, feed)?,
+            }
             Ok(())
         }
     }

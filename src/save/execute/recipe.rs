@@ -230,10 +230,14 @@ impl Recipe {
     }
 
     /// Whether several threads may write parts of one shard whose tensors all have
-    /// this recipe: I/O-bound recipes only (a merge or an MXFP4 weight already
-    /// computes on every core; FP8 dequantizes a tensor on one core).
+    /// this recipe: I/O-bound recipes only (a merge, an MXFP4 or a packed integer
+    /// weight already computes on every core; FP8 dequantizes a tensor on one core).
     pub fn shares_a_shard(&self) -> bool {
-        !self.merge && !matches!(self.quant(), Some(Quant::Mxfp4 { .. }))
+        !self.merge
+            && !matches!(
+                self.quant(),
+                Some(Quant::Mxfp4 { .. } | Quant::PackedInt { .. })
+            )
     }
 
     /// What the output is, as `verify --against` says its bytes differ from it.
