@@ -39,6 +39,11 @@ enum Quantized {
         groups: u64,
         symmetric: bool,
     },
+    /// compressed-tensors NVFP4 `[rows, groups·16]`.
+    Nvfp4 {
+        rows: u64,
+        groups: u64,
+    },
     /// MXFP4 experts `[experts, rows, groups, 16]`.
     Mxfp4 {
         experts: u64,
@@ -62,6 +67,7 @@ fn quantized() -> impl Strategy<Value = Quantized> {
                 symmetric,
             }
         }),
+        (1u64..40, 1u64..4).prop_map(|(rows, groups)| Quantized::Nvfp4 { rows, groups }),
         (1u64..3, 1u64..5, 1u64..3).prop_map(|(experts, rows, groups)| Quantized::Mxfp4 {
             experts,
             rows,
@@ -192,6 +198,31 @@ proptest! {
                 config["quantization_config"] = serde_json::json!({
                     "quant_method": "compressed-tensors", "format": "pack-quantized",
                     "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": symmetric}}},
+                });
+            }
+            Quantized::Nvfp4 { rows, groups } => {
+                let cols = groups * 16;
+                tensors.push(FixtureTensor {
+                    name: "model.q.weight_packed".into(),
+                    dtype: DType::U8,
+                    shape: vec![rows, cols / 2],
+                    data: (0..rows * cols / 2).map(|i| (i * 73 % 256) as u8).collect(),
+                });
+                tensors.push(FixtureTensor {
+                    name: "model.q.weight_scale".into(),
+                    dtype: DType::F8E4M3,
+                    shape: vec![rows, groups],
+                    // Finite e4m3 patterns (0x7f and 0xff are NaN).
+                    data: (0..rows * groups).map(|i| (i * 37 % 120) as u8).collect(),
+                });
+                tensors.push(FixtureTensor {
+                    name: "model.q.weight_global_scale".into(),
+                    dtype: DType::F32,
+                    shape: vec![1],
+                    data: 448.5f32.to_le_bytes().to_vec(),
+                });
+                config["quantization_config"] = serde_json::json!({
+                    "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
                 });
             }
             Quantized::Mxfp4 { experts, rows, groups } => {

@@ -657,12 +657,20 @@ impl Checkpoint {
             "compressed-tensors" if q.format.as_deref() == Some("float-quantized") => {
                 "compressed-tensors float-quantized".to_owned()
             }
-            "compressed-tensors" if q.format.as_deref() == Some("pack-quantized") => {
-                "compressed-tensors pack-quantized".to_owned()
+            "compressed-tensors"
+                if matches!(
+                    q.format.as_deref(),
+                    Some("pack-quantized" | "nvfp4-pack-quantized" | "mxfp8-quantized")
+                ) =>
+            {
+                format!(
+                    "compressed-tensors {}",
+                    q.format.as_deref().unwrap_or_default()
+                )
             }
             other => {
                 return Some(format!(
-                    "{other}{} (devmap copies it as stored; it dequantizes fine-grained FP8, MXFP4, and compressed-tensors float-quantized and pack-quantized)",
+                    "{other}{} (devmap copies it as stored; it dequantizes fine-grained FP8, MXFP4, and compressed-tensors float-quantized, mxfp8-quantized, pack-quantized and nvfp4-pack-quantized)",
                     q.format
                         .as_deref()
                         .map_or_else(String::new, |f| format!(" `{f}`"))

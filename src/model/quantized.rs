@@ -89,7 +89,15 @@ pub fn quantized_part(ckpt: &Checkpoint, id: TensorId) -> Option<QuantizedPart> 
                 dequantized_shape: tensor.shape.to_vec(),
             })
         }
-        "compressed-tensors" if q.format.as_deref() == Some("float-quantized") => {
+        "compressed-tensors" if q.format.as_deref() == Some("nvfp4-pack-quantized") => {
+            nvfp4_part(ckpt, name, tensor)
+        }
+        "compressed-tensors"
+            if matches!(
+                q.format.as_deref(),
+                Some("float-quantized" | "mxfp8-quantized")
+            ) =>
+        {
             for companion in [".weight_scale", ".input_scale"] {
                 if let Some(module) = name.strip_suffix(companion) {
                     let weight = format!("{module}.weight");
@@ -106,10 +114,14 @@ pub fn quantized_part(ckpt: &Checkpoint, id: TensorId) -> Option<QuantizedPart> 
             let module = name.strip_suffix(".weight")?;
             let scales = format!("{module}.weight_scale");
             let scale = ckpt.tensor(&scales)?;
-            let per = if scale.shape.iter().product::<u64>() == 1 {
-                "tensor"
-            } else {
-                "row"
+            let per = match scale.shape.to_vec().as_slice() {
+                [] | [1] | [1, 1] => "tensor".to_owned(),
+                [_, 1] => "row".to_owned(),
+                [_, groups] => format!(
+                    "{} values of a row",
+                    tensor.shape.iter().last().unwrap_or(0) / groups.max(&1)
+                ),
+                _ => "block".to_owned(),
             };
             Some(QuantizedPart::Weight {
                 format: format!(
@@ -211,5 +223,38 @@ fn packed_int_part(
         scales,
         dequantized_name: format!("{module}.weight"),
         dequantized_shape: vec![rows, cols],
+    })
+}
+
+/// An `nvfp4-pack-quantized` tensor's part: `M.weight_packed` (U8 `[rows, cols/2]`) is a
+/// weight of `[rows, cols]`; its scale and global scale are part of it.
+fn nvfp4_part(
+    ckpt: &Checkpoint,
+    name: &str,
+    tensor: &crate::model::checkpoint::Tensor,
+) -> Option<QuantizedPart> {
+    for companion in [
+        ".weight_scale",
+        ".weight_global_scale",
+        ".input_global_scale",
+    ] {
+        if let Some(module) = name.strip_suffix(companion) {
+            let weight = format!("{module}.weight_packed");
+            return ckpt
+                .index_of(&weight)
+                .map(|_| QuantizedPart::Scales { of: weight });
+        }
+    }
+    let module = name.strip_suffix(".weight_packed")?;
+    let &[rows, half] = tensor.shape.to_vec().as_slice() else {
+        return None;
+    };
+    let scales = format!("{module}.weight_scale");
+    ckpt.index_of(&scales)?;
+    Some(QuantizedPart::Weight {
+        format: "nvfp4 (fp4 e2m1, an fp8 e4m3 scale per 16 values and a global scale)".to_owned(),
+        scales,
+        dequantized_name: format!("{module}.weight"),
+        dequantized_shape: vec![rows, half * 2],
     })
 }

@@ -47,7 +47,8 @@ pub struct Fp8Blocks {
     pub block_rows: u64,
     pub block_cols: u64,
     /// The scales' dtype: float32 for fine-grained FP8; compressed-tensors stores them
-    /// in bfloat16 (or float16, float32), and multiplies in that dtype.
+    /// in bfloat16 (or float16, float32), and multiplies in that dtype; `F8E8M0` for
+    /// MXFP8's power-of-two exponents (stored as U8), multiplied in bfloat16.
     pub scale_dtype: DType,
 }
 
@@ -66,6 +67,11 @@ impl Fp8Blocks {
         let matrices = elements / (self.rows * self.cols).max(1);
         matrices * sr * sc
     }
+}
+
+/// float32 value of each F8_E4M3 byte (NaN for its two NaNs).
+pub fn e4m3_values() -> &'static [f32; 256] {
+    table(DType::F8E4M3)
 }
 
 /// float32 value of each FP8 byte.
@@ -140,6 +146,16 @@ impl Fp8Rows {
             for (s, b) in scales.iter_mut().zip(raw.chunks_exact(4)) {
                 *s = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
+        } else if blocks.scale_dtype == DType::F8E8M0 {
+            // MX scales: a biased power of two, 2^(e − 127), exact in bfloat16 (the
+            // dtype compressed-tensors decompresses them to) and in f32; 0xFF is NaN.
+            for (s, &e) in scales.iter_mut().zip(&raw) {
+                *s = match e {
+                    0 => f32::from_bits(0x0040_0000),
+                    255 => f32::NAN,
+                    e => f32::from_bits(u32::from(e) << 23),
+                };
+            }
         } else {
             let mut wide = vec![0u8; scales.len() * 4];
             super::cast::cast(blocks.scale_dtype, DType::F32, &raw, &mut wide);
@@ -192,7 +208,9 @@ impl Fp8Rows {
         // compressed-tensors multiplies in the scales' dtype: the product is rounded
         // to it before any cast to the output's.
         match self.blocks.scale_dtype {
-            DType::BF16 => {
+            // MX scales are multiplied in bfloat16, as compressed-tensors decompresses
+            // them.
+            DType::BF16 | DType::F8E8M0 => {
                 for v in out.iter_mut() {
                     *v = round_bf16(*v);
                 }

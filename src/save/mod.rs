@@ -13,6 +13,7 @@ mod job;
 pub mod lora_kernel;
 pub mod mxfp4;
 pub mod names;
+pub mod nvfp4;
 pub mod packed_int;
 pub mod parts;
 pub mod preflight;

@@ -1,4 +1,4 @@
-//! Fine-grained FP8 dequantization against torch and transformers (see
+//! Dequantization against torch, transformers and compressed-tensors: fine-grained FP8 (see
 //! tests/python/fp8_dequant.py): bit-exact with DeepSeek's formula for every output
 //! dtype, with transformers' `Fp8Dequantize` where blocks divide the weights,
 //! `from_pretrained(OUT)` loads with no missing or unexpected key and the reference
@@ -90,6 +90,28 @@ fn compressed_tensors_packed_integers_dequantize_bit_exact_with_transformers() {
     );
     assert!(
         out.contains("ok: LoRA merged into 6 dequantized INT4 weights"),
+        "{out}"
+    );
+}
+
+/// compressed-tensors NVFP4 and MXFP8 (tests/python/nvfp4_mxfp8.py), made with
+/// compressed-tensors' own presets and compressors: each to bfloat16, float16 and
+/// float32 bit-identical with transformers' dequantized save, logits equal, verify clean;
+/// a LoRA adapter made by peft on the dequantized NVFP4 model merges bit-identically.
+#[test]
+#[ignore = "needs torch, transformers, compressed-tensors: run .ci/run"]
+fn compressed_tensors_nvfp4_and_mxfp8_dequantize_bit_exact_with_transformers() {
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("nvfp4_mxfp8.py");
+    assert!(ok, "NVFP4/MXFP8 check failed:\n{out}\n{err}");
+    assert_eq!(
+        out.matches("ok: nvfp4-pack-quantized to ").count(),
+        3,
+        "{out}"
+    );
+    assert_eq!(out.matches("ok: mxfp8-quantized to ").count(), 3, "{out}");
+    assert!(
+        out.contains("ok: LoRA merged into 6 dequantized NVFP4 weights"),
         "{out}"
     );
 }

@@ -150,37 +150,38 @@ fn mergeable(quantized: Option<&str>, name: &str, dtype: DType) -> Result<(), St
         && matches!(dtype, DType::F8E4M3 | DType::F8E5M2);
     let mxfp4 = quantized == Some("mxfp4") && dtype == DType::U8 && name.ends_with("_blocks");
     let packed = quantized == Some("compressed-tensors")
-        && dtype == DType::I32
+        && matches!(dtype, DType::I32 | DType::U8)
         && name.ends_with(".weight_packed");
     if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || fp8 || mxfp4 || packed {
         Ok(())
     } else {
         Err(format!(
-            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8, MXFP4 experts and packed integer weights dequantized"
+            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8, MXFP4 experts, packed integer and NVFP4 weights dequantized"
         ))
     }
 }
 
-/// A compressed-tensors packed integer weight `{module}.weight_packed` whose rows of
-/// I32 words hold `cols` values of the config's bits: its id and the shape it
-/// dequantizes to.
+/// A compressed-tensors packed weight `{module}.weight_packed` whose rows hold `cols`
+/// values (I32 words of the config's integer bits, or bytes of two FP4 values): its id
+/// and the shape it dequantizes to.
 fn packed_int_weight(
     ckpt: &Checkpoint,
     module: &str,
     cols: u64,
 ) -> Option<(crate::model::TensorId, Vec<u64>)> {
     let q = ckpt.config.quantization.as_ref()?;
-    let [scheme] = q.int_weights.as_slice() else {
-        return None;
-    };
     let id = model_tensor(ckpt, &format!("{module}.weight_packed"))?;
     let dims: Vec<u64> = ckpt.tensors()[id].shape.to_vec();
-    match dims.as_slice() {
-        &[rows, words] if words == (cols * scheme.num_bits).div_ceil(32) => {
-            Some((id, vec![rows, cols]))
-        }
-        _ => None,
-    }
+    let &[rows, stored] = dims.as_slice() else {
+        return None;
+    };
+    let fits = match (q.format.as_deref(), q.int_weights.as_slice()) {
+        // Two FP4 values a byte.
+        (Some("nvfp4-pack-quantized"), _) => stored * 2 == cols,
+        (_, [scheme]) => stored == (cols * scheme.num_bits).div_ceil(32),
+        _ => false,
+    };
+    fits.then(|| (id, vec![rows, cols]))
 }
 
 /// The checkpoint's `quant_method`, when it is quantized.

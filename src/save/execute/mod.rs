@@ -246,6 +246,49 @@ pub fn run(
             }
             Ok(())
         }
+        (
+            Make::Dequantize {
+                quant:
+                    Quant::Nvfp4 {
+                        scales,
+                        global,
+                        layout,
+                    },
+                to,
+            },
+            merge,
+        ) => {
+            let scales_file = open(ckpt, scales.file)?;
+            let global_file = open(ckpt, global.file)?;
+            let merger = merge
+                .then(|| {
+                    super::lora_kernel::RowMerger::load(
+                        ckpt,
+                        inputs.tensor,
+                        (layout.rows, layout.cols),
+                        &open_io(ckpt),
+                    )
+                })
+                .transpose()?;
+            let packed = super::nvfp4::Nvfp4 {
+                name: &ckpt.tensors()[inputs.tensor].name,
+                packed: (src, range),
+                scales: (&scales_file, scales),
+                global: (&global_file, global),
+                layout,
+                merge: merger.as_ref(),
+            };
+            match sink {
+                Sink::File { at, report } => {
+                    let threads = threads_for(range.len);
+                    report(super::nvfp4::write_in_parallel(
+                        &packed, to, at, threads, stop,
+                    )?);
+                }
+                Sink::Stream(feed) => super::nvfp4::stream(&packed, to, stop, feed)?,
+            }
+            Ok(())
+        }
     }
 }
 

@@ -18,6 +18,7 @@
 use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::save::fp8::Fp8Blocks;
 use crate::save::mxfp4::Mxfp4Layout;
+use crate::save::nvfp4::Nvfp4Layout;
 use crate::save::packed_int::PackedIntLayout;
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
@@ -81,6 +82,14 @@ pub enum Quant {
         zeros: Option<ByteRange>,
         layout: PackedIntLayout,
     },
+    /// compressed-tensors NVFP4 (`M.weight_packed` read; its F8_E4M3 `weight_scale`
+    /// per 16 values and its F32 `weight_global_scale` here; see `save::nvfp4`), written
+    /// as `M.weight` of [`Nvfp4Layout::shape`].
+    Nvfp4 {
+        scales: ByteRange,
+        global: ByteRange,
+        layout: Nvfp4Layout,
+    },
 }
 
 impl Recipe {
@@ -126,7 +135,7 @@ impl Recipe {
                 ..
             } => from,
             Make::Dequantize {
-                quant: Quant::Mxfp4 { .. },
+                quant: Quant::Mxfp4 { .. } | Quant::Nvfp4 { .. },
                 ..
             } => DType::U8,
             Make::Dequantize {
@@ -195,7 +204,7 @@ impl Recipe {
     pub fn fp8_scales_len(&self) -> Option<u64> {
         match self.quant()? {
             Quant::Fp8 { scale, .. } => Some(scale.len),
-            Quant::Mxfp4 { .. } | Quant::PackedInt { .. } => None,
+            Quant::Mxfp4 { .. } | Quant::PackedInt { .. } | Quant::Nvfp4 { .. } => None,
         }
     }
 
@@ -205,7 +214,7 @@ impl Recipe {
     pub fn renamed_from_suffix(&self) -> Option<&'static str> {
         match self.quant()? {
             Quant::Mxfp4 { .. } => Some("_blocks"),
-            Quant::PackedInt { .. } => Some("_packed"),
+            Quant::PackedInt { .. } | Quant::Nvfp4 { .. } => Some("_packed"),
             Quant::Fp8 { .. } => None,
         }
     }
@@ -216,6 +225,7 @@ impl Recipe {
         match self.quant()? {
             Quant::Mxfp4 { layout, .. } => Some(layout.shape().to_vec()),
             Quant::PackedInt { layout, .. } => Some(layout.shape().to_vec()),
+            Quant::Nvfp4 { layout, .. } => Some(layout.shape().to_vec()),
             Quant::Fp8 { .. } => None,
         }
     }
@@ -236,7 +246,7 @@ impl Recipe {
         !self.merge
             && !matches!(
                 self.quant(),
-                Some(Quant::Mxfp4 { .. } | Quant::PackedInt { .. })
+                Some(Quant::Mxfp4 { .. } | Quant::PackedInt { .. } | Quant::Nvfp4 { .. })
             )
     }
 
@@ -264,6 +274,12 @@ impl Recipe {
                 "{read} packed {}-bit integers less their zero points, times their scales, in {to}",
                 layout.bits
             ),
+            Make::Dequantize {
+                quant: Quant::Nvfp4 { .. },
+                to,
+            } => {
+                format!("{read} FP4 values times their block scales over the global scale, in {to}")
+            }
         };
         if self.merge {
             format!("{made}, with the LoRA merges applied")

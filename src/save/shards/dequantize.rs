@@ -1,6 +1,6 @@
 //! Which tensors a save dequantizes, and through which recipe: fine-grained FP8
 //! (block scales), compressed-tensors FP8 (per-tensor or per-channel scales), MXFP4
-//! experts and compressed-tensors packed integers (`dequantize_int`), written as the
+//! experts and compressed-tensors packed integers (`dequantize_packed`), written as the
 //! float dtype `--dtype` names, their scales left out.
 
 use super::DtypeChoice;
@@ -19,7 +19,9 @@ pub(super) enum Dequantize {
     /// compressed-tensors `float-quantized` FP8, to this dtype.
     CompressedFp8(DType),
     /// compressed-tensors `pack-quantized` integers of this scheme, to this dtype.
-    PackedInt(super::dequantize_int::IntScheme, DType),
+    PackedInt(super::dequantize_packed::IntScheme, DType),
+    /// compressed-tensors `nvfp4-pack-quantized`, to this dtype.
+    Nvfp4(DType),
 }
 
 /// What a dequantizing save does with one tensor.
@@ -63,15 +65,24 @@ impl Dequantize {
             }
             (Some(q), DtypeChoice::To(to))
                 if q.method == "compressed-tensors"
-                    && q.format.as_deref() == Some("float-quantized") =>
+                    && matches!(
+                        q.format.as_deref(),
+                        Some("float-quantized" | "mxfp8-quantized")
+                    ) =>
             {
                 Ok(Some(Dequantize::CompressedFp8(to)))
             }
             (Some(q), DtypeChoice::To(to))
                 if q.method == "compressed-tensors"
+                    && q.format.as_deref() == Some("nvfp4-pack-quantized") =>
+            {
+                Ok(Some(Dequantize::Nvfp4(to)))
+            }
+            (Some(q), DtypeChoice::To(to))
+                if q.method == "compressed-tensors"
                     && q.format.as_deref() == Some("pack-quantized") =>
             {
-                match super::dequantize_int::IntScheme::of(&q.int_weights) {
+                match super::dequantize_packed::IntScheme::of(&q.int_weights) {
                     Ok(scheme) => Ok(Some(Dequantize::PackedInt(scheme, to))),
                     Err(why) => Err(Refused::Alone(Unsaveable::Quantization(format!(
                         "config.json's quantization_config is {why}; --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy it as it is",
@@ -82,7 +93,7 @@ impl Dequantize {
             }
             (Some(q), DtypeChoice::To(to)) if q.method == "compressed-tensors" => {
                 Err(Refused::WithOthers(Unsaveable::Quantization(format!(
-                    "config.json's quantization_config is compressed-tensors in the `{}` format, which devmap does not dequantize (it dequantizes `float-quantized`: FP8 weights with per-tensor or per-channel scales, and `pack-quantized`: integers of 1 to 8 bits); --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy it as it is",
+                    "config.json's quantization_config is compressed-tensors in the `{}` format, which devmap does not dequantize (it dequantizes `float-quantized` and `mxfp8-quantized`: FP8 weights with per-tensor, per-row or per-group scales; `pack-quantized`: integers of 1 to 8 bits; and `nvfp4-pack-quantized`); --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy it as it is",
                     q.format.as_deref().unwrap_or("(unnamed)"),
                     to.torch_name(),
                     to.torch_name()
@@ -108,8 +119,9 @@ impl Dequantize {
             Dequantize::Mxfp4(to) => dequantized_mxfp4(ckpt, id, to),
             Dequantize::CompressedFp8(to) => dequantized_compressed(ckpt, id, to),
             Dequantize::PackedInt(scheme, to) => {
-                super::dequantize_int::dequantized(ckpt, id, scheme, to)
+                super::dequantize_packed::dequantized(ckpt, id, scheme, to)
             }
+            Dequantize::Nvfp4(to) => super::dequantize_packed::dequantized_nvfp4(ckpt, id, to),
         }
     }
 }
@@ -256,13 +268,18 @@ fn dequantized_compressed(
     let block = match scales.as_slice() {
         [] | [1] | [1, 1] => (rows, cols),
         [r, 1] if *r == rows => (1, cols),
+        // Groups along the row (MXFP8's 32, or the `group` strategy's size), which
+        // compressed-tensors requires to divide the row.
+        [r, g] if *r == rows && *g > 0 && cols % g == 0 => (1, cols / g),
         other => {
             return Err(format!(
-                "has a `{scale_name}` of shape {other:?}: devmap dequantizes one scale per tensor or per row ([1] or [{rows}, 1]), not groups or blocks"
+                "has a `{scale_name}` of shape {other:?}: devmap dequantizes one scale per tensor, per row or per group of a row ([1], [{rows}, 1] or [{rows}, groups dividing {cols}]), not blocks"
             ));
         }
     };
-    if !matches!(scale.dtype, DType::F32 | DType::BF16 | DType::F16) {
+    // MXFP8 (`mxfp8-quantized`) stores power-of-two exponents as U8 (E8M0).
+    let mx = matches!(scale.dtype, DType::U8 | DType::F8E8M0);
+    if !(mx || matches!(scale.dtype, DType::F32 | DType::BF16 | DType::F16)) {
         return Err(format!(
             "has a `{scale_name}` of {}, not a float",
             scale.dtype
@@ -273,7 +290,7 @@ fn dequantized_compressed(
         cols,
         block_rows: block.0,
         block_cols: block.1,
-        scale_dtype: scale.dtype,
+        scale_dtype: if mx { DType::F8E8M0 } else { scale.dtype },
     };
     fp8_recipe(ckpt, (id, scale_id), to, blocks)
 }

@@ -15,7 +15,7 @@ use crate::model::checkpoint::{ByteRange, Checkpoint, TensorId};
 use crate::types::dtype::DType;
 
 mod dequantize;
-mod dequantize_int;
+mod dequantize_packed;
 
 use dequantize::{Dequantize, Dequantized, Refused};
 
@@ -370,6 +370,7 @@ impl SavePlan {
         match self.planned().find_map(quant) {
             Some(Quant::Mxfp4 { .. }) => "MXFP4",
             Some(Quant::PackedInt { .. }) => "packed integer",
+            Some(Quant::Nvfp4 { .. }) => "NVFP4",
             _ => "FP8",
         }
     }
@@ -479,6 +480,11 @@ impl SavePlan {
             need.bytes += writers * super::packed_int::BAND_BYTES;
             need.parts
                 .push("a band of packed rows, their scales and output per dequantizing writer");
+        }
+        if recipes().any(|(_, r)| matches!(r.quant(), Some(Quant::Nvfp4 { .. }))) {
+            need.bytes += writers * super::nvfp4::BAND_BYTES;
+            need.parts
+                .push("a band of NVFP4 rows, their scales and output per dequantizing writer");
         }
         let largest_pair = recipes()
             .filter(|(_, r)| r.merge)

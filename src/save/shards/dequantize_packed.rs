@@ -1,11 +1,13 @@
-//! Which tensors of a compressed-tensors `pack-quantized` checkpoint a save dequantizes,
-//! and what it refuses by name: `M.weight_packed` becomes `M.weight` through
-//! `save::packed_int`, its scale, zero points and shape are left out.
+//! Which tensors of a compressed-tensors `pack-quantized` (integers) or
+//! `nvfp4-pack-quantized` checkpoint a save dequantizes, and what it refuses by name:
+//! `M.weight_packed` becomes `M.weight` through `save::packed_int` or `save::nvfp4`, its
+//! scale, zero points, global scale and shape are left out.
 
 use super::dequantize::Dequantized;
 use crate::formats::config::IntWeights;
 use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::save::execute::{Make, Quant, Read, Recipe};
+use crate::save::nvfp4::Nvfp4Layout;
 use crate::save::packed_int::PackedIntLayout;
 use crate::types::dtype::DType;
 
@@ -262,4 +264,89 @@ fn read_ints(ckpt: &Checkpoint, id: TensorId) -> Result<Vec<i64>, String> {
             .map(|b| i64::from(i32::from_le_bytes(b.try_into().unwrap_or([0; 4]))))
             .collect(),
     })
+}
+
+/// How an `nvfp4-pack-quantized` save treats tensor `id`: `M.weight_packed` (U8
+/// `[rows, cols/2]`) with its F8_E4M3 `M.weight_scale` (`[rows, cols/16]`) and F32
+/// `M.weight_global_scale` is written dequantized as `M.weight`.
+pub(super) fn dequantized_nvfp4(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    to: DType,
+) -> Result<Dequantized, String> {
+    let tensor = &ckpt.tensors()[id];
+    let name: &str = &tensor.name;
+    if let Some(companion) = COMPANIONS.iter().find(|c| name.ends_with(*c)) {
+        let module = &name[..name.len() - companion.len()];
+        if ckpt.index_of(&format!("{module}.weight_packed")).is_none() {
+            return Ok(Dequantized::NotFp8);
+        }
+        if *companion == ".weight_zero_point" {
+            return Err(format!(
+                "is a zero point: `{module}.weight_packed` is NVFP4 quantized asymmetrically, which devmap does not dequantize"
+            ));
+        }
+        return Ok(Dequantized::Dropped);
+    }
+    let Some(module) = name.strip_suffix(".weight_packed") else {
+        return Ok(Dequantized::NotFp8);
+    };
+    let dims: Vec<u64> = tensor.shape.to_vec();
+    let (DType::U8, &[rows, half]) = (tensor.dtype, dims.as_slice()) else {
+        return Err(format!(
+            "is {} {dims:?}; NVFP4 weights are U8 matrices [rows, cols/2]",
+            tensor.dtype
+        ));
+    };
+    let cols = half * 2;
+    let group = crate::save::nvfp4::GROUP;
+    if cols % group != 0 {
+        return Err(format!(
+            "packs {cols} FP4 values a row, which groups of {group} do not divide"
+        ));
+    }
+    let scale_name = format!("{module}.weight_scale");
+    let global_name = format!("{module}.weight_global_scale");
+    let (Some(scale_id), Some(global_id)) =
+        (ckpt.index_of(&scale_name), ckpt.index_of(&global_name))
+    else {
+        return Err(format!(
+            "is NVFP4, but `{scale_name}` or `{global_name}` is missing beside it"
+        ));
+    };
+    let (scale, global) = (&ckpt.tensors()[scale_id], &ckpt.tensors()[global_id]);
+    let want = [rows, cols / group];
+    if scale.dtype != DType::F8E4M3 || !scale.shape.iter().eq(want) {
+        return Err(format!(
+            "has a `{scale_name}` of {} {:?}, but its FP4 values need F8_E4M3 {want:?}",
+            scale.dtype,
+            scale.shape.to_vec()
+        ));
+    }
+    if global.dtype != DType::F32 || global.numel() != 1 {
+        return Err(format!(
+            "has a `{global_name}` of {} {:?}, not one float32",
+            global.dtype,
+            global.shape.to_vec()
+        ));
+    }
+    let (Some(packed), Some(scales), Some(global)) = (
+        ckpt.data_range(id),
+        ckpt.data_range(scale_id),
+        ckpt.data_range(global_id),
+    ) else {
+        return Err("or its scales have no data to read".to_owned());
+    };
+    Ok(Dequantized::Written(Recipe {
+        read: Read::Range(packed),
+        make: Make::Dequantize {
+            quant: Quant::Nvfp4 {
+                scales,
+                global,
+                layout: Nvfp4Layout { rows, cols },
+            },
+            to,
+        },
+        merge: !ckpt.merges_of(id).is_empty(),
+    }))
 }
