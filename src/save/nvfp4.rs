@@ -30,8 +30,18 @@ const BAND_ELEMENTS: u64 = 1 << 20;
 /// output (up to float32).
 pub const BAND_BYTES: u64 = BAND_ELEMENTS / 2 + BAND_ELEMENTS / GROUP + BAND_ELEMENTS * 4;
 
-/// The magnitudes of FP4 E2M1's eight codes.
-const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+/// FP4 E2M1's sixteen codes: bit 8 the sign, then the magnitudes 0, ½, 1, 1½, 2, 3,
+/// 4, 6 (code 8 is −0, as compressed-tensors' `magnitude · −1` makes it).
+const SIGNED_E2M1: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// A finite (or infinite) f32 rounded to bfloat16 as torch rounds it: to nearest, ties
+/// to even. The products here are never NaN: their scales were checked.
+fn bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16
+}
 
 /// An NVFP4 weight's dequantized shape, `[rows, cols]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +159,6 @@ fn stream_rows(
     let step = (BAND_ELEMENTS / layout.cols.max(1)).max(1);
     let fp8 = super::fp8::e4m3_values();
     let (mut packed, mut scales, mut output) = (Vec::new(), Vec::new(), Vec::new());
-    let mut table = [0u8; 16 * 4];
     let mut r0 = rows.start;
     while r0 < rows.end {
         if cancel.stop() {
@@ -184,24 +193,34 @@ fn stream_rows(
                     )));
                 }
                 let scale = s / global;
-                // Each of the 16 codes' output, made once a group.
-                for (v, slot) in table.chunks_exact_mut(4).enumerate() {
-                    let magnitude = E2M1[v & 7];
-                    let value = if v & 8 != 0 { -magnitude } else { magnitude };
-                    let product = half::bf16::from_f32(value * scale).to_f32();
-                    let bits = match to {
-                        DType::BF16 => u32::from(half::bf16::from_f32(product).to_bits()),
-                        DType::F16 => u32::from(half::f16::from_f32(product).to_bits()),
-                        _ => product.to_bits(),
-                    };
-                    slot.copy_from_slice(&bits.to_le_bytes());
-                }
                 let bytes = &row[g * 8..(g + 1) * 8];
                 let dst = &mut out[g * 16 * size..(g + 1) * 16 * size];
-                for (b, pair) in bytes.iter().zip(dst.chunks_exact_mut(2 * size)) {
-                    let (lo, hi) = (usize::from(b & 0xF), usize::from(b >> 4));
-                    pair[..size].copy_from_slice(&table[lo * 4..lo * 4 + size]);
-                    pair[size..].copy_from_slice(&table[hi * 4..hi * 4 + size]);
+                // Each value's product in f32, rounded to bfloat16, then converted.
+                let rounded = |code: u8| bf16_bits(SIGNED_E2M1[usize::from(code)] * scale);
+                match to {
+                    DType::BF16 => {
+                        for (b, pair) in bytes.iter().zip(dst.chunks_exact_mut(4)) {
+                            pair[..2].copy_from_slice(&rounded(b & 0xF).to_le_bytes());
+                            pair[2..].copy_from_slice(&rounded(b >> 4).to_le_bytes());
+                        }
+                    }
+                    DType::F16 => {
+                        let half = |code: u8| {
+                            half::f16::from_f32(f32::from_bits(u32::from(rounded(code)) << 16))
+                                .to_bits()
+                        };
+                        for (b, pair) in bytes.iter().zip(dst.chunks_exact_mut(4)) {
+                            pair[..2].copy_from_slice(&half(b & 0xF).to_le_bytes());
+                            pair[2..].copy_from_slice(&half(b >> 4).to_le_bytes());
+                        }
+                    }
+                    _ => {
+                        for (b, pair) in bytes.iter().zip(dst.chunks_exact_mut(8)) {
+                            let (lo, hi) = (rounded(b & 0xF), rounded(b >> 4));
+                            pair[..4].copy_from_slice(&(u32::from(lo) << 16).to_le_bytes());
+                            pair[4..].copy_from_slice(&(u32::from(hi) << 16).to_le_bytes());
+                        }
+                    }
                 }
             }
         }
