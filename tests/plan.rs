@@ -1078,3 +1078,64 @@ fn plan_json_carries_the_map_the_devices_and_what_is_not_counted() {
         serde_json::json!(["kv_cache", "activations"])
     );
 }
+
+/// `--context` adds each device's KV cache to its weights and holds the sum against its
+/// budget: a budget the weights fit but weights + KV do not is reported OVER, in the
+/// text and in `--json`.
+#[test]
+fn the_kv_cache_counts_against_each_budget() {
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let o = common::devmap(&[
+        "plan",
+        common::arg(&demo),
+        "--max-memory",
+        "0=4MiB,cpu=1GiB",
+        "--context",
+        "4096",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let report: serde_json::Value = serde_json::from_str(&common::stdout(&o)).expect("json");
+    let kv = &report["kv_cache"];
+    assert_eq!(kv["context"], 4096);
+    let layers = kv["layers"].as_array().expect("layers");
+    assert!(!layers.is_empty());
+    let sum: u64 = layers
+        .iter()
+        .map(|l| l["bytes"].as_u64().expect("bytes"))
+        .sum();
+    assert_eq!(kv["bytes"].as_u64(), Some(sum));
+    let gpu = report["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .find(|d| d["device"] == 0)
+        .expect("gpu 0 used");
+    let (weights, kv_bytes) = (
+        gpu["bytes"].as_u64().unwrap_or(0),
+        gpu["kv_bytes"].as_u64().unwrap_or(0),
+    );
+    assert!(weights <= 4 << 20 && kv_bytes > 0, "{gpu}");
+    assert_eq!(gpu["over"], weights + kv_bytes > 4 << 20, "{gpu}");
+    assert!(
+        !report["not_counted"]
+            .as_array()
+            .expect("list")
+            .iter()
+            .any(|v| v == "kv_cache")
+    );
+    let text = common::devmap(&[
+        "plan",
+        common::arg(&demo),
+        "--max-memory",
+        "0=4MiB,cpu=1GiB",
+        "--context",
+        "4096",
+    ]);
+    let err = common::stderr(&text);
+    assert!(
+        err.contains("KV cache at 4096 tokens × 1 sequence"),
+        "{err}"
+    );
+    assert!(err.contains("OVER its 4 MiB budget"), "{err}");
+}

@@ -109,10 +109,19 @@ pub struct PlanArgs {
     pub explain: bool,
     /// Print (or write with --out) the plan as JSON: the mode, dtype, budgets, the
     /// device map, each device's bytes as transformers counts them against its budget,
-    /// and the reasons. Runtime memory (KV cache, activations) is not counted yet, and
-    /// the JSON says so.
+    /// and the reasons. With --context, the KV cache per layer and per device;
+    /// activations are not counted yet, and the JSON says so.
     #[arg(long)]
     pub json: bool,
+    /// Also count the KV cache after N tokens (prompt and generated), as transformers'
+    /// DynamicCache holds it: full, sliding-window, chunked and MLA layers, in the
+    /// dtype the model computes in. Each device's weights + KV are held against its
+    /// budget (the map itself places the weights alone).
+    #[arg(long, value_name = "N")]
+    pub context: Option<u64>,
+    /// Sequences at once, for --context.
+    #[arg(long, value_name = "B", default_value_t = 1)]
+    pub batch: u64,
 }
 
 /// How to read the model directory; shared by every subcommand.

@@ -3,6 +3,7 @@
 mod args;
 mod demo;
 mod output;
+mod plan;
 mod progress;
 mod verify;
 
@@ -39,7 +40,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Some(Command::Plan(a)) => plan(&a, &args.model).map(|()| ExitCode::SUCCESS),
+        Some(Command::Plan(a)) => plan::plan(&a, &args.model).map(|()| ExitCode::SUCCESS),
         Some(Command::Save(a)) => save(&a, &args.model),
         None => {
             let dir = match args.dir {
@@ -75,60 +76,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-/// `plan --json`: the plan with what it counted, for scripts.
-fn plan_json(
-    planned: &devmap::plan::Planned,
-    options: &devmap::plan::PlanOptions,
-    dtype: Option<devmap::model::DType>,
-) -> String {
-    use serde_json::{Map, Value, json};
-    let key = |p: devmap::model::Placement| match p.to_device_map_value() {
-        Value::Number(n) => n.to_string(),
-        other => other.as_str().unwrap_or_default().to_owned(),
-    };
-    let budgets: Map<String, Value> = options
-        .max_memory
-        .iter()
-        .map(|(p, b)| (key(*p), Value::from(*b)))
-        .collect();
-    let device_map: Map<String, Value> = planned
-        .map
-        .entries()
-        .iter()
-        .map(|(k, p)| (k.clone(), p.to_device_map_value()))
-        .collect();
-    let devices: Vec<Value> = planned
-        .used
-        .iter()
-        .map(|(p, bytes)| {
-            let budget = options
-                .max_memory
-                .iter()
-                .find(|(d, _)| d == p)
-                .map(|(_, b)| *b);
-            json!({
-                "device": p.to_device_map_value(),
-                "bytes": bytes,
-                "budget": budget,
-                "over": budget.is_some_and(|b| *bytes > b),
-            })
-        })
-        .collect();
-    let value = json!({
-        "mode": options.mode.name(),
-        "dtype": dtype.map(devmap::model::DType::torch_name),
-        "budgets": budgets,
-        "device_map": device_map,
-        "devices": devices,
-        "explain": planned.explain,
-        "heuristics": planned.heuristics,
-        "not_counted": ["kv_cache", "activations"],
-    });
-    let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
-    text.push('\n');
-    text
 }
 
 /// Opens a MODEL argument: a folder, a repo id in the local Hugging Face cache
@@ -337,151 +284,6 @@ pub(super) fn refuse_remote(arg: &Path, what: &str) -> Result<()> {
                 devmap::remote::Source::Url { .. } => "…".to_owned(),
             }
         ));
-    }
-    Ok(())
-}
-
-fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
-    // `--device-map auto|balanced|balanced_low_0|sequential` is from_pretrained's
-    // `device_map` string, not a map file to read.
-    let named_mode = model
-        .device_map
-        .as_deref()
-        .and_then(|p| p.to_str())
-        .filter(|p| !Path::new(p).exists())
-        .and_then(devmap::plan::PlanMode::parse);
-    let mut model = model.clone();
-    if named_mode.is_some() {
-        model.device_map = None;
-    }
-    let mode = named_mode.unwrap_or_default();
-    let mut ckpt = open(&a.dir, &model)?;
-    let max_memory = if let Some(m) = &a.max_memory {
-        m.0.clone()
-    } else {
-        let detected = devmap::plan::default_budgets(&devmap::monitor::detected_budgets(), mode);
-        err_line(format!(
-            "budgets (detected; give --max-memory to choose): {}",
-            detected
-                .iter()
-                .map(|(p, b)| format!("{p}={}", human_bytes(*b)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))?;
-        detected
-    };
-    let options = devmap::plan::PlanOptions {
-        max_memory,
-        no_split: a.no_split.clone(),
-        dtype: a.dtype,
-        mode,
-    };
-    let planned = devmap::plan::plan(&ckpt, &options)?;
-    // A plan from name heuristics may differ from accelerate's: said in the normal
-    // output, not only under --explain (where it is the first line anyway).
-    if let (Some(note), false) = (&planned.heuristics, a.explain) {
-        err_line(format!("warning: {note}"))?;
-    }
-    if a.explain {
-        for line in &planned.explain {
-            err_line(line)?;
-        }
-    }
-    let text = if a.json {
-        plan_json(&planned, &options, a.dtype)
-    } else {
-        devmap::formats::device_map::encode_device_map(&planned.map)
-    };
-    match &a.out {
-        Some(path) => {
-            if ckpt
-                .device_map_path
-                .as_deref()
-                .is_some_and(|input| devmap::formats::input::same_file(input, path))
-            {
-                return Err(eyre!(
-                    "{} is the input device map; devmap never writes its inputs: choose another --out",
-                    path.display()
-                ));
-            }
-            std::fs::write(path, &text)
-                .wrap_err_with(|| format!("cannot write {}", path.display()))?;
-            eprintln!("device map written to {}", path.display());
-        }
-        None => out(&text)?,
-    }
-    // What the planned map implies: ties split across devices and the like.
-    ckpt.apply_device_map(Some(planned.map));
-    for w in devmap::model::checks::ties_across_devices(&ckpt) {
-        err_line(format!("warning: {w}"))?;
-    }
-    compare_with_transformers(&ckpt, &options, &model)
-}
-
-/// With `--transformers PYTHON` (only then: the question is not cached, and takes
-/// seconds), what that transformers' own planner makes of the same model and budgets,
-/// compared tensor by tensor with devmap's plan (already applied to `ckpt`).
-fn compare_with_transformers(
-    ckpt: &Checkpoint,
-    options: &devmap::plan::PlanOptions,
-    model: &ModelArgs,
-) -> Result<()> {
-    let Some(flag) = model.transformers.as_deref() else {
-        return Ok(());
-    };
-    let oracle = devmap::oracle::Oracle::find(Some(flag), model.trust_remote_code)
-        .map_err(|e| eyre!(e))
-        .wrap_err("--transformers names a Python that cannot answer")?;
-    let config_dir = ckpt.config_dir.clone().unwrap_or_else(|| ckpt.dir.clone());
-    let Some(oracle) = oracle.filter(|_| config_dir.join("config.json").is_file()) else {
-        return Ok(());
-    };
-    let theirs = match oracle.plan(
-        &config_dir,
-        options.dtype,
-        options.mode.name(),
-        &options.max_memory,
-    ) {
-        Ok(map) => map,
-        Err(e) => {
-            err_line(format!(
-                "warning: {e}; devmap's plan is not compared with transformers'"
-            ))?;
-            return Ok(());
-        }
-    };
-    // Each tensor placed by their map as `apply_device_map` places it, without a copy
-    // of the checkpoint.
-    let theirs = devmap::model::DeviceMap::new(theirs);
-    let arch = devmap::model::arch::lookup(&ckpt.config.architectures);
-    let differ: Vec<String> = ckpt
-        .tensors()
-        .iter()
-        .filter_map(|t| {
-            let (there, _) = devmap::model::checkpoint::place(Some(&theirs), &t.name, arch);
-            (there != t.placement)
-                .then(|| format!("`{}` devmap {}, transformers {there}", t.name, t.placement))
-        })
-        .collect();
-    let who = format!(
-        "transformers {}, asked ({})",
-        oracle.version,
-        oracle.found_where()
-    );
-    if differ.is_empty() {
-        err_line(format!("{who} plans every tensor where devmap does"))?;
-    } else {
-        err_line(format!(
-            "warning: {who} plans {} elsewhere: {}{}",
-            devmap::text::count(differ.len(), "tensor", "tensors"),
-            differ
-                .iter()
-                .take(5)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("; "),
-            if differ.len() > 5 { "; …" } else { "" }
-        ))?;
     }
     Ok(())
 }

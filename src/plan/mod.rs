@@ -2,6 +2,7 @@
 //! tree, budgets, and the checks that compare a map with them.
 
 pub mod auto;
+pub mod kv;
 pub mod order;
 pub mod view;
 

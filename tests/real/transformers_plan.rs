@@ -24,3 +24,24 @@ fn devmap_plan_places_every_tensor_where_from_pretrained_does() {
     // `--transformers` asks the planner itself: agreement said, a difference named.
     assert_eq!(out.matches("\nasked ").count(), 2, "{out}");
 }
+
+/// `devmap plan --context N --batch 2` against the KV cache transformers fills
+/// (tests/python/kv_cache.py): Llama, Qwen2, Mistral, Gemma 2, Gemma 3, Qwen3,
+/// DeepSeek V3 (MLA) and gpt-oss at 3, 6 and 20 tokens, every layer's bytes equal to
+/// what its `DynamicCache` layer holds.
+#[test]
+#[ignore = "needs torch, transformers: run .ci/run"]
+fn plan_counts_the_kv_cache_transformers_holds() {
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("kv_cache.py");
+    assert!(
+        ok,
+        "KV cache counts differ from transformers':\n{out}\n{err}"
+    );
+    assert_eq!(
+        out.matches("as transformers' DynamicCache holds it")
+            .count(),
+        24,
+        "{out}"
+    );
+}
