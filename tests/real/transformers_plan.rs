@@ -45,3 +45,16 @@ fn plan_counts_the_kv_cache_transformers_holds() {
         "{out}"
     );
 }
+
+/// The bytes `devmap plan` counts for quantized checkpoints against
+/// `get_memory_footprint()` of what `from_pretrained` holds
+/// (tests/python/quantized_footprint.py): NVFP4, MXFP8, packed INT4 and FP8, each as
+/// compressed-tensors' compressed modules hold it.
+#[test]
+#[ignore = "needs torch, transformers, compressed-tensors: run .ci/run"]
+fn plan_counts_quantized_weights_as_transformers_holds_them() {
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("quantized_footprint.py");
+    assert!(ok, "quantized sizes differ from transformers':\n{out}\n{err}");
+    assert_eq!(out.matches(", get_memory_footprint() ").count(), 4, "{out}");
+}
