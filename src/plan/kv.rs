@@ -9,12 +9,14 @@
 //!   rotary key, one head: `batch · tokens · (kv_lora_rank + qk_rope_head_dim)`;
 //! - layers that reuse another's cache (`kv_sharing_modes: reuse`) or hold no
 //!   attention (`moe`, `mlp`) keep nothing;
-//! - linear-attention, convolution and state-space layers (Qwen3-Next, Jamba, LFM2)
-//!   keep states devmap does not count yet: they are named as not counted.
+//! - linear-attention, convolution and state-space layers keep fixed-size states
+//!   (Qwen3-Next's gated delta net, Jamba's Mamba, LFM2's convolution: see
+//!   [`state_bytes`]); a kind devmap does not know is named as not counted.
 //!
-//! Each layer's kind comes from config.json's `layer_types`; without it, as
-//! transformers infers it (`sliding_window` → sliding, `attention_chunk_size` →
-//! chunked, else full), which is said in a note, since some classes derive their own.
+//! Each layer's kind comes from config.json's `layer_types`; without it, from Jamba's
+//! `attn_layer_period`/`attn_layer_offset`, else as transformers infers it
+//! (`sliding_window` → sliding, `attention_chunk_size` → chunked, else full), which is
+//! said in a note, since some classes derive their own.
 //! The elements are of the dtype the model computes in (the load dtype).
 
 use serde_json::Value;
@@ -55,6 +57,45 @@ pub struct KvCache {
 impl KvCache {
     pub fn bytes(&self) -> u64 {
         self.layers.iter().map(|l| l.bytes).sum()
+    }
+}
+
+/// The fixed-size states of a layer that keeps no per-token KV, as transformers 5's
+/// `LinearAttentionLayer` holds them (a convolution state in the model's dtype and,
+/// for recurrent layers, a state in float32), whatever the context:
+/// - Qwen3-Next's gated delta net (`linear_attention` with `linear_num_value_heads`):
+///   `[B, 2·key_heads·key_dim + value_heads·value_dim, conv_kernel]` and
+///   `[B, value_heads, key_dim, value_dim]` in float32;
+/// - Jamba's Mamba (`linear_attention` with `mamba_d_state`): `[B, expand·hidden,
+///   d_conv]` and `[B, expand·hidden, d_state]` in float32;
+/// - LFM2's short convolution (`conv`): `[B, hidden, conv_L_cache]`.
+///
+/// `None` for any other kind (not counted, and said so).
+fn state_bytes(text: &Value, kind: &str, request: KvRequest) -> Option<u64> {
+    let b = request.batch;
+    let size = request.dtype.size();
+    match kind {
+        "linear_attention" if text.get("linear_num_value_heads").is_some() => {
+            let (kh, kd) = (
+                number(text, "linear_num_key_heads")?,
+                number(text, "linear_key_head_dim")?,
+            );
+            let (vh, vd) = (
+                number(text, "linear_num_value_heads")?,
+                number(text, "linear_value_head_dim")?,
+            );
+            let kernel = number(text, "linear_conv_kernel_dim")?;
+            Some(b * (2 * kh * kd + vh * vd) * kernel * size + b * vh * kd * vd * 4)
+        }
+        "linear_attention" if text.get("mamba_d_state").is_some() => {
+            let inner = number(text, "mamba_expand")? * number(text, "hidden_size")?;
+            Some(
+                b * inner * number(text, "mamba_d_conv")? * size
+                    + b * inner * number(text, "mamba_d_state")? * 4,
+            )
+        }
+        "conv" => Some(b * number(text, "hidden_size")? * number(text, "conv_L_cache")? * size),
+        _ => None,
     }
 }
 
@@ -107,6 +148,22 @@ pub fn kv_cache(config: &Value, request: KvRequest) -> Result<KvCache, String> {
         list.iter()
             .map(|k| k.as_str().unwrap_or("full_attention").to_owned())
             .collect()
+    } else if let (Some(period), Some(offset)) = (
+        number(text, "attn_layer_period").filter(|p| *p > 0),
+        number(text, "attn_layer_offset"),
+    ) {
+        // Jamba's config derives its layer types: attention every `period` layers from
+        // `offset`, Mamba in between.
+        (0..layers as u64)
+            .map(|i| {
+                if i % period == offset {
+                    "full_attention"
+                } else {
+                    "linear_attention"
+                }
+                .to_owned()
+            })
+            .collect()
     } else {
         vec![inferred_kind(text, &mut notes).to_owned(); layers]
     };
@@ -137,6 +194,14 @@ pub fn kv_cache(config: &Value, request: KvRequest) -> Result<KvCache, String> {
                 (kind.clone(), request.context.min(w.saturating_sub(1)))
             }
             other => {
+                if let Some(bytes) = state_bytes(text, other, request) {
+                    out.push(LayerCache {
+                        kind: other.to_owned(),
+                        tokens: 0,
+                        bytes,
+                    });
+                    continue;
+                }
                 match uncounted.iter_mut().find(|(k, _)| k == other) {
                     Some((_, n)) => *n += 1,
                     None => uncounted.push((other.to_owned(), 1)),

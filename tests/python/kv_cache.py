@@ -1,13 +1,15 @@
 """The KV cache `devmap plan --context N --batch B` counts, against the cache
 transformers itself fills.
 
-For 8 architectures — Llama, Qwen2, Mistral (every layer sliding-window), Gemma 2
+For 11 architectures — Llama, Qwen2, Mistral (every layer sliding-window), Gemma 2
 (alternating), Gemma 3 (five local layers to one global), Qwen3, DeepSeek V3 (MLA: its
-compressed KV and rotary key) and gpt-oss (alternating, MoE) — a tiny random model is
+compressed KV and rotary key), gpt-oss (alternating, MoE), and the hybrids Qwen3-Next
+(gated delta net), LFM2 (short convolutions) and Jamba (Mamba) — a tiny random model is
 saved with `save_pretrained` in bfloat16, then run by transformers over N tokens of a
 batch of 2 with `DynamicCache(config=model.config)`, the cache `generate` makes. At
-N = 3, 6 and 20 (below, at and past the sliding window of 6), the bytes every layer's
-keys and values hold must equal devmap's count for that layer, and the totals.
+N = 3, 6 and 20 (below, at and past the sliding window of 6), the bytes every layer
+holds (keys and values, or a linear layer's convolution and recurrent states) must
+equal devmap's count for that layer, and the totals.
 
 Usage: python kv_cache.py PATH/TO/devmap
 """
@@ -44,7 +46,23 @@ CASES = {
                           num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
                           topk_group=1),
     "gpt_oss": config("gpt_oss", sliding_window=6, num_local_experts=4, num_experts_per_tok=2),
+    # Hybrids: fixed-size states beside the full-attention layers' KV.
+    "qwen3_next": config("qwen3_next", linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+                         linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                         layer_types=["linear_attention"] * 3 + ["full_attention"]),
+    "lfm2": config("lfm2", conv_L_cache=3, layer_types=["conv", "conv", "full_attention", "conv"]),
+    "jamba": config("jamba", mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8, attn_layer_period=2,
+                    attn_layer_offset=1, num_experts=2, expert_layer_period=2, expert_layer_offset=1),
 }
+
+
+def held(layer):
+    """Bytes a cache layer holds: keys and values, or a linear layer's states."""
+    tensors = [getattr(layer, "keys", None), getattr(layer, "values", None)]
+    for states in ("conv_states", "recurrent_states"):
+        tensors += list((getattr(layer, states, None) or {}).values())
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 def main(devmap):
@@ -59,8 +77,7 @@ def main(devmap):
             cache = DynamicCache(config=model.config)
             with torch.no_grad():
                 model(torch.arange(BATCH * n).reshape(BATCH, n) % 64, past_key_values=cache, use_cache=True)
-            theirs = [sum(t.numel() * t.element_size() for t in (layer.keys, layer.values) if t is not None)
-                      for layer in cache.layers]
+            theirs = [held(layer) for layer in cache.layers]
             r = subprocess.run([devmap, "plan", folder, "--max-memory", "cpu=10GiB", "--context", str(n),
                                 "--batch", str(BATCH), "--json"], capture_output=True, text=True)
             if r.returncode != 0:

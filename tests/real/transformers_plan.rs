@@ -27,8 +27,8 @@ fn devmap_plan_places_every_tensor_where_from_pretrained_does() {
 
 /// `devmap plan --context N --batch 2` against the KV cache transformers fills
 /// (tests/python/kv_cache.py): Llama, Qwen2, Mistral, Gemma 2, Gemma 3, Qwen3,
-/// DeepSeek V3 (MLA) and gpt-oss at 3, 6 and 20 tokens, every layer's bytes equal to
-/// what its `DynamicCache` layer holds.
+/// DeepSeek V3 (MLA), gpt-oss and the hybrids Qwen3-Next, LFM2 and Jamba at 3, 6 and
+/// 20 tokens, every layer's bytes equal to what its `DynamicCache` layer holds.
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn plan_counts_the_kv_cache_transformers_holds() {
@@ -55,6 +55,9 @@ fn plan_counts_the_kv_cache_transformers_holds() {
 fn plan_counts_quantized_weights_as_transformers_holds_them() {
     let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("quantized_footprint.py");
-    assert!(ok, "quantized sizes differ from transformers':\n{out}\n{err}");
+    assert!(
+        ok,
+        "quantized sizes differ from transformers':\n{out}\n{err}"
+    );
     assert_eq!(out.matches(", get_memory_footprint() ").count(), 4, "{out}");
 }
