@@ -184,6 +184,22 @@ fn the_device_picker_moves_a_module_in_a_real_terminal() {
     quit_cleanly(&tmux);
 }
 
+/// `devmap MODEL --context N --max-memory SPEC` in a real terminal: the Devices panel
+/// adds each device's KV cache to its weights and says which device is over.
+#[test]
+#[ignore = "needs tmux (CI installs it)"]
+fn the_kv_cache_is_in_the_devices_panel_in_a_real_terminal() {
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let args = format!(
+        "'{}' --context 32768 --max-memory 0=32MiB,1=48MiB,cpu=1GiB",
+        demo.display()
+    );
+    let tmux = start("kv", &wrapped("", &args));
+    let screen = tmux.wait_for("Devices + KV at 32768 tokens", Duration::from_secs(20));
+    assert!(screen.contains("OVER 32 MiB") && screen.contains("≤ 48 MiB"), "{screen}");
+    quit_cleanly(&tmux);
+}
+
 /// `f` filters the tree in a real terminal; Esc clears the filter.
 #[test]
 #[ignore = "needs tmux (CI installs it)"]

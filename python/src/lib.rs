@@ -208,7 +208,11 @@ fn inspect_manifest(py: Python<'_>, manifest: &str, title: String) -> PyResult<O
         return Ok(Some(devmap::inspect::to_text(&ckpt, options)));
     }
     let loaded = py.detach(move || {
-        devmap::tui::run_loading(&title, Vec::new(), move |_| Ok::<_, String>(ckpt))
+        devmap::tui::run_loading(
+            &title,
+            devmap::tui::InspectorOptions::default(),
+            move |_| Ok::<_, String>(ckpt),
+        )
     });
     match loaded {
         Ok(devmap::tui::Loaded::Failed(why)) => Err(DevmapError::new_err(why)),

@@ -31,6 +31,13 @@ pub struct Args {
     /// `p` starts from them. Default: what each device has free.
     #[arg(long, value_name = "SPEC", value_parser = parse_max_memory)]
     pub max_memory: Option<Budgets>,
+    /// The inspector's Devices panel adds to each device's weights the KV cache its
+    /// layers hold after N tokens, as `devmap plan --context` counts it.
+    #[arg(long, value_name = "N")]
+    pub context: Option<u64>,
+    /// Sequences at once, for --context.
+    #[arg(long, value_name = "B", default_value_t = 1)]
+    pub batch: u64,
     #[command(flatten)]
     pub model: ModelArgs,
 }

@@ -60,8 +60,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 // remote model's fetch progress under it).
                 let model = args.model.clone();
                 let what = dir.display().to_string();
-                let budgets = args.max_memory.map(|b| b.0).unwrap_or_default();
-                let loaded = devmap::tui::run_loading(&what, budgets, move |status| {
+                let options = devmap::tui::InspectorOptions {
+                    max_memory: args.max_memory.map(|b| b.0).unwrap_or_default(),
+                    kv: args.context.map(|c| (c, args.batch)),
+                };
+                let loaded = devmap::tui::run_loading(&what, options, move |status| {
                     open_with(&dir, &model, Some(&|line| status.set(line)), true)
                 })
                 .wrap_err("the terminal interface failed")?;

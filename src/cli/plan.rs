@@ -263,17 +263,7 @@ fn kv_by_device(
     a: &args::PlanArgs,
     context: u64,
 ) -> Result<(KvCache, Vec<(Placement, u64)>)> {
-    // The dtype the model computes in: the load dtype, else config.json's, else
-    // torch's default.
-    let dtype = a
-        .dtype
-        .or_else(|| {
-            ckpt.config
-                .torch_dtype
-                .as_deref()
-                .and_then(devmap::model::DType::from_torch_name)
-        })
-        .unwrap_or(devmap::model::DType::F32);
+    let dtype = devmap::plan::kv::compute_dtype(ckpt, a.dtype);
     let request = devmap::plan::kv::KvRequest {
         context,
         batch: a.batch,

@@ -249,19 +249,17 @@ pub fn kv_cache(config: &Value, request: KvRequest) -> Result<KvCache, String> {
     })
 }
 
-/// Where each of the `layers` decoder layers sits under `map`: the device of the
-/// first tensor of `P.i.` for the container `P` (`model.layers`, `transformer.h`, …)
-/// that numbers the most layers; `None` for a layer with no tensor there.
-pub fn layer_placements(
+/// The first tensor of each of the `layers` decoder layers: of `P.i.` for the
+/// container `P` (`model.layers`, `transformer.h`, …) that numbers the most layers;
+/// `None` for a layer with no tensor there. A layer's cache lives where its weights are.
+pub fn layer_tensors(
     ckpt: &crate::model::checkpoint::Checkpoint,
-    map: &crate::model::DeviceMap,
     layers: usize,
-) -> Vec<Option<crate::types::placement::Placement>> {
+) -> Vec<Option<crate::model::checkpoint::TensorId>> {
     use std::collections::BTreeMap;
-    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
-    // Container prefix → layer index → the first tensor's name.
-    let mut containers: BTreeMap<&str, BTreeMap<usize, &str>> = BTreeMap::new();
-    for t in ckpt.tensors() {
+    // Container prefix → layer index → its first tensor.
+    let mut containers: BTreeMap<&str, BTreeMap<usize, usize>> = BTreeMap::new();
+    for (id, t) in ckpt.tensors().iter().enumerate() {
         let name: &str = &t.name;
         let mut at = 0;
         for part in name.split('.') {
@@ -273,7 +271,7 @@ pub fn layer_placements(
                     .entry(&name[..at - 1])
                     .or_default()
                     .entry(i)
-                    .or_insert(name);
+                    .or_insert(id);
                 break;
             }
             at += part.len() + 1;
@@ -282,13 +280,79 @@ pub fn layer_placements(
     let Some((_, first)) = containers.into_iter().max_by_key(|(_, m)| m.len()) else {
         return vec![None; layers];
     };
-    (0..layers)
-        .map(|i| {
-            first
-                .get(&i)
-                .map(|name| crate::model::checkpoint::place(Some(map), name, arch).0)
+    (0..layers).map(|i| first.get(&i).copied()).collect()
+}
+
+/// Where each decoder layer sits under `map` (see [`layer_tensors`]).
+pub fn layer_placements(
+    ckpt: &crate::model::checkpoint::Checkpoint,
+    map: &crate::model::DeviceMap,
+    layers: usize,
+) -> Vec<Option<crate::types::placement::Placement>> {
+    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
+    layer_tensors(ckpt, layers)
+        .into_iter()
+        .map(|id| {
+            id.map(|id| {
+                crate::model::checkpoint::place(Some(map), &ckpt.tensors()[id].name, arch).0
+            })
         })
         .collect()
+}
+
+/// A model's cache and the tensor that says where each layer (and its cache) is, for a
+/// view whose placements change (the inspector's edits).
+#[derive(Debug, Clone)]
+pub struct KvOnDevices {
+    pub cache: KvCache,
+    layer_tensors: Vec<Option<crate::model::checkpoint::TensorId>>,
+}
+
+impl KvOnDevices {
+    /// The cache of `ckpt`'s model for `request`.
+    pub fn new(
+        ckpt: &crate::model::checkpoint::Checkpoint,
+        request: KvRequest,
+    ) -> Result<KvOnDevices, String> {
+        let cache = kv_cache(&ckpt.config.raw, request)?;
+        let layer_tensors = layer_tensors(ckpt, cache.layers.len());
+        Ok(KvOnDevices {
+            cache,
+            layer_tensors,
+        })
+    }
+
+    /// Bytes of the cache on `device`, with `ckpt`'s placements as they are now (a
+    /// layer with no tensor found counts on the CPU).
+    pub fn on(
+        &self,
+        ckpt: &crate::model::checkpoint::Checkpoint,
+        device: crate::types::placement::Placement,
+    ) -> u64 {
+        self.cache
+            .layers
+            .iter()
+            .zip(&self.layer_tensors)
+            .filter(|(_, id)| {
+                id.map_or(crate::types::placement::Placement::Cpu, |id| {
+                    ckpt.tensors()[id].placement
+                }) == device
+            })
+            .map(|(layer, _)| layer.bytes)
+            .sum()
+    }
+}
+
+/// The dtype the model computes in: `load` (from_pretrained's dtype), else
+/// config.json's, else torch's default, float32.
+pub fn compute_dtype(ckpt: &crate::model::checkpoint::Checkpoint, load: Option<DType>) -> DType {
+    load.or_else(|| {
+        ckpt.config
+            .torch_dtype
+            .as_deref()
+            .and_then(DType::from_torch_name)
+    })
+    .unwrap_or(DType::F32)
 }
 
 #[cfg(test)]

@@ -69,7 +69,7 @@ impl LoadingStatus {
 /// on it. `q`, Esc or Ctrl-C while loading leave.
 pub fn run_loading<E: Send + 'static>(
     what: &str,
-    max_memory: Vec<(crate::types::placement::Placement, u64)>,
+    options: InspectorOptions,
     load: impl FnOnce(&LoadingStatus) -> Result<Checkpoint, E> + Send + 'static,
 ) -> io::Result<Loaded<E>> {
     terminal::install_panic_restore();
@@ -111,24 +111,49 @@ pub fn run_loading<E: Send + 'static>(
     let result = match outcome {
         None => Ok(Loaded::Ran),
         Some(Err(e)) => Ok(Loaded::Failed(e)),
-        Some(Ok(ckpt)) => inspect(&mut terminal, ckpt, max_memory).map(|()| Loaded::Ran),
+        Some(Ok(ckpt)) => inspect(&mut terminal, ckpt, options).map(|()| Loaded::Ran),
     };
     terminal::leave();
     result
+}
+
+/// What the command line gives the inspector beside the model.
+#[derive(Debug, Clone, Default)]
+pub struct InspectorOptions {
+    /// The Devices panel's budgets (`--max-memory`).
+    pub max_memory: Vec<(crate::types::placement::Placement, u64)>,
+    /// `--context N --batch B`: the KV cache the Devices panel adds to each device.
+    pub kv: Option<(u64, u64)>,
 }
 
 /// The inspector on `ckpt` in the real terminal, with the real clock and samplers.
 fn inspect(
     terminal: &mut terminal::Real,
     ckpt: Checkpoint,
-    max_memory: Vec<(crate::types::placement::Placement, u64)>,
+    options: InspectorOptions,
 ) -> io::Result<()> {
     let mut budgets = system_budgets(&ckpt);
-    if !max_memory.is_empty() {
-        budgets.chosen = max_memory;
+    if !options.max_memory.is_empty() {
+        budgets.chosen = options.max_memory;
         budgets.chosen_from = Some("--max-memory");
     }
+    let kv = options.kv.map(|(context, batch)| {
+        let request = crate::plan::kv::KvRequest {
+            context,
+            batch,
+            dtype: crate::plan::kv::compute_dtype(&ckpt, None),
+        };
+        crate::plan::kv::KvOnDevices::new(&ckpt, request)
+    });
     let mut app = App::new(ckpt);
+    match kv {
+        Some(Ok(kv)) => app.kv = Some(kv),
+        Some(Err(why)) => app.say(
+            format!("the KV cache is not counted: {why}"),
+            app::Tone::Bad,
+        ),
+        None => {}
+    }
     app.color = color_wanted();
     app.budgets = budgets;
     let mut events = runtime::TerminalEvents::start();

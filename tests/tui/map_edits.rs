@@ -639,3 +639,69 @@ fn edited_rows_are_marked_and_the_header_names_the_source() {
         "{screen}"
     );
 }
+
+/// `--context`: the Devices panel adds to each device's weights the KV cache of the
+/// layers it holds (`plan::kv`), against its budget, and the cache follows a layer the
+/// user moves.
+#[test]
+fn the_devices_panel_adds_the_kv_cache_of_the_layers_each_device_holds() {
+    use devmap::plan::kv::{KvOnDevices, KvRequest, compute_dtype};
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let ckpt = load(&demo, &LoadOptions::default()).expect("the demo");
+    let request = KvRequest {
+        context: 4096,
+        batch: 1,
+        dtype: compute_dtype(&ckpt, None),
+    };
+    let kv = KvOnDevices::new(&ckpt, request).expect("the demo's cache");
+    // The demo's layers are alike: every one keeps the same bytes.
+    let per_layer = kv.cache.layers[0].bytes;
+    assert!(kv.cache.layers.iter().all(|l| l.bytes == per_layer));
+    let mut app = App::new(ckpt);
+    app.color = false;
+    app.kv = Some(kv);
+    app.budgets.chosen = devmap::plan::parse_max_memory("0=10MiB,1=6MiB,cpu=1GiB").expect("spec");
+    app.budgets.chosen_from = Some("--max-memory");
+    let weights = |app: &App, p: Placement| {
+        app.device_totals()
+            .into_iter()
+            .find(|(d, _)| *d == p)
+            .map_or(0, |x| x.1)
+    };
+    let row = |screen: &str, device: &str| {
+        screen
+            .lines()
+            .find(|l| l.contains(&format!("│{device} ")))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let screen = frame(&app, 110, 30);
+    assert!(
+        screen.contains("Devices + KV at 4096 tokens · ≤ --max-memory budgets"),
+        "{screen}"
+    );
+    // gpu:0 holds layers 0 and 1, gpu:1 layers 2 and 3.
+    let gpu0 = weights(&app, Placement::Gpu(0)) + 2 * per_layer;
+    assert!(
+        row(&screen, "gpu:0").contains(&devmap::human_bytes(gpu0)),
+        "{gpu0}: {screen}"
+    );
+    assert!(row(&screen, "gpu:1").contains("≤ 6 MiB"), "{screen}");
+    // Layer 1 moved to gpu:1: its cache goes with it, and gpu:1 is over its 6 MiB.
+    press(&mut app, &[ch('/')]);
+    press(&mut app, &text("layers.1"));
+    press(&mut app, &[key(KeyCode::Enter)]);
+    assert_eq!(selected_name(&app), "model.layers.1");
+    press(&mut app, &[ch('D')]);
+    let screen = frame(&app, 110, 30);
+    let gpu1 = weights(&app, Placement::Gpu(1)) + 3 * per_layer;
+    let line = row(&screen, "gpu:1");
+    assert!(
+        line.contains(&devmap::human_bytes(gpu1)),
+        "{gpu1}: {screen}"
+    );
+    assert!(
+        gpu1 > 6 << 20 && line.contains("OVER 6 MiB"),
+        "{gpu1}: {screen}"
+    );
+}

@@ -286,6 +286,8 @@ pub struct App {
     pub zoomed: bool,
     pub details_scroll: u16,
     pub devices_scroll: u16,
+    /// The KV cache the Devices panel adds to each device's weights (`--context`).
+    pub kv: Option<crate::plan::kv::KvOnDevices>,
     /// Lines scrolled in the plan result.
     pub result_scroll: u16,
     /// Lines scrolled in the help or warnings overlay (when it is taller than the
@@ -411,6 +413,7 @@ impl App {
             zoomed: false,
             details_scroll: 0,
             devices_scroll: 0,
+            kv: None,
             result_scroll: 0,
             overlay_scroll: 0,
             matches: Vec::new(),
@@ -604,7 +607,7 @@ impl App {
         });
     }
 
-    fn say(&mut self, text: impl Into<String>, tone: Tone) {
+    pub(crate) fn say(&mut self, text: impl Into<String>, tone: Tone) {
         let lasts = match tone {
             Tone::Bad => Message::LASTS * 2,
             Tone::Info | Tone::Good => Message::LASTS,

@@ -15,10 +15,20 @@ use crate::types::placement::Placement;
 pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     // The bars are each device's share of the model (they add up to 100%); the
     // figure after them is the device's budget, chosen or free.
-    let title = match app.budgets.chosen_from {
-        Some(from) => format!("Devices · ≤ {from} budgets"),
-        None => "Devices · ≤ free".to_owned(),
+    // With `--context`, each device's row is its weights and the KV cache its layers
+    // hold, against its budget.
+    let what = match &app.kv {
+        Some(kv) => format!(
+            "Devices + KV at {}",
+            crate::text::count(kv.cache.request.context as usize, "token", "tokens")
+        ),
+        None => "Devices".to_owned(),
     };
+    let title = match app.budgets.chosen_from {
+        Some(from) => format!("{what} · ≤ {from} budgets"),
+        None => format!("{what} · ≤ free"),
+    };
+    let kv_on = |p: Placement| app.kv.as_ref().map_or(0, |kv| kv.on(&app.ckpt, p));
     let block = super::focusable(
         &title,
         app.focus == crate::tui::app::Focus::Devices,
@@ -28,14 +38,15 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let root = &app.tree.nodes[crate::model::tree::ModuleTree::ROOT];
-    let total = root.bytes().max(1);
+    let total = (root.bytes() + app.kv.as_ref().map_or(0, |kv| kv.cache.bytes())).max(1);
     let width = inner.width as usize;
     // The root's split is the per-device total, kept current by `recompute`: no walk
     // over every tensor per frame.
     let devices: Vec<(Placement, DeviceRow)> = app
         .device_totals()
         .into_iter()
-        .map(|(p, bytes)| {
+        .map(|(p, weights)| {
+            let bytes = weights + kv_on(p);
             let budget = app.device_budget(p);
             let over = budget.is_some_and(|b| bytes > b);
             let row = DeviceRow {
