@@ -10,7 +10,7 @@ transformers writes after loading the checkpoint dequantized
 (`CompressedTensorsConfig(dequantize=True)`, in that dtype) and saving it: the same
 names and dtypes, every element bit-identical, no scales and no `quantization_config`;
 `from_pretrained(OUT)` gives the same logits; `devmap verify OUT --against DIR --dtype D`
-is clean. An `nvfp4-pack-quantized` config (not dequantized yet) under a float --dtype
+is clean. A `marlin-24` config (2:4 sparse, not dequantized) under a float --dtype
 is refused, naming the format, with nothing written. A LoRA adapter made by peft on the dequantized model
 merges into the dequantized weights bit-identically with peft's `merge_and_unload()` +
 `save_pretrained`.
@@ -114,14 +114,14 @@ def main(devmap):
                     print(f"ok: compressed-tensors FP8, {case}: {len(theirs)} tensors bit-identical with transformers' "
                           "dequantized save, logits equal, verify clean")
     failures += check_lora(devmap, work)
-    packed = os.path.join(work, "ct-nvfp4")
-    make(packed, "tensor", torch.bfloat16, fmt="nvfp4-pack-quantized")
+    packed = os.path.join(work, "ct-marlin")
+    make(packed, "tensor", torch.bfloat16, fmt="marlin-24")
     out = packed + "-out"
     r = run([devmap, "save", packed, "--out", out, "--dtype", "bfloat16"])
-    if r.returncode == 0 or "`nvfp4-pack-quantized` format" not in r.stderr or os.path.exists(out):
-        failures.append(f"nvfp4-pack-quantized must be refused with nothing written: {r.stderr}")
+    if r.returncode == 0 or "`marlin-24` format" not in r.stderr or os.path.exists(out):
+        failures.append(f"marlin-24 must be refused with nothing written: {r.stderr}")
     else:
-        print("ok: an nvfp4-pack-quantized config is refused, naming the format, and nothing is written")
+        print("ok: a marlin-24 config is refused, naming the format, and nothing is written")
     shutil.rmtree(work, ignore_errors=True)
     if failures:
         print("\n".join("FAIL: " + f for f in failures))

@@ -47,8 +47,8 @@ fn mxfp4_checkpoints_dequantize_bit_exact_with_transformers() {
 /// compressed-tensors `float-quantized` FP8 against transformers with the
 /// compressed-tensors library (tests/python/compressed_fp8.py): per-tensor and
 /// per-channel scales, stored in bfloat16 and float32, to bfloat16, float16 and float32:
-/// bit-identical with transformers' dequantized save, logits equal, verify clean; an
-/// `nvfp4-pack-quantized` config (not dequantized yet) refused.
+/// bit-identical with transformers' dequantized save, logits equal, verify clean; a
+/// `marlin-24` config (2:4 sparse, not dequantized) refused.
 #[test]
 #[ignore = "needs torch, transformers, compressed-tensors: run .ci/run"]
 fn compressed_tensors_fp8_dequantizes_bit_exact_with_transformers() {
@@ -61,7 +61,7 @@ fn compressed_tensors_fp8_dequantizes_bit_exact_with_transformers() {
         "{out}"
     );
     assert!(
-        out.contains("ok: an nvfp4-pack-quantized config is refused"),
+        out.contains("ok: a marlin-24 config is refused"),
         "{out}"
     );
     assert!(
