@@ -141,8 +141,8 @@ pub struct ModelArgs {
     #[arg(long, value_name = "DIR", global = true)]
     pub offload_folder: Option<PathBuf>,
     /// A folder with config.json, the tokenizer and the other small files, for a
-    /// checkpoint folder that has no config.json (a training checkpoint): read from
-    /// there, and copied beside the saved weights.
+    /// checkpoint folder that has no config.json (a training checkpoint): the model is
+    /// read with them (and `save` copies them beside the weights it writes).
     #[arg(long = "config", value_name = "DIR", global = true)]
     pub config_dir: Option<PathBuf>,
     /// The part of a nested training checkpoint that is the model (a
@@ -158,9 +158,10 @@ pub struct ModelArgs {
     /// save writes the merged model; inspect shows what it changes.
     #[arg(long = "merge-lora", value_name = "ADAPTER", global = true)]
     pub merge_lora: Vec<PathBuf>,
-    /// Merge adapters that hold NaN or infinite values, and write merges whose result
-    /// overflows the output dtype, as peft would (refused by default, naming the
-    /// tensor); for verify, report NaN and infinities as notes, not differences.
+    /// Accept NaN and infinite values: adapters (--merge-lora) that hold them, and
+    /// merges whose result overflows the output dtype, are merged as peft would merge
+    /// them (by default they are refused, naming the tensor); `verify` reports the
+    /// NaNs and infinities it finds as notes, not differences.
     #[arg(long, global = true)]
     pub allow_nonfinite: bool,
     /// A Python whose transformers is asked what the model is (names, shapes and dtypes
