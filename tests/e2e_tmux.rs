@@ -196,7 +196,10 @@ fn the_kv_cache_is_in_the_devices_panel_in_a_real_terminal() {
     );
     let tmux = start("kv", &wrapped("", &args));
     let screen = tmux.wait_for("Devices + KV at 32768 tokens", Duration::from_secs(20));
-    assert!(screen.contains("OVER 32 MiB") && screen.contains("≤ 48 MiB"), "{screen}");
+    assert!(
+        screen.contains("OVER 32 MiB") && screen.contains("≤ 48 MiB"),
+        "{screen}"
+    );
     quit_cleanly(&tmux);
 }
 

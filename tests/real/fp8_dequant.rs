@@ -60,10 +60,7 @@ fn compressed_tensors_fp8_dequantizes_bit_exact_with_transformers() {
         12,
         "{out}"
     );
-    assert!(
-        out.contains("ok: a marlin-24 config is refused"),
-        "{out}"
-    );
+    assert!(out.contains("ok: a marlin-24 config is refused"), "{out}");
     assert!(
         out.contains("ok: LoRA merged into 6 dequantized compressed-tensors FP8 weights"),
         "{out}"
