@@ -430,7 +430,7 @@ fn write_sparse(
             .map(|(name, dtype, dims)| {
                 let len = byte_len(*dtype, dims).unwrap_or(0);
                 let e = HeaderEntry {
-                    name,
+                    name: name.as_str().into(),
                     dtype: *dtype,
                     shape: dims.as_slice().into(),
                     begin,

@@ -412,7 +412,7 @@ fn sigterm_and_sighup_restore_the_terminal_and_cancel_the_save() {
             .iter()
             .enumerate()
             .map(|(i, n)| devmap::formats::safetensors::HeaderEntry {
-                name: n,
+                name: n.as_str().into(),
                 dtype: devmap::model::DType::F32,
                 shape: shape.as_slice().into(),
                 begin: (i as u64) << 26,

@@ -75,6 +75,9 @@ pub struct VerifyArgs {
     /// The save used --keep-tied (with --against).
     #[arg(long)]
     pub keep_tied: bool,
+    /// The --quantize the save used (with --against).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub quantize: Option<QuantizeFormat>,
     /// Print the report as JSON on standard output.
     #[arg(long)]
     pub json: bool,
@@ -199,6 +202,14 @@ pub struct InspectArgs {
     pub max_memory: Option<Budgets>,
 }
 
+/// What `save --quantize` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QuantizeFormat {
+    /// DeepSeek/transformers fine-grained FP8 (`quant_method: fp8`, 128×128 blocks).
+    #[value(name = "fp8-block")]
+    Fp8Block,
+}
+
 #[derive(Debug, ClapArgs)]
 pub struct SaveArgs {
     /// Model: a folder, or a repo id in the Hugging Face cache (org/name[@revision]).
@@ -239,6 +250,13 @@ pub struct SaveArgs {
     /// Casts round as torch's .to() does; config.json records the result.
     #[arg(long, default_value = "auto", value_name = "DTYPE", value_parser = parse_save_dtype)]
     pub dtype: devmap::save::shards::DtypeChoice,
+    /// Quantize on the way out. fp8-block: the linear layers' weights as fine-grained
+    /// FP8 (F8_E4M3 in 128×128 tiles with float32 `weight_scale_inv`), computed as
+    /// transformers' FP8 quantizer computes them; embeddings, the head, routers, norms
+    /// and weights whose shape is not whole tiles stay in --dtype, and config.json's
+    /// quantization_config names them, so from_pretrained loads the result.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub quantize: Option<QuantizeFormat>,
     /// Save even when device-map entries cover no tensor with data, i.e. the weights
     /// of those modules exist nowhere and the output will lack them.
     #[arg(long)]

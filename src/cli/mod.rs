@@ -386,6 +386,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
         available_ram: devmap::monitor::available_ram(),
         allow_partial: a.allow_partial,
         dtype: a.dtype,
+        quantize_fp8: a.quantize == Some(args::QuantizeFormat::Fp8Block),
         pause_file: std::env::var_os("DEVMAP_TEST_PAUSE").map(PathBuf::from),
         asked: answer.clone(),
         distributed: match (a.part, a.commit) {
@@ -451,6 +452,12 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
                 ),
                 plan.cast_to.map_or("?", |d| d.torch_name()),
                 devmap::text::count(plan.dropped_scales.len(), "scale tensor", "scale tensors"),
+            ))?;
+        }
+        if plan.quantized > 0 {
+            err_line(format!(
+                "  quantizing {} to FP8 in 128×128 tiles (each with its `_scale_inv`); config.json gets quantization_config",
+                devmap::text::count(plan.quantized, "linear weight", "linear weights"),
             ))?;
         }
         for line in plan.fp32_lines() {

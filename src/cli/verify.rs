@@ -32,6 +32,7 @@ pub fn run(a: &VerifyArgs, model: &ModelArgs) -> ExitCode {
                 let options = SaveOptions {
                     dtype: a.dtype,
                     keep_tied: a.keep_tied,
+                    quantize_fp8: a.quantize == Some(super::args::QuantizeFormat::Fp8Block),
                     ..SaveOptions::new(&a.out)
                 };
                 let expected = Expected::new(ckpt, &options)

@@ -116,6 +116,26 @@ fn quantization(root: &serde_json::Map<String, Value>) -> Option<Quantization> {
     })
 }
 
+/// `text` (a config.json object) with a top-level `key` set to `value`, written last
+/// (any earlier value removed); every other byte stays as it was.
+pub fn with_key(text: &str, key: &str, value: &Value) -> String {
+    let text = without_key(text, key);
+    let Some(end) = text.rfind('}') else {
+        return text;
+    };
+    let body = text[..end].trim_end();
+    let empty = body.ends_with('{');
+    let pretty = serde_json::to_string_pretty(value)
+        .unwrap_or_default()
+        .replace('\n', "\n  ");
+    let key = serde_json::to_string(key).unwrap_or_default();
+    format!(
+        "{body}{}\n  {key}: {pretty}\n{}",
+        if empty { "" } else { "," },
+        &text[end..]
+    )
+}
+
 /// `text` (a config.json) without its top-level `key` and that key's value; every
 /// other byte stays as it was. For the `quantization_config` of weights written
 /// dequantized.
@@ -368,6 +388,20 @@ mod tests {
         );
         let last = "{\n  \"a\": 1,\n  \"quantization_config\": {\"q\": 1}\n}";
         assert_eq!(without_key(last, "quantization_config"), "{\n  \"a\": 1\n}");
+        let added = with_key("{\n  \"a\": 1\n}\n", "q", &serde_json::json!({"m": [1, 2]}));
+        let v: serde_json::Value = serde_json::from_str(&added).expect("json");
+        assert_eq!(v, serde_json::json!({"a": 1, "q": {"m": [1, 2]}}));
+        assert!(added.starts_with("{\n  \"a\": 1,\n  \"q\": {"), "{added}");
+        let replaced = with_key(&added, "q", &serde_json::json!(3));
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&replaced).expect("json"),
+            serde_json::json!({"a": 1, "q": 3})
+        );
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&with_key("{}", "q", &serde_json::json!(1)))
+                .expect("json"),
+            serde_json::json!({"q": 1})
+        );
         let only = "{\"quantization_config\": null}";
         assert_eq!(without_key(only, "quantization_config"), "{}");
         assert_eq!(without_key(text, "absent"), text);

@@ -528,7 +528,7 @@ fn validate_layout(
 /// One tensor to be written into a header. Offsets are relative to the data region.
 #[derive(Debug, Clone)]
 pub struct HeaderEntry<'a> {
-    pub name: &'a str,
+    pub name: std::borrow::Cow<'a, str>,
     pub dtype: DType,
     pub shape: std::borrow::Cow<'a, [u64]>,
     pub begin: u64,
@@ -609,7 +609,7 @@ fn write_header_json<'a>(
         }
         first = false;
         // serde_json escapes the name exactly as JSON requires.
-        serde_json::to_writer(&mut *out, e.name)?;
+        serde_json::to_writer(&mut *out, &*e.name)?;
         write!(
             out,
             ":{{\"dtype\":\"{}\",\"shape\":[",
@@ -646,14 +646,14 @@ mod tests {
         let meta = BTreeMap::from([("format".to_owned(), "pt".to_owned())]);
         let entries = [
             HeaderEntry {
-                name: "a",
+                name: "a".into(),
                 dtype: DType::F32,
                 shape: vec![2, 2].into(),
                 begin: 0,
                 end: 16,
             },
             HeaderEntry {
-                name: "b",
+                name: "b".into(),
                 dtype: DType::BF16,
                 shape: vec![].into(),
                 begin: 16,

@@ -11,7 +11,7 @@
 //!   attention (`moe`, `mlp`) keep nothing;
 //! - linear-attention, convolution and state-space layers keep fixed-size states
 //!   (Qwen3-Next's gated delta net, Jamba's Mamba, LFM2's convolution: see
-//!   [`state_bytes`]); a kind devmap does not know is named as not counted.
+//!   `state_bytes`); a kind devmap does not know is named as not counted.
 //!
 //! Each layer's kind comes from config.json's `layer_types`; without it, from Jamba's
 //! `attn_layer_period`/`attn_layer_offset`, else as transformers infers it

@@ -268,20 +268,26 @@ fn write_as(
 
     let mut copied_files = Vec::new();
     for (src, tmp) in &copies {
-        match plan.cast_to {
+        let is_config = src.file_name().is_some_and(|n| n == "config.json");
+        if is_config && (plan.cast_to.is_some() || plan.quantization_config.is_some()) {
+            let mut text = crate::formats::input::read_json_text(src)
+                .map_err(|e| SaveError::Refused(vec![Refusal::Unreadable(e.to_string())]))?;
             // The config records the dtype: it gets the one the weights now have.
-            Some(dtype) if src.file_name().is_some_and(|n| n == "config.json") => {
-                let text = crate::formats::input::read_json_text(src)
-                    .map_err(|e| SaveError::Refused(vec![Refusal::Unreadable(e.to_string())]))?;
-                let mut text = crate::formats::config::with_dtype(&text, dtype.torch_name());
-                if plan.dequantized > 0 {
-                    // The weights are plain floats now: a quantization_config would make
-                    // transformers look for the scales.
-                    text = crate::formats::config::without_key(&text, "quantization_config");
-                }
-                write_synced(&staging, tmp, text.as_bytes())?;
+            if let Some(dtype) = plan.cast_to {
+                text = crate::formats::config::with_dtype(&text, dtype.torch_name());
             }
-            _ => copy_beside(&staging, src, tmp)?,
+            if plan.dequantized > 0 {
+                // The weights are plain floats now: a quantization_config would make
+                // transformers look for the scales.
+                text = crate::formats::config::without_key(&text, "quantization_config");
+            }
+            if let Some(quantization) = &plan.quantization_config {
+                // Quantized on the way out: transformers' FP8 integration loads it.
+                text = crate::formats::config::with_key(&text, "quantization_config", quantization);
+            }
+            write_synced(&staging, tmp, text.as_bytes())?;
+        } else {
+            copy_beside(&staging, src, tmp)?;
         }
         copied_files.push(
             src.file_name()
@@ -300,7 +306,7 @@ fn write_as(
             .flat_map(|s| {
                 s.tensors
                     .iter()
-                    .map(move |t| (t.name(ckpt).to_owned(), s.file_name.clone()))
+                    .map(move |t| (t.name(ckpt).into_owned(), s.file_name.clone()))
             })
             .collect();
         let text = encode_index(plan.total_parameters, plan.total_size, &weight_map);

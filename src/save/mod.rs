@@ -17,6 +17,7 @@ pub mod nvfp4;
 pub mod packed_int;
 pub mod parts;
 pub mod preflight;
+pub mod quantize_fp8;
 pub mod reasons;
 pub mod shards;
 pub mod stage;

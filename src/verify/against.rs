@@ -66,7 +66,7 @@ impl<'a> Expected<'a> {
         self.copies_config && std::fs::symlink_metadata(self.ckpt.dir.join("config.json")).is_ok()
     }
 
-    pub(super) fn name(&self, p: &PlannedTensor) -> &str {
+    pub(super) fn name<'p>(&'p self, p: &PlannedTensor) -> std::borrow::Cow<'p, str> {
         p.name(self.ckpt)
     }
 
@@ -103,7 +103,7 @@ pub(super) fn match_up<'e>(
     let mut matched = vec![false; written.tensors.len()];
     for p in expected.planned() {
         let name = expected.name(p);
-        let Some(&i) = by_name.get(name) else {
+        let Some(&i) = by_name.get(&*name) else {
             findings.push(Finding::difference(
                 Kind::MissingTensor,
                 name,

@@ -53,7 +53,7 @@ pub fn of_plan(
         .enumerate()
         .flat_map(|(shard, s)| {
             s.header_entries(ckpt).map(move |e| WrittenTensor {
-                name: e.name.to_owned(),
+                name: e.name.clone().into_owned(),
                 shard,
                 dtype: e.dtype,
                 shape: crate::types::shape::Shape::new(&e.shape),

@@ -427,7 +427,7 @@ fn hash_expected(
                 (Err(failed.error), what)
             }
         };
-        hashes.push(hashed(outcome, expected.name(p), &what, &mut findings)?);
+        hashes.push(hashed(outcome, &expected.name(p), &what, &mut findings)?);
     }
     Ok((hashes, findings))
 }

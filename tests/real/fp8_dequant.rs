@@ -112,3 +112,21 @@ fn compressed_tensors_nvfp4_and_mxfp8_dequantize_bit_exact_with_transformers() {
         "{out}"
     );
 }
+
+/// `devmap save --quantize fp8-block` against transformers' FP8 quantizer
+/// (tests/python/fp8_quantize.py): the weights transformers' FP8 integration converts,
+/// each bit-identical with its `Fp8Quantize` op; the rest as stored; `from_pretrained`
+/// loads the result with no missing or unexpected key; verify clean.
+#[test]
+#[ignore = "needs torch, transformers: run .ci/run"]
+fn fp8_block_quantization_is_transformers_own() {
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("fp8_quantize.py");
+    assert!(ok, "FP8 quantization check failed:\n{out}\n{err}");
+    assert!(
+        out.contains(
+            "ok: 14 linear weights quantized to FP8 bit-identical with transformers' Fp8Quantize"
+        ),
+        "{out}"
+    );
+}

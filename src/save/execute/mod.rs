@@ -128,6 +128,29 @@ pub fn run(
             Sink::Stream(feed) => copier.stream(from, range.len, cast, stop, feed),
         }?),
         (Make::Copy | Make::Cast { .. }, true) => merged(inputs, (src, range), dtypes, None, sink),
+        (Make::Quantize(layout), false) => {
+            let input = super::quantize_fp8::Fp8Input {
+                name: &ckpt.tensors()[inputs.tensor].name,
+                weight: (src, range),
+                layout,
+            };
+            match sink {
+                // The values are arithmetic on every element: every core for a big one.
+                Sink::File { at, report }
+                    if layout.part == super::quantize_fp8::Fp8Part::Values =>
+                {
+                    let threads = threads_for(range.len);
+                    report(super::quantize_fp8::write_in_parallel(
+                        input, at, threads, stop,
+                    )?);
+                }
+                sink => super::quantize_fp8::stream(input, stop, &mut feed_of(sink))?,
+            }
+            Ok(())
+        }
+        (Make::Quantize(_), true) => Err(unsupported(
+            "a weight quantized on the way out is not merged into",
+        )),
         (
             Make::Dequantize {
                 quant:

@@ -20,6 +20,7 @@ use crate::save::fp8::Fp8Blocks;
 use crate::save::mxfp4::Mxfp4Layout;
 use crate::save::nvfp4::Nvfp4Layout;
 use crate::save::packed_int::PackedIntLayout;
+use crate::save::quantize_fp8::{Fp8Out, Fp8Part};
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
 
@@ -55,6 +56,9 @@ pub enum Make {
     /// A quantized weight multiplied out by its scales, in `to`: the values
     /// transformers computes when it loads the model dequantized.
     Dequantize { quant: Quant, to: DType },
+    /// A float weight quantized to fine-grained FP8 as transformers' `Fp8Quantize`
+    /// does: its values, or its `_scale_inv` (see `save::quantize_fp8`).
+    Quantize(Fp8Out),
 }
 
 /// A quantized weight's format and scales.
@@ -122,6 +126,7 @@ impl Recipe {
         match self.make {
             Make::Copy => stored,
             Make::Cast { to, .. } | Make::Dequantize { to, .. } => to,
+            Make::Quantize(layout) => layout.dtype(),
         }
     }
 
@@ -142,11 +147,15 @@ impl Recipe {
                 quant: Quant::PackedInt { .. },
                 ..
             } => DType::I32,
+            Make::Quantize(layout) => layout.from,
         }
     }
 
     /// Bytes the recipe writes, for a tensor stored as `stored`.
     pub fn output_len(&self, stored: DType) -> u64 {
+        if let Make::Quantize(layout) = self.make {
+            return layout.output_len();
+        }
         if let Some(shape) = self.renamed_shape() {
             return shape.iter().product::<u64>() * self.output_dtype(stored).size();
         }
@@ -208,20 +217,47 @@ impl Recipe {
         }
     }
 
-    /// For a recipe that writes a quantized weight under another name than the stored
-    /// tensor's: the stored name's suffix the written name drops (`P_blocks` → `P`,
-    /// `M.weight_packed` → `M.weight`).
-    pub fn renamed_from_suffix(&self) -> Option<&'static str> {
-        match self.quant()? {
-            Quant::Mxfp4 { .. } => Some("_blocks"),
-            Quant::PackedInt { .. } | Quant::Nvfp4 { .. } => Some("_packed"),
-            Quant::Fp8 { .. } => None,
+    /// The name written for a tensor stored as `stored`: its own, but `P` for MXFP4's
+    /// `P_blocks` and `M.weight` for a packed `M.weight_packed` written dequantized,
+    /// and `M.weight_scale_inv` for the scales of a weight quantized on the way out.
+    pub fn written_name<'n>(&self, stored: &'n str) -> std::borrow::Cow<'n, str> {
+        use std::borrow::Cow;
+        let strip = |suffix: &str| Cow::Borrowed(stored.strip_suffix(suffix).unwrap_or(stored));
+        match self.make {
+            Make::Dequantize {
+                quant: Quant::Mxfp4 { .. },
+                ..
+            } => strip("_blocks"),
+            Make::Dequantize {
+                quant: Quant::PackedInt { .. } | Quant::Nvfp4 { .. },
+                ..
+            } => strip("_packed"),
+            Make::Quantize(Fp8Out {
+                part: Fp8Part::Scales,
+                ..
+            }) => Cow::Owned(format!("{stored}_scale_inv")),
+            _ => Cow::Borrowed(stored),
         }
+    }
+
+    /// Whether the recipe writes a second tensor made from its source (the scales of a
+    /// weight quantized on the way out), beside the recipe that writes the tensor itself.
+    pub fn is_companion(&self) -> bool {
+        matches!(
+            self.make,
+            Make::Quantize(Fp8Out {
+                part: Fp8Part::Scales,
+                ..
+            })
+        )
     }
 
     /// The shape written, for a recipe that writes another shape than the stored
     /// tensor's (a packed or blocked quantized weight).
     pub fn renamed_shape(&self) -> Option<Vec<u64>> {
+        if let Make::Quantize(layout) = self.make {
+            return Some(layout.shape().to_vec());
+        }
         match self.quant()? {
             Quant::Mxfp4 { layout, .. } => Some(layout.shape().to_vec()),
             Quant::PackedInt { layout, .. } => Some(layout.shape().to_vec()),
@@ -247,6 +283,13 @@ impl Recipe {
             && !matches!(
                 self.quant(),
                 Some(Quant::Mxfp4 { .. } | Quant::PackedInt { .. } | Quant::Nvfp4 { .. })
+            )
+            && !matches!(
+                self.make,
+                Make::Quantize(Fp8Out {
+                    part: Fp8Part::Values,
+                    ..
+                })
             )
     }
 
@@ -280,6 +323,14 @@ impl Recipe {
             } => {
                 format!("{read} FP4 values times their block scales over the global scale, in {to}")
             }
+            Make::Quantize(Fp8Out {
+                part: Fp8Part::Values,
+                ..
+            }) => format!("{read} values quantized to FP8 in 128×128 tiles"),
+            Make::Quantize(Fp8Out {
+                part: Fp8Part::Scales,
+                ..
+            }) => format!("{read} values' FP8 tile scales"),
         };
         if self.merge {
             format!("{made}, with the LoRA merges applied")

@@ -16,6 +16,7 @@ use crate::types::dtype::DType;
 
 mod dequantize;
 mod dequantize_packed;
+mod quantize;
 
 use dequantize::{Dequantize, Dequantized, Refused};
 
@@ -66,6 +67,8 @@ pub struct SaveOptions {
     /// A save split over processes: write one part, or commit the parts
     /// (`save::parts`).
     pub distributed: Option<super::parts::Distributed>,
+    /// `--quantize fp8-block`: write the linear weights as fine-grained FP8.
+    pub quantize_fp8: bool,
 }
 
 /// See [`SaveOptions::commit_check`].
@@ -184,6 +187,7 @@ impl SaveOptions {
             stage: None,
             asked: None,
             distributed: None,
+            quantize_fp8: false,
         }
     }
 }
@@ -232,6 +236,12 @@ impl PlannedTensor {
         }
     }
 
+    /// Whether this writes a second tensor made from its checkpoint tensor (a quantized
+    /// weight's scales), not the tensor itself.
+    pub fn is_companion(&self) -> bool {
+        self.packed.whole().is_some_and(Recipe::is_companion)
+    }
+
     /// The checkpoint's tensor this writes.
     pub fn tensor(&self) -> TensorId {
         self.tensor as TensorId
@@ -258,11 +268,11 @@ impl PlannedTensor {
 
     /// The name written: the checkpoint's, but `P` for an MXFP4 `P_blocks` and
     /// `M.weight` for a packed `M.weight_packed` written dequantized.
-    pub fn name<'c>(&self, ckpt: &'c Checkpoint) -> &'c str {
-        let name = &ckpt.tensors()[self.tensor()].name;
-        match self.packed.whole().and_then(Recipe::renamed_from_suffix) {
-            Some(suffix) => name.strip_suffix(suffix).unwrap_or(name),
-            None => name,
+    pub fn name<'c>(&self, ckpt: &'c Checkpoint) -> std::borrow::Cow<'c, str> {
+        let name: &str = &ckpt.tensors()[self.tensor()].name;
+        match self.packed.whole() {
+            Some(recipe) => recipe.written_name(name),
+            None => std::borrow::Cow::Borrowed(name),
         }
     }
 
@@ -353,6 +363,10 @@ pub struct SavePlan {
     /// is then written without its `quantization_config`.
     pub dequantized: usize,
     pub dropped_scales: Vec<String>,
+    /// `--quantize fp8-block`: the weights written as FP8, and the
+    /// `quantization_config` config.json gets.
+    pub quantized: usize,
+    pub quantization_config: Option<serde_json::Value>,
 }
 
 /// What a save holds in memory, for the inspector's save preview: its bytes and what
@@ -673,7 +687,15 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         .filter(|a| cast_to.is_some() && a.dtype == cast_to);
     // One planned tensor per tensor, reserved once: at a million tensors this list is
     // most of what a save holds, so it is never grown by doubling nor copied.
-    let mut chosen: Vec<PlannedTensor> = Vec::with_capacity(ckpt.tensors().len());
+    // A quantized weight is two planned tensors (its values and its scales).
+    let mut chosen: Vec<PlannedTensor> =
+        Vec::with_capacity(ckpt.tensors().len() * if options.quantize_fp8 { 2 } else { 1 });
+    let (mut quantized_count, mut not_converted) = (0usize, Vec::new());
+    if options.quantize_fp8 && ckpt.config.quantization.is_some() {
+        problems.push(Unsaveable::Quantization(
+            "--quantize fp8-block quantizes a float model, and config.json's quantization_config says this one is quantized already: save it with --dtype bfloat16 first (which dequantizes it), then quantize that".to_owned(),
+        ));
+    }
     let mut chosen_push = |id: TensorId, recipe: Recipe| {
         chosen.push(PlannedTensor::new(ckpt, id, recipe));
     };
@@ -707,6 +729,25 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
                 }
                 Err(why) => {
                     problems.push(Unsaveable::NotDequantized {
+                        tensor: tensor.name.to_string(),
+                        why,
+                    });
+                    continue;
+                }
+            }
+        }
+        if options.quantize_fp8 {
+            match quantize::choose(ckpt, id) {
+                Ok(quantize::Fp8Choice::Quantized(recipes)) => {
+                    quantized_count += 1;
+                    for recipe in *recipes {
+                        chosen_push(id, recipe);
+                    }
+                    continue;
+                }
+                Ok(quantize::Fp8Choice::Kept { module }) => not_converted.extend(module),
+                Err(why) => {
+                    problems.push(Unsaveable::NoRecipe {
                         tensor: tensor.name.to_string(),
                         why,
                     });
@@ -792,9 +833,16 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             "config.json's quantization_config is `mxfp4`, but no tensor is MXFP4 blocks (`…_blocks` with `…_scales`): there is nothing to dequantize, and a float --dtype would keep a quantization_config that no weight matches; save with --dtype keep".to_owned(),
         ));
     }
+    if options.quantize_fp8 && quantized_count == 0 && ckpt.config.quantization.is_none() {
+        problems.push(Unsaveable::Quantization(
+            "--quantize fp8-block found no weight to quantize: it quantizes the 2-D weights of linear layers whose both dimensions are multiples of 128".to_owned(),
+        ));
+    }
     if !problems.is_empty() {
         return Err(SaveError::Unsaveable(problems));
     }
+    not_converted.sort_unstable();
+    not_converted.dedup();
     let total_parameters = ckpt.total_parameters.unwrap_or_else(|| {
         chosen
             .iter()
@@ -843,7 +891,7 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         .iter()
         .flat_map(|s: &ShardPlan| &s.tensors)
         .max_by_key(|p| p.len)
-        .map(|p| (p.name(ckpt).to_owned(), p.len));
+        .map(|p| (p.name(ckpt).into_owned(), p.len));
     Ok(SavePlan {
         shards,
         cast_to,
@@ -854,6 +902,8 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         kept_fp32,
         cast_despite_fp32,
         dequantized: dequantized_count,
+        quantized: quantized_count,
+        quantization_config: (quantized_count > 0).then(|| quantize::config(&not_converted)),
         dropped_scales,
     })
 }

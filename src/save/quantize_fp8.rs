@@ -1,0 +1,335 @@
+//! Quantizing on the way out: a float weight written as DeepSeek/transformers-style
+//! fine-grained FP8 (`--quantize fp8-block`), as transformers' own `Fp8Quantize`
+//! computes it (`integrations/finegrained_fp8.py`):
+//!
+//! - the weight in float32, cut in 128×128 tiles (the shape must divide);
+//! - per tile `m = max |w|`; `scale = 448 / m` (1 where `m` is 0), in f32 as torch
+//!   computes a number over a tensor: `(1 / m) · 448`, rounded twice;
+//! - the values `w · scale`, clamped to ±448, rounded to F8_E4M3 (to nearest, ties to
+//!   even, as torch's `.to(torch.float8_e4m3fn)`);
+//! - `M.weight_scale_inv = 1 / scale` (f32) per tile.
+//!
+//! Two recipes read the same weight: one writes the values, the other the scales. Each
+//! streams one row of tiles (128 rows, as stored) at a time, widened to f32 16 rows at
+//! a time (the tiles' maxima first, then the values): memory is one row of tiles.
+
+use std::fs::File;
+use std::io;
+
+use super::copy::{CopyError, Stop, read_exact_at};
+use crate::types::dtype::DType;
+use crate::types::range::ByteRange;
+
+/// The largest F8_E4M3 value (`torch.finfo(torch.float8_e4m3fn).max`).
+const FP8_MAX: f32 = 448.0;
+
+/// Which of a quantized weight's two tensors a recipe writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp8Part {
+    /// The F8_E4M3 values, the weight's shape.
+    Values,
+    /// The F32 `weight_scale_inv`, one per tile.
+    Scales,
+}
+
+/// A float weight `[rows, cols]` quantized in `block` tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fp8Out {
+    pub rows: u64,
+    pub cols: u64,
+    pub block: (u64, u64),
+    /// The stored dtype (float32, float16 or bfloat16).
+    pub from: DType,
+    pub part: Fp8Part,
+}
+
+impl Fp8Out {
+    /// Tiles down and across.
+    pub fn grid(&self) -> (u64, u64) {
+        (self.rows / self.block.0, self.cols / self.block.1)
+    }
+
+    /// The shape the part is written as.
+    pub fn shape(&self) -> [u64; 2] {
+        match self.part {
+            Fp8Part::Values => [self.rows, self.cols],
+            Fp8Part::Scales => {
+                let (r, c) = self.grid();
+                [r, c]
+            }
+        }
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self.part {
+            Fp8Part::Values => DType::F8E4M3,
+            Fp8Part::Scales => DType::F32,
+        }
+    }
+
+    pub fn output_len(&self) -> u64 {
+        self.shape().iter().product::<u64>() * self.dtype().size()
+    }
+}
+
+/// `x` (finite, |x| ≤ 448) as an F8_E4M3 byte, rounded to nearest, ties to even, as
+/// torch converts float32 to `float8_e4m3fn`. Branch-free, so a row of them compiles to
+/// vector instructions.
+#[inline]
+pub fn e4m3fn(x: f32) -> u8 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 24) & 0x80) as u8;
+    let a = f32::from_bits(bits & 0x7FFF_FFFF);
+    // Below the smallest normal (2^-6): multiples of 2^-9, rounded to even by adding
+    // and taking away 2^23 (f32 addition rounds to nearest even).
+    let subnormal = ((a * 512.0 + 8_388_608.0) - 8_388_608.0) as u32;
+    // Normal: keep 3 of the 23 mantissa bits, rounding to nearest even (a carry moves
+    // into the exponent, as it should); the exponent rebiased from 127 to 7 takes
+    // 120 << 3 off the exponent-and-mantissa field.
+    let abs = bits & 0x7FFF_FFFF;
+    let rounded = (abs + 0x7_FFFF + ((abs >> 20) & 1)) >> 20;
+    let normal = rounded.wrapping_sub(120 << 3);
+    let code = if a < 1.0 / 64.0 { subnormal } else { normal };
+    sign | code as u8
+}
+
+/// Rows widened to f32 at a time within a row of tiles (held as stored, read once):
+/// the tiles' maxima are found over the whole row of tiles first, then its values
+/// quantized, so the f32 copy is a few rows, not 128.
+const CHUNK_ROWS: usize = 16;
+
+/// A weight to quantize, as [`stream`] takes it. `name` names it in errors (a NaN or
+/// an infinity, which has no FP8 value).
+#[derive(Clone, Copy)]
+pub struct Fp8Input<'a> {
+    pub name: &'a str,
+    pub weight: (&'a File, ByteRange),
+    pub layout: Fp8Out,
+}
+
+/// Reads the weight and hands `sink` the part `layout` names, one row of tiles at a
+/// time.
+pub fn stream(
+    input: Fp8Input<'_>,
+    cancel: &dyn Stop,
+    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), CopyError> {
+    check(input)?;
+    let bands = input.layout.rows / input.layout.block.0;
+    stream_bands(input, 0..bands, cancel, sink)
+}
+
+/// [`stream`] of the values with the rows of tiles split among `threads` threads, each
+/// writing its output in place in `dst` from `dst_offset` on. Returns the bytes written.
+pub fn write_in_parallel(
+    input: Fp8Input<'_>,
+    (dst, dst_offset): (&File, u64),
+    threads: u64,
+    cancel: &(dyn Stop + Sync),
+) -> Result<u64, CopyError> {
+    check(input)?;
+    let layout = input.layout;
+    let bands = layout.rows / layout.block.0;
+    let band_bytes = layout.output_len() / bands.max(1);
+    super::copy::write_parts_in_parallel(
+        bands,
+        band_bytes,
+        threads,
+        (dst, dst_offset),
+        &|range, sink| stream_bands(input, range, cancel, sink),
+    )?;
+    Ok(layout.output_len())
+}
+
+fn check(input: Fp8Input<'_>) -> Result<(), CopyError> {
+    let l = input.layout;
+    let (bm, bn) = l.block;
+    if input.weight.1.len != l.rows * l.cols * l.from.size()
+        || bm == 0
+        || bn == 0
+        || !l.rows.is_multiple_of(bm)
+        || !l.cols.is_multiple_of(bn)
+    {
+        return Err(CopyError::Io(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "`{}` is not a [{}, {}] {} weight of whole {bm}×{bn} tiles",
+                input.name, l.rows, l.cols, l.from
+            ),
+        )));
+    }
+    Ok(())
+}
+
+/// The stored elements `raw` (rows from `first_row` on) as f32 in `values`, checked
+/// finite.
+fn widen(
+    input: Fp8Input<'_>,
+    raw: &[u8],
+    first_row: usize,
+    values: &mut Vec<f32>,
+) -> Result<(), CopyError> {
+    let l = input.layout;
+    let size = l.from.size() as usize;
+    values.resize(raw.len() / size, 0.0);
+    match l.from {
+        DType::BF16 => {
+            for (v, b) in values.iter_mut().zip(raw.chunks_exact(2)) {
+                *v = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+            }
+        }
+        DType::F16 => {
+            for (v, b) in values.iter_mut().zip(raw.chunks_exact(2)) {
+                *v = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+        _ => {
+            for (v, b) in values.iter_mut().zip(raw.chunks_exact(4)) {
+                *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+    }
+    // A NaN or an infinity has every exponent bit set: an integer test, one
+    // vectorised pass without a chain of float additions.
+    let bad = values.iter().fold(0u32, |any, v| {
+        any | u32::from(v.to_bits() & 0x7F80_0000 == 0x7F80_0000)
+    });
+    if bad != 0 {
+        let at = values.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        return Err(CopyError::Io(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "`{}` holds {} at element {}: it has no FP8 value",
+                input.name,
+                values[at],
+                first_row * l.cols as usize + at
+            ),
+        )));
+    }
+    Ok(())
+}
+
+/// [`stream`] of the rows of tiles `bands`.
+fn stream_bands(
+    input: Fp8Input<'_>,
+    bands: std::ops::Range<u64>,
+    cancel: &dyn Stop,
+    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), CopyError> {
+    let l = input.layout;
+    let (cols, bm, bn) = (l.cols as usize, l.block.0 as usize, l.block.1 as usize);
+    let tiles = cols / bn;
+    let size = l.from.size() as usize;
+    let (mut raw, mut values, mut out) = (Vec::new(), Vec::new(), Vec::new());
+    let mut scales = vec![1f32; tiles];
+    let chunk = CHUNK_ROWS * cols * size;
+    for band in bands {
+        if cancel.stop() {
+            return Err(CopyError::Cancelled);
+        }
+        // The band's stored bytes, read once: its tiles' maxima come first, then its
+        // values, both from here.
+        let first = band as usize * bm;
+        raw.resize(bm * cols * size, 0);
+        read_exact_at(
+            input.weight.0,
+            &mut raw,
+            input.weight.1.offset + (first * cols * size) as u64,
+        )?;
+        // Each tile's largest |w| over the band's rows, as the bits of a positive f32.
+        let mut maxes = vec![0u32; tiles];
+        if l.from == DType::BF16 {
+            // Straight from the stored halves: |v|'s bits order as |v| does, and a
+            // NaN or an infinity has every exponent bit set.
+            let mut bad = 0u16;
+            for row in raw.chunks_exact(cols * 2) {
+                for (m, tile) in maxes.iter_mut().zip(row.chunks_exact(bn * 2)) {
+                    let (top, any) = tile.chunks_exact(2).fold((0u16, 0u16), |(top, any), b| {
+                        let abs = u16::from_le_bytes([b[0], b[1]]) & 0x7FFF;
+                        (top.max(abs), any | u16::from(abs >= 0x7F80))
+                    });
+                    *m = (*m).max(u32::from(top) << 16);
+                    bad |= any;
+                }
+            }
+            if bad != 0 {
+                // Said with the element's place by the widening below.
+                for (k, part) in raw.chunks(chunk).enumerate() {
+                    widen(input, part, first + k * CHUNK_ROWS, &mut values)?;
+                }
+            }
+        } else {
+            for (k, part) in raw.chunks(chunk).enumerate() {
+                widen(input, part, first + k * CHUNK_ROWS, &mut values)?;
+                for row in values.chunks_exact(cols) {
+                    for (m, tile) in maxes.iter_mut().zip(row.chunks_exact(bn)) {
+                        // For finite floats |v| orders as its bits do: an integer
+                        // maximum, which vectorises.
+                        *m = tile
+                            .iter()
+                            .fold(*m, |a, v| a.max(v.to_bits() & 0x7FFF_FFFF));
+                    }
+                }
+            }
+        }
+        for (scale, &max) in scales.iter_mut().zip(&maxes) {
+            let max = f32::from_bits(max);
+            // Python's `448 / tensor` is torch's `tensor.reciprocal() * 448`: two
+            // roundings, not one division.
+            *scale = if max > 0.0 {
+                (1.0 / max) * FP8_MAX
+            } else {
+                1.0
+            };
+        }
+        if l.part == Fp8Part::Scales {
+            out.clear();
+            for s in &scales {
+                out.extend_from_slice(&(1.0 / s).to_le_bytes());
+            }
+            sink(&out).map_err(CopyError::Io)?;
+            continue;
+        }
+        for (k, part) in raw.chunks(chunk).enumerate() {
+            widen(input, part, first + k * CHUNK_ROWS, &mut values)?;
+            out.resize(values.len(), 0);
+            for (row, dst) in values.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+                for ((tile, dst), &s) in row
+                    .chunks_exact(bn)
+                    .zip(dst.chunks_exact_mut(bn))
+                    .zip(&scales)
+                {
+                    for (v, d) in tile.iter().zip(dst) {
+                        *d = e4m3fn((v * s).clamp(-FP8_MAX, FP8_MAX));
+                    }
+                }
+            }
+            sink(&out).map_err(CopyError::Io)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_finite_e4m3_value_rounds_to_itself_and_halfway_values_to_even() {
+        let decode = super::super::fp8::e4m3_values();
+        for code in 0..=255u8 {
+            let v = decode[usize::from(code)];
+            if v.is_nan() {
+                continue;
+            }
+            assert_eq!(e4m3fn(v), code, "code {code:#04x} = {v}");
+        }
+        // Halfway between 1.0 (0x38) and 1.125 (0x39): to the even code, 0x38; between
+        // 1.125 and 1.25 (0x3a): to 0x3a.
+        assert_eq!(e4m3fn(1.0625), 0x38);
+        assert_eq!(e4m3fn(1.1875), 0x3a);
+        // Halfway in the subnormals: 1.5 · 2^-9 rounds to 2 · 2^-9.
+        assert_eq!(e4m3fn(1.5 / 512.0), 0x02);
+        assert_eq!(e4m3fn(-448.0), 0xfe);
+    }
+}
