@@ -41,7 +41,7 @@ fn plan_counts_the_kv_cache_transformers_holds() {
     assert_eq!(
         out.matches("as transformers' DynamicCache holds it")
             .count(),
-        24,
+        33,
         "{out}"
     );
 }
