@@ -10,11 +10,11 @@ Usage: python accelerate_plan.py PATH/TO/devmap
 Prints one line per case and exits non-zero on any difference.
 """
 
+from saved import workdir
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import accelerate
 import torch
@@ -248,7 +248,7 @@ def check_transformers5_rule(devmap):
 
     _, config = next(families())
     config.num_hidden_layers = 12
-    work = tempfile.mkdtemp(prefix="devmap-t5rule-")
+    work = workdir(prefix="devmap-t5rule-")
     src = os.path.join(work, "src")
     AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(src)
     device_map = {"model.embed_tokens": 0, "model.layers.1": 1, "model.layers": "cpu", "model.norm": "cpu", "lm_head": 0}
@@ -316,7 +316,7 @@ def check_edges(devmap, family, config):
     (`model.rotary_emb`) too."""
     from accelerate.utils.modeling import get_max_layer_size
 
-    work = tempfile.mkdtemp(prefix=f"devmap-plan-{family}-")
+    work = workdir(prefix=f"devmap-plan-{family}-")
     torch.manual_seed(0)
     src = os.path.join(work, "src")
     auto = model_class(config)
@@ -367,7 +367,7 @@ def check_family(devmap, family, config, store=torch.bfloat16, load=None, first=
     `first` N only, when given), against accelerate's infer_auto_device_map. With
     `fp8_dequantize`, the checkpoint holds FP8 weights with block scales and a config
     saying `dequantize: true`: devmap must plan the plain model transformers loads."""
-    work = tempfile.mkdtemp(prefix=f"devmap-plan-{family}-")
+    work = workdir(prefix=f"devmap-plan-{family}-")
     torch.manual_seed(0)
     src = os.path.join(work, "src")
     auto = model_class(config)

@@ -11,11 +11,11 @@ loaded model's device (`disk` for `meta`).
 Usage: python buffer_placement.py PATH/TO/devmap
 """
 
+from saved import workdir
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import warnings
 
 import torch
@@ -27,7 +27,7 @@ transformers.logging.set_verbosity_error()
 
 
 def main(devmap):
-    work = tempfile.mkdtemp(prefix="devmap-buffers-")
+    work = workdir(prefix="devmap-buffers-")
     torch.manual_seed(0)
     config = Glm4MoeConfig(
         vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,

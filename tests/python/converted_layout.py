@@ -9,10 +9,10 @@ and from_pretrained(OUT) must hold exactly the changed values and no extra keys.
 Usage: python converted_layout.py PATH/TO/devmap
 """
 
+from saved import workdir
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 from safetensors import safe_open
@@ -24,7 +24,7 @@ LLAMA_LIKE_MAP = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.l
 
 
 def check(devmap, family, config, device_map=LLAMA_LIKE_MAP):
-    work = tempfile.mkdtemp(prefix=f"devmap-converted-{family}-")
+    work = workdir(prefix=f"devmap-converted-{family}-")
     torch.manual_seed(0)
     src, off, out = (os.path.join(work, d) for d in ("src", "off", "out"))
     AutoModelForCausalLM.from_config(config).save_pretrained(src)

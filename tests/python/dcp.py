@@ -14,19 +14,19 @@ Checkpoints several ranks wrote: dcp_ranks.py.
 Usage: python dcp.py PATH/TO/devmap
 """
 
+from saved import workdir
 import io
 import os
 import pickle
 import subprocess
 import sys
-import tempfile
 
 import torch
 import torch.distributed.checkpoint as dcp
 from saved import differences, tensors
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-WORK = tempfile.mkdtemp(prefix="devmap-dcp-")
+WORK = workdir(prefix="devmap-dcp-")
 INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
 
 

@@ -16,12 +16,12 @@ parallel, read back bit for bit as its ordinary save writes the model. A chunk d
 Usage: python dcp_ranks.py PATH/TO/devmap
 """
 
+from saved import workdir
 import json
 import os
 import pickle
 import subprocess
 import sys
-import tempfile
 
 import torch
 
@@ -219,7 +219,7 @@ def damaged(devmap, work, src, config, label, damage, needles):
 
 
 def main(devmap):
-    work = tempfile.mkdtemp(prefix="devmap-dcp-ranks-")
+    work = workdir(prefix="devmap-dcp-ranks-")
     src, ref = case(devmap, work, "two-ranks-dim0", 2, "dim0", True, None, 29531)
     case(devmap, work, "four-ranks-mixed", 4, "mixed", False, torch.bfloat16, 29532)
     case(devmap, work, "transformers-rank-files", 2, "mixed", False, None, 29533, hf_files=True)

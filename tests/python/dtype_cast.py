@@ -18,11 +18,11 @@ Usage: python dtype_cast.py PATH/TO/devmap
 Exits non-zero on any difference. Needs torch, transformers, accelerate, safetensors.
 """
 
+from saved import workdir
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import torch
@@ -194,7 +194,7 @@ def check_auto(devmap, work):
 
 
 def main(devmap):
-    work = tempfile.mkdtemp(prefix="devmap-dtype-")
+    work = workdir(prefix="devmap-dtype-")
     check_casts(devmap, work)
     check_auto(devmap, work)
     print(f"torch {torch.__version__}, CPU capability {CAPABILITY}, machine {os.uname().machine}")

@@ -15,11 +15,11 @@ ones. `devmap verify OUT` (transformers' expectations) and `--against` must be c
 Usage: python fp8_dequant.py PATH/TO/devmap
 """
 
+from saved import workdir
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 from safetensors.torch import save_file
@@ -198,7 +198,7 @@ def check_lora(devmap, work):
 
 
 def main(devmap):
-    work = tempfile.mkdtemp(prefix="devmap-fp8-")
+    work = workdir(prefix="devmap-fp8-")
     failures = []
     failures += check(devmap, work, (16, 16), 64, 96, True)
     failures += check(devmap, work, (16, 32), 40, 72, False)

@@ -8,11 +8,11 @@ and `from_pretrained` of both must give the same logits.
 Usage: python keep_fp32.py PATH/TO/devmap
 """
 
+from saved import workdir
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 import transformers
@@ -148,7 +148,7 @@ def check(devmap, work, model_type, auto_class, dtype, device_map, extra=(), opt
 
 
 def main(devmap):
-    work = tempfile.mkdtemp(prefix="devmap-keep-fp32-")
+    work = workdir(prefix="devmap-keep-fp32-")
     for family in FAMILIES:
         check(devmap, work, *family)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")

@@ -3,16 +3,16 @@ terminal (tmux) the inspector takes the screen until `q`, then `INSPECTOR CLOSED
 printed; with `--report` (stdout not a terminal) the text report is printed instead
 and checked here.
 """
+from saved import workdir
 import os
 import sys
-import tempfile
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import devmap
 
-work = tempfile.mkdtemp(prefix="devmap-inspect-")
+work = workdir(prefix="devmap-inspect-")
 torch.manual_seed(0)
 config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                      num_attention_heads=4, num_key_value_heads=2)

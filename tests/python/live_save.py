@@ -14,11 +14,11 @@ tensor (name, dtype, bytes) and config.json by value, and reloaded: its logits m
 equal the live model's.
 """
 
+from saved import workdir
 import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 
@@ -28,7 +28,7 @@ from safetensors import safe_open
 import devmap
 
 torch.manual_seed(0)
-WORK = tempfile.mkdtemp(prefix="devmap-live-")
+WORK = workdir(prefix="devmap-live-")
 
 
 def tensors(folder):

@@ -8,11 +8,11 @@ part from `--part auto`: torchrun's RANK and WORLD_SIZE), and the commit.
 Usage: python parts_sources.py PATH/TO/devmap
 """
 
+from saved import workdir
 import filecmp
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 
@@ -68,7 +68,7 @@ def main(devmap):
     import deepspeed_zero
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    work = tempfile.mkdtemp(prefix="devmap-parts-")
+    work = workdir(prefix="devmap-parts-")
     # DCP, 4 ranks, dim-0 shards.
     small = dict(vocab_size=97, hidden_size=64, intermediate_size=90, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)

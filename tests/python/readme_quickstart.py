@@ -6,11 +6,11 @@ must load back with every value the original had.
 Usage: python readme_quickstart.py PATH/TO/devmap
 """
 
+from saved import workdir
 import os
 import shlex
 import subprocess
 import sys
-import tempfile
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -29,7 +29,7 @@ def blocks(readme):
 def main(devmap):
     with open(os.path.join(ROOT, "README.md")) as f:
         python, shell = blocks(f.read())
-    work = tempfile.mkdtemp(prefix="devmap-quickstart-")
+    work = workdir(prefix="devmap-quickstart-")
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32)

@@ -8,11 +8,11 @@ Usage: python real_transformers.py PATH/TO/devmap
 Exits non-zero on any mismatch. Needs torch, transformers, accelerate.
 """
 
+from saved import workdir
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 import transformers
@@ -34,7 +34,7 @@ def per_tensor_offload(folder, tensors):
 
 
 def main(devmap):
-    work = tempfile.mkdtemp(prefix="devmap-real-")
+    work = workdir(prefix="devmap-real-")
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=256,

@@ -19,7 +19,9 @@ import time
 
 import torch
 
-WORK = tempfile.mkdtemp(prefix="devmap-signal-")
+# The parent's work folder, made in main(): the children this file starts import it
+# too, and made one each at import (252 empty folders over a few CI runs).
+WORK = None
 RUNS = 20
 
 
@@ -87,6 +89,9 @@ def wait_for_step(proc, n):
 
 def main():
     from transformers import AutoModelForCausalLM
+
+    global WORK
+    WORK = tempfile.mkdtemp(prefix="devmap-signal-")
 
     rng = random.Random(11)
     seen = set()

@@ -6,6 +6,18 @@ import os
 from safetensors import safe_open
 
 
+def workdir(prefix):
+    """A fresh folder in the system's temporary folder, removed when this process exits,
+    failed check or not: the checks leave nothing behind."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def tensors(folder):
     """{name: tensor} for every tensor of every `.safetensors` file in `folder`."""
     out = {}

@@ -12,19 +12,19 @@ them, with nothing written and nothing run.
 Usage: python torch_bin.py PATH/TO/devmap
 """
 
+from saved import workdir
 import json
 import os
 import pickle
 import subprocess
 import sys
-import tempfile
 import zipfile
 
 import torch
 from saved import differences, tensors
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-WORK = tempfile.mkdtemp(prefix="devmap-bin-")
+WORK = workdir(prefix="devmap-bin-")
 INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
 
 

@@ -11,11 +11,11 @@ must place every tensor on the same device.
 Usage: python transformers_plan.py PATH/TO/devmap
 """
 
+from saved import workdir
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import warnings
 
 import torch
@@ -91,7 +91,7 @@ def model_class_of(src):
 def main(devmap):
     configs = configs_of()
     same = differ = keys_same = 0
-    work = tempfile.mkdtemp(prefix="devmap-tf-plan-")
+    work = workdir(prefix="devmap-tf-plan-")
     for family in FAMILIES:
         config = configs[family]
         for stored, loaded in DTYPES:

@@ -7,11 +7,11 @@ Usage: python verify_real.py PATH/TO/devmap
 Exits non-zero on any mismatch. Needs torch and transformers.
 """
 
+from saved import workdir
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -35,7 +35,7 @@ def expect_clean(devmap, out, *extra):
 
 
 def main(devmap):
-    work = tempfile.mkdtemp(prefix="devmap-verify-real-")
+    work = workdir(prefix="devmap-verify-real-")
     torch.manual_seed(0)
 
     llama = LlamaForCausalLM(
