@@ -175,18 +175,17 @@ fn packed_int_part(
     name: &str,
     tensor: &crate::model::checkpoint::Tensor,
 ) -> Option<QuantizedPart> {
-    for companion in [
-        ".weight_scale",
-        ".weight_zero_point",
-        ".weight_shape",
-        ".weight_g_idx",
-    ] {
-        if let Some(module) = name.strip_suffix(companion) {
-            let weight = format!("{module}.weight_packed");
-            return ckpt
-                .index_of(&weight)
-                .map(|_| QuantizedPart::Scales { of: weight });
-        }
+    if let Some(part) = packed_companion(
+        ckpt,
+        name,
+        &[
+            ".weight_scale",
+            ".weight_zero_point",
+            ".weight_shape",
+            ".weight_g_idx",
+        ],
+    ) {
+        return part;
     }
     let module = name.strip_suffix(".weight_packed")?;
     let [scheme] = q.int_weights.as_slice() else {
@@ -233,17 +232,16 @@ fn nvfp4_part(
     name: &str,
     tensor: &crate::model::checkpoint::Tensor,
 ) -> Option<QuantizedPart> {
-    for companion in [
-        ".weight_scale",
-        ".weight_global_scale",
-        ".input_global_scale",
-    ] {
-        if let Some(module) = name.strip_suffix(companion) {
-            let weight = format!("{module}.weight_packed");
-            return ckpt
-                .index_of(&weight)
-                .map(|_| QuantizedPart::Scales { of: weight });
-        }
+    if let Some(part) = packed_companion(
+        ckpt,
+        name,
+        &[
+            ".weight_scale",
+            ".weight_global_scale",
+            ".input_global_scale",
+        ],
+    ) {
+        return part;
     }
     let module = name.strip_suffix(".weight_packed")?;
     let &[rows, half] = tensor.shape.to_vec().as_slice() else {
@@ -257,4 +255,20 @@ fn nvfp4_part(
         dequantized_name: format!("{module}.weight"),
         dequantized_shape: vec![rows, half * 2],
     })
+}
+
+/// For a tensor named `M` + one of `companions`: `Some` of its part — the scales of
+/// `M.weight_packed`, or nothing when there is no such weight; `None` for any other name.
+#[allow(clippy::option_option)]
+fn packed_companion(
+    ckpt: &Checkpoint,
+    name: &str,
+    companions: &[&str],
+) -> Option<Option<QuantizedPart>> {
+    let module = companions.iter().find_map(|c| name.strip_suffix(c))?;
+    let weight = format!("{module}.weight_packed");
+    Some(
+        ckpt.index_of(&weight)
+            .map(|_| QuantizedPart::Scales { of: weight }),
+    )
 }

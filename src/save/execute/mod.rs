@@ -194,16 +194,7 @@ pub fn run(
             merge,
         ) => {
             let scales_file = open(ckpt, scales.file)?;
-            let merger = merge
-                .then(|| {
-                    super::lora_kernel::RowMerger::load(
-                        ckpt,
-                        inputs.tensor,
-                        layout.matrix(),
-                        &open_io(ckpt),
-                    )
-                })
-                .transpose()?;
+            let merger = row_merger(inputs, layout.matrix(), merge)?;
             let packed = super::mxfp4::Packed {
                 name: &ckpt.tensors()[inputs.tensor].name,
                 blocks: (src, range),
@@ -211,20 +202,12 @@ pub fn run(
                 layout,
                 merge: merger.as_ref(),
             };
-            match sink {
-                Sink::File { at, report } => {
-                    let written = super::mxfp4::write_in_parallel(
-                        packed,
-                        to,
-                        at,
-                        threads_for(range.len),
-                        stop,
-                    )?;
-                    report(written);
-                }
-                Sink::Stream(feed) => super::mxfp4::stream(&packed, to, stop, feed)?,
-            }
-            Ok(())
+            computed(
+                sink,
+                range.len,
+                |at, threads| super::mxfp4::write_in_parallel(packed, to, at, threads, stop),
+                |feed| super::mxfp4::stream(&packed, to, stop, feed),
+            )
         }
         (
             Make::Dequantize {
@@ -240,16 +223,7 @@ pub fn run(
         ) => {
             let scales_file = open(ckpt, scales.file)?;
             let zeros_file = zeros.map(|z| open(ckpt, z.file)).transpose()?;
-            let merger = merge
-                .then(|| {
-                    super::lora_kernel::RowMerger::load(
-                        ckpt,
-                        inputs.tensor,
-                        (layout.rows, layout.cols),
-                        &open_io(ckpt),
-                    )
-                })
-                .transpose()?;
+            let merger = row_merger(inputs, (layout.rows, layout.cols), merge)?;
             let packed = super::packed_int::PackedInt {
                 name: &ckpt.tensors()[inputs.tensor].name,
                 packed: (src, range),
@@ -258,16 +232,12 @@ pub fn run(
                 layout,
                 merge: merger.as_ref(),
             };
-            match sink {
-                Sink::File { at, report } => {
-                    let threads = threads_for(range.len);
-                    report(super::packed_int::write_in_parallel(
-                        &packed, to, at, threads, stop,
-                    )?);
-                }
-                Sink::Stream(feed) => super::packed_int::stream(&packed, to, stop, feed)?,
-            }
-            Ok(())
+            computed(
+                sink,
+                range.len,
+                |at, threads| super::packed_int::write_in_parallel(&packed, to, at, threads, stop),
+                |feed| super::packed_int::stream(&packed, to, stop, feed),
+            )
         }
         (
             Make::Dequantize {
@@ -283,16 +253,7 @@ pub fn run(
         ) => {
             let scales_file = open(ckpt, scales.file)?;
             let global_file = open(ckpt, global.file)?;
-            let merger = merge
-                .then(|| {
-                    super::lora_kernel::RowMerger::load(
-                        ckpt,
-                        inputs.tensor,
-                        (layout.rows, layout.cols),
-                        &open_io(ckpt),
-                    )
-                })
-                .transpose()?;
+            let merger = row_merger(inputs, (layout.rows, layout.cols), merge)?;
             let packed = super::nvfp4::Nvfp4 {
                 name: &ckpt.tensors()[inputs.tensor].name,
                 packed: (src, range),
@@ -301,18 +262,48 @@ pub fn run(
                 layout,
                 merge: merger.as_ref(),
             };
-            match sink {
-                Sink::File { at, report } => {
-                    let threads = threads_for(range.len);
-                    report(super::nvfp4::write_in_parallel(
-                        &packed, to, at, threads, stop,
-                    )?);
-                }
-                Sink::Stream(feed) => super::nvfp4::stream(&packed, to, stop, feed)?,
-            }
-            Ok(())
+            computed(
+                sink,
+                range.len,
+                |at, threads| super::nvfp4::write_in_parallel(&packed, to, at, threads, stop),
+                |feed| super::nvfp4::stream(&packed, to, stop, feed),
+            )
         }
     }
+}
+
+/// The LoRA merges into tensor `inputs.tensor` (`matrix`: rows × columns as the merge
+/// sees the dequantized weight), when the recipe merges.
+fn row_merger(
+    inputs: Inputs<'_>,
+    matrix: (u64, u64),
+    merge: bool,
+) -> Result<Option<super::lora_kernel::RowMerger>, Failed> {
+    if !merge {
+        return Ok(None);
+    }
+    let ckpt = inputs.ckpt;
+    Ok(Some(super::lora_kernel::RowMerger::load(
+        ckpt,
+        inputs.tensor,
+        matrix,
+        &open_io(ckpt),
+    )?))
+}
+
+/// An arithmetic kernel run into `sink`: into a file in place, on every core for a big
+/// source (`parallel(at, threads)` returns the bytes written), or streamed in order.
+fn computed(
+    sink: Sink<'_>,
+    source_len: u64,
+    parallel: impl FnOnce((&File, u64), u64) -> Result<u64, CopyError>,
+    stream: impl FnOnce(&mut Feed<'_>) -> Result<(), CopyError>,
+) -> Result<(), Failed> {
+    match sink {
+        Sink::File { at, report } => report(parallel(at, threads_for(source_len))?),
+        Sink::Stream(feed) => stream(feed)?,
+    }
+    Ok(())
 }
 
 /// A recipe with LoRA merges: the value `src` holds (as `dtypes.0`; an FP8 weight

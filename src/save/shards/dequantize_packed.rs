@@ -83,6 +83,29 @@ const COMPANIONS: [&str; 8] = [
     ".input_global_scale",
 ];
 
+/// What a tensor of a compressed-tensors packed checkpoint is.
+enum PackedPart<'n> {
+    /// `M.weight_packed`, of module `M`.
+    Weight(&'n str),
+    /// A companion (`.weight_scale`, …) of module `M`'s `weight_packed`.
+    Companion(&'n str, &'static str),
+    /// Anything else: planned as any other tensor.
+    Other,
+}
+
+fn packed_part<'n>(ckpt: &Checkpoint, name: &'n str) -> PackedPart<'n> {
+    if let Some(companion) = COMPANIONS.iter().find(|c| name.ends_with(*c)) {
+        let module = &name[..name.len() - companion.len()];
+        return if ckpt.index_of(&format!("{module}.weight_packed")).is_some() {
+            PackedPart::Companion(module, companion)
+        } else {
+            PackedPart::Other
+        };
+    }
+    name.strip_suffix(".weight_packed")
+        .map_or(PackedPart::Other, PackedPart::Weight)
+}
+
 /// How a `pack-quantized` save treats tensor `id`.
 pub(super) fn dequantized(
     ckpt: &Checkpoint,
@@ -91,21 +114,15 @@ pub(super) fn dequantized(
     to: DType,
 ) -> Result<Dequantized, String> {
     let tensor = &ckpt.tensors()[id];
-    let name: &str = &tensor.name;
-    if let Some(companion) = COMPANIONS.iter().find(|c| name.ends_with(*c)) {
-        let module = &name[..name.len() - companion.len()];
-        if ckpt.index_of(&format!("{module}.weight_packed")).is_none() {
-            return Ok(Dequantized::NotFp8);
-        }
-        if *companion == ".weight_g_idx" {
+    let module = match packed_part(ckpt, &tensor.name) {
+        PackedPart::Weight(module) => module,
+        PackedPart::Companion(module, ".weight_g_idx") => {
             return Err(format!(
                 "is an activation-order group index: `{module}.weight_packed`'s columns are grouped by `g_idx`, which devmap does not dequantize"
             ));
         }
-        return Ok(Dequantized::Dropped);
-    }
-    let Some(module) = name.strip_suffix(".weight_packed") else {
-        return Ok(Dequantized::NotFp8);
+        PackedPart::Companion(..) => return Ok(Dequantized::Dropped),
+        PackedPart::Other => return Ok(Dequantized::NotFp8),
     };
     let dims: Vec<u64> = tensor.shape.to_vec();
     let (DType::I32, &[rows, packed_cols]) = (tensor.dtype, dims.as_slice()) else {
@@ -275,21 +292,15 @@ pub(super) fn dequantized_nvfp4(
     to: DType,
 ) -> Result<Dequantized, String> {
     let tensor = &ckpt.tensors()[id];
-    let name: &str = &tensor.name;
-    if let Some(companion) = COMPANIONS.iter().find(|c| name.ends_with(*c)) {
-        let module = &name[..name.len() - companion.len()];
-        if ckpt.index_of(&format!("{module}.weight_packed")).is_none() {
-            return Ok(Dequantized::NotFp8);
-        }
-        if *companion == ".weight_zero_point" {
+    let module = match packed_part(ckpt, &tensor.name) {
+        PackedPart::Weight(module) => module,
+        PackedPart::Companion(module, ".weight_zero_point") => {
             return Err(format!(
                 "is a zero point: `{module}.weight_packed` is NVFP4 quantized asymmetrically, which devmap does not dequantize"
             ));
         }
-        return Ok(Dequantized::Dropped);
-    }
-    let Some(module) = name.strip_suffix(".weight_packed") else {
-        return Ok(Dequantized::NotFp8);
+        PackedPart::Companion(..) => return Ok(Dequantized::Dropped),
+        PackedPart::Other => return Ok(Dequantized::NotFp8),
     };
     let dims: Vec<u64> = tensor.shape.to_vec();
     let (DType::U8, &[rows, half]) = (tensor.dtype, dims.as_slice()) else {
