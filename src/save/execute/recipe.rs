@@ -209,6 +209,33 @@ impl Recipe {
         }
     }
 
+    /// The quantized format the recipe dequantizes, in words (`FP8`, `MXFP4`, …).
+    pub fn quant_format(&self) -> Option<&'static str> {
+        Some(match self.quant()? {
+            Quant::Fp8 { .. } => "FP8",
+            Quant::Mxfp4 { .. } => "MXFP4",
+            Quant::PackedInt { .. } => "packed integer",
+            Quant::Nvfp4 { .. } => "NVFP4",
+        })
+    }
+
+    /// The fixed working memory of a band-streaming dequantizer (bytes, and what it
+    /// is, in words), for a recipe that runs one: packed integers and NVFP4. (FP8's
+    /// depends on its scales, MXFP4's on its experts: see the save plan.)
+    pub fn band_memory(&self) -> Option<(u64, &'static str)> {
+        match self.quant()? {
+            Quant::PackedInt { .. } => Some((
+                crate::save::packed_int::BAND_BYTES,
+                "a band of packed rows, their scales and output per dequantizing writer",
+            )),
+            Quant::Nvfp4 { .. } => Some((
+                crate::save::nvfp4::BAND_BYTES,
+                "a band of NVFP4 rows, their scales and output per dequantizing writer",
+            )),
+            Quant::Fp8 { .. } | Quant::Mxfp4 { .. } => None,
+        }
+    }
+
     /// Bytes of the FP8 scales the recipe reads whole, for one that dequantizes FP8.
     pub fn fp8_scales_len(&self) -> Option<u64> {
         match self.quant()? {

@@ -6,8 +6,8 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use super::error::SaveError;
+use super::execute::Recipe;
 use super::execute::packed;
-use super::execute::{Quant, Recipe};
 use super::reasons::Unsaveable;
 use crate::formats::hf_index::{SINGLE_FILE, shard_file_name};
 use crate::formats::safetensors::{HeaderEntry, write_header};
@@ -380,13 +380,9 @@ pub struct MemoryNeed {
 impl SavePlan {
     /// The quantized format this save dequantizes, in words (`FP8`, `MXFP4`).
     pub fn dequantized_format(&self) -> &'static str {
-        let quant = |p: &PlannedTensor| p.packed.whole().and_then(Recipe::quant);
-        match self.planned().find_map(quant) {
-            Some(Quant::Mxfp4 { .. }) => "MXFP4",
-            Some(Quant::PackedInt { .. }) => "packed integer",
-            Some(Quant::Nvfp4 { .. }) => "NVFP4",
-            _ => "FP8",
-        }
+        self.planned()
+            .find_map(|p| p.packed.whole().and_then(Recipe::quant_format))
+            .unwrap_or("FP8")
     }
 
     /// What this save does about the modules transformers keeps in float32, in words,
@@ -490,15 +486,14 @@ impl SavePlan {
             need.parts
                 .push("one expert's MXFP4 bytes and a band of rows per dequantizing writer");
         }
-        if recipes().any(|(_, r)| matches!(r.quant(), Some(Quant::PackedInt { .. }))) {
-            need.bytes += writers * super::packed_int::BAND_BYTES;
-            need.parts
-                .push("a band of packed rows, their scales and output per dequantizing writer");
-        }
-        if recipes().any(|(_, r)| matches!(r.quant(), Some(Quant::Nvfp4 { .. }))) {
-            need.bytes += writers * super::nvfp4::BAND_BYTES;
-            need.parts
-                .push("a band of NVFP4 rows, their scales and output per dequantizing writer");
+        // Each band-streaming dequantizer the save runs, once per writer.
+        let mut bands: Vec<(u64, &'static str)> =
+            recipes().filter_map(|(_, r)| r.band_memory()).collect();
+        bands.sort_unstable();
+        bands.dedup();
+        for (bytes, what) in bands {
+            need.bytes += writers * bytes;
+            need.parts.push(what);
         }
         let largest_pair = recipes()
             .filter(|(_, r)| r.merge)
