@@ -12,6 +12,7 @@ pub mod hub_cache;
 pub mod input;
 pub mod json;
 pub mod live;
+pub mod megatron;
 pub mod offload;
 pub mod pickle;
 pub mod pieced;

@@ -131,6 +131,10 @@ pub enum Allow {
     /// `*_optim_states.pt`): `torch.Size`, a parameter's rebuild by type, and the few
     /// DeepSpeed classes those pickles name (`DEEPSPEED_CLASSES`), built as data.
     DeepSpeed,
+    /// A state dict's and those of Megatron-Core's `common.pt`: the training run's
+    /// `argparse.Namespace` of arguments, torch's dtypes, and Megatron-Core's enums
+    /// (`megatron.core.….enums.AttnBackend(5)`), each built as data.
+    MegatronCommon,
 }
 
 /// The DeepSpeed classes its checkpoints pickle, by module: the loss scaler's state,
@@ -158,8 +162,10 @@ const DTYPES: [(&str, DType); 12] = [
     ("float8_e5m2", DType::F8E5M2),
 ];
 
-/// The dataclasses of torch.distributed.checkpoint's `.metadata`, by module.
-const DCP_CLASSES: [(&str, &str); 8] = [
+/// The dataclasses of torch.distributed.checkpoint's `.metadata`, by module. The
+/// planner's are there because Megatron-Core's saver keeps every rank's save plan in
+/// it (`all_local_plans`), which devmap reads past.
+const DCP_CLASSES: [(&str, &str); 11] = [
     ("torch.distributed.checkpoint.metadata", "Metadata"),
     (
         "torch.distributed.checkpoint.metadata",
@@ -177,6 +183,9 @@ const DCP_CLASSES: [(&str, &str); 8] = [
     ("torch.distributed.checkpoint.metadata", "MetadataIndex"),
     ("torch.distributed.checkpoint.metadata", "StorageMeta"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint.planner", "SavePlan"),
+    ("torch.distributed.checkpoint.planner", "WriteItem"),
+    ("torch.distributed.checkpoint.planner", "TensorWriteData"),
 ];
 
 /// The globals a pickle may name under `allow`, as the reader spells them.
@@ -190,6 +199,16 @@ fn allowed(allow: Allow, module: &str, name: &str) -> Option<&'static str> {
     };
     if state_dict.is_some() || allow == Allow::StateDict {
         return state_dict;
+    }
+    if allow == Allow::MegatronCommon {
+        return match (module, name) {
+            ("argparse", "Namespace") => Some("Namespace"),
+            ("torch", d) => DTYPES.iter().find(|(n, _)| *n == d).map(|(n, _)| *n),
+            (m, _) if m.starts_with("megatron.core.") && m.ends_with("enums") => {
+                Some("MegatronEnum")
+            }
+            _ => None,
+        };
     }
     if allow == Allow::DeepSpeed {
         if let Some(&(_, class)) = DEEPSPEED_CLASSES
@@ -213,6 +232,7 @@ fn allowed(allow: Allow, module: &str, name: &str) -> Option<&'static str> {
         ("torch", d) => DTYPES.iter().find(|(n, _)| *n == d)?.0,
         ("torch.serialization", "_get_layout") => "_get_layout",
         ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING") => "_MEM_FORMAT_ENCODING",
+        ("torch.distributed.checkpoint.planner", "WriteItemType") => "WriteItemType",
         ("pathlib", "PosixPath") => "PosixPath",
         _ => return None,
     })
@@ -327,6 +347,15 @@ fn call(callable: Value, args: Value) -> Result<Value, Error> {
         Value::Global("_MEM_FORMAT_ENCODING") => match args.as_slice() {
             [Value::Int(i)] => Ok(Value::Int(*i)),
             _ => Err("a memory format that is not a number".into()),
+        },
+        // An enum of Megatron-Core's, by its value.
+        Value::Global("MegatronEnum") => match args.as_slice() {
+            [v @ (Value::Int(_) | Value::Str(_))] => Ok(v.clone()),
+            _ => Err("a Megatron-Core enum whose value is not a number or a name".into()),
+        },
+        Value::Global("WriteItemType") => match args.as_slice() {
+            [Value::Int(i)] => Ok(Value::Int(*i)),
+            _ => Err("a write item type that is not a number".into()),
         },
         Value::Global("PosixPath") => {
             let parts: Option<Vec<&str>> = args
@@ -615,7 +644,8 @@ pub fn read_as(bytes: &[u8], allow: Allow) -> Result<Value, Error> {
                 let (Value::Global(class), Value::Tuple(args)) = (class.value, args.value) else {
                     return Err("NEWOBJ of something that is not an allowed class".into());
                 };
-                let dataclass = args.is_empty() && DCP_CLASSES.iter().any(|(_, c)| *c == class);
+                let dataclass = args.is_empty()
+                    && (class == "Namespace" || DCP_CLASSES.iter().any(|(_, c)| *c == class));
                 let deepspeed = DEEPSPEED_CLASSES.iter().any(|(_, c)| *c == class);
                 if !dataclass && !deepspeed {
                     return Err(format!("NEWOBJ of `{class}`, which is no dataclass").into());
@@ -687,6 +717,40 @@ pub fn read_as(bytes: &[u8], allow: Allow) -> Result<Value, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `{"args": argparse.Namespace(num_attention_heads=8, params_dtype=torch.bfloat16,
+    /// attention_backend=AttnBackend.local)}`, as Megatron-LM's common.pt holds it
+    /// (protocol 2, made by Python's pickle).
+    const MEGATRON_ARGS: &[u8] = b"\x80\x02}q\x00X\x04\x00\x00\x00argsq\x01cargparse\nNamespace\nq\x02)\x81q\x03}q\x04(X\x13\x00\x00\x00num_attention_headsq\x05K\x08X\x0c\x00\x00\x00params_dtypeq\x06ctorch\nbfloat16\nq\x07X\x11\x00\x00\x00attention_backendq\x08cmegatron.core.transformer.enums\nAttnBackend\nq\tK\x04\x85q\nRq\x0bubs.";
+
+    #[test]
+    fn megatron_arguments_are_read_as_data_and_only_there() {
+        let value = read_as(MEGATRON_ARGS, Allow::MegatronCommon).expect("reads");
+        let Value::Dict(items) = value else {
+            panic!("{value:?}")
+        };
+        let Value::Object { class, state } = &items[0].1 else {
+            panic!("{items:?}")
+        };
+        assert_eq!(*class, "Namespace");
+        let Value::Dict(fields) = state.as_ref() else {
+            panic!("{state:?}")
+        };
+        assert_eq!(fields[0].1, Value::Int(8));
+        assert_eq!(fields[1].1, Value::DType(DType::BF16));
+        assert_eq!(fields[2].1, Value::Int(4));
+        // A state dict's reader knows none of them.
+        assert!(matches!(
+            read_as(MEGATRON_ARGS, Allow::StateDict),
+            Err(Error::Forbidden(_))
+        ));
+        // Nor does Megatron's a callable.
+        let system = b"\x80\x02}X\x04\x00\x00\x00argscposix\nsystem\ns.";
+        assert!(matches!(
+            read_as(system, Allow::MegatronCommon),
+            Err(Error::Forbidden(_))
+        ));
+    }
 
     /// `Metadata()` then `BUILD {"state_dict_metadata": {}}`, protocol 4.
     fn dcp_object_pickle() -> Vec<u8> {

@@ -161,6 +161,10 @@ pub struct Checkpoint {
     /// What loading noticed (index omissions, dtype differences). The placement checks
     /// depend on the device map and are computed by [`crate::model::checks::all_warnings`].
     pub warnings: Vec<super::warning::Warning>,
+    /// The folder of the config.json devmap wrote for a training checkpoint that has
+    /// none (a Megatron-Core checkpoint's, from its training arguments); `config_dir`
+    /// names it. Removed when the last copy of the checkpoint is dropped.
+    pub generated_config: Option<std::sync::Arc<GeneratedConfig>>,
     /// Set for a model read over HTTP (`hf://…`, `https://…`): `dir` is then a header
     /// mirror whose shards hold no tensor data.
     pub remote: Option<RemoteModel>,
@@ -222,6 +226,37 @@ impl Derived {
 impl std::fmt::Debug for Derived {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Derived({} values)", self.values.len())
+    }
+}
+
+/// A temporary folder holding a config.json devmap wrote; removed when dropped.
+#[derive(Debug)]
+pub struct GeneratedConfig {
+    pub dir: PathBuf,
+}
+
+impl GeneratedConfig {
+    /// Writes `text` as config.json in a new folder under the system's temporary one.
+    pub fn write(text: &str) -> std::io::Result<GeneratedConfig> {
+        let base = std::env::temp_dir();
+        let mut n = 0u32;
+        let dir = loop {
+            let dir = base.join(format!("devmap-config-{}-{n}", std::process::id()));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => break dir,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+                Err(e) => return Err(e),
+            }
+        };
+        let folder = GeneratedConfig { dir };
+        std::fs::write(folder.dir.join("config.json"), text)?;
+        Ok(folder)
+    }
+}
+
+impl Drop for GeneratedConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -314,6 +349,7 @@ impl Checkpoint {
             config_dir,
             warnings,
             replaced,
+            generated_config: None,
             remote: None,
             merges: std::collections::HashMap::new(),
             tie_of,
@@ -527,6 +563,8 @@ impl Checkpoint {
             "remote headers"
         } else if self.files.iter().any(|f| f.kind != InputKind::File) {
             "live model"
+        } else if any(&|n| n == crate::formats::megatron::MARKER) {
+            "Megatron-Core"
         } else if any(&|n| n.ends_with(".distcp") || n == ".metadata") {
             "DCP"
         } else if any(&|n| n.ends_with("_model_states.pt") || n.ends_with("_optim_states.pt")) {

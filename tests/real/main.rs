@@ -19,6 +19,7 @@ mod fp8_dequant;
 mod hub_cache;
 mod keep_fp32;
 mod lora_merge;
+mod megatron;
 mod option_sweep;
 mod oracle;
 mod parts;

@@ -76,7 +76,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
     // Present in any form (a folder or FIFO named config.json is an error, not absent).
     let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
     // `--config DIR` stands in for a checkpoint folder without a config.json.
-    let config_dir = options.config_dir.clone().filter(|_| !exists(&own_config));
+    let mut config_dir = options.config_dir.clone().filter(|_| !exists(&own_config));
     let config_path = match &config_dir {
         Some(other) => {
             let path = other.join("config.json");
@@ -91,7 +91,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         }
         None => own_config,
     };
-    let config = if exists(&config_path) {
+    let mut config = if exists(&config_path) {
         read_config(&config_path)?
     } else {
         ModelConfig::absent()
@@ -127,7 +127,8 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
             ),
             _ => None,
         };
-        let weights = read_weights(dir, options, &mut draft, &mut warnings);
+        let given = config.present.then_some(&config.raw);
+        let weights = read_weights(dir, options, given, &mut draft, &mut warnings);
         let offload = offload.map(|reading| {
             reading
                 .join()
@@ -135,7 +136,17 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         });
         (weights, offload)
     });
-    let weight_files = weight_files?;
+    let (weight_files, generated) = weight_files?;
+    // A training checkpoint's own config.json, written by its reader (a Megatron-Core
+    // checkpoint's, from its training arguments): read as if the folder held it.
+    let mut generated_config = None;
+    if let Some(text) = generated {
+        let folder = crate::model::checkpoint::GeneratedConfig::write(&text)
+            .map_err(|e| FormatError::io(std::env::temp_dir(), e))?;
+        config = read_config(&folder.dir.join("config.json"))?;
+        config_dir = Some(folder.dir.clone());
+        generated_config = Some(std::sync::Arc::new(folder));
+    }
     draft.resort()?;
     let offload_dir = offload_dir?;
 
@@ -317,7 +328,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         listed,
         &mut warnings,
     );
-    Ok(Checkpoint::assemble(Parts {
+    let mut ckpt = Checkpoint::assemble(Parts {
         dir: dir.to_path_buf(),
         files: draft.files,
         tensors: draft.tensors,
@@ -331,7 +342,9 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         warnings,
         replaced: draft.replaced,
         pieces: draft.pieces,
-    }))
+    });
+    ckpt.generated_config = generated_config;
+    Ok(ckpt)
 }
 
 /// Offload-only entries in transformers 5's fused-expert layout (`….experts.gate_up_proj`,
@@ -494,6 +507,9 @@ enum Layout {
     Dcp(PathBuf),
     /// A DeepSpeed ZeRO checkpoint (`latest` and its step folder, or the step folder).
     DeepSpeed,
+    /// A Megatron-Core distributed checkpoint (a DCP folder with Megatron's
+    /// `metadata.json` and `common.pt`).
+    Megatron(PathBuf),
 }
 
 /// Whether a folder holds a format, and where: a row of [`READERS`].
@@ -538,9 +554,23 @@ const READERS: &[(&str, Detect)] = &[
 /// The training formats: at most one of them may be in a folder without model
 /// weights (both is an error naming them).
 const TRAINING_READERS: &[(&str, Detect)] = &[
+    (
+        "a Megatron-Core distributed checkpoint (metadata.json)",
+        |dir| {
+            let metadata = dir.join(crate::formats::dcp::METADATA);
+            Ok(
+                (exists(&metadata) && crate::formats::megatron::is_megatron(dir))
+                    .then_some(Layout::Megatron(metadata)),
+            )
+        },
+    ),
     ("a torch.distributed.checkpoint (.metadata)", |dir| {
         let metadata = dir.join(crate::formats::dcp::METADATA);
-        Ok(exists(&metadata).then_some(Layout::Dcp(metadata)))
+        // Megatron's is read by its own row.
+        Ok(
+            (exists(&metadata) && !crate::formats::megatron::is_megatron(dir))
+                .then_some(Layout::Dcp(metadata)),
+        )
     }),
     ("a DeepSpeed ZeRO checkpoint", |dir| {
         Ok(crate::formats::deepspeed::step_folder(dir).map(|_| Layout::DeepSpeed))
@@ -576,17 +606,22 @@ fn detect_layout(dir: &Path) -> Result<Option<Layout>, LoadError> {
     Ok(found.pop().map(|(_, layout)| layout))
 }
 
-/// Finds and reads the checkpoint's weights. Returns the files that make up the
-/// weights (shards and index).
+/// What reading the weights gives: the files that make them up (shards and index),
+/// and the config.json a training checkpoint's reader wrote, when it wrote one.
+type Weights = (Vec<PathBuf>, Option<String>);
+
+/// Finds and reads the checkpoint's weights. `config` is the config.json read (the
+/// folder's or `--config`'s), when there is one.
 fn read_weights(
     dir: &Path,
     options: &LoadOptions,
+    config: Option<&serde_json::Value>,
     draft: &mut Draft,
     warnings: &mut Vec<Warning>,
-) -> Result<Vec<PathBuf>, LoadError> {
+) -> Result<Weights, LoadError> {
     match detect_layout(dir)? {
-        Some(layout) => read_layout(dir, layout, options, draft, warnings),
-        None => Ok(Vec::new()),
+        Some(layout) => read_layout(dir, layout, (options, config), draft, warnings),
+        None => Ok((Vec::new(), None)),
     }
 }
 
@@ -594,13 +629,14 @@ fn read_weights(
 fn read_layout(
     dir: &Path,
     layout: Layout,
-    options: &LoadOptions,
+    (options, config): (&LoadOptions, Option<&serde_json::Value>),
     draft: &mut Draft,
     warnings: &mut Vec<Warning>,
-) -> Result<Vec<PathBuf>, LoadError> {
+) -> Result<Weights, LoadError> {
     let paths = match layout {
         Layout::Index(index) => {
-            return read_indexed(dir, &index, draft, warnings, options.open_broken);
+            let files = read_indexed(dir, &index, draft, warnings, options.open_broken)?;
+            return Ok((files, None));
         }
         Layout::DeepSpeed => {
             let split = crate::formats::deepspeed::read_deepspeed(dir)?;
@@ -611,17 +647,29 @@ fn read_layout(
                     .map(|f| dir.join(f))
                     .filter(|p| exists(p)),
             );
-            return Ok(files);
+            return Ok((files, None));
         }
         Layout::Dcp(metadata) => {
             let split = crate::formats::dcp::read_dcp(dir, options.state_dict_key.as_deref())?;
             let mut files = add_split(draft, (&metadata, split), warnings);
             files.insert(0, metadata);
-            return Ok(files);
+            return Ok((files, None));
+        }
+        Layout::Megatron(metadata) => {
+            let read = crate::formats::megatron::read_megatron(dir, config)?;
+            let mut files = add_split(draft, (&metadata, read.split), warnings);
+            files.insert(0, metadata);
+            files.extend(
+                crate::formats::megatron::OWN_FILES
+                    .iter()
+                    .map(|f| dir.join(f))
+                    .filter(|p| exists(p)),
+            );
+            return Ok((files, read.config));
         }
         Layout::RankFiles(paths) => {
             let split = crate::formats::rank_files::read_rank_files(&paths)?;
-            return Ok(add_split(draft, (dir, split), warnings));
+            return Ok((add_split(draft, (dir, split), warnings), None));
         }
         Layout::Files(paths) => paths,
     };
@@ -643,7 +691,7 @@ fn read_layout(
         }
         add_pieced(draft, &[id], strided, warnings);
     }
-    Ok(paths)
+    Ok((paths, None))
 }
 
 /// A weight file's tensors: a safetensors header, or a `torch.save` archive's state

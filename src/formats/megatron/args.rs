@@ -1,0 +1,286 @@
+//! The model's hyperparameters: from the HF config.json `--config` names, else from the
+//! training run's arguments Megatron-LM keeps in `common.pt` (`args`, an
+//! `argparse.Namespace`), checked against the tensors' shapes. From the arguments
+//! devmap writes the config.json transformers loads.
+
+use std::path::Path;
+
+use serde_json::{Value as Json, json};
+
+use super::layout::Heads;
+use crate::formats::pickle::{Allow, Value};
+use crate::formats::{FormatError, Kind};
+
+/// The file beside `.metadata` holding what is not sharded.
+pub const COMMON: &str = "common.pt";
+
+/// The training run's arguments, by name (`None`: `common.pt` has none).
+pub type Args = Vec<(String, Value)>;
+
+/// `common.pt`'s `args`, read as data (a pickle naming anything else than the
+/// arguments' namespace, torch's dtypes and Megatron-Core's enums is refused).
+pub fn read_args(dir: &Path) -> Result<Option<Args>, FormatError> {
+    let path = dir.join(COMMON);
+    if std::fs::symlink_metadata(&path).is_err() {
+        return Ok(None);
+    }
+    let file = crate::formats::input::open_regular(&path)?;
+    let len = file
+        .metadata()
+        .map_err(|e| FormatError::io(&path, e))?
+        .len();
+    let members = crate::formats::zip::members(&path, &file, len)?;
+    let (_, value) = crate::formats::torch_bin::read_archive(
+        &path,
+        &file,
+        &members,
+        Allow::MegatronCommon,
+        &|kind, m| FormatError::invalid_as(kind, &path, m),
+    )?;
+    let Value::Dict(items) = value else {
+        return Err(FormatError::invalid_as(
+            Kind::NotTheFormat,
+            &path,
+            "does not hold a dict: not Megatron-Core's common state",
+        ));
+    };
+    let args = items.into_iter().find_map(|(k, v)| match (k, v) {
+        (Value::Str(k), Value::Object { class, state }) if k == "args" && class == "Namespace" => {
+            match *state {
+                Value::Dict(fields) => Some(
+                    fields
+                        .into_iter()
+                        .filter_map(|(k, v)| match k {
+                            Value::Str(k) => Some((k, v)),
+                            _ => None,
+                        })
+                        .collect(),
+                ),
+                _ => None,
+            }
+        }
+        _ => None,
+    });
+    Ok(args)
+}
+
+fn arg<'a>(args: &'a Args, name: &str) -> Option<&'a Value> {
+    args.iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
+        .filter(|v| !matches!(v, Value::None))
+}
+
+fn arg_u64(args: &Args, name: &str) -> Option<u64> {
+    match arg(args, name)? {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        _ => None,
+    }
+}
+
+fn arg_f64(args: &Args, name: &str) -> Option<f64> {
+    match arg(args, name)? {
+        Value::Int(i) => Some(*i as f64),
+        Value::Float(f) => Some(*f),
+        _ => None,
+    }
+}
+
+fn arg_bool(args: &Args, name: &str) -> Option<bool> {
+    match arg(args, name)? {
+        Value::Bool(b) => Some(*b),
+        _ => None,
+    }
+}
+
+fn arg_str<'a>(args: &'a Args, name: &str) -> Option<&'a str> {
+    match arg(args, name)? {
+        Value::Str(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// What the shapes say of the model.
+#[derive(Debug, Clone, Copy)]
+pub struct Shapes {
+    pub layers: u64,
+    pub hidden: u64,
+    pub vocab: u64,
+    pub ffn: u64,
+    /// Rows of `linear_qkv` and columns of `linear_proj`.
+    pub qkv_rows: u64,
+    pub attention_width: u64,
+    /// The length of `q_layernorm` (Qwen3's per-head norm), when there is one.
+    pub qk_norm: Option<u64>,
+    pub qkv_bias: bool,
+    pub tied: bool,
+}
+
+/// The head counts from an HF config.json.
+pub fn heads_from_config(config: &Json, shapes: &Shapes) -> Option<Heads> {
+    let query = config.get("num_attention_heads")?.as_u64()?;
+    let key_value = config
+        .get("num_key_value_heads")
+        .and_then(Json::as_u64)
+        .unwrap_or(query);
+    let dim = config
+        .get("head_dim")
+        .and_then(Json::as_u64)
+        .unwrap_or(shapes.hidden / query.max(1));
+    Some(Heads {
+        query,
+        key_value,
+        dim,
+    })
+}
+
+/// The head counts from Megatron's arguments (`num_query_groups` counts only with
+/// `group_query_attention`; `kv_channels` defaults to hidden / heads).
+pub fn heads_from_args(args: &Args, shapes: &Shapes) -> Option<Heads> {
+    let query = arg_u64(args, "num_attention_heads")?;
+    let key_value = match arg_bool(args, "group_query_attention") {
+        Some(false) => query,
+        _ => arg_u64(args, "num_query_groups").unwrap_or(query),
+    };
+    let dim = arg_u64(args, "kv_channels").unwrap_or(shapes.hidden / query.max(1));
+    Some(Heads {
+        query,
+        key_value,
+        dim,
+    })
+}
+
+/// Whether the head counts fit the tensors, in words when not.
+pub fn check_heads(heads: Heads, shapes: &Shapes) -> Result<(), String> {
+    let rows = (heads.query + 2 * heads.key_value) * heads.dim;
+    if rows != shapes.qkv_rows || heads.query * heads.dim != shapes.attention_width {
+        return Err(format!(
+            "{} query heads, {} key/value heads of dimension {} make a linear_qkv of {rows} rows and a linear_proj of {} columns, but the checkpoint's have {} and {}",
+            heads.query,
+            heads.key_value,
+            heads.dim,
+            heads.query * heads.dim,
+            shapes.qkv_rows,
+            shapes.attention_width
+        ));
+    }
+    Ok(())
+}
+
+/// The config.json transformers loads, from the arguments and the shapes; or the
+/// arguments it needs that `args` does not hold.
+pub fn config_json(
+    args: &Args,
+    shapes: &Shapes,
+    heads: Heads,
+    dtype: &str,
+) -> Result<String, Vec<&'static str>> {
+    let mut missing = Vec::new();
+    let normalization = arg_str(args, "normalization").unwrap_or("LayerNorm");
+    if normalization != "RMSNorm" {
+        missing.push("normalization = RMSNorm (the map is for Llama-type models)");
+    }
+    if arg_bool(args, "swiglu") == Some(false) {
+        missing.push("swiglu = true (the map is for gated MLPs)");
+    }
+    if arg_str(args, "position_embedding_type").is_some_and(|p| p != "rope") {
+        missing.push("position_embedding_type = rope");
+    }
+    let eps = arg_f64(args, "norm_epsilon").or_else(|| arg_f64(args, "layernorm_epsilon"));
+    let theta = arg_f64(args, "rotary_base");
+    let positions =
+        arg_u64(args, "max_position_embeddings").or_else(|| arg_u64(args, "seq_length"));
+    if eps.is_none() {
+        missing.push("norm_epsilon");
+    }
+    if theta.is_none() {
+        missing.push("rotary_base");
+    }
+    if positions.is_none() {
+        missing.push("max_position_embeddings");
+    }
+    let (Some(eps), Some(theta), Some(positions), true) =
+        (eps, theta, positions, missing.is_empty())
+    else {
+        return Err(missing);
+    };
+    let (architecture, model_type) = match (shapes.qk_norm.is_some(), shapes.qkv_bias) {
+        (true, _) => ("Qwen3ForCausalLM", "qwen3"),
+        (false, true) => ("Qwen2ForCausalLM", "qwen2"),
+        (false, false) => ("LlamaForCausalLM", "llama"),
+    };
+    let mut config = json!({
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": shapes.hidden,
+        "intermediate_size": shapes.ffn,
+        "num_hidden_layers": shapes.layers,
+        "num_attention_heads": heads.query,
+        "num_key_value_heads": heads.key_value,
+        "head_dim": heads.dim,
+        "vocab_size": shapes.vocab,
+        "max_position_embeddings": positions,
+        "rms_norm_eps": eps,
+        "rope_theta": theta,
+        "hidden_act": "silu",
+        "tie_word_embeddings": shapes.tied,
+        "dtype": dtype,
+    });
+    if model_type == "llama" {
+        config["attention_bias"] = json!(false);
+        config["mlp_bias"] = json!(false);
+    }
+    let mut text = serde_json::to_string_pretty(&config).unwrap_or_default();
+    text.push('\n');
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shapes() -> Shapes {
+        Shapes {
+            layers: 4,
+            hidden: 64,
+            vocab: 128,
+            ffn: 96,
+            qkv_rows: 96,
+            attention_width: 64,
+            qk_norm: None,
+            qkv_bias: false,
+            tied: false,
+        }
+    }
+
+    #[test]
+    fn query_groups_count_only_with_group_query_attention() {
+        let mut args: Args = vec![
+            ("num_attention_heads".into(), Value::Int(8)),
+            ("num_query_groups".into(), Value::Int(2)),
+            ("group_query_attention".into(), Value::Bool(true)),
+        ];
+        let heads = heads_from_args(&args, &shapes()).expect("heads");
+        assert_eq!((heads.query, heads.key_value, heads.dim), (8, 2, 8));
+        assert!(check_heads(heads, &shapes()).is_ok());
+        args[2].1 = Value::Bool(false);
+        let heads = heads_from_args(&args, &shapes()).expect("heads");
+        assert_eq!(heads.key_value, 8);
+        assert!(check_heads(heads, &shapes()).is_err());
+    }
+
+    #[test]
+    fn a_config_needs_every_value_it_cannot_see_in_the_shapes() {
+        let args: Args = vec![("normalization".into(), Value::Str("RMSNorm".into()))];
+        let heads = Heads {
+            query: 8,
+            key_value: 2,
+            dim: 8,
+        };
+        let missing = config_json(&args, &shapes(), heads, "float32").expect_err("missing");
+        assert_eq!(
+            missing,
+            ["norm_epsilon", "rotary_base", "max_position_embeddings"]
+        );
+    }
+}

@@ -1,0 +1,357 @@
+//! Megatron-Core distributed checkpoints (`dist_checkpointing.save`, the `torch_dist`
+//! backend): a torch.distributed.checkpoint folder (`.metadata`, `__R_S.distcp`) with
+//! Megatron's `metadata.json` and `common.pt` beside it. Tensor, pipeline and expert
+//! parallel splits are chunks of one global tensor there, so the DCP reader gives
+//! each Megatron tensor whole or in pieces; this module renames and cuts them into
+//! transformers' tensors by the one table in [`layout`], as pieces of the same files
+//! (nothing is read but `.metadata` and `common.pt`).
+//!
+//! Left out, and said so: the optimizer's state (`optimizer.…`), Transformer
+//! Engine's `_extra_state` entries (bytes, not weights) and the other objects ranks
+//! saved (`rng_state`). A tensor the table has no name for is refused by name.
+
+pub mod args;
+pub mod layout;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use self::args::{Args, Shapes};
+use self::layout::{Heads, RULES, Source};
+use super::pieced::{PiecedTensor, Split};
+use super::safetensors::HeaderTensor;
+use super::{FormatError, Kind};
+use crate::types::dtype::DType;
+use crate::types::pieces::Piece;
+use crate::types::range::ByteRange;
+use crate::types::shape::Shape;
+
+/// Megatron's own file in the checkpoint folder: which backend wrote it.
+pub const MARKER: &str = "metadata.json";
+
+/// The files a Megatron checkpoint has besides its `.distcp` data (not copied by a
+/// save: they are not the HF model's).
+pub const OWN_FILES: [&str; 2] = [MARKER, args::COMMON];
+
+/// Whether `dir` is a Megatron-Core distributed checkpoint: its `metadata.json`
+/// names a `sharded_backend`.
+pub fn is_megatron(dir: &Path) -> bool {
+    let path = dir.join(MARKER);
+    crate::formats::input::read_json_text(&path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|v| v.get("sharded_backend").is_some())
+}
+
+/// A Megatron checkpoint read: the HF model's tensors, and the config.json devmap
+/// wrote from the training arguments (`None` when `--config` gave one).
+pub struct Read {
+    pub split: Split,
+    pub config: Option<String>,
+}
+
+/// Reads the Megatron checkpoint in `dir`. `config` is config.json's content when
+/// `--config` names one: its head counts are used and no config is written.
+pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<Read, FormatError> {
+    let marker = dir.join(MARKER);
+    let text = crate::formats::input::read_json_text(&marker)?;
+    let meta: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        FormatError::invalid_as(Kind::NotTheFormat, &marker, format!("not valid JSON: {e}"))
+    })?;
+    let backend = meta.get("sharded_backend").and_then(|b| b.as_str());
+    if backend != Some("torch_dist") {
+        return Err(FormatError::invalid_as(
+            Kind::Unsupported,
+            &marker,
+            format!(
+                "says the checkpoint was written by the `{}` backend; devmap reads `torch_dist` (Megatron-Core's default since 0.7): convert it with Megatron's own tools first",
+                backend.unwrap_or("?")
+            ),
+        ));
+    }
+    let metadata = dir.join(super::dcp::METADATA);
+    let raw = super::dcp::read_dcp(dir, None)?;
+    let args = args::read_args(dir)?;
+
+    // Every saved tensor as chunks of its files.
+    let mut sources: BTreeMap<String, (DType, Vec<u64>, Vec<Piece>)> = BTreeMap::new();
+    for (file, (_, header)) in raw.files.iter().enumerate() {
+        for t in &header.tensors {
+            sources.insert(
+                t.name.to_string(),
+                (
+                    t.dtype,
+                    t.shape.to_vec(),
+                    vec![Piece {
+                        range: ByteRange {
+                            file,
+                            offset: t.offset,
+                            len: t.len,
+                        },
+                        offsets: vec![0; t.shape.to_vec().len()].into(),
+                        sizes: t.shape.to_vec().into(),
+                        stride: None,
+                    }],
+                ),
+            );
+        }
+    }
+    for t in raw.pieced {
+        sources.insert(t.name, (t.dtype, t.shape.to_vec(), t.pieces));
+    }
+
+    let mut left_out = LeftOut::default();
+    for entry in &raw.left_out {
+        left_out.entry(entry);
+    }
+    // Split the names: the optimizer's (left out), the map's, and the others (refused).
+    let mut mapped: Vec<(&str, String, Option<u64>)> = Vec::new();
+    for name in sources.keys() {
+        if name.starts_with("optimizer.") {
+            left_out.optimizer += 1;
+            continue;
+        }
+        let (key, layer) = layout::key_of(name);
+        if !RULES.iter().any(|r| r.megatron == key) {
+            return Err(FormatError::tensor_as(
+                Kind::Unsupported,
+                &metadata,
+                name,
+                "has no Hugging Face name in devmap's Megatron-Core map (Llama, Mistral, Qwen2 and Qwen3 layers: docs/guide.md, Input formats); nothing was written",
+            ));
+        }
+        mapped.push((name, key, layer));
+    }
+
+    let shapes = shapes(&metadata, &sources)?;
+    let heads = resolve_heads(dir, config, args.as_ref(), &shapes)?;
+    // Without --config, config.json is written from the arguments.
+    let generated = if config.is_none() {
+        let args = args.as_ref().ok_or_else(|| no_args(dir))?;
+        let dtype = sources
+            .get("embedding.word_embeddings.weight")
+            .map_or(DType::F32, |s| s.0);
+        let text = args::config_json(args, &shapes, heads, dtype.torch_name()).map_err(|missing| {
+            FormatError::invalid_as(
+                Kind::Missing,
+                dir.join(args::COMMON),
+                format!(
+                    "holds the training arguments, but not {}: devmap cannot write the config.json transformers needs; give --config DIR with the model's config.json",
+                    missing.join(", ")
+                ),
+            )
+        })?;
+        Some(text)
+    } else {
+        None
+    };
+
+    // The outputs, each whole in one file or in pieces.
+    let mut files: Vec<(PathBuf, super::safetensors::Header)> = raw
+        .files
+        .into_iter()
+        .map(|(path, mut header)| {
+            header.tensors.clear();
+            (path, header)
+        })
+        .collect();
+    let mut pieced = Vec::new();
+    for (name, key, layer) in mapped {
+        let (dtype, shape, chunks) = &sources[name];
+        let source = Source {
+            name,
+            dtype: *dtype,
+            shape,
+            chunks,
+        };
+        // Stacked layers: one output per index of the leading axis.
+        let stacked = key.starts_with(layout::LAYERS) && layer.is_none();
+        let layers: Vec<Option<u64>> = match (stacked, layer) {
+            (true, _) => (0..shape.first().copied().unwrap_or(0)).map(Some).collect(),
+            (false, l) => vec![l],
+        };
+        for rule in RULES.iter().filter(|r| r.megatron == key) {
+            for &at in &layers {
+                let prefix: Vec<u64> = if stacked {
+                    at.into_iter().collect()
+                } else {
+                    Vec::new()
+                };
+                let rows = shape.get(prefix.len()).copied().unwrap_or(0);
+                let blocks = layout::row_blocks(rule.cut, rows, Some(heads))
+                    .map_err(|why| FormatError::tensor_as(Kind::Malformed, &metadata, name, why))?;
+                let out_rows: u64 = blocks.iter().map(|b| b.len).sum();
+                let mut out_shape = vec![out_rows];
+                out_shape.extend_from_slice(&shape[prefix.len() + 1..]);
+                let hf = match at {
+                    Some(l) => rule.hf.replace("{}", &l.to_string()),
+                    None => rule.hf.to_owned(),
+                };
+                let pieces = layout::select(&metadata, &source, &prefix, &blocks)?;
+                let whole = match pieces.as_slice() {
+                    [p] if p.offsets.iter().all(|&o| o == 0) && *p.sizes == *out_shape => {
+                        Some(p.range)
+                    }
+                    _ => None,
+                };
+                match whole {
+                    Some(range) => files[range.file].1.tensors.push(HeaderTensor {
+                        name: hf.into(),
+                        dtype: *dtype,
+                        shape: Shape::new(&out_shape),
+                        offset: range.offset,
+                        len: range.len,
+                    }),
+                    None => pieced.push(PiecedTensor {
+                        name: hf,
+                        dtype: *dtype,
+                        shape: Shape::new(&out_shape),
+                        pieces,
+                    }),
+                }
+            }
+        }
+    }
+    for (_, header) in &mut files {
+        header.tensors.sort_by_key(|t| (t.offset, t.len));
+    }
+    Ok(Read {
+        split: Split {
+            files,
+            pieced,
+            left_out: left_out.lines(),
+        },
+        config: generated,
+    })
+}
+
+/// The error for a checkpoint whose hyperparameters nothing gives.
+fn no_args(dir: &Path) -> FormatError {
+    FormatError::invalid_as(
+        Kind::Missing,
+        dir,
+        format!(
+            "is a Megatron-Core checkpoint whose {} holds no training arguments (`args`, which Megatron-LM's training loop saves): devmap needs num_attention_heads, num_query_groups and kv_channels to cut linear_qkv, and norm_epsilon, rotary_base and max_position_embeddings to write config.json; give --config DIR with the model's Hugging Face config.json",
+            args::COMMON
+        ),
+    )
+}
+
+/// The head counts: `--config`'s, else the arguments', checked against the shapes.
+fn resolve_heads(
+    dir: &Path,
+    config: Option<&serde_json::Value>,
+    args: Option<&Args>,
+    shapes: &Shapes,
+) -> Result<Heads, FormatError> {
+    let (heads, from) = match (config, args) {
+        (Some(c), _) => (
+            args::heads_from_config(c, shapes),
+            "--config's config.json (num_attention_heads, num_key_value_heads, head_dim)",
+        ),
+        (None, Some(a)) => (
+            args::heads_from_args(a, shapes),
+            "common.pt's arguments (num_attention_heads, num_query_groups, kv_channels)",
+        ),
+        (None, None) => return Err(no_args(dir)),
+    };
+    let heads = heads.ok_or_else(|| {
+        FormatError::invalid_as(
+            Kind::Missing,
+            dir,
+            format!("is a Megatron-Core checkpoint, and {from} do not say num_attention_heads"),
+        )
+    })?;
+    args::check_heads(heads, shapes)
+        .map_err(|why| FormatError::invalid_as(Kind::Malformed, dir, format!("{from}: {why}")))?;
+    Ok(heads)
+}
+
+/// What the tensors' shapes say of the model.
+fn shapes(
+    metadata: &Path,
+    sources: &BTreeMap<String, (DType, Vec<u64>, Vec<Piece>)>,
+) -> Result<Shapes, FormatError> {
+    let need = |key: &str| -> Result<&Vec<u64>, FormatError> {
+        sources
+            .iter()
+            .find(|(name, _)| layout::key_of(name).0 == key)
+            .map(|(_, s)| &s.1)
+            .ok_or_else(|| {
+                FormatError::invalid_as(
+                    Kind::Missing,
+                    metadata,
+                    format!("is a Megatron-Core checkpoint without `{key}`: not a GPT model devmap can map"),
+                )
+            })
+    };
+    let stacked = |name: &str| sources.contains_key(name);
+    let embedding = need("embedding.word_embeddings.weight")?;
+    let qkv_name = "decoder.layers.self_attention.linear_qkv.weight";
+    let qkv = need(qkv_name)?;
+    let proj = need("decoder.layers.self_attention.linear_proj.weight")?;
+    let fc2 = need("decoder.layers.mlp.linear_fc2.weight")?;
+    let layers = if stacked(qkv_name) {
+        qkv.first().copied().unwrap_or(0)
+    } else {
+        sources
+            .keys()
+            .filter(|n| layout::key_of(n).0 == qkv_name)
+            .count() as u64
+    };
+    let last = |s: &Vec<u64>| s.last().copied().unwrap_or(0);
+    let rows = |s: &Vec<u64>| s.get(s.len().saturating_sub(2)).copied().unwrap_or(0);
+    let qk_norm = sources
+        .iter()
+        .find(|(n, _)| layout::key_of(n).0 == "decoder.layers.self_attention.q_layernorm.weight")
+        .map(|(_, s)| last(&s.1));
+    Ok(Shapes {
+        layers,
+        hidden: embedding.get(1).copied().unwrap_or(0),
+        vocab: embedding.first().copied().unwrap_or(0),
+        ffn: last(fc2),
+        qkv_rows: rows(qkv),
+        attention_width: last(proj),
+        qk_norm,
+        qkv_bias: sources
+            .keys()
+            .any(|n| layout::key_of(n).0 == "decoder.layers.self_attention.linear_qkv.bias"),
+        tied: !sources.contains_key("output_layer.weight"),
+    })
+}
+
+/// What was left out, counted by kind.
+#[derive(Default)]
+struct LeftOut {
+    optimizer: usize,
+    extra_state: usize,
+    other: Vec<String>,
+}
+
+impl LeftOut {
+    fn entry(&mut self, line: &str) {
+        if line.contains("_extra_state") {
+            self.extra_state += 1;
+        } else {
+            self.other.push(line.to_owned());
+        }
+    }
+
+    fn lines(self) -> Vec<String> {
+        let mut lines = Vec::new();
+        if self.optimizer > 0 {
+            lines.push(format!(
+                "`optimizer` ({})",
+                crate::text::count(self.optimizer, "tensor", "tensors")
+            ));
+        }
+        if self.extra_state > 0 {
+            lines.push(format!(
+                "`_extra_state` ({}: Transformer Engine's FP8 state, not weights)",
+                crate::text::count(self.extra_state, "entry", "entries")
+            ));
+        }
+        lines.extend(self.other);
+        lines
+    }
+}

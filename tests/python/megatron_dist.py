@@ -1,0 +1,295 @@
+"""devmap converts Megatron-Core distributed checkpoints (`dist_checkpointing.save`,
+torch_dist) to the checkpoint transformers loads, checked against megatron-core itself.
+
+A tiny Llama-flavoured GPTModel (local layer spec, RMSNorm, SwiGLU, 8 query heads in 2
+groups, 4 layers, untied head) is built on CPU with gloo, trained one SGD step, and
+saved as Megatron-LM's training loop saves it: `{"args": Namespace, "iteration",
+"checkpoint_version", "model": model.sharded_state_dict()}`. The same weights are then
+loaded by megatron-core into a TP=2 model and a PP=2 model (its own resharding), which
+save again. For each of the three, and for a bf16 run:
+
+- `devmap save DIR --out OUT` writes, bit for bit, the tensors the Megatron model's own
+  state dict holds, renamed and cut as transformers' Llama names them (q/k/v out of the
+  per-group `linear_qkv`, gate/up out of `linear_fc1`: cut here with torch from the
+  model's parameters, not from the files), in the stored dtype;
+- the save says what it left out (Transformer Engine's `_extra_state`); `verify OUT` is
+  clean (names and shapes as transformers' LlamaForCausalLM expects);
+- TP=2 and PP=2 outputs are byte-identical to TP=1's;
+- `from_pretrained(OUT)` (config.json written by devmap from the args) gives the logits
+  of the Megatron model's own forward (TP=1, and TP=2 with its all-reduces), to float32
+  rounding: the two compute the same function in a different order (a fused QKV GEMM);
+- without args in common.pt, the save is refused naming what it needs, and succeeds
+  with `--config` of the written config.json;
+- hostile: a missing rank file, a `.distcp` cut short, a common.pt whose pickle names a
+  callable, and a model with biases (no map for `linear_proj.bias`) are refused by
+  name, with nothing written.
+
+The reference converter (Megatron-Bridge) needs Transformer Engine and a GPU; it is not
+run here: the model's own parameters and forward are the reference.
+
+megatron-core 0.16 needs two CUDA calls pointed at the CPU to save there (the writer's
+`torch.cuda.synchronize` and the failure flag's device), and its attention's RNG fork
+made a no-op to run forward (dropout is off).
+
+Usage: python megatron_dist.py PATH/TO/devmap
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import saved  # noqa: E402
+
+INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
+LAYERS, HIDDEN, HEADS, GROUPS, FFN, VOCAB = 4, 64, 8, 2, 96, 128
+
+
+def cpu_only():
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+
+
+def build(dtype, tp, pp, bias=False):
+    import torch.nn.functional as F
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(
+        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
+        ffn_hidden_size=FFN, normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=bias, use_cpu_initialization=True, params_dtype=dtype, pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16, layernorm_epsilon=1e-5, hidden_dropout=0.0, attention_dropout=0.0,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    return GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=64,
+                    position_embedding_type="rope", share_embeddings_and_output_weights=False,
+                    parallel_output=False, pre_process=ps.is_pipeline_first_stage(),
+                    post_process=ps.is_pipeline_last_stage(), rotary_base=10000)
+
+
+def megatron_args(dtype, bias=False):
+    """What Megatron-LM's argument parser keeps (the part a config needs, and an enum)."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    return argparse.Namespace(
+        num_layers=LAYERS, hidden_size=HIDDEN, ffn_hidden_size=FFN, num_attention_heads=HEADS,
+        group_query_attention=True, num_query_groups=GROUPS, kv_channels=HIDDEN // HEADS,
+        normalization="RMSNorm", swiglu=True, norm_epsilon=1e-5, rotary_base=10000,
+        max_position_embeddings=64, seq_length=64, position_embedding_type="rope",
+        untie_embeddings_and_output_weights=True, add_bias_linear=bias, params_dtype=dtype,
+        bf16=dtype == torch.bfloat16, attention_backend=AttnBackend.local, padded_vocab_size=VOCAB,
+        tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+
+
+def forward(model):
+    mask = torch.triu(torch.ones(8, 8), diagonal=1).bool()[None, None]
+    return model(INPUT, torch.arange(8).unsqueeze(0), mask).float()
+
+
+def logits(model):
+    model.eval()
+    with torch.no_grad():
+        return forward(model)
+
+
+def rank_main(rank, world, port, job):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+
+    cpu_only()
+    dist.init_process_group("gloo")
+    ps.initialize_model_parallel(tensor_model_parallel_size=job["tp"],
+                                 pipeline_model_parallel_size=job["pp"])
+    dtype = getattr(torch, job["dtype"])
+    torch.manual_seed(0)
+    model = build(dtype, job["tp"], job["pp"], job.get("bias", False))
+    if job.get("load"):
+        # megatron-core's own resharding of the TP=1 checkpoint into this layout.
+        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, job["load"])
+        model.load_state_dict(state["model"])
+    else:
+        # One training step, so the weights are not an initialisation's.
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        forward(model).square().mean().backward()
+        opt.step()
+        if job.get("state"):
+            torch.save({k: v for k, v in model.state_dict().items() if "_extra_state" not in k},
+                       job["state"])
+    if job.get("logits") and job["pp"] == 1:
+        out = logits(model)
+        if rank == 0:
+            torch.save(out, job["logits"])
+    state = {"model": model.sharded_state_dict(), "iteration": 1, "checkpoint_version": 3.0}
+    if job.get("args", True):
+        state["args"] = megatron_args(dtype, job.get("bias", False))
+    if rank == 0:
+        os.makedirs(job["out"], exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save(state, job["out"])
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_job(job, world, ports):
+    for port in ports:
+        try:
+            torch.multiprocessing.spawn(rank_main, args=(world, port, job), nprocs=world, join=True)
+            return
+        except torch.multiprocessing.ProcessExitedException as e:
+            print(f"a rank exited ({e}); once more on another port", file=sys.stderr)
+            shutil.rmtree(job["out"], ignore_errors=True)
+    raise SystemExit(f"megatron-core could not save {job['out']}")
+
+
+def devmap(exe, *args):
+    return subprocess.run([exe, *args], capture_output=True, text=True)
+
+
+def hf_names(state):
+    """The Megatron model's own parameters, cut and renamed as transformers names them."""
+    per_group = HEADS // GROUPS
+    hd = HIDDEN // HEADS
+    out = {
+        "model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+        "model.norm.weight": state["decoder.final_layernorm.weight"],
+        "lm_head.weight": state["output_layer.weight"],
+    }
+    for i in range(LAYERS):
+        p = f"decoder.layers.{i}."
+        h = f"model.layers.{i}."
+        qkv = state[p + "self_attention.linear_qkv.weight"].view(GROUPS, per_group + 2, hd, HIDDEN)
+        out[h + "self_attn.q_proj.weight"] = qkv[:, :per_group].reshape(-1, HIDDEN)
+        out[h + "self_attn.k_proj.weight"] = qkv[:, per_group].reshape(-1, HIDDEN)
+        out[h + "self_attn.v_proj.weight"] = qkv[:, per_group + 1].reshape(-1, HIDDEN)
+        out[h + "self_attn.o_proj.weight"] = state[p + "self_attention.linear_proj.weight"]
+        out[h + "input_layernorm.weight"] = state[p + "input_layernorm.weight"]
+        out[h + "post_attention_layernorm.weight"] = state[p + "pre_mlp_layernorm.weight"]
+        gate, up = state[p + "mlp.linear_fc1.weight"].chunk(2)
+        out[h + "mlp.gate_proj.weight"] = gate
+        out[h + "mlp.up_proj.weight"] = up
+        out[h + "mlp.down_proj.weight"] = state[p + "mlp.linear_fc2.weight"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def refused(exe, src, work, what, needle):
+    out = os.path.join(work, "refused-out")
+    r = devmap(exe, "save", src, "--out", out)
+    assert r.returncode != 0, f"{what}: devmap accepted it:\n{r.stdout}"
+    assert needle in r.stderr, f"{what}: the refusal does not name {needle!r}:\n{r.stderr}"
+    assert not os.path.exists(out), f"{what}: {out} was written"
+    print(f"{what}: refused ({r.stderr.strip().splitlines()[-1][:150]}...)")
+
+
+def main():
+    exe = os.path.abspath(sys.argv[1])
+    work = saved.workdir("devmap-megatron-")
+    from transformers import AutoModelForCausalLM
+
+    results = {}
+    for dtype in ["float32", "bfloat16"]:
+        tp1 = os.path.join(work, f"tp1-{dtype}")
+        state_file = os.path.join(work, f"state-{dtype}.pt")
+        ref_logits = os.path.join(work, f"logits-{dtype}.pt")
+        run_job({"tp": 1, "pp": 1, "dtype": dtype, "out": tp1, "state": state_file,
+                 "logits": ref_logits}, 1, [29611, 29612])
+        layouts = {"TP=1": tp1}
+        tp2_logits = os.path.join(work, f"logits-tp2-{dtype}.pt")
+        if dtype == "float32":
+            for name, tp, pp in [("TP=2", 2, 1), ("PP=2", 1, 2)]:
+                folder = os.path.join(work, f"{name[:2].lower()}2-{dtype}")
+                job = {"tp": tp, "pp": pp, "dtype": dtype, "out": folder, "load": tp1,
+                       "logits": tp2_logits if tp == 2 else None}
+                run_job(job, 2, [29613 + tp, 29623 + tp])
+                layouts[name] = folder
+        want = hf_names(torch.load(state_file))
+        outputs = {}
+        for name, folder in layouts.items():
+            out = os.path.join(work, f"out-{name[:2]}{name[-1]}-{dtype}")
+            r = devmap(exe, "save", folder, "--out", out, "--max-shard-size", "200KB")
+            assert r.returncode == 0, f"{name} {dtype}: devmap save failed:\n{r.stderr}"
+            said = r.stdout + r.stderr
+            assert "_extra_state" in said and "left out" in said, f"{name}: the save does not say what it left out:\n{said}"
+            v = devmap(exe, "verify", out)
+            assert v.returncode == 0, f"{name} {dtype}: verify OUT is not clean:\n{v.stdout}{v.stderr}"
+            got = saved.tensors(out)
+            bad = saved.first_unequal(got, want)
+            assert bad is None and sorted(got) == sorted(want), (
+                f"{name} {dtype}: {bad} differs from the Megatron model's own parameter "
+                f"(names only devmap: {sorted(set(got) - set(want))[:3]}, only Megatron: {sorted(set(want) - set(got))[:3]})")
+            assert all(t.dtype == want[k].dtype for k, t in got.items()), f"{name}: dtype changed"
+            outputs[name] = out
+            print(f"{name} {dtype}: {len(got)} tensors equal to the Megatron model's parameters, bit for bit")
+        for name, out in outputs.items():
+            if name != "TP=1":
+                d = saved.differences(out, outputs["TP=1"])
+                assert d is None, f"{name} differs from TP=1: {d}"
+        config = json.load(open(os.path.join(outputs["TP=1"], "config.json")))
+        assert config["architectures"] == ["LlamaForCausalLM"], config
+        assert config["num_key_value_heads"] == GROUPS and config["dtype"] == dtype, config
+        model = AutoModelForCausalLM.from_pretrained(outputs["TP=1"], dtype=getattr(torch, dtype))
+        with torch.no_grad():
+            hf = model(INPUT).logits.float()
+        tolerance = 1e-5 if dtype == "float32" else 2e-2
+        for label, path in [("TP=1", ref_logits), ("TP=2", tp2_logits)]:
+            if not os.path.exists(path):
+                continue
+            ref = torch.load(path)
+            gap = (hf - ref).abs().max().item()
+            assert gap <= tolerance * max(1.0, ref.abs().max().item()), (
+                f"{dtype}: from_pretrained's logits differ from Megatron's {label} forward by {gap}")
+            print(f"{dtype}: from_pretrained(OUT) logits = Megatron {label} forward (max gap {gap:.2e})")
+        results[dtype] = outputs
+
+    # Without args: refused naming what is needed; --config makes it work.
+    bare = os.path.join(work, "no-args")
+    run_job({"tp": 2, "pp": 1, "dtype": "float32", "out": bare, "load": os.path.join(work, "tp1-float32"),
+             "args": False}, 2, [29641, 29642])
+    refused(exe, bare, work, "no training arguments", "num_attention_heads")
+    out = os.path.join(work, "with-config")
+    r = devmap(exe, "save", bare, "--out", out, "--config", results["float32"]["TP=1"])
+    assert r.returncode == 0, r.stderr
+    d = saved.differences(out, results["float32"]["TP=1"])
+    assert d is None, f"--config: {d}"
+    print("no args + --config: identical")
+
+    # Hostile variants, each a copy of the TP=2 checkpoint.
+    tp2 = os.path.join(work, "tp2-float32")
+
+    def variant(name, change):
+        folder = os.path.join(work, name)
+        shutil.copytree(tp2, folder)
+        change(folder)
+        return folder
+
+    refused(exe, variant("missing-rank", lambda f: os.remove(os.path.join(f, "__1_0.distcp"))),
+            work, "a missing rank file", "__1_0.distcp")
+
+    def cut(f):
+        path = os.path.join(f, "__1_0.distcp")
+        os.truncate(path, os.path.getsize(path) // 2)
+
+    refused(exe, variant("cut-short", cut), work, "a .distcp cut short", "__1_0.distcp")
+    refused(exe, variant("callable", lambda f: torch.save({"args": os.system}, os.path.join(f, "common.pt"))),
+            work, "a common.pt naming a callable", "system")
+    biased = os.path.join(work, "biased")
+    run_job({"tp": 1, "pp": 1, "dtype": "float32", "out": biased, "bias": True}, 1, [29651, 29652])
+    refused(exe, biased, work, "an architecture with no map", "linear_fc1.bias`: has no Hugging Face name")
+    print("megatron: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
