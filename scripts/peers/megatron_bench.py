@@ -1,0 +1,114 @@
+"""The Megatron-Core side of scripts/bench_megatron.sh.
+
+  save DIR LAYERS HIDDEN: a Llama-flavoured GPTModel (RMSNorm, SwiGLU, GQA 4:1,
+      float32) built by 2 gloo ranks at TP=2 and saved as Megatron-LM saves it.
+  peer DIR OUT LAYERS HIDDEN: what a user without devmap does: megatron-core's own
+      `dist_checkpointing.load` into a TP=1 model, the parameters cut and renamed to
+      transformers' Llama names with torch, `safetensors` save_file.
+"""
+
+import argparse
+import contextlib
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+VOCAB = 32000
+
+
+def cpu_only():
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+
+
+def build(layers, hidden, tp):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=hidden // 64,
+                            num_query_groups=hidden // 256, ffn_hidden_size=hidden * 11 // 4,
+                            normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
+                            add_bias_linear=False, use_cpu_initialization=True, params_dtype=torch.float32,
+                            tensor_model_parallel_size=tp, perform_initialization=False)
+    return GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=4096,
+                    position_embedding_type="rope", share_embeddings_and_output_weights=False)
+
+
+def args(layers, hidden):
+    return argparse.Namespace(num_layers=layers, hidden_size=hidden, ffn_hidden_size=hidden * 11 // 4,
+                              num_attention_heads=hidden // 64, group_query_attention=True,
+                              num_query_groups=hidden // 256, kv_channels=64, normalization="RMSNorm",
+                              swiglu=True, norm_epsilon=1e-5, rotary_base=10000,
+                              max_position_embeddings=4096, position_embedding_type="rope")
+
+
+def init(rank, world, tp):
+    from megatron.core import parallel_state as ps
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29731", RANK=str(rank), WORLD_SIZE=str(world))
+    cpu_only()
+    dist.init_process_group("gloo")
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+
+
+def save_rank(rank, out, layers, hidden):
+    from megatron.core import dist_checkpointing
+
+    init(rank, 2, 2)
+    torch.manual_seed(rank)
+    model = build(layers, hidden, 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    if rank == 0:
+        os.makedirs(out, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save({"model": model.sharded_state_dict(), "args": args(layers, hidden)}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def peer(src, out, layers, hidden):
+    from megatron.core import dist_checkpointing
+    from safetensors.torch import save_file
+
+    init(0, 1, 1)
+    model = build(layers, hidden, 1)
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, src)
+    model.load_state_dict(state["model"])
+    sd = model.state_dict()
+    groups, hd = hidden // 256, 64
+    per_group = (hidden // 64) // groups
+    hf = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
+          "model.norm.weight": sd["decoder.final_layernorm.weight"], "lm_head.weight": sd["output_layer.weight"]}
+    for i in range(layers):
+        p, h = f"decoder.layers.{i}.", f"model.layers.{i}."
+        qkv = sd[p + "self_attention.linear_qkv.weight"].view(groups, per_group + 2, hd, hidden)
+        hf[h + "self_attn.q_proj.weight"] = qkv[:, :per_group].reshape(-1, hidden)
+        hf[h + "self_attn.k_proj.weight"] = qkv[:, per_group].reshape(-1, hidden)
+        hf[h + "self_attn.v_proj.weight"] = qkv[:, per_group + 1].reshape(-1, hidden)
+        hf[h + "self_attn.o_proj.weight"] = sd[p + "self_attention.linear_proj.weight"]
+        hf[h + "input_layernorm.weight"] = sd[p + "input_layernorm.weight"]
+        hf[h + "post_attention_layernorm.weight"] = sd[p + "pre_mlp_layernorm.weight"]
+        gate, up = sd[p + "mlp.linear_fc1.weight"].chunk(2)
+        hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"] = gate, up
+        hf[h + "mlp.down_proj.weight"] = sd[p + "mlp.linear_fc2.weight"]
+    os.makedirs(out, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in hf.items()}, os.path.join(out, "model.safetensors"),
+              metadata={"format": "pt"})
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "save":
+        out, layers, hidden = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        torch.multiprocessing.spawn(save_rank, args=(out, layers, hidden), nprocs=2, join=True)
+    else:
+        peer(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
