@@ -77,23 +77,19 @@ pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<R
     let mut sources: BTreeMap<String, (DType, Vec<u64>, Vec<Piece>)> = BTreeMap::new();
     for (file, (_, header)) in raw.files.iter().enumerate() {
         for t in &header.tensors {
-            sources.insert(
-                t.name.to_string(),
-                (
-                    t.dtype,
-                    t.shape.to_vec(),
-                    vec![Piece {
-                        range: ByteRange {
-                            file,
-                            offset: t.offset,
-                            len: t.len,
-                        },
-                        offsets: vec![0; t.shape.to_vec().len()].into(),
-                        sizes: t.shape.to_vec().into(),
-                        stride: None,
-                    }],
-                ),
-            );
+            // A tensor stored whole is one chunk at offset zero.
+            let shape = t.shape.to_vec();
+            let chunk = Piece {
+                range: ByteRange {
+                    file,
+                    offset: t.offset,
+                    len: t.len,
+                },
+                offsets: vec![0; shape.len()].into(),
+                sizes: shape.as_slice().into(),
+                stride: None,
+            };
+            sources.insert(t.name.to_string(), (t.dtype, shape, vec![chunk]));
         }
     }
     for t in raw.pieced {
