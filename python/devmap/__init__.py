@@ -61,6 +61,7 @@ def save_pretrained(
     force=False,
     jobs=2,
     fsync=True,
+    group=None,
 ):
     """Saves `model` into the folder `out` as `model.save_pretrained(out)` would: the
     same tensor names (transformers' own tie removal and conversion reversal), dtypes,
@@ -77,6 +78,12 @@ def save_pretrained(
       saves that time).
     - `force`: allow an `out` that already holds files (devmap replaces its own kind of
       files and leaves the rest); the default refuses a non-empty folder.
+    - A model sharded over the ranks of a job (FSDP2's `fully_shard`, DTensor
+      parameters): call this on every rank, with the same arguments. Each rank writes
+      the blocks its shards hold straight into the shard files, rank 0 commits once all
+      are done; nothing is gathered. `group` is the process group of the ranks (the
+      default one when None). `verify` checks each shard's header and that the ranks'
+      blocks make up every tensor exactly once; the values are not read back.
 
     Returns a dict: `out`, `shard_files`, `tensors`, `bytes`, `verify` (the report), and
     `warnings` (also issued with `warnings.warn`: layers a peft merge left as they
@@ -84,13 +91,19 @@ def save_pretrained(
     Raises `DevmapError` with nothing committed when the save cannot be made or is
     interrupted (Ctrl-C included).
     """
-    from . import _live
+    from . import _live, _ranks
 
     _check_model(model, "save_pretrained")
     binding = _binding()
     out = os.path.abspath(os.fspath(out))
     if isinstance(max_shard_size, int):
         max_shard_size = str(max_shard_size)
+    if _ranks.is_sharded(model):
+        # Every rank of the job writes its own shards; no rank gathers the model.
+        report = _ranks.save(model, out, binding, group=group, max_shard_size=max_shard_size,
+                             dtype=dtype, force=force, fsync=fsync)
+        report["warnings"] = []
+        return report
     with tempfile.TemporaryDirectory(prefix="devmap-config-") as config_dir:
         try:
             manifest, keep_alive, unchanged, stager, notes = _live.build(model, config_dir)

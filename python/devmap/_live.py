@@ -325,16 +325,9 @@ def _device_of(tensor):
     return str(tensor.device) if kind == "cuda" else "disk" if kind == "meta" else "cpu"
 
 
-def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
-    """The manifest for `model` (a dict), the tensors it points into (to keep alive
-    while the saver reads them), a check that none changed meanwhile, the stager of
-    its GPU tensors (`stage_bytes` of host buffer), and notes for the user (layers a
-    peft merge left as they were). `allow_missing` lets meta tensors
-    with no value through (the inspector shows them as `meta`)."""
-    import torch
-    from transformers.core_model_loading import revert_weight_conversion
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict
-
+def check_saveable(model):
+    """Refuses what devmap does not save from a live model: unmerged peft adapters (with
+    the streamed merge to use instead) and quantized models (saved from their files)."""
     if getattr(model, "_hf_peft_config_loaded", False) or hasattr(model, "peft_config"):
         on_meta = sorted({n.split(".lora_")[0] for n, p in model.named_parameters()
                           if ".lora_" in n and p.device.type == "meta"})
@@ -352,6 +345,19 @@ def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
         )
     if getattr(model, "hf_quantizer", None) is not None:
         raise Refusal("the model is quantized; devmap saves quantized models from their files (devmap save)")
+
+
+def build(model, config_dir, stage_bytes=64 << 20, allow_missing=False):
+    """The manifest for `model` (a dict), the tensors it points into (to keep alive
+    while the saver reads them), a check that none changed meanwhile, the stager of
+    its GPU tensors (`stage_bytes` of host buffer), and notes for the user (layers a
+    peft merge left as they were). `allow_missing` lets meta tensors
+    with no value through (the inspector shows them as `meta`)."""
+    import torch
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    check_saveable(model)
 
     full = model.state_dict()
     for key in getattr(model, "_keys_to_ignore_on_save", None) or []:

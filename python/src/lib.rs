@@ -53,26 +53,10 @@ fn save_manifest(
     stage: Option<(Py<PyAny>, u64)>,
 ) -> PyResult<String> {
     let ckpt = Arc::new(checkpoint_of(manifest)?);
-    let mut options = SaveOptions::new(&out);
-    options.max_shard_size = devmap::formats::size::parse_size(max_shard_size)
-        .map_err(|e| PyValueError::new_err(format!("max_shard_size={max_shard_size:?}: {e}")))?;
-    options.dtype = dtype_choice(dtype)?;
-    options.force = force;
+    let mut options = options_of(&out, max_shard_size, dtype, force, fsync, check, stage)?;
     options.jobs = jobs.max(1);
-    options.fsync = fsync;
-    options.available_ram = devmap::monitor::available_ram();
     // The test hook `devmap save` takes from the same variable (see CONTRIBUTING.md).
     options.pause_file = std::env::var_os("DEVMAP_TEST_PAUSE").map(PathBuf::from);
-    options.commit_check = check.map(|check| {
-        CommitCheck(Arc::new(move || {
-            Python::attach(|py| match check.call0(py) {
-                Ok(_) => Ok(()),
-                Err(err) => Err(err.value(py).to_string()),
-            })
-        }))
-    });
-    options.stage =
-        stage.map(|(fill, capacity)| StageRef::new(Arc::new(PyStage { fill, capacity })));
     let stage = options.stage.clone();
     let plan = devmap::save::prepare(&ckpt, &options).map_err(fail)?;
     let planned = verify.then(|| plan.clone());
@@ -145,6 +129,147 @@ fn save_manifest(
         "verify": verified,
     });
     Ok(summary.to_string())
+}
+
+/// One rank's share of a sharded job's save (`devmap::save::ranks`): planned when made
+/// (the whole plan, from the global shapes), then its steps run in turn by the Python
+/// side between barriers: `create` (rank 0), `write` (every rank), `commit` (rank 0),
+/// or `abandon` after a failure anywhere.
+#[pyclass(module = "devmap._devmap")]
+struct RankSave {
+    ckpt: devmap::model::Checkpoint,
+    plan: devmap::save::SavePlan,
+    options: SaveOptions,
+    part: devmap::formats::live::RankOf,
+}
+
+#[pymethods]
+impl RankSave {
+    #[new]
+    #[pyo3(signature = (manifest, out, *, max_shard_size, dtype, force, fsync=true, check=None, stage=None))]
+    #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
+    fn new(
+        manifest: &str,
+        out: PathBuf,
+        max_shard_size: &str,
+        dtype: &str,
+        force: bool,
+        fsync: bool,
+        check: Option<Py<PyAny>>,
+        stage: Option<(Py<PyAny>, u64)>,
+    ) -> PyResult<RankSave> {
+        let origin = Path::new("the live model's manifest");
+        let parsed = devmap::formats::live::parse_manifest(manifest, origin).map_err(fail)?;
+        let part = parsed.rank.ok_or_else(|| {
+            PyValueError::new_err("the manifest names no rank: save it with save_manifest")
+        })?;
+        let ckpt = devmap::model::load::load_live(&parsed, origin).map_err(fail)?;
+        let mut options = options_of(&out, max_shard_size, dtype, force, fsync, check, stage)?;
+        options.distributed = Some(devmap::save::parts::Distributed::Ranks(part));
+        let plan = devmap::save::prepare(&ckpt, &options).map_err(fail)?;
+        Ok(RankSave {
+            ckpt,
+            plan,
+            options,
+            part,
+        })
+    }
+
+    /// The plan's fingerprint: equal on every rank, or the ranks disagree on the model.
+    fn fingerprint(&self) -> String {
+        devmap::save::ranks::fingerprint(&self.ckpt, &self.plan)
+    }
+
+    /// Bytes the save writes in all (every rank's together).
+    fn total_bytes(&self) -> u64 {
+        self.plan.total_size
+    }
+
+    /// Rank 0: the shared shard files, created with their headers.
+    fn create(&self, py: Python<'_>) -> PyResult<String> {
+        let dir = py
+            .detach(|| {
+                devmap::save::ranks::create(&self.ckpt, &self.plan, &self.options, self.part.world)
+            })
+            .map_err(fail)?;
+        Ok(dir.display().to_string())
+    }
+
+    /// Every rank: its blocks, written into the shared files; returns the bytes written.
+    fn write(&self, py: Python<'_>) -> PyResult<u64> {
+        let cancel = std::sync::atomic::AtomicBool::new(false);
+        py.detach(|| {
+            devmap::save::ranks::write_held(
+                &self.ckpt,
+                &self.plan,
+                &self.options,
+                self.part,
+                &cancel,
+                &mut |_| {},
+            )
+        })
+        .map_err(fail)
+    }
+
+    /// Rank 0, after every rank wrote: the check and the commit; a JSON report.
+    fn commit(&self, py: Python<'_>) -> PyResult<String> {
+        let cancel = std::sync::atomic::AtomicBool::new(false);
+        let report = py
+            .detach(|| {
+                devmap::save::ranks::commit(
+                    &self.ckpt,
+                    &self.plan,
+                    &self.options,
+                    self.part.world,
+                    &cancel,
+                )
+            })
+            .map_err(fail)?;
+        Ok(serde_json::json!({
+            "out": report.out,
+            "shard_files": report.shard_files,
+            "tensors": report.tensors,
+            "bytes": report.bytes,
+            "verify": serde_json::Value::Null,
+        })
+        .to_string())
+    }
+
+    /// After a failure on any rank: the shared folder removed; OUT is as it was.
+    fn abandon(&self) {
+        devmap::save::ranks::abandon(&self.ckpt, &self.plan, &self.options.out);
+    }
+}
+
+/// The options `save_manifest` and `RankSave` share.
+#[allow(clippy::needless_pass_by_value)]
+fn options_of(
+    out: &Path,
+    max_shard_size: &str,
+    dtype: &str,
+    force: bool,
+    fsync: bool,
+    check: Option<Py<PyAny>>,
+    stage: Option<(Py<PyAny>, u64)>,
+) -> PyResult<SaveOptions> {
+    let mut options = SaveOptions::new(out);
+    options.max_shard_size = devmap::formats::size::parse_size(max_shard_size)
+        .map_err(|e| PyValueError::new_err(format!("max_shard_size={max_shard_size:?}: {e}")))?;
+    options.dtype = dtype_choice(dtype)?;
+    options.force = force;
+    options.fsync = fsync;
+    options.available_ram = devmap::monitor::available_ram();
+    options.commit_check = check.map(|check| {
+        CommitCheck(Arc::new(move || {
+            Python::attach(|py| match check.call0(py) {
+                Ok(_) => Ok(()),
+                Err(err) => Err(err.value(py).to_string()),
+            })
+        }))
+    });
+    options.stage =
+        stage.map(|(fill, capacity)| StageRef::new(Arc::new(PyStage { fill, capacity })));
+    Ok(options)
 }
 
 /// GPU tensors, staged by the Python side: `fill(key, offset, len)` copies those bytes
@@ -227,6 +352,7 @@ fn inspect_manifest(py: Python<'_>, manifest: &str, title: String) -> PyResult<O
 fn _devmap(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(save_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_manifest, m)?)?;
+    m.add_class::<RankSave>()?;
     m.add("DevmapError", m.py().get_type::<DevmapError>())?;
     m.add("FORMAT", devmap::formats::live::FORMAT)?;
     Ok(())

@@ -52,7 +52,37 @@ pub struct Manifest {
     /// devices as they are now).
     #[serde(default)]
     pub device_map: Option<serde_json::Value>,
+    /// Present when this process is one rank of a sharded job (FSDP2, DTensor): the
+    /// tensors have their whole shapes, and each source is the pieces this rank holds
+    /// (see `save::ranks`).
+    #[serde(default)]
+    pub rank: Option<RankOf>,
     pub tensors: Vec<LiveTensor>,
+}
+
+/// Which rank of how many wrote a manifest (ranks count from 0).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RankOf {
+    pub rank: u32,
+    pub world: u32,
+}
+
+/// A block of a tensor this rank holds: its first index and extent along every
+/// dimension of the whole tensor, and where its elements are, row-major: in this
+/// process's memory at `address`, or staged from tensor `key` (from its element
+/// `first`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LivePiece {
+    pub offsets: Vec<u64>,
+    pub sizes: Vec<u64>,
+    #[serde(default)]
+    pub address: Option<u64>,
+    #[serde(default)]
+    pub key: Option<u64>,
+    #[serde(default)]
+    pub first: u64,
 }
 
 /// One tensor as `save_pretrained` would write it.
@@ -100,6 +130,9 @@ pub enum LiveSource {
         #[serde(default)]
         first: u64,
     },
+    /// The blocks of the tensor this rank of a sharded job holds (none when other
+    /// ranks hold all of it); the other ranks write the rest.
+    Pieces { pieces: Vec<LivePiece> },
     /// The same parameter as tensor `to` (transformers' tie removal drops this name):
     /// not written unless ties are kept; shown as a tie.
     Tied { to: String },

@@ -114,7 +114,23 @@ pub fn write(
             parts::clear(&options.out, &fingerprint);
             Ok(report)
         }
+        // Each step of a sharded job's save is run by the ranks in turn (save::ranks).
+        Some(Distributed::Ranks(_)) => Err(SaveError::Panicked(
+            "a rank's save run as a whole save (save::ranks runs it step by step)".into(),
+        )),
     }
+}
+
+/// Publishes OUT from shard files already written elsewhere under OUT (`files`, by
+/// shard index): linked into place, config and index written, all renamed at once.
+pub(super) fn publish(
+    ckpt: &Checkpoint,
+    plan: &SavePlan,
+    options: &SaveOptions,
+    stop: (&AtomicBool, &Reporter<'_>),
+    files: &[PathBuf],
+) -> Result<SaveReport, SaveError> {
+    write_as(ckpt, plan, options, stop, Shards::Linked(files))
 }
 
 /// Where the shards of a save come from.

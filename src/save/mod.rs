@@ -18,6 +18,7 @@ pub mod packed_int;
 pub mod parts;
 pub mod preflight;
 pub mod quantize_fp8;
+pub mod ranks;
 pub mod reasons;
 pub mod shards;
 pub mod stage;

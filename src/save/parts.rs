@@ -38,6 +38,10 @@ pub enum Distributed {
     Part(Part),
     /// Check the N parts' manifests and publish OUT.
     Commit(u32),
+    /// One rank of a sharded job: every tensor is planned whole, and this process
+    /// writes the blocks of it it holds into the shard files all ranks share
+    /// (`save::ranks`).
+    Ranks(crate::formats::live::RankOf),
 }
 
 impl Part {
@@ -229,18 +233,27 @@ pub fn write_manifest(
         shards,
     };
     let text = serde_json::to_string_pretty(&manifest).unwrap_or_default();
-    let tmp = dir.join(format!("{MANIFEST}.{}.partial", std::process::id()));
+    let path = dir.join(MANIFEST);
+    write_whole(&path, text.as_bytes()).map_err(|e| SaveError::io(path, e))
+}
+
+/// Writes `bytes` to `path` whole or not at all: under a temporary name, synced, then
+/// renamed (a record the commit reads is never half there).
+pub(super) fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.partial", std::process::id()));
+    let tmp = PathBuf::from(tmp);
     let write = || -> std::io::Result<()> {
-        use std::io::Write;
         let mut f = File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
+        f.write_all(bytes)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, dir.join(MANIFEST))?;
+        std::fs::rename(&tmp, path)?;
         File::open(dir)?.sync_all()
     };
-    write().map_err(|e| {
+    write().inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
-        SaveError::io(dir.join(MANIFEST), e)
     })
 }
 

@@ -61,6 +61,12 @@ pub enum Refusal {
     /// The commit of a split save (`--commit N`) found a part not ready.
     #[error("part {part} is not ready: {why}; run it (again) with --part {part}, then commit")]
     PartMissing { part: String, why: String },
+    /// The commit of a sharded job's save found a rank's blocks missing or wrong.
+    #[error("rank {rank} of {world} did not write its part: {why}")]
+    RankMissing { rank: u32, world: u32, why: String },
+    /// The ranks' blocks of a tensor do not make it up exactly once.
+    #[error("`{tensor}`: the ranks' blocks do not make it up: {why}")]
+    RanksDoNotTile { tensor: String, why: String },
     /// `--force` (the inspector's Ctrl-O) writes into it.
     #[error(
         "the output folder {} is not empty ({}); pass --force to write into it (earlier weight files there are replaced)",

@@ -183,7 +183,7 @@ struct ShardWriter<'a> {
 /// waited on each other; with the blocks reserved up front it takes as long as `cp`
 /// (CHANGELOG.md, Performance history: Saving). A full disk is an error now, before anything is copied; a
 /// file system that cannot reserve blocks (some network ones) is written as before.
-fn reserve(dst: &File, len: u64) -> std::io::Result<()> {
+pub(super) fn reserve(dst: &File, len: u64) -> std::io::Result<()> {
     match rustix::fs::fallocate(dst, rustix::fs::FallocateFlags::empty(), 0, len) {
         Ok(()) => Ok(()),
         Err(e) => {

@@ -106,6 +106,15 @@ pub fn blocks_of(shape: &[u64], pieces: &[Piece]) -> Vec<u64> {
     }
 }
 
+/// Checks that `pieces` lie inside a tensor of `shape` and hold no element twice: the
+/// blocks one rank of a sharded job holds, the others holding the rest.
+pub fn held_apart(shape: &[u64], pieces: &[Piece]) -> Result<(), Tiling> {
+    match tiling(shape, pieces) {
+        Ok(()) | Err(Tiling::Gap { .. }) => Ok(()),
+        Err(problem) => Err(problem),
+    }
+}
+
 /// Checks that `pieces` hold every element of a tensor of `shape` exactly once.
 pub fn tiling(shape: &[u64], pieces: &[Piece]) -> Result<(), Tiling> {
     let shape = &blocks_of(shape, pieces)[..];

@@ -145,3 +145,18 @@ fn a_sigterm_saves_the_weights_of_the_step_boundary() {
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 2, "{out}");
 }
+
+/// `devmap.save_pretrained` on every rank of an FSDP2 job (tests/python/fsdp_ranks.py:
+/// gloo on CPU, 2 and 4 ranks, a tied Llama and a Mixtral with fused experts, trained
+/// two steps): each rank writes its shards' blocks into the shard files, rank 0
+/// commits; equal to transformers' save of the gathered model, byte-identical to
+/// devmap's save of it unsharded, in float32 and cast to bfloat16; ranks that plan
+/// different saves are refused on every rank with nothing written.
+#[test]
+#[ignore = "needs torch, transformers: run .ci/run"]
+fn every_rank_of_an_fsdp_job_writes_its_own_shards() {
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_package_script("fsdp_ranks.py");
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(out.matches("ok: ").count(), 4, "{out}");
+}

@@ -13,11 +13,13 @@ use std::path::{Path, PathBuf};
 use super::LoadError;
 use crate::formats::FormatError;
 use crate::formats::config::{ModelConfig, read_config};
-use crate::formats::live::{LiveSource, LiveTensor, Manifest, PROCESS_MEMORY, STAGED_PREFIX};
+use crate::formats::live::{
+    LivePiece, LiveSource, LiveTensor, Manifest, PROCESS_MEMORY, STAGED_PREFIX,
+};
 use crate::formats::safetensors::HeaderCache;
 use crate::model::checkpoint::{
-    ByteRange, Checkpoint, FileId, InputKind, NO_KEY, NamedTie, Parts, Source, SourceFile, Tensor,
-    TieEvidence,
+    ByteRange, Checkpoint, FileId, InputKind, NO_KEY, NamedTie, Parts, Piece, Source, SourceFile,
+    Tensor, TieEvidence,
 };
 use crate::types::dtype::DType;
 use crate::types::placement::Placement;
@@ -33,6 +35,7 @@ pub fn load_live(manifest: &Manifest, origin: &Path) -> Result<Checkpoint, LoadE
     let mut files = Files::default();
     let mut tensors = Vec::with_capacity(manifest.tensors.len());
     let mut ties = Vec::new();
+    let mut pieces = Vec::new();
     for live in &manifest.tensors {
         if let LiveSource::Tied { to } = &live.source {
             // The kept name first: it is the one a save writes.
@@ -42,7 +45,7 @@ pub fn load_live(manifest: &Manifest, origin: &Path) -> Result<Checkpoint, LoadE
                 evidence: TieEvidence::SameStorage,
             });
         }
-        tensors.push(tensor_of(live, &mut files, origin)?);
+        tensors.push(tensor_of(live, (&mut files, &mut pieces), origin)?);
     }
     let mut ckpt = Checkpoint::assemble(Parts {
         dir: manifest.config_dir.clone(),
@@ -57,7 +60,7 @@ pub fn load_live(manifest: &Manifest, origin: &Path) -> Result<Checkpoint, LoadE
         config_dir: None,
         warnings: Vec::new(),
         replaced: Vec::new(),
-        pieces: Vec::new(),
+        pieces,
     });
     if let Some(w) = ckpt.tensors().windows(2).find(|w| w[0].name == w[1].name) {
         return Err(LoadError::Conflict {
@@ -112,7 +115,11 @@ impl Files {
     }
 }
 
-fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tensor, LoadError> {
+fn tensor_of(
+    live: &LiveTensor,
+    (files, pieces): (&mut Files, &mut Vec<Box<[Piece]>>),
+    origin: &Path,
+) -> Result<Tensor, LoadError> {
     let bad = |message: String| {
         LoadError::Format(FormatError::tensor(origin, live.name.clone(), message))
     };
@@ -258,6 +265,17 @@ fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tens
                 held,
             )
         }
+        LiveSource::Pieces { pieces: held_here } => {
+            let blocks = held_here
+                .iter()
+                .map(|p| piece_of(p, (&live.shape, held), files).map_err(&bad))
+                .collect::<Result<Box<[Piece]>, LoadError>>()?;
+            if let Err(problem) = crate::types::pieces::held_apart(&live.shape, &blocks) {
+                return Err(bad(format!("has blocks held here where {problem}")));
+            }
+            pieces.push(blocks);
+            (Source::Pieces(pieces.len() as u32 - 1), held)
+        }
         LiveSource::Tied { .. } | LiveSource::None => (Source::None, held),
     };
     Ok(Tensor {
@@ -268,5 +286,63 @@ fn tensor_of(live: &LiveTensor, files: &mut Files, origin: &Path) -> Result<Tens
         map_key: NO_KEY,
         dtype: stored,
         load_dtype: (stored != held).then_some(held),
+    })
+}
+
+/// A block this rank holds, as a piece of its tensor (of `shape`, held as `dtype`):
+/// row-major in this process's memory, or staged.
+fn piece_of(
+    live: &LivePiece,
+    (shape, dtype): (&[u64], DType),
+    files: &mut Files,
+) -> Result<Piece, String> {
+    if live.offsets.len() != shape.len() || live.sizes.len() != shape.len() {
+        return Err(format!(
+            "has a block at {:?} of {:?}, not of the tensor's {} dimensions",
+            live.offsets,
+            live.sizes,
+            shape.len()
+        ));
+    }
+    let len = live
+        .sizes
+        .iter()
+        .try_fold(dtype.size(), |n, &d| n.checked_mul(d))
+        .ok_or_else(|| {
+            format!(
+                "has a block of {:?}, more bytes than fit in 64 bits",
+                live.sizes
+            )
+        })?;
+    let range = match (live.address, live.key) {
+        (Some(address), None) => ByteRange {
+            file: files.memory(),
+            offset: address,
+            len,
+        },
+        (None, Some(key)) => ByteRange {
+            file: files.id(
+                Path::new(&format!("{STAGED_PREFIX}{key}")),
+                0,
+                None,
+                InputKind::Staged(key),
+            ),
+            offset: live.first.checked_mul(dtype.size()).ok_or_else(|| {
+                format!("has a block from element {}, past any tensor", live.first)
+            })?,
+            len,
+        },
+        _ => {
+            return Err(format!(
+                "has a block at {:?} with no place (an address or a staged key, one of them)",
+                live.offsets
+            ));
+        }
+    };
+    Ok(Piece {
+        range,
+        offsets: live.offsets.clone().into(),
+        sizes: live.sizes.clone().into(),
+        stride: None,
     })
 }

@@ -395,6 +395,66 @@ fn staged(
     }?)
 }
 
+/// Writes the blocks of a tensor this process holds (one rank of a sharded job; the
+/// other ranks write the rest) at their places in the tensor's bytes at `at`: each run
+/// of each block (`types::pieces::runs`) read where it is, in memory or staged, and
+/// copied or cast as `recipe` says, with positioned writes. `recipe` reads the
+/// tensor's pieces (`Read::Pieces`); nothing outside the blocks is touched.
+pub fn run_held(
+    recipe: &Recipe,
+    inputs: Inputs<'_>,
+    copier: &mut Copier,
+    (dst, at): (&File, u64),
+    report: &mut dyn FnMut(u64),
+) -> Result<(), Failed> {
+    let Read::Pieces { index, .. } = recipe.read else {
+        return Err(unsupported("a rank writes the pieces of a tensor it holds"));
+    };
+    if recipe.merge || recipe.quant().is_some() {
+        return Err(unsupported("a tensor held in pieces is copied or cast"));
+    }
+    let ckpt = inputs.ckpt;
+    let tensor = &ckpt.tensors()[inputs.tensor];
+    let (read, written) = (
+        recipe.input_dtype(tensor.dtype).size(),
+        recipe.output_dtype(tensor.dtype).size(),
+    );
+    let pieces = ckpt.pieces(index);
+    let mut files: std::collections::HashMap<FileId, File> = std::collections::HashMap::new();
+    // Runs counted in elements: the source and the output may differ in width.
+    for stretch in crate::types::pieces::runs(&tensor.shape.to_vec(), 1, pieces) {
+        let piece = &pieces[stretch.piece];
+        let range = ByteRange {
+            file: piece.range.file,
+            offset: piece.range.offset + (stretch.from - piece.range.offset) * read,
+            len: stretch.len * read,
+        };
+        let source = if let InputKind::Staged(_) = ckpt.input_kind(range.file) {
+            None
+        } else {
+            if let std::collections::hash_map::Entry::Vacant(e) = files.entry(range.file) {
+                e.insert(open(ckpt, range.file)?);
+            }
+            files.get(&range.file)
+        };
+        let part = Recipe {
+            read: Read::Range(range),
+            make: recipe.make,
+            merge: false,
+        };
+        run(
+            &part,
+            Inputs { source, ..inputs },
+            copier,
+            Sink::File {
+                at: (dst, at + stretch.to * written),
+                report,
+            },
+        )?;
+    }
+    Ok(())
+}
+
 /// A sink as a stream of chunks: a file sink writes each chunk after the last and
 /// reports it.
 fn feed_of(sink: Sink<'_>) -> Box<Feed<'_>> {

@@ -535,11 +535,19 @@ fn stitch_recipe(
     id: TensorId,
     index: u32,
     cast_to: Option<DType>,
+    held_in_part: bool,
 ) -> Result<Recipe, String> {
     let tensor = &ckpt.tensors()[id];
     let pieces = ckpt.pieces(index);
     let chunks = crate::text::count(pieces.len(), "chunk", "chunks");
-    crate::types::pieces::tiling(&tensor.shape.to_vec(), pieces)
+    // One rank of a sharded job holds some of each tensor, the others the rest: the
+    // commit checks that all of them together make each tensor up.
+    let check = if held_in_part {
+        crate::types::pieces::held_apart
+    } else {
+        crate::types::pieces::tiling
+    };
+    check(&tensor.shape.to_vec(), pieces)
         .map_err(|problem| format!("is stored in {chunks} that do not make it up: {problem}"))?;
     // A block stored row-major holds exactly its elements; one stored with strides
     // was checked against its storage when read.
@@ -774,7 +782,11 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
             (None, _) => cast_to,
         };
         if let Some(crate::model::checkpoint::Source::Pieces(index)) = ckpt.data_source(id) {
-            match stitch_recipe(ckpt, id, index, cast_to) {
+            let held_in_part = matches!(
+                options.distributed,
+                Some(super::parts::Distributed::Ranks(_))
+            );
+            match stitch_recipe(ckpt, id, index, cast_to, held_in_part) {
                 Ok(recipe) => chosen_push(id, recipe),
                 Err(why) => problems.push(Unsaveable::NoRecipe {
                     tensor: tensor.name.to_string(),
