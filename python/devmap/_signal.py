@@ -22,12 +22,14 @@ class SaveCancelled(Exception):
 
 class Armed:
     """The handlers `save_on_signal` installed; `disarm()` puts the previous ones back.
-    `saved` is the report of the save once it is done."""
+    `saved` is the report of the save once it is done, `seconds` the time from the
+    signal to the end of the save (the commit, or the cancellation)."""
 
     def __init__(self, model, out, signals, deadline_s, optimizer, exit, save_kwargs):
         self.model, self.out, self.signals = model, out, tuple(signals)
         self.deadline_s, self.exit, self.save_kwargs = deadline_s, exit, save_kwargs
         self.state, self.signum, self.saved, self.timer = "armed", None, None, None
+        self.seconds = None
         self.previous = {s: signal.signal(s, self._on_signal) for s in self.signals}
         self.hook = optimizer.register_step_post_hook(self._after_step) if optimizer is not None else None
 
@@ -80,7 +82,7 @@ class Armed:
         self.state = "done"
         self.saved = report
         self.disarm()
-        took = time.monotonic() - self.started
+        took = self.seconds = time.monotonic() - self.started
         if report is not None:
             sys.stderr.write(f"devmap: saved {self.out} on signal {self.signum} in {took:.2f} s\n")
         else:

@@ -7,21 +7,11 @@ during the save (the peak is reset after loading, through /proc/self/clear_refs)
 Usage: live_save_peer.py MODEL OFFLOAD OUT devmap|transformers [--no-fsync]
 """
 import json
-import os
-import subprocess
 import sys
-import time
 
 import torch
+from measure import measure
 from transformers import AutoConfig, AutoModelForCausalLM
-
-
-def status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise SystemExit(f"no {key} in /proc/self/status")
 
 
 model_dir, offload, out, who = sys.argv[1:5]
@@ -42,34 +32,5 @@ if who == "devmap":
 else:
     def save():
         model.save_pretrained(out)
-before = status("VmRSS")
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # resets VmHWM to the current RSS
-# Anonymous memory (what a save allocates, apart from file pages it reads through a
-# mapping, which count in RSS once touched) is sampled every 5 ms from another process:
-# a thread here would not run while transformers' save holds the GIL.
-SAMPLER = """
-import sys, time
-pid, peak = sys.argv[1], 0
-def anon():
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-print("ready", flush=True)
-while True:
-    peak = max(peak, anon())
-    if sys.stdin in __import__("select").select([sys.stdin], [], [], 0.005)[0]:
-        break
-print(max(peak, anon()), flush=True)
-"""
-anon_before = status("RssAnon")
-sampler = subprocess.Popen([sys.executable, "-c", SAMPLER, str(os.getpid())], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE, text=True)
-sampler.stdout.readline()
-start = time.perf_counter()
-save()
-seconds = time.perf_counter() - start
-anon_peak = int(sampler.communicate("stop\n")[0].strip())
-print(json.dumps({"who": who, "seconds": seconds, "rss_before": before, "growth": status("VmHWM") - before,
-                  "anon_growth": anon_peak - anon_before}))
+result = measure(save)
+print(json.dumps({"who": who, **result}))

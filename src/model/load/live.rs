@@ -32,7 +32,10 @@ pub fn load_live(manifest: &Manifest, origin: &Path) -> Result<Checkpoint, LoadE
     } else {
         ModelConfig::absent()
     };
-    let mut files = Files::default();
+    let mut files = Files {
+        mapped: crate::sys::mapped::Mappings::of_this_process(),
+        ..Files::default()
+    };
     let mut tensors = Vec::with_capacity(manifest.tensors.len());
     let mut ties = Vec::new();
     let mut pieces = Vec::new();
@@ -85,6 +88,8 @@ struct Files {
     list: Vec<SourceFile>,
     ids: HashMap<PathBuf, FileId>,
     headers: HeaderCache,
+    /// This process's file mappings, read once.
+    mapped: crate::sys::mapped::Mappings,
 }
 
 impl Files {
@@ -159,6 +164,23 @@ fn tensor_of(
     let (source, stored) = match &live.source {
         LiveSource::Memory { address } => {
             let len = bytes_as(held)?;
+            // A tensor still as the file it was mapped from holds it (transformers maps
+            // the safetensors weights it loads as stored): copied from there, it does
+            // not fault every page of it into this process.
+            if let Some((path, offset)) = files.mapped.file_behind(*address, len)
+                && let Ok(meta) = std::fs::metadata(&path)
+            {
+                let file = files.id(&path, meta.len(), meta.modified().ok(), InputKind::File);
+                return Ok(Tensor {
+                    name: live.name.as_str().into(),
+                    shape,
+                    source: Source::Checkpoint(ByteRange { file, offset, len }),
+                    placement,
+                    map_key: NO_KEY,
+                    dtype: held,
+                    load_dtype: None,
+                });
+            }
             let file = files.memory();
             (
                 Source::Checkpoint(ByteRange {

@@ -4,6 +4,8 @@
 //! the copy falls back to reads and writes through a buffer and the cache advice is
 //! skipped.
 
+pub mod mapped;
+
 use std::fs::File;
 use std::io;
 use std::path::Path;
