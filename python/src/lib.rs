@@ -52,7 +52,10 @@ fn save_manifest(
     check: Option<Py<PyAny>>,
     stage: Option<(Py<PyAny>, u64)>,
 ) -> PyResult<String> {
-    let ckpt = Arc::new(checkpoint_of(manifest)?);
+    let origin = Path::new("the live model's manifest");
+    let parsed = devmap::formats::live::parse_manifest(manifest, origin).map_err(fail)?;
+    let ckpt =
+        Arc::new(devmap::model::load::load_live_saving_to(&parsed, origin, &out).map_err(fail)?);
     let mut options = options_of(&out, max_shard_size, dtype, force, fsync, check, stage)?;
     options.jobs = jobs.max(1);
     // The test hook `devmap save` takes from the same variable (see CONTRIBUTING.md).
@@ -163,7 +166,7 @@ impl RankSave {
         let part = parsed.rank.ok_or_else(|| {
             PyValueError::new_err("the manifest names no rank: save it with save_manifest")
         })?;
-        let ckpt = devmap::model::load::load_live(&parsed, origin).map_err(fail)?;
+        let ckpt = devmap::model::load::load_live_saving_to(&parsed, origin, &out).map_err(fail)?;
         let mut options = options_of(&out, max_shard_size, dtype, force, fsync, check, stage)?;
         options.distributed = Some(devmap::save::parts::Distributed::Ranks(part));
         let plan = devmap::save::prepare(&ckpt, &options).map_err(fail)?;

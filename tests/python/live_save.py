@@ -275,6 +275,33 @@ def no_shards(out):
     return not os.path.exists(out) or not any(n.endswith(".safetensors") for n in os.listdir(out))
 
 
+def mapped_from_its_files_and_saved_over_them():
+    """A model loaded as stored: transformers maps its weights from model.safetensors,
+    and devmap copies the unwritten ones from that file (the rest from memory). Saved
+    elsewhere: as transformers saves it. Saved over the folder it was loaded from
+    (force=True): read from memory instead, since the commit replaces that file; the
+    folder then holds what the model held."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(3)
+    own = os.path.join(WORK, "own-folder")
+    small_llama().save_pretrained(own)
+    model = AutoModelForCausalLM.from_pretrained(own, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.add_(0.5)  # one tensor written since it was mapped
+    held = {k: v.clone() for k, v in model.state_dict().items()}
+    theirs, ours = os.path.join(WORK, "mapped-theirs"), os.path.join(WORK, "mapped-ours")
+    model.save_pretrained(theirs)
+    devmap.save_pretrained(model, ours, progress=False)
+    compare("mapped from its files", model, theirs, ours)
+    devmap.save_pretrained(model, own, force=True, progress=False)
+    saved = tensors(own)
+    differ = [k for k in saved if not same_bytes(saved[k], held[k])]
+    if differ or not saved:
+        raise SystemExit(f"saved over its own folder: {differ[:3]} differ from what the model held")
+    print(f"ok: mapped weights copied from their file, {len(saved)} tensors; saved over its own folder too")
+
+
 def change_during_save_refused():
     model = small_llama()
     out = os.path.join(WORK, "changed-out")
@@ -320,5 +347,6 @@ if __name__ == "__main__":
     gpt2_dispatched_with_dat_offload()
     staged_like_a_gpu()
     meta_model_refused()
+    mapped_from_its_files_and_saved_over_them()
     change_during_save_refused()
     ctrl_c_cancels()

@@ -30,7 +30,7 @@ fn live_models_save_as_transformers_saves_them() {
     let err = String::from_utf8_lossy(&o.stderr);
     eprintln!("{out}");
     assert!(o.status.success(), "{out}\n{err}");
-    assert_eq!(out.matches("ok: ").count(), 7, "{out}");
+    assert_eq!(out.matches("ok: ").count(), 8, "{out}");
 }
 
 #[test]

@@ -26,6 +26,26 @@ use crate::types::placement::Placement;
 
 /// Reads `manifest` into a checkpoint. `origin` names the manifest in errors.
 pub fn load_live(manifest: &Manifest, origin: &Path) -> Result<Checkpoint, LoadError> {
+    load_live_into(manifest, origin, None)
+}
+
+/// [`load_live`] for a save into `out`: a tensor is copied from the file it is mapped
+/// from only when that file is not inside `out` (a save into the model's own folder
+/// replaces it; the tensor is then read from memory, as the model holds it).
+pub fn load_live_saving_to(
+    manifest: &Manifest,
+    origin: &Path,
+    out: &Path,
+) -> Result<Checkpoint, LoadError> {
+    let out = out.canonicalize().unwrap_or_else(|_| out.to_path_buf());
+    load_live_into(manifest, origin, Some(out))
+}
+
+fn load_live_into(
+    manifest: &Manifest,
+    origin: &Path,
+    out: Option<PathBuf>,
+) -> Result<Checkpoint, LoadError> {
     let config_path = manifest.config_dir.join("config.json");
     let config = if config_path.is_file() {
         read_config(&config_path)?
@@ -34,6 +54,7 @@ pub fn load_live(manifest: &Manifest, origin: &Path) -> Result<Checkpoint, LoadE
     };
     let mut files = Files {
         mapped: crate::sys::mapped::Mappings::of_this_process(),
+        out,
         ..Files::default()
     };
     let mut tensors = Vec::with_capacity(manifest.tensors.len());
@@ -90,6 +111,9 @@ struct Files {
     headers: HeaderCache,
     /// This process's file mappings, read once.
     mapped: crate::sys::mapped::Mappings,
+    /// The folder a save writes into (canonical): its files are never read for a
+    /// mapped tensor.
+    out: Option<PathBuf>,
 }
 
 impl Files {
@@ -169,6 +193,10 @@ fn tensor_of(
             // not fault every page of it into this process.
             if let Some((path, offset)) = files.mapped.file_behind(*address, len)
                 && let Ok(meta) = std::fs::metadata(&path)
+                && !files
+                    .out
+                    .as_ref()
+                    .is_some_and(|out| path.canonicalize().is_ok_and(|p| p.starts_with(out)))
             {
                 let file = files.id(&path, meta.len(), meta.modified().ok(), InputKind::File);
                 return Ok(Tensor {

@@ -21,7 +21,7 @@ use crate::model::checkpoint::{
 use crate::model::warning::Warning;
 use crate::types::placement::Placement;
 use draft::Draft;
-pub use live::load_live;
+pub use live::{load_live, load_live_saving_to};
 use ties::{config_ties, explicit_tie, merge_groups};
 
 /// What the user told devmap beyond the directory.
