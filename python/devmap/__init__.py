@@ -178,14 +178,20 @@ def inspect(model):
     until you quit (`q`); elsewhere (a notebook, a pipe) it prints the report
     `devmap inspect` prints. `s` in the inspector saves the model as
     `save_pretrained` above does (CPU and disk values; GPU tensors need
-    `devmap.save_pretrained`)."""
-    from . import _live
+    `devmap.save_pretrained`). A model sharded over the ranks of a job shows this
+    rank's view: every tensor at its whole shape, with the blocks this rank holds."""
+    from . import _live, _ranks
 
     _check_model(model, "inspect")
     binding = _binding()
     with tempfile.TemporaryDirectory(prefix="devmap-config-") as config_dir:
         try:
-            manifest, keep_alive, _, stager, notes = _live.build(model, config_dir, allow_missing=True)
+            if _ranks.is_sharded(model):
+                # This rank's view: every tensor whole in shape, the blocks it holds.
+                manifest, keep_alive, _, stager = _ranks.build(model, config_dir)
+                notes = []
+            else:
+                manifest, keep_alive, _, stager, notes = _live.build(model, config_dir, allow_missing=True)
             for note in notes:
                 warnings.warn(note, stacklevel=2)
         except Refusal as refusal:

@@ -211,8 +211,7 @@ def build(model, config_dir, group=None, stage_bytes=64 << 20):
         device = devices[found[0]] if found is not None else "cpu"
         entries.append({**entry, "device": device, "source": {"kind": "pieces", "pieces": pieces}})
 
-    if rank == 0:
-        _live._write_config(model, config_dir)
+    _live._write_config(model, config_dir)
     manifest = {
         "format": _live.FORMAT,
         "config_dir": os.path.abspath(config_dir),

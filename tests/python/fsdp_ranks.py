@@ -149,7 +149,8 @@ def run(kind, world):
 if __name__ == "__main__":
     torch.set_num_threads(1)
     cases = [("llama", 2), ("llama", 4), ("mixtral", 2), ("mixtral", 4)]
-    if len(sys.argv) > 1:
-        cases = [c for c in cases if f"{c[0]}-{c[1]}" in sys.argv[1:]]
+    # By hand, cases may be named (`llama-2`); other arguments (the runner's) are not cases.
+    named = [c for c in cases if f"{c[0]}-{c[1]}" in sys.argv[1:]]
+    cases = named or cases
     for kind, world in cases:
         run(kind, world)
