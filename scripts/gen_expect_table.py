@@ -33,7 +33,9 @@ are in their own table, written by scripts/gen_buffer_table.py with this script'
 Format: `#` header lines; blocks opened by `= ARCH [ARCH...]`; then `default PATH
 VALUE` for each config attribute an expression uses (its value when config.json
 leaves it out, as transformers' diff-only config.json does for defaults; `?` when the
-config class computes it from others then), `default
+config class computes it from others then), `alias KEY PATH` for each other name the
+config class accepts for such an attribute (its `attribute_map`: Qwen3-MoE's
+config.json says `num_experts` for `num_local_experts`), `default
 tie_word_embeddings true|false` when a tie depends on it; `ignore-missing PATTERN...`
 and `ignore-unexpected PATTERN...` (the class's `_keys_to_ignore_on_load_*`, which
 transformers does not report: `^`/`$` anchor, `*` any run, `?` any character, searched
@@ -421,6 +423,7 @@ def describe(cls, model_type):
         used |= set(attributes_used(exprs))
     values = config.to_dict()
     lines = [f"default {p} {'?' if derived(config, p, used) else _get(values, p)}" for p in sorted(used)]
+    lines += alias_lines(type(config), used)
     if conditional:
         lines.append(f"default tie_word_embeddings {'true' if tie_words else 'false'}")
     for attribute, word in (("_keys_to_ignore_on_load_missing", "missing"), ("_keys_to_ignore_on_load_unexpected", "unexpected")):
@@ -433,6 +436,41 @@ def describe(cls, model_type):
         lines.append("form runtime")
         lines += rendered["runtime"]
     return "\n".join(lines)
+
+
+def alias_lines(config_class, used):
+    """`alias KEY PATH` for each name config.json may give a used attribute under."""
+    aliases = getattr(config_class, "attribute_map", None) or {}
+    return [f"alias {key} {path}" for key, path in sorted(aliases.items()) if path in used and key != path]
+
+
+def add_aliases(table):
+    """The table at `table` with each block's alias lines put after its defaults: the
+    lines a whole run writes, without refitting every architecture."""
+    out, block, used = [], None, set()
+
+    def close():
+        if block is not None:
+            at = max((i for i, l in enumerate(block) if l.startswith("default ")), default=0)
+            arch = block[0].split()[1]
+            config_class = getattr(getattr(transformers, arch, None), "config_class", None)
+            extra = alias_lines(config_class, used) if config_class is not None else []
+            block[at + 1:at + 1] = [l for l in extra if l not in block]
+            out.extend(block)
+
+    for line in open(table).read().splitlines():
+        if line.startswith("= "):
+            close()
+            block, used = [line], set()
+        elif block is None:
+            out.append(line)
+        else:
+            block.append(line)
+            if line.startswith("default "):
+                used.add(line.split()[1])
+    close()
+    with open(table, "w") as f:
+        f.write("\n".join(out) + "\n")
 
 
 def glob_of(r):
@@ -603,4 +641,8 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "src/model/expect_table.txt")
+    if sys.argv[1:2] == ["--add-aliases"]:
+        # An existing table brought up to the alias lines (same transformers).
+        add_aliases(sys.argv[2] if len(sys.argv) > 2 else "src/model/expect_table.txt")
+    else:
+        main(sys.argv[1] if len(sys.argv) > 1 else "src/model/expect_table.txt")

@@ -34,6 +34,10 @@ pub struct Expect {
     /// Attributes the config class derives from others when config.json leaves them
     /// out, and how (Llama's `head_dim`: `hidden_size/num_attention_heads`).
     derived: HashMap<String, Expr>,
+    /// Other names config.json may give an attribute under (the config class's
+    /// `attribute_map`: Qwen3-MoE's `num_experts` is its `num_local_experts`), by the
+    /// attribute.
+    aliases: HashMap<String, Vec<String>>,
     /// `tie_word_embeddings` when config.json leaves it out (where a tie depends on it).
     pub ties_by_default: Option<bool>,
     pub saved: Form,
@@ -277,6 +281,10 @@ impl<'a> Values<'a> {
         let mut at = self.config;
         for part in path.split('.') {
             let Some(next) = at.get(part) else {
+                let mut alias = self.expect.aliases.get(path).into_iter().flatten();
+                if let Some(value) = alias.find_map(|key| self.config.get(key)) {
+                    return value.as_u64();
+                }
                 if let Some(&v) = self.expect.defaults.get(path) {
                     return Some(v);
                 }
@@ -500,6 +508,14 @@ fn parse_block(body: &str) -> Expect {
             } else if value != "?" {
                 expect.derived.insert(path.to_owned(), parse_expr(value));
             }
+        } else if let Some(rest) = text.strip_prefix("alias ") {
+            if let Some((key, path)) = rest.split_once(' ') {
+                expect
+                    .aliases
+                    .entry(path.to_owned())
+                    .or_default()
+                    .push(key.to_owned());
+            }
         } else if let Some(rest) = text.strip_prefix("ignore-missing ") {
             expect.ignore_missing = rest.split(' ').map(str::to_owned).collect();
         } else if let Some(rest) = text.strip_prefix("ignore-unexpected ") {
@@ -623,6 +639,22 @@ mod tests {
     }
 
     const BLOCK: &str = "default hidden_size 64\ndefault num_hidden_layers 2\ndefault tie_word_embeddings false\nform saved\nmodel.embed.weight [vocab_size,hidden_size]\nlm_head.weight [vocab_size,hidden_size] tied?\nlist model.layers num_hidden_layers\n variant @0\n  bias [?]\n  list experts 4\n   variant\n    w [2*hidden_size/4]\n variant\n  w [hidden_size,hidden_size]\nform runtime\nmodel.embed.weight [vocab_size,hidden_size]\n";
+
+    /// Qwen3-MoE's config.json says `num_experts`; its config class's attribute is
+    /// `num_local_experts` (an `attribute_map` alias): the count is config.json's, not
+    /// the default (a false alarm on every Qwen3-MoE with other than 128 experts).
+    #[test]
+    fn an_attribute_given_under_its_alias_is_read() {
+        let e = parse_block(
+            "default num_local_experts 128\nalias num_experts num_local_experts\nform saved\n",
+        );
+        let config = serde_json::json!({"num_experts": 4});
+        assert_eq!(e.values(&config).attribute("num_local_experts"), Some(4));
+        let canonical = serde_json::json!({"num_local_experts": 8, "num_experts": 4});
+        assert_eq!(e.values(&canonical).attribute("num_local_experts"), Some(8));
+        let neither = serde_json::json!({});
+        assert_eq!(e.values(&neither).attribute("num_local_experts"), Some(128));
+    }
 
     #[test]
     fn a_block_parses_into_forms_lists_and_pinned_variants() {

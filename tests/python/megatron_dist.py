@@ -57,32 +57,54 @@ def cpu_only():
     from megatron.core import tensor_parallel
 
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    # megatron-core 0.16.1's router names Transformer Engine's GEMM without it installed.
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    moe_utils.te_general_gemm = None
 
 
-def build(dtype, tp, pp, bias=False):
+# A mixture-of-experts variant (tests/python/megatron_moe.py): experts, each expert's
+# FFN, top k; `qk_norm` makes it Qwen3-MoE-like, without it Mixtral-like.
+EXPERTS, MOE_FFN, TOP_K = 4, 32, 2
+
+
+def build(dtype, tp, pp, bias=False, moe=None, ep=1):
     import torch.nn.functional as F
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    extra, spec = {}, get_gpt_layer_local_spec()
+    if moe is not None:
+        extra = dict(num_moe_experts=EXPERTS, moe_router_topk=TOP_K, moe_ffn_hidden_size=MOE_FFN,
+                     moe_token_dispatcher_type="allgather", moe_router_pre_softmax=False,
+                     qk_layernorm=moe["qk_norm"], expert_model_parallel_size=ep)
+        spec = get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False,
+                                        qk_layernorm=moe["qk_norm"])
     cfg = TransformerConfig(
         num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
         ffn_hidden_size=FFN, normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
         add_bias_linear=bias, use_cpu_initialization=True, params_dtype=dtype, pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16, layernorm_epsilon=1e-5, hidden_dropout=0.0, attention_dropout=0.0,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    return GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=64,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, **extra)
+    return GPTModel(cfg, spec, vocab_size=VOCAB, max_sequence_length=64,
                     position_embedding_type="rope", share_embeddings_and_output_weights=False,
                     parallel_output=False, pre_process=ps.is_pipeline_first_stage(),
                     post_process=ps.is_pipeline_last_stage(), rotary_base=10000)
 
 
-def megatron_args(dtype, bias=False):
+def megatron_args(dtype, bias=False, moe=None):
     """What Megatron-LM's argument parser keeps (the part a config needs, and an enum)."""
     from megatron.core.transformer.enums import AttnBackend
 
-    return argparse.Namespace(
+    extra = {}
+    if moe is not None:
+        extra = dict(num_experts=EXPERTS, moe_router_topk=TOP_K, moe_ffn_hidden_size=MOE_FFN,
+                     moe_router_pre_softmax=False, moe_router_score_function="softmax",
+                     moe_router_topk_scaling_factor=None, moe_shared_expert_intermediate_size=None,
+                     qk_layernorm=moe["qk_norm"], expert_model_parallel_size=1)
+    return argparse.Namespace(**extra,
         num_layers=LAYERS, hidden_size=HIDDEN, ffn_hidden_size=FFN, num_attention_heads=HEADS,
         group_query_attention=True, num_query_groups=GROUPS, kv_channels=HIDDEN // HEADS,
         normalization="RMSNorm", swiglu=True, norm_epsilon=1e-5, rotary_base=10000,
@@ -113,10 +135,11 @@ def rank_main(rank, world, port, job):
     cpu_only()
     dist.init_process_group("gloo")
     ps.initialize_model_parallel(tensor_model_parallel_size=job["tp"],
-                                 pipeline_model_parallel_size=job["pp"])
+                                 pipeline_model_parallel_size=job["pp"],
+                                 expert_model_parallel_size=job.get("ep", 1))
     dtype = getattr(torch, job["dtype"])
     torch.manual_seed(0)
-    model = build(dtype, job["tp"], job["pp"], job.get("bias", False))
+    model = build(dtype, job["tp"], job["pp"], job.get("bias", False), job.get("moe"), job.get("ep", 1))
     if job.get("load"):
         # megatron-core's own resharding of the TP=1 checkpoint into this layout.
         state = dist_checkpointing.load({"model": model.sharded_state_dict()}, job["load"])
@@ -135,7 +158,7 @@ def rank_main(rank, world, port, job):
             torch.save(out, job["logits"])
     state = {"model": model.sharded_state_dict(), "iteration": 1, "checkpoint_version": 3.0}
     if job.get("args", True):
-        state["args"] = megatron_args(dtype, job.get("bias", False))
+        state["args"] = megatron_args(dtype, job.get("bias", False), job.get("moe"))
     if rank == 0:
         os.makedirs(job["out"], exist_ok=True)
     dist.barrier()

@@ -21,3 +21,24 @@ fn megatron_checkpoints_convert_to_the_models_own_parameters() {
     assert_eq!(out.matches(": refused (").count(), 5, "{out}");
     assert!(out.contains("megatron: all checks passed"), "{out}");
 }
+
+/// Megatron-Core MoE checkpoints (tests/python/megatron_moe.py): megatron-core's own
+/// experts and router, at TP=1, TP=2 and EP=2, become transformers' Qwen3-MoE (with
+/// per-head q/k norms) and Mixtral (without) bit for bit, config.json from the
+/// arguments loads with logits equal to Megatron's forward; a sigmoid router is
+/// refused by name.
+#[test]
+#[ignore = "needs torch, transformers, megatron-core: run .ci/run"]
+fn megatron_moe_checkpoints_convert_to_qwen3_moe_and_mixtral() {
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("megatron_moe.py");
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(
+        out.matches("bit for bit").count(),
+        4,
+        "Qwen3-MoE at TP=1, TP=2, EP=2; Mixtral at TP=1:\n{out}"
+    );
+    assert_eq!(out.matches("logits = Megatron forward").count(), 2, "{out}");
+    assert_eq!(out.matches(": refused (").count(), 1, "{out}");
+    assert!(out.contains("megatron moe: all checks passed"), "{out}");
+}

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::{Value as Json, json};
 
-use super::layout::Heads;
+use super::layout::{Heads, MoeNames};
 use crate::formats::pickle::{Allow, Value};
 use crate::formats::{FormatError, Kind};
 
@@ -114,6 +114,10 @@ pub struct Shapes {
     pub qk_norm: Option<u64>,
     pub qkv_bias: bool,
     pub tied: bool,
+    /// The experts of a MoE model (its `ffn` is then each expert's), when it is one.
+    pub experts: Option<u64>,
+    /// Whether some layer has a dense MLP.
+    pub dense_mlp: bool,
 }
 
 /// The head counts from an HF config.json.
@@ -172,7 +176,7 @@ pub fn check_heads(heads: Heads, shapes: &Shapes) -> Result<(), String> {
 pub fn config_json(
     args: &Args,
     shapes: &Shapes,
-    heads: Heads,
+    (heads, moe): (Heads, MoeNames),
     dtype: &str,
 ) -> Result<String, Vec<&'static str>> {
     let mut missing = Vec::new();
@@ -204,10 +208,47 @@ pub fn config_json(
     else {
         return Err(missing);
     };
-    let (architecture, model_type) = match (shapes.qk_norm.is_some(), shapes.qkv_bias) {
-        (true, _) => ("Qwen3ForCausalLM", "qwen3"),
-        (false, true) => ("Qwen2ForCausalLM", "qwen2"),
-        (false, false) => ("LlamaForCausalLM", "llama"),
+    // A MoE layer as transformers' Qwen3-MoE and Mixtral route: a softmax over the
+    // experts' scores, the top k, renormalised (Megatron's top-k then softmax, its
+    // default), or not (Qwen3-MoE's norm_topk_prob = false: Megatron's pre-softmax).
+    let moe_args = shapes.experts.map(|_| {
+        let top_k = arg_u64(args, "moe_router_topk");
+        let pre_softmax = arg_bool(args, "moe_router_pre_softmax").unwrap_or(false);
+        (top_k, pre_softmax)
+    });
+    if let Some((top_k, pre_softmax)) = moe_args {
+        if top_k.is_none() {
+            missing.push("moe_router_topk");
+        }
+        if arg_str(args, "moe_router_score_function").is_some_and(|f| f != "softmax") {
+            missing.push("moe_router_score_function = softmax (the map is for Qwen3-MoE and Mixtral routers)");
+        }
+        if arg_f64(args, "moe_router_topk_scaling_factor")
+            .is_some_and(|f| (f - 1.0).abs() > f64::EPSILON)
+        {
+            missing.push("no moe_router_topk_scaling_factor (transformers' routers do not scale)");
+        }
+        if arg_u64(args, "moe_shared_expert_intermediate_size").is_some() {
+            missing.push("no shared experts (the map is for Qwen3-MoE and Mixtral)");
+        }
+        if shapes.dense_mlp {
+            missing.push("every layer a MoE layer (moe_layer_freq = 1)");
+        }
+        if pre_softmax && moe == MoeNames::Mixtral {
+            missing.push("moe_router_pre_softmax = false (Mixtral renormalises the top k)");
+        }
+    }
+    if !missing.is_empty() {
+        return Err(missing);
+    }
+    let (architecture, model_type) = match (shapes.experts, moe) {
+        (Some(_), MoeNames::Qwen3Moe) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+        (Some(_), MoeNames::Mixtral) => ("MixtralForCausalLM", "mixtral"),
+        (None, _) => match (shapes.qk_norm.is_some(), shapes.qkv_bias) {
+            (true, _) => ("Qwen3ForCausalLM", "qwen3"),
+            (false, true) => ("Qwen2ForCausalLM", "qwen2"),
+            (false, false) => ("LlamaForCausalLM", "llama"),
+        },
     };
     let mut config = json!({
         "architectures": [architecture],
@@ -230,6 +271,18 @@ pub fn config_json(
         config["attention_bias"] = json!(false);
         config["mlp_bias"] = json!(false);
     }
+    if let (Some(experts), Some((top_k, pre_softmax))) = (shapes.experts, moe_args) {
+        config["num_experts_per_tok"] = json!(top_k);
+        if model_type == "qwen3_moe" {
+            config["num_experts"] = json!(experts);
+            config["moe_intermediate_size"] = json!(shapes.ffn);
+            config["norm_topk_prob"] = json!(!pre_softmax);
+            config["decoder_sparse_step"] = json!(1);
+            config["mlp_only_layers"] = json!([]);
+        } else {
+            config["num_local_experts"] = json!(experts);
+        }
+    }
     let mut text = serde_json::to_string_pretty(&config).unwrap_or_default();
     text.push('\n');
     Ok(text)
@@ -250,6 +303,8 @@ mod tests {
             qk_norm: None,
             qkv_bias: false,
             tied: false,
+            experts: None,
+            dense_mlp: true,
         }
     }
 
@@ -277,7 +332,8 @@ mod tests {
             key_value: 2,
             dim: 8,
         };
-        let missing = config_json(&args, &shapes(), heads, "float32").expect_err("missing");
+        let missing = config_json(&args, &shapes(), (heads, MoeNames::Mixtral), "float32")
+            .expect_err("missing");
         assert_eq!(
             missing,
             ["norm_epsilon", "rotary_base", "max_position_embeddings"]

@@ -140,6 +140,81 @@ pub const RULES: &[Rule] = &[
     ),
 ];
 
+/// transformers' names for a mixture-of-experts layer, by family: Qwen3-MoE (per-head
+/// q/k norms) or Mixtral (without). `{}` is the layer index, `{e}` the expert's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeNames {
+    Qwen3Moe,
+    Mixtral,
+}
+
+/// One row of the experts' map: the Megatron-Core name, transformers' Qwen3-MoE and
+/// Mixtral names, the cut, and whether the source has an expert axis after its layer
+/// axis (`[layers, experts, rows, columns]` stacked).
+pub struct MoeRule {
+    pub megatron: &'static str,
+    pub qwen3_moe: &'static str,
+    pub mixtral: &'static str,
+    pub cut: Cut,
+    pub per_expert: bool,
+}
+
+/// A GPTModel's MoE layer as megatron-core saves it with its local spec's experts
+/// (`SequentialMLP`: every expert's `linear_fc1`/`linear_fc2` stacked on an expert axis,
+/// expert-parallel ranks holding blocks of it) and its router.
+pub const MOE_RULES: &[MoeRule] = &[
+    MoeRule {
+        megatron: "decoder.layers.mlp.router.weight",
+        qwen3_moe: "model.layers.{}.mlp.gate.weight",
+        mixtral: "model.layers.{}.block_sparse_moe.gate.weight",
+        cut: Cut::Whole,
+        per_expert: false,
+    },
+    MoeRule {
+        megatron: "decoder.layers.mlp.experts.experts.linear_fc1.weight",
+        qwen3_moe: "model.layers.{}.mlp.experts.{e}.gate_proj.weight",
+        mixtral: "model.layers.{}.block_sparse_moe.experts.{e}.w1.weight",
+        cut: Cut::GateUp(0),
+        per_expert: true,
+    },
+    MoeRule {
+        megatron: "decoder.layers.mlp.experts.experts.linear_fc1.weight",
+        qwen3_moe: "model.layers.{}.mlp.experts.{e}.up_proj.weight",
+        mixtral: "model.layers.{}.block_sparse_moe.experts.{e}.w3.weight",
+        cut: Cut::GateUp(1),
+        per_expert: true,
+    },
+    MoeRule {
+        megatron: "decoder.layers.mlp.experts.experts.linear_fc2.weight",
+        qwen3_moe: "model.layers.{}.mlp.experts.{e}.down_proj.weight",
+        mixtral: "model.layers.{}.block_sparse_moe.experts.{e}.w2.weight",
+        cut: Cut::Whole,
+        per_expert: true,
+    },
+];
+
+/// What one Megatron-Core name becomes: each output's transformers name (`{}` the
+/// layer, `{e}` the expert), its cut, and whether the source has an expert axis.
+pub fn outputs_of(key: &str, moe: MoeNames) -> Vec<(&'static str, Cut, bool)> {
+    let dense = RULES
+        .iter()
+        .filter(|r| r.megatron == key)
+        .map(|r| (r.hf, r.cut, false));
+    let experts = MOE_RULES.iter().filter(|r| r.megatron == key).map(|r| {
+        let hf = match moe {
+            MoeNames::Qwen3Moe => r.qwen3_moe,
+            MoeNames::Mixtral => r.mixtral,
+        };
+        (hf, r.cut, r.per_expert)
+    });
+    dense.chain(experts).collect()
+}
+
+/// Whether devmap's map has a name for the Megatron-Core name `key`.
+pub fn is_mapped(key: &str) -> bool {
+    RULES.iter().any(|r| r.megatron == key) || MOE_RULES.iter().any(|r| r.megatron == key)
+}
+
 /// The layers' prefix of Megatron-Core's names.
 pub const LAYERS: &str = "decoder.layers.";
 

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use self::args::{Args, Shapes};
-use self::layout::{Heads, RULES, Source};
+use self::layout::{Heads, MoeNames, Source};
 use super::pieced::{PiecedTensor, Split};
 use super::safetensors::HeaderTensor;
 use super::{FormatError, Kind};
@@ -108,12 +108,12 @@ pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<R
             continue;
         }
         let (key, layer) = layout::key_of(name);
-        if !RULES.iter().any(|r| r.megatron == key) {
+        if !layout::is_mapped(&key) {
             return Err(FormatError::tensor_as(
                 Kind::Unsupported,
                 &metadata,
                 name,
-                "has no Hugging Face name in devmap's Megatron-Core map (Llama, Mistral, Qwen2 and Qwen3 layers: docs/guide.md, Input formats); nothing was written",
+                "has no Hugging Face name in devmap's Megatron-Core map (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and Mixtral layers: docs/guide.md, Input formats); nothing was written",
             ));
         }
         mapped.push((name, key, layer));
@@ -121,13 +121,14 @@ pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<R
 
     let shapes = shapes(&metadata, &sources)?;
     let heads = resolve_heads(dir, config, args.as_ref(), &shapes)?;
+    let moe = moe_names(config, &shapes);
     // Without --config, config.json is written from the arguments.
     let generated = if config.is_none() {
         let args = args.as_ref().ok_or_else(|| no_args(dir))?;
         let dtype = sources
             .get("embedding.word_embeddings.weight")
             .map_or(DType::F32, |s| s.0);
-        let text = args::config_json(args, &shapes, heads, dtype.torch_name()).map_err(|missing| {
+        let text = args::config_json(args, &shapes, (heads, moe), dtype.torch_name()).map_err(|missing| {
             FormatError::invalid_as(
                 Kind::Missing,
                 dir.join(args::COMMON),
@@ -166,23 +167,50 @@ pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<R
             (true, _) => (0..shape.first().copied().unwrap_or(0)).map(Some).collect(),
             (false, l) => vec![l],
         };
-        for rule in RULES.iter().filter(|r| r.megatron == key) {
-            for &at in &layers {
-                let prefix: Vec<u64> = if stacked {
+        for (template, cut, per_expert) in layout::outputs_of(&key, moe) {
+            // An expert axis follows the layer axis (or leads, for a layer saved apart).
+            let expert_axis = usize::from(stacked);
+            let experts: Vec<Option<u64>> = if per_expert {
+                (0..shape.get(expert_axis).copied().unwrap_or(0))
+                    .map(Some)
+                    .collect()
+            } else {
+                vec![None]
+            };
+            let outputs: Vec<(Option<u64>, Option<u64>)> = layers
+                .iter()
+                .flat_map(|&at| experts.iter().map(move |&e| (at, e)))
+                .collect();
+            for (at, expert) in outputs {
+                let mut prefix: Vec<u64> = if stacked {
                     at.into_iter().collect()
                 } else {
                     Vec::new()
                 };
+                prefix.extend(expert);
+                if shape.len() <= prefix.len() {
+                    return Err(FormatError::tensor_as(
+                        Kind::Malformed,
+                        &metadata,
+                        name,
+                        format!(
+                            "has shape {shape:?}, which has no rows after its layer and expert axes"
+                        ),
+                    ));
+                }
                 let rows = shape.get(prefix.len()).copied().unwrap_or(0);
-                let blocks = layout::row_blocks(rule.cut, rows, Some(heads))
+                let blocks = layout::row_blocks(cut, rows, Some(heads))
                     .map_err(|why| FormatError::tensor_as(Kind::Malformed, &metadata, name, why))?;
                 let out_rows: u64 = blocks.iter().map(|b| b.len).sum();
                 let mut out_shape = vec![out_rows];
                 out_shape.extend_from_slice(&shape[prefix.len() + 1..]);
-                let hf = match at {
-                    Some(l) => rule.hf.replace("{}", &l.to_string()),
-                    None => rule.hf.to_owned(),
-                };
+                let mut hf = template.to_owned();
+                if let Some(e) = expert {
+                    hf = hf.replace("{e}", &e.to_string());
+                }
+                if let Some(l) = at {
+                    hf = hf.replace("{}", &l.to_string());
+                }
                 let pieces = layout::select(&metadata, &source, &prefix, &blocks)?;
                 let whole = match pieces.as_slice() {
                     [p] if p.offsets.iter().all(|&o| o == 0) && *p.sizes == *out_shape => {
@@ -219,6 +247,20 @@ pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<R
         },
         config: generated,
     })
+}
+
+/// The family whose names a MoE layer takes: `--config`'s model type, else Qwen3-MoE
+/// when the attention has per-head q/k norms, Mixtral when not.
+fn moe_names(config: Option<&serde_json::Value>, shapes: &Shapes) -> MoeNames {
+    match config
+        .and_then(|c| c.get("model_type"))
+        .and_then(|t| t.as_str())
+    {
+        Some("mixtral") => MoeNames::Mixtral,
+        Some("qwen3_moe") => MoeNames::Qwen3Moe,
+        _ if shapes.qk_norm.is_some() => MoeNames::Qwen3Moe,
+        _ => MoeNames::Mixtral,
+    }
 }
 
 /// The error for a checkpoint whose hyperparameters nothing gives.
@@ -286,7 +328,21 @@ fn shapes(
     let qkv_name = "decoder.layers.self_attention.linear_qkv.weight";
     let qkv = need(qkv_name)?;
     let proj = need("decoder.layers.self_attention.linear_proj.weight")?;
-    let fc2 = need("decoder.layers.mlp.linear_fc2.weight")?;
+    let find = |key: &str| {
+        sources
+            .iter()
+            .find(|(name, _)| layout::key_of(name).0 == key)
+            .map(|(_, s)| &s.1)
+    };
+    // A dense MLP, or experts (`[layers,] experts, hidden, ffn`) and their router
+    // (`[layers,] experts, hidden`).
+    let experts_fc2 = find("decoder.layers.mlp.experts.experts.linear_fc2.weight");
+    let router = find("decoder.layers.mlp.router.weight");
+    let dense_fc2 = find("decoder.layers.mlp.linear_fc2.weight");
+    let fc2 = match (dense_fc2, experts_fc2) {
+        (Some(fc2), _) | (None, Some(fc2)) => fc2,
+        (None, None) => need("decoder.layers.mlp.linear_fc2.weight")?,
+    };
     let layers = if stacked(qkv_name) {
         qkv.first().copied().unwrap_or(0)
     } else {
@@ -313,6 +369,8 @@ fn shapes(
             .keys()
             .any(|n| layout::key_of(n).0 == "decoder.layers.self_attention.linear_qkv.bias"),
         tied: !sources.contains_key("output_layer.weight"),
+        experts: experts_fc2.and(router).map(rows),
+        dense_mlp: dense_fc2.is_some(),
     })
 }
 

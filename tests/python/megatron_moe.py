@@ -1,0 +1,131 @@
+"""devmap converts Megatron-Core mixture-of-experts checkpoints (`dist_checkpointing`,
+torch_dist) to transformers' Qwen3-MoE and Mixtral, checked against megatron-core.
+
+The GPTModel of megatron_dist.py with MoE layers (megatron-core's local spec: a router
+and `SequentialMLP` experts, 4 experts, top 2, top-k then softmax; allgather dispatch,
+which runs on CPU), trained one SGD step on CPU with gloo, saved as Megatron-LM saves
+it; then resharded by megatron-core itself into TP=2 and into EP=2 (each rank holds
+half the experts) and saved again. With per-head q/k norms it is Qwen3-MoE-shaped,
+without them Mixtral-shaped. For each:
+
+- `devmap save DIR --out OUT` writes, bit for bit, the Megatron model's own parameters
+  (router → `mlp.gate` / `block_sparse_moe.gate`; each expert's `linear_fc1` cut with
+  torch into gate and up, `linear_fc2` as down / w1, w3, w2), in the stored dtype;
+  TP=2 and EP=2 give byte-identical outputs to TP=1's; `verify OUT` is clean;
+- config.json (written by devmap from the args: `Qwen3MoeForCausalLM` with
+  `norm_topk_prob`, or `MixtralForCausalLM`) loads with `from_pretrained`, whose logits
+  equal the Megatron model's forward to float32 rounding;
+- a router devmap cannot express (`moe_router_score_function = sigmoid`) is refused
+  naming the argument, with nothing written.
+
+Usage: python megatron_moe.py PATH/TO/devmap
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import megatron_dist as base  # noqa: E402
+import saved  # noqa: E402
+
+
+def hf_names(state, family):
+    """The Megatron model's own parameters, cut and renamed as transformers names them."""
+    per_group = base.HEADS // base.GROUPS
+    hd = base.HIDDEN // base.HEADS
+    out = {
+        "model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+        "model.norm.weight": state["decoder.final_layernorm.weight"],
+        "lm_head.weight": state["output_layer.weight"],
+    }
+    for i in range(base.LAYERS):
+        p, h = f"decoder.layers.{i}.", f"model.layers.{i}."
+        qkv = state[p + "self_attention.linear_qkv.weight"].view(base.GROUPS, per_group + 2, hd, base.HIDDEN)
+        out[h + "self_attn.q_proj.weight"] = qkv[:, :per_group].reshape(-1, base.HIDDEN)
+        out[h + "self_attn.k_proj.weight"] = qkv[:, per_group].reshape(-1, base.HIDDEN)
+        out[h + "self_attn.v_proj.weight"] = qkv[:, per_group + 1].reshape(-1, base.HIDDEN)
+        out[h + "self_attn.o_proj.weight"] = state[p + "self_attention.linear_proj.weight"]
+        if family == "qwen3_moe":
+            out[h + "self_attn.q_norm.weight"] = state[p + "self_attention.q_layernorm.weight"]
+            out[h + "self_attn.k_norm.weight"] = state[p + "self_attention.k_layernorm.weight"]
+        out[h + "input_layernorm.weight"] = state[p + "input_layernorm.weight"]
+        out[h + "post_attention_layernorm.weight"] = state[p + "pre_mlp_layernorm.weight"]
+        moe = h + ("mlp." if family == "qwen3_moe" else "block_sparse_moe.")
+        names = ("gate_proj", "up_proj", "down_proj") if family == "qwen3_moe" else ("w1", "w3", "w2")
+        out[moe + "gate.weight"] = state[p + "mlp.router.weight"]
+        for e in range(base.EXPERTS):
+            x = f"{p}mlp.experts.local_experts.{e}."
+            gate, up = state[x + "linear_fc1.weight"].chunk(2)
+            out[f"{moe}experts.{e}.{names[0]}.weight"] = gate
+            out[f"{moe}experts.{e}.{names[1]}.weight"] = up
+            out[f"{moe}experts.{e}.{names[2]}.weight"] = state[x + "linear_fc2.weight"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def main():
+    from transformers import AutoModelForCausalLM
+
+    exe = os.path.abspath(sys.argv[1])
+    work = saved.workdir("devmap-megatron-moe-")
+    ports = iter(range(29711, 29800))
+    for family, qk_norm, architecture in [("qwen3_moe", True, "Qwen3MoeForCausalLM"),
+                                          ("mixtral", False, "MixtralForCausalLM")]:
+        moe = {"qk_norm": qk_norm}
+        tp1 = os.path.join(work, f"{family}-tp1")
+        state_file, ref_logits = os.path.join(work, f"{family}-state.pt"), os.path.join(work, f"{family}-logits.pt")
+        base.run_job({"tp": 1, "pp": 1, "dtype": "float32", "out": tp1, "state": state_file,
+                      "logits": ref_logits, "moe": moe}, 1, [next(ports), next(ports)])
+        layouts = {"TP=1": tp1}
+        if family == "qwen3_moe":
+            for name, tp, ep in [("TP=2", 2, 1), ("EP=2", 1, 2)]:
+                folder = os.path.join(work, f"{family}-{name[:2].lower()}2")
+                base.run_job({"tp": tp, "pp": 1, "ep": ep, "dtype": "float32", "out": folder, "load": tp1,
+                              "moe": moe}, 2, [next(ports), next(ports)])
+                layouts[name] = folder
+        want = hf_names(torch.load(state_file), family)
+        outputs = {}
+        for name, folder in layouts.items():
+            out = os.path.join(work, f"{family}-out-{name[:2]}{name[-1]}")
+            r = base.devmap(exe, "save", folder, "--out", out, "--max-shard-size", "200KB")
+            assert r.returncode == 0, f"{family} {name}: devmap save failed:\n{r.stderr}"
+            v = base.devmap(exe, "verify", out)
+            assert v.returncode == 0, f"{family} {name}: verify OUT is not clean:\n{v.stdout}{v.stderr}"
+            got = saved.tensors(out)
+            bad = saved.first_unequal(got, want)
+            assert bad is None and sorted(got) == sorted(want), (
+                f"{family} {name}: {bad} differs from the Megatron model's own parameter "
+                f"(only devmap: {sorted(set(got) - set(want))[:3]}, only Megatron: {sorted(set(want) - set(got))[:3]})")
+            outputs[name] = out
+            print(f"{family} {name}: {len(got)} tensors equal to the Megatron model's parameters, bit for bit")
+        for name, out in outputs.items():
+            if name != "TP=1":
+                d = saved.differences(out, outputs["TP=1"])
+                assert d is None, f"{family} {name} differs from TP=1: {d}"
+        config = json.load(open(os.path.join(outputs["TP=1"], "config.json")))
+        assert config["architectures"] == [architecture], config
+        model = AutoModelForCausalLM.from_pretrained(outputs["TP=1"], dtype=torch.float32)
+        with torch.no_grad():
+            hf = model(base.INPUT).logits.float()
+        ref = torch.load(ref_logits)
+        gap = (hf - ref).abs().max().item()
+        assert gap <= 1e-5 * max(1.0, ref.abs().max().item()), (
+            f"{family}: from_pretrained's logits differ from Megatron's forward by {gap}")
+        print(f"{family}: from_pretrained(OUT) logits = Megatron forward (max gap {gap:.2e})")
+
+    # A router transformers' Qwen3-MoE cannot compute: refused by name.
+    sigmoid = os.path.join(work, "sigmoid")
+    import shutil
+
+    shutil.copytree(os.path.join(work, "qwen3_moe-tp1"), sigmoid)
+    common = torch.load(os.path.join(sigmoid, "common.pt"), weights_only=False)
+    common["args"].moe_router_score_function = "sigmoid"
+    torch.save(common, os.path.join(sigmoid, "common.pt"))
+    base.refused(exe, sigmoid, work, "a sigmoid router", "moe_router_score_function")
+    print("megatron moe: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
