@@ -135,8 +135,15 @@ fn run(ranks: &[Rank], writing: &[usize]) -> Result<devmap::save::SaveReport, Sa
     let cancel = AtomicBool::new(false);
     for &k in writing {
         let r = &ranks[k];
-        ranks::write_held(&r.ckpt, &r.plan, &r.options, r.part, &cancel, &mut |_| {})
-            .expect("writes");
+        ranks::write_held(
+            &r.ckpt,
+            &r.plan,
+            &r.options,
+            (r.part, true),
+            &cancel,
+            &mut |_| {},
+        )
+        .expect("writes and reads back what it wrote");
     }
     let result = ranks::commit(&zero.ckpt, &zero.plan, &zero.options, 3, &cancel);
     if result.is_err() {
@@ -271,6 +278,63 @@ fn a_missing_rank_two_ranks_on_the_same_elements_and_a_gap_are_refused() {
     assert_ne!(
         ranks::fingerprint(&changed.ckpt, &changed.plan),
         ranks::fingerprint(&ranks[0].ckpt, &ranks[0].plan)
+    );
+}
+
+/// A rank's read-back finds a byte that is not what its shard holds, and names the
+/// tensor, the rank and where.
+#[test]
+fn a_rank_reading_back_a_changed_block_fails_naming_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let config = config(tmp.path());
+    let m = model();
+    let out = tmp.path().join("out");
+    let ranks: Vec<Rank> = (0..3)
+        .map(|k| {
+            planned(
+                &manifest(&config, &m.blocks[k], k as u32),
+                &out,
+                DtypeChoice::AsLoaded,
+            )
+        })
+        .collect();
+    let zero = &ranks[0];
+    let dir = ranks::create(&zero.ckpt, &zero.plan, &zero.options, 3).expect("creates");
+    let cancel = AtomicBool::new(false);
+    let one = &ranks[1];
+    ranks::write_held(
+        &one.ckpt,
+        &one.plan,
+        &one.options,
+        (one.part, false),
+        &cancel,
+        &mut |_| {},
+    )
+    .expect("writes");
+    ranks::verify_held(&one.ckpt, &one.plan, &one.options, one.part, &cancel).expect("as written");
+    // Flip one byte of rank 1's rows of `w` in the shard that holds it.
+    let (shard, at) = one
+        .plan
+        .shards
+        .iter()
+        .find_map(|s| {
+            s.tensors
+                .iter()
+                .find(|t| t.name(&one.ckpt) == "w")
+                .map(|t| (s, s.header_len + t.begin + 3 * 5 * 4 + 7))
+        })
+        .expect("w is planned");
+    let path = dir.join(&shard.file_name);
+    let mut bytes = std::fs::read(&path).expect("shard");
+    bytes[at as usize] ^= 0x40;
+    std::fs::write(&path, &bytes).expect("write back");
+    let err = ranks::verify_held(&one.ckpt, &one.plan, &one.options, one.part, &cancel)
+        .expect_err("the changed byte is found")
+        .to_string();
+    assert!(
+        err.contains("`w`: what rank 1 wrote differs from its shards")
+            && err.contains(&format!("from byte {at}")),
+        "{err}"
     );
 }
 

@@ -82,8 +82,9 @@ def save_pretrained(
       parameters): call this on every rank, with the same arguments. Each rank writes
       the blocks its shards hold straight into the shard files, rank 0 commits once all
       are done; nothing is gathered. `group` is the process group of the ranks (the
-      default one when None). `verify` checks each shard's header and that the ranks'
-      blocks make up every tensor exactly once; the values are not read back.
+      default one when None). `verify`: each rank reads back the blocks it wrote and
+      compares them with its shards before anything is committed; rank 0 checks each
+      shard's header and that the ranks' blocks make up every tensor exactly once.
 
     Returns a dict: `out`, `shard_files`, `tensors`, `bytes`, `verify` (the report), and
     `warnings` (also issued with `warnings.warn`: layers a peft merge left as they
@@ -101,7 +102,7 @@ def save_pretrained(
     if _ranks.is_sharded(model):
         # Every rank of the job writes its own shards; no rank gathers the model.
         report = _ranks.save(model, out, binding, group=group, max_shard_size=max_shard_size,
-                             dtype=dtype, force=force, fsync=fsync)
+                             dtype=dtype, force=force, fsync=fsync, verify=verify)
         report["warnings"] = []
         return report
     with tempfile.TemporaryDirectory(prefix="devmap-config-") as config_dir:

@@ -261,7 +261,7 @@ class _Failed(Exception):
     """A step failed on some rank; every rank raises it."""
 
 
-def save(model, out, binding, *, group=None, max_shard_size, dtype, force, fsync):
+def save(model, out, binding, *, group=None, max_shard_size, dtype, force, fsync, verify=True):
     """Every rank's part of `devmap.save_pretrained` of a sharded model (see the
     module's text); returns the report rank 0's commit made, on every rank."""
     import torch.distributed as dist
@@ -298,7 +298,7 @@ def save(model, out, binding, *, group=None, max_shard_size, dtype, force, fsync
                 raise _Failed(f"ranks 0 and {other} planned different saves (another model, shard size or "
                               "dtype on some rank): every rank must save the same model the same way")
             _together(group, "create the shard files", lambda: state["save"].create() if rank == 0 else None)
-            _together(group, "write its shards", lambda: state["save"].write())
+            _together(group, "write its shards", lambda: state["save"].write(verify))
             reports = _together(group, "commit", lambda: state["save"].commit() if rank == 0 else None)
         except _Failed as failed:
             abandon()

@@ -198,15 +198,17 @@ impl RankSave {
         Ok(dir.display().to_string())
     }
 
-    /// Every rank: its blocks, written into the shared files; returns the bytes written.
-    fn write(&self, py: Python<'_>) -> PyResult<u64> {
+    /// Every rank: its blocks, written into the shared files (and, with `verify`, read
+    /// back and compared with the model); returns the bytes written.
+    #[pyo3(signature = (verify=true))]
+    fn write(&self, py: Python<'_>, verify: bool) -> PyResult<u64> {
         let cancel = std::sync::atomic::AtomicBool::new(false);
         py.detach(|| {
             devmap::save::ranks::write_held(
                 &self.ckpt,
                 &self.plan,
                 &self.options,
-                self.part,
+                (self.part, verify),
                 &cancel,
                 &mut |_| {},
             )

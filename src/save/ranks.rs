@@ -120,13 +120,14 @@ fn record_path(dir: &Path, rank: u32) -> PathBuf {
 
 /// Every rank, once rank 0 has created the files: the blocks this rank holds, written
 /// at their places in the shared shard files, flushed to the disk (`options.fsync`),
-/// then `options.commit_check` (nothing changed meanwhile), then its record. Returns
-/// the bytes written. `progress(n)` after each `n` bytes.
+/// read back and compared with the model when `verify` ([`verify_held`]), then
+/// `options.commit_check` (nothing changed meanwhile), then its record. Returns the
+/// bytes written. `progress(n)` after each `n` bytes.
 pub fn write_held(
     ckpt: &Checkpoint,
     plan: &SavePlan,
     options: &SaveOptions,
-    part: RankOf,
+    (part, verify): (RankOf, bool),
     cancel: &AtomicBool,
     progress: &mut dyn FnMut(u64),
 ) -> Result<u64, SaveError> {
@@ -200,6 +201,9 @@ pub fn write_held(
             file.sync_data().map_err(|e| SaveError::io(&path, e))?;
         }
     }
+    if verify {
+        verify_held(ckpt, plan, options, part, cancel)?;
+    }
     if let Some(check) = &options.commit_check {
         (check.0)().map_err(|why| SaveError::Refused(vec![Refusal::ModelChanged(why)]))?;
     }
@@ -213,6 +217,60 @@ pub fn write_held(
     let path = record_path(&dir, part.rank);
     super::parts::write_whole(&path, &text).map_err(|e| SaveError::io(&path, e))?;
     Ok(written)
+}
+
+/// Every rank, after writing: each block it holds made again from the model (cast as
+/// the save casts) and compared with what the shared files hold at its place. The
+/// first tensor that differs fails the save, named, before anything is committed.
+pub fn verify_held(
+    ckpt: &Checkpoint,
+    plan: &SavePlan,
+    options: &SaveOptions,
+    part: RankOf,
+    cancel: &AtomicBool,
+) -> Result<(), SaveError> {
+    let dir = shared_dir(&options.out, &fingerprint(ckpt, plan), part.world);
+    let mut copier = Copier::new(false);
+    for shard in &plan.shards {
+        let path = dir.join(&shard.file_name);
+        let file = File::open(&path).map_err(|e| SaveError::io(&path, e))?;
+        for t in &shard.tensors {
+            let recipe = t.recipe(ckpt);
+            if recipe.pieces().is_none() {
+                continue;
+            }
+            let differs = super::execute::check_held(
+                &recipe,
+                super::execute::Inputs {
+                    ckpt,
+                    tensor: t.tensor(),
+                    source: None,
+                    stage: options.stage.as_ref(),
+                    stop: cancel,
+                },
+                &mut copier,
+                (&file, shard.header_len + t.begin),
+            )
+            .map_err(|failed| match failed.error {
+                super::copy::CopyError::Cancelled => SaveError::Cancelled,
+                super::copy::CopyError::Io(e) => SaveError::io(&path, e),
+                super::copy::CopyError::ShortSource { .. } => {
+                    SaveError::io(&path, std::io::Error::other("the shard file ended early"))
+                }
+            })?;
+            if let Some(at) = differs {
+                return Err(SaveError::Verify(vec![
+                    super::reasons::Mismatch::RankBlock {
+                        file: path.clone(),
+                        tensor: t.name(ckpt).into_owned(),
+                        rank: part.rank,
+                        at,
+                    },
+                ]));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Rank 0, once every rank has written: every rank's record read (all `world` of them,

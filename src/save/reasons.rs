@@ -186,4 +186,11 @@ pub enum Mismatch {
     WrittenTwice { tensor: String, times: u32 },
     #[error("{written} tensor bytes written but {planned} planned")]
     TotalBytes { written: u64, planned: u64 },
+    #[error("`{tensor}`: what rank {rank} wrote differs from its shards, from byte {at} of {}", file.display())]
+    RankBlock {
+        file: PathBuf,
+        tensor: String,
+        rank: u32,
+        at: u64,
+    },
 }

@@ -407,6 +407,33 @@ pub fn run_held(
     (dst, at): (&File, u64),
     report: &mut dyn FnMut(u64),
 ) -> Result<(), Failed> {
+    held(recipe, inputs, copier, (dst, at), Held::Write(report)).map(|_| ())
+}
+
+/// [`run_held`]'s check: the same blocks made again and compared with what `dst` holds
+/// at their places. Returns the first differing byte's offset in `dst`, if any.
+pub fn check_held(
+    recipe: &Recipe,
+    inputs: Inputs<'_>,
+    copier: &mut Copier,
+    (dst, at): (&File, u64),
+) -> Result<Option<u64>, Failed> {
+    held(recipe, inputs, copier, (dst, at), Held::Compare)
+}
+
+/// What [`held`] does with each block's bytes.
+enum Held<'r> {
+    Write(&'r mut dyn FnMut(u64)),
+    Compare,
+}
+
+fn held(
+    recipe: &Recipe,
+    inputs: Inputs<'_>,
+    copier: &mut Copier,
+    (dst, at): (&File, u64),
+    mut how: Held<'_>,
+) -> Result<Option<u64>, Failed> {
     let Read::Pieces { index, .. } = recipe.read else {
         return Err(unsupported("a rank writes the pieces of a tensor it holds"));
     };
@@ -442,17 +469,39 @@ pub fn run_held(
             make: recipe.make,
             merge: false,
         };
-        run(
-            &part,
-            Inputs { source, ..inputs },
-            copier,
-            Sink::File {
-                at: (dst, at + stretch.to * written),
-                report,
-            },
-        )?;
+        let place = at + stretch.to * written;
+        let inputs = Inputs { source, ..inputs };
+        match &mut how {
+            Held::Write(report) => run(
+                &part,
+                inputs,
+                copier,
+                Sink::File {
+                    at: (dst, place),
+                    report: &mut **report,
+                },
+            )?,
+            Held::Compare => {
+                let (mut pos, mut differs, mut there) = (place, None, Vec::new());
+                let mut feed = |chunk: &[u8]| -> io::Result<()> {
+                    there.resize(chunk.len(), 0);
+                    dst.read_exact_at(&mut there, pos)?;
+                    if differs.is_none()
+                        && let Some(i) = there.iter().zip(chunk).position(|(a, b)| a != b)
+                    {
+                        differs = Some(pos + i as u64);
+                    }
+                    pos += chunk.len() as u64;
+                    Ok(())
+                };
+                run(&part, inputs, copier, Sink::Stream(&mut feed))?;
+                if differs.is_some() {
+                    return Ok(differs);
+                }
+            }
+        }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// A sink as a stream of chunks: a file sink writes each chunk after the last and
