@@ -2,7 +2,6 @@
 //! device map puts it, and which tensors are tied.
 
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use crate::types::dtype::DType;
 use crate::types::placement::{DeviceMap, Placement};
@@ -12,139 +11,25 @@ pub use crate::types::range::{ByteRange, FileId};
 /// Index of a tensor in [`Checkpoint::tensors`].
 pub type TensorId = usize;
 
-/// A file devmap reads tensor bytes from, with what it looked like when opened, so a
-/// save can tell when it changed underneath.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SourceFile {
-    /// The file; for input that is no file, a name for messages (`/proc/self/mem`,
-    /// `devmap:staged/KEY`) that nothing parses: `kind` says what it is.
-    pub path: PathBuf,
-    pub len: u64,
-    pub modified: Option<SystemTime>,
-    pub kind: InputKind,
-}
+mod assemble;
+mod derived;
+mod tensor;
 
-/// What a source "file" is: a file, or a live model's memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum InputKind {
-    /// A file on disk, opened and read with positioned reads.
-    #[default]
-    File,
-    /// This process's memory (a live model's CPU tensors), read through
-    /// `/proc/self/mem`; offsets are addresses.
-    ProcessMemory,
-    /// A live model's tensor the Python session copies into a stage when asked (a GPU
-    /// tensor), by its key (see `save::stage`).
-    Staged(u64),
-}
+use derived::Derived;
 
-/// Where a tensor's current value comes from, in the design's order of precedence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// An offload-folder entry: the current value, e.g. after a merge.
-    Offload(ByteRange),
-    /// The checkpoint's own safetensors entry.
-    Checkpoint(ByteRange),
-    /// A full replacement from a LoRA adapter (`modules_to_save`, an embedding's
-    /// `base_layer`): it outranks both of the above.
-    Adapter(ByteRange),
-    /// The checkpoint's entry stored in blocks across files (a training run's ranks):
-    /// [`Checkpoint::pieces`] of this index.
-    Pieces(u32),
-    /// No bytes of its own: it reads a tie partner's.
-    Tied(TensorId),
-    /// No data anywhere (a `meta` tensor that was never materialised).
-    None,
-}
-
-/// One tensor. Kept small (88 bytes and no heap but the name): a checkpoint may hold
-/// a million of them. The name is a `Box<str>`, allocated once as the header is
-/// parsed: an `Arc<str>` would add 16 bytes of counts to each, and a copy made later
-/// would leave the first allocation's hole behind.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Tensor {
-    pub name: Box<str>,
-    pub shape: crate::types::shape::Shape,
-    pub source: Source,
-    pub placement: Placement,
-    /// Which device-map entry placed it: its position in the map, or [`NO_KEY`].
-    /// [`Checkpoint::map_key`] gives the key itself.
-    pub map_key: u32,
-    pub dtype: super::DType,
-    /// The dtype an offload index says the model loads this tensor as, when it differs
-    /// from the stored bytes.
-    pub load_dtype: Option<super::DType>,
-}
-
-/// `Tensor::map_key` when no device-map entry placed the tensor.
-pub const NO_KEY: u32 = u32::MAX;
-
-impl Tensor {
-    pub fn numel(&self) -> u64 {
-        self.shape
-            .iter()
-            .try_fold(1u64, u64::checked_mul)
-            .unwrap_or(0)
-    }
-
-    /// Bytes of the tensor (validated against its source when it was read).
-    pub fn bytes(&self) -> u64 {
-        self.numel().saturating_mul(self.dtype.size())
-    }
-}
-
-/// Tensors that must hold the same value. `members[0]` is the name written on save
-/// (the one transformers keeps: the embedding, not the `_tied_weights_keys` head).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TieGroup {
-    pub members: Vec<TensorId>,
-    /// What says they are tied: a save drops names on this word alone, so it is never
-    /// a name rule (an untied head with no config.json would be lost).
-    pub evidence: TieEvidence,
-}
-
-/// Why devmap holds names tied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TieEvidence {
-    /// config.json: `tie_word_embeddings`, or the architecture's tie keys (transformers
-    /// ties them on load whatever the checkpoint holds).
-    Config,
-    /// One storage for both names: a `torch.save` pickle, a live model's parameter.
-    SameStorage,
-    /// The user's `--tie`.
-    User,
-}
-
-impl TieEvidence {
-    /// How reports name it ("tied (config)").
-    pub fn label(self) -> &'static str {
-        match self {
-            TieEvidence::Config => "config",
-            TieEvidence::SameStorage => "same storage",
-            TieEvidence::User => "--tie",
-        }
-    }
-}
-
-/// A tie group by name, as the loaders find them (the kept name first).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NamedTie {
-    pub names: Vec<String>,
-    pub evidence: TieEvidence,
-}
-
-impl TieGroup {
-    pub fn kept(&self) -> TensorId {
-        self.members[0]
-    }
-}
+pub use assemble::{Parts, place};
+pub(crate) use assemble::{search, sort_in_module_order};
+pub use tensor::{
+    GeneratedConfig, InputKind, NO_KEY, NamedTie, RemoteModel, Source, SourceFile, Tensor,
+    TieEvidence, TieGroup,
+};
 
 /// Everything devmap knows about a model directory.
 #[derive(Debug, Clone, Default)]
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub files: Vec<SourceFile>,
-    /// In module order (see [`super::names::module_order`]): binary searches by name
+    /// In module order (see [`crate::model::names::module_order`]): binary searches by name
     /// depend on it, so only this module changes the list.
     tensors: Vec<Tensor>,
     pub ties: Vec<TieGroup>,
@@ -160,7 +45,7 @@ pub struct Checkpoint {
     pub config_dir: Option<PathBuf>,
     /// What loading noticed (index omissions, dtype differences). The placement checks
     /// depend on the device map and are computed by [`crate::model::checks::all_warnings`].
-    pub warnings: Vec<super::warning::Warning>,
+    pub warnings: Vec<crate::model::warning::Warning>,
     /// The folder of the config.json devmap wrote for a training checkpoint that has
     /// none (a Megatron-Core checkpoint's, from its training arguments); `config_dir`
     /// names it. Removed when the last copy of the checkpoint is dropped.
@@ -170,7 +55,7 @@ pub struct Checkpoint {
     pub remote: Option<RemoteModel>,
     /// LoRA merges by the tensor that holds the data (a tie group's kept member), in
     /// the order they apply (`--merge-lora`).
-    pub merges: std::collections::HashMap<TensorId, Vec<super::merge::MergeStep>>,
+    pub merges: std::collections::HashMap<TensorId, Vec<crate::model::merge::MergeStep>>,
     /// `(tensor, tie group)` for each tied tensor, sorted by tensor: a few entries,
     /// where a slot per tensor cost 4 MB at a million tensors for none.
     tie_of: Vec<(TensorId, u32)>,
@@ -198,78 +83,6 @@ pub struct Checkpoint {
     pub tensorless_modules: std::sync::Arc<[String]>,
 }
 
-/// See [`Checkpoint::derived`]: a few values by (type, key), the oldest dropped first.
-#[derive(Default)]
-struct Derived {
-    values: Vec<(u64, std::sync::Arc<dyn std::any::Any + Send + Sync>)>,
-}
-
-impl Derived {
-    /// Values kept at once (a plan tree of a 100k-tensor model is ~20 MB).
-    const KEPT: usize = 4;
-
-    fn find<T: std::any::Any + Send + Sync>(&self, key: u64) -> Option<std::sync::Arc<T>> {
-        self.values
-            .iter()
-            .filter(|(k, _)| *k == key)
-            .find_map(|(_, v)| v.clone().downcast::<T>().ok())
-    }
-
-    fn keep(&mut self, key: u64, value: std::sync::Arc<dyn std::any::Any + Send + Sync>) {
-        if self.values.len() >= Self::KEPT {
-            self.values.remove(0);
-        }
-        self.values.push((key, value));
-    }
-}
-
-impl std::fmt::Debug for Derived {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Derived({} values)", self.values.len())
-    }
-}
-
-/// A temporary folder holding a config.json devmap wrote; removed when dropped.
-#[derive(Debug)]
-pub struct GeneratedConfig {
-    pub dir: PathBuf,
-}
-
-impl GeneratedConfig {
-    /// Writes `text` as config.json in a new folder under the system's temporary one.
-    pub fn write(text: &str) -> std::io::Result<GeneratedConfig> {
-        let base = std::env::temp_dir();
-        let mut n = 0u32;
-        let dir = loop {
-            let dir = base.join(format!("devmap-config-{}-{n}", std::process::id()));
-            match std::fs::create_dir(&dir) {
-                Ok(()) => break dir,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
-                Err(e) => return Err(e),
-            }
-        };
-        let folder = GeneratedConfig { dir };
-        std::fs::write(folder.dir.join("config.json"), text)?;
-        Ok(folder)
-    }
-}
-
-impl Drop for GeneratedConfig {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Where a remote model's files are.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteModel {
-    /// `hf://org/name[@rev]` or the URL given.
-    pub name: String,
-    /// What a file name is appended to for reports: `hf://org/name[@rev]/` (the paths
-    /// huggingface_hub's HfFileSystem uses) or the URL's folder.
-    pub files: String,
-}
-
 impl Checkpoint {
     /// Every tensor, in module order.
     pub fn tensors(&self) -> &[Tensor] {
@@ -277,13 +90,13 @@ impl Checkpoint {
     }
 
     /// The name the loaded model has for tensor `id`, where the architecture table says
-    /// transformers 5 renames or fuses it ([`super::arch::Arch::loaded_form`]).
+    /// transformers 5 renames or fuses it ([`crate::model::arch::Arch::loaded_form`]).
     pub fn loaded_name(&self, id: TensorId) -> Option<&str> {
         self.loaded_names
             .get_or_init(|| {
                 // Only the renamed tensors are kept (none without an architecture): at
                 // a million tensors a slot for every one would cost 16 MB.
-                let Some(arch) = super::arch::lookup(&self.config.architectures) else {
+                let Some(arch) = crate::model::arch::lookup(&self.config.architectures) else {
                     return std::collections::HashMap::new();
                 };
                 self.tensors
@@ -297,127 +110,6 @@ impl Checkpoint {
             })
             .get(&(id as u32))
             .map(AsRef::as_ref)
-    }
-
-    /// Assembles a checkpoint from parts. Sorts tensors into module order, and maps tie
-    /// groups given by name onto them (the first name of each group is kept on save).
-    pub fn assemble(parts: Parts) -> Checkpoint {
-        let Parts {
-            dir,
-            files,
-            mut tensors,
-            ties,
-            device_map,
-            device_map_path,
-            offload_dir,
-            config,
-            weight_files,
-            config_dir,
-            warnings,
-            replaced,
-            pieces,
-        } = parts;
-        // Tied sources refer to names until here; sort and resolve them after.
-        sort_in_module_order(&mut tensors);
-        let find = |name: &str| search(&tensors, name).ok();
-        let mut groups = Vec::new();
-        let mut tie_of = Vec::new();
-        for NamedTie { names, evidence } in ties {
-            let members: Vec<TensorId> = names.iter().filter_map(|n| find(n)).collect();
-            if members.len() < 2 {
-                continue;
-            }
-            for &m in &members {
-                tie_of.push((m, groups.len() as u32));
-            }
-            groups.push(TieGroup { members, evidence });
-        }
-        // A name in two groups belongs to the later one.
-        tie_of.sort_unstable_by_key(|&(m, g)| (m, std::cmp::Reverse(g)));
-        tie_of.dedup_by_key(|(m, _)| *m);
-        let replaced = find_in_order(&tensors, replaced);
-        let mut ckpt = Checkpoint {
-            dir,
-            files,
-            tensors,
-            ties: groups,
-            device_map,
-            device_map_path,
-            offload_dir,
-            config,
-            weight_files,
-            config_dir,
-            warnings,
-            replaced,
-            generated_config: None,
-            remote: None,
-            merges: std::collections::HashMap::new(),
-            tie_of,
-            loaded_names: std::sync::Arc::default(),
-            derived: std::sync::Arc::default(),
-            total_parameters: None,
-            title: None,
-            pieces: pieces.into(),
-            tensorless_modules: std::sync::Arc::default(),
-        };
-        ckpt.point_tied_sources();
-        ckpt
-    }
-
-    /// A tensor with no bytes of its own reads the group's data.
-    fn point_tied_sources(&mut self) {
-        for g in 0..self.ties.len() {
-            let Some(with_data) = self.group_data_holder(g) else {
-                continue;
-            };
-            for &m in &self.ties[g].members {
-                if matches!(self.tensors[m].source, Source::None | Source::Tied(_))
-                    && m != with_data
-                {
-                    self.tensors[m].source = Source::Tied(with_data);
-                }
-            }
-        }
-    }
-
-    /// The member whose bytes are the group's value: an offload entry wins (it is the
-    /// current value), the kept name before the others.
-    fn group_data_holder(&self, group: usize) -> Option<TensorId> {
-        let members = &self.ties[group].members;
-        let find = |want_offload: bool| {
-            members
-                .iter()
-                .copied()
-                .find(|&m| match self.tensors[m].source {
-                    Source::Offload(_) | Source::Adapter(_) => true,
-                    Source::Checkpoint(_) | Source::Pieces(_) => !want_offload,
-                    _ => false,
-                })
-        };
-        find(true).or_else(|| find(false))
-    }
-
-    /// What `make` derives from this checkpoint's names, dtypes, shapes, ties and
-    /// config, made once per `key` and shared by the copies map edits make (see the
-    /// field). `T` and `key` together name it: a layer uses its own types.
-    pub fn derived<T: std::any::Any + Send + Sync>(
-        &self,
-        key: u64,
-        make: impl FnOnce() -> T,
-    ) -> std::sync::Arc<T> {
-        let found = self.derived.lock().ok().and_then(|d| d.find::<T>(key));
-        if let Some(value) = found {
-            return value;
-        }
-        // Made outside the lock: two threads may both make it; the first kept wins.
-        let value = std::sync::Arc::new(make());
-        if let Ok(mut d) = self.derived.lock() {
-            if let Some(kept) = d.find::<T>(key) {
-                return kept;
-            }
-            d.keep(key, value.clone());
-        }
-        value
     }
 
     /// Finds a tensor by name (binary search: tensors are in module order).
@@ -626,7 +318,7 @@ impl Checkpoint {
 
     /// Re-places every tensor with `map` (used when the user edits the map).
     pub fn apply_device_map(&mut self, map: Option<DeviceMap>) {
-        let arch = super::arch::lookup(&self.config.architectures);
+        let arch = crate::model::arch::lookup(&self.config.architectures);
         for t in &mut self.tensors {
             let (placement, key) = place(map.as_ref(), &t.name, arch);
             t.placement = placement;
@@ -638,7 +330,7 @@ impl Checkpoint {
     /// Takes `map` as the model's device map and names each tensor's key in it, without
     /// re-placing anything: a live model's tensors are where the session has them.
     pub fn record_device_map(&mut self, map: DeviceMap) {
-        let arch = super::arch::lookup(&self.config.architectures);
+        let arch = crate::model::arch::lookup(&self.config.architectures);
         for t in &mut self.tensors {
             t.map_key = place(Some(&map), &t.name, arch).1;
         }
@@ -679,7 +371,7 @@ impl Checkpoint {
 
     /// The LoRA merges that change a tensor's value (a tie group's merges are
     /// every member's).
-    pub fn merges_of(&self, id: TensorId) -> &[super::merge::MergeStep] {
+    pub fn merges_of(&self, id: TensorId) -> &[crate::model::merge::MergeStep] {
         let holder = self.tie_group(id).map_or(id, TieGroup::kept);
         self.merges.get(&holder).map_or(&[], Vec::as_slice)
     }
@@ -687,7 +379,7 @@ impl Checkpoint {
     /// config.json's `quantization_config` in words, with the FP8 weights counted:
     /// `fp8, 128×128 blocks: 61 F8_E4M3 weights with their scales`.
     pub fn quantization_summary(&self) -> Option<String> {
-        use super::quantized::{QuantizedPart, dequantized_dtype, quantized_part};
+        use crate::model::quantized::{QuantizedPart, dequantized_dtype, quantized_part};
         let q = self.config.quantization.as_ref()?;
         let method = match q.method.as_str() {
             "fp8" => format!("fp8, {}×{} blocks", q.block.0, q.block.1),
@@ -816,115 +508,6 @@ impl Checkpoint {
             .map(|(_, t)| t.bytes())
             .sum()
     }
-}
-
-/// A tensor's placement and the entry that decided it. No map: everything is `cpu`.
-/// `arch` (the architecture table's entry) knows the names the loaded model has.
-pub fn place(
-    map: Option<&DeviceMap>,
-    name: &str,
-    arch: Option<&super::arch::Arch>,
-) -> (Placement, u32) {
-    match map {
-        None => (Placement::Cpu, NO_KEY),
-        // As stored; with transformers 5's module renames; as a piece of the fused
-        // expert parameter it is loaded into (a map made from the loaded model, or by
-        // `devmap plan`, names that).
-        Some(m) => match m
-            .locate(name)
-            .or_else(|| m.locate(&arch?.loaded_name(name)?))
-            .or_else(|| m.locate(&super::names::runtime_name(name)?))
-            .or_else(|| {
-                let fused = super::names::expert_piece(name)?.fused;
-                m.locate(&arch.map_or_else(|| fused.clone(), |a| a.loaded_or_same(&fused)))
-            }) {
-            Some(hit) if arch.is_some_and(|a| a.is_persistent_buffer(name)) => {
-                (m.buffer_placement(hit.placement), hit.index as u32)
-            }
-            Some(hit) => (hit.placement, hit.index as u32),
-            None => (Placement::Unmapped, NO_KEY),
-        },
-    }
-}
-
-/// The pieces [`Checkpoint::assemble`] puts together. Tie groups are given by name.
-#[derive(Debug, Default)]
-pub struct Parts {
-    pub dir: PathBuf,
-    pub files: Vec<SourceFile>,
-    pub tensors: Vec<Tensor>,
-    pub ties: Vec<NamedTie>,
-    pub device_map: Option<DeviceMap>,
-    pub device_map_path: Option<PathBuf>,
-    pub offload_dir: Option<PathBuf>,
-    pub config: crate::formats::config::ModelConfig,
-    pub weight_files: Vec<PathBuf>,
-    pub config_dir: Option<PathBuf>,
-    pub warnings: Vec<super::warning::Warning>,
-    /// `(name, checkpoint range, checkpoint dtype)` of tensors whose offload value
-    /// replaced it.
-    pub replaced: Vec<(String, ByteRange, DType)>,
-    /// The blocks of the tensors whose source is [`Source::Pieces`], by its index.
-    pub pieces: Vec<Box<[Piece]>>,
-}
-
-/// Binary search of tensors kept in module order: where `name` is, or would go.
-pub(crate) fn search(tensors: &[Tensor], name: &str) -> Result<TensorId, TensorId> {
-    tensors.binary_search_by(|t| super::names::module_order(&t.name, name))
-}
-
-/// The tensors replaced by other values (offload entries), by id. They come in module
-/// order, as the loader merged them: found by walking both lists together, not by a
-/// search per name (tens of thousands on a big offload folder).
-fn find_in_order(
-    tensors: &[Tensor],
-    mut replaced: Vec<(String, ByteRange, DType)>,
-) -> std::collections::HashMap<TensorId, (ByteRange, DType)> {
-    let order = |a: &str, b: &str| super::names::module_order(a, b);
-    if !replaced.is_sorted_by(|a, b| order(&a.0, &b.0).is_le()) {
-        replaced.sort_by(|a, b| order(&a.0, &b.0));
-    }
-    let mut found = std::collections::HashMap::with_capacity(replaced.len());
-    let mut at = 0;
-    for (name, range, dtype) in replaced {
-        while at < tensors.len() && order(&tensors[at].name, &name).is_lt() {
-            at += 1;
-        }
-        if tensors.get(at).is_some_and(|t| *t.name == *name) {
-            found.insert(at, (range, dtype));
-        }
-    }
-    found
-}
-
-/// Sorts tensors into module order.
-pub(crate) fn sort_in_module_order(tensors: &mut Vec<Tensor>) {
-    if tensors.is_sorted_by(|a, b| super::names::module_order(&a.name, &b.name).is_le()) {
-        return;
-    }
-    // Split names cached as keys sort twice as fast, but each component of a key
-    // costs 48 bytes: past a million components (a million tensors, or a few thousand
-    // names thousands of levels deep), sort in place instead, comparing names as they
-    // are (names are unique, so an unstable sort gives the one order).
-    const CACHED_COMPONENTS_UP_TO: usize = 1 << 20;
-    let components: usize = tensors
-        .iter()
-        .map(|t| t.name.bytes().filter(|&b| b == b'.').count() + 1)
-        .sum();
-    if components > CACHED_COMPONENTS_UP_TO {
-        tensors.sort_unstable_by(|a, b| super::names::module_order(&a.name, &b.name));
-        return;
-    }
-    let mut order: Vec<usize> = (0..tensors.len()).collect();
-    {
-        let keys: Vec<super::names::OrderKey<'_>> = tensors
-            .iter()
-            .map(|t| super::names::order_key(&t.name))
-            .collect();
-        order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
-    }
-    let mut slots: Vec<Option<Tensor>> = std::mem::take(tensors).into_iter().map(Some).collect();
-    tensors.extend(order.into_iter().filter_map(|i| slots[i].take()));
 }
 
 #[cfg(test)]
