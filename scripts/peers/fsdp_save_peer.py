@@ -21,14 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-
-def status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise SystemExit(f"no {key} in /proc/self/status")
+from measure import status
 
 
 def worker(rank, world, who, out, init):

@@ -146,12 +146,7 @@ pub fn shards_of(plan: &SavePlan, part: Part) -> impl Iterator<Item = &ShardPlan
 /// Two saves of different models, or of a model changed in between, differ.
 pub fn fingerprint(ckpt: &Checkpoint, plan: &SavePlan) -> String {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for shard in &plan.shards {
-        h.update(shard.file_name.as_bytes());
-        let mut header = Vec::new();
-        let _ = shard.write_header(ckpt, &mut header);
-        h.update(&header);
-    }
+    hash_shards(&mut h, ckpt, plan);
     for file in &ckpt.files {
         h.update(file.path.as_os_str().as_encoded_bytes());
         h.update(&file.len.to_le_bytes());
@@ -162,6 +157,16 @@ pub fn fingerprint(ckpt: &Checkpoint, plan: &SavePlan) -> String {
         h.update(&modified.to_le_bytes());
     }
     format!("{:032x}", h.digest128())
+}
+
+/// Every shard's name and header (names, dtypes, shapes, offsets) into `h`.
+pub(super) fn hash_shards(h: &mut xxhash_rust::xxh3::Xxh3, ckpt: &Checkpoint, plan: &SavePlan) {
+    for shard in &plan.shards {
+        h.update(shard.file_name.as_bytes());
+        let mut header = Vec::new();
+        let _ = shard.write_header(ckpt, &mut header);
+        h.update(&header);
+    }
 }
 
 /// The folder of part `part` of the plan `fingerprint` in `out`.

@@ -38,12 +38,7 @@ use crate::types::range::ByteRange;
 /// dtypes, shapes, offsets). Sources are left out: each rank's are its own memory.
 pub fn fingerprint(ckpt: &Checkpoint, plan: &SavePlan) -> String {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for shard in &plan.shards {
-        h.update(shard.file_name.as_bytes());
-        let mut header = Vec::new();
-        let _ = shard.write_header(ckpt, &mut header);
-        h.update(&header);
-    }
+    super::parts::hash_shards(&mut h, ckpt, plan);
     format!("{:032x}", h.digest128())
 }
 

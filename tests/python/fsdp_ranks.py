@@ -13,7 +13,7 @@ the unsharded model. A cast (`dtype="bfloat16"`) is checked the same way, and ra
 disagree on the save are refused on every rank with nothing written.
 """
 
-from saved import workdir
+from saved import tensors, workdir
 import json
 import os
 import sys
@@ -21,22 +21,9 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from safetensors import safe_open
 
 WORK = workdir(prefix="devmap-fsdp-")
 SHARD = "40KB"
-
-
-def tensors(folder):
-    found = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            with safe_open(os.path.join(folder, name), "pt") as f:
-                for key in f.keys():
-                    if key in found:
-                        raise SystemExit(f"{key} is in two shards of {folder}")
-                    found[key] = f.get_tensor(key)
-    return found
 
 
 def same_bytes(a, b):

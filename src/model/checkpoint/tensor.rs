@@ -45,7 +45,7 @@ pub enum Source {
     /// `base_layer`): it outranks both of the above.
     Adapter(ByteRange),
     /// The checkpoint's entry stored in blocks across files (a training run's ranks):
-    /// [`Checkpoint::pieces`] of this index.
+    /// [`Checkpoint::pieces`](super::Checkpoint::pieces) of this index.
     Pieces(u32),
     /// No bytes of its own: it reads a tie partner's.
     Tied(TensorId),
@@ -64,7 +64,7 @@ pub struct Tensor {
     pub source: Source,
     pub placement: Placement,
     /// Which device-map entry placed it: its position in the map, or [`NO_KEY`].
-    /// [`Checkpoint::map_key`] gives the key itself.
+    /// [`Checkpoint::map_key`](super::Checkpoint::map_key) gives the key itself.
     pub map_key: u32,
     pub dtype: super::DType,
     /// The dtype an offload index says the model loads this tensor as, when it differs
