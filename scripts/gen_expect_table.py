@@ -423,9 +423,9 @@ def describe(cls, model_type):
         used |= set(attributes_used(exprs))
     values = config.to_dict()
     lines = [f"default {p} {'?' if derived(config, p, used) else _get(values, p)}" for p in sorted(used)]
-    lines += alias_lines(type(config), used)
     if conditional:
         lines.append(f"default tie_word_embeddings {'true' if tie_words else 'false'}")
+    lines += alias_lines(type(config), used)
     for attribute, word in (("_keys_to_ignore_on_load_missing", "missing"), ("_keys_to_ignore_on_load_unexpected", "unexpected")):
         patterns = ignored(model, attribute)
         if patterns:
