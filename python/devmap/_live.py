@@ -258,6 +258,34 @@ class _Copies:
         return Mode()
 
 
+def window_box(shape, first, count):
+    """The box (offsets, sizes) of a tensor of `shape` that elements `first` to
+    `first + count` make up (whole trailing dimensions, a range along one, single
+    indices before it: the widest trailing block the run is made of), or None when
+    they are not one box."""
+    dims = len(shape)
+    dim = dims
+    while dim > 0:
+        inner = math.prod(shape[dim - 1:])
+        if count % inner or first % inner:
+            break
+        dim -= 1
+    inner = math.prod(shape[dim:])
+    if dim == 0:
+        return ((0,) * dims, tuple(shape)) if first == 0 and count == inner else None
+    block, blocks = first // inner, count // inner
+    at = block % shape[dim - 1]
+    if at + blocks > shape[dim - 1]:
+        return None
+    prefix, rest = [], block // shape[dim - 1]
+    for size in reversed(shape[:dim - 1]):
+        prefix.append(rest % size)
+        rest //= size
+    offsets = tuple(reversed(prefix)) + (at,) + (0,) * (dims - dim)
+    sizes = (1,) * (dim - 1) + (blocks,) + tuple(shape[dim:])
+    return offsets, sizes
+
+
 def _locate(t, origin, made, depth=0):
     """(stand-in name, element offset) of a contiguous tensor whose elements are a
     contiguous run of one stand-in's, or None. A slice of a copy is mapped onto the
@@ -271,31 +299,11 @@ def _locate(t, origin, made, depth=0):
     source = made.get(id(base))
     if source is None or not base.is_contiguous():
         return None
-    start, count, shape = t.storage_offset() - base.storage_offset(), t.numel(), tuple(base.shape)
-    # The widest trailing block the run is made of: `count` elements from `start`
-    # are `blocks` whole blocks of `inner` elements.
-    dim = len(shape)
-    while dim > 0:
-        inner = math.prod(shape[dim - 1:])
-        if count % inner or start % inner:
-            break
-        dim -= 1
-    inner = math.prod(shape[dim:])
-    block, blocks = start // inner, count // inner
-    if dim == 0:
-        if block or blocks != 1:
-            return None
-        region = source
-    else:
-        at = block % shape[dim - 1]
-        if at + blocks > shape[dim - 1]:
-            return None
-        prefix, rest = [], block // shape[dim - 1]
-        for size in reversed(shape[:dim - 1]):
-            prefix.append(rest % size)
-            rest //= size
-        region = source[tuple(reversed(prefix))] if prefix else source
-        region = region[at:at + blocks]
+    start, count = t.storage_offset() - base.storage_offset(), t.numel()
+    box = window_box(tuple(base.shape), start, count)
+    if box is None:
+        return None
+    region = source[tuple(slice(o, o + n) for o, n in zip(*box))]
     return _locate(region, origin, made, depth + 1)
 
 

@@ -57,33 +57,6 @@ def _held_block(tensor, rank_of_group):
     return tuple(offsets), tuple(shape), local
 
 
-def _window_box(shape, first, count):
-    """The box (offsets, sizes) of a tensor of `shape` that elements `first` to
-    `first + count` make up (whole trailing dimensions, a range along one, single
-    indices before it), or None when they are not one box."""
-    dims = len(shape)
-    dim = dims
-    while dim > 0:
-        inner = math.prod(shape[dim - 1:])
-        if count % inner or first % inner:
-            break
-        dim -= 1
-    inner = math.prod(shape[dim:])
-    if dim == 0:
-        return ((0,) * dims, tuple(shape)) if first == 0 and count == inner else None
-    block, blocks = first // inner, count // inner
-    at = block % shape[dim - 1]
-    if at + blocks > shape[dim - 1]:
-        return None
-    prefix, rest = [], block // shape[dim - 1]
-    for size in reversed(shape[:dim - 1]):
-        prefix.append(rest % size)
-        rest //= size
-    offsets = tuple(reversed(prefix)) + (at,) + (0,) * (dims - dim)
-    sizes = (1,) * (dim - 1) + (blocks,) + tuple(shape[dim:])
-    return offsets, sizes
-
-
 def _strip_ones(sizes):
     sizes = list(sizes)
     while sizes and sizes[0] == 1:
@@ -192,7 +165,7 @@ def build(model, config_dir, group=None, stage_bytes=64 << 20):
         pieces = []
         if found is not None and held[found[0]] is not None:
             from_name, first = found
-            window = _window_box(tuple(stand_ins[from_name].shape), first, view.numel())
+            window = _live.window_box(tuple(stand_ins[from_name].shape), first, view.numel())
             if window is None:
                 raise Refusal(f"`{saved_name}` is saved from a part of `{from_name}` that is not one block "
                               "of it; gather the model and save it with save_pretrained")
