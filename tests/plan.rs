@@ -1139,3 +1139,80 @@ fn the_kv_cache_counts_against_each_budget() {
     );
     assert!(err.contains("OVER its 4 MiB budget"), "{err}");
 }
+
+/// `--reserve-kv` places the weights so that every device has room for the cache its
+/// layers make: the cache of a layer on the CPU is made on the first GPU (accelerate's
+/// execution device), not on the CPU. The budgets it prints are the `max_memory` that
+/// gives the same map without it.
+#[test]
+fn reserve_kv_leaves_each_device_room_for_its_cache() {
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let plan = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["plan", common::arg(&demo), "--json"];
+        args.extend_from_slice(extra);
+        let o = common::devmap(&args);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        serde_json::from_str(&common::stdout(&o)).expect("json")
+    };
+    let device = |report: &serde_json::Value, name: serde_json::Value| {
+        report["devices"]
+            .as_array()
+            .expect("devices")
+            .iter()
+            .find(|d| d["device"] == name)
+            .cloned()
+    };
+    let budgets = ["--max-memory", "0=2MiB,1=2MiB,cpu=1GiB", "--context", "512"];
+    // Weights alone fit the GPUs; their cache does not.
+    let plain = plan(&budgets);
+    assert!(
+        plain["devices"]
+            .as_array()
+            .expect("devices")
+            .iter()
+            .any(|d| d["over"] == true),
+        "{plain}"
+    );
+    let mut reserving = budgets.to_vec();
+    reserving.push("--reserve-kv");
+    let reserved = plan(&reserving);
+    for d in reserved["devices"].as_array().expect("devices") {
+        assert_eq!(d["over"], false, "{d}");
+    }
+    // Some layers went to the CPU, and their cache is counted on GPU 0.
+    let cpu = device(&reserved, "cpu".into()).expect("layers on the CPU");
+    assert!(cpu["bytes"].as_u64().is_some_and(|b| b > 0), "{cpu}");
+    assert_eq!(cpu["kv_bytes"], 0, "{cpu}");
+    let (gpu0, gpu1) = (
+        device(&reserved, 0.into()).expect("gpu 0"),
+        device(&reserved, 1.into()).expect("gpu 1"),
+    );
+    let kv = |d: &serde_json::Value| d["kv_bytes"].as_u64().unwrap_or(0);
+    assert_eq!(
+        kv(&gpu0) + kv(&gpu1),
+        reserved["kv_cache"]["bytes"].as_u64().expect("kv bytes"),
+        "the whole cache is on the GPUs: {reserved}"
+    );
+    // The lowered budgets, given as max_memory, plan the same map.
+    let lowered = &reserved["weight_budgets"];
+    for (device, full) in [("0", 2u64 << 20), ("1", 2 << 20)] {
+        assert!(
+            lowered[device].as_u64().is_some_and(|b| b < full),
+            "{lowered}"
+        );
+    }
+    let spec = format!(
+        "0={},1={},cpu={}",
+        lowered["0"], lowered["1"], lowered["cpu"]
+    );
+    let again = plan(&["--max-memory", &spec]);
+    assert_eq!(again["device_map"], reserved["device_map"]);
+    // Without --context there is nothing to reserve.
+    let o = common::devmap(&["plan", common::arg(&demo), "--reserve-kv"]);
+    assert!(!o.status.success());
+    assert!(
+        common::stderr(&o).contains("--context"),
+        "{}",
+        common::stderr(&o)
+    );
+}

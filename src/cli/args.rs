@@ -132,6 +132,12 @@ pub struct PlanArgs {
     /// Sequences at once, for --context.
     #[arg(long, value_name = "B", default_value_t = 1)]
     pub batch: u64,
+    /// Place the weights so that each device also has room for the KV cache of
+    /// --context (the layers it holds; the cache of layers on cpu or disk is made on
+    /// the first GPU). Prints the lowered budgets: from_pretrained's max_memory for
+    /// this map.
+    #[arg(long, requires = "context")]
+    pub reserve_kv: bool,
 }
 
 /// How to read the model directory; shared by every subcommand.

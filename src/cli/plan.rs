@@ -18,6 +18,7 @@ fn plan_json(
     options: &devmap::plan::PlanOptions,
     dtype: Option<devmap::model::DType>,
     kv: Option<&(KvCache, Vec<(Placement, u64)>)>,
+    weight_budgets: Option<&[(Placement, u64)]>,
 ) -> String {
     use serde_json::{Map, Value, json};
     let key = |p: devmap::model::Placement| match p.to_device_map_value() {
@@ -35,8 +36,7 @@ fn plan_json(
         .iter()
         .map(|(k, p)| (k.clone(), p.to_device_map_value()))
         .collect();
-    let devices: Vec<Value> = planned
-        .used
+    let devices: Vec<Value> = devices_with_kv(planned, kv.map_or(&[][..], |(_, on)| on))
         .iter()
         .map(|(p, bytes)| {
             let budget = options
@@ -44,7 +44,7 @@ fn plan_json(
                 .iter()
                 .find(|(d, _)| d == p)
                 .map(|(_, b)| *b);
-            let kv_bytes = kv.map_or(0, |(_, on)| kv_on(on, *p));
+            let kv_bytes = kv.map_or(0, |(_, on)| devmap::plan::reserve::on_device(on, *p));
             json!({
                 "device": p.to_device_map_value(),
                 "bytes": bytes,
@@ -58,6 +58,10 @@ fn plan_json(
         "mode": options.mode.name(),
         "dtype": dtype.map(devmap::model::DType::torch_name),
         "budgets": budgets,
+        "weight_budgets": weight_budgets.map(|w| w
+            .iter()
+            .map(|(p, b)| (key(*p), Value::from(*b)))
+            .collect::<Map<String, Value>>()),
         "device_map": device_map,
         "devices": devices,
         "explain": planned.explain,
@@ -105,7 +109,22 @@ pub(super) fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
         dtype: a.dtype,
         mode,
     };
-    let planned = devmap::plan::plan(&ckpt, &options)?;
+    let cache = match a.context {
+        Some(context) => Some(kv_cache(&ckpt, a, context)?),
+        None if a.reserve_kv => {
+            return Err(eyre!(
+                "--reserve-kv needs --context N: the cache to reserve room for"
+            ));
+        }
+        None => None,
+    };
+    let (planned, weight_budgets) = match (&cache, a.reserve_kv) {
+        (Some(cache), true) => {
+            let reserved = devmap::plan::reserve::plan_reserving_kv(&ckpt, &options, cache)?;
+            (reserved.planned, Some(reserved.weight_budgets))
+        }
+        _ => (devmap::plan::plan(&ckpt, &options)?, None),
+    };
     // A plan from name heuristics may differ from accelerate's: said in the normal
     // output, not only under --explain (where it is the first line anyway).
     if let (Some(note), false) = (&planned.heuristics, a.explain) {
@@ -116,17 +135,23 @@ pub(super) fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
             err_line(line)?;
         }
     }
-    let kv = match a.context {
-        Some(context) => Some(kv_by_device(&ckpt, &planned, a, context)?),
-        None => None,
-    };
+    let kv = cache.map(|cache| {
+        let on = devmap::plan::reserve::kv_by_device(&ckpt, &planned.map, &cache);
+        (cache, on)
+    });
     if let (Some(kv), false) = (&kv, a.json) {
-        for line in kv_lines(kv, &planned, &options) {
+        for line in kv_lines(kv, &planned, &options, weight_budgets.as_deref()) {
             err_line(line)?;
         }
     }
     let text = if a.json {
-        plan_json(&planned, &options, a.dtype, kv.as_ref())
+        plan_json(
+            &planned,
+            &options,
+            a.dtype,
+            kv.as_ref(),
+            weight_budgets.as_deref(),
+        )
     } else {
         devmap::formats::device_map::encode_device_map(&planned.map)
     };
@@ -153,7 +178,13 @@ pub(super) fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
     for w in devmap::model::checks::ties_across_devices(&ckpt) {
         err_line(format!("warning: {w}"))?;
     }
-    compare_with_transformers(&ckpt, &options, &model)
+    // With --reserve-kv, transformers is asked with the budgets the weights were
+    // planned against.
+    let asked = devmap::plan::PlanOptions {
+        max_memory: weight_budgets.unwrap_or(options.max_memory.clone()),
+        ..options
+    };
+    compare_with_transformers(&ckpt, &asked, &model)
 }
 
 /// With `--transformers PYTHON` (only then: the question is not cached, and takes
@@ -248,38 +279,14 @@ fn kv_json(cache: &KvCache) -> serde_json::Value {
     })
 }
 
-fn kv_on(on: &[(Placement, u64)], device: Placement) -> u64 {
-    on.iter()
-        .filter(|(p, _)| *p == device)
-        .map(|(_, b)| b)
-        .sum()
-}
-
-/// The KV cache at `context` tokens, and the bytes of it each device holds: a layer's
-/// cache lives where the layer's weights are.
-fn kv_by_device(
-    ckpt: &Checkpoint,
-    planned: &devmap::plan::Planned,
-    a: &args::PlanArgs,
-    context: u64,
-) -> Result<(KvCache, Vec<(Placement, u64)>)> {
-    let dtype = devmap::plan::kv::compute_dtype(ckpt, a.dtype);
+/// The KV cache at `context` tokens, in the dtype the model computes in.
+fn kv_cache(ckpt: &Checkpoint, a: &args::PlanArgs, context: u64) -> Result<KvCache> {
     let request = devmap::plan::kv::KvRequest {
         context,
         batch: a.batch,
-        dtype,
+        dtype: devmap::plan::kv::compute_dtype(ckpt, a.dtype),
     };
-    let cache = devmap::plan::kv::kv_cache(&ckpt.config.raw, request).map_err(|e| eyre!(e))?;
-    let places = devmap::plan::kv::layer_placements(ckpt, &planned.map, cache.layers.len());
-    let mut on: Vec<(Placement, u64)> = Vec::new();
-    for (layer, place) in cache.layers.iter().zip(places) {
-        let place = place.unwrap_or(Placement::Cpu);
-        match on.iter_mut().find(|(p, _)| *p == place) {
-            Some((_, b)) => *b += layer.bytes,
-            None => on.push((place, layer.bytes)),
-        }
-    }
-    Ok((cache, on))
+    devmap::plan::kv::kv_cache(&ckpt.config.raw, request).map_err(|e| eyre!(e))
 }
 
 /// The report's lines: the cache, where it lives, and each device's weights + KV
@@ -288,6 +295,7 @@ fn kv_lines(
     (cache, on): &(KvCache, Vec<(Placement, u64)>),
     planned: &devmap::plan::Planned,
     options: &devmap::plan::PlanOptions,
+    weight_budgets: Option<&[(Placement, u64)]>,
 ) -> Vec<String> {
     let r = cache.request;
     let mut lines = vec![format!(
@@ -302,16 +310,26 @@ fn kv_lines(
             format!(" (not counted: {})", cache.not_counted.join(", "))
         }
     )];
-    for (device, weights) in &planned.used {
-        let kv = kv_on(on, *device);
+    if let Some(lowered) = weight_budgets {
+        lines.push(format!(
+            "  --reserve-kv: weights planned against {} (from_pretrained's max_memory for this map)",
+            lowered
+                .iter()
+                .map(|(p, b)| format!("{p}={}", human_bytes(*b)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    for (device, weights) in devices_with_kv(planned, on) {
+        let kv = devmap::plan::reserve::on_device(on, device);
         let budget = options
             .max_memory
             .iter()
-            .find(|(d, _)| d == device)
+            .find(|(d, _)| *d == device)
             .map(|(_, b)| *b);
         lines.push(format!(
             "  {device}: weights {} + KV {} = {}{}",
-            human_bytes(*weights),
+            human_bytes(weights),
             human_bytes(kv),
             human_bytes(weights + kv),
             match budget {
@@ -323,4 +341,19 @@ fn kv_lines(
     }
     lines.extend(cache.notes.iter().map(|n| format!("  note: {n}")));
     lines
+}
+
+/// Each device that holds weights or cache, with its weights, in the plan's order (a
+/// device holding only cache last).
+fn devices_with_kv(
+    planned: &devmap::plan::Planned,
+    on: &[(Placement, u64)],
+) -> Vec<(Placement, u64)> {
+    let mut devices = planned.used.clone();
+    for (p, _) in on {
+        if !devices.iter().any(|(d, _)| d == p) {
+            devices.push((*p, 0));
+        }
+    }
+    devices
 }

@@ -22,6 +22,7 @@
 use serde_json::Value;
 
 use crate::types::dtype::DType;
+use crate::types::placement::Placement;
 
 /// What is asked: tokens read (prompt and generated), sequences at once, and the dtype
 /// the cache holds.
@@ -322,24 +323,45 @@ impl KvOnDevices {
         })
     }
 
-    /// Bytes of the cache on `device`, with `ckpt`'s placements as they are now (a
-    /// layer with no tensor found counts on the CPU).
-    pub fn on(
-        &self,
-        ckpt: &crate::model::checkpoint::Checkpoint,
-        device: crate::types::placement::Placement,
-    ) -> u64 {
+    /// Bytes of the cache on `device`, with `ckpt`'s placements as they are now: a
+    /// layer's cache where the layer computes ([`cache_device`]; a layer with no tensor
+    /// found counts as on the CPU). The main device is the first GPU of the model's
+    /// device map, else of its tensors in order.
+    pub fn on(&self, ckpt: &crate::model::checkpoint::Checkpoint, device: Placement) -> u64 {
+        let main = match &ckpt.device_map {
+            Some(map) => execution_device(map.entries().iter().map(|(_, p)| *p)),
+            None => execution_device(ckpt.tensors().iter().map(|t| t.placement)),
+        };
         self.cache
             .layers
             .iter()
             .zip(&self.layer_tensors)
             .filter(|(_, id)| {
-                id.map_or(crate::types::placement::Placement::Cpu, |id| {
-                    ckpt.tensors()[id].placement
-                }) == device
+                let layer = id.map_or(Placement::Cpu, |id| ckpt.tensors()[id].placement);
+                cache_device(layer, main) == device
             })
             .map(|(layer, _)| layer.bytes)
             .sum()
+    }
+}
+
+/// The device the offloaded modules of a dispatched model compute on, as accelerate's
+/// `dispatch_model` picks it: the first device of the map (in its order) that is
+/// neither `cpu` nor `disk`; the CPU when the map holds no other.
+pub fn execution_device(values: impl IntoIterator<Item = Placement>) -> Placement {
+    values
+        .into_iter()
+        .find(|p| !matches!(p, Placement::Cpu | Placement::Disk | Placement::Meta))
+        .unwrap_or(Placement::Cpu)
+}
+
+/// Where a layer placed on `layer` keeps its KV cache: where it computes. A layer on
+/// `cpu` or `disk` is brought to the execution device `main` for its forward
+/// (accelerate's offload hooks), and its keys and values are made there.
+pub fn cache_device(layer: Placement, main: Placement) -> Placement {
+    match layer {
+        Placement::Cpu | Placement::Disk => main,
+        other => other,
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod auto;
 pub mod kv;
 pub mod order;
+pub mod reserve;
 pub mod view;
 
 pub use auto::{PlanMode, PlanOptions, Planned, PlanningError, plan, warm_up};

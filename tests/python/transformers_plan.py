@@ -134,16 +134,20 @@ def main(devmap):
 
 def asked(devmap, work):
     """`devmap plan --transformers PYTHON` asks transformers' own planner and says
-    whether it agrees: it does on a balanced two-GPU case, and it names the tensors
-    when devmap is told to plan otherwise (`--no-split none` splits layers)."""
+    whether it agrees: it does on a balanced two-GPU case (also with the budgets
+    `--reserve-kv` lowers), and it names the tensors when devmap is told to plan
+    otherwise (`--no-split none` splits layers)."""
     src = next(p for p in CLASSES if "llama" in p)
     failures = 0
     with torch.device("meta"):
         meta = CLASSES[src].from_config(configs_of()["llama"], dtype=torch.bfloat16)
     total = sum(p.numel() * p.element_size() for p in meta.parameters())
     spec = f"0={int(total * 0.3)},1={int(total * 0.3)},cpu={total}"
+    # `--reserve-kv` plans the weights against budgets lowered by the cache: transformers
+    # asked with those budgets (from_pretrained's max_memory for the map) must agree.
     for extra, want in ((["--dtype", "float32"], "plans every tensor where devmap does"),
-                        (["--no-split", "none"], "elsewhere")):
+                        (["--no-split", "none"], "elsewhere"),
+                        (["--context", "256", "--reserve-kv"], "plans every tensor where devmap does")):
         cmd = [devmap, "plan", src, "--max-memory", spec, "--transformers", sys.executable, *extra]
         said = subprocess.run(cmd, check=True, capture_output=True, text=True).stderr
         line = next((l for l in said.splitlines() if "asked" in l), "")
