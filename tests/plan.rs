@@ -1216,3 +1216,198 @@ fn reserve_kv_leaves_each_device_room_for_its_cache() {
         common::stderr(&o)
     );
 }
+
+/// Writes tensors of the given shapes (bf16) with `config`.
+fn shaped_model(dir: &Path, tensors: &[(String, Vec<u64>)], config: &serde_json::Value) {
+    use devmap::fixtures::FixtureTensor;
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let made: Vec<FixtureTensor> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, (n, shape))| FixtureTensor::patterned(n, DType::BF16, shape, i as u64))
+        .collect();
+    write_safetensors(
+        &dir.join("model.safetensors"),
+        &made.iter().collect::<Vec<_>>(),
+    )
+    .expect("write");
+    write_json(&dir.join("config.json"), config).expect("config");
+}
+
+fn ranks_of(dir: &Path, flags: &[&str]) -> serde_json::Value {
+    let mut args = vec!["plan", common::arg(dir), "--json"];
+    args.extend_from_slice(flags);
+    let o = common::devmap(&args);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    serde_json::from_str(&common::stdout(&o)).expect("json")
+}
+
+/// DeepSeek-V3's layout under `--tp 2 --ep 2`, as vLLM's deepseek_v2.py shards it: MLA's
+/// `q_a_proj` and `kv_a_proj_with_mqa` whole on every rank, `q_b_proj`/`kv_b_proj`
+/// split by rows and `o_proj` by columns; the dense first layer's MLP and the shared
+/// experts split like any MLP; 5 routed experts over 2 expert ranks, 3 and 2, each
+/// whole; the vocabulary (1000) padded to 1024 and halved; the router, its bias and the
+/// norms whole; the multi-token-prediction layer left out. MLA's latent cache is whole
+/// on every rank.
+#[test]
+fn plan_tp_ep_shards_deepseek_v3_as_vllm_does() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("dsv3");
+    let mut tensors: Vec<(String, Vec<u64>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![1000, 64]),
+        ("lm_head.weight".into(), vec![1000, 64]),
+        ("model.norm.weight".into(), vec![64]),
+        // The multi-token-prediction layer (num_hidden_layers = 2).
+        ("model.layers.2.eh_proj.weight".into(), vec![64, 128]),
+    ];
+    for l in 0..2 {
+        let p = format!("model.layers.{l}.");
+        for (n, s) in [
+            ("input_layernorm.weight", vec![64]),
+            ("post_attention_layernorm.weight", vec![64]),
+            ("self_attn.q_a_proj.weight", vec![32, 64]),
+            ("self_attn.q_a_layernorm.weight", vec![32]),
+            ("self_attn.q_b_proj.weight", vec![96, 32]),
+            ("self_attn.kv_a_proj_with_mqa.weight", vec![24, 64]),
+            ("self_attn.kv_a_layernorm.weight", vec![16]),
+            ("self_attn.kv_b_proj.weight", vec![128, 16]),
+            ("self_attn.o_proj.weight", vec![64, 64]),
+        ] {
+            tensors.push((format!("{p}{n}"), s));
+        }
+    }
+    for (n, s) in [
+        ("gate_proj", vec![96, 64]),
+        ("up_proj", vec![96, 64]),
+        ("down_proj", vec![64, 96]),
+    ] {
+        tensors.push((format!("model.layers.0.mlp.{n}.weight"), s));
+    }
+    let moe = "model.layers.1.mlp.";
+    tensors.push((format!("{moe}gate.weight"), vec![5, 64]));
+    tensors.push((format!("{moe}gate.e_score_correction_bias"), vec![5]));
+    for owner in [
+        "experts.0",
+        "experts.1",
+        "experts.2",
+        "experts.3",
+        "experts.4",
+        "shared_experts",
+    ] {
+        for (n, s) in [
+            ("gate_proj", vec![24, 64]),
+            ("up_proj", vec![24, 64]),
+            ("down_proj", vec![64, 24]),
+        ] {
+            tensors.push((format!("{moe}{owner}.{n}.weight"), s));
+        }
+    }
+    let config = serde_json::json!({
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+        "n_routed_experts": 5, "n_shared_experts": 1, "moe_intermediate_size": 24,
+        "intermediate_size": 96, "first_k_dense_replace": 1, "vocab_size": 1000,
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    });
+    shaped_model(&dir, &tensors, &config);
+    let report = ranks_of(&dir, &["--tp", "2", "--ep", "2", "--context", "10"]);
+    // Elements each rank holds, by vLLM's rules.
+    let vocab = 1024 / 2 * 64;
+    let mla = 32 * 64 + 32 + 96 * 32 / 2 + 24 * 64 + 16 + 128 * 16 / 2 + 64 * 64 / 2;
+    let layer_norms = 2 * 64;
+    let dense_mlp = 2 * (96 * 64 / 2) + 64 * 96 / 2;
+    let expert = 2 * 24 * 64 + 64 * 24;
+    let shared = 2 * (24 * 64 / 2) + 64 * 24 / 2;
+    let router = 5 * 64 + 5;
+    let common = 2 * vocab + 64 + 2 * (layer_norms + mla) + dense_mlp + router + shared;
+    let want = [(common + 3 * expert) * 2, (common + 2 * expert) * 2];
+    let ranks = report["ranks"].as_array().expect("ranks");
+    let got: Vec<u64> = ranks
+        .iter()
+        .map(|r| r["weights"].as_u64().expect("weights"))
+        .collect();
+    assert_eq!(got, want, "{report}");
+    // MLA's latent cache, whole on each rank: 10 tokens × (16 + 8) × 2 layers, bf16.
+    for r in ranks {
+        assert_eq!(r["kv_bytes"], 10 * 24 * 2 * 2, "{r}");
+    }
+    assert_eq!(report["largest"], 0);
+    assert!(
+        report["notes"]
+            .to_string()
+            .contains("past num_hidden_layers"),
+        "{report}"
+    );
+    assert_eq!(report["replicated_unknown"], serde_json::json!([]));
+}
+
+/// Llama under `--tp 4` with 2 key/value heads: each rank holds one key and one value
+/// head (replicated twice), and so half the cache, not a quarter; the vocabulary (1000)
+/// is padded to 1024, 256 rows a rank. `--pp 2` puts the embedding on the first stage
+/// and the final norm and head on the last; a budget given for one GPU holds every rank.
+#[test]
+fn plan_tp_replicates_kv_heads_when_fewer_than_ranks() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("llama");
+    let mut tensors: Vec<(String, Vec<u64>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![1000, 64]),
+        ("lm_head.weight".into(), vec![1000, 64]),
+        ("model.norm.weight".into(), vec![64]),
+    ];
+    for l in 0..2 {
+        let p = format!("model.layers.{l}.");
+        for (n, s) in [
+            ("input_layernorm.weight", vec![64]),
+            ("post_attention_layernorm.weight", vec![64]),
+            ("self_attn.q_proj.weight", vec![64, 64]),
+            ("self_attn.k_proj.weight", vec![32, 64]),
+            ("self_attn.v_proj.weight", vec![32, 64]),
+            ("self_attn.o_proj.weight", vec![64, 64]),
+            ("mlp.gate_proj.weight", vec![128, 64]),
+            ("mlp.up_proj.weight", vec![128, 64]),
+            ("mlp.down_proj.weight", vec![64, 128]),
+        ] {
+            tensors.push((format!("{p}{n}"), s));
+        }
+    }
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+        "vocab_size": 1000, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    });
+    shaped_model(&dir, &tensors, &config);
+    let report = ranks_of(&dir, &["--tp", "4", "--context", "100"]);
+    let layer =
+        2 * 64 + 64 * 64 / 4 + 2 * (16 * 64) + 64 * 64 / 4 + 2 * (128 * 64 / 4) + 64 * 128 / 4;
+    let want = (2 * (256 * 64) + 64 + 2 * layer) * 2;
+    for r in report["ranks"].as_array().expect("ranks") {
+        assert_eq!(r["weights"], want, "{r}");
+        // One head of 16 for keys and values, 100 tokens, 2 layers, bf16.
+        assert_eq!(r["kv_bytes"], 2 * 16 * 100 * 2 * 2, "{r}");
+    }
+    assert!(
+        report["notes"].to_string().contains("replicated 2 times"),
+        "{report}"
+    );
+    let staged = ranks_of(&dir, &["--pp", "2", "--max-memory", "0=300KB"]);
+    let ranks = staged["ranks"].as_array().expect("ranks");
+    let half = 2 * 64 + 64 * 64 + 2 * (32 * 64) + 64 * 64 + 2 * (128 * 64) + 64 * 128;
+    assert_eq!(ranks[0]["weights"], (1024 * 64 + half) * 2);
+    assert_eq!(ranks[1]["weights"], (1024 * 64 + 64 + half) * 2);
+    assert_eq!(ranks[0]["layers"], serde_json::json!([0, 1]));
+    for r in ranks {
+        assert_eq!(r["budget"], 300_000, "{r}");
+        assert_eq!(r["over"], r["weights"].as_u64() > Some(300_000), "{r}");
+    }
+    // vLLM refuses heads that do not split.
+    let o = common::devmap(&["plan", common::arg(&dir), "--tp", "3"]);
+    assert!(!o.status.success());
+    assert!(
+        common::stderr(&o).contains("do not split over 3"),
+        "{}",
+        common::stderr(&o)
+    );
+}

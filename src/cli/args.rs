@@ -138,6 +138,20 @@ pub struct PlanArgs {
     /// this map.
     #[arg(long, requires = "context")]
     pub reserve_kv: bool,
+    /// Instead of a device map, each GPU's bytes under vLLM's tensor parallelism over N
+    /// ranks: column/row splits, the vocabulary padded to 64 and split, norms and
+    /// routers replicated, key/value heads split (replicated when fewer than N). With
+    /// --context, each rank's share of the KV cache. --max-memory's GPU budgets hold
+    /// rank by rank (one GPU budget: every rank's).
+    #[arg(long, value_name = "N", conflicts_with = "reserve_kv")]
+    pub tp: Option<u64>,
+    /// Expert parallelism over N ranks (vLLM's --enable-expert-parallel: N = tp × dp;
+    /// SGLang's --ep-size, which divides tp): each rank holds E/N experts.
+    #[arg(long, value_name = "N", conflicts_with = "reserve_kv")]
+    pub ep: Option<u64>,
+    /// Pipeline stages: the layers split as vLLM's get_pp_indices splits them.
+    #[arg(long, value_name = "N", conflicts_with = "reserve_kv")]
+    pub pp: Option<u64>,
 }
 
 /// How to read the model directory; shared by every subcommand.

@@ -3,6 +3,7 @@
 mod args;
 mod demo;
 mod output;
+mod parallel;
 mod plan;
 mod progress;
 mod verify;

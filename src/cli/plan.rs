@@ -89,6 +89,14 @@ pub(super) fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
     }
     let mode = named_mode.unwrap_or_default();
     let mut ckpt = open(&a.dir, &model)?;
+    if a.tp.is_some() || a.ep.is_some() || a.pp.is_some() {
+        let layout = devmap::plan::parallel::Layout {
+            tp: a.tp.unwrap_or(1),
+            ep: a.ep.unwrap_or(1),
+            pp: a.pp.unwrap_or(1),
+        };
+        return super::parallel::report(&ckpt, a, layout);
+    }
     let max_memory = if let Some(m) = &a.max_memory {
         m.0.clone()
     } else {

@@ -4,6 +4,7 @@
 pub mod auto;
 pub mod kv;
 pub mod order;
+pub mod parallel;
 pub mod reserve;
 pub mod view;
 

@@ -152,6 +152,10 @@ def rank_main(rank, world, port, job):
         if job.get("state"):
             torch.save({k: v for k, v in model.state_dict().items() if "_extra_state" not in k},
                        job["state"])
+    if job.get("sizes"):
+        # The bytes this rank's parameters take: the oracle for `devmap plan --tp/--pp/--ep`.
+        with open(f"{job['sizes']}.{rank}", "w") as f:
+            f.write(str(sum(p.numel() * p.element_size() for p in model.parameters())))
     if job.get("logits") and job["pp"] == 1:
         out = logits(model)
         if rank == 0:
@@ -180,6 +184,18 @@ def run_job(job, world, ports):
 
 def devmap(exe, *args):
     return subprocess.run([exe, *args], capture_output=True, text=True)
+
+
+def ranks_match(exe, folder, sizes, world, flags, label):
+    """`devmap plan FOLDER --tp/--pp/--ep --json`: each rank's weights are the bytes
+    megatron-core's rank of the same layout holds (its parameters, whose column, row,
+    vocabulary and expert splits and pipeline stages vLLM shares for these models)."""
+    r = devmap(exe, "plan", folder, *flags, "--json")
+    assert r.returncode == 0, f"{label}: devmap plan {flags} failed:\n{r.stderr}"
+    got = [rank["weights"] for rank in json.loads(r.stdout)["ranks"]]
+    want = [int(open(f"{sizes}.{i}").read()) for i in range(world)]
+    assert got == want, f"{label}: devmap plan {' '.join(flags)} gives {got} bytes per rank, megatron-core's ranks hold {want}"
+    print(f"{label}: devmap plan {' '.join(flags)} per-rank bytes = megatron-core's ranks {want}")
 
 
 def hf_names(state):
@@ -234,10 +250,12 @@ def main():
         if dtype == "float32":
             for name, tp, pp in [("TP=2", 2, 1), ("PP=2", 1, 2)]:
                 folder = os.path.join(work, f"{name[:2].lower()}2-{dtype}")
+                sizes = os.path.join(work, f"sizes-{name[:2]}")
                 job = {"tp": tp, "pp": pp, "dtype": dtype, "out": folder, "load": tp1,
-                       "logits": tp2_logits if tp == 2 else None}
+                       "logits": tp2_logits if tp == 2 else None, "sizes": sizes}
                 run_job(job, 2, [29613 + tp, 29623 + tp])
                 layouts[name] = folder
+                ranks_match(exe, folder, sizes, 2, ["--tp", str(tp), "--pp", str(pp)], name)
         want = hf_names(torch.load(state_file))
         outputs = {}
         for name, folder in layouts.items():

@@ -82,9 +82,11 @@ def main():
         if family == "qwen3_moe":
             for name, tp, ep in [("TP=2", 2, 1), ("EP=2", 1, 2)]:
                 folder = os.path.join(work, f"{family}-{name[:2].lower()}2")
+                sizes = os.path.join(work, f"{family}-sizes-{name[:2]}")
                 base.run_job({"tp": tp, "pp": 1, "ep": ep, "dtype": "float32", "out": folder, "load": tp1,
-                              "moe": moe}, 2, [next(ports), next(ports)])
+                              "moe": moe, "sizes": sizes}, 2, [next(ports), next(ports)])
                 layouts[name] = folder
+                base.ranks_match(exe, folder, sizes, 2, ["--tp", str(tp), "--ep", str(ep)], f"{family} {name}")
         want = hf_names(torch.load(state_file), family)
         outputs = {}
         for name, folder in layouts.items():

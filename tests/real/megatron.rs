@@ -4,7 +4,9 @@
 //! PP=2; devmap's save of each is, bit for bit, the Megatron model's own parameters cut
 //! and renamed as transformers names them, `from_pretrained` of it gives the Megatron
 //! forward's logits, and missing rank files, cut data, a pickle naming a callable and a
-//! tensor the map does not know are refused by name. Ignored by a bare `cargo test`;
+//! tensor the map does not know are refused by name; `devmap plan --tp 2` / `--pp 2`
+//! (and for MoE `--ep 2`) count each rank's bytes as megatron-core's ranks hold them.
+//! Ignored by a bare `cargo test`;
 //! `.ci/run` installs megatron-core and runs it.
 
 #[test]
@@ -19,6 +21,14 @@ fn megatron_checkpoints_convert_to_the_models_own_parameters() {
         "TP=1, TP=2, PP=2 in float32, TP=1 in bfloat16:\n{out}"
     );
     assert_eq!(out.matches(": refused (").count(), 5, "{out}");
+    // `devmap plan --tp 2` and `--pp 2`: each rank's bytes are those of megatron-core's
+    // rank of the same layout.
+    assert_eq!(
+        out.matches("per-rank bytes = megatron-core's ranks")
+            .count(),
+        2,
+        "{out}"
+    );
     assert!(out.contains("megatron: all checks passed"), "{out}");
 }
 
@@ -40,5 +50,13 @@ fn megatron_moe_checkpoints_convert_to_qwen3_moe_and_mixtral() {
     );
     assert_eq!(out.matches("logits = Megatron forward").count(), 2, "{out}");
     assert_eq!(out.matches(": refused (").count(), 1, "{out}");
+    // `devmap plan --tp 2` (experts split by their intermediate) and `--ep 2` (half
+    // the experts a rank): megatron-core's ranks hold the same bytes.
+    assert_eq!(
+        out.matches("per-rank bytes = megatron-core's ranks")
+            .count(),
+        2,
+        "{out}"
+    );
     assert!(out.contains("megatron moe: all checks passed"), "{out}");
 }
