@@ -184,20 +184,26 @@ fn the_device_picker_moves_a_module_in_a_real_terminal() {
     quit_cleanly(&tmux);
 }
 
-/// `devmap MODEL --context N --max-memory SPEC` in a real terminal: the Devices panel
-/// adds each device's KV cache to its weights and says which device is over.
+/// `devmap MODEL --context N --max-memory SPEC --tp 2` in a real terminal: the Devices
+/// panel adds each device's KV cache to its weights and says which device is over, and
+/// names the largest GPU of a two-rank vLLM server.
 #[test]
 #[ignore = "needs tmux (CI installs it)"]
 fn the_kv_cache_is_in_the_devices_panel_in_a_real_terminal() {
     let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
     let args = format!(
-        "'{}' --context 32768 --max-memory 0=32MiB,1=48MiB,cpu=1GiB",
+        "'{}' --context 32768 --max-memory 0=32MiB,1=48MiB,cpu=1GiB --tp 2",
         demo.display()
     );
     let tmux = start("kv", &wrapped("", &args));
     let screen = tmux.wait_for("Devices + KV at 32768 tokens", Duration::from_secs(20));
     assert!(
         screen.contains("OVER 32 MiB") && screen.contains("≤ 48 MiB"),
+        "{screen}"
+    );
+    // --tp 2: the largest GPU of that vLLM layout (1.26 MiB + 48 MiB of KV on rank 1).
+    assert!(
+        screen.contains("vLLM tp 2: largest GPU rank 1 of 2") && screen.contains("OVER 48 MiB"),
         "{screen}"
     );
     quit_cleanly(&tmux);

@@ -38,6 +38,16 @@ pub struct Args {
     /// Sequences at once, for --context.
     #[arg(long, value_name = "B", default_value_t = 1)]
     pub batch: u64,
+    /// The Devices panel also names the largest GPU of a vLLM server with N tensor
+    /// ranks (and --ep, --pp), as `devmap plan --tp` counts it.
+    #[arg(long, value_name = "N")]
+    pub tp: Option<u64>,
+    /// Expert-parallel ranks, with --tp (see `devmap plan --help`).
+    #[arg(long, value_name = "N")]
+    pub ep: Option<u64>,
+    /// Pipeline stages, with --tp (see `devmap plan --help`).
+    #[arg(long, value_name = "N")]
+    pub pp: Option<u64>,
     #[command(flatten)]
     pub model: ModelArgs,
 }

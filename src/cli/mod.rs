@@ -64,6 +64,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 let options = devmap::tui::InspectorOptions {
                     max_memory: args.max_memory.map(|b| b.0).unwrap_or_default(),
                     kv: args.context.map(|c| (c, args.batch)),
+                    parallel: (args.tp.is_some() || args.ep.is_some() || args.pp.is_some()).then(
+                        || devmap::plan::parallel::Layout {
+                            tp: args.tp.unwrap_or(1),
+                            ep: args.ep.unwrap_or(1),
+                            pp: args.pp.unwrap_or(1),
+                        },
+                    ),
                 };
                 let loaded = devmap::tui::run_loading(&what, options, move |status| {
                     open_with(&dir, &model, Some(&|line| status.set(line)), true)

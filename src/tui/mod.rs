@@ -124,6 +124,8 @@ pub struct InspectorOptions {
     pub max_memory: Vec<(crate::types::placement::Placement, u64)>,
     /// `--context N --batch B`: the KV cache the Devices panel adds to each device.
     pub kv: Option<(u64, u64)>,
+    /// `--tp/--ep/--pp`: the Devices panel names the largest GPU of that vLLM layout.
+    pub parallel: Option<crate::plan::parallel::Layout>,
 }
 
 /// The inspector on `ckpt` in the real terminal, with the real clock and samplers.
@@ -145,6 +147,10 @@ fn inspect(
         };
         crate::plan::kv::KvOnDevices::new(&ckpt, request)
     });
+    let parallel = options.parallel.map(|layout| {
+        let cache = kv.as_ref().and_then(|k| k.as_ref().ok()).map(|k| &k.cache);
+        crate::plan::parallel::shard(&ckpt, layout, None, cache)
+    });
     let mut app = App::new(ckpt);
     match kv {
         Some(Ok(kv)) => app.kv = Some(kv),
@@ -152,6 +158,11 @@ fn inspect(
             format!("the KV cache is not counted: {why}"),
             app::Tone::Bad,
         ),
+        None => {}
+    }
+    match parallel {
+        Some(Ok(sharded)) => app.parallel = Some(sharded),
+        Some(Err(why)) => app.say(format!("no parallel layout: {why}"), app::Tone::Bad),
         None => {}
     }
     app.color = color_wanted();

@@ -641,8 +641,8 @@ fn edited_rows_are_marked_and_the_header_names_the_source() {
 }
 
 /// `--context`: the Devices panel adds to each device's weights the KV cache of the
-/// layers it holds (`plan::kv`), against its budget, and the cache follows a layer the
-/// user moves.
+/// layers it holds (`plan::kv`; an offloaded layer's on the execution device), against
+/// its budget, and the cache follows a layer the user moves.
 #[test]
 fn the_devices_panel_adds_the_kv_cache_of_the_layers_each_device_holds() {
     use devmap::plan::kv::{KvOnDevices, KvRequest, compute_dtype};
@@ -680,8 +680,9 @@ fn the_devices_panel_adds_the_kv_cache_of_the_layers_each_device_holds() {
         screen.contains("Devices + KV at 4096 tokens · ≤ --max-memory budgets"),
         "{screen}"
     );
-    // gpu:0 holds layers 0 and 1, gpu:1 layers 2 and 3.
-    let gpu0 = weights(&app, Placement::Gpu(0)) + 2 * per_layer;
+    // gpu:0 holds layers 0 and 1, and the cache of layers 4 and 5, which are offloaded
+    // to cpu and disk and compute on the execution device (gpu:0); gpu:1 layers 2 and 3.
+    let gpu0 = weights(&app, Placement::Gpu(0)) + 4 * per_layer;
     assert!(
         row(&screen, "gpu:0").contains(&devmap::human_bytes(gpu0)),
         "{gpu0}: {screen}"
@@ -704,4 +705,43 @@ fn the_devices_panel_adds_the_kv_cache_of_the_layers_each_device_holds() {
         gpu1 > 6 << 20 && line.contains("OVER 6 MiB"),
         "{gpu1}: {screen}"
     );
+}
+
+/// `--tp 2 --context N`: the Devices panel's last line names the largest GPU of a
+/// vLLM server with two tensor ranks, its weights and KV share against that GPU's
+/// budget (as `devmap plan --tp 2` counts them).
+#[test]
+fn the_devices_panel_names_the_largest_rank_of_a_parallel_layout() {
+    use devmap::plan::kv::{KvRequest, compute_dtype, kv_cache};
+    use devmap::plan::parallel::{Layout, shard};
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    let ckpt = load(&demo, &LoadOptions::default()).expect("the demo");
+    let request = KvRequest {
+        context: 4096,
+        batch: 1,
+        dtype: compute_dtype(&ckpt, None),
+    };
+    let cache = kv_cache(&ckpt.config.raw, request).expect("cache");
+    let layout = Layout {
+        tp: 2,
+        ep: 1,
+        pp: 1,
+    };
+    let sharded = shard(&ckpt, layout, None, Some(&cache)).expect("shardable");
+    let largest = sharded.largest().expect("a rank").clone();
+    let mut app = App::new(ckpt);
+    app.color = false;
+    app.parallel = Some(sharded);
+    app.budgets.chosen = devmap::plan::parse_max_memory("0=10MiB,1=6MiB,cpu=1GiB").expect("spec");
+    app.budgets.chosen_from = Some("--max-memory");
+    let screen = frame(&app, 110, 30);
+    let line = screen
+        .lines()
+        .find(|l| l.contains("vLLM tp 2: largest GPU rank"))
+        .unwrap_or_else(|| panic!("no rank line: {screen}"));
+    let total = largest.weights + largest.kv;
+    assert!(line.contains(&devmap::human_bytes(total)), "{line}");
+    // Rank 1's budget is gpu:1's, 6 MiB: the demo's 1.26 MiB + 6 MiB of KV is over it.
+    assert_eq!(largest.rank, 1);
+    assert!(total > 6 << 20 && line.contains("OVER 6 MiB"), "{line}");
 }

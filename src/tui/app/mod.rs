@@ -288,6 +288,9 @@ pub struct App {
     pub devices_scroll: u16,
     /// The KV cache the Devices panel adds to each device's weights (`--context`).
     pub kv: Option<crate::plan::kv::KvOnDevices>,
+    /// Each GPU's share under a vLLM layout (`--tp/--ep/--pp`): the Devices panel's
+    /// last line names the largest.
+    pub parallel: Option<crate::plan::parallel::Sharded>,
     /// Lines scrolled in the plan result.
     pub result_scroll: u16,
     /// Lines scrolled in the help or warnings overlay (when it is taller than the
@@ -414,6 +417,7 @@ impl App {
             details_scroll: 0,
             devices_scroll: 0,
             kv: None,
+            parallel: None,
             result_scroll: 0,
             overlay_scroll: 0,
             matches: Vec::new(),

@@ -12,6 +12,20 @@ use crate::human_bytes;
 use crate::tui::app::{App, Outcome};
 use crate::types::placement::Placement;
 
+/// `tp 2, ep 2, pp 2` (the parts that are not 1; `tp 1` when all are).
+fn layout_name(layout: crate::plan::parallel::Layout) -> String {
+    let parts: Vec<String> = [("tp", layout.tp), ("ep", layout.ep), ("pp", layout.pp)]
+        .iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect();
+    if parts.is_empty() {
+        "tp 1".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
 pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     // The bars are each device's share of the model (they add up to 100%); the
     // figure after them is the device's budget, chosen or free.
@@ -84,7 +98,30 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             (row.line(bar_w, budgets_fit, style, theme), row.over)
         })
         .collect();
-    let room = inner.height as usize;
+    // With --tp, the last line names the largest GPU of that layout.
+    let largest = app.parallel.as_ref().and_then(|s| {
+        let r = s.largest()?;
+        let bytes = r.weights + r.kv;
+        let budget = app.device_budget(Placement::Gpu(r.rank as u32));
+        let over = budget.is_some_and(|b| bytes > b);
+        let text = format!(
+            "vLLM {}: largest GPU rank {} of {}, {}{}",
+            layout_name(s.layout),
+            r.rank,
+            s.ranks.len(),
+            human_bytes(bytes),
+            match budget {
+                Some(b) if over => format!(" OVER {}", human_bytes(b)),
+                Some(b) => format!(" ≤ {}", human_bytes(b)),
+                None => String::new(),
+            }
+        );
+        Some(Line::from(Span::styled(
+            text,
+            if over { theme.bad() } else { theme.dim() },
+        )))
+    });
+    let room = (inner.height as usize).saturating_sub(usize::from(largest.is_some()));
     let lines: Vec<Line> = if rows.len() <= room {
         rows.into_iter().map(|(l, _)| l).collect()
     } else if app.devices_scroll > 0 {
@@ -135,6 +172,7 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     };
     let lines: Vec<Line> = lines
         .into_iter()
+        .chain(largest)
         .map(|l| fit(l, inner.width as usize))
         .collect();
     frame.render_widget(Paragraph::new(lines), inner);
