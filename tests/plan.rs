@@ -1115,15 +1115,15 @@ fn the_kv_cache_counts_against_each_budget() {
         gpu["bytes"].as_u64().unwrap_or(0),
         gpu["kv_bytes"].as_u64().unwrap_or(0),
     );
-    assert!(weights <= 4 << 20 && kv_bytes > 0, "{gpu}");
-    assert_eq!(gpu["over"], weights + kv_bytes > 4 << 20, "{gpu}");
-    assert!(
-        !report["not_counted"]
-            .as_array()
-            .expect("list")
-            .iter()
-            .any(|v| v == "kv_cache")
+    let act_bytes = gpu["activation_bytes"].as_u64().unwrap_or(0);
+    assert!(weights <= 4 << 20 && kv_bytes > 0 && act_bytes > 0, "{gpu}");
+    assert_eq!(
+        gpu["over"],
+        weights + kv_bytes + act_bytes > 4 << 20,
+        "{gpu}"
     );
+    // With --context, the cache and the activations are counted.
+    assert_eq!(report["not_counted"], serde_json::json!([]), "{report}");
     let text = common::devmap(&[
         "plan",
         common::arg(&demo),
@@ -1162,7 +1162,15 @@ fn reserve_kv_leaves_each_device_room_for_its_cache() {
             .find(|d| d["device"] == name)
             .cloned()
     };
-    let budgets = ["--max-memory", "0=2MiB,1=2MiB,cpu=1GiB", "--context", "512"];
+    // A 64-token forward's activations (--prefill) are reserved too.
+    let budgets = [
+        "--max-memory",
+        "0=2MiB,1=2MiB,cpu=1GiB",
+        "--context",
+        "512",
+        "--prefill",
+        "64",
+    ];
     // Weights alone fit the GPUs; their cache does not.
     let plain = plan(&budgets);
     assert!(
@@ -1193,6 +1201,18 @@ fn reserve_kv_leaves_each_device_room_for_its_cache() {
         reserved["kv_cache"]["bytes"].as_u64().expect("kv bytes"),
         "the whole cache is on the GPUs: {reserved}"
     );
+    // Each GPU computes layers: each holds one layer's activations (and gpu:0 the head's
+    // logits); the CPU computes none.
+    let per_layer = reserved["activations"]["per_layer"]
+        .as_u64()
+        .expect("activations");
+    assert_eq!(reserved["activations"]["tokens"], 64);
+    assert_eq!(gpu1["activation_bytes"], per_layer, "{gpu1}");
+    assert!(
+        gpu0["activation_bytes"].as_u64() > Some(per_layer),
+        "{gpu0}"
+    );
+    assert_eq!(cpu["activation_bytes"], 0, "{cpu}");
     // The lowered budgets, given as max_memory, plan the same map.
     let lowered = &reserved["weight_budgets"];
     for (device, full) in [("0", 2u64 << 20), ("1", 2 << 20)] {
@@ -1410,4 +1430,112 @@ fn plan_tp_replicates_kv_heads_when_fewer_than_ranks() {
         "{}",
         common::stderr(&o)
     );
+}
+
+/// A checkpoint with Qwen3-14B's config.json and tensor shapes (bf16, 29.5 GB), whose
+/// data is a hole in a sparse file: `plan` reads headers only.
+fn qwen3_14b_shaped(dir: &Path) {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let (h, i, layers, vocab) = (5120u64, 17408u64, 40, 151_936u64);
+    let mut shapes: Vec<(String, Vec<u64>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![vocab, h]),
+        ("lm_head.weight".into(), vec![vocab, h]),
+        ("model.norm.weight".into(), vec![h]),
+    ];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}.");
+        for (n, s) in [
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+            ("self_attn.q_proj.weight", vec![40 * 128, h]),
+            ("self_attn.k_proj.weight", vec![8 * 128, h]),
+            ("self_attn.v_proj.weight", vec![8 * 128, h]),
+            ("self_attn.o_proj.weight", vec![h, 40 * 128]),
+            ("self_attn.q_norm.weight", vec![128]),
+            ("self_attn.k_norm.weight", vec![128]),
+            ("mlp.gate_proj.weight", vec![i, h]),
+            ("mlp.up_proj.weight", vec![i, h]),
+            ("mlp.down_proj.weight", vec![h, i]),
+        ] {
+            shapes.push((format!("{p}{n}"), s));
+        }
+    }
+    let mut header = serde_json::Map::new();
+    let mut at = 0u64;
+    for (name, shape) in &shapes {
+        let bytes = shape.iter().product::<u64>() * 2;
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [at, at + bytes]}),
+        );
+        at += bytes;
+    }
+    let text = serde_json::to_string(&serde_json::Value::Object(header)).expect("json");
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(text.as_bytes());
+    let path = dir.join("model.safetensors");
+    std::fs::write(&path, &bytes).expect("header");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(bytes.len() as u64 + at))
+        .expect("sparse data");
+    write_json(
+        &dir.join("config.json"),
+        &serde_json::json!({
+            "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+            "hidden_size": h, "intermediate_size": i, "num_hidden_layers": layers,
+            "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+            "vocab_size": vocab, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+            "rope_theta": 1_000_000, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+            "hidden_act": "silu", "attention_bias": false,
+        }),
+    )
+    .expect("config");
+}
+
+/// The README's "Will it run?" example, line for line: each `$ devmap plan
+/// hf://Qwen/Qwen3-14B …` command run on a local checkpoint of Qwen3-14B's config and
+/// shapes, every report line the README shows printed as shown.
+#[test]
+fn the_readme_will_it_run_example_is_what_plan_prints() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    let block = readme
+        .split("**Will it run?**")
+        .nth(1)
+        .and_then(|rest| rest.split("```\n").nth(1))
+        .expect("the example block");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let model = tmp.path().join("qwen3-14b");
+    qwen3_14b_shaped(&model);
+    let mut commands = 0;
+    let mut said = String::new();
+    for line in block.lines() {
+        if let Some(command) = line.strip_prefix("$ devmap ") {
+            let args: Vec<String> = command
+                .split_whitespace()
+                .map(|a| {
+                    if a == "hf://Qwen/Qwen3-14B" {
+                        model.display().to_string()
+                    } else {
+                        a.to_owned()
+                    }
+                })
+                .collect();
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_devmap"))
+                .args(&args)
+                .output()
+                .expect("devmap");
+            assert!(o.status.success(), "{command}: {}", common::stderr(&o));
+            said = common::stderr(&o);
+            commands += 1;
+        } else if !line.is_empty() && !line.starts_with('{') && !line.starts_with('…') {
+            assert!(
+                said.lines().any(|l| l == line),
+                "the README shows `{line}`; devmap printed:\n{said}"
+            );
+        }
+    }
+    assert!(commands >= 2, "{block}");
 }

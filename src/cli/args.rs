@@ -135,17 +135,23 @@ pub struct PlanArgs {
     pub json: bool,
     /// Also count the KV cache after N tokens (prompt and generated), as transformers'
     /// DynamicCache holds it: full, sliding-window, chunked and MLA layers, in the
-    /// dtype the model computes in. Each device's weights + KV are held against its
+    /// dtype the model computes in, and an estimate of one forward's activations
+    /// (see --prefill). Each device's weights + KV + activations are held against its
     /// budget (the map itself places the weights alone).
     #[arg(long, value_name = "N")]
     pub context: Option<u64>,
     /// Sequences at once, for --context.
     #[arg(long, value_name = "B", default_value_t = 1)]
     pub batch: u64,
+    /// Tokens read in one forward, for the activations' estimate with --context.
+    /// Default: the whole --context (a prompt that long, read at once, as generate
+    /// does).
+    #[arg(long, value_name = "N", requires = "context")]
+    pub prefill: Option<u64>,
     /// Place the weights so that each device also has room for the KV cache of
-    /// --context (the layers it holds; the cache of layers on cpu or disk is made on
-    /// the first GPU). Prints the lowered budgets: from_pretrained's max_memory for
-    /// this map.
+    /// --context and the activations of one forward (the layers it holds; those of
+    /// layers on cpu or disk are made on the first GPU). Prints the lowered budgets:
+    /// from_pretrained's max_memory for this map.
     #[arg(long, requires = "context")]
     pub reserve_kv: bool,
     /// Instead of a device map, each GPU's bytes under vLLM's tensor parallelism over N

@@ -6,18 +6,61 @@ use std::path::Path;
 use color_eyre::eyre::{Result, WrapErr, eyre};
 use devmap::human_bytes;
 use devmap::model::{Checkpoint, Placement};
+use devmap::plan::activation::Activations;
 use devmap::plan::kv::KvCache;
 
 use super::args::{self, ModelArgs};
 use super::open;
 use super::output::{err_line, out};
 
+/// What runs beside the weights at `--context`: the KV cache, one forward's
+/// activations (when the config says enough), and each device's share of both.
+struct Runtime {
+    cache: KvCache,
+    act: Option<Activations>,
+    /// Why the activations are not counted, when they are not.
+    act_missing: Option<String>,
+    kv_on: Vec<(Placement, u64)>,
+    act_on: Vec<(Placement, u64)>,
+    /// The weights each device holds while it runs (`weights_by_device`: no room kept
+    /// free that no layer takes, the largest offloaded module on the execution device).
+    weights_on: Vec<(Placement, u64)>,
+}
+
+impl Runtime {
+    /// Device `p`'s weights, cache and activations while it runs.
+    fn on(&self, p: Placement) -> (u64, u64, u64) {
+        use devmap::plan::reserve::on_device;
+        (
+            on_device(&self.weights_on, p),
+            on_device(&self.kv_on, p),
+            on_device(&self.act_on, p),
+        )
+    }
+
+    /// Every device holding any of them, in the plan's device order.
+    fn devices(&self, planned: &devmap::plan::Planned) -> Vec<Placement> {
+        let mut all: Vec<Placement> = planned.used.iter().map(|(p, _)| *p).collect();
+        for (p, _) in self
+            .weights_on
+            .iter()
+            .chain(&self.kv_on)
+            .chain(&self.act_on)
+        {
+            if !all.contains(p) {
+                all.push(*p);
+            }
+        }
+        all
+    }
+}
+
 /// `plan --json`: the plan with what it counted, for scripts.
 fn plan_json(
     planned: &devmap::plan::Planned,
     options: &devmap::plan::PlanOptions,
     dtype: Option<devmap::model::DType>,
-    kv: Option<&(KvCache, Vec<(Placement, u64)>)>,
+    runtime: Option<&Runtime>,
     weight_budgets: Option<&[(Placement, u64)]>,
 ) -> String {
     use serde_json::{Map, Value, json};
@@ -36,7 +79,15 @@ fn plan_json(
         .iter()
         .map(|(k, p)| (k.clone(), p.to_device_map_value()))
         .collect();
-    let devices: Vec<Value> = devices_with_kv(planned, kv.map_or(&[][..], |(_, on)| on))
+    let listed: Vec<(Placement, u64)> = match runtime {
+        Some(r) => r
+            .devices(planned)
+            .into_iter()
+            .map(|p| (p, devmap::plan::reserve::on_device(&planned.used, p)))
+            .collect(),
+        None => planned.used.clone(),
+    };
+    let devices: Vec<Value> = listed
         .iter()
         .map(|(p, bytes)| {
             let budget = options
@@ -44,13 +95,16 @@ fn plan_json(
                 .iter()
                 .find(|(d, _)| d == p)
                 .map(|(_, b)| *b);
-            let kv_bytes = kv.map_or(0, |(_, on)| devmap::plan::reserve::on_device(on, *p));
+            // At --context, what the device holds while it runs; else the planner's count.
+            let (held, kv_bytes, act_bytes) = runtime.map_or((*bytes, 0, 0), |r| r.on(*p));
             json!({
                 "device": p.to_device_map_value(),
                 "bytes": bytes,
-                "kv_bytes": kv.map(|_| kv_bytes),
+                "weight_bytes": runtime.map(|_| held),
+                "kv_bytes": runtime.map(|_| kv_bytes),
+                "activation_bytes": runtime.and_then(|r| r.act.as_ref()).map(|_| act_bytes),
                 "budget": budget,
-                "over": budget.is_some_and(|b| bytes + kv_bytes > b),
+                "over": budget.is_some_and(|b| held + kv_bytes + act_bytes > b),
             })
         })
         .collect();
@@ -66,8 +120,12 @@ fn plan_json(
         "devices": devices,
         "explain": planned.explain,
         "heuristics": planned.heuristics,
-        "kv_cache": kv.map(|(cache, _)| kv_json(cache)),
-        "not_counted": not_counted(kv.map(|(cache, _)| cache)),
+        "kv_cache": runtime.map(|r| kv_json(&r.cache)),
+        "activations": runtime.and_then(|r| r.act.as_ref()).map(|a| json!({
+            "tokens": a.tokens, "batch": a.batch, "dtype": a.dtype.torch_name(),
+            "per_layer": a.per_layer, "logits": a.logits, "mask": a.mask, "notes": a.notes,
+        })),
+        "not_counted": not_counted(runtime),
     });
     let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
     text.push('\n');
@@ -126,9 +184,23 @@ pub(super) fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
         }
         None => None,
     };
+    let act = match (&cache, a.context) {
+        (Some(cache), Some(context)) => Some(devmap::plan::activation::activations(
+            &ckpt.config.raw,
+            a.prefill.unwrap_or(context),
+            a.batch,
+            cache.request.dtype,
+        )),
+        _ => None,
+    };
     let (planned, weight_budgets) = match (&cache, a.reserve_kv) {
         (Some(cache), true) => {
-            let reserved = devmap::plan::reserve::plan_reserving_kv(&ckpt, &options, cache)?;
+            let reserved = devmap::plan::reserve::plan_reserving_kv(
+                &ckpt,
+                &options,
+                cache,
+                act.as_ref().and_then(|a| a.as_ref().ok()),
+            )?;
             (reserved.planned, Some(reserved.weight_budgets))
         }
         _ => (devmap::plan::plan(&ckpt, &options)?, None),
@@ -143,12 +215,32 @@ pub(super) fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
             err_line(line)?;
         }
     }
-    let kv = cache.map(|cache| {
-        let on = devmap::plan::reserve::kv_by_device(&ckpt, &planned.map, &cache);
-        (cache, on)
+    let runtime = cache.map(|cache| {
+        let kv_on = devmap::plan::reserve::kv_by_device(&ckpt, &planned.map, &cache);
+        let (act, act_missing) = match act {
+            Some(Ok(act)) => (Some(act), None),
+            Some(Err(why)) => (None, Some(why)),
+            None => (None, None),
+        };
+        let act_on = act.as_ref().map_or_else(Vec::new, |act| {
+            devmap::plan::activation::activations_by_device(
+                &ckpt,
+                &planned.map,
+                act,
+                cache.layers.len(),
+            )
+        });
+        Runtime {
+            weights_on: devmap::plan::reserve::weights_by_device(&ckpt, &planned.map, a.dtype),
+            cache,
+            act,
+            act_missing,
+            kv_on,
+            act_on,
+        }
     });
-    if let (Some(kv), false) = (&kv, a.json) {
-        for line in kv_lines(kv, &planned, &options, weight_budgets.as_deref()) {
+    if let (Some(runtime), false) = (&runtime, a.json) {
+        for line in kv_lines(runtime, &planned, &options, weight_budgets.as_deref()) {
             err_line(line)?;
         }
     }
@@ -157,7 +249,7 @@ pub(super) fn plan(a: &args::PlanArgs, model: &ModelArgs) -> Result<()> {
             &planned,
             &options,
             a.dtype,
-            kv.as_ref(),
+            runtime.as_ref(),
             weight_budgets.as_deref(),
         )
     } else {
@@ -264,13 +356,17 @@ fn compare_with_transformers(
 }
 
 /// What `plan --json` says it did not count.
-fn not_counted(kv: Option<&KvCache>) -> Vec<String> {
+fn not_counted(runtime: Option<&Runtime>) -> Vec<String> {
     let mut list = Vec::new();
-    match kv {
-        None => list.push("kv_cache".to_owned()),
-        Some(cache) => list.extend(cache.not_counted.iter().map(|k| format!("kv_cache: {k}"))),
+    match runtime {
+        None => list.extend(["kv_cache".to_owned(), "activations".to_owned()]),
+        Some(r) => {
+            list.extend(r.cache.not_counted.iter().map(|k| format!("kv_cache: {k}")));
+            if let Some(why) = &r.act_missing {
+                list.push(format!("activations: {why}"));
+            }
+        }
     }
-    list.push("activations".to_owned());
     list
 }
 
@@ -297,14 +393,15 @@ fn kv_cache(ckpt: &Checkpoint, a: &args::PlanArgs, context: u64) -> Result<KvCac
     devmap::plan::kv::kv_cache(&ckpt.config.raw, request).map_err(|e| eyre!(e))
 }
 
-/// The report's lines: the cache, where it lives, and each device's weights + KV
-/// against its budget.
+/// The report's lines: the cache and the activations, where they live, and each
+/// device's weights + KV + activations against its budget.
 fn kv_lines(
-    (cache, on): &(KvCache, Vec<(Placement, u64)>),
+    runtime: &Runtime,
     planned: &devmap::plan::Planned,
     options: &devmap::plan::PlanOptions,
     weight_budgets: Option<&[(Placement, u64)]>,
 ) -> Vec<String> {
+    let cache = &runtime.cache;
     let r = cache.request;
     let mut lines = vec![format!(
         "KV cache at {} × {}, {}: {}{}",
@@ -318,6 +415,15 @@ fn kv_lines(
             format!(" (not counted: {})", cache.not_counted.join(", "))
         }
     )];
+    match (&runtime.act, &runtime.act_missing) {
+        (Some(act), _) => lines.push(format!(
+            "activations of a {}-token forward: {} while a layer computes, on its device (estimate)",
+            act.tokens,
+            human_bytes(act.per_layer)
+        )),
+        (None, Some(why)) => lines.push(format!("activations not counted: {why}")),
+        (None, None) => {}
+    }
     if let Some(lowered) = weight_budgets {
         lines.push(format!(
             "  --reserve-kv: weights planned against {} (from_pretrained's max_memory for this map)",
@@ -328,40 +434,34 @@ fn kv_lines(
                 .join(", ")
         ));
     }
-    for (device, weights) in devices_with_kv(planned, on) {
-        let kv = devmap::plan::reserve::on_device(on, device);
+    for device in runtime.devices(planned) {
+        let (weights, kv, act) = runtime.on(device);
+        let total = weights + kv + act;
         let budget = options
             .max_memory
             .iter()
             .find(|(d, _)| *d == device)
             .map(|(_, b)| *b);
         lines.push(format!(
-            "  {device}: weights {} + KV {} = {}{}",
+            "  {device}: weights {} + KV {}{} = {}{}",
             human_bytes(weights),
             human_bytes(kv),
-            human_bytes(weights + kv),
+            if runtime.act.is_some() {
+                format!(" + activations {}", human_bytes(act))
+            } else {
+                String::new()
+            },
+            human_bytes(total),
             match budget {
-                Some(b) if weights + kv > b => format!(" — OVER its {} budget", human_bytes(b)),
+                Some(b) if total > b => format!(" — OVER its {} budget", human_bytes(b)),
                 Some(b) => format!(" ≤ {}", human_bytes(b)),
                 None => String::new(),
             }
         ));
     }
     lines.extend(cache.notes.iter().map(|n| format!("  note: {n}")));
-    lines
-}
-
-/// Each device that holds weights or cache, with its weights, in the plan's order (a
-/// device holding only cache last).
-fn devices_with_kv(
-    planned: &devmap::plan::Planned,
-    on: &[(Placement, u64)],
-) -> Vec<(Placement, u64)> {
-    let mut devices = planned.used.clone();
-    for (p, _) in on {
-        if !devices.iter().any(|(d, _)| d == p) {
-            devices.push((*p, 0));
-        }
+    if let Some(act) = &runtime.act {
+        lines.extend(act.notes.iter().map(|n| format!("  note: {n}")));
     }
-    devices
+    lines
 }

@@ -301,47 +301,100 @@ pub fn layer_placements(
         .collect()
 }
 
-/// A model's cache and the tensor that says where each layer (and its cache) is, for a
-/// view whose placements change (the inspector's edits).
+/// A model's cache, one forward's activations, and the tensor that says where each
+/// layer (and so its cache and activations) is, for a view whose placements change
+/// (the inspector's edits).
 #[derive(Debug, Clone)]
 pub struct KvOnDevices {
     pub cache: KvCache,
+    /// A forward over the whole context (`None` when the config says too little).
+    pub act: Option<super::activation::Activations>,
     layer_tensors: Vec<Option<crate::model::checkpoint::TensorId>>,
 }
 
 impl KvOnDevices {
-    /// The cache of `ckpt`'s model for `request`.
+    /// The cache of `ckpt`'s model for `request`, and the activations of reading the
+    /// context in one forward.
     pub fn new(
         ckpt: &crate::model::checkpoint::Checkpoint,
         request: KvRequest,
     ) -> Result<KvOnDevices, String> {
         let cache = kv_cache(&ckpt.config.raw, request)?;
         let layer_tensors = layer_tensors(ckpt, cache.layers.len());
+        let act = super::activation::activations(
+            &ckpt.config.raw,
+            request.context,
+            request.batch,
+            request.dtype,
+        )
+        .ok();
         Ok(KvOnDevices {
             cache,
+            act,
             layer_tensors,
         })
     }
 
-    /// Bytes of the cache on `device`, with `ckpt`'s placements as they are now: a
-    /// layer's cache where the layer computes ([`cache_device`]; a layer with no tensor
-    /// found counts as on the CPU). The main device is the first GPU of the model's
-    /// device map, else of its tensors in order.
-    pub fn on(&self, ckpt: &crate::model::checkpoint::Checkpoint, device: Placement) -> u64 {
-        let main = match &ckpt.device_map {
+    /// The device offloaded layers compute on: the first GPU of the model's device map,
+    /// else of its tensors in order.
+    fn main(ckpt: &crate::model::checkpoint::Checkpoint) -> Placement {
+        match &ckpt.device_map {
             Some(map) => execution_device(map.entries().iter().map(|(_, p)| *p)),
             None => execution_device(ckpt.tensors().iter().map(|t| t.placement)),
-        };
+        }
+    }
+
+    /// Where each layer computes, with `ckpt`'s placements as they are now (a layer
+    /// with no tensor found counts as on the CPU).
+    fn computing(&self, ckpt: &crate::model::checkpoint::Checkpoint) -> Vec<Placement> {
+        let main = Self::main(ckpt);
+        self.layer_tensors
+            .iter()
+            .map(|id| {
+                let layer = id.map_or(Placement::Cpu, |id| ckpt.tensors()[id].placement);
+                cache_device(layer, main)
+            })
+            .collect()
+    }
+
+    /// Bytes of the cache on `device`: a layer's cache where the layer computes
+    /// ([`cache_device`]).
+    pub fn on(&self, ckpt: &crate::model::checkpoint::Checkpoint, device: Placement) -> u64 {
         self.cache
             .layers
             .iter()
-            .zip(&self.layer_tensors)
-            .filter(|(_, id)| {
-                let layer = id.map_or(Placement::Cpu, |id| ckpt.tensors()[id].placement);
-                cache_device(layer, main) == device
-            })
+            .zip(self.computing(ckpt))
+            .filter(|(_, at)| *at == device)
             .map(|(layer, _)| layer.bytes)
             .sum()
+    }
+
+    /// Bytes of the activations on `device`: one layer's peak where any layer
+    /// computes, the logits where the head is, a materialized mask on the execution
+    /// device.
+    pub fn activations_on(
+        &self,
+        ckpt: &crate::model::checkpoint::Checkpoint,
+        device: Placement,
+    ) -> u64 {
+        let Some(act) = &self.act else {
+            return 0;
+        };
+        let main = Self::main(ckpt);
+        let mut bytes = 0;
+        if self.computing(ckpt).contains(&device) {
+            bytes += act.per_layer;
+        }
+        let head = ckpt
+            .tensor("lm_head.weight")
+            .map_or(main, |t| cache_device(t.placement, main));
+        if head == device {
+            bytes += act.logits;
+        }
+        if main == device {
+            bytes += act.mask;
+        }
+        bytes
     }
 }
 

@@ -1,6 +1,7 @@
 //! Device-map planning: accelerate's automatic placement over a checkpoint's module
 //! tree, budgets, and the checks that compare a map with them.
 
+pub mod activation;
 pub mod auto;
 pub mod kv;
 pub mod order;

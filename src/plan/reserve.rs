@@ -4,6 +4,7 @@
 //! [`plan_reserving_kv`]); the budgets it ends with are the `max_memory` to give
 //! `from_pretrained` for that map.
 
+use super::activation::{Activations, activations_by_device};
 use super::auto::{PlanOptions, Planned, PlanningError, plan};
 use super::kv::{KvCache, cache_device, execution_device, layer_placements};
 use crate::model::checkpoint::Checkpoint;
@@ -29,6 +30,48 @@ pub fn kv_by_device(ckpt: &Checkpoint, map: &DeviceMap, cache: &KvCache) -> Vec<
     on
 }
 
+/// The weights each device holds while the model runs under `map`, as loaded in
+/// `dtype` (`None`: as stored): the tensors placed there (a tied tensor once), and on
+/// the execution device room for the largest offloaded module — a map key on cpu or
+/// disk, which accelerate's hooks bring there for its forward, one at a time. Unlike
+/// the planner's accounting ([`Planned::used`]), no room kept free for a layer that
+/// never comes.
+pub fn weights_by_device(
+    ckpt: &Checkpoint,
+    map: &DeviceMap,
+    dtype: Option<crate::types::dtype::DType>,
+) -> Vec<(Placement, u64)> {
+    use std::collections::HashMap;
+    let arch = crate::model::arch::lookup(&ckpt.config.architectures);
+    let main = execution_device(map.entries().iter().map(|(_, p)| *p));
+    let mut on: Vec<(Placement, u64)> = Vec::new();
+    let mut offloaded: HashMap<u32, u64> = HashMap::new();
+    for (id, t) in ckpt.tensors().iter().enumerate() {
+        if ckpt
+            .tie_group(id)
+            .is_some_and(|g| g.members.first() != Some(&id))
+        {
+            continue;
+        }
+        let (device, key) = crate::model::checkpoint::place(Some(map), &t.name, arch);
+        let bytes = super::order::loaded_bytes(t, dtype, super::order::Held::AsLoaded);
+        if matches!(device, Placement::Cpu | Placement::Disk) && main != Placement::Cpu {
+            *offloaded.entry(key).or_default() += bytes;
+        }
+        match on.iter_mut().find(|(p, _)| *p == device) {
+            Some((_, b)) => *b += bytes,
+            None => on.push((device, bytes)),
+        }
+    }
+    if let Some(&largest) = offloaded.values().max() {
+        match on.iter_mut().find(|(p, _)| *p == main) {
+            Some((_, b)) => *b += largest,
+            None => on.push((main, largest)),
+        }
+    }
+    on
+}
+
 /// The bytes `on` holds on `device`.
 pub fn on_device(on: &[(Placement, u64)], device: Placement) -> u64 {
     on.iter()
@@ -44,7 +87,7 @@ pub struct Reserved {
     /// The budgets the weights were planned against: the given ones less room for the
     /// cache (disk is never lowered).
     pub weight_budgets: Vec<(Placement, u64)>,
-    /// The cache each device holds under the final map.
+    /// The cache (and activations, when asked) each device holds under the final map.
     pub kv_on: Vec<(Placement, u64)>,
     /// Plans made to find it.
     pub rounds: usize,
@@ -63,7 +106,7 @@ fn holds_cache(device: Placement, budgets: &[(Placement, u64)]) -> bool {
 }
 
 /// Plans with `options`' budgets lowered to leave room for the KV cache each device's
-/// layers make:
+/// layers make (and with `act`, the activations of one forward):
 ///
 /// 1. every device that holds cache starts at its budget × weights / (weights + cache)
 ///    (what uniform layers would need);
@@ -75,8 +118,24 @@ pub fn plan_reserving_kv(
     ckpt: &Checkpoint,
     options: &PlanOptions,
     cache: &KvCache,
+    act: Option<&Activations>,
 ) -> Result<Reserved, PlanningError> {
     let given = &options.max_memory;
+    // What runs beside the weights on each device: its cache and, with `act`, one
+    // forward's activations.
+    let runtime = |map: &DeviceMap| {
+        let mut on = kv_by_device(ckpt, map, cache);
+        if let Some(act) = act {
+            for (device, bytes) in activations_by_device(ckpt, map, act, cache.layers.len()) {
+                match on.iter_mut().find(|(p, _)| *p == device) {
+                    Some((_, b)) => *b += bytes,
+                    None => on.push((device, bytes)),
+                }
+            }
+        }
+        on
+    };
+    let runtime_total = cache.bytes() + act.map_or(0, |a| a.per_layer + a.logits);
     let mut rounds = 0;
     let mut attempt = |budgets: &[(Placement, u64)]| -> Result<Reserved, PlanningError> {
         rounds += 1;
@@ -85,7 +144,7 @@ pub fn plan_reserving_kv(
             ..options.clone()
         };
         let planned = plan(ckpt, &asked)?;
-        let kv_on = kv_by_device(ckpt, &planned.map, cache);
+        let kv_on = runtime(&planned.map);
         Ok(Reserved {
             planned,
             weight_budgets: budgets.to_vec(),
@@ -98,7 +157,7 @@ pub fn plan_reserving_kv(
             .iter()
             .filter(|(d, _)| *d != Placement::Disk)
             .filter_map(|&(d, budget)| {
-                let weights = on_device(&r.planned.used, d);
+                let weights = on_device(&weights_by_device(ckpt, &r.planned.map, options.dtype), d);
                 let kv = on_device(&r.kv_on, d);
                 (weights + kv > budget).then_some((d, kv))
             })
@@ -110,7 +169,7 @@ pub fn plan_reserving_kv(
         return Ok(unreserved);
     }
     let weights: u64 = unreserved.planned.used.iter().map(|(_, b)| b).sum();
-    let share = weights as f64 / (weights + cache.bytes()).max(1) as f64;
+    let share = weights as f64 / (weights + runtime_total).max(1) as f64;
     let mut budgets: Vec<(Placement, u64)> = given
         .iter()
         .map(|&(d, b)| {

@@ -62,3 +62,17 @@ fn plan_counts_quantized_weights_as_transformers_holds_them() {
     );
     assert_eq!(out.matches(", get_memory_footprint() ").count(), 4, "{out}");
 }
+
+/// `devmap plan --context N`'s activation estimate against the bytes torch allocates in
+/// transformers' own forward over N tokens (tests/python/activations.py): Llama, Qwen2,
+/// Qwen3, Mistral, a Llama whose attention outgrows its MLP, Mixtral, Qwen3-MoE and
+/// Qwen2-MoE (a shared expert, a sliding-window mask), float32 and bfloat16, 1024 and
+/// 4096 tokens, each within 3%.
+#[test]
+#[ignore = "needs torch, transformers: run .ci/run"]
+fn plan_estimates_the_activations_transformers_allocates() {
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("activations.py");
+    assert!(ok, "activation estimates off:\n{out}\n{err}");
+    assert_eq!(out.matches("within 3%:").count(), 32, "{out}");
+}

@@ -641,8 +641,9 @@ fn edited_rows_are_marked_and_the_header_names_the_source() {
 }
 
 /// `--context`: the Devices panel adds to each device's weights the KV cache of the
-/// layers it holds (`plan::kv`; an offloaded layer's on the execution device), against
-/// its budget, and the cache follows a layer the user moves.
+/// layers it holds (`plan::kv`; an offloaded layer's on the execution device) and one
+/// forward's activations where layers compute, against its budget, and the cache
+/// follows a layer the user moves.
 #[test]
 fn the_devices_panel_adds_the_kv_cache_of_the_layers_each_device_holds() {
     use devmap::plan::kv::{KvOnDevices, KvRequest, compute_dtype};
@@ -660,7 +661,7 @@ fn the_devices_panel_adds_the_kv_cache_of_the_layers_each_device_holds() {
     let mut app = App::new(ckpt);
     app.color = false;
     app.kv = Some(kv);
-    app.budgets.chosen = devmap::plan::parse_max_memory("0=10MiB,1=6MiB,cpu=1GiB").expect("spec");
+    app.budgets.chosen = devmap::plan::parse_max_memory("0=40MiB,1=18MiB,cpu=1GiB").expect("spec");
     app.budgets.chosen_from = Some("--max-memory");
     let weights = |app: &App, p: Placement| {
         app.device_totals()
@@ -677,32 +678,49 @@ fn the_devices_panel_adds_the_kv_cache_of_the_layers_each_device_holds() {
     };
     let screen = frame(&app, 110, 30);
     assert!(
-        screen.contains("Devices + KV at 4096 tokens · ≤ --max-memory budgets"),
+        screen.contains("Devices + KV + act. at 4096 tokens · ≤ --max-memory"),
         "{screen}"
+    );
+    // One forward's activations where layers compute (and the logits with the head).
+    let act = |app: &App, p: Placement| {
+        app.kv
+            .as_ref()
+            .map_or(0, |kv| kv.activations_on(&app.ckpt, p))
+    };
+    let per_forward = app
+        .kv
+        .as_ref()
+        .and_then(|kv| kv.act.clone())
+        .expect("estimated");
+    assert_eq!(act(&app, Placement::Gpu(1)), per_forward.per_layer);
+    assert_eq!(
+        act(&app, Placement::Cpu),
+        0,
+        "offloaded layers compute on gpu:0"
     );
     // gpu:0 holds layers 0 and 1, and the cache of layers 4 and 5, which are offloaded
     // to cpu and disk and compute on the execution device (gpu:0); gpu:1 layers 2 and 3.
-    let gpu0 = weights(&app, Placement::Gpu(0)) + 4 * per_layer;
+    let gpu0 = weights(&app, Placement::Gpu(0)) + 4 * per_layer + act(&app, Placement::Gpu(0));
     assert!(
         row(&screen, "gpu:0").contains(&devmap::human_bytes(gpu0)),
         "{gpu0}: {screen}"
     );
-    assert!(row(&screen, "gpu:1").contains("≤ 6 MiB"), "{screen}");
-    // Layer 1 moved to gpu:1: its cache goes with it, and gpu:1 is over its 6 MiB.
+    assert!(row(&screen, "gpu:1").contains("≤ 18 MiB"), "{screen}");
+    // Layer 1 moved to gpu:1: its cache goes with it, and gpu:1 is over its 18 MiB.
     press(&mut app, &[ch('/')]);
     press(&mut app, &text("layers.1"));
     press(&mut app, &[key(KeyCode::Enter)]);
     assert_eq!(selected_name(&app), "model.layers.1");
     press(&mut app, &[ch('D')]);
     let screen = frame(&app, 110, 30);
-    let gpu1 = weights(&app, Placement::Gpu(1)) + 3 * per_layer;
+    let gpu1 = weights(&app, Placement::Gpu(1)) + 3 * per_layer + act(&app, Placement::Gpu(1));
     let line = row(&screen, "gpu:1");
     assert!(
         line.contains(&devmap::human_bytes(gpu1)),
         "{gpu1}: {screen}"
     );
     assert!(
-        gpu1 > 6 << 20 && line.contains("OVER 6 MiB"),
+        gpu1 > 18 << 20 && line.contains("OVER 18 MiB"),
         "{gpu1}: {screen}"
     );
 }

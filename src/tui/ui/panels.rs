@@ -33,7 +33,8 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     // hold, against its budget.
     let what = match &app.kv {
         Some(kv) => format!(
-            "Devices + KV at {}",
+            "Devices + KV{} at {}",
+            if kv.act.is_some() { " + act." } else { "" },
             crate::text::count(kv.cache.request.context as usize, "token", "tokens")
         ),
         None => "Devices".to_owned(),
@@ -42,7 +43,11 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         Some(from) => format!("{what} · ≤ {from} budgets"),
         None => format!("{what} · ≤ free"),
     };
-    let kv_on = |p: Placement| app.kv.as_ref().map_or(0, |kv| kv.on(&app.ckpt, p));
+    let kv_on = |p: Placement| {
+        app.kv.as_ref().map_or(0, |kv| {
+            kv.on(&app.ckpt, p) + kv.activations_on(&app.ckpt, p)
+        })
+    };
     let block = super::focusable(
         &title,
         app.focus == crate::tui::app::Focus::Devices,
@@ -51,8 +56,13 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     );
     let inner = block.inner(area);
     frame.render_widget(block, area);
-    let root = &app.tree.nodes[crate::model::tree::ModuleTree::ROOT];
-    let total = (root.bytes() + app.kv.as_ref().map_or(0, |kv| kv.cache.bytes())).max(1);
+    // Each row's share of all the rows: weights, and with --context what runs.
+    let total = app
+        .device_totals()
+        .into_iter()
+        .map(|(p, weights)| weights + kv_on(p))
+        .sum::<u64>()
+        .max(1);
     let width = inner.width as usize;
     // The root's split is the per-device total, kept current by `recompute`: no walk
     // over every tensor per frame.
