@@ -16,11 +16,11 @@
 //!   `h`, then alive through the routed experts).
 //!
 //! The peak is the largest of these phases. A sliding-window mask that transformers
-//! materializes (`[B, 1, N, N]` booleans, see [`sliding_mask_window`]) comes on top. Measured against the bytes torch allocates
-//! in such a forward (tests/python/activations.py): within 1% for Llama, Qwen2, Qwen3,
-//! Mistral, Mixtral, Qwen3-MoE and Qwen2-MoE in transformers 5.25. Other
-//! attention kinds (MLA, linear attention) are counted with the same formula over
-//! their heads, and said so. The last device also holds the logits of the last token
+//! materializes (`[B, 1, N, N]` booleans: `sliding_mask_window`) comes on top.
+//! Measured against the bytes torch allocates in such a forward
+//! (tests/python/activations.py): within 1% for Llama, Qwen2, Qwen3, Mistral, Mixtral,
+//! Qwen3-MoE and Qwen2-MoE in transformers 5.25. Other attention kinds (MLA, linear
+//! attention) are counted with the same formula over their heads, and said so. The last device also holds the logits of the last token
 //! (`B · V` in the model's dtype and in float32, as `generate` samples them).
 
 use serde_json::Value;
