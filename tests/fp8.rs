@@ -188,8 +188,12 @@ fn what_cannot_be_dequantized_is_refused_by_name() {
         "quantization_config is compressed-tensors in the `(unnamed)` format",
     );
     refused(
+        &fp8_case("bitsandbytes", None),
+        "quantization_config is `bitsandbytes`, which devmap does not dequantize",
+    );
+    refused(
         &fp8_case("awq", None),
-        "quantization_config is `awq`, which devmap does not dequantize",
+        "quantization_config is `awq`, but no tensor is a quantized weight",
     );
     // A scale grid of the wrong shape for the config's blocks.
     let case = fp8_case("fp8", None);

@@ -42,6 +42,47 @@ pub struct Quantization {
     /// compressed-tensors' integer weight schemes (`type: int`), one per distinct
     /// scheme among the config groups, in their order.
     pub int_weights: Vec<IntWeights>,
+    /// GPTQ's and AWQ's scheme (`quant_method` `gptq` or `awq`).
+    pub gptq: Option<GptqWeights>,
+}
+
+/// GPTQ's and AWQ's `quantization_config`: `bits`, `group_size`, …
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GptqWeights {
+    pub bits: u64,
+    /// `group_size`; `None` for -1 (one group holds every input row).
+    pub group_size: Option<u64>,
+    /// GPTQ's `desc_act` (rows grouped by `g_idx`, activation order).
+    pub desc_act: bool,
+    pub sym: bool,
+    /// GPTQ's `checkpoint_format` (GPTQModel's `format`): `gptq` (zero points stored
+    /// minus one), `gptq_v2`, …; AWQ's `version`: `gemm`, `gemv`, …
+    pub format: String,
+    /// AWQ's `zero_point`.
+    pub zero_point: bool,
+}
+
+fn gptq_weights(method: &str, q: &serde_json::Map<String, Value>) -> Option<GptqWeights> {
+    let text = |key: &str| q.get(key).and_then(Value::as_str).map(str::to_lowercase);
+    let format = match method {
+        "gptq" => text("checkpoint_format")
+            .or_else(|| text("format"))
+            .unwrap_or_else(|| "gptq".to_owned()),
+        "awq" => text("version").unwrap_or_else(|| "gemm".to_owned()),
+        _ => return None,
+    };
+    Some(GptqWeights {
+        bits: q.get("bits").and_then(Value::as_u64).unwrap_or(4),
+        group_size: match q.get("group_size").and_then(Value::as_i64) {
+            Some(g) if g > 0 => Some(g as u64),
+            Some(_) => None,
+            None => Some(128),
+        },
+        desc_act: q.get("desc_act").and_then(Value::as_bool).unwrap_or(false),
+        sym: q.get("sym").and_then(Value::as_bool).unwrap_or(true),
+        format,
+        zero_point: q.get("zero_point").and_then(Value::as_bool).unwrap_or(true),
+    })
 }
 
 /// A compressed-tensors config group's integer weights (`weights` with `type: int`).
@@ -107,7 +148,9 @@ fn quantization(root: &serde_json::Map<String, Value>) -> Option<Quantization> {
         })
         .map(str::to_owned);
     let dequantize = q.get("dequantize").and_then(Value::as_bool) == Some(true);
+    let gptq = gptq_weights(&method, q);
     Some(Quantization {
+        gptq,
         method,
         block,
         format,

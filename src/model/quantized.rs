@@ -136,6 +136,7 @@ pub fn quantized_part(ckpt: &Checkpoint, id: TensorId) -> Option<QuantizedPart> 
         "compressed-tensors" if q.format.as_deref() == Some("pack-quantized") => {
             packed_int_part(ckpt, q, name, tensor)
         }
+        "gptq" | "awq" => gptq_part(ckpt, q, name, tensor),
         "mxfp4" => {
             if let Some(base) = name.strip_suffix("_scales") {
                 let blocks = format!("{base}_blocks");
@@ -222,6 +223,54 @@ fn packed_int_part(
         scales,
         dequantized_name: format!("{module}.weight"),
         dequantized_shape: vec![rows, cols],
+    })
+}
+
+/// A GPTQ or AWQ tensor's part: `M.qweight` (I32, the weight transposed and packed) is
+/// a weight of `[out, in]`; `M.qzeros`, `M.scales` and `M.g_idx` are part of it.
+fn gptq_part(
+    ckpt: &Checkpoint,
+    q: &crate::formats::config::Quantization,
+    name: &str,
+    tensor: &crate::model::checkpoint::Tensor,
+) -> Option<QuantizedPart> {
+    for companion in [".qzeros", ".scales", ".g_idx"] {
+        if let Some(module) = name.strip_suffix(companion) {
+            let weight = format!("{module}.qweight");
+            return ckpt
+                .index_of(&weight)
+                .map(|_| QuantizedPart::Scales { of: weight });
+        }
+    }
+    let module = name.strip_suffix(".qweight")?;
+    let scheme = q.gptq.as_ref()?;
+    let &[a, b] = tensor.shape.to_vec().as_slice() else {
+        return None;
+    };
+    let per_word = 32 / scheme.bits.clamp(1, 32);
+    let (inputs, outputs, method) = if q.method == "awq" {
+        (a, b * per_word, "AWQ")
+    } else {
+        (a * per_word, b, "GPTQ")
+    };
+    let groups = match scheme.group_size {
+        Some(g) => format!("groups of {g}"),
+        None => "a scale per column".to_owned(),
+    };
+    Some(QuantizedPart::Weight {
+        format: format!(
+            "int{} {method} ({}), {groups}{}",
+            scheme.bits,
+            scheme.format,
+            if scheme.desc_act {
+                ", activation order"
+            } else {
+                ""
+            }
+        ),
+        scales: format!("{module}.scales"),
+        dequantized_name: format!("{module}.weight"),
+        dequantized_shape: vec![outputs, inputs],
     })
 }
 

@@ -207,6 +207,16 @@ fn write_as(
     } else {
         files_to_copy(ckpt)
             .into_iter()
+            // A quantizer's own config beside the weights (GPTQModel's
+            // quantize_config.json, AutoAWQ's quant_config.json) says they are
+            // quantized: GPTQModel.load takes any folder holding one for GPTQ.
+            // Dequantized weights leave it out.
+            .filter(|src| {
+                plan.dequantized == 0
+                    || !src
+                        .file_name()
+                        .is_some_and(|n| n == "quantize_config.json" || n == "quant_config.json")
+            })
             .filter_map(|src| {
                 let tmp = staging.add(src.file_name()?);
                 Some((src, tmp))

@@ -9,6 +9,7 @@ mod error;
 mod event;
 pub mod execute;
 pub mod fp8;
+pub mod gptq;
 mod job;
 pub mod lora_kernel;
 pub mod mxfp4;

@@ -91,6 +91,35 @@ fn compressed_tensors_packed_integers_dequantize_bit_exact_with_transformers() {
     );
 }
 
+/// GPTQ and AWQ (tests/python/gptq_awq.py): AWQ GEMM 4-bit against AutoAWQ's own
+/// `dequantize_gemm`, GPTQ 4 and 8-bit, v1 (zero points stored minus one, carries) and
+/// v2, with and without activation order, against GPTQModel's `dequantize_weight`
+/// arithmetic: bit for bit in float16, bfloat16 and float32, logits equal, verify clean,
+/// side files left out; LoRA merged bit-identically with peft; six hostile variants
+/// refused by name.
+#[test]
+#[ignore = "needs torch, transformers, peft, autoawq: run .ci/run"]
+fn gptq_and_awq_dequantize_bit_exact_with_their_references() {
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("gptq_awq.py");
+    assert!(ok, "GPTQ/AWQ check failed:\n{out}\n{err}");
+    assert_eq!(
+        out.matches(
+            "weights bit for bit the reference's in float16, bfloat16, float32; logits equal"
+        )
+        .count(),
+        9,
+        "AWQ and 8 GPTQ variants:\n{out}"
+    );
+    assert_eq!(
+        out.matches("merged bit-identically with peft").count(),
+        2,
+        "{out}"
+    );
+    assert_eq!(out.matches(": refused (").count(), 6, "{out}");
+    assert!(out.contains("gptq/awq: all checks passed"), "{out}");
+}
+
 /// compressed-tensors NVFP4 and MXFP8 (tests/python/nvfp4_mxfp8.py), made with
 /// compressed-tensors' own presets and compressors: each to bfloat16, float16 and
 /// float32 bit-identical with transformers' dequantized save, logits equal, verify clean;

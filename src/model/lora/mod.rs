@@ -149,27 +149,43 @@ fn mergeable(quantized: Option<&str>, name: &str, dtype: DType) -> Result<(), St
     let fp8 = matches!(quantized, Some("fp8" | "compressed-tensors"))
         && matches!(dtype, DType::F8E4M3 | DType::F8E5M2);
     let mxfp4 = quantized == Some("mxfp4") && dtype == DType::U8 && name.ends_with("_blocks");
-    let packed = quantized == Some("compressed-tensors")
+    let packed = (quantized == Some("compressed-tensors")
         && matches!(dtype, DType::I32 | DType::U8)
-        && name.ends_with(".weight_packed");
+        && name.ends_with(".weight_packed"))
+        || (matches!(quantized, Some("gptq" | "awq"))
+            && dtype == DType::I32
+            && name.ends_with(".qweight"));
     if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || fp8 || mxfp4 || packed {
         Ok(())
     } else {
         Err(format!(
-            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8, MXFP4 experts, packed integer and NVFP4 weights dequantized"
+            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8, MXFP4 experts, packed integer, GPTQ, AWQ and NVFP4 weights dequantized"
         ))
     }
 }
 
 /// A compressed-tensors packed weight `{module}.weight_packed` whose rows hold `cols`
-/// values (I32 words of the config's integer bits, or bytes of two FP4 values): its id
-/// and the shape it dequantizes to.
+/// values (I32 words of the config's integer bits, or bytes of two FP4 values), or a
+/// GPTQ/AWQ `{module}.qweight` of `cols` input features: its id and the shape it
+/// dequantizes to.
 fn packed_int_weight(
     ckpt: &Checkpoint,
     module: &str,
     cols: u64,
 ) -> Option<(crate::model::TensorId, Vec<u64>)> {
     let q = ckpt.config.quantization.as_ref()?;
+    if let (Some(scheme), Some(id)) = (&q.gptq, model_tensor(ckpt, &format!("{module}.qweight"))) {
+        let &[a, b] = ckpt.tensors()[id].shape.to_vec().as_slice() else {
+            return None;
+        };
+        let per_word = 32 / scheme.bits.clamp(1, 32);
+        let (inputs, outputs) = if q.method == "awq" {
+            (a, b * per_word)
+        } else {
+            (a * per_word, b)
+        };
+        return (inputs == cols).then(|| (id, vec![outputs, inputs]));
+    }
     let id = model_tensor(ckpt, &format!("{module}.weight_packed"))?;
     let dims: Vec<u64> = ckpt.tensors()[id].shape.to_vec();
     let &[rows, stored] = dims.as_slice() else {

@@ -242,6 +242,39 @@ pub fn run(
         (
             Make::Dequantize {
                 quant:
+                    Quant::TransposedInt {
+                        qzeros,
+                        scales,
+                        g_idx,
+                        layout,
+                    },
+                to,
+            },
+            merge,
+        ) => {
+            let zeros_file = open(ckpt, qzeros.file)?;
+            let scales_file = open(ckpt, scales.file)?;
+            let g_idx_file = g_idx.map(|g| open(ckpt, g.file)).transpose()?;
+            let merger = row_merger(inputs, (layout.outputs, layout.inputs), merge)?;
+            let packed = super::gptq::TransposedInt {
+                name: &ckpt.tensors()[inputs.tensor].name,
+                qweight: (src, range),
+                qzeros: (&zeros_file, qzeros),
+                scales: (&scales_file, scales),
+                g_idx: g_idx_file.as_ref().zip(g_idx),
+                layout,
+                merge: merger.as_ref(),
+            };
+            computed(
+                sink,
+                range.len,
+                |at, threads| super::gptq::write_in_parallel(&packed, to, at, threads, stop),
+                |feed| super::gptq::stream(&packed, to, stop, feed),
+            )
+        }
+        (
+            Make::Dequantize {
+                quant:
                     Quant::Nvfp4 {
                         scales,
                         global,

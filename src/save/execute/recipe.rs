@@ -17,6 +17,7 @@
 
 use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::save::fp8::Fp8Blocks;
+use crate::save::gptq::TransposedIntLayout;
 use crate::save::mxfp4::Mxfp4Layout;
 use crate::save::nvfp4::Nvfp4Layout;
 use crate::save::packed_int::PackedIntLayout;
@@ -94,6 +95,15 @@ pub enum Quant {
         global: ByteRange,
         layout: Nvfp4Layout,
     },
+    /// GPTQ or AWQ integers (`M.qweight` read; its `qzeros`, `scales` and GPTQ's
+    /// `g_idx` here; see `save::gptq`), written as `M.weight` of
+    /// [`TransposedIntLayout::shape`].
+    TransposedInt {
+        qzeros: ByteRange,
+        scales: ByteRange,
+        g_idx: Option<ByteRange>,
+        layout: TransposedIntLayout,
+    },
 }
 
 impl Recipe {
@@ -144,7 +154,7 @@ impl Recipe {
                 ..
             } => DType::U8,
             Make::Dequantize {
-                quant: Quant::PackedInt { .. },
+                quant: Quant::PackedInt { .. } | Quant::TransposedInt { .. },
                 ..
             } => DType::I32,
             Make::Quantize(layout) => layout.from,
@@ -216,6 +226,10 @@ impl Recipe {
             Quant::Mxfp4 { .. } => "MXFP4",
             Quant::PackedInt { .. } => "packed integer",
             Quant::Nvfp4 { .. } => "NVFP4",
+            Quant::TransposedInt { layout, .. } => match layout.packing {
+                crate::save::gptq::Packing::Awq => "AWQ",
+                crate::save::gptq::Packing::Gptq { .. } => "GPTQ",
+            },
         })
     }
 
@@ -232,6 +246,10 @@ impl Recipe {
                 crate::save::nvfp4::BAND_BYTES,
                 "a band of NVFP4 rows, their scales and output per dequantizing writer",
             )),
+            Quant::TransposedInt { .. } => Some((
+                crate::save::gptq::BAND_BYTES,
+                "a band of GPTQ/AWQ output rows, their scales, zero points and output per dequantizing writer",
+            )),
             Quant::Fp8 { .. } | Quant::Mxfp4 { .. } => None,
         }
     }
@@ -240,7 +258,10 @@ impl Recipe {
     pub fn fp8_scales_len(&self) -> Option<u64> {
         match self.quant()? {
             Quant::Fp8 { scale, .. } => Some(scale.len),
-            Quant::Mxfp4 { .. } | Quant::PackedInt { .. } | Quant::Nvfp4 { .. } => None,
+            Quant::Mxfp4 { .. }
+            | Quant::PackedInt { .. }
+            | Quant::Nvfp4 { .. }
+            | Quant::TransposedInt { .. } => None,
         }
     }
 
@@ -259,6 +280,13 @@ impl Recipe {
                 quant: Quant::PackedInt { .. } | Quant::Nvfp4 { .. },
                 ..
             } => strip("_packed"),
+            Make::Dequantize {
+                quant: Quant::TransposedInt { .. },
+                ..
+            } => Cow::Owned(format!(
+                "{}.weight",
+                stored.strip_suffix(".qweight").unwrap_or(stored)
+            )),
             Make::Quantize(Fp8Out {
                 part: Fp8Part::Scales,
                 ..
@@ -289,6 +317,7 @@ impl Recipe {
             Quant::Mxfp4 { layout, .. } => Some(layout.shape().to_vec()),
             Quant::PackedInt { layout, .. } => Some(layout.shape().to_vec()),
             Quant::Nvfp4 { layout, .. } => Some(layout.shape().to_vec()),
+            Quant::TransposedInt { layout, .. } => Some(layout.shape().to_vec()),
             Quant::Fp8 { .. } => None,
         }
     }
@@ -309,7 +338,12 @@ impl Recipe {
         !self.merge
             && !matches!(
                 self.quant(),
-                Some(Quant::Mxfp4 { .. } | Quant::PackedInt { .. } | Quant::Nvfp4 { .. })
+                Some(
+                    Quant::Mxfp4 { .. }
+                        | Quant::PackedInt { .. }
+                        | Quant::Nvfp4 { .. }
+                        | Quant::TransposedInt { .. }
+                )
             )
             && !matches!(
                 self.make,
@@ -342,6 +376,13 @@ impl Recipe {
                 to,
             } => format!(
                 "{read} packed {}-bit integers less their zero points, times their scales, in {to}",
+                layout.bits
+            ),
+            Make::Dequantize {
+                quant: Quant::TransposedInt { layout, .. },
+                to,
+            } => format!(
+                "{read} {}-bit integers unpacked, less their zero points, times their scales, transposed, in {to}",
                 layout.bits
             ),
             Make::Dequantize {

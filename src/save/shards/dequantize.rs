@@ -1,6 +1,7 @@
 //! Which tensors a save dequantizes, and through which recipe: fine-grained FP8
 //! (block scales), compressed-tensors FP8 (per-tensor or per-channel scales), MXFP4
-//! experts and compressed-tensors packed integers (`dequantize_packed`), written as the
+//! experts, compressed-tensors packed integers (`dequantize_packed`) and GPTQ / AWQ
+//! integers (`dequantize_gptq`), written as the
 //! float dtype `--dtype` names, their scales left out.
 
 use super::DtypeChoice;
@@ -22,6 +23,8 @@ pub(super) enum Dequantize {
     PackedInt(super::dequantize_packed::IntScheme, DType),
     /// compressed-tensors `nvfp4-pack-quantized`, to this dtype.
     Nvfp4(DType),
+    /// GPTQ or AWQ integers of this scheme, to this dtype.
+    Gptq(super::dequantize_gptq::GptqScheme, DType),
 }
 
 /// What a dequantizing save does with one tensor.
@@ -91,6 +94,21 @@ impl Dequantize {
                     )))),
                 }
             }
+            (Some(q), DtypeChoice::To(to)) if matches!(q.method.as_str(), "gptq" | "awq") => {
+                let scheme = q
+                    .gptq
+                    .as_ref()
+                    .ok_or_else(|| format!("`{}` without its scheme", q.method))
+                    .and_then(|g| super::dequantize_gptq::GptqScheme::of(&q.method, g));
+                match scheme {
+                    Ok(scheme) => Ok(Some(Dequantize::Gptq(scheme, to))),
+                    Err(why) => Err(Refused::Alone(Unsaveable::Quantization(format!(
+                        "config.json's quantization_config is {why}; --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy it as it is",
+                        to.torch_name(),
+                        to.torch_name()
+                    )))),
+                }
+            }
             (Some(q), DtypeChoice::To(to)) if q.method == "compressed-tensors" => {
                 Err(Refused::WithOthers(Unsaveable::Quantization(format!(
                     "config.json's quantization_config is compressed-tensors in the `{}` format, which devmap does not dequantize (it dequantizes `float-quantized` and `mxfp8-quantized`: FP8 weights with per-tensor, per-row or per-group scales; `pack-quantized`: integers of 1 to 8 bits; and `nvfp4-pack-quantized`); --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy it as it is",
@@ -101,7 +119,7 @@ impl Dequantize {
             }
             (Some(q), DtypeChoice::To(to)) => {
                 Err(Refused::WithOthers(Unsaveable::Quantization(format!(
-                    "config.json's quantization_config is `{}`, which devmap does not dequantize (it dequantizes fine-grained FP8, `fp8`, and MXFP4, `mxfp4`): --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy the quantized checkpoint as it is",
+                    "config.json's quantization_config is `{}`, which devmap does not dequantize (it dequantizes fine-grained FP8, `fp8`, MXFP4, `mxfp4`, GPTQ, `gptq`, AWQ, `awq`, and compressed-tensors): --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy the quantized checkpoint as it is",
                     q.method,
                     to.torch_name(),
                     to.torch_name()
@@ -122,6 +140,9 @@ impl Dequantize {
                 super::dequantize_packed::dequantized(ckpt, id, scheme, to)
             }
             Dequantize::Nvfp4(to) => super::dequantize_packed::dequantized_nvfp4(ckpt, id, to),
+            Dequantize::Gptq(scheme, to) => {
+                super::dequantize_gptq::dequantized(ckpt, id, scheme, to)
+            }
         }
     }
 }

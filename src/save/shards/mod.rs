@@ -11,6 +11,7 @@ use crate::model::checkpoint::{ByteRange, Checkpoint, TensorId};
 use crate::types::dtype::DType;
 
 mod dequantize;
+mod dequantize_gptq;
 mod dequantize_packed;
 mod options;
 mod planned;
@@ -337,6 +338,14 @@ pub fn plan(ckpt: &Checkpoint, options: &SaveOptions) -> Result<SavePlan, SaveEr
         problems.push(Unsaveable::Quantization(
             "config.json's quantization_config is `mxfp4`, but no tensor is MXFP4 blocks (`…_blocks` with `…_scales`): there is nothing to dequantize, and a float --dtype would keep a quantization_config that no weight matches; save with --dtype keep".to_owned(),
         ));
+    }
+    if let (Some(Dequantize::Gptq(..)), 0, Some(q)) =
+        (dequantize, dequantized_count, &ckpt.config.quantization)
+    {
+        problems.push(Unsaveable::Quantization(format!(
+            "config.json's quantization_config is `{}`, but no tensor is a quantized weight (`M.qweight` with `M.qzeros` and `M.scales`): there is nothing to dequantize, and a float --dtype would keep a quantization_config that no weight matches; save with --dtype keep",
+            q.method
+        )));
     }
     if options.quantize_fp8 && quantized_count == 0 && ckpt.config.quantization.is_none() {
         problems.push(Unsaveable::Quantization(
