@@ -4,7 +4,8 @@
 //! dequantized — `(q − z) · s` in the scale's dtype — under the weight's own name, its
 //! companions and `quantization_config` left out; and every hostile variant is refused by
 //! name with nothing written. (tests/real/fp8_dequant.rs checks the values against
-//! compressed-tensors and transformers themselves.)
+//! compressed-tensors and transformers themselves.) The same for a GPTQ checkpoint,
+//! packed here as GPTQModel packs it.
 
 mod common;
 
@@ -385,4 +386,134 @@ fn inspect_shows_packed_integers_as_the_weights_they_dequantize_to() {
         "{}",
         common::stdout(&text)
     );
+}
+
+/// A GPTQ v2 checkpoint packed here (4 bits, `[in/8, out]` words packed down the input
+/// rows, zero points along the columns, float16 scales, a `g_idx` that interleaves the
+/// rows' groups): written as `M.weight` `[out, in]`, `(q − z) · s` rounded to float16 then
+/// widened, its companions, `quantization_config` and `quantize_config.json` left out; a
+/// `g_idx` out of range is refused by name, nothing written. (tests/real/fp8_dequant.rs
+/// checks GPTQ and AWQ against their references.)
+#[test]
+fn gptq_weights_are_written_transposed_and_dequantized() {
+    let (inputs, outputs, groups) = (32u64, 16u64, 2u64);
+    let code = |i: u64, o: u64| ((i * 7 + o * 3 + i / 5) % 16) as u32;
+    let zero = |g: u64, o: u64| ((g * 5 + o * 7) % 16) as u32;
+    let scale = |g: u64, o: u64| half::f16::from_f32(0.02 + (g * 16 + o) as f32 * 0.0041);
+    // Row i's group alternates: activation order.
+    let group_of = |i: u64| (i % 2) as u32;
+    let build = |g_idx: Vec<u32>| {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let src = tmp.path().join("src");
+        std::fs::create_dir_all(&src).expect("mkdir");
+        let qweight: Vec<u32> = (0..inputs / 8)
+            .flat_map(|r| {
+                (0..outputs).map(move |o| (0..8).fold(0, |w, k| w | code(r * 8 + k, o) << (4 * k)))
+            })
+            .collect();
+        let qzeros: Vec<u32> = (0..groups)
+            .flat_map(|g| {
+                (0..outputs / 8)
+                    .map(move |w| (0..8).fold(0, |acc, k| acc | zero(g, w * 8 + k) << (4 * k)))
+            })
+            .collect();
+        let scales: Vec<u8> = (0..groups)
+            .flat_map(|g| (0..outputs).map(move |o| scale(g, o)))
+            .flat_map(half::f16::to_le_bytes)
+            .collect();
+        let m = "model.layers.0.mlp.down_proj";
+        let tensors = [
+            FixtureTensor {
+                name: format!("{m}.qweight"),
+                dtype: DType::I32,
+                shape: vec![inputs / 8, outputs],
+                data: le32(&qweight),
+            },
+            FixtureTensor {
+                name: format!("{m}.qzeros"),
+                dtype: DType::I32,
+                shape: vec![groups, outputs / 8],
+                data: le32(&qzeros),
+            },
+            FixtureTensor {
+                name: format!("{m}.scales"),
+                dtype: DType::F16,
+                shape: vec![groups, outputs],
+                data: scales,
+            },
+            FixtureTensor {
+                name: format!("{m}.g_idx"),
+                dtype: DType::I32,
+                shape: vec![inputs],
+                data: le32(&g_idx),
+            },
+        ];
+        write_safetensors(
+            &src.join("model.safetensors"),
+            &tensors.iter().collect::<Vec<_>>(),
+        )
+        .expect("weights");
+        write_json(
+            &src.join("config.json"),
+            &serde_json::json!({
+                "architectures": ["ToyForCausalLM"],
+                "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 16,
+                    "desc_act": true, "sym": false, "checkpoint_format": "gptq_v2"},
+            }),
+        )
+        .expect("config");
+        write_json(
+            &src.join("quantize_config.json"),
+            &serde_json::json!({"bits": 4}),
+        )
+        .expect("side file");
+        let out = tmp.path().join("out");
+        Case {
+            _tmp: tmp,
+            src,
+            out,
+        }
+    };
+    let case = build((0..inputs).map(group_of).collect());
+    let o = common::devmap(&[
+        "save",
+        common::arg(&case.src),
+        "--out",
+        common::arg(&case.out),
+        "--dtype",
+        "float32",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let st = read(&case.out);
+    let w = st
+        .tensor("model.layers.0.mlp.down_proj.weight")
+        .expect("written");
+    assert_eq!(w.shape(), [outputs as usize, inputs as usize]);
+    let got: Vec<f32> = w
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    for o in 0..outputs {
+        for i in 0..inputs {
+            let g = u64::from(group_of(i));
+            let want = half::f16::from_f32(
+                (code(i, o) as i32 - zero(g, o) as i32) as f32 * scale(g, o).to_f32(),
+            )
+            .to_f32();
+            assert_eq!(got[(o * inputs + i) as usize], want, "[{o}, {i}]");
+        }
+    }
+    assert_eq!(st.names().len(), 1, "{:?}", st.names());
+    assert!(!case.out.join("quantize_config.json").exists());
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(case.out.join("config.json")).expect("config"),
+    )
+    .expect("json");
+    assert!(config.get("quantization_config").is_none(), "{config}");
+    // A g_idx naming a group that has no scales.
+    let mut bad: Vec<u32> = (0..inputs).map(group_of).collect();
+    bad[5] = 7;
+    let case = build(bad);
+    refused(&case, "gives input row 5 group 7, outside the 2 stored");
 }
