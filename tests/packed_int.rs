@@ -501,7 +501,11 @@ fn gptq_weights_are_written_transposed_and_dequantized() {
                 (code(i, o) as i32 - zero(g, o) as i32) as f32 * scale(g, o).to_f32(),
             )
             .to_f32();
-            assert_eq!(got[(o * inputs + i) as usize], want, "[{o}, {i}]");
+            assert_eq!(
+                got[(o * inputs + i) as usize].to_bits(),
+                want.to_bits(),
+                "[{o}, {i}]"
+            );
         }
     }
     assert_eq!(st.names().len(), 1, "{:?}", st.names());
