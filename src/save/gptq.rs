@@ -28,12 +28,16 @@ use super::copy::{CopyError, Stop, read_exact_at};
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
 
-/// Output elements per band (before rounding the band to whole words of columns).
-const BAND_ELEMENTS: u64 = 1 << 21;
+/// Output elements per band (before rounding the band to whole words of columns); a
+/// small band in unit tests, so small weights cross band and read-band edges.
+const BAND_ELEMENTS: u64 = if cfg!(test) { 1 << 10 } else { 1 << 21 };
 
-/// Working memory of one stream at most: a band's packed words, zero points, scales,
-/// products and output, and the group of every input row.
-pub const BAND_BYTES: u64 = BAND_ELEMENTS * (1 + 4 + 4) + (4 << 20);
+/// Working memory of one stream at most: a read band's packed words, as read and as
+/// words (AWQ's, eight sub-bands wide: 8 bytes an output element of the sub-band), a
+/// sub-band's output (at most 4 bytes an element), its table (16 entries a group and
+/// column, in f32, rounded and converted: at most 5 bytes an element for groups of 32
+/// or more), and each input row's group.
+pub const BAND_BYTES: u64 = BAND_ELEMENTS * (8 + 4 + 5) + (4 << 20);
 
 /// How the values are packed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,8 +207,21 @@ fn check_sizes(input: &TransposedInt<'_>) -> Result<(), CopyError> {
     Ok(())
 }
 
-/// Each input row's group: `g_idx` (checked in range), else `i / group_size`.
-fn groups_of(input: &TransposedInt<'_>) -> Result<Vec<u32>, CopyError> {
+/// Each input row's group: `g_idx` (checked in range), else `i / group_size`; in order
+/// when they are `i / group_size` with whole words to a group.
+fn groups_of(input: &TransposedInt<'_>) -> Result<Groups, CopyError> {
+    let layout = input.layout;
+    let of = group_list(input)?;
+    let size = layout.group_size.max(1);
+    let in_order = size.is_multiple_of(layout.per_word())
+        && of
+            .iter()
+            .enumerate()
+            .all(|(i, &g)| u64::from(g) == i as u64 / size);
+    Ok(Groups { of, in_order })
+}
+
+fn group_list(input: &TransposedInt<'_>) -> Result<Vec<u32>, CopyError> {
     let layout = input.layout;
     let Some((file, range)) = input.g_idx else {
         let size = layout.group_size.max(1);
@@ -241,10 +258,20 @@ fn groups_of(input: &TransposedInt<'_>) -> Result<Vec<u32>, CopyError> {
         .collect()
 }
 
-/// Output rows per band: whole words of columns, at least one word.
+/// Output rows per sub-band (the output made at a time): whole words of columns.
 fn band_rows(layout: TransposedIntLayout) -> u64 {
     let p = layout.per_word().max(8);
     ((BAND_ELEMENTS / layout.inputs.max(1)) / p * p).max(p)
+}
+
+/// Output rows per read band: a sub-band for GPTQ (whose packed rows hold a word per
+/// column: a kilobyte a read at 256 rows), eight for AWQ (whose packed rows hold a word
+/// per eight columns), so each read is long enough for the reads not to dominate.
+fn read_rows(layout: TransposedIntLayout) -> u64 {
+    match layout.packing {
+        Packing::Gptq { .. } => band_rows(layout),
+        Packing::Awq => band_rows(layout) * 8,
+    }
 }
 
 /// Reads the weight and hands `sink` it dequantized to `to`, `[out, in]`, a band of
@@ -272,7 +299,7 @@ pub fn write_in_parallel(
     check_sizes(input)?;
     let groups = groups_of(input)?;
     let layout = input.layout;
-    let unit = band_rows(layout);
+    let unit = read_rows(layout);
     let units = layout.outputs.div_ceil(unit);
     super::copy::write_parts_in_parallel(
         units,
@@ -289,36 +316,45 @@ pub fn write_in_parallel(
 
 fn stream_rows(
     input: &TransposedInt<'_>,
-    groups: &[u32],
+    groups: &Groups,
     rows: std::ops::Range<u64>,
     to: DType,
     cancel: &dyn Stop,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
-    let step = band_rows(input.layout);
+    let (read_step, step) = (read_rows(input.layout), band_rows(input.layout));
     let mut band = Band::default();
-    let mut o0 = rows.start;
-    while o0 < rows.end {
-        if cancel.stop() {
-            return Err(CopyError::Cancelled);
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let r1 = (r0 + read_step).min(rows.end);
+        band.read(input, r0..r1)?;
+        let mut o0 = r0;
+        while o0 < r1 {
+            if cancel.stop() {
+                return Err(CopyError::Cancelled);
+            }
+            let o1 = (o0 + step).min(r1);
+            band.dequantize(input.layout, groups, (r0, o0..o1), to);
+            if let Some(merge) = input.merge {
+                merge.merge(o0 as usize, to, &mut band.output)?;
+            }
+            sink(&band.output).map_err(CopyError::Io)?;
+            o0 = o1;
         }
-        let o1 = (o0 + step).min(rows.end);
-        band.read(input, o0..o1)?;
-        band.dequantize(input.layout, groups, o0..o1, to);
-        if let Some(merge) = input.merge {
-            merge.merge(o0 as usize, to, &mut band.output)?;
-        }
-        sink(&band.output).map_err(CopyError::Io)?;
-        o0 = o1;
+        r0 = r1;
     }
     Ok(())
 }
 
-/// One band's inputs and output buffers.
+/// One read band's inputs and a sub-band's output.
 #[derive(Default)]
 struct Band {
-    /// The band's words of every packed row, row after row.
+    /// The read band's words of every packed row, row after row: as read, and as
+    /// words.
     packed: Vec<u8>,
+    words: Vec<u32>,
+    /// Words of the read band in a packed row.
+    words_a_row: usize,
     /// Zero points, `[groups, band]`, unpacked.
     zeros: Vec<i32>,
     zero_words: Vec<u8>,
@@ -326,6 +362,12 @@ struct Band {
     scales: Vec<f32>,
     scale_bytes: Vec<u8>,
     wide: Vec<u8>,
+    /// The output of each of the `2^bits` values, per group and column of the
+    /// sub-band (`(q − z) · s` is one of 16, or 256, for a group and column), as f32
+    /// bytes, rounded to the scale's dtype, and converted.
+    floats: Vec<u8>,
+    rounded: Vec<u8>,
+    table: Vec<u8>,
     output: Vec<u8>,
 }
 
@@ -349,14 +391,23 @@ impl Band {
                 layout.inputs,
             ),
         };
+        self.words_a_row = band_words as usize;
         self.packed
             .resize((packed_rows * band_words * 4) as usize, 0);
-        for r in 0..packed_rows {
-            let at = input.qweight.1.offset + (r * row_words + first_word) * 4;
-            let dst = &mut self.packed
-                [(r * band_words * 4) as usize..((r + 1) * band_words * 4) as usize];
+        for (r, dst) in self
+            .packed
+            .chunks_exact_mut((band_words * 4) as usize)
+            .enumerate()
+        {
+            let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
             read_exact_at(input.qweight.0, dst, at)?;
         }
+        self.words.clear();
+        self.words.extend(
+            self.packed
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
         // Zero points: their words for the band's columns, a group at a time.
         let zero_row = layout.outputs / p;
         let zero_words = n.div_ceil(p);
@@ -407,43 +458,161 @@ impl Band {
         Ok(())
     }
 
-    /// The band's output rows `cols` (output features) of every input column.
+    /// Output rows `cols` (of the read band starting at `first`) of every input column.
     fn dequantize(
         &mut self,
         layout: TransposedIntLayout,
-        groups: &[u32],
-        cols: std::ops::Range<u64>,
+        groups: &Groups,
+        (first, cols): (u64, std::ops::Range<u64>),
         to: DType,
     ) {
-        let p = layout.per_word();
         let n = (cols.end - cols.start) as usize;
+        let read_n = self.zeros.len() / layout.groups as usize;
+        let skip = (cols.start - first) as usize;
         let inputs = layout.inputs as usize;
         let size = to.size() as usize;
+        let values = 1usize << layout.bits;
+        // Every output a value can have, per group and column: `(v − z) · s` for each
+        // of the 2^bits values v, exact in f32, then rounded to the scale's dtype and
+        // converted to `to` by the vectorized casts: `[groups, n, values]` elements.
+        // (A group holds many values a pattern: 4 bits in groups of 32 or more.)
+        self.floats.clear();
+        for g in 0..layout.groups as usize {
+            for local in 0..n {
+                let at = g * read_n + skip + local;
+                let (z, s) = (self.zeros[at], self.scales[at]);
+                self.floats
+                    .extend((0..values as i32).flat_map(|v| ((v - z) as f32 * s).to_le_bytes()));
+            }
+        }
+        super::packed_int::round_and_convert(
+            &self.floats,
+            layout.scale_dtype,
+            to,
+            &mut self.rounded,
+            &mut self.table,
+        );
+        self.output.resize(n * inputs * size, 0);
+        let band = Decode {
+            layout,
+            groups,
+            packed: &self.words,
+            band_words: self.words_a_row,
+            skip,
+            n,
+            table: &self.table,
+        };
+        if size == 2 {
+            band.decode::<2>(&mut self.output);
+        } else {
+            band.decode::<4>(&mut self.output);
+        }
+    }
+}
+
+/// Each input row's group: `g_idx`'s, and whether they run in order (`i / group_size`),
+/// so a word's values share one.
+pub(crate) struct Groups {
+    of: Vec<u32>,
+    in_order: bool,
+}
+
+/// A sub-band's packed values, where they are in the read band, and its table.
+struct Decode<'a> {
+    layout: TransposedIntLayout,
+    groups: &'a Groups,
+    packed: &'a [u32],
+    band_words: usize,
+    /// Columns of the read band before the sub-band, and the sub-band's columns.
+    skip: usize,
+    n: usize,
+    /// `[groups, n, values]` outputs of `SIZE` bytes.
+    table: &'a [u8],
+}
+
+impl Decode<'_> {
+    /// Every value of the sub-band written into `output` (`[n, inputs]` elements of
+    /// `SIZE` bytes), looked up in the table.
+    fn decode<const SIZE: usize>(&self, output: &mut [u8]) {
+        let Decode {
+            layout,
+            groups,
+            packed,
+            band_words,
+            skip,
+            n,
+            table,
+        } = *self;
+        let per_word = layout.per_word() as usize;
+        let inputs = layout.inputs as usize;
         let bits = u32::from(layout.bits);
         let mask = (1u32 << bits) - 1;
-        self.output.resize(n * inputs * size, 0);
-        let band_words = match layout.packing {
-            Packing::Gptq { .. } => n,
-            Packing::Awq => n.div_ceil(p as usize),
+        let values = 1usize << bits;
+        // The outputs of group g, column `local`.
+        let row_of = |g: usize, local: usize| {
+            let at = (g * n + local) * values * SIZE;
+            &table[at..at + values * SIZE]
         };
-        for (local, o) in cols.clone().enumerate() {
-            let out = &mut self.output[local * inputs * size..(local + 1) * inputs * size];
-            let slot = layout.column_slot(o);
-            for (i, &g) in groups.iter().enumerate() {
-                let q = match layout.packing {
-                    Packing::Gptq { .. } => {
-                        let w = word(&self.packed, (i / p as usize) * band_words + local);
-                        (w >> ((i as u32 % p as u32) * bits)) & mask
+        let word_at = |at: usize| packed[at];
+        match layout.packing {
+            Packing::Gptq { .. } => {
+                // Output row by output row, along it: a word a packed row, p inputs a
+                // word (of one group when the groups run in order).
+                for local in 0..n {
+                    let row = &mut output[local * inputs * SIZE..(local + 1) * inputs * SIZE];
+                    for (r, dst) in row.chunks_exact_mut(per_word * SIZE).enumerate() {
+                        let word = word_at(r * band_words + skip + local);
+                        let first = r * per_word;
+                        if groups.in_order {
+                            let outputs = row_of(groups.of[first] as usize, local);
+                            for (k, out) in dst.chunks_exact_mut(SIZE).enumerate() {
+                                let q = ((word >> (k as u32 * bits)) & mask) as usize;
+                                out.copy_from_slice(&outputs[q * SIZE..(q + 1) * SIZE]);
+                            }
+                        } else {
+                            for (k, out) in dst.chunks_exact_mut(SIZE).enumerate() {
+                                let q = ((word >> (k as u32 * bits)) & mask) as usize;
+                                let outputs = row_of(groups.of[first + k] as usize, local);
+                                out.copy_from_slice(&outputs[q * SIZE..(q + 1) * SIZE]);
+                            }
+                        }
                     }
-                    Packing::Awq => {
-                        let w = word(&self.packed, i * band_words + local / p as usize);
-                        (w >> (slot * bits)) & mask
+                }
+            }
+            Packing::Awq => {
+                // A transposition: tiles of TILE input rows, each input row's words for
+                // the sub-band decoded into the tile (a column of it a column of the
+                // weight), then the tile's rows copied along the output rows.
+                const TILE: usize = 64;
+                let first_word = skip / per_word;
+                let slots: Vec<u32> = (0..per_word as u64)
+                    .map(|c| layout.column_slot(c))
+                    .collect();
+                let mut tile = vec![0u8; n * TILE * SIZE];
+                for i0 in (0..inputs).step_by(TILE) {
+                    let rows = TILE.min(inputs - i0);
+                    for t in 0..rows {
+                        let i = i0 + t;
+                        let g = groups.of[i] as usize;
+                        let words = i * band_words + first_word;
+                        for j in 0..n / per_word {
+                            let word = word_at(words + j);
+                            for (c, &slot) in slots.iter().enumerate() {
+                                let local = j * per_word + c;
+                                let q = ((word >> (slot * bits)) & mask) as usize;
+                                let at = (local * TILE + t) * SIZE;
+                                tile[at..at + SIZE]
+                                    .copy_from_slice(&row_of(g, local)[q * SIZE..(q + 1) * SIZE]);
+                            }
+                        }
                     }
-                };
-                let at = g as usize * n + local;
-                let product = (q as i32 - self.zeros[at]) as f32 * self.scales[at];
-                let value = super::packed_int::output_bits(product, layout.scale_dtype, to);
-                out[i * size..(i + 1) * size].copy_from_slice(&value.to_le_bytes()[..size]);
+                    for local in 0..n {
+                        let at = (local * inputs + i0) * SIZE;
+                        output[at..at + rows * SIZE].copy_from_slice(
+                            &tile[local * TILE * SIZE..(local * TILE + rows) * SIZE],
+                        );
+                    }
+                }
             }
         }
     }
@@ -476,35 +645,43 @@ mod tests {
         words.iter().flat_map(|w| w.to_le_bytes()).collect()
     }
 
-    /// 16 inputs × 8 outputs, 4 bits, 2 groups of 8; codes `(i·3 + o·5) mod 16`;
-    /// zero points 0 and 15 in group 0's first columns (a v1 word then carries).
-    fn case(packing: Packing) -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<f32>) {
-        let (inputs, outputs, groups) = (16usize, 8usize, 2usize);
+    /// Packs eight 4-bit values into a word, value `k` at `slot(k)`.
+    fn pack8(value: impl Fn(usize) -> u32, slot: impl Fn(usize) -> u32) -> u32 {
+        (0..8).fold(0, |w, k| w | value(k) << (4 * slot(k)))
+    }
+
+    /// `inputs` × `outputs`, 4 bits, 2 groups; codes `(i·3 + o·5) mod 16`;
+    /// zero points 0 and 15 in group 0's first columns (a v1 word then carries). The
+    /// stored words and the weight expected, `[out, in]`.
+    fn case(
+        packing: Packing,
+        (inputs, outputs): (usize, usize),
+    ) -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<f32>) {
+        let groups = 2;
         let code = |i: usize, o: usize| ((i * 3 + o * 5) % 16) as u32;
         let zero = |g: usize, o: usize| match (g, o) {
             (0, 0) => 0,
             (0, 1) => 15,
             _ => ((g * 7 + o * 3) % 16) as u32,
         };
-        let scale = |g: usize, o: usize| half::f16::from_f32(0.01 + (g * 8 + o) as f32 * 0.003);
+        let scale =
+            |g: usize, o: usize| half::f16::from_f32(0.01 + ((g * 8 + o) % 97) as f32 * 0.003);
         let v1 = packing == Packing::Gptq { v1: true };
         // Column k of a word of eight: AWQ interleaves them.
-        let slot = |o: usize| match packing {
-            Packing::Awq => [0, 4, 1, 5, 2, 6, 3, 7][o % 8],
-            Packing::Gptq { .. } => o % 8,
+        let slot = |k: usize| match packing {
+            Packing::Awq => [0, 4, 1, 5, 2, 6, 3, 7][k % 8],
+            Packing::Gptq { .. } => (k % 8) as u32,
         };
+        let in_turn = |k: usize| k as u32;
         let qweight: Vec<u32> = match packing {
             Packing::Gptq { .. } => (0..inputs / 8)
-                .flat_map(|r| {
-                    (0..outputs)
-                        .map(move |o| (0..8).fold(0, |w, k| w | code(r * 8 + k, o) << (4 * k)))
-                })
+                .flat_map(|r| (0..outputs).map(move |o| pack8(|k| code(r * 8 + k, o), in_turn)))
                 .collect(),
             Packing::Awq => (0..inputs)
-                .map(|i| (0..outputs).fold(0, |w, o| w | code(i, o) << (4 * slot(o))))
+                .flat_map(|i| (0..outputs / 8).map(move |j| pack8(|k| code(i, j * 8 + k), slot)))
                 .collect(),
         };
-        let stored = |g, o| {
+        let stored = |g: usize, o: usize| {
             if v1 {
                 zero(g, o).wrapping_sub(1) & 0xF
             } else {
@@ -512,7 +689,7 @@ mod tests {
             }
         };
         let qzeros: Vec<u32> = (0..groups)
-            .map(|g| (0..outputs).fold(0, |w, o| w | stored(g, o) << (4 * slot(o))))
+            .flat_map(|g| (0..outputs / 8).map(move |j| pack8(|k| stored(g, j * 8 + k), slot)))
             .collect();
         let scales: Vec<u8> = (0..groups)
             .flat_map(|g| (0..outputs).map(move |o| scale(g, o)))
@@ -520,17 +697,18 @@ mod tests {
             .collect();
         // What GPTQModel reads: v1 words plus one in every value, carries included.
         let read_zero = |g: usize, o: usize| {
-            let w = if v1 {
-                qzeros[g].wrapping_add(0x1111_1111)
+            let word = qzeros[g * outputs / 8 + o / 8];
+            let word = if v1 {
+                word.wrapping_add(0x1111_1111)
             } else {
-                qzeros[g]
+                word
             };
-            (w >> (4 * slot(o))) & 0xF
+            (word >> (4 * slot(o))) & 0xF
         };
         let expected: Vec<f32> = (0..outputs)
             .flat_map(|o| {
                 (0..inputs).map(move |i| {
-                    let g = i / 8;
+                    let g = i / (inputs / groups);
                     let product =
                         (code(i, o) as i32 - read_zero(g, o) as i32) as f32 * scale(g, o).to_f32();
                     half::f16::from_f32(product).to_f32()
@@ -542,12 +720,19 @@ mod tests {
 
     #[test]
     fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
-        for packing in [
+        // 8 outputs: one band; 1024: several sub-bands and read bands. Groups of 8
+        // values are computed value by value, groups of 32 through the table.
+        let packings = [
             Packing::Gptq { v1: true },
             Packing::Gptq { v1: false },
             Packing::Awq,
-        ] {
-            let (qweight, qzeros, scales, expected) = case(packing);
+        ];
+        let sizes = [(16, 8), (16, 1024), (64, 8), (64, 1024)];
+        for (packing, (inputs, outputs)) in packings
+            .into_iter()
+            .flat_map(|p| sizes.map(|size| (p, size)))
+        {
+            let (qweight, qzeros, scales, expected) = case(packing, (inputs, outputs));
             let (w, wr) = file_of(&qweight);
             let (z, zr) = file_of(&qzeros);
             let (s, sr) = file_of(&scales);
@@ -558,11 +743,11 @@ mod tests {
                 scales: (s.as_file(), sr),
                 g_idx: None,
                 layout: TransposedIntLayout {
-                    inputs: 16,
-                    outputs: 8,
+                    inputs: inputs as u64,
+                    outputs: outputs as u64,
                     bits: 4,
                     groups: 2,
-                    group_size: 8,
+                    group_size: inputs as u64 / 2,
                     packing,
                     scale_dtype: DType::F16,
                 },
@@ -578,10 +763,16 @@ mod tests {
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect();
-            assert_eq!(got, expected, "{packing:?}");
+            assert_eq!(got, expected, "{packing:?} {inputs} × {outputs}");
+            // The same bytes from threads writing their bands in place.
+            let dst = tempfile::tempfile().expect("tmp");
+            write_in_parallel(&input, DType::F32, (&dst, 0), 3, &NeverStop).expect("written");
+            let mut written = vec![0u8; out.len()];
+            crate::save::copy::read_exact_at(&dst, &mut written, 0).expect("read back");
+            assert_eq!(written, out, "{packing:?} × {outputs} in parallel");
         }
         // v1's carry: zero point 0 is stored as 15, whose +1 carries into column 1.
-        let (_, qzeros, _, _) = case(Packing::Gptq { v1: true });
+        let (_, qzeros, _, _) = case(Packing::Gptq { v1: true }, (16, 8));
         let word = u32::from_le_bytes([qzeros[0], qzeros[1], qzeros[2], qzeros[3]]);
         assert_eq!((word.wrapping_add(0x1111_1111) >> 4) & 0xF, 0);
     }

@@ -435,6 +435,7 @@ impl Band {
 /// An exact f32 product rounded to the scale's dtype `sd`, then converted to `to`: the
 /// bits of the output element (low bytes, little-endian). The values are finite, where
 /// the `half` crate's round-to-nearest-even is torch's (`save::cast`).
+#[inline]
 pub(crate) fn output_bits(product: f32, sd: DType, to: DType) -> u32 {
     let rounded = match sd {
         DType::BF16 => half::bf16::from_f32(product).to_f32(),
@@ -450,7 +451,7 @@ pub(crate) fn output_bits(product: f32, sd: DType, to: DType) -> u32 {
 
 /// Exact f32 products rounded to the scale's dtype `sd`, then converted to `to`, into
 /// `output` (`rounded` holds the middle step).
-fn round_and_convert(
+pub(crate) fn round_and_convert(
     floats: &[u8],
     sd: DType,
     to: DType,
