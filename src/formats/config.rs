@@ -140,6 +140,8 @@ fn quantization(root: &serde_json::Map<String, Value>) -> Option<Quantization> {
     let format = q
         .get("format")
         .and_then(Value::as_str)
+        // ModelOpt names its scheme `quant_algo` (`NVFP4`, `FP8`, …).
+        .or_else(|| q.get("quant_algo").and_then(Value::as_str))
         .or_else(|| {
             q.get("config_groups")?
                 .as_object()?

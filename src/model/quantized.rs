@@ -137,6 +137,7 @@ pub fn quantized_part(ckpt: &Checkpoint, id: TensorId) -> Option<QuantizedPart> 
             packed_int_part(ckpt, q, name, tensor)
         }
         "gptq" | "awq" => gptq_part(ckpt, q, name, tensor),
+        "modelopt" if q.format.as_deref() == Some("NVFP4") => modelopt_part(ckpt, name, tensor),
         "mxfp4" => {
             if let Some(base) = name.strip_suffix("_scales") {
                 let blocks = format!("{base}_blocks");
@@ -272,6 +273,40 @@ fn gptq_part(
         dequantized_name: format!("{module}.weight"),
         dequantized_shape: vec![outputs, inputs],
     })
+}
+
+/// A ModelOpt NVFP4 tensor's part: `M.weight` (U8 `[rows, cols/2]`) is a weight of
+/// `[rows, cols]`; its `weight_scale`, `weight_scale_2` and `input_scale` are part of it.
+fn modelopt_part(
+    ckpt: &Checkpoint,
+    name: &str,
+    tensor: &crate::model::checkpoint::Tensor,
+) -> Option<QuantizedPart> {
+    let fp4 = |module: &str| {
+        ckpt.tensor(&format!("{module}.weight"))
+            .is_some_and(|w| w.dtype == DType::U8)
+    };
+    for companion in [".weight_scale", ".weight_scale_2", ".input_scale"] {
+        if let Some(module) = name.strip_suffix(companion) {
+            return fp4(module).then(|| QuantizedPart::Scales {
+                of: format!("{module}.weight"),
+            });
+        }
+    }
+    let module = name.strip_suffix(".weight")?;
+    let &[rows, half] = tensor.shape.to_vec().as_slice() else {
+        return None;
+    };
+    (tensor.dtype == DType::U8 && ckpt.index_of(&format!("{module}.weight_scale")).is_some()).then(
+        || QuantizedPart::Weight {
+            format:
+                "nvfp4 (ModelOpt: fp4 e2m1, an fp8 e4m3 scale per 16 values and weight_scale_2)"
+                    .to_owned(),
+            scales: format!("{module}.weight_scale"),
+            dequantized_name: name.to_owned(),
+            dequantized_shape: vec![rows, half * 2],
+        },
+    )
 }
 
 /// An `nvfp4-pack-quantized` tensor's part: `M.weight_packed` (U8 `[rows, cols/2]`) is a

@@ -12,6 +12,11 @@
 //! once, then the product rounded to bfloat16 (the dtype compressed-tensors unpacks
 //! to), then converted to the dtype the model is loaded in. Rows stream a band at a
 //! time, split among the cores when written to a file.
+//!
+//! NVIDIA ModelOpt's NVFP4 (`quant_algo: NVFP4`) stores the same values and block
+//! scales as `M.weight` and `M.weight_scale`, its global scale `M.weight_scale_2` not
+//! inverted: `w = fp4 · (f32(s) · g)`, both products in f32, rounded once to the output
+//! dtype, as ModelOpt's `NVFP4QTensor.dequantize` computes it ([`Nvfp4Convention`]).
 
 use std::fs::File;
 use std::io;
@@ -36,6 +41,11 @@ const SIGNED_E2M1: [f32; 16] = [
     0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
 ];
 
+/// ModelOpt's E2M1 table (`NVFP4QTensor.get_e2m1_values`): code 8 is +0.
+const MODELOPT_E2M1: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
 /// A finite (or infinite) f32 rounded to bfloat16 as torch rounds it: to nearest, ties
 /// to even. The products here are never NaN: their scales were checked.
 fn bf16_bits(x: f32) -> u16 {
@@ -43,11 +53,24 @@ fn bf16_bits(x: f32) -> u16 {
     (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16
 }
 
-/// An NVFP4 weight's dequantized shape, `[rows, cols]`.
+/// Whose NVFP4 a weight is: how its global scale applies, and where the product is
+/// rounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nvfp4Convention {
+    /// compressed-tensors: `bf16(fp4 · (f32(s) / g))`, the global scale stored inverted,
+    /// the product rounded to bfloat16 (the dtype it unpacks to) before the output's.
+    CompressedTensors,
+    /// NVIDIA ModelOpt (`quant_algo: NVFP4`): `fp4 · (f32(s) · g)` in f32, `g` its
+    /// `weight_scale_2`, rounded once, to the output dtype (`NVFP4QTensor.dequantize`).
+    ModelOpt,
+}
+
+/// An NVFP4 weight's dequantized shape, `[rows, cols]`, and whose it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Nvfp4Layout {
     pub rows: u64,
     pub cols: u64,
+    pub convention: Nvfp4Convention,
 }
 
 impl Nvfp4Layout {
@@ -192,9 +215,24 @@ fn stream_rows(
                         (r0 as usize + i) * groups + g
                     )));
                 }
-                let scale = s / global;
                 let bytes = &row[g * 8..(g + 1) * 8];
                 let dst = &mut out[g * 16 * size..(g + 1) * 16 * size];
+                if layout.convention == Nvfp4Convention::ModelOpt {
+                    // One f32 product, rounded once to the output dtype.
+                    let scale = s * global;
+                    let value = |code: u8| MODELOPT_E2M1[usize::from(code)] * scale;
+                    let values = bytes.iter().flat_map(|b| [value(b & 0xF), value(b >> 4)]);
+                    for (v, o) in values.zip(dst.chunks_exact_mut(size)) {
+                        let bits = match to {
+                            DType::BF16 => u32::from(bf16_bits(v)),
+                            DType::F16 => u32::from(half::f16::from_f32(v).to_bits()),
+                            _ => v.to_bits(),
+                        };
+                        o.copy_from_slice(&bits.to_le_bytes()[..size]);
+                    }
+                    continue;
+                }
+                let scale = s / global;
                 // Each value's product in f32, rounded to bfloat16, then converted.
                 let rounded = |code: u8| bf16_bits(SIGNED_E2M1[usize::from(code)] * scale);
                 match to {

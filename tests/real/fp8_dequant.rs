@@ -120,6 +120,26 @@ fn gptq_and_awq_dequantize_bit_exact_with_their_references() {
     assert!(out.contains("gptq/awq: all checks passed"), "{out}");
 }
 
+/// NVIDIA ModelOpt NVFP4 (tests/python/modelopt_nvfp4.py): a Llama quantized by
+/// ModelOpt's own `NVFP4QTensor` on CPU, stored as its export stores it, dequantized to
+/// bfloat16, float16 and float32 bit for bit what `NVFP4QTensor.dequantize` computes,
+/// logits equal, verify clean; a NaN block scale and a zero global scale refused.
+#[test]
+#[ignore = "needs torch, transformers, nvidia-modelopt: run .ci/run"]
+fn modelopt_nvfp4_dequantizes_bit_exact_with_modelopt() {
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("modelopt_nvfp4.py");
+    assert!(ok, "ModelOpt NVFP4 check failed:\n{out}\n{err}");
+    assert_eq!(
+        out.matches("weights bit for bit ModelOpt's dequantize, verify clean")
+            .count(),
+        3,
+        "{out}"
+    );
+    assert_eq!(out.matches(": refused (").count(), 2, "{out}");
+    assert!(out.contains("modelopt nvfp4: all checks passed"), "{out}");
+}
+
 /// compressed-tensors NVFP4 and MXFP8 (tests/python/nvfp4_mxfp8.py), made with
 /// compressed-tensors' own presets and compressors: each to bfloat16, float16 and
 /// float32 bit-identical with transformers' dequantized save, logits equal, verify clean;

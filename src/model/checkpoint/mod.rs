@@ -384,6 +384,7 @@ impl Checkpoint {
         let method = match q.method.as_str() {
             "fp8" => format!("fp8, {}×{} blocks", q.block.0, q.block.1),
             "mxfp4" => "mxfp4".to_owned(),
+            "modelopt" if q.format.as_deref() == Some("NVFP4") => "modelopt NVFP4".to_owned(),
             "gptq" | "awq" => match &q.gptq {
                 Some(g) => format!("{} `{}`, {} bits", q.method, g.format, g.bits),
                 None => q.method.clone(),
@@ -404,7 +405,7 @@ impl Checkpoint {
             }
             other => {
                 return Some(format!(
-                    "{other}{} (devmap copies it as stored; it dequantizes fine-grained FP8, MXFP4, GPTQ, AWQ, and compressed-tensors float-quantized, mxfp8-quantized, pack-quantized and nvfp4-pack-quantized)",
+                    "{other}{} (devmap copies it as stored; it dequantizes fine-grained FP8, MXFP4, GPTQ, AWQ, ModelOpt NVFP4, and compressed-tensors float-quantized, mxfp8-quantized, pack-quantized and nvfp4-pack-quantized)",
                     q.format
                         .as_deref()
                         .map_or_else(String::new, |f| format!(" `{f}`"))

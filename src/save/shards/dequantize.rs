@@ -25,6 +25,8 @@ pub(super) enum Dequantize {
     Nvfp4(DType),
     /// GPTQ or AWQ integers of this scheme, to this dtype.
     Gptq(super::dequantize_gptq::GptqScheme, DType),
+    /// NVIDIA ModelOpt NVFP4, to this dtype.
+    ModelOptNvfp4(DType),
 }
 
 /// What a dequantizing save does with one tensor.
@@ -109,6 +111,18 @@ impl Dequantize {
                     )))),
                 }
             }
+            (Some(q), DtypeChoice::To(to)) if q.method == "modelopt" => {
+                if q.format.as_deref() == Some("NVFP4") {
+                    Ok(Some(Dequantize::ModelOptNvfp4(to)))
+                } else {
+                    Err(Refused::Alone(Unsaveable::Quantization(format!(
+                        "config.json's quantization_config is `modelopt` with quant_algo `{}`, which devmap does not dequantize (it dequantizes ModelOpt's `NVFP4`); --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy it as it is",
+                        q.format.as_deref().unwrap_or("(none)"),
+                        to.torch_name(),
+                        to.torch_name()
+                    ))))
+                }
+            }
             (Some(q), DtypeChoice::To(to)) if q.method == "compressed-tensors" => {
                 Err(Refused::WithOthers(Unsaveable::Quantization(format!(
                     "config.json's quantization_config is compressed-tensors in the `{}` format, which devmap does not dequantize (it dequantizes `float-quantized` and `mxfp8-quantized`: FP8 weights with per-tensor, per-row or per-group scales; `pack-quantized`: integers of 1 to 8 bits; and `nvfp4-pack-quantized`); --dtype {} would write quantized bytes as if they were {}; save with --dtype keep (or auto) to copy it as it is",
@@ -142,6 +156,9 @@ impl Dequantize {
             Dequantize::Nvfp4(to) => super::dequantize_packed::dequantized_nvfp4(ckpt, id, to),
             Dequantize::Gptq(scheme, to) => {
                 super::dequantize_gptq::dequantized(ckpt, id, scheme, to)
+            }
+            Dequantize::ModelOptNvfp4(to) => {
+                super::dequantize_packed::dequantized_modelopt_nvfp4(ckpt, id, to)
             }
         }
     }

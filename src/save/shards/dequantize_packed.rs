@@ -7,7 +7,7 @@ use super::dequantize::Dequantized;
 use crate::formats::config::IntWeights;
 use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::save::execute::{Make, Quant, Read, Recipe};
-use crate::save::nvfp4::Nvfp4Layout;
+use crate::save::nvfp4::{Nvfp4Convention, Nvfp4Layout};
 use crate::save::packed_int::PackedIntLayout;
 use crate::types::dtype::DType;
 
@@ -354,7 +354,104 @@ pub(super) fn dequantized_nvfp4(
             quant: Quant::Nvfp4 {
                 scales,
                 global,
-                layout: Nvfp4Layout { rows, cols },
+                layout: Nvfp4Layout {
+                    rows,
+                    cols,
+                    convention: Nvfp4Convention::CompressedTensors,
+                },
+            },
+            to,
+        },
+        merge: !ckpt.merges_of(id).is_empty(),
+    }))
+}
+
+/// How a ModelOpt NVFP4 save treats tensor `id`: `M.weight` (U8 `[rows, cols/2]`) beside
+/// its F8_E4M3 `M.weight_scale` (`[rows, cols/16]`) and F32 `M.weight_scale_2` is
+/// written dequantized under its own name; those and `M.input_scale` are left out.
+/// Anything else (the modules ModelOpt excludes, norms) is planned as any other tensor.
+pub(super) fn dequantized_modelopt_nvfp4(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    to: DType,
+) -> Result<Dequantized, String> {
+    let tensor = &ckpt.tensors()[id];
+    let name: &str = &tensor.name;
+    let is_fp4 = |module: &str| {
+        ckpt.tensor(&format!("{module}.weight"))
+            .is_some_and(|w| w.dtype == DType::U8)
+    };
+    for companion in [".weight_scale", ".weight_scale_2", ".input_scale"] {
+        if let Some(module) = name.strip_suffix(companion) {
+            return Ok(if is_fp4(module) {
+                Dequantized::Dropped
+            } else {
+                Dequantized::NotFp8
+            });
+        }
+    }
+    let Some(module) = name
+        .strip_suffix(".weight")
+        .filter(|_| tensor.dtype == DType::U8)
+    else {
+        return Ok(Dequantized::NotFp8);
+    };
+    let dims: Vec<u64> = tensor.shape.to_vec();
+    let &[rows, half] = dims.as_slice() else {
+        return Err(format!(
+            "is U8 {dims:?}; NVFP4 weights are matrices [rows, cols/2]"
+        ));
+    };
+    let cols = half * 2;
+    let group = crate::save::nvfp4::GROUP;
+    if cols % group != 0 {
+        return Err(format!(
+            "packs {cols} FP4 values a row, which groups of {group} do not divide"
+        ));
+    }
+    let scale_name = format!("{module}.weight_scale");
+    let global_name = format!("{module}.weight_scale_2");
+    let (Some(scale_id), Some(global_id)) =
+        (ckpt.index_of(&scale_name), ckpt.index_of(&global_name))
+    else {
+        return Err(format!(
+            "is NVFP4, but `{scale_name}` or `{global_name}` is missing beside it"
+        ));
+    };
+    let (scale, global) = (&ckpt.tensors()[scale_id], &ckpt.tensors()[global_id]);
+    let want = [rows, cols / group];
+    if scale.dtype != DType::F8E4M3 || !scale.shape.iter().eq(want) {
+        return Err(format!(
+            "has a `{scale_name}` of {} {:?}, but its FP4 values need F8_E4M3 {want:?}",
+            scale.dtype,
+            scale.shape.to_vec()
+        ));
+    }
+    if global.dtype != DType::F32 || global.numel() != 1 {
+        return Err(format!(
+            "has a `{global_name}` of {} {:?}, not one float32",
+            global.dtype,
+            global.shape.to_vec()
+        ));
+    }
+    let (Some(packed), Some(scales), Some(global)) = (
+        ckpt.data_range(id),
+        ckpt.data_range(scale_id),
+        ckpt.data_range(global_id),
+    ) else {
+        return Err("or its scales have no data to read".to_owned());
+    };
+    Ok(Dequantized::Written(Recipe {
+        read: Read::Range(packed),
+        make: Make::Dequantize {
+            quant: Quant::Nvfp4 {
+                scales,
+                global,
+                layout: Nvfp4Layout {
+                    rows,
+                    cols,
+                    convention: Nvfp4Convention::ModelOpt,
+                },
             },
             to,
         },
