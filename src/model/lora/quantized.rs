@@ -1,0 +1,72 @@
+//! The quantized weights a LoRA adapter merges into: which are mergeable, and the
+//! packed weight an adapter's module names when the checkpoint holds no plain
+//! `M.weight` (compressed-tensors' `weight_packed`, GPTQ's and AWQ's `qweight`).
+
+use super::model_tensor;
+use crate::model::checkpoint::Checkpoint;
+use crate::types::dtype::DType;
+
+/// Refuses merging into a weight devmap cannot merge into: float32, float16 and
+/// bfloat16 ones, the FP8 weights of a fine-grained FP8 or compressed-tensors FP8
+/// checkpoint and the MXFP4
+/// experts blocks of an MXFP4 one (merged into their dequantized value, so only by a
+/// save that dequantizes).
+pub(super) fn mergeable(quantized: Option<&str>, name: &str, dtype: DType) -> Result<(), String> {
+    let fp8 = matches!(quantized, Some("fp8" | "compressed-tensors"))
+        && matches!(dtype, DType::F8E4M3 | DType::F8E5M2);
+    let mxfp4 = quantized == Some("mxfp4") && dtype == DType::U8 && name.ends_with("_blocks");
+    let packed = (quantized == Some("compressed-tensors")
+        && matches!(dtype, DType::I32 | DType::U8)
+        && name.ends_with(".weight_packed"))
+        || (matches!(quantized, Some("gptq" | "awq"))
+            && dtype == DType::I32
+            && name.ends_with(".qweight"));
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || fp8 || mxfp4 || packed {
+        Ok(())
+    } else {
+        Err(format!(
+            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8, MXFP4 experts, packed integer, GPTQ, AWQ and NVFP4 weights dequantized"
+        ))
+    }
+}
+
+/// A compressed-tensors packed weight `{module}.weight_packed` whose rows hold `cols`
+/// values (I32 words of the config's integer bits, or bytes of two FP4 values), or a
+/// GPTQ/AWQ `{module}.qweight` of `cols` input features: its id and the shape it
+/// dequantizes to.
+pub(super) fn packed_int_weight(
+    ckpt: &Checkpoint,
+    module: &str,
+    cols: u64,
+) -> Option<(crate::model::TensorId, Vec<u64>)> {
+    let q = ckpt.config.quantization.as_ref()?;
+    if let (Some(scheme), Some(id)) = (&q.gptq, model_tensor(ckpt, &format!("{module}.qweight"))) {
+        let &[a, b] = ckpt.tensors()[id].shape.to_vec().as_slice() else {
+            return None;
+        };
+        let per_word = 32 / scheme.bits.clamp(1, 32);
+        let (inputs, outputs) = if q.method == "awq" {
+            (a, b * per_word)
+        } else {
+            (a * per_word, b)
+        };
+        return (inputs == cols).then(|| (id, vec![outputs, inputs]));
+    }
+    let id = model_tensor(ckpt, &format!("{module}.weight_packed"))?;
+    let dims: Vec<u64> = ckpt.tensors()[id].shape.to_vec();
+    let &[rows, stored] = dims.as_slice() else {
+        return None;
+    };
+    let fits = match (q.format.as_deref(), q.int_weights.as_slice()) {
+        // Two FP4 values a byte.
+        (Some("nvfp4-pack-quantized"), _) => stored * 2 == cols,
+        (_, [scheme]) => stored == (cols * scheme.num_bits).div_ceil(32),
+        _ => false,
+    };
+    fits.then(|| (id, vec![rows, cols]))
+}
+
+/// The checkpoint's `quant_method`, when it is quantized.
+pub(super) fn quant_method(ckpt: &Checkpoint) -> Option<&str> {
+    ckpt.config.quantization.as_ref().map(|q| q.method.as_str())
+}

@@ -1,0 +1,279 @@
+//! One band of a GPTQ/AWQ weight: its packed words read (a read band, long reads),
+//! then output rows made a sub-band at a time through a table of every output a value
+//! can have, per group and column.
+
+use super::{Packing, TransposedInt, TransposedIntLayout, invalid, word};
+use crate::save::copy::{CopyError, read_exact_at};
+use crate::types::dtype::DType;
+
+/// One read band's inputs and a sub-band's output.
+#[derive(Default)]
+pub(super) struct Band {
+    /// The read band's words of every packed row, row after row: as read, and as
+    /// words.
+    packed: Vec<u8>,
+    words: Vec<u32>,
+    /// Words of the read band in a packed row.
+    words_a_row: usize,
+    /// Zero points, `[groups, band]`, unpacked.
+    zeros: Vec<i32>,
+    zero_words: Vec<u8>,
+    /// Scales, `[groups, band]`, as f32.
+    scales: Vec<f32>,
+    scale_bytes: Vec<u8>,
+    wide: Vec<u8>,
+    /// The output of each of the `2^bits` values, per group and column of the
+    /// sub-band (`(q − z) · s` is one of 16, or 256, for a group and column), as f32
+    /// bytes, rounded to the scale's dtype, and converted.
+    floats: Vec<u8>,
+    rounded: Vec<u8>,
+    table: Vec<u8>,
+    pub(super) output: Vec<u8>,
+}
+
+impl Band {
+    /// Reads output columns `cols` of every packed row, zero point and scale.
+    pub(super) fn read(
+        &mut self,
+        input: &TransposedInt<'_>,
+        cols: std::ops::Range<u64>,
+    ) -> Result<(), CopyError> {
+        let layout = input.layout;
+        let p = layout.per_word();
+        let n = cols.end - cols.start;
+        // Words of the band in a packed row, and the first.
+        let (row_words, band_words, first_word, packed_rows) = match layout.packing {
+            Packing::Gptq { .. } => (layout.outputs, n, cols.start, layout.inputs / p),
+            Packing::Awq => (
+                layout.outputs / p,
+                n.div_ceil(p),
+                cols.start / p,
+                layout.inputs,
+            ),
+        };
+        self.words_a_row = band_words as usize;
+        self.packed
+            .resize((packed_rows * band_words * 4) as usize, 0);
+        for (r, dst) in self
+            .packed
+            .chunks_exact_mut((band_words * 4) as usize)
+            .enumerate()
+        {
+            let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
+            read_exact_at(input.qweight.0, dst, at)?;
+        }
+        self.words.clear();
+        self.words.extend(
+            self.packed
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+        // Zero points: their words for the band's columns, a group at a time.
+        let zero_row = layout.outputs / p;
+        let zero_words = n.div_ceil(p);
+        self.zero_words.resize((zero_words * 4) as usize, 0);
+        self.zeros.clear();
+        let carry = layout.zero_carry();
+        let mask = (1u32 << layout.bits) - 1;
+        for g in 0..layout.groups {
+            let at = input.qzeros.1.offset + (g * zero_row + cols.start / p) * 4;
+            read_exact_at(input.qzeros.0, &mut self.zero_words, at)?;
+            for o in cols.clone() {
+                let w = word(&self.zero_words, ((o - cols.start) / p) as usize).wrapping_add(carry);
+                let slot = layout.column_slot(o);
+                self.zeros
+                    .push(((w >> (slot * u32::from(layout.bits))) & mask) as i32);
+            }
+        }
+        // Scales, checked finite.
+        let size = layout.scale_dtype.size();
+        self.scale_bytes
+            .resize((layout.groups * n * size) as usize, 0);
+        for g in 0..layout.groups {
+            let at = input.scales.1.offset + (g * layout.outputs + cols.start) * size;
+            let dst = &mut self.scale_bytes[(g * n * size) as usize..((g + 1) * n * size) as usize];
+            read_exact_at(input.scales.0, dst, at)?;
+        }
+        self.wide
+            .resize(self.scale_bytes.len() / size as usize * 4, 0);
+        crate::save::cast::cast(
+            layout.scale_dtype,
+            DType::F32,
+            &self.scale_bytes,
+            &mut self.wide,
+        );
+        self.scales.clear();
+        self.scales.extend(
+            self.wide
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+        if let Some(bad) = self.scales.iter().position(|s| !s.is_finite()) {
+            let (g, o) = (bad as u64 / n, cols.start + bad as u64 % n);
+            return Err(invalid(format!(
+                "the scales of `{}` hold {} at [{g}, {o}]: the weight cannot be dequantized",
+                input.name, self.scales[bad]
+            )));
+        }
+        Ok(())
+    }
+
+    /// Output rows `cols` (of the read band starting at `first`) of every input column.
+    pub(super) fn dequantize(
+        &mut self,
+        layout: TransposedIntLayout,
+        groups: &Groups,
+        (first, cols): (u64, std::ops::Range<u64>),
+        to: DType,
+    ) {
+        let n = (cols.end - cols.start) as usize;
+        let read_n = self.zeros.len() / layout.groups as usize;
+        let skip = (cols.start - first) as usize;
+        let inputs = layout.inputs as usize;
+        let size = to.size() as usize;
+        let values = 1usize << layout.bits;
+        // Every output a value can have, per group and column: `(v − z) · s` for each
+        // of the 2^bits values v, exact in f32, then rounded to the scale's dtype and
+        // converted to `to` by the vectorized casts: `[groups, n, values]` elements.
+        // (A group holds many values a pattern: 4 bits in groups of 32 or more.)
+        self.floats.clear();
+        for g in 0..layout.groups as usize {
+            for local in 0..n {
+                let at = g * read_n + skip + local;
+                let (z, s) = (self.zeros[at], self.scales[at]);
+                self.floats
+                    .extend((0..values as i32).flat_map(|v| ((v - z) as f32 * s).to_le_bytes()));
+            }
+        }
+        crate::save::packed_int::round_and_convert(
+            &self.floats,
+            layout.scale_dtype,
+            to,
+            &mut self.rounded,
+            &mut self.table,
+        );
+        self.output.resize(n * inputs * size, 0);
+        let band = Decode {
+            layout,
+            groups,
+            packed: &self.words,
+            band_words: self.words_a_row,
+            skip,
+            n,
+            table: &self.table,
+        };
+        if size == 2 {
+            band.decode::<2>(&mut self.output);
+        } else {
+            band.decode::<4>(&mut self.output);
+        }
+    }
+}
+
+/// Each input row's group: `g_idx`'s, and whether they run in order (`i / group_size`),
+/// so a word's values share one.
+pub(super) struct Groups {
+    pub(super) of: Vec<u32>,
+    pub(super) in_order: bool,
+}
+
+/// A sub-band's packed values, where they are in the read band, and its table.
+struct Decode<'a> {
+    layout: TransposedIntLayout,
+    groups: &'a Groups,
+    packed: &'a [u32],
+    band_words: usize,
+    /// Columns of the read band before the sub-band, and the sub-band's columns.
+    skip: usize,
+    n: usize,
+    /// `[groups, n, values]` outputs of `SIZE` bytes.
+    table: &'a [u8],
+}
+
+impl Decode<'_> {
+    /// Every value of the sub-band written into `output` (`[n, inputs]` elements of
+    /// `SIZE` bytes), looked up in the table.
+    fn decode<const SIZE: usize>(&self, output: &mut [u8]) {
+        let Decode {
+            layout,
+            groups,
+            packed,
+            band_words,
+            skip,
+            n,
+            table,
+        } = *self;
+        let per_word = layout.per_word() as usize;
+        let inputs = layout.inputs as usize;
+        let bits = u32::from(layout.bits);
+        let mask = (1u32 << bits) - 1;
+        let values = 1usize << bits;
+        // The outputs of group g, column `local`.
+        let row_of = |g: usize, local: usize| {
+            let at = (g * n + local) * values * SIZE;
+            &table[at..at + values * SIZE]
+        };
+        let word_at = |at: usize| packed[at];
+        match layout.packing {
+            Packing::Gptq { .. } => {
+                // Output row by output row, along it: a word a packed row, p inputs a
+                // word (of one group when the groups run in order).
+                for local in 0..n {
+                    let row = &mut output[local * inputs * SIZE..(local + 1) * inputs * SIZE];
+                    for (r, dst) in row.chunks_exact_mut(per_word * SIZE).enumerate() {
+                        let word = word_at(r * band_words + skip + local);
+                        let first = r * per_word;
+                        if groups.in_order {
+                            let outputs = row_of(groups.of[first] as usize, local);
+                            for (k, out) in dst.chunks_exact_mut(SIZE).enumerate() {
+                                let q = ((word >> (k as u32 * bits)) & mask) as usize;
+                                out.copy_from_slice(&outputs[q * SIZE..(q + 1) * SIZE]);
+                            }
+                        } else {
+                            for (k, out) in dst.chunks_exact_mut(SIZE).enumerate() {
+                                let q = ((word >> (k as u32 * bits)) & mask) as usize;
+                                let outputs = row_of(groups.of[first + k] as usize, local);
+                                out.copy_from_slice(&outputs[q * SIZE..(q + 1) * SIZE]);
+                            }
+                        }
+                    }
+                }
+            }
+            Packing::Awq => {
+                // A transposition: tiles of TILE input rows, each input row's words for
+                // the sub-band decoded into the tile (a column of it a column of the
+                // weight), then the tile's rows copied along the output rows.
+                const TILE: usize = 64;
+                let first_word = skip / per_word;
+                let slots: Vec<u32> = (0..per_word as u64)
+                    .map(|c| layout.column_slot(c))
+                    .collect();
+                let mut tile = vec![0u8; n * TILE * SIZE];
+                for i0 in (0..inputs).step_by(TILE) {
+                    let rows = TILE.min(inputs - i0);
+                    for t in 0..rows {
+                        let i = i0 + t;
+                        let g = groups.of[i] as usize;
+                        let words = i * band_words + first_word;
+                        for j in 0..n / per_word {
+                            let word = word_at(words + j);
+                            for (c, &slot) in slots.iter().enumerate() {
+                                let local = j * per_word + c;
+                                let q = ((word >> (slot * bits)) & mask) as usize;
+                                let at = (local * TILE + t) * SIZE;
+                                tile[at..at + SIZE]
+                                    .copy_from_slice(&row_of(g, local)[q * SIZE..(q + 1) * SIZE]);
+                            }
+                        }
+                    }
+                    for local in 0..n {
+                        let at = (local * inputs + i0) * SIZE;
+                        output[at..at + rows * SIZE].copy_from_slice(
+                            &tile[local * TILE * SIZE..(local * TILE + rows) * SIZE],
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

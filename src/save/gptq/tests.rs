@@ -1,0 +1,158 @@
+//! The kernel on words packed here, GPTQ v1 and v2 and AWQ, one band and many.
+
+use super::*;
+use crate::save::copy::Stop;
+use std::io::Write;
+
+struct NeverStop;
+impl Stop for NeverStop {
+    fn stop(&self) -> bool {
+        false
+    }
+}
+
+fn file_of(words: &[u8]) -> (tempfile::NamedTempFile, ByteRange) {
+    let mut f = tempfile::NamedTempFile::new().expect("tmp");
+    f.write_all(words).expect("write");
+    let range = ByteRange {
+        file: 0,
+        offset: 0,
+        len: words.len() as u64,
+    };
+    (f, range)
+}
+
+fn le(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// Packs eight 4-bit values into a word, value `k` at `slot(k)`.
+fn pack8(value: impl Fn(usize) -> u32, slot: impl Fn(usize) -> u32) -> u32 {
+    (0..8).fold(0, |w, k| w | value(k) << (4 * slot(k)))
+}
+
+/// `inputs` × `outputs`, 4 bits, 2 groups; codes `(i·3 + o·5) mod 16`;
+/// zero points 0 and 15 in group 0's first columns (a v1 word then carries). The
+/// stored words and the weight expected, `[out, in]`.
+fn case(
+    packing: Packing,
+    (inputs, outputs): (usize, usize),
+) -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<f32>) {
+    let groups = 2;
+    let code = |i: usize, o: usize| ((i * 3 + o * 5) % 16) as u32;
+    let zero = |g: usize, o: usize| match (g, o) {
+        (0, 0) => 0,
+        (0, 1) => 15,
+        _ => ((g * 7 + o * 3) % 16) as u32,
+    };
+    let scale = |g: usize, o: usize| half::f16::from_f32(0.01 + ((g * 8 + o) % 97) as f32 * 0.003);
+    let v1 = packing == Packing::Gptq { v1: true };
+    // Column k of a word of eight: AWQ interleaves them.
+    let slot = |k: usize| match packing {
+        Packing::Awq => [0, 4, 1, 5, 2, 6, 3, 7][k % 8],
+        Packing::Gptq { .. } => (k % 8) as u32,
+    };
+    let in_turn = |k: usize| k as u32;
+    let qweight: Vec<u32> = match packing {
+        Packing::Gptq { .. } => (0..inputs / 8)
+            .flat_map(|r| (0..outputs).map(move |o| pack8(|k| code(r * 8 + k, o), in_turn)))
+            .collect(),
+        Packing::Awq => (0..inputs)
+            .flat_map(|i| (0..outputs / 8).map(move |j| pack8(|k| code(i, j * 8 + k), slot)))
+            .collect(),
+    };
+    let stored = |g: usize, o: usize| {
+        if v1 {
+            zero(g, o).wrapping_sub(1) & 0xF
+        } else {
+            zero(g, o)
+        }
+    };
+    let qzeros: Vec<u32> = (0..groups)
+        .flat_map(|g| (0..outputs / 8).map(move |j| pack8(|k| stored(g, j * 8 + k), slot)))
+        .collect();
+    let scales: Vec<u8> = (0..groups)
+        .flat_map(|g| (0..outputs).map(move |o| scale(g, o)))
+        .flat_map(half::f16::to_le_bytes)
+        .collect();
+    // What GPTQModel reads: v1 words plus one in every value, carries included.
+    let read_zero = |g: usize, o: usize| {
+        let word = qzeros[g * outputs / 8 + o / 8];
+        let word = if v1 {
+            word.wrapping_add(0x1111_1111)
+        } else {
+            word
+        };
+        (word >> (4 * slot(o))) & 0xF
+    };
+    let expected: Vec<f32> = (0..outputs)
+        .flat_map(|o| {
+            (0..inputs).map(move |i| {
+                let g = i / (inputs / groups);
+                let product =
+                    (code(i, o) as i32 - read_zero(g, o) as i32) as f32 * scale(g, o).to_f32();
+                half::f16::from_f32(product).to_f32()
+            })
+        })
+        .collect();
+    (le(&qweight), le(&qzeros), scales, expected)
+}
+
+#[test]
+fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
+    // 8 outputs: one band; 1024: several sub-bands and read bands. Groups of 8
+    // values are computed value by value, groups of 32 through the table.
+    let packings = [
+        Packing::Gptq { v1: true },
+        Packing::Gptq { v1: false },
+        Packing::Awq,
+    ];
+    let sizes = [(16, 8), (16, 1024), (64, 8), (64, 1024)];
+    for (packing, (inputs, outputs)) in packings
+        .into_iter()
+        .flat_map(|p| sizes.map(|size| (p, size)))
+    {
+        let (qweight, qzeros, scales, expected) = case(packing, (inputs, outputs));
+        let (w, wr) = file_of(&qweight);
+        let (z, zr) = file_of(&qzeros);
+        let (s, sr) = file_of(&scales);
+        let input = TransposedInt {
+            name: "m.qweight",
+            qweight: (w.as_file(), wr),
+            qzeros: (z.as_file(), zr),
+            scales: (s.as_file(), sr),
+            g_idx: None,
+            layout: TransposedIntLayout {
+                inputs: inputs as u64,
+                outputs: outputs as u64,
+                bits: 4,
+                groups: 2,
+                group_size: inputs as u64 / 2,
+                packing,
+                scale_dtype: DType::F16,
+            },
+            merge: None,
+        };
+        let mut out = Vec::new();
+        stream(&input, DType::F32, &NeverStop, &mut |b| {
+            out.extend_from_slice(b);
+            Ok(())
+        })
+        .expect("dequantized");
+        let got: Vec<f32> = out
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(got, expected, "{packing:?} {inputs} × {outputs}");
+        // The same bytes from threads writing their bands in place.
+        let dst = tempfile::tempfile().expect("tmp");
+        write_in_parallel(&input, DType::F32, (&dst, 0), 3, &NeverStop).expect("written");
+        let mut written = vec![0u8; out.len()];
+        crate::save::copy::read_exact_at(&dst, &mut written, 0).expect("read back");
+        assert_eq!(written, out, "{packing:?} × {outputs} in parallel");
+    }
+    // v1's carry: zero point 0 is stored as 15, whose +1 carries into column 1.
+    let (_, qzeros, _, _) = case(Packing::Gptq { v1: true }, (16, 8));
+    let word = u32::from_le_bytes([qzeros[0], qzeros[1], qzeros[2], qzeros[3]]);
+    assert_eq!((word.wrapping_add(0x1111_1111) >> 4) & 0xF, 0);
+}
