@@ -9,6 +9,7 @@ pub mod layout;
 pub mod probe;
 pub mod rows;
 pub mod runtime;
+mod sources;
 #[cfg(feature = "fixtures")]
 pub mod script;
 pub mod terminal;
