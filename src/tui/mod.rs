@@ -9,9 +9,9 @@ pub mod layout;
 pub mod probe;
 pub mod rows;
 pub mod runtime;
-mod sources;
 #[cfg(feature = "fixtures")]
 pub mod script;
+mod sources;
 pub mod terminal;
 pub mod ui;
 

@@ -16,12 +16,12 @@ use ratatui::Terminal;
 use ratatui::backend::Backend;
 use ratatui::crossterm::event::{Event as TermEvent, KeyEventKind};
 
-pub use super::sources::TerminalEvents;
 use super::app::{Action, App, Effect};
+pub use super::sources::TerminalEvents;
 use super::sources::spawn_verify;
 use super::{keys, ui};
-use crate::monitor::gpu::GpuInfo;
 use crate::monitor::MemorySample;
+use crate::monitor::gpu::GpuInfo;
 use crate::save::{SaveEvent, SaveJob};
 
 /// Everything the loop waits on, merged into one channel.

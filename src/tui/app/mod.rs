@@ -7,6 +7,8 @@ mod devices;
 mod edit;
 mod export;
 mod filter;
+mod geometry;
+mod pointer;
 mod save;
 
 pub use action::{Action, Effect};
@@ -14,13 +16,15 @@ use edit::{edit_text, is_edit};
 
 pub use save::{PREVIEW_DELAY, dtype_label};
 mod search;
+mod state;
 mod verify;
 mod work;
+
+pub use state::*;
 
 pub use work::{Busy, MapApplied, Work};
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,233 +35,11 @@ use crate::model::names::covers;
 use crate::model::tree::{ModuleTree, NodeId};
 use crate::monitor::MemorySample;
 use crate::monitor::gpu::GpuInfo;
-use crate::save::{SaveEvent, SaveOptions, SavePlan, SaveReport};
+use crate::save::{SaveEvent, SaveOptions};
 use crate::types::placement::{DeviceMap, Placement};
 
 use super::probe::{PathKind, Probe, SystemProbe};
 use super::rows::TreeRows;
-
-/// Shard sizes `←/→` step through in the save dialog.
-pub const SHARD_PRESETS: [&str; 8] = [
-    "100MB", "500MB", "1GB", "2GB", "5GB", "10GB", "20GB", "50GB",
-];
-/// Memory samples kept for the sparkline: one minute at four a second.
-pub const MEMORY_HISTORY: usize = 240;
-/// What a save itself needs in memory: the copy buffer (see `save::copy`).
-pub const SAVE_MEMORY: u64 = 8 << 20;
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Mode {
-    Browse,
-    Search(String),
-    /// `f`: the filter being typed (the tree follows as it changes).
-    Filter(String),
-    SaveDialog(Box<SaveDialog>),
-    Export(ExportDialog),
-    Help,
-    /// Every warning, in full (`!`).
-    Warnings,
-    Confirm(Confirm),
-    Plan(PlanDialog),
-    /// What a plan would change, not applied until accepted.
-    PlanPreview(Box<PlanPreview>),
-    /// The devices the selected module can go to (`d`).
-    DevicePicker(DevicePicker),
-}
-
-/// `d`: every device the module can go to, with what it would hold there against its
-/// budget; Enter moves the module to the one selected.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DevicePicker {
-    /// The module (or tensor) being placed.
-    pub node: NodeId,
-    pub choices: Vec<DeviceChoice>,
-    pub selected: usize,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeviceChoice {
-    pub device: Placement,
-    /// What the device holds now.
-    pub holds: u64,
-    /// What it would hold with the module moved there.
-    pub after: u64,
-    /// Its budget (chosen or free), if known.
-    pub budget: Option<u64>,
-    /// Whether the whole module is on this device now.
-    pub current: bool,
-}
-
-/// A plan (`p`) shown before it is applied: Enter puts its map in place (one undo
-/// step), Esc leaves the map as it was.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PlanPreview {
-    /// What moves, device totals before → after, the new map, why.
-    pub lines: Vec<String>,
-    /// The planned map applied to a copy of the model: swapped in when accepted.
-    pub applied: MapApplied,
-    /// How many tensors change device.
-    pub moved: usize,
-    /// The budgets planned for: the Devices panel's once the plan is applied.
-    pub budgets: Vec<(Placement, u64)>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct PlanDialog {
-    /// `--max-memory` syntax: `0=22GiB,cpu=64GiB`.
-    pub budgets: String,
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Confirm {
-    QuitDuringSave,
-    /// `q` with an edited map that was not exported.
-    QuitUnexported,
-    CancelSave,
-    OverwriteExport(PathBuf),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Field {
-    ShardSize,
-    Output,
-    Dtype,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SaveDialog {
-    pub size: String,
-    pub out: String,
-    pub field: Field,
-    /// The output folder the user allowed to be written into though not empty
-    /// (Ctrl-O): consent for that path alone, gone when the path changes or the
-    /// dialog closes, so it never carries over to another folder.
-    pub overwrite: Option<String>,
-    /// `--dtype` of the save, stepped with ←/→ on its field.
-    pub dtype: crate::save::shards::DtypeChoice,
-    pub preview: Preview,
-    /// When the preview is recomputed after the last edit: typing waits for nothing,
-    /// and the plan and file checks run once the keys stop (or on Enter).
-    pub preview_due: Option<Duration>,
-    /// The preview being computed off the UI thread (its generation), if one is.
-    pub preview_pending: Option<u64>,
-}
-
-impl SaveDialog {
-    /// Whether the save may write into a non-empty output folder: the user pressed
-    /// Ctrl-O for the folder the dialog names now.
-    pub fn overwrites(&self) -> bool {
-        self.overwrite.as_deref() == Some(self.out.trim())
-    }
-}
-
-/// What the save would do with the dialog's values, recomputed on every edit.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Preview {
-    pub shard_sizes: Vec<u64>,
-    pub largest: Option<(String, u64)>,
-    pub bytes: u64,
-    pub tensors: usize,
-    /// Tied names written once: (dropped, kept, what says they are tied).
-    pub ties_once: Vec<(String, String, &'static str)>,
-    /// What floating-point tensors are cast to, when the save casts.
-    pub cast_to: Option<crate::types::DType>,
-    /// `--merge-lora`: the adapters applied and the tensors they merge into.
-    pub lora: Option<(Vec<String>, usize)>,
-    pub memory: u64,
-    /// What that memory is, in words.
-    pub memory_parts: String,
-    pub warnings: Vec<String>,
-    /// Reasons the save cannot start; empty when it can.
-    pub errors: Vec<String>,
-    /// The output folder is not empty, so Ctrl-O would help.
-    pub offer_overwrite: bool,
-    pub plan: Option<SavePlan>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ExportDialog {
-    pub path: String,
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ShardProgress {
-    pub file_name: String,
-    pub bytes: u64,
-    pub written: u64,
-    pub done: bool,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    Done(SaveReport),
-    Failed(String),
-    Cancelled,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SaveProgress {
-    pub out: PathBuf,
-    pub started: Duration,
-    /// When the save ended: the rate shown after it is the final average.
-    pub ended: Option<Duration>,
-    pub shards: Vec<ShardProgress>,
-    pub current: Option<usize>,
-    pub total: u64,
-    pub written: u64,
-    pub outcome: Option<Outcome>,
-    pub cancel_requested: bool,
-    /// The plan written, kept for `v` (verify compares against it).
-    pub plan: SavePlan,
-    pub verify: Option<VerifyProgress>,
-}
-
-/// A verification of the finished save, running or done.
-#[derive(Debug, Clone, PartialEq)]
-pub struct VerifyProgress {
-    pub read: u64,
-    pub total: u64,
-    pub outcome: Option<Result<crate::verify::VerifyReport, String>>,
-}
-
-impl SaveProgress {
-    pub fn running(&self) -> bool {
-        self.outcome.is_none()
-    }
-}
-
-/// The panel that ↑/↓ and PgUp/PgDn move in (`Tab` cycles, as in lazygit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Focus {
-    #[default]
-    Tree,
-    Details,
-    Devices,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tone {
-    Info,
-    Good,
-    Bad,
-}
-
-/// A short-lived line in place of the key bar: it goes at `until` (see
-/// [`Message::LASTS`]), and the key bar comes back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Message {
-    pub text: String,
-    pub tone: Tone,
-    /// When it goes, on the App's clock.
-    pub until: Duration,
-}
-
-impl Message {
-    /// How long a message stays: long enough to read a line, an error twice that.
-    pub const LASTS: Duration = Duration::from_secs(4);
-}
 
 pub struct App {
     /// Shared with a running save, which reads it on its own thread; an edit while
@@ -447,29 +229,6 @@ impl App {
         }
     }
 
-    /// A paste goes into the open text field as one edit (line breaks and other
-    /// control characters dropped, so a pasted line never submits); outside a field it
-    /// is ignored, with a word why.
-    fn paste(&mut self, text: &str) -> Vec<Effect> {
-        let clean: String = text.chars().filter(|c| !c.is_control()).collect();
-        let in_field = match &self.mode {
-            Mode::Search(_) | Mode::Filter(_) | Mode::Export(_) | Mode::Plan(_) => true,
-            Mode::SaveDialog(d) => d.field != Field::Dtype,
-            _ => false,
-        };
-        if !in_field {
-            self.say(
-                "paste ignored: open a text field first (/ search, s save, w export, p plan)",
-                Tone::Info,
-            );
-            return Vec::new();
-        }
-        if clean.is_empty() {
-            return Vec::new();
-        }
-        self.handle_in_mode(Action::Paste(clean))
-    }
-
     /// Whether the map differs from the one opened or last exported (`d` then `u` is
     /// no edit).
     pub fn map_edited(&self) -> bool {
@@ -488,117 +247,6 @@ impl App {
 
     pub fn save_running(&self) -> bool {
         self.save.as_ref().is_some_and(SaveProgress::running)
-    }
-
-    /// The wheel over Details or Devices scrolls that panel; anywhere else it moves the
-    /// tree's selection, three rows a notch.
-    fn wheel(&mut self, column: u16, row: u16, down: bool) {
-        let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
-        let areas = self.layout(screen);
-        let at = ratatui::layout::Position::new(column, row);
-        let notch = |v: u16| {
-            if down {
-                v.saturating_add(3)
-            } else {
-                v.saturating_sub(3)
-            }
-        };
-        if areas.details.contains(at) {
-            self.details_scroll = notch(self.details_scroll);
-        } else if areas.devices.contains(at) {
-            self.devices_scroll = notch(self.devices_scroll);
-        } else {
-            let before = self.rows.selected;
-            self.rows.move_by(if down { 3 } else { -3 });
-            if self.rows.selected != before {
-                self.details_scroll = 0;
-            }
-        }
-    }
-
-    /// A click in the tree: the row under it is selected; clicking the selected row
-    /// opens or closes it.
-    fn click(&mut self, column: u16, row: u16) {
-        let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
-        let tree = self.layout(screen).tree;
-        // Inside the border, below the header line.
-        let first = tree.y + 2;
-        if column <= tree.x
-            || column + 1 >= tree.x + tree.width
-            || row < first
-            || row + 1 >= tree.y + tree.height
-        {
-            return;
-        }
-        let index = self.rows.offset + usize::from(row - first);
-        let Some(&id) = self.rows.visible().get(index) else {
-            return;
-        };
-        if index == self.rows.selected {
-            if self.rows.has_children(id) {
-                let open = self.rows.is_expanded(id);
-                self.rows.set_expanded(id, !open);
-            }
-        } else {
-            self.rows.selected = index;
-        }
-    }
-
-    /// Lines the save panel would like: the heading, the overall bar and one per shard
-    /// (or the outcome lines); 0 when there is no save to show.
-    pub fn progress_rows(&self) -> usize {
-        self.save.as_ref().map_or(0, |s| 2 + s.shards.len().max(2))
-    }
-
-    /// Lines the Devices panel shows: one per device.
-    pub fn device_rows(&self) -> usize {
-        self.device_totals().len()
-    }
-
-    /// Bytes per device, for every device that holds weights now or did when the model
-    /// opened (a device emptied by edits keeps its row, at 0 B: rows never jump).
-    pub fn device_totals(&self) -> Vec<(Placement, u64)> {
-        let mut totals: std::collections::BTreeMap<Placement, u64> =
-            self.opened_devices.iter().map(|&p| (p, 0)).collect();
-        for &(p, bytes) in &self.tree.nodes[ModuleTree::ROOT].split {
-            totals.insert(p, bytes);
-        }
-        totals.into_iter().collect()
-    }
-
-    /// Where the panels are on `screen`, with the zoom (`z`) applied.
-    pub fn layout(&self, screen: ratatui::layout::Rect) -> super::layout::Areas {
-        use super::layout::Zoomed;
-        let zoomed = self.zoomed.then_some(match self.focus {
-            Focus::Tree => Zoomed::Tree,
-            Focus::Details => Zoomed::Details,
-            Focus::Devices => Zoomed::Devices,
-        });
-        super::layout::areas_zoomed(screen, self.progress_rows(), self.device_rows(), zoomed)
-    }
-
-    /// Marks the rows whose tensors moved since the model opened (and the modules
-    /// above them).
-    pub(super) fn mark_edited_rows(&mut self) {
-        let tensors = self.ckpt.tensors();
-        let moved = |t: usize| self.opened_placements.get(t) != Some(&tensors[t].placement);
-        let edited = self.tree.marked_with_ancestors(moved);
-        // No move: no list at all (the usual case after an undo back to the start).
-        self.edited_nodes = if edited.contains(&true) {
-            edited
-        } else {
-            Vec::new()
-        };
-    }
-
-    /// Whether row `id` holds tensors moved since the model opened.
-    pub fn row_edited(&self, id: NodeId) -> bool {
-        self.edited_nodes.get(id).copied().unwrap_or(false)
-    }
-
-    fn tree_height(&self) -> usize {
-        let screen = ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1);
-        self.layout(screen).tree_rows
     }
 
     /// A message that stays while the work it names runs (a save, a verification):
