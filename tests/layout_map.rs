@@ -1,6 +1,7 @@
 //! CONTRIBUTING's layout map names every source file, and no file that is gone: a
 //! module added or renamed without a word in the map fails here (the map once omitted
-//! seven readers and kernels a newcomer had to find by grep).
+//! seven readers and kernels a newcomer had to find by grep); and no source file is
+//! over 600 lines.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -61,4 +62,26 @@ fn the_layout_map_names_every_source_file() {
 
 fn is_name_char(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// No source file outgrows one screen of thought: over 600 lines, it is split (its
+/// tests into `tests.rs` beside it, its parts into modules), as CONTRIBUTING asks.
+#[test]
+fn no_source_file_is_over_600_lines() {
+    fn walk(dir: &Path, long: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("src").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, long);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let lines = std::fs::read_to_string(&path).expect("source").lines().count();
+                if lines > 600 {
+                    long.push(format!("{} ({lines} lines)", path.display()));
+                }
+            }
+        }
+    }
+    let mut long = Vec::new();
+    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut long);
+    assert!(long.is_empty(), "split these: {long:?}");
 }
