@@ -74,7 +74,10 @@ fn no_source_file_is_over_600_lines() {
             if path.is_dir() {
                 walk(&path, long);
             } else if path.extension().is_some_and(|e| e == "rs") {
-                let lines = std::fs::read_to_string(&path).expect("source").lines().count();
+                let lines = std::fs::read_to_string(&path)
+                    .expect("source")
+                    .lines()
+                    .count();
                 if lines > 600 {
                     long.push(format!("{} ({lines} lines)", path.display()));
                 }
@@ -82,6 +85,9 @@ fn no_source_file_is_over_600_lines() {
         }
     }
     let mut long = Vec::new();
-    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut long);
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut long,
+    );
     assert!(long.is_empty(), "split these: {long:?}");
 }

@@ -302,6 +302,27 @@ pub(super) fn dequantized_nvfp4(
         PackedPart::Companion(..) => return Ok(Dequantized::Dropped),
         PackedPart::Other => return Ok(Dequantized::NotFp8),
     };
+    nvfp4_recipe(
+        ckpt,
+        id,
+        module,
+        "weight_global_scale",
+        Nvfp4Convention::CompressedTensors,
+        to,
+    )
+}
+
+/// The recipe of NVFP4 weight `id` of module `module`: U8 `[rows, cols/2]` beside its
+/// F8_E4M3 `M.weight_scale` and the F32 global scale `M.{global}`, each checked.
+fn nvfp4_recipe(
+    ckpt: &Checkpoint,
+    id: TensorId,
+    module: &str,
+    global: &str,
+    convention: Nvfp4Convention,
+    to: DType,
+) -> Result<Dequantized, String> {
+    let tensor = &ckpt.tensors()[id];
     let dims: Vec<u64> = tensor.shape.to_vec();
     let (DType::U8, &[rows, half]) = (tensor.dtype, dims.as_slice()) else {
         return Err(format!(
@@ -317,7 +338,7 @@ pub(super) fn dequantized_nvfp4(
         ));
     }
     let scale_name = format!("{module}.weight_scale");
-    let global_name = format!("{module}.weight_global_scale");
+    let global_name = format!("{module}.{global}");
     let (Some(scale_id), Some(global_id)) =
         (ckpt.index_of(&scale_name), ckpt.index_of(&global_name))
     else {
@@ -357,7 +378,7 @@ pub(super) fn dequantized_nvfp4(
                 layout: Nvfp4Layout {
                     rows,
                     cols,
-                    convention: Nvfp4Convention::CompressedTensors,
+                    convention,
                 },
             },
             to,
@@ -396,65 +417,12 @@ pub(super) fn dequantized_modelopt_nvfp4(
     else {
         return Ok(Dequantized::NotFp8);
     };
-    let dims: Vec<u64> = tensor.shape.to_vec();
-    let &[rows, half] = dims.as_slice() else {
-        return Err(format!(
-            "is U8 {dims:?}; NVFP4 weights are matrices [rows, cols/2]"
-        ));
-    };
-    let cols = half * 2;
-    let group = crate::save::nvfp4::GROUP;
-    if cols % group != 0 {
-        return Err(format!(
-            "packs {cols} FP4 values a row, which groups of {group} do not divide"
-        ));
-    }
-    let scale_name = format!("{module}.weight_scale");
-    let global_name = format!("{module}.weight_scale_2");
-    let (Some(scale_id), Some(global_id)) =
-        (ckpt.index_of(&scale_name), ckpt.index_of(&global_name))
-    else {
-        return Err(format!(
-            "is NVFP4, but `{scale_name}` or `{global_name}` is missing beside it"
-        ));
-    };
-    let (scale, global) = (&ckpt.tensors()[scale_id], &ckpt.tensors()[global_id]);
-    let want = [rows, cols / group];
-    if scale.dtype != DType::F8E4M3 || !scale.shape.iter().eq(want) {
-        return Err(format!(
-            "has a `{scale_name}` of {} {:?}, but its FP4 values need F8_E4M3 {want:?}",
-            scale.dtype,
-            scale.shape.to_vec()
-        ));
-    }
-    if global.dtype != DType::F32 || global.numel() != 1 {
-        return Err(format!(
-            "has a `{global_name}` of {} {:?}, not one float32",
-            global.dtype,
-            global.shape.to_vec()
-        ));
-    }
-    let (Some(packed), Some(scales), Some(global)) = (
-        ckpt.data_range(id),
-        ckpt.data_range(scale_id),
-        ckpt.data_range(global_id),
-    ) else {
-        return Err("or its scales have no data to read".to_owned());
-    };
-    Ok(Dequantized::Written(Recipe {
-        read: Read::Range(packed),
-        make: Make::Dequantize {
-            quant: Quant::Nvfp4 {
-                scales,
-                global,
-                layout: Nvfp4Layout {
-                    rows,
-                    cols,
-                    convention: Nvfp4Convention::ModelOpt,
-                },
-            },
-            to,
-        },
-        merge: !ckpt.merges_of(id).is_empty(),
-    }))
+    nvfp4_recipe(
+        ckpt,
+        id,
+        module,
+        "weight_scale_2",
+        Nvfp4Convention::ModelOpt,
+        to,
+    )
 }
