@@ -28,21 +28,10 @@ fn budget_of(a: &args::PlanArgs, rank: u64) -> Option<u64> {
 }
 
 pub(super) fn report(ckpt: &Checkpoint, a: &args::PlanArgs, layout: Layout) -> Result<()> {
-    let dtype = devmap::plan::kv::compute_dtype(ckpt, a.dtype);
-    let cache = match a.context {
-        Some(context) => Some(
-            devmap::plan::kv::kv_cache(
-                &ckpt.config.raw,
-                devmap::plan::kv::KvRequest {
-                    context,
-                    batch: a.batch,
-                    dtype,
-                },
-            )
-            .map_err(|e| eyre!(e))?,
-        ),
-        None => None,
-    };
+    let cache = a
+        .context
+        .map(|context| super::plan::kv_cache(ckpt, a, context))
+        .transpose()?;
     let sharded = devmap::plan::parallel::shard(ckpt, layout, a.dtype, cache.as_ref())
         .map_err(|e| eyre!(e))?;
     for note in &sharded.notes {

@@ -384,7 +384,7 @@ fn kv_json(cache: &KvCache) -> serde_json::Value {
 }
 
 /// The KV cache at `context` tokens, in the dtype the model computes in.
-fn kv_cache(ckpt: &Checkpoint, a: &args::PlanArgs, context: u64) -> Result<KvCache> {
+pub(super) fn kv_cache(ckpt: &Checkpoint, a: &args::PlanArgs, context: u64) -> Result<KvCache> {
     let request = devmap::plan::kv::KvRequest {
         context,
         batch: a.batch,
