@@ -259,6 +259,12 @@ impl Copier {
     }
 }
 
+/// A quantized input whose contents cannot be dequantized (sizes, scales, indexes),
+/// `message` naming the tensor.
+pub(crate) fn invalid_data(message: String) -> CopyError {
+    CopyError::Io(io::Error::new(io::ErrorKind::InvalidData, message))
+}
+
 /// Fills `buf` from `src` at `at`; a source that ends first is
 /// [`CopyError::ShortSource`] (with the bytes of `buf` it did fill).
 pub(crate) fn read_exact_at(src: &File, buf: &mut [u8], at: u64) -> Result<(), CopyError> {

@@ -21,7 +21,7 @@
 use std::fs::File;
 use std::io;
 
-use super::copy::{CopyError, Stop, read_exact_at};
+use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
 
@@ -92,10 +92,6 @@ pub struct Nvfp4<'a> {
     pub layout: Nvfp4Layout,
     /// LoRA merges into the dequantized weight, applied in `to` to each band.
     pub merge: Option<&'a super::lora_kernel::RowMerger>,
-}
-
-fn invalid(message: String) -> CopyError {
-    CopyError::Io(io::Error::new(io::ErrorKind::InvalidData, message))
 }
 
 /// The sizes checked, and the global scale read (finite and not zero).

@@ -18,7 +18,7 @@
 use std::fs::File;
 use std::io;
 
-use super::copy::{CopyError, Stop, read_exact_at};
+use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
 
@@ -101,8 +101,22 @@ pub struct PackedInt<'a> {
     pub merge: Option<&'a super::lora_kernel::RowMerger>,
 }
 
-fn invalid(message: String) -> CopyError {
-    CopyError::Io(io::Error::new(io::ErrorKind::InvalidData, message))
+/// Scales stored as `dtype` (`bytes`) widened to f32 into `scales` (`wide` holds the
+/// f32 bytes on the way); the index of the first that is not finite, if one is not.
+pub(crate) fn widen_scales(
+    dtype: DType,
+    bytes: &[u8],
+    wide: &mut Vec<u8>,
+    scales: &mut Vec<f32>,
+) -> Option<usize> {
+    wide.resize(bytes.len() / dtype.size() as usize * 4, 0);
+    super::cast::cast(dtype, DType::F32, bytes, wide);
+    scales.clear();
+    scales.extend(
+        wide.chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    );
+    scales.iter().position(|s| !s.is_finite())
 }
 
 /// Bit `at` of a little-endian run of I32 words, `bits` wide: the value there.
@@ -279,20 +293,12 @@ impl Band {
             &mut self.scale_bytes,
             input.scales.1.offset + first_scale * size,
         )?;
-        self.wide.resize(count as usize * 4, 0);
-        super::cast::cast(
+        if let Some(bad) = widen_scales(
             layout.scale_dtype,
-            DType::F32,
             &self.scale_bytes,
             &mut self.wide,
-        );
-        self.scales.clear();
-        self.scales.extend(
-            self.wide
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        );
-        if let Some(bad) = self.scales.iter().position(|s| !s.is_finite()) {
+            &mut self.scales,
+        ) {
             return Err(invalid(format!(
                 "the scales of `{}` hold {} at element {}: the weight cannot be dequantized",
                 input.name,

@@ -2,8 +2,8 @@
 //! then output rows made a sub-band at a time through a table of every output a value
 //! can have, per group and column.
 
-use super::{Packing, TransposedInt, TransposedIntLayout, invalid, word};
-use crate::save::copy::{CopyError, read_exact_at};
+use super::{Packing, TransposedInt, TransposedIntLayout, word};
+use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at};
 use crate::types::dtype::DType;
 
 /// One read band's inputs and a sub-band's output.
@@ -94,21 +94,12 @@ impl Band {
             let dst = &mut self.scale_bytes[(g * n * size) as usize..((g + 1) * n * size) as usize];
             read_exact_at(input.scales.0, dst, at)?;
         }
-        self.wide
-            .resize(self.scale_bytes.len() / size as usize * 4, 0);
-        crate::save::cast::cast(
+        if let Some(bad) = crate::save::packed_int::widen_scales(
             layout.scale_dtype,
-            DType::F32,
             &self.scale_bytes,
             &mut self.wide,
-        );
-        self.scales.clear();
-        self.scales.extend(
-            self.wide
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        );
-        if let Some(bad) = self.scales.iter().position(|s| !s.is_finite()) {
+            &mut self.scales,
+        ) {
             let (g, o) = (bad as u64 / n, cols.start + bad as u64 % n);
             return Err(invalid(format!(
                 "the scales of `{}` hold {} at [{g}, {o}]: the weight cannot be dequantized",

@@ -30,7 +30,7 @@ use std::io;
 
 use band::{Band, Groups};
 
-use super::copy::{CopyError, Stop, read_exact_at};
+use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
 
@@ -153,10 +153,6 @@ pub struct TransposedInt<'a> {
     pub layout: TransposedIntLayout,
     /// LoRA merges into the dequantized weight, applied to each band of output rows.
     pub merge: Option<&'a super::lora_kernel::RowMerger>,
-}
-
-fn invalid(message: String) -> CopyError {
-    CopyError::Io(io::Error::new(io::ErrorKind::InvalidData, message))
 }
 
 fn word(bytes: &[u8], i: usize) -> u32 {
