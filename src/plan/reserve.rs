@@ -89,6 +89,9 @@ pub struct Reserved {
     pub weight_budgets: Vec<(Placement, u64)>,
     /// The cache (and activations, when asked) each device holds under the final map.
     pub kv_on: Vec<(Placement, u64)>,
+    /// The weights each device holds while it runs under that map
+    /// ([`weights_by_device`]).
+    pub weights_on: Vec<(Placement, u64)>,
     /// Plans made to find it.
     pub rounds: usize,
 }
@@ -145,27 +148,26 @@ pub fn plan_reserving_kv(
         };
         let planned = plan(ckpt, &asked)?;
         let kv_on = runtime(&planned.map);
+        let weights_on = weights_by_device(ckpt, &planned.map, options.dtype);
         Ok(Reserved {
             planned,
             weight_budgets: budgets.to_vec(),
             kv_on,
+            weights_on,
             rounds,
         })
     };
-    let over = |r: &Reserved| -> Vec<(Placement, u64)> {
+    // Whether every device (disk aside) holds its weights and what runs within its
+    // given budget.
+    let fits = |r: &Reserved| {
         given
             .iter()
             .filter(|(d, _)| *d != Placement::Disk)
-            .filter_map(|&(d, budget)| {
-                let weights = on_device(&weights_by_device(ckpt, &r.planned.map, options.dtype), d);
-                let kv = on_device(&r.kv_on, d);
-                (weights + kv > budget).then_some((d, kv))
-            })
-            .collect()
+            .all(|&(d, budget)| on_device(&r.weights_on, d) + on_device(&r.kv_on, d) <= budget)
     };
     // 1. Uniform layers' share.
     let unreserved = attempt(given)?;
-    if over(&unreserved).is_empty() {
+    if fits(&unreserved) {
         return Ok(unreserved);
     }
     let weights: u64 = unreserved.planned.used.iter().map(|(_, b)| b).sum();
@@ -200,7 +202,7 @@ pub fn plan_reserving_kv(
     const STEP: u64 = 1 << 20;
     for i in 0..budgets.len() {
         let (device, full) = given[i];
-        if !matches!(device, Placement::Gpu(_) | Placement::Mps) || !over(&best).is_empty() {
+        if !matches!(device, Placement::Gpu(_) | Placement::Mps) || !fits(&best) {
             continue;
         }
         let (mut low, mut high) = (best.weight_budgets[i].1, full);
@@ -209,7 +211,7 @@ pub fn plan_reserving_kv(
             let mut trial = best.weight_budgets.clone();
             trial[i].1 = mid;
             let r = attempt(&trial)?;
-            if over(&r).is_empty() {
+            if fits(&r) {
                 low = mid;
                 best = r;
             } else {
