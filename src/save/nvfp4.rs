@@ -22,6 +22,7 @@ use std::fs::File;
 use std::io;
 
 use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
+use super::packed_int::expand_nibbles;
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
 
@@ -163,6 +164,92 @@ pub fn write_in_parallel(
     Ok(layout.elements() * to.size())
 }
 
+/// How one block of 16 values is made: the 16 outputs its codes can have, computed
+/// from its scale as the convention says, then looked up per nibble.
+struct Block {
+    convention: Nvfp4Convention,
+    global: f32,
+    to: DType,
+}
+
+impl Block {
+    /// The 16 outputs of a block of scale `s`, one per code (elements of `SIZE` bytes).
+    fn table<const SIZE: usize>(&self, s: f32) -> [[u8; SIZE]; 16] {
+        let mut table = [[0u8; SIZE]; 16];
+        // Each (convention, dtype) pair its own loop, so the 16 products vectorize.
+        let t = &mut table;
+        let bf16_then_f16 = |v: f32| {
+            u32::from(half::f16::from_f32(f32::from_bits(u32::from(bf16_bits(v)) << 16)).to_bits())
+        };
+        match (self.convention, self.to) {
+            // ModelOpt: one f32 product, rounded once to the output dtype.
+            (Nvfp4Convention::ModelOpt, DType::BF16) => {
+                fill(t, &MODELOPT_E2M1, s * self.global, |v| {
+                    u32::from(bf16_bits(v))
+                });
+            }
+            (Nvfp4Convention::ModelOpt, DType::F16) => {
+                fill(t, &MODELOPT_E2M1, s * self.global, |v| {
+                    u32::from(half::f16::from_f32(v).to_bits())
+                });
+            }
+            (Nvfp4Convention::ModelOpt, _) => {
+                fill(t, &MODELOPT_E2M1, s * self.global, f32::to_bits);
+            }
+            // compressed-tensors: the product in f32, rounded to bfloat16, then converted.
+            (Nvfp4Convention::CompressedTensors, DType::BF16) => {
+                fill(t, &SIGNED_E2M1, s / self.global, |v| {
+                    u32::from(bf16_bits(v))
+                });
+            }
+            (Nvfp4Convention::CompressedTensors, DType::F16) => {
+                fill(t, &SIGNED_E2M1, s / self.global, bf16_then_f16);
+            }
+            (Nvfp4Convention::CompressedTensors, _) => {
+                fill(t, &SIGNED_E2M1, s / self.global, |v| {
+                    u32::from(bf16_bits(v)) << 16
+                });
+            }
+        }
+        table
+    }
+
+    /// [`Block::table`] of each of the 256 F8_E4M3 scale codes (a block's outputs are a
+    /// function of its scale's code, the global scale fixed): 8 KiB for bfloat16 made
+    /// once a stream, then each value is one lookup. A NaN code's table is never used.
+    fn tables<const SIZE: usize>(&self) -> Vec<[[u8; SIZE]; 16]> {
+        let fp8 = super::fp8::e4m3_values();
+        fp8.iter()
+            .map(|&s| {
+                if s.is_finite() {
+                    self.table(s)
+                } else {
+                    [[0; SIZE]; 16]
+                }
+            })
+            .collect()
+    }
+}
+
+/// Every block's outputs, by scale code, in the output's element size.
+enum Tables {
+    Two(Vec<[[u8; 2]; 16]>),
+    Four(Vec<[[u8; 4]; 16]>),
+}
+
+/// `table[code]` = the output bits of `values[code] · scale`.
+#[inline]
+fn fill<const SIZE: usize>(
+    table: &mut [[u8; SIZE]; 16],
+    values: &[f32; 16],
+    scale: f32,
+    bits: impl Fn(f32) -> u32,
+) {
+    for (entry, v) in table.iter_mut().zip(values) {
+        entry.copy_from_slice(&bits(v * scale).to_le_bytes()[..SIZE]);
+    }
+}
+
 fn stream_rows(
     input: &Nvfp4<'_>,
     global: f32,
@@ -178,6 +265,15 @@ fn stream_rows(
     let step = (BAND_ELEMENTS / layout.cols.max(1)).max(1);
     let fp8 = super::fp8::e4m3_values();
     let (mut packed, mut scales, mut output) = (Vec::new(), Vec::new(), Vec::new());
+    let block = Block {
+        convention: layout.convention,
+        global,
+        to,
+    };
+    let tables = match size {
+        2 => Tables::Two(block.tables()),
+        _ => Tables::Four(block.tables()),
+    };
     let mut r0 = rows.start;
     while r0 < rows.end {
         if cancel.stop() {
@@ -201,60 +297,19 @@ fn stream_rows(
         for i in 0..n {
             let row = &packed[i * cols / 2..(i + 1) * cols / 2];
             let out = &mut output[i * cols * size..(i + 1) * cols * size];
-            for g in 0..groups {
-                let code = scales[i * groups + g];
-                let s = fp8[usize::from(code)];
-                if !s.is_finite() {
+            let codes = &scales[i * groups..(i + 1) * groups];
+            for (g, (bytes, &code)) in row.chunks_exact(GROUP as usize / 2).zip(codes).enumerate() {
+                if !fp8[usize::from(code)].is_finite() {
                     return Err(invalid(format!(
                         "the scales of `{}` hold NaN at element {}: the weight cannot be dequantized",
                         input.name,
                         (r0 as usize + i) * groups + g
                     )));
                 }
-                let bytes = &row[g * 8..(g + 1) * 8];
                 let dst = &mut out[g * 16 * size..(g + 1) * 16 * size];
-                if layout.convention == Nvfp4Convention::ModelOpt {
-                    // One f32 product, rounded once to the output dtype.
-                    let scale = s * global;
-                    let value = |code: u8| MODELOPT_E2M1[usize::from(code)] * scale;
-                    let values = bytes.iter().flat_map(|b| [value(b & 0xF), value(b >> 4)]);
-                    for (v, o) in values.zip(dst.chunks_exact_mut(size)) {
-                        let bits = match to {
-                            DType::BF16 => u32::from(bf16_bits(v)),
-                            DType::F16 => u32::from(half::f16::from_f32(v).to_bits()),
-                            _ => v.to_bits(),
-                        };
-                        o.copy_from_slice(&bits.to_le_bytes()[..size]);
-                    }
-                    continue;
-                }
-                let scale = s / global;
-                // Each value's product in f32, rounded to bfloat16, then converted.
-                let rounded = |code: u8| bf16_bits(SIGNED_E2M1[usize::from(code)] * scale);
-                match to {
-                    DType::BF16 => {
-                        for (b, pair) in bytes.iter().zip(dst.chunks_exact_mut(4)) {
-                            pair[..2].copy_from_slice(&rounded(b & 0xF).to_le_bytes());
-                            pair[2..].copy_from_slice(&rounded(b >> 4).to_le_bytes());
-                        }
-                    }
-                    DType::F16 => {
-                        let half = |code: u8| {
-                            half::f16::from_f32(f32::from_bits(u32::from(rounded(code)) << 16))
-                                .to_bits()
-                        };
-                        for (b, pair) in bytes.iter().zip(dst.chunks_exact_mut(4)) {
-                            pair[..2].copy_from_slice(&half(b & 0xF).to_le_bytes());
-                            pair[2..].copy_from_slice(&half(b >> 4).to_le_bytes());
-                        }
-                    }
-                    _ => {
-                        for (b, pair) in bytes.iter().zip(dst.chunks_exact_mut(8)) {
-                            let (lo, hi) = (rounded(b & 0xF), rounded(b >> 4));
-                            pair[..4].copy_from_slice(&(u32::from(lo) << 16).to_le_bytes());
-                            pair[4..].copy_from_slice(&(u32::from(hi) << 16).to_le_bytes());
-                        }
-                    }
+                match &tables {
+                    Tables::Two(t) => expand_nibbles(bytes, &t[usize::from(code)], dst),
+                    Tables::Four(t) => expand_nibbles(bytes, &t[usize::from(code)], dst),
                 }
             }
         }

@@ -389,6 +389,25 @@ impl Band {
 
     /// [`Band::dequantize_each`]'s values, each stored pattern's computed once a group.
     fn dequantize_by_table(&mut self, layout: PackedIntLayout, n: usize, to: DType) {
+        let mut output = std::mem::take(&mut self.output);
+        output.resize(n * layout.cols as usize * to.size() as usize, 0);
+        if to.size() == 2 {
+            self.decode_by_table::<2>(layout, n, to, &mut output);
+        } else {
+            self.decode_by_table::<4>(layout, n, to, &mut output);
+        }
+        self.output = output;
+    }
+
+    /// [`Band::dequantize_by_table`] into `output`, of elements of `SIZE` bytes (the
+    /// sizes are constants, so each store is one move, not a call).
+    fn decode_by_table<const SIZE: usize>(
+        &self,
+        layout: PackedIntLayout,
+        n: usize,
+        to: DType,
+        output: &mut [u8],
+    ) {
         let cols = layout.cols as usize;
         let groups = layout.groups() as usize;
         let group = if layout.group == 0 {
@@ -398,43 +417,109 @@ impl Band {
         };
         let packed_row = layout.packed_cols() as usize * 4;
         let entries = 1usize << layout.bits;
-        let size = to.size() as usize;
-        let mut output = std::mem::take(&mut self.output);
-        output.resize(n * cols * size, 0);
-        let mut table = [0u8; 256 * 4];
+        let mut table = [[0u8; SIZE]; 256];
         for i in 0..n {
             let row = &self.packed[i * packed_row..(i + 1) * packed_row];
-            let out = &mut output[i * cols * size..(i + 1) * cols * size];
+            let out = &mut output[i * cols * SIZE..(i + 1) * cols * SIZE];
             for g in 0..groups {
                 let (s, z) = self.scale_and_zero(layout, i, g);
-                for v in 0..entries {
-                    let product = (v as i32 - layout.offset() - z) as f32 * s;
-                    let bits = output_bits(product, layout.scale_dtype, to);
-                    table[v * size..(v + 1) * size].copy_from_slice(&bits.to_le_bytes()[..size]);
-                }
+                fill_table(
+                    &mut table[..entries],
+                    -layout.offset() - z,
+                    s,
+                    (layout.scale_dtype, to),
+                );
                 let span = g * group..((g + 1) * group).min(cols);
-                match (layout.bits, size) {
+                let dst = &mut out[span.start * SIZE..span.end * SIZE];
+                if layout.bits == 4 && span.start % 2 == 0 && span.len() % 2 == 0 {
                     // Two values a byte, the low nibble first.
-                    (4, 2) if span.start % 2 == 0 && span.len() % 2 == 0 => {
-                        let bytes = &row[span.start / 2..span.end / 2];
-                        let dst = &mut out[span.start * 2..span.end * 2];
-                        for (b, o) in bytes.iter().zip(dst.chunks_exact_mut(4)) {
-                            let (lo, hi) = (usize::from(b & 0xF), usize::from(b >> 4));
-                            o[..2].copy_from_slice(&table[lo * 2..lo * 2 + 2]);
-                            o[2..].copy_from_slice(&table[hi * 2..hi * 2 + 2]);
-                        }
+                    let nibbles: &[[u8; SIZE]; 16] =
+                        table[..16].try_into().unwrap_or(&[[0; SIZE]; 16]);
+                    expand_nibbles(&row[span.start / 2..span.end / 2], nibbles, dst);
+                } else if layout.bits == 8 {
+                    for (b, o) in row[span.clone()].iter().zip(dst.chunks_exact_mut(SIZE)) {
+                        o.copy_from_slice(&table[usize::from(*b)]);
                     }
-                    _ => {
-                        for c in span {
-                            let v = stored_value(row, c, layout.bits) as usize;
-                            out[c * size..(c + 1) * size]
-                                .copy_from_slice(&table[v * size..(v + 1) * size]);
-                        }
+                } else {
+                    for (c, o) in span.zip(dst.chunks_exact_mut(SIZE)) {
+                        let v = stored_value(row, c, layout.bits) as usize;
+                        o.copy_from_slice(&table[v & 0xFF]);
                     }
                 }
             }
         }
-        self.output = output;
+    }
+}
+
+/// Each byte of `bytes` as two values (the low nibble first), looked up in `table`
+/// into `dst`. Four bytes at a time, their outputs gathered into 8-byte stores.
+#[inline]
+pub(crate) fn expand_nibbles<const SIZE: usize>(
+    bytes: &[u8],
+    table: &[[u8; SIZE]; 16],
+    dst: &mut [u8],
+) {
+    let entry = |b: u8| -> u64 {
+        let mut wide = [0u8; 8];
+        wide[..SIZE].copy_from_slice(&table[usize::from(b)]);
+        u64::from_le_bytes(wide)
+    };
+    let shift = 8 * SIZE as u32;
+    let pair = |b: u8| entry(b & 0xF) | entry(b >> 4) << (shift % 64);
+    let mut quads = bytes.chunks_exact(4);
+    let mut out = dst.chunks_exact_mut(8 * SIZE);
+    for (quad, o) in (&mut quads).zip(&mut out) {
+        if SIZE == 2 {
+            let first = pair(quad[0]) | pair(quad[1]) << 32;
+            let second = pair(quad[2]) | pair(quad[3]) << 32;
+            o[..8].copy_from_slice(&first.to_le_bytes());
+            o[8..].copy_from_slice(&second.to_le_bytes());
+        } else {
+            for (b, o) in quad.iter().zip(o.chunks_exact_mut(2 * SIZE)) {
+                o[..SIZE].copy_from_slice(&table[usize::from(b & 0xF)]);
+                o[SIZE..].copy_from_slice(&table[usize::from(b >> 4)]);
+            }
+        }
+    }
+    let rest = quads.remainder();
+    let tail = out.into_remainder();
+    for (b, o) in rest.iter().zip(tail.chunks_exact_mut(2 * SIZE)) {
+        o[..SIZE].copy_from_slice(&table[usize::from(b & 0xF)]);
+        o[SIZE..].copy_from_slice(&table[usize::from(b >> 4)]);
+    }
+}
+
+/// `table[v]` = the output bits of `(v + base) · s`, as [`output_bits`] makes them
+/// (the common dtype pairs spelled out, so the conversion inlines into the loop).
+#[inline]
+pub(crate) fn fill_table<const SIZE: usize>(
+    table: &mut [[u8; SIZE]],
+    base: i32,
+    s: f32,
+    (sd, to): (DType, DType),
+) {
+    #[inline]
+    fn fill<const SIZE: usize>(
+        table: &mut [[u8; SIZE]],
+        base: i32,
+        s: f32,
+        bits: impl Fn(f32) -> u32,
+    ) {
+        for (v, entry) in table.iter_mut().enumerate() {
+            let product = (v as i32 + base) as f32 * s;
+            entry.copy_from_slice(&bits(product).to_le_bytes()[..SIZE]);
+        }
+    }
+    match (sd, to) {
+        // Rounding to bfloat16 twice is rounding once.
+        (DType::BF16 | DType::F32, DType::BF16) => fill(table, base, s, |p| {
+            u32::from(half::bf16::from_f32(p).to_bits())
+        }),
+        (DType::F16 | DType::F32, DType::F16) => fill(table, base, s, |p| {
+            u32::from(half::f16::from_f32(p).to_bits())
+        }),
+        (DType::F32, DType::F32) => fill(table, base, s, f32::to_bits),
+        _ => fill(table, base, s, |p| output_bits(p, sd, to)),
     }
 }
 
