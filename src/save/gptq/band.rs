@@ -4,15 +4,15 @@
 
 use super::{Packing, TransposedInt, TransposedIntLayout, word};
 use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at};
+use crate::save::packed_int::expand_nibbles;
 use crate::types::dtype::DType;
 
 /// One read band's inputs and a sub-band's output.
 #[derive(Default)]
 pub(super) struct Band {
-    /// The read band's words of every packed row, row after row: as read, and as
-    /// words.
+    /// The read band's words of every packed row, row after row, as read
+    /// (little-endian).
     packed: Vec<u8>,
-    words: Vec<u32>,
     /// Words of the read band in a packed row.
     words_a_row: usize,
     /// Zero points, `[groups, band]`, unpacked.
@@ -62,12 +62,6 @@ impl Band {
             let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
             read_exact_at(input.qweight.0, dst, at)?;
         }
-        self.words.clear();
-        self.words.extend(
-            self.packed
-                .chunks_exact(4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        );
         // Zero points: their words for the band's columns, a group at a time.
         let zero_row = layout.outputs / p;
         let zero_words = n.div_ceil(p);
@@ -147,7 +141,7 @@ impl Band {
         let band = Decode {
             layout,
             groups,
-            packed: &self.words,
+            packed: self.packed.as_chunks::<4>().0,
             band_words: self.words_a_row,
             skip,
             n,
@@ -172,7 +166,7 @@ pub(super) struct Groups {
 struct Decode<'a> {
     layout: TransposedIntLayout,
     groups: &'a Groups,
-    packed: &'a [u32],
+    packed: &'a [[u8; 4]],
     band_words: usize,
     /// Columns of the read band before the sub-band, and the sub-band's columns.
     skip: usize,
@@ -204,8 +198,85 @@ impl Decode<'_> {
             let at = (g * n + local) * values * SIZE;
             &table[at..at + values * SIZE]
         };
-        let word_at = |at: usize| packed[at];
+        let word_at = |at: usize| u32::from_le_bytes(packed[at]);
         match layout.packing {
+            // 4 bits with the groups in order: each output row's words gathered into a
+            // run of bytes (GPTQ's nibbles lie in input order, the low nibble first),
+            // then a group's bytes expanded through its 16 outputs at a time.
+            Packing::Gptq { .. } if bits == 4 && groups.in_order => {
+                let packed_rows = inputs / per_word;
+                let words_a_group = (layout.group_size as usize / per_word).max(1);
+                let (entries, _) = table.as_chunks::<SIZE>();
+                let (tables, _) = entries.as_chunks::<16>();
+                // Gathered BLOCK output rows at a time: a packed row's BLOCK words are
+                // one cache line. The gathered rows lie a cache line further apart than
+                // their length, so the BLOCK stores of a packed row do not all fall in
+                // one cache set (4 KiB apart, they would).
+                const BLOCK: usize = 16;
+                let stride = packed_rows * 4 + 64;
+                let mut columns = vec![0u8; BLOCK * stride];
+                for block in (0..n).step_by(BLOCK) {
+                    let width = BLOCK.min(n - block);
+                    for r in 0..packed_rows {
+                        let at = r * band_words + skip + block;
+                        for (k, w) in packed[at..at + width].iter().enumerate() {
+                            let b = k * stride + r * 4;
+                            columns[b..b + 4].copy_from_slice(w);
+                        }
+                    }
+                    expand_rows::<SIZE>(
+                        (&columns, stride),
+                        (block, width),
+                        (n, inputs, words_a_group * 8),
+                        tables,
+                        output,
+                    );
+                }
+            }
+            // AWQ at 4 bits with the groups in order: each 8×8 block of values (eight
+            // input rows' words for eight output columns) transposed into the output
+            // rows' nibbles in input order, then expanded as GPTQ's.
+            Packing::Awq
+                if bits == 4
+                    && groups.in_order
+                    && inputs.is_multiple_of(8)
+                    && n.is_multiple_of(8)
+                    && skip.is_multiple_of(8) =>
+            {
+                let (entries, _) = table.as_chunks::<SIZE>();
+                let (tables, _) = entries.as_chunks::<16>();
+                let first_word = skip / 8;
+                // Which column of its eight each nibble of a word holds.
+                let mut column_at = [0usize; 8];
+                for c in 0..8u64 {
+                    column_at[layout.column_slot(c) as usize] = c as usize;
+                }
+                let stride = inputs / 2 + 64;
+                let mut columns = vec![0u8; n * stride];
+                for i0 in (0..inputs).step_by(8) {
+                    for j in 0..n / 8 {
+                        let mut gathered = [0u32; 8];
+                        for t in 0..8 {
+                            let word = word_at((i0 + t) * band_words + first_word + j);
+                            for (position, &c) in column_at.iter().enumerate() {
+                                gathered[c] |= ((word >> (4 * position)) & 0xF) << (4 * t);
+                            }
+                        }
+                        for (c, x) in gathered.iter().enumerate() {
+                            let at = (j * 8 + c) * stride + i0 / 2;
+                            columns[at..at + 4].copy_from_slice(&x.to_le_bytes());
+                        }
+                    }
+                }
+                let group = layout.group_size as usize;
+                expand_rows::<SIZE>(
+                    (&columns, stride),
+                    (0, n),
+                    (n, inputs, group),
+                    tables,
+                    output,
+                );
+            }
             Packing::Gptq { .. } => {
                 // Output row by output row, along it: a word a packed row, p inputs a
                 // word (of one group when the groups run in order).
@@ -265,6 +336,28 @@ impl Decode<'_> {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Output rows `first..first + count` of a sub-band of `n` rows of `inputs` values,
+/// from their 4-bit values in input order (row `k`'s at `columns[k · stride..]`), each
+/// group of `group` inputs expanded through its 16 outputs (`tables[g · n + row]`).
+fn expand_rows<const SIZE: usize>(
+    (columns, stride): (&[u8], usize),
+    (first, count): (usize, usize),
+    (n, inputs, group): (usize, usize, usize),
+    tables: &[[[u8; SIZE]; 16]],
+    output: &mut [u8],
+) {
+    for k in 0..count {
+        let local = first + k;
+        let column = &columns[k * stride..k * stride + inputs / 2];
+        let row = &mut output[local * inputs * SIZE..(local + 1) * inputs * SIZE];
+        let runs = column.chunks(group / 2);
+        let dsts = row.chunks_mut(group * SIZE);
+        for (g, (bytes, dst)) in runs.zip(dsts).enumerate() {
+            expand_nibbles(bytes, &tables[g * n + local], dst);
         }
     }
 }

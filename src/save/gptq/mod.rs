@@ -38,9 +38,10 @@ use crate::types::range::ByteRange;
 /// small band in unit tests, so small weights cross band and read-band edges.
 const BAND_ELEMENTS: u64 = if cfg!(test) { 1 << 10 } else { 1 << 21 };
 
-/// Working memory of one stream at most: a read band's packed words, as read and as
-/// words (AWQ's, eight sub-bands wide: 8 bytes an output element of the sub-band), a
-/// sub-band's output (at most 4 bytes an element), its table (16 entries a group and
+/// Working memory of one stream at most: a read band's packed words (AWQ's, eight
+/// sub-bands wide: 4 bytes an output element of the sub-band; GPTQ's four: 2) and the
+/// sub-band's values gathered in input order (half a byte an element), a sub-band's
+/// output (at most 4 bytes an element), its table (16 entries a group and
 /// column, in f32, rounded and converted: at most 5 bytes an element for groups of 32
 /// or more), and each input row's group.
 pub const BAND_BYTES: u64 = BAND_ELEMENTS * (8 + 4 + 5) + (4 << 20);
@@ -271,7 +272,7 @@ fn band_rows(layout: TransposedIntLayout) -> u64 {
 /// per eight columns), so each read is long enough for the reads not to dominate.
 fn read_rows(layout: TransposedIntLayout) -> u64 {
     match layout.packing {
-        Packing::Gptq { .. } => band_rows(layout),
+        Packing::Gptq { .. } => band_rows(layout) * 4,
         Packing::Awq => band_rows(layout) * 8,
     }
 }

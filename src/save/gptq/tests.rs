@@ -144,6 +144,18 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
         assert_eq!(got, expected, "{packing:?} {inputs} × {outputs}");
+        // Two-byte outputs (the kernels' other element size): the same values rounded.
+        let mut halves = Vec::new();
+        stream(&input, DType::BF16, &NeverStop, &mut |b| {
+            halves.extend_from_slice(b);
+            Ok(())
+        })
+        .expect("dequantized to bfloat16");
+        let want: Vec<u8> = expected
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        assert_eq!(halves, want, "{packing:?} {inputs} × {outputs} in bfloat16");
         // The same bytes from threads writing their bands in place.
         let dst = tempfile::tempfile().expect("tmp");
         write_in_parallel(&input, DType::F32, (&dst, 0), 3, &NeverStop).expect("written");
