@@ -119,15 +119,18 @@ impl Band {
         let values = 1usize << layout.bits;
         // Every output a value can have, per group and column: `(v − z) · s` for each
         // of the 2^bits values v, exact in f32, then rounded to the scale's dtype and
-        // converted to `to` by the vectorized casts: `[groups, n, values]` elements.
+        // converted to `to` by the vectorized casts: `[n, groups, values]` elements
+        // (an output row's tables together, as the row is made group after group).
         // (A group holds many values a pattern: 4 bits in groups of 32 or more.)
-        self.floats.clear();
-        for g in 0..layout.groups as usize {
-            for local in 0..n {
-                let at = g * read_n + skip + local;
-                let (z, s) = (self.zeros[at], self.scales[at]);
-                self.floats
-                    .extend((0..values as i32).flat_map(|v| ((v - z) as f32 * s).to_le_bytes()));
+        let groups_n = layout.groups as usize;
+        self.floats.resize(n * groups_n * values * 4, 0);
+        let entries = self.floats.chunks_exact_mut(values * 4);
+        for (k, entry) in entries.enumerate() {
+            let (local, g) = (k / groups_n, k % groups_n);
+            let at = g * read_n + skip + local;
+            let (z, s) = (self.zeros[at], self.scales[at]);
+            for (v, bytes) in entry.chunks_exact_mut(4).enumerate() {
+                bytes.copy_from_slice(&((v as i32 - z) as f32 * s).to_le_bytes());
             }
         }
         crate::save::packed_int::round_and_convert(
@@ -171,7 +174,7 @@ struct Decode<'a> {
     /// Columns of the read band before the sub-band, and the sub-band's columns.
     skip: usize,
     n: usize,
-    /// `[groups, n, values]` outputs of `SIZE` bytes.
+    /// `[n, groups, values]` outputs of `SIZE` bytes.
     table: &'a [u8],
 }
 
@@ -193,9 +196,10 @@ impl Decode<'_> {
         let bits = u32::from(layout.bits);
         let mask = (1u32 << bits) - 1;
         let values = 1usize << bits;
+        let groups_n = layout.groups as usize;
         // The outputs of group g, column `local`.
         let row_of = |g: usize, local: usize| {
-            let at = (g * n + local) * values * SIZE;
+            let at = (local * groups_n + g) * values * SIZE;
             &table[at..at + values * SIZE]
         };
         let word_at = |at: usize| u32::from_le_bytes(packed[at]);
@@ -227,7 +231,7 @@ impl Decode<'_> {
                     expand_rows::<SIZE>(
                         (&columns, stride),
                         (block, width),
-                        (n, inputs, words_a_group * 8),
+                        (groups_n, inputs, words_a_group * 8),
                         tables,
                         output,
                     );
@@ -272,7 +276,7 @@ impl Decode<'_> {
                 expand_rows::<SIZE>(
                     (&columns, stride),
                     (0, n),
-                    (n, inputs, group),
+                    (groups_n, inputs, group),
                     tables,
                     output,
                 );
@@ -342,11 +346,11 @@ impl Decode<'_> {
 
 /// Output rows `first..first + count` of a sub-band of `n` rows of `inputs` values,
 /// from their 4-bit values in input order (row `k`'s at `columns[k · stride..]`), each
-/// group of `group` inputs expanded through its 16 outputs (`tables[g · n + row]`).
+/// group of `group` inputs expanded through its 16 outputs (`tables[row · groups + g]`).
 fn expand_rows<const SIZE: usize>(
     (columns, stride): (&[u8], usize),
     (first, count): (usize, usize),
-    (n, inputs, group): (usize, usize, usize),
+    (groups, inputs, group): (usize, usize, usize),
     tables: &[[[u8; SIZE]; 16]],
     output: &mut [u8],
 ) {
@@ -357,7 +361,7 @@ fn expand_rows<const SIZE: usize>(
         let runs = column.chunks(group / 2);
         let dsts = row.chunks_mut(group * SIZE);
         for (g, (bytes, dst)) in runs.zip(dsts).enumerate() {
-            expand_nibbles(bytes, &tables[g * n + local], dst);
+            expand_nibbles(bytes, &tables[local * groups + g], dst);
         }
     }
 }
