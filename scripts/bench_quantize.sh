@@ -38,6 +38,7 @@ fi
 rm -rf "$OUT"
 "$DEVMAP" save "$MODEL" --out "$OUT" --quantize fp8-block --no-fsync -q
 OUT_BYTES=$(du -cb "$OUT"/*.safetensors | tail -1 | cut -f1)
+IN_BYTES=$(du -cb "$MODEL"/*.safetensors | tail -1 | cut -f1)
 prepare_save() { rm -rf "$OUT"; cat "$MODEL"/*.safetensors > /dev/null; }
 prepare_cp() { rm -rf "$WORK/fp8-cp"; mkdir -p "$WORK/fp8-cp"; }
 rm -rf "$WORK/fp8-src"; cp -r "$OUT" "$WORK/fp8-src"
@@ -46,5 +47,5 @@ read -r c _ < <(median_run "$RUNS" prepare_cp cp "$WORK/fp8-src/"*.safetensors "
 echo "| run | seconds (median of $RUNS) | vs cp | peak RSS (MiB) |"
 echo "| --- | ---: | ---: | ---: |"
 echo "| cp of the $((OUT_BYTES / 1048576)) MiB output | $c | 1.00 | — |"
-echo "| devmap save --quantize fp8-block ($SIZE_MB MiB bf16 in) | $d | $(ratio "$d" "$c") | $((rss / 1024)) |"
+echo "| devmap save --quantize fp8-block ($((IN_BYTES / 1048576)) MiB bf16 in) | $d | $(ratio "$d" "$c") | $((rss / 1024)) |"
 rm -rf "$WORK/fp8-cp" "$WORK/fp8-src"

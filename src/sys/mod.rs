@@ -81,6 +81,13 @@ impl Folder {
     }
 }
 
+/// What makes an open file the file it is (its device and inode): two handles of one
+/// file answer the same, whatever path opened them.
+pub(crate) fn file_identity(file: &File) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// How many threads look at many files at once: the file system answers several
 /// questions at a time (and a cold one waits on the disk for each).
 const FILE_THREADS: usize = 4;

@@ -135,16 +135,18 @@ pub fn run(
                 layout,
             };
             match sink {
-                // The values are arithmetic on every element: every core for a big one.
-                Sink::File { at, report }
-                    if layout.part == super::quantize_fp8::Fp8Part::Values =>
-                {
+                // Both parts read the whole weight (the scales its tiles' maxima, unless
+                // the values' recipe made them) and work on every element: every core
+                // for a big one.
+                Sink::File { at, report } => {
                     let threads = threads_for(range.len);
                     report(super::quantize_fp8::write_in_parallel(
                         input, at, threads, stop,
                     )?);
                 }
-                sink => super::quantize_fp8::stream(input, stop, &mut feed_of(sink))?,
+                sink @ Sink::Stream(_) => {
+                    super::quantize_fp8::stream(input, stop, &mut feed_of(sink))?;
+                }
             }
             Ok(())
         }

@@ -10,15 +10,23 @@
 //! - `M.weight_scale_inv = 1 / scale` (f32) per tile.
 //!
 //! Two recipes read the same weight: one writes the values, the other the scales. Each
-//! streams one row of tiles (128 rows, as stored) at a time, widened to f32 16 rows at
-//! a time (the tiles' maxima first, then the values): memory is one row of tiles.
+//! streams one row of tiles (128 rows, as stored) at a time, split among the cores (the
+//! tiles' maxima first, then the values; bfloat16 straight from its bits, other dtypes
+//! widened to f32 16 rows at a time): memory is one row of tiles a core. The first of
+//! the two to run keeps the weight's tile scales (a few bytes per 16,384 values) for
+//! the other, which then skips the maxima, or, for the scales, the reading.
 
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::FileExt;
 
 use super::copy::{CopyError, Stop, read_exact_at};
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
+
+mod made;
+#[cfg(test)]
+mod tests;
 
 /// The largest F8_E4M3 value (`torch.finfo(torch.float8_e4m3fn).max`).
 const FP8_MAX: f32 = 448.0;
@@ -81,15 +89,22 @@ pub fn e4m3fn(x: f32) -> u8 {
     let sign = ((bits >> 24) & 0x80) as u8;
     let a = f32::from_bits(bits & 0x7FFF_FFFF);
     // Below the smallest normal (2^-6): multiples of 2^-9, rounded to even by adding
-    // and taking away 2^23 (f32 addition rounds to nearest even).
-    let subnormal = ((a * 512.0 + 8_388_608.0) - 8_388_608.0) as u32;
+    // 2^23 (f32 addition rounds to nearest even); the sum's low mantissa bits are then
+    // the multiple (read as bits, not converted: an integer step, which vectorises).
+    let subnormal = (a * 512.0 + 8_388_608.0)
+        .to_bits()
+        .wrapping_sub(8_388_608f32.to_bits());
     // Normal: keep 3 of the 23 mantissa bits, rounding to nearest even (a carry moves
     // into the exponent, as it should); the exponent rebiased from 127 to 7 takes
     // 120 << 3 off the exponent-and-mantissa field.
     let abs = bits & 0x7FFF_FFFF;
     let rounded = (abs + 0x7_FFFF + ((abs >> 20) & 1)) >> 20;
     let normal = rounded.wrapping_sub(120 << 3);
-    let code = if a < 1.0 / 64.0 { subnormal } else { normal };
+    let code = if abs < (1.0f32 / 64.0).to_bits() {
+        subnormal
+    } else {
+        normal
+    };
     sign | code as u8
 }
 
@@ -115,8 +130,28 @@ pub fn stream(
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
     check(input)?;
-    let bands = input.layout.rows / input.layout.block.0;
-    stream_bands(input, 0..bands, cancel, sink)
+    let layout = input.layout;
+    let bands = layout.rows / layout.block.0;
+    let known = made::take(input);
+    if layout.part == Fp8Part::Scales
+        && let Some(scales) = &known
+    {
+        let inverses: Vec<u8> = scales
+            .iter()
+            .flat_map(|s| (1.0 / s).to_le_bytes())
+            .collect();
+        return sink(&inverses).map_err(CopyError::Io);
+    }
+    let grid = made::Grid::unless_known(input, known.as_deref());
+    stream_bands(
+        input,
+        0..bands,
+        (known.as_deref(), grid.as_ref()),
+        cancel,
+        sink,
+    )?;
+    made::keep(input, grid);
+    Ok(())
 }
 
 /// [`stream`] of the values with the rows of tiles split among `threads` threads, each
@@ -131,13 +166,30 @@ pub fn write_in_parallel(
     let layout = input.layout;
     let bands = layout.rows / layout.block.0;
     let band_bytes = layout.output_len() / bands.max(1);
+    let known = made::take(input);
+    if layout.part == Fp8Part::Scales
+        && let Some(scales) = &known
+    {
+        let inverses: Vec<u8> = scales
+            .iter()
+            .flat_map(|s| (1.0 / s).to_le_bytes())
+            .collect();
+        dst.write_all_at(&inverses, dst_offset)
+            .map_err(CopyError::Io)?;
+        return Ok(layout.output_len());
+    }
+    let grid = made::Grid::unless_known(input, known.as_deref());
     super::copy::write_parts_in_parallel(
         bands,
         band_bytes,
         threads,
         (dst, dst_offset),
-        &|range, sink| stream_bands(input, range, cancel, sink),
+        &|range, sink| {
+            let scales = (known.as_deref(), grid.as_ref());
+            stream_bands(input, range, scales, cancel, sink)
+        },
     )?;
+    made::keep(input, grid);
     Ok(layout.output_len())
 }
 
@@ -209,10 +261,75 @@ fn widen(
     Ok(())
 }
 
-/// [`stream`] of the rows of tiles `bands`.
+/// [`stream`] of the rows of tiles `bands`: each band's tile scales taken from `known`
+/// (the whole weight's, made by its other recipe) or computed, and recorded in `grid`
+/// when one is given.
+/// The tile scales of the band of rows from `first` whose stored bytes are `raw`,
+/// into `scales` (`values` holds widened rows on the way); every value checked finite.
+fn band_scales(
+    input: Fp8Input<'_>,
+    raw: &[u8],
+    first: usize,
+    values: &mut Vec<f32>,
+    scales: &mut [f32],
+) -> Result<(), CopyError> {
+    let l = input.layout;
+    let (cols, bn) = (l.cols as usize, l.block.1 as usize);
+    let tiles = cols / bn;
+    let chunk = CHUNK_ROWS * cols * l.from.size() as usize;
+    // Each tile's largest |w| over the band's rows, as the bits of a positive f32.
+    let mut maxes = vec![0u32; tiles];
+    if l.from == DType::BF16 {
+        // Straight from the stored halves: |v|'s bits order as |v| does, and a
+        // NaN or an infinity has every exponent bit set.
+        let mut bad = 0u16;
+        for row in raw.chunks_exact(cols * 2) {
+            for (m, tile) in maxes.iter_mut().zip(row.chunks_exact(bn * 2)) {
+                let (top, any) = tile.chunks_exact(2).fold((0u16, 0u16), |(top, any), b| {
+                    let abs = u16::from_le_bytes([b[0], b[1]]) & 0x7FFF;
+                    (top.max(abs), any | u16::from(abs >= 0x7F80))
+                });
+                *m = (*m).max(u32::from(top) << 16);
+                bad |= any;
+            }
+        }
+        if bad != 0 {
+            // Said with the element's place by the widening below.
+            for (k, part) in raw.chunks(chunk).enumerate() {
+                widen(input, part, first + k * CHUNK_ROWS, values)?;
+            }
+        }
+    } else {
+        for (k, part) in raw.chunks(chunk).enumerate() {
+            widen(input, part, first + k * CHUNK_ROWS, values)?;
+            for row in values.chunks_exact(cols) {
+                for (m, tile) in maxes.iter_mut().zip(row.chunks_exact(bn)) {
+                    // For finite floats |v| orders as its bits do: an integer
+                    // maximum, which vectorises.
+                    *m = tile
+                        .iter()
+                        .fold(*m, |a, v| a.max(v.to_bits() & 0x7FFF_FFFF));
+                }
+            }
+        }
+    }
+    for (scale, &max) in scales.iter_mut().zip(&maxes) {
+        let max = f32::from_bits(max);
+        // Python's `448 / tensor` is torch's `tensor.reciprocal() * 448`: two
+        // roundings, not one division.
+        *scale = if max > 0.0 {
+            (1.0 / max) * FP8_MAX
+        } else {
+            1.0
+        };
+    }
+    Ok(())
+}
+
 fn stream_bands(
     input: Fp8Input<'_>,
     bands: std::ops::Range<u64>,
+    (known, grid): (Option<&[f32]>, Option<&made::Grid>),
     cancel: &dyn Stop,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
@@ -236,56 +353,40 @@ fn stream_bands(
             &mut raw,
             input.weight.1.offset + (first * cols * size) as u64,
         )?;
-        // Each tile's largest |w| over the band's rows, as the bits of a positive f32.
-        let mut maxes = vec![0u32; tiles];
-        if l.from == DType::BF16 {
-            // Straight from the stored halves: |v|'s bits order as |v| does, and a
-            // NaN or an infinity has every exponent bit set.
-            let mut bad = 0u16;
-            for row in raw.chunks_exact(cols * 2) {
-                for (m, tile) in maxes.iter_mut().zip(row.chunks_exact(bn * 2)) {
-                    let (top, any) = tile.chunks_exact(2).fold((0u16, 0u16), |(top, any), b| {
-                        let abs = u16::from_le_bytes([b[0], b[1]]) & 0x7FFF;
-                        (top.max(abs), any | u16::from(abs >= 0x7F80))
-                    });
-                    *m = (*m).max(u32::from(top) << 16);
-                    bad |= any;
-                }
+        match known {
+            // Made by the weight's other recipe, from the same bytes (checked then).
+            Some(known) => {
+                let at = band as usize * tiles;
+                scales.copy_from_slice(&known[at..at + tiles]);
             }
-            if bad != 0 {
-                // Said with the element's place by the widening below.
-                for (k, part) in raw.chunks(chunk).enumerate() {
-                    widen(input, part, first + k * CHUNK_ROWS, &mut values)?;
-                }
-            }
-        } else {
-            for (k, part) in raw.chunks(chunk).enumerate() {
-                widen(input, part, first + k * CHUNK_ROWS, &mut values)?;
-                for row in values.chunks_exact(cols) {
-                    for (m, tile) in maxes.iter_mut().zip(row.chunks_exact(bn)) {
-                        // For finite floats |v| orders as its bits do: an integer
-                        // maximum, which vectorises.
-                        *m = tile
-                            .iter()
-                            .fold(*m, |a, v| a.max(v.to_bits() & 0x7FFF_FFFF));
-                    }
-                }
-            }
+            None => band_scales(input, &raw, first, &mut values, &mut scales)?,
         }
-        for (scale, &max) in scales.iter_mut().zip(&maxes) {
-            let max = f32::from_bits(max);
-            // Python's `448 / tensor` is torch's `tensor.reciprocal() * 448`: two
-            // roundings, not one division.
-            *scale = if max > 0.0 {
-                (1.0 / max) * FP8_MAX
-            } else {
-                1.0
-            };
+        if let Some(grid) = grid {
+            grid.record(band, &scales);
         }
         if l.part == Fp8Part::Scales {
             out.clear();
             for s in &scales {
                 out.extend_from_slice(&(1.0 / s).to_le_bytes());
+            }
+            sink(&out).map_err(CopyError::Io)?;
+            continue;
+        }
+        if l.from == DType::BF16 {
+            // Straight from the stored halves (checked finite above): widening a
+            // bfloat16 is a shift, done in the same loop.
+            out.resize(bm * cols, 0);
+            for (row, dst) in raw.chunks_exact(cols * 2).zip(out.chunks_exact_mut(cols)) {
+                for ((tile, dst), &s) in row
+                    .chunks_exact(bn * 2)
+                    .zip(dst.chunks_exact_mut(bn))
+                    .zip(&scales)
+                {
+                    for (b, d) in tile.chunks_exact(2).zip(dst) {
+                        let v = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+                        *d = e4m3fn((v * s).clamp(-FP8_MAX, FP8_MAX));
+                    }
+                }
             }
             sink(&out).map_err(CopyError::Io)?;
             continue;
@@ -308,28 +409,4 @@ fn stream_bands(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_finite_e4m3_value_rounds_to_itself_and_halfway_values_to_even() {
-        let decode = super::super::fp8::e4m3_values();
-        for code in 0..=255u8 {
-            let v = decode[usize::from(code)];
-            if v.is_nan() {
-                continue;
-            }
-            assert_eq!(e4m3fn(v), code, "code {code:#04x} = {v}");
-        }
-        // Halfway between 1.0 (0x38) and 1.125 (0x39): to the even code, 0x38; between
-        // 1.125 and 1.25 (0x3a): to 0x3a.
-        assert_eq!(e4m3fn(1.0625), 0x38);
-        assert_eq!(e4m3fn(1.1875), 0x3a);
-        // Halfway in the subnormals: 1.5 · 2^-9 rounds to 2 · 2^-9.
-        assert_eq!(e4m3fn(1.5 / 512.0), 0x02);
-        assert_eq!(e4m3fn(-448.0), 0xfe);
-    }
 }
