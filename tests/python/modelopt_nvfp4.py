@@ -11,7 +11,10 @@ them: `M.weight` (U8, two FP4 E2M1 values a byte), `M.weight_scale` (F8_E4M3, on
   for bit; the scales and `quantization_config` are not in the output;
 - `from_pretrained(OUT)` gives the logits of the same Llama with ModelOpt's weights;
 - `verify OUT --against DIR --dtype D` is clean;
-- a NaN block scale and a zero `weight_scale_2` are refused by name, nothing written.
+- a NaN block scale and a zero `weight_scale_2` are refused by name, nothing written;
+- a LoRA adapter peft makes on the model ModelOpt dequantizes (bfloat16) merges
+  (`--merge-lora`) bit-identically with peft's `merge_and_unload()` + `save_pretrained`,
+  and `verify --against` with the adapter is clean.
 
 Usage: python modelopt_nvfp4.py PATH/TO/devmap
 """
@@ -108,6 +111,7 @@ def main():
             with torch.no_grad():
                 assert torch.equal(model(ids).logits, ref(ids).logits), "logits differ"
         print(f"ModelOpt NVFP4 → {name}: {len(reference[dtype])} weights bit for bit ModelOpt's dequantize, verify clean")
+    check_lora(exe, work, state, reference[torch.bfloat16])
     m = "model.layers.0.mlp.down_proj"
 
     def nan_scale(state):
@@ -125,6 +129,40 @@ def main():
         assert not os.path.exists(out), f"{label}: something was written"
         print(f"{label}: refused ({needle})")
     print("modelopt nvfp4: all checks passed")
+
+
+def check_lora(exe, work, state, dequantized):
+    """peft's LoRA on the Llama whose linear weights are ModelOpt's bfloat16 dequantize
+    (transformers' ModelOpt integration needs a GPU to load the checkpoint itself),
+    merged by devmap while it dequantizes the NVFP4 checkpoint."""
+    from peft import LoraConfig
+
+    src = os.path.join(work, "nvfp4")
+
+    def load():
+        model = AutoModelForCausalLM.from_config(config()).to(torch.bfloat16).eval()
+        weights = {k: v for k, v in state.items()
+                   if not k.endswith((".weight_scale", ".weight_scale_2", ".input_scale"))
+                   and k not in dequantized}
+        weights.update(dequantized)
+        model.load_state_dict(weights)
+        return model
+
+    lora = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                      target_modules=["q_proj", "v_proj", "down_proj"])
+    adapter, ref, _ = saved.peft_merged(load, lora, work, "modelopt-lora")
+    out = os.path.join(work, "modelopt-lora-devmap")
+    r = devmap(exe, "save", src, "--out", out, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet")
+    assert r.returncode == 0, f"--merge-lora into ModelOpt NVFP4: {r.stderr}"
+    ours, theirs = saved.tensors(out), saved.tensors(ref)
+    assert sorted(ours) == sorted(theirs), f"names differ: {sorted(set(ours) ^ set(theirs))[:4]}"
+    bad = [k for k in theirs if not torch.equal(ours[k].view(torch.int16), theirs[k].view(torch.int16))]
+    assert not bad, f"--merge-lora into ModelOpt NVFP4: {len(bad)} tensors differ from peft's merge, e.g. {bad[0]}"
+    v = devmap(exe, "verify", out, "--against", src, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet")
+    assert v.returncode == 0, f"--merge-lora into ModelOpt NVFP4: verify --against:\n{v.stdout[-800:]}"
+    changed = sum(any(t in k for t in ("q_proj", "v_proj", "down_proj")) for k in theirs)
+    print(f"LoRA merged into {changed} dequantized ModelOpt NVFP4 weights: bit-identical with peft's "
+          "merge_and_unload + save_pretrained, verify clean")
 
 
 if __name__ == "__main__":

@@ -123,9 +123,10 @@ fn gptq_and_awq_dequantize_bit_exact_with_their_references() {
 /// NVIDIA ModelOpt NVFP4 (tests/python/modelopt_nvfp4.py): a Llama quantized by
 /// ModelOpt's own `NVFP4QTensor` on CPU, stored as its export stores it, dequantized to
 /// bfloat16, float16 and float32 bit for bit what `NVFP4QTensor.dequantize` computes,
-/// logits equal, verify clean; a NaN block scale and a zero global scale refused.
+/// logits equal, verify clean; a LoRA adapter made by peft on the dequantized model
+/// merges bit-identically; a NaN block scale and a zero global scale refused.
 #[test]
-#[ignore = "needs torch, transformers, nvidia-modelopt: run .ci/run"]
+#[ignore = "needs torch, transformers, peft, nvidia-modelopt: run .ci/run"]
 fn modelopt_nvfp4_dequantizes_bit_exact_with_modelopt() {
     let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("modelopt_nvfp4.py");
@@ -137,6 +138,10 @@ fn modelopt_nvfp4_dequantizes_bit_exact_with_modelopt() {
         "{out}"
     );
     assert_eq!(out.matches(": refused (").count(), 2, "{out}");
+    assert!(
+        out.contains("LoRA merged into 6 dequantized ModelOpt NVFP4 weights: bit-identical"),
+        "{out}"
+    );
     assert!(out.contains("modelopt nvfp4: all checks passed"), "{out}");
 }
 
