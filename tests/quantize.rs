@@ -155,6 +155,52 @@ fn linear_weights_are_written_as_fp8_tiles_and_the_rest_as_stored() {
     );
 }
 
+#[test]
+fn verify_against_reports_the_round_trip_as_a_bound() {
+    let model = case(|_, _| {});
+    let output = common::save(&model.src, &model.out, &["--quantize", "fp8-block"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let verify = |model: &Case| {
+        common::devmap(&[
+            "verify",
+            common::arg(&model.out),
+            "--against",
+            common::arg(&model.src),
+            "--quantize",
+            "fp8-block",
+        ])
+    };
+    let clean = verify(&model);
+    let text = common::stdout(&clean);
+    assert!(clean.status.success(), "{text}{}", stderr(&clean));
+    assert!(
+        text.contains("2 weights quantized: every value within half an E4M3 step of its source"),
+        "{text}"
+    );
+    // One value moved by a step: past the bound, named with its element (and the
+    // bytes differ from the recipe's too).
+    let (mut bytes, _) = read(&model.out);
+    let header = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let offset = find_offset(&bytes, header, "model.layers.0.mlp.down_proj.weight") + 5;
+    bytes[offset] ^= 0x01;
+    std::fs::write(model.out.join("model.safetensors"), &bytes).expect("written back");
+    let broken = verify(&model);
+    let text = common::stdout(&broken);
+    assert!(!broken.status.success(), "{text}");
+    assert!(
+        text.contains("element 5: the source holds") && text.contains("of half an E4M3 step"),
+        "{text}"
+    );
+}
+
+/// Where tensor `name`'s bytes start in a safetensors file (`header` bytes of JSON).
+fn find_offset(bytes: &[u8], header: usize, name: &str) -> usize {
+    let json: serde_json::Value =
+        serde_json::from_slice(&bytes[8..8 + header]).expect("header json");
+    let begin = json[name]["data_offsets"][0].as_u64().expect("offsets") as usize;
+    8 + header + begin
+}
+
 /// `--quantize fp8-block` is refused with a message that contains `needle`, and
 /// nothing is written.
 fn refused(c: &Case, extra: &[&str], needle: &str) {

@@ -18,6 +18,7 @@ mod asked;
 mod digest;
 mod expects;
 mod report;
+mod round_trip;
 mod written;
 
 use std::fs::File;
@@ -253,6 +254,9 @@ pub fn verify_asking(
                 ));
             }
         }
+    }
+    if let Some(e) = expected {
+        round_trip::check(&written, e, &pairs, &mut findings);
     }
     Ok(VerifyReport {
         out: out.to_path_buf(),

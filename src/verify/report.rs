@@ -68,6 +68,9 @@ pub enum Kind {
     Shape,
     /// `--against`: the bytes differ.
     Content,
+    /// `--against --quantize`: how far the quantized values lie from their source,
+    /// within the bound the rounding allows (a note).
+    RoundTrip,
     /// `--against`: a name the save drops as a tied copy holds other values than the
     /// name it keeps, in the source itself: the drop loses them.
     TieLostValues,
@@ -139,6 +142,7 @@ impl Kind {
             Kind::Dtype => "dtype",
             Kind::Shape => "shape",
             Kind::Content => "content",
+            Kind::RoundTrip => "round-trip",
             Kind::TieLostValues => "tie-lost-values",
             Kind::Unreadable => "unreadable",
             Kind::NonFinite => "non-finite",
@@ -159,6 +163,7 @@ impl Kind {
             | Kind::Dtype
             | Kind::Shape
             | Kind::Content
+            | Kind::RoundTrip
             | Kind::TieLostValues => Check::Against,
             Kind::ConfigDtype
             | Kind::TieDropped
