@@ -204,7 +204,7 @@ fn what_cannot_be_dequantized_is_refused_by_name() {
     write_json(&case.src.join("config.json"), &config).expect("config");
     refused(
         &case,
-        "tensor `model.layers.0.mlp.down_proj.weight` has a `model.layers.0.mlp.down_proj.weight_scale_inv` of F32 [3, 2], but its 4×4 blocks need float32 [2, 2]",
+        "tensor `model.layers.0.mlp.down_proj.weight` has a `model.layers.0.mlp.down_proj.weight_scale_inv` of F32 [3, 2], but its 4×4 blocks need float32 or E8M0 [2, 2]",
     );
     // A block of no size.
     let case = fp8_case("fp8", None);
@@ -611,4 +611,72 @@ fn mxfp4_blocks_count_their_values_as_parameters() {
         "{}",
         common::stdout(&o)
     );
+}
+
+/// DeepSeek-V4's FP4-packed weights in a fine-grained FP8 checkpoint: I8 `[rows,
+/// cols/2]` of two E2M1 codes a byte (the low nibble first), with E8M0 scales per 32
+/// values of a row, written `[rows, cols]` as `e2m1 · 2^(e − 127)` (computed here from
+/// the formats' definitions); `expert_dtype` leaves the config with the quantization.
+#[test]
+fn fp4_packed_weights_with_e8m0_scales_are_dequantized() {
+    const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let (rows, cols) = (3u64, 64u64);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir");
+    let packed: Vec<u8> = (0..rows * cols / 2).map(|i| (i * 37 % 256) as u8).collect();
+    let exponents: Vec<u8> = (0..rows * cols / 32).map(|i| 120 + (i % 9) as u8).collect();
+    let w = FixtureTensor {
+        name: "model.layers.0.mlp.experts.0.w1.weight".into(),
+        dtype: DType::I8,
+        shape: vec![rows, cols / 2],
+        data: packed.clone(),
+    };
+    let s = FixtureTensor {
+        name: "model.layers.0.mlp.experts.0.w1.weight_scale_inv".into(),
+        dtype: DType::F8E8M0,
+        shape: vec![rows, cols / 32],
+        data: exponents.clone(),
+    };
+    write_safetensors(&src.join("model.safetensors"), &[&w, &s]).expect("weights");
+    write_json(
+        &src.join("config.json"),
+        &serde_json::json!({
+            "architectures": ["ToyForCausalLM"],
+            "dtype": "bfloat16",
+            "expert_dtype": "fp4",
+            "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], "scale_fmt": "ue8m0"},
+        }),
+    )
+    .expect("config");
+    let out = tmp.path().join("out");
+    let o = common::save(&src, &out, &["--dtype", "float32"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let st = read(&out);
+    let got = st
+        .tensor("model.layers.0.mlp.experts.0.w1.weight")
+        .expect("weight");
+    assert_eq!(
+        (got.dtype(), got.shape()),
+        (safetensors::Dtype::F32, &[3usize, 64][..])
+    );
+    for (k, b) in got.data().chunks_exact(4).enumerate() {
+        let (r, c) = (k / 64, k % 64);
+        let byte = packed[r * 32 + c / 2];
+        let code = if c % 2 == 0 { byte & 0xF } else { byte >> 4 };
+        let magnitude = E2M1[usize::from(code & 7)];
+        let value = if code & 8 != 0 { -magnitude } else { magnitude };
+        let scale = 2f32.powi(i32::from(exponents[r * 2 + c / 32]) - 127);
+        let want = value * scale;
+        let have = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        assert_eq!(have.to_bits(), want.to_bits(), "element ({r}, {c})");
+    }
+    assert!(
+        st.tensor("model.layers.0.mlp.experts.0.w1.weight_scale_inv")
+            .is_err()
+    );
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).expect("config"))
+            .expect("json");
+    assert!(config.get("quantization_config").is_none() && config.get("expert_dtype").is_none());
 }

@@ -46,10 +46,14 @@ pub struct Fp8Blocks {
     pub cols: u64,
     pub block_rows: u64,
     pub block_cols: u64,
-    /// The scales' dtype: float32 for fine-grained FP8; compressed-tensors stores them
-    /// in bfloat16 (or float16, float32), and multiplies in that dtype; `F8E8M0` for
-    /// MXFP8's power-of-two exponents (stored as U8), multiplied in bfloat16.
+    /// The scales' dtype: float32 or `F8E8M0` (DeepSeek-V4's `ue8m0`) for fine-grained
+    /// FP8; compressed-tensors stores them in bfloat16 (or float16, float32); `F8E8M0`
+    /// for MXFP8's power-of-two exponents (stored as U8).
     pub scale_dtype: DType,
+    /// The dtype each product is rounded to before the output's: float32 where the
+    /// reference multiplies in float32 (transformers' FP8), the scales' dtype for
+    /// compressed-tensors (bfloat16 for MXFP8's exponents).
+    pub product: DType,
 }
 
 impl Fp8Blocks {
@@ -66,6 +70,23 @@ impl Fp8Blocks {
         let (sr, sc) = self.grid();
         let matrices = elements / (self.rows * self.cols).max(1);
         matrices * sr * sc
+    }
+}
+
+/// FP4 E2M1's sixteen codes (transformers' `Fp8Dequantize._FP4_E2M1_LUT`: sign bit 8,
+/// code 8 is −0), for the FP4-packed experts of a DeepSeek-V4 checkpoint.
+const E2M1: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// Bytes a stored row of `cols` values takes: one a value for FP8; half for packed FP4
+/// (`I8`: two E2M1 codes a byte, the low nibble first, as DeepSeek-V4 stores its
+/// routed experts).
+pub fn row_bytes(from: DType, cols: u64) -> u64 {
+    if from == DType::I8 {
+        cols.div_ceil(2)
+    } else {
+        cols
     }
 }
 
@@ -120,14 +141,16 @@ pub struct Fp8Rows {
 }
 
 impl Fp8Rows {
-    /// Reads and checks the scales of weight `name` (`from`, `elements` FP8 values).
+    /// Reads and checks the scales of weight `name` (`from`, FP8 or packed FP4, of
+    /// `stored` bytes).
     pub fn load(
         name: &str,
         (scale_file, scale): (&File, ByteRange),
         blocks: Fp8Blocks,
         from: DType,
-        elements: u64,
+        stored: u64,
     ) -> Result<Fp8Rows, CopyError> {
+        let elements = stored / row_bytes(from, blocks.cols).max(1) * blocks.cols;
         let want_scales = blocks.scale_count(elements);
         let size = blocks.scale_dtype.size();
         if scale.len != want_scales * size || blocks.cols == 0 || blocks.rows == 0 {
@@ -186,8 +209,9 @@ impl Fp8Rows {
         let lut = table(self.from);
         let (sr, sc) = blocks.grid();
         let cols = blocks.cols as usize;
+        let stored = row_bytes(self.from, blocks.cols) as usize;
         for (k, (band_row, out_row)) in input
-            .chunks_exact(cols)
+            .chunks_exact(stored)
             .zip(out.chunks_exact_mut(cols))
             .enumerate()
         {
@@ -195,6 +219,15 @@ impl Fp8Rows {
             let (matrix, i) = (r / blocks.rows, r % blocks.rows);
             let scale_row = &self.scales[((matrix * sr + i / blocks.block_rows) * sc) as usize..]
                 [..sc as usize];
+            if self.from == DType::I8 {
+                let bc = blocks.block_cols as usize;
+                for (c, o) in out_row.iter_mut().enumerate() {
+                    let byte = band_row[c / 2];
+                    let code = if c % 2 == 0 { byte & 0xF } else { byte >> 4 };
+                    *o = E2M1[usize::from(code)] * scale_row[c / bc];
+                }
+                continue;
+            }
             for ((block, values), s) in band_row
                 .chunks(blocks.block_cols as usize)
                 .zip(out_row.chunks_mut(blocks.block_cols as usize))
@@ -207,10 +240,8 @@ impl Fp8Rows {
         }
         // compressed-tensors multiplies in the scales' dtype: the product is rounded
         // to it before any cast to the output's.
-        match self.blocks.scale_dtype {
-            // MX scales are multiplied in bfloat16, as compressed-tensors decompresses
-            // them.
-            DType::BF16 | DType::F8E8M0 => {
+        match self.blocks.product {
+            DType::BF16 => {
                 for v in out.iter_mut() {
                     *v = round_bf16(*v);
                 }
@@ -247,12 +278,12 @@ pub fn stream(
     cancel: &dyn Stop,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
-    let elements = source.len;
-    let rows = Fp8Rows::load(name, scale, blocks, from, elements)?;
+    let rows = Fp8Rows::load(name, scale, blocks, from, source.len)?;
     let cols = blocks.cols as usize;
+    let stored = row_bytes(from, blocks.cols);
     let band_rows = (BAND_ELEMENTS / cols).max(1);
-    let total_rows = elements / blocks.cols;
-    let mut input = vec![0u8; band_rows * cols];
+    let total_rows = source.len / stored.max(1);
+    let mut input = vec![0u8; band_rows * stored as usize];
     let mut floats = vec![0f32; band_rows * cols];
     let mut values = vec![0u8; band_rows * cols * 4];
     let mut output = vec![0u8; band_rows * cols * to.size() as usize];
@@ -262,10 +293,10 @@ pub fn stream(
             return Err(CopyError::Cancelled);
         }
         let n = (total_rows - row).min(band_rows as u64) as usize;
-        let input = &mut input[..n * cols];
-        read_exact_at(src, input, source.offset + row * blocks.cols).map_err(|e| match e {
+        let input = &mut input[..n * stored as usize];
+        read_exact_at(src, input, source.offset + row * stored).map_err(|e| match e {
             CopyError::ShortSource { copied } => CopyError::ShortSource {
-                copied: row * blocks.cols + copied,
+                copied: row * stored + copied,
             },
             e => e,
         })?;
@@ -316,6 +347,7 @@ mod tests {
             block_rows: 128,
             block_cols: 128,
             scale_dtype: DType::F32,
+            product: DType::F32,
         };
         assert_eq!(b.grid(), (2, 2));
         assert_eq!(b.scale_count(200 * 136 * 3), 12);

@@ -306,6 +306,10 @@ fn write_as(
                 // The weights are plain floats now: a quantization_config would make
                 // transformers look for the scales.
                 text = crate::formats::config::without_key(&text, "quantization_config");
+                // DeepSeek-V4 keeps its experts' FP4 format beside it; transformers
+                // moves it into a quantization_config when one is there, and the
+                // experts are floats now.
+                text = crate::formats::config::without_key(&text, "expert_dtype");
             }
             if let Some(quantization) = &plan.quantization_config {
                 // Quantized on the way out: transformers' FP8 integration loads it.

@@ -145,6 +145,26 @@ fn modelopt_nvfp4_dequantizes_bit_exact_with_modelopt() {
     assert!(out.contains("modelopt nvfp4: all checks passed"), "{out}");
 }
 
+/// A fine-grained FP8 checkpoint mixing FP8 blocks (E8M0 and float32 scales) with
+/// DeepSeek-V4's FP4-packed weights (tests/python/fp8_fp4_mixed.py): to bfloat16,
+/// float16 and float32 bit for bit the parameters transformers' `Fp8Dequantize` loads,
+/// logits equal, verify clean; uneven scale grids and NaN scales refused.
+#[test]
+#[ignore = "needs torch, transformers: run .ci/run"]
+fn fp8_with_fp4_packed_weights_dequantizes_bit_exact_with_transformers() {
+    let _serial = crate::serial();
+    let (ok, out, err) = crate::common::run_hf_script("fp8_fp4_mixed.py");
+    assert!(ok, "FP8 + FP4 check failed:\n{out}\n{err}");
+    assert_eq!(
+        out.matches("8 FP8 and 6 FP4 weights bit for bit transformers' Fp8Dequantize, logits equal, verify clean")
+            .count(),
+        3,
+        "{out}"
+    );
+    assert_eq!(out.matches(": refused (").count(), 2, "{out}");
+    assert!(out.contains("fp8 + fp4: all checks passed"), "{out}");
+}
+
 /// compressed-tensors NVFP4 and MXFP8 (tests/python/nvfp4_mxfp8.py), made with
 /// compressed-tensors' own presets and compressors: each to bfloat16, float16 and
 /// float32 bit-identical with transformers' dequantized save, logits equal, verify clean;

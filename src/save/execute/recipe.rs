@@ -318,6 +318,12 @@ impl Recipe {
             Quant::PackedInt { layout, .. } => Some(layout.shape().to_vec()),
             Quant::Nvfp4 { layout, .. } => Some(layout.shape().to_vec()),
             Quant::TransposedInt { layout, .. } => Some(layout.shape().to_vec()),
+            // Packed FP4 (two values a byte; a matrix, as the planner requires).
+            Quant::Fp8 {
+                from: DType::I8,
+                blocks,
+                ..
+            } => Some(vec![blocks.rows, blocks.cols]),
             Quant::Fp8 { .. } => None,
         }
     }

@@ -165,7 +165,11 @@ impl Dequantize {
 }
 
 /// How a fine-grained FP8 save (an explicit float `--dtype` on such a checkpoint)
-/// treats tensor `id`; an FP8 weight it cannot dequantize is an error saying why.
+/// treats tensor `id`; a weight it cannot dequantize is an error saying why. FP8
+/// weights take the config's blocks, with float32 or E8M0 (`scale_fmt: ue8m0`) scales;
+/// DeepSeek-V4's FP4-packed experts (`expert_dtype: fp4`: I8 matrices of two E2M1
+/// codes a byte, with E8M0 scales, one per 32 values of a row) take the block their
+/// scale grid gives, as transformers' `Fp8Dequantize` does.
 fn dequantized(
     ckpt: &Checkpoint,
     id: TensorId,
@@ -176,11 +180,16 @@ fn dequantized(
     if crate::save::fp8::is_companion(&tensor.name) {
         return Ok(Dequantized::Dropped);
     }
-    if !matches!(tensor.dtype, DType::F8E4M3 | DType::F8E5M2) {
+    let fp4 = tensor.dtype == DType::I8;
+    if !(fp4 || matches!(tensor.dtype, DType::F8E4M3 | DType::F8E5M2)) {
         return Ok(Dequantized::NotFp8);
     }
     let scale_name = format!("{}_scale_inv", tensor.name);
     let Some(scale_id) = ckpt.index_of(&scale_name) else {
+        if fp4 {
+            // An I8 tensor without scales is not packed FP4: copied as stored.
+            return Ok(Dequantized::NotFp8);
+        }
         return Err(format!(
             "is {}, but there is no `{scale_name}` beside it to dequantize it with",
             tensor.dtype
@@ -188,27 +197,43 @@ fn dequantized(
     };
     let scale = &ckpt.tensors()[scale_id];
     let dims: Vec<u64> = tensor.shape.iter().collect();
-    if dims.len() < 2 {
+    if dims.len() < 2 || (fp4 && dims.len() != 2) {
         return Err(format!(
-            "is {} with {} dimensions; fine-grained FP8 weights are matrices",
+            "is {} with {} dimensions; fine-grained FP8 weights are matrices (packed FP4 ones 2-D)",
             tensor.dtype,
             dims.len()
         ));
     }
+    let (rows, stored_cols) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    let cols = if fp4 { stored_cols * 2 } else { stored_cols };
+    let have: Vec<u64> = scale.shape.iter().collect();
+    let e8m0 = matches!(scale.dtype, DType::U8 | DType::F8E8M0);
+    let block = match (fp4, have.as_slice()) {
+        (false, _) => block,
+        (true, &[sr, sc]) if sr > 0 && sc > 0 && rows % sr == 0 && cols % sc == 0 => {
+            (rows / sr, cols / sc)
+        }
+        (true, other) => {
+            return Err(format!(
+                "is packed FP4 [{rows}, {cols}], but its `{scale_name}` of shape {other:?} does not divide it into blocks"
+            ));
+        }
+    };
     let blocks = crate::save::fp8::Fp8Blocks {
-        rows: dims[dims.len() - 2],
-        cols: dims[dims.len() - 1],
+        rows,
+        cols,
         block_rows: block.0,
         block_cols: block.1,
-        scale_dtype: DType::F32,
+        scale_dtype: if e8m0 { DType::F8E8M0 } else { DType::F32 },
+        // transformers multiplies in float32, whatever the scales are stored as.
+        product: DType::F32,
     };
     let (sr, sc) = blocks.grid();
     let mut want: Vec<u64> = dims[..dims.len() - 2].to_vec();
     want.extend([sr, sc]);
-    let have: Vec<u64> = scale.shape.iter().collect();
-    if scale.dtype != DType::F32 || have != want {
+    if !(e8m0 || scale.dtype == DType::F32) || have != want {
         return Err(format!(
-            "has a `{scale_name}` of {} {have:?}, but its {}×{} blocks need float32 {want:?}",
+            "has a `{scale_name}` of {} {have:?}, but its {}×{} blocks need float32 or E8M0 {want:?}",
             scale.dtype, block.0, block.1
         ));
     }
@@ -329,6 +354,8 @@ fn dequantized_compressed(
         block_rows: block.0,
         block_cols: block.1,
         scale_dtype: if mx { DType::F8E8M0 } else { scale.dtype },
+        // compressed-tensors multiplies in the scales' dtype; MX exponents in bfloat16.
+        product: if mx { DType::BF16 } else { scale.dtype },
     };
     fp8_recipe(ckpt, (id, scale_id), to, blocks)
 }
