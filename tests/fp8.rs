@@ -626,19 +626,19 @@ fn fp4_packed_weights_with_e8m0_scales_are_dequantized() {
     std::fs::create_dir_all(&src).expect("mkdir");
     let packed: Vec<u8> = (0..rows * cols / 2).map(|i| (i * 37 % 256) as u8).collect();
     let exponents: Vec<u8> = (0..rows * cols / 32).map(|i| 120 + (i % 9) as u8).collect();
-    let w = FixtureTensor {
+    let weight = FixtureTensor {
         name: "model.layers.0.mlp.experts.0.w1.weight".into(),
         dtype: DType::I8,
         shape: vec![rows, cols / 2],
         data: packed.clone(),
     };
-    let s = FixtureTensor {
+    let scale = FixtureTensor {
         name: "model.layers.0.mlp.experts.0.w1.weight_scale_inv".into(),
         dtype: DType::F8E8M0,
         shape: vec![rows, cols / 32],
         data: exponents.clone(),
     };
-    write_safetensors(&src.join("model.safetensors"), &[&w, &s]).expect("weights");
+    write_safetensors(&src.join("model.safetensors"), &[&weight, &scale]).expect("weights");
     write_json(
         &src.join("config.json"),
         &serde_json::json!({
@@ -650,8 +650,8 @@ fn fp4_packed_weights_with_e8m0_scales_are_dequantized() {
     )
     .expect("config");
     let out = tmp.path().join("out");
-    let o = common::save(&src, &out, &["--dtype", "float32"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = common::save(&src, &out, &["--dtype", "float32"]);
+    assert!(saved.status.success(), "{}", stderr(&saved));
     let st = read(&out);
     let got = st
         .tensor("model.layers.0.mlp.experts.0.w1.weight")
@@ -666,8 +666,8 @@ fn fp4_packed_weights_with_e8m0_scales_are_dequantized() {
         let code = if c % 2 == 0 { byte & 0xF } else { byte >> 4 };
         let magnitude = E2M1[usize::from(code & 7)];
         let value = if code & 8 != 0 { -magnitude } else { magnitude };
-        let scale = 2f32.powi(i32::from(exponents[r * 2 + c / 32]) - 127);
-        let want = value * scale;
+        let factor = 2f32.powi(i32::from(exponents[r * 2 + c / 32]) - 127);
+        let want = value * factor;
         let have = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         assert_eq!(have.to_bits(), want.to_bits(), "element ({r}, {c})");
     }
