@@ -649,6 +649,23 @@ fn fp4_packed_weights_with_e8m0_scales_are_dequantized() {
         }),
     )
     .expect("config");
+    // inspect shows the packed weight as what it dequantizes to.
+    let listed = devmap(&["inspect", arg(&src), "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("inspect --json");
+    let packed_entry = json["tensors"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["dtype"] == "I8"))
+        .expect("the I8 weight");
+    assert_eq!(
+        packed_entry["quantized"]["dequantized_shape"],
+        serde_json::json!([3, 64])
+    );
+    assert!(
+        packed_entry["quantized"]["format"]
+            .as_str()
+            .is_some_and(|f| f.starts_with("fp4 e2m1")),
+        "{packed_entry}"
+    );
     let out = tmp.path().join("out");
     let saved = common::save(&src, &out, &["--dtype", "float32"]);
     assert!(saved.status.success(), "{}", stderr(&saved));

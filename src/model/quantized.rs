@@ -75,18 +75,39 @@ pub fn quantized_part(ckpt: &Checkpoint, id: TensorId) -> Option<QuantizedPart> 
                     of: weight.to_owned(),
                 });
             }
-            let format = match tensor.dtype {
-                DType::F8E4M3 => "fp8 e4m3",
-                DType::F8E5M2 => "fp8 e5m2",
+            let scales = format!("{name}_scale_inv");
+            let scale_id = ckpt.index_of(&scales)?;
+            let (format, dequantized_shape) = match tensor.dtype {
+                DType::F8E4M3 | DType::F8E5M2 => {
+                    let kind = if tensor.dtype == DType::F8E4M3 {
+                        "e4m3"
+                    } else {
+                        "e5m2"
+                    };
+                    let e8m0 =
+                        if matches!(ckpt.tensors()[scale_id].dtype, DType::F8E8M0 | DType::U8) {
+                            ", e8m0 scales"
+                        } else {
+                            ""
+                        };
+                    (
+                        format!("fp8 {kind}, {}×{} blocks{e8m0}", q.block.0, q.block.1),
+                        tensor.shape.to_vec(),
+                    )
+                }
+                // DeepSeek-V4's FP4-packed experts: two values a byte.
+                DType::I8 => {
+                    let mut shape = tensor.shape.to_vec();
+                    *shape.last_mut()? *= 2;
+                    ("fp4 e2m1 (packed), e8m0 scales".to_owned(), shape)
+                }
                 _ => return None,
             };
-            let scales = format!("{name}_scale_inv");
-            ckpt.index_of(&scales)?;
             Some(QuantizedPart::Weight {
-                format: format!("{format}, {}×{} blocks", q.block.0, q.block.1),
+                format,
                 scales,
                 dequantized_name: name.to_owned(),
-                dequantized_shape: tensor.shape.to_vec(),
+                dequantized_shape,
             })
         }
         "compressed-tensors" if q.format.as_deref() == Some("nvfp4-pack-quantized") => {
