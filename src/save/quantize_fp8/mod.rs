@@ -122,6 +122,14 @@ pub struct Fp8Input<'a> {
     pub layout: Fp8Out,
 }
 
+/// `M.weight_scale_inv`'s bytes: the inverse of each tile scale, as float32.
+fn inverses(scales: &[f32]) -> Vec<u8> {
+    scales
+        .iter()
+        .flat_map(|s| (1.0 / s).to_le_bytes())
+        .collect()
+}
+
 /// Reads the weight and hands `sink` the part `layout` names, one row of tiles at a
 /// time.
 pub fn stream(
@@ -136,10 +144,7 @@ pub fn stream(
     if layout.part == Fp8Part::Scales
         && let Some(scales) = &known
     {
-        let inverses: Vec<u8> = scales
-            .iter()
-            .flat_map(|s| (1.0 / s).to_le_bytes())
-            .collect();
+        let inverses = inverses(scales);
         return sink(&inverses).map_err(CopyError::Io);
     }
     let grid = made::Grid::unless_known(input, known.as_deref());
@@ -170,10 +175,7 @@ pub fn write_in_parallel(
     if layout.part == Fp8Part::Scales
         && let Some(scales) = &known
     {
-        let inverses: Vec<u8> = scales
-            .iter()
-            .flat_map(|s| (1.0 / s).to_le_bytes())
-            .collect();
+        let inverses = inverses(scales);
         dst.write_all_at(&inverses, dst_offset)
             .map_err(CopyError::Io)?;
         return Ok(layout.output_len());
@@ -261,9 +263,6 @@ fn widen(
     Ok(())
 }
 
-/// [`stream`] of the rows of tiles `bands`: each band's tile scales taken from `known`
-/// (the whole weight's, made by its other recipe) or computed, and recorded in `grid`
-/// when one is given.
 /// The tile scales of the band of rows from `first` whose stored bytes are `raw`,
 /// into `scales` (`values` holds widened rows on the way); every value checked finite.
 fn band_scales(
@@ -326,6 +325,9 @@ fn band_scales(
     Ok(())
 }
 
+/// [`stream`] of the rows of tiles `bands`: each band's tile scales taken from `known`
+/// (the whole weight's, made by its other recipe) or computed, and recorded in `grid`
+/// when one is given.
 fn stream_bands(
     input: Fp8Input<'_>,
     bands: std::ops::Range<u64>,
@@ -365,11 +367,7 @@ fn stream_bands(
             grid.record(band, &scales);
         }
         if l.part == Fp8Part::Scales {
-            out.clear();
-            for s in &scales {
-                out.extend_from_slice(&(1.0 / s).to_le_bytes());
-            }
-            sink(&out).map_err(CopyError::Io)?;
+            sink(&inverses(&scales)).map_err(CopyError::Io)?;
             continue;
         }
         if l.from == DType::BF16 {
