@@ -8,6 +8,7 @@
 //! not a difference: one note for the checkpoint (the largest error as a fraction of
 //! its bound, and the largest relative error), and a difference for a value past it.
 
+use std::collections::HashMap;
 use std::fs::File;
 
 use super::against::Expected;
@@ -42,6 +43,11 @@ pub(super) fn check(
 ) {
     let ckpt = expected.ckpt;
     let mut worst = Worst::default();
+    // Made on the first quantized weight: the written tensors by name, and each file
+    // opened once (a checkpoint's weights share a few shards and sources).
+    let mut by_name: Option<HashMap<&str, &WrittenTensor>> = None;
+    let mut sources: HashMap<usize, Option<File>> = HashMap::new();
+    let mut shards: HashMap<usize, Option<File>> = HashMap::new();
     for (i, p) in pairs {
         let recipe = p.recipe(ckpt);
         let (Make::Quantize(layout), Read::Range(range)) = (recipe.make, recipe.read) else {
@@ -51,22 +57,35 @@ pub(super) fn check(
             continue;
         }
         let values = &written.tensors[*i];
-        let scale_name = format!("{}_scale_inv", values.name);
-        let Some(scales) = written.tensors.iter().find(|t| t.name == scale_name) else {
+        let by_name = by_name.get_or_insert_with(|| {
+            written
+                .tensors
+                .iter()
+                .map(|t| (t.name.as_str(), t))
+                .collect()
+        });
+        let Some(&scales) = by_name.get(format!("{}_scale_inv", values.name).as_str()) else {
             continue; // reported missing by the name checks
         };
-        let opened = (
-            crate::formats::input::open_regular(ckpt.file_path(range.file)),
-            File::open(&written.shards[values.shard].path),
-            File::open(&written.shards[scales.shard].path),
-        );
-        let (Ok(source), Ok(values_file), Ok(scales_file)) = opened else {
+        let source = sources.entry(range.file).or_insert_with(|| {
+            crate::formats::input::open_regular(ckpt.file_path(range.file)).ok()
+        });
+        for shard in [values.shard, scales.shard] {
+            shards
+                .entry(shard)
+                .or_insert_with(|| File::open(&written.shards[shard].path).ok());
+        }
+        let (Some(source), Some(Some(values_file)), Some(Some(scales_file))) = (
+            source.as_ref(),
+            shards.get(&values.shard),
+            shards.get(&scales.shard),
+        ) else {
             continue; // unreadable files are reported by the byte checks
         };
         let weight = Weight {
-            source: (&source, range.offset, layout.from),
-            values: (&values_file, values),
-            scales: (&scales_file, scales),
+            source: (source, range.offset, layout.from),
+            values: (values_file, values),
+            scales: (scales_file, scales),
             rows: layout.rows as usize,
             cols: layout.cols as usize,
             block: (layout.block.0 as usize, layout.block.1 as usize),
