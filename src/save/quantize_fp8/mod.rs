@@ -130,6 +130,30 @@ fn inverses(scales: &[f32]) -> Vec<u8> {
         .collect()
 }
 
+/// How a recipe starts: the scales' bytes ready, made by the weight's other recipe
+/// (nothing to read), or the rows of tiles to stream with the tile scales known (if
+/// any) and the grid to keep for the other recipe (if they are not).
+enum Start {
+    Ready(Vec<u8>),
+    Stream {
+        known: Option<Vec<f32>>,
+        grid: Option<made::Grid>,
+    },
+}
+
+impl Start {
+    fn of(input: Fp8Input<'_>) -> Start {
+        let known = made::take(input);
+        match known {
+            Some(scales) if input.layout.part == Fp8Part::Scales => Start::Ready(inverses(&scales)),
+            known => Start::Stream {
+                grid: made::Grid::unless_known(input, known.as_deref()),
+                known,
+            },
+        }
+    }
+}
+
 /// Reads the weight and hands `sink` the part `layout` names, one row of tiles at a
 /// time.
 pub fn stream(
@@ -138,29 +162,20 @@ pub fn stream(
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
     check(input)?;
-    let layout = input.layout;
-    let bands = layout.rows / layout.block.0;
-    let known = made::take(input);
-    if layout.part == Fp8Part::Scales
-        && let Some(scales) = &known
-    {
-        let inverses = inverses(scales);
-        return sink(&inverses).map_err(CopyError::Io);
+    let bands = input.layout.rows / input.layout.block.0;
+    match Start::of(input) {
+        Start::Ready(bytes) => sink(&bytes).map_err(CopyError::Io),
+        Start::Stream { known, grid } => {
+            let scales = (known.as_deref(), grid.as_ref());
+            stream_bands(input, 0..bands, scales, cancel, sink)?;
+            made::keep(input, grid);
+            Ok(())
+        }
     }
-    let grid = made::Grid::unless_known(input, known.as_deref());
-    stream_bands(
-        input,
-        0..bands,
-        (known.as_deref(), grid.as_ref()),
-        cancel,
-        sink,
-    )?;
-    made::keep(input, grid);
-    Ok(())
 }
 
-/// [`stream`] of the values with the rows of tiles split among `threads` threads, each
-/// writing its output in place in `dst` from `dst_offset` on. Returns the bytes written.
+/// [`stream`] with the rows of tiles split among `threads` threads, each writing its
+/// output in place in `dst` from `dst_offset` on. Returns the bytes written.
 pub fn write_in_parallel(
     input: Fp8Input<'_>,
     (dst, dst_offset): (&File, u64),
@@ -170,28 +185,24 @@ pub fn write_in_parallel(
     check(input)?;
     let layout = input.layout;
     let bands = layout.rows / layout.block.0;
-    let band_bytes = layout.output_len() / bands.max(1);
-    let known = made::take(input);
-    if layout.part == Fp8Part::Scales
-        && let Some(scales) = &known
-    {
-        let inverses = inverses(scales);
-        dst.write_all_at(&inverses, dst_offset)
-            .map_err(CopyError::Io)?;
-        return Ok(layout.output_len());
+    match Start::of(input) {
+        Start::Ready(bytes) => dst
+            .write_all_at(&bytes, dst_offset)
+            .map_err(CopyError::Io)?,
+        Start::Stream { known, grid } => {
+            super::copy::write_parts_in_parallel(
+                bands,
+                layout.output_len() / bands.max(1),
+                threads,
+                (dst, dst_offset),
+                &|range, sink| {
+                    let scales = (known.as_deref(), grid.as_ref());
+                    stream_bands(input, range, scales, cancel, sink)
+                },
+            )?;
+            made::keep(input, grid);
+        }
     }
-    let grid = made::Grid::unless_known(input, known.as_deref());
-    super::copy::write_parts_in_parallel(
-        bands,
-        band_bytes,
-        threads,
-        (dst, dst_offset),
-        &|range, sink| {
-            let scales = (known.as_deref(), grid.as_ref());
-            stream_bands(input, range, scales, cancel, sink)
-        },
-    )?;
-    made::keep(input, grid);
     Ok(layout.output_len())
 }
 
