@@ -84,12 +84,11 @@ pub fn quantized_part(ckpt: &Checkpoint, id: TensorId) -> Option<QuantizedPart> 
                     } else {
                         "e5m2"
                     };
-                    let e8m0 =
-                        if matches!(ckpt.tensors()[scale_id].dtype, DType::F8E8M0 | DType::U8) {
-                            ", e8m0 scales"
-                        } else {
-                            ""
-                        };
+                    let e8m0 = if ckpt.tensors()[scale_id].dtype.holds_e8m0_scales() {
+                        ", e8m0 scales"
+                    } else {
+                        ""
+                    };
                     (
                         format!("fp8 {kind}, {}×{} blocks{e8m0}", q.block.0, q.block.1),
                         tensor.shape.to_vec(),

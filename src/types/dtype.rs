@@ -28,6 +28,12 @@ pub enum DType {
 }
 
 impl DType {
+    /// Whether scales stored in this dtype are E8M0 exponents (`2^(e − 127)`):
+    /// `F8_E8M0`, or the U8 bytes MXFP8 and some DeepSeek-V4 exports store them as.
+    pub fn holds_e8m0_scales(self) -> bool {
+        matches!(self, DType::U8 | DType::F8E8M0)
+    }
+
     /// Bytes per element.
     pub fn size(self) -> u64 {
         match self {

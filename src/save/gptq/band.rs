@@ -202,6 +202,8 @@ impl Decode<'_> {
             let at = (local * groups_n + g) * values * SIZE;
             &table[at..at + values * SIZE]
         };
+        // At 4 bits, the same table as 16 outputs a group and column.
+        let (tables, _) = table.as_chunks::<SIZE>().0.as_chunks::<16>();
         let word_at = |at: usize| u32::from_le_bytes(packed[at]);
         match layout.packing {
             // 4 bits with the groups in order: each output row's words gathered into a
@@ -210,8 +212,6 @@ impl Decode<'_> {
             Packing::Gptq { .. } if bits == 4 && groups.in_order => {
                 let packed_rows = inputs / per_word;
                 let words_a_group = (layout.group_size as usize / per_word).max(1);
-                let (entries, _) = table.as_chunks::<SIZE>();
-                let (tables, _) = entries.as_chunks::<16>();
                 // Gathered BLOCK output rows at a time: a packed row's BLOCK words are
                 // one cache line. The gathered rows lie a cache line further apart than
                 // their length, so the BLOCK stores of a packed row do not all fall in
@@ -247,8 +247,6 @@ impl Decode<'_> {
                     && n.is_multiple_of(8)
                     && skip.is_multiple_of(8) =>
             {
-                let (entries, _) = table.as_chunks::<SIZE>();
-                let (tables, _) = entries.as_chunks::<16>();
                 let first_word = skip / 8;
                 // Which column of its eight each nibble of a word holds.
                 let mut column_at = [0usize; 8];

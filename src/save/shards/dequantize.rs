@@ -207,7 +207,7 @@ fn dequantized(
     let (rows, stored_cols) = (dims[dims.len() - 2], dims[dims.len() - 1]);
     let cols = if fp4 { stored_cols * 2 } else { stored_cols };
     let have: Vec<u64> = scale.shape.iter().collect();
-    let e8m0 = matches!(scale.dtype, DType::U8 | DType::F8E8M0);
+    let e8m0 = scale.dtype.holds_e8m0_scales();
     let block = match (fp4, have.as_slice()) {
         (false, _) => block,
         (true, &[sr, sc]) if sr > 0 && sc > 0 && rows % sr == 0 && cols % sc == 0 => {
@@ -341,7 +341,7 @@ fn dequantized_compressed(
         }
     };
     // MXFP8 (`mxfp8-quantized`) stores power-of-two exponents as U8 (E8M0).
-    let mx = matches!(scale.dtype, DType::U8 | DType::F8E8M0);
+    let mx = scale.dtype.holds_e8m0_scales();
     if !(mx || matches!(scale.dtype, DType::F32 | DType::BF16 | DType::F16)) {
         return Err(format!(
             "has a `{scale_name}` of {}, not a float",
