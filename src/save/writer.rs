@@ -283,7 +283,7 @@ impl ShardWriter<'_> {
         let shared = self.shared;
         let ckpt = shared.ckpt;
         let stop = StopFlag(shared);
-        for t in tensors {
+        for t in write_order(tensors, ckpt) {
             let recipe = t.recipe(ckpt);
             if recipe.pieces().is_some() {
                 for range in recipe.ranges(ckpt) {
@@ -328,6 +328,50 @@ impl ShardWriter<'_> {
         }
         Ok(())
     }
+}
+
+/// The order `tensors` are written in: as they lie, except that each weight quantized
+/// on the way out has its scales written right after its values. The shard lays the F32
+/// scales before the F8 values; written that way, the scales' recipe would read the
+/// whole weight for its tiles' maxima and the values' recipe read it again. Values
+/// first, the weight is read once: the values' recipe keeps the tile scales it made,
+/// and the scales' recipe writes them without reading (`save::quantize_fp8`).
+/// Positioned writes make any order safe.
+fn write_order<'p>(
+    tensors: &'p [super::shards::PlannedTensor],
+    ckpt: &Checkpoint,
+) -> Vec<&'p super::shards::PlannedTensor> {
+    use super::execute::Make;
+    use super::quantize_fp8::Fp8Part;
+    let quantized = |t: &super::shards::PlannedTensor, want: Fp8Part| {
+        let recipe = t.recipe(ckpt);
+        match (recipe.make, recipe.source()) {
+            (Make::Quantize(out), Some(r)) if out.part == want => Some((r.file, r.offset)),
+            _ => None,
+        }
+    };
+    // Scales whose values lie in this shard too, by the weight they are made from.
+    let values: std::collections::HashSet<_> = tensors
+        .iter()
+        .filter_map(|t| quantized(t, Fp8Part::Values))
+        .collect();
+    let mut scales: HashMap<(FileId, u64), &super::shards::PlannedTensor> = HashMap::new();
+    for t in tensors {
+        if let Some(weight) = quantized(t, Fp8Part::Scales).filter(|w| values.contains(w)) {
+            scales.insert(weight, t);
+        }
+    }
+    let mut order = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        if quantized(t, Fp8Part::Scales).is_some_and(|w| values.contains(&w)) {
+            continue;
+        }
+        order.push(t);
+        if let Some(after) = quantized(t, Fp8Part::Values).and_then(|w| scales.remove(&w)) {
+            order.push(after);
+        }
+    }
+    order
 }
 
 /// A recipe of tensor `t` into the shard `tmp` that failed, as the save reports it:

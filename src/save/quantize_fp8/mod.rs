@@ -83,7 +83,7 @@ impl Fp8Out {
 /// `x` (finite, |x| ≤ 448) as an F8_E4M3 byte, rounded to nearest, ties to even, as
 /// torch converts float32 to `float8_e4m3fn`. Branch-free, so a row of them compiles to
 /// vector instructions.
-#[inline]
+#[inline(always)]
 pub fn e4m3fn(x: f32) -> u8 {
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
@@ -292,18 +292,7 @@ fn band_scales(
     if l.from == DType::BF16 {
         // Straight from the stored halves: |v|'s bits order as |v| does, and a
         // NaN or an infinity has every exponent bit set.
-        let mut bad = 0u16;
-        for row in raw.chunks_exact(cols * 2) {
-            for (m, tile) in maxes.iter_mut().zip(row.chunks_exact(bn * 2)) {
-                let (top, any) = tile.chunks_exact(2).fold((0u16, 0u16), |(top, any), b| {
-                    let abs = u16::from_le_bytes([b[0], b[1]]) & 0x7FFF;
-                    (top.max(abs), any | u16::from(abs >= 0x7F80))
-                });
-                *m = (*m).max(u32::from(top) << 16);
-                bad |= any;
-            }
-        }
-        if bad != 0 {
+        if bf16_tile_maxima(raw, (cols, bn), &mut maxes) {
             // Said with the element's place by the widening below.
             for (k, part) in raw.chunks(chunk).enumerate() {
                 widen(input, part, first + k * CHUNK_ROWS, values)?;
@@ -334,6 +323,94 @@ fn band_scales(
         };
     }
     Ok(())
+}
+
+/// Each tile's largest |w| over the bfloat16 rows `raw` (`cols` wide, tiles `bn` wide)
+/// into `maxes`, as the bits of a positive f32, straight from the stored halves: |v|'s
+/// bits order as |v| does. True when a value is a NaN or an infinity (every exponent bit
+/// set). Compiled for AVX-512 and AVX2 too, chosen at run time: integer maxima, the same
+/// result on every path.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn bf16_tile_maxima(raw: &[u8], (cols, bn): (usize, usize), maxes: &mut [u32]) -> bool {
+    // A plain loop over whole halves (`[u8; 2]`, which load as one u16): an integer
+    // maximum, which the compiler splits into vector lanes (iterator adapters' closures
+    // are not inlined into a function compiled for other features).
+    let mut top_of_all = 0u16;
+    for row in raw.chunks_exact(cols * 2) {
+        for (m, tile) in maxes.iter_mut().zip(row.chunks_exact(bn * 2)) {
+            let mut top = 0u16;
+            for &b in tile.as_chunks::<2>().0 {
+                top = top.max(u16::from_le_bytes(b) & 0x7FFF);
+            }
+            *m = (*m).max(u32::from(top) << 16);
+            top_of_all = top_of_all.max(top);
+        }
+    }
+    // A NaN or an infinity has every exponent bit set: |v| ≥ 0x7F80.
+    top_of_all >= 0x7F80
+}
+
+/// The bfloat16 rows `raw` (finite) quantized tile by tile with `scales` into `out`:
+/// widening a bfloat16 is a shift, done in the same loop. Compiled for AVX-512 and AVX2
+/// too, chosen at run time; every step is an IEEE operation (a multiply, a clamp, an
+/// addition, integer bit work), never fused, so each path gives the same bytes.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn quantize_bf16(raw: &[u8], (cols, bn): (usize, usize), scales: &[f32], out: &mut [u8]) {
+    for (row, dst) in raw.chunks_exact(cols * 2).zip(out.chunks_exact_mut(cols)) {
+        for ((tile, dst), &s) in row
+            .chunks_exact(bn * 2)
+            .zip(dst.chunks_exact_mut(bn))
+            .zip(scales)
+        {
+            for (&b, d) in tile.as_chunks::<2>().0.iter().zip(dst) {
+                *d = scaled_e4m3fn(f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16), s);
+            }
+        }
+    }
+}
+
+/// [`quantize_bf16`] for rows already widened to f32 (float16 and float32 weights).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn quantize_f32(values: &[f32], (cols, bn): (usize, usize), scales: &[f32], out: &mut [u8]) {
+    for (row, dst) in values.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+        for ((tile, dst), &s) in row
+            .chunks_exact(bn)
+            .zip(dst.chunks_exact_mut(bn))
+            .zip(scales)
+        {
+            for (&v, d) in tile.iter().zip(dst) {
+                *d = scaled_e4m3fn(v, s);
+            }
+        }
+    }
+}
+
+/// The finite value `v` times its tile's `scale`, clamped to ±448, as F8_E4M3. The
+/// clamp is spelled out so it inlines into the multiversioned loops (`f32::clamp`
+/// stays a call there, and the loop then runs one value at a time).
+#[inline(always)]
+fn scaled_e4m3fn(v: f32, scale: f32) -> u8 {
+    let x = v * scale;
+    let x = if x > FP8_MAX {
+        FP8_MAX
+    } else if x < -FP8_MAX {
+        -FP8_MAX
+    } else {
+        x
+    };
+    e4m3fn(x)
 }
 
 /// [`stream`] of the rows of tiles `bands`: each band's tile scales taken from `known`
@@ -385,35 +462,14 @@ fn stream_bands(
             // Straight from the stored halves (checked finite above): widening a
             // bfloat16 is a shift, done in the same loop.
             out.resize(bm * cols, 0);
-            for (row, dst) in raw.chunks_exact(cols * 2).zip(out.chunks_exact_mut(cols)) {
-                for ((tile, dst), &s) in row
-                    .chunks_exact(bn * 2)
-                    .zip(dst.chunks_exact_mut(bn))
-                    .zip(&scales)
-                {
-                    for (b, d) in tile.chunks_exact(2).zip(dst) {
-                        let v = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
-                        *d = e4m3fn((v * s).clamp(-FP8_MAX, FP8_MAX));
-                    }
-                }
-            }
+            quantize_bf16(&raw, (cols, bn), &scales, &mut out);
             sink(&out).map_err(CopyError::Io)?;
             continue;
         }
         for (k, part) in raw.chunks(chunk).enumerate() {
             widen(input, part, first + k * CHUNK_ROWS, &mut values)?;
             out.resize(values.len(), 0);
-            for (row, dst) in values.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
-                for ((tile, dst), &s) in row
-                    .chunks_exact(bn)
-                    .zip(dst.chunks_exact_mut(bn))
-                    .zip(&scales)
-                {
-                    for (v, d) in tile.iter().zip(dst) {
-                        *d = e4m3fn((v * s).clamp(-FP8_MAX, FP8_MAX));
-                    }
-                }
-            }
+            quantize_f32(&values, (cols, bn), &scales, &mut out);
             sink(&out).map_err(CopyError::Io)?;
         }
     }

@@ -107,3 +107,56 @@ fn every_finite_e4m3_value_rounds_to_itself_and_halfway_values_to_even() {
     assert_eq!(e4m3fn(1.5 / 512.0), 0x02);
     assert_eq!(e4m3fn(-448.0), 0xfe);
 }
+
+/// The loops compiled for the CPU's vector units (`quantize_bf16`, `quantize_f32`,
+/// `bf16_tile_maxima`) against the same steps one value at a time, outside them, over
+/// every finite bfloat16 and tile scales that push values past ±448, into the
+/// subnormals and onto rounding ties.
+#[test]
+fn the_vector_loops_match_the_steps_one_value_at_a_time() {
+    let finite: Vec<u16> = (0..=u16::MAX).filter(|b| b & 0x7F80 != 0x7F80).collect();
+    // 128-wide tiles of 8 columns' rows: the values in order, cut into rows.
+    let (cols, bn) = (1024usize, 128usize);
+    let rows = finite.len() / cols;
+    let raw: Vec<u8> = finite[..rows * cols]
+        .iter()
+        .flat_map(|b| b.to_le_bytes())
+        .collect();
+    let widened: Vec<f32> = finite[..rows * cols]
+        .iter()
+        .map(|&b| f32::from_bits(u32::from(b) << 16))
+        .collect();
+    for scales in [
+        [1.0f32; 8],
+        [448.0, 3.0e-3, 1.5, 7.0e5, 0.125, 2.0e-30, 1.0e30, 1.0 / 3.0],
+    ] {
+        let expected: Vec<u8> = widened
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let x = v * scales[(i % cols) / bn];
+                e4m3fn(x.clamp(-FP8_MAX, FP8_MAX))
+            })
+            .collect();
+        let mut out = vec![0u8; rows * cols];
+        quantize_bf16(&raw, (cols, bn), &scales, &mut out);
+        assert_eq!(out, expected, "bfloat16 rows, scales {scales:?}");
+        out.fill(0);
+        quantize_f32(&widened, (cols, bn), &scales, &mut out);
+        assert_eq!(out, expected, "float32 rows, scales {scales:?}");
+    }
+    let mut maxes = [0u32; 8];
+    assert!(!bf16_tile_maxima(&raw, (cols, bn), &mut maxes));
+    for (tile, &max) in maxes.iter().enumerate() {
+        let top = widened
+            .chunks_exact(cols)
+            .flat_map(|row| &row[tile * bn..][..bn])
+            .map(|v| v.abs().to_bits())
+            .max();
+        assert_eq!(Some(max), top, "tile {tile}");
+    }
+    // A NaN anywhere is seen.
+    let mut with_nan = raw.clone();
+    with_nan[2 * 777..][..2].copy_from_slice(&0x7FC1u16.to_le_bytes());
+    assert!(bf16_tile_maxima(&with_nan, (cols, bn), &mut [0u32; 8]));
+}
