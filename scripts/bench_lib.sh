@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# devmap asks no Python for transformers' view of the model: that is one Python start
+# before the work (about 0.1 s here through a pyenv shim, cached answers after), the
+# same for a model of any size, while these benchmarks measure the bytes. What the
+# probe costs is measured on its own (docs/performance.md, "Fixed costs").
+export DEVMAP_PYTHON=none
+
 # Peak RSS comes from GNU time's %M: the shell's `time` keyword does not report it.
 need_gnu_time() {
     command -v /usr/bin/time >/dev/null || {

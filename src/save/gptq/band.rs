@@ -247,7 +247,6 @@ impl Decode<'_> {
                     && n.is_multiple_of(8)
                     && skip.is_multiple_of(8) =>
             {
-                let first_word = skip / 8;
                 // Which column of its eight each nibble of a word holds.
                 let mut column_at = [0usize; 8];
                 for c in 0..8u64 {
@@ -255,21 +254,12 @@ impl Decode<'_> {
                 }
                 let stride = inputs / 2 + 64;
                 let mut columns = vec![0u8; n * stride];
-                for i0 in (0..inputs).step_by(8) {
-                    for j in 0..n / 8 {
-                        let mut gathered = [0u32; 8];
-                        for t in 0..8 {
-                            let word = word_at((i0 + t) * band_words + first_word + j);
-                            for (position, &c) in column_at.iter().enumerate() {
-                                gathered[c] |= ((word >> (4 * position)) & 0xF) << (4 * t);
-                            }
-                        }
-                        for (c, x) in gathered.iter().enumerate() {
-                            let at = (j * 8 + c) * stride + i0 / 2;
-                            columns[at..at + 4].copy_from_slice(&x.to_le_bytes());
-                        }
-                    }
-                }
+                awq_columns(
+                    (packed, band_words, skip / 8),
+                    (inputs, n),
+                    column_at,
+                    (&mut columns, stride),
+                );
                 let group = layout.group_size as usize;
                 expand_rows::<SIZE>(
                     (&columns, stride),
@@ -342,9 +332,56 @@ impl Decode<'_> {
     }
 }
 
+/// AWQ's 4-bit words (`packed`, `band_words` a row, the sub-band's from `first_word`)
+/// transposed into each output row's nibbles in input order (`columns`, a row every
+/// `stride` bytes), 8×8 values at a time: eight input rows' words hold eight output
+/// columns, the one at nibble `p` being column `column_at[p]` of the eight. The 8×8
+/// nibbles are transposed in three rounds of swaps (nibbles, then pairs, then fours):
+/// fixed shifts and masks, no value at a time.
+fn awq_columns(
+    (packed, band_words, first_word): (&[[u8; 4]], usize, usize),
+    (inputs, n): (usize, usize),
+    column_at: [usize; 8],
+    (columns, stride): (&mut [u8], usize),
+) {
+    fn swap(w: &mut [u32; 8], (a, b): (usize, usize), shift: u32, mask: u32) {
+        let x = ((w[a] >> shift) ^ w[b]) & mask;
+        w[b] ^= x;
+        w[a] ^= x << shift;
+    }
+    for i0 in (0..inputs).step_by(8) {
+        let rows: [&[[u8; 4]]; 8] =
+            std::array::from_fn(|t| &packed[(i0 + t) * band_words + first_word..][..n / 8]);
+        for j in 0..n / 8 {
+            let mut w: [u32; 8] = std::array::from_fn(|t| u32::from_le_bytes(rows[t][j]));
+            for t in [0, 2, 4, 6] {
+                swap(&mut w, (t, t + 1), 4, 0x0F0F_0F0F);
+            }
+            for t in [0, 1, 4, 5] {
+                swap(&mut w, (t, t + 2), 8, 0x00FF_00FF);
+            }
+            for t in [0, 1, 2, 3] {
+                swap(&mut w, (t, t + 4), 16, 0x0000_FFFF);
+            }
+            // Word p now holds nibble p of each of the eight input rows, in order.
+            for (p, x) in w.iter().enumerate() {
+                let at = (j * 8 + column_at[p]) * stride + i0 / 2;
+                columns[at..at + 4].copy_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+}
+
 /// Output rows `first..first + count` of a sub-band of `n` rows of `inputs` values,
 /// from their 4-bit values in input order (row `k`'s at `columns[k · stride..]`), each
 /// group of `group` inputs expanded through its 16 outputs (`tables[row · groups + g]`).
+/// Compiled for AVX-512 and AVX2 too, chosen at run time (table lookups and stores: the
+/// same bytes on every path).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 fn expand_rows<const SIZE: usize>(
     (columns, stride): (&[u8], usize),
     (first, count): (usize, usize),
