@@ -350,10 +350,10 @@ fn awq_columns(
         w[a] ^= x << shift;
     }
     for i0 in (0..inputs).step_by(8) {
-        let rows: [&[[u8; 4]]; 8] =
-            std::array::from_fn(|t| &packed[(i0 + t) * band_words + first_word..][..n / 8]);
+        let at = i0 * band_words + first_word;
         for j in 0..n / 8 {
-            let mut w: [u32; 8] = std::array::from_fn(|t| u32::from_le_bytes(rows[t][j]));
+            let mut w: [u32; 8] =
+                std::array::from_fn(|t| u32::from_le_bytes(packed[at + t * band_words + j]));
             for t in [0, 2, 4, 6] {
                 swap(&mut w, (t, t + 1), 4, 0x0F0F_0F0F);
             }
