@@ -11,6 +11,7 @@ pub mod execute;
 pub mod fp8;
 pub mod gptq;
 mod job;
+pub(crate) mod lookup;
 pub mod lora_kernel;
 pub mod mxfp4;
 pub mod names;

@@ -22,7 +22,7 @@ use std::fs::File;
 use std::io;
 
 use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
-use super::packed_int::expand_nibbles;
+use super::lookup::expand_nibbles;
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
 

@@ -19,6 +19,7 @@ use std::fs::File;
 use std::io;
 
 use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
+use super::lookup::{expand_nibbles, fill_table, round_and_convert};
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
 
@@ -448,120 +449,6 @@ impl Band {
                 }
             }
         }
-    }
-}
-
-/// Each byte of `bytes` as two values (the low nibble first), looked up in `table`
-/// into `dst`. Four bytes at a time, their outputs gathered into 8-byte stores.
-#[inline]
-pub(crate) fn expand_nibbles<const SIZE: usize>(
-    bytes: &[u8],
-    table: &[[u8; SIZE]; 16],
-    dst: &mut [u8],
-) {
-    let entry = |b: u8| -> u64 {
-        let mut wide = [0u8; 8];
-        wide[..SIZE].copy_from_slice(&table[usize::from(b)]);
-        u64::from_le_bytes(wide)
-    };
-    let shift = 8 * SIZE as u32;
-    let pair = |b: u8| entry(b & 0xF) | entry(b >> 4) << (shift % 64);
-    let mut quads = bytes.chunks_exact(4);
-    let mut out = dst.chunks_exact_mut(8 * SIZE);
-    for (quad, o) in (&mut quads).zip(&mut out) {
-        if SIZE == 2 {
-            let first = pair(quad[0]) | pair(quad[1]) << 32;
-            let second = pair(quad[2]) | pair(quad[3]) << 32;
-            o[..8].copy_from_slice(&first.to_le_bytes());
-            o[8..].copy_from_slice(&second.to_le_bytes());
-        } else {
-            for (b, o) in quad.iter().zip(o.chunks_exact_mut(2 * SIZE)) {
-                o[..SIZE].copy_from_slice(&table[usize::from(b & 0xF)]);
-                o[SIZE..].copy_from_slice(&table[usize::from(b >> 4)]);
-            }
-        }
-    }
-    let rest = quads.remainder();
-    let tail = out.into_remainder();
-    for (b, o) in rest.iter().zip(tail.chunks_exact_mut(2 * SIZE)) {
-        o[..SIZE].copy_from_slice(&table[usize::from(b & 0xF)]);
-        o[SIZE..].copy_from_slice(&table[usize::from(b >> 4)]);
-    }
-}
-
-/// `table[v]` = the output bits of `(v + base) · s`, as [`output_bits`] makes them
-/// (the common dtype pairs spelled out, so the conversion inlines into the loop).
-#[inline]
-pub(crate) fn fill_table<const SIZE: usize>(
-    table: &mut [[u8; SIZE]],
-    base: i32,
-    s: f32,
-    (sd, to): (DType, DType),
-) {
-    #[inline]
-    fn fill<const SIZE: usize>(
-        table: &mut [[u8; SIZE]],
-        base: i32,
-        s: f32,
-        bits: impl Fn(f32) -> u32,
-    ) {
-        for (v, entry) in table.iter_mut().enumerate() {
-            let product = (v as i32 + base) as f32 * s;
-            entry.copy_from_slice(&bits(product).to_le_bytes()[..SIZE]);
-        }
-    }
-    match (sd, to) {
-        // Rounding to bfloat16 twice is rounding once.
-        (DType::BF16 | DType::F32, DType::BF16) => fill(table, base, s, |p| {
-            u32::from(half::bf16::from_f32(p).to_bits())
-        }),
-        (DType::F16 | DType::F32, DType::F16) => fill(table, base, s, |p| {
-            u32::from(half::f16::from_f32(p).to_bits())
-        }),
-        (DType::F32, DType::F32) => fill(table, base, s, f32::to_bits),
-        _ => fill(table, base, s, |p| output_bits(p, sd, to)),
-    }
-}
-
-/// An exact f32 product rounded to the scale's dtype `sd`, then converted to `to`: the
-/// bits of the output element (low bytes, little-endian). The values are finite, where
-/// the `half` crate's round-to-nearest-even is torch's (`save::cast`).
-#[inline]
-pub(crate) fn output_bits(product: f32, sd: DType, to: DType) -> u32 {
-    let rounded = match sd {
-        DType::BF16 => half::bf16::from_f32(product).to_f32(),
-        DType::F16 => half::f16::from_f32(product).to_f32(),
-        _ => product,
-    };
-    match to {
-        DType::BF16 => u32::from(half::bf16::from_f32(rounded).to_bits()),
-        DType::F16 => u32::from(half::f16::from_f32(rounded).to_bits()),
-        _ => rounded.to_bits(),
-    }
-}
-
-/// Exact f32 products rounded to the scale's dtype `sd`, then converted to `to`, into
-/// `output` (`rounded` holds the middle step).
-pub(crate) fn round_and_convert(
-    floats: &[u8],
-    sd: DType,
-    to: DType,
-    rounded: &mut Vec<u8>,
-    output: &mut Vec<u8>,
-) {
-    let elements = floats.len() / 4;
-    let mid: &[u8] = if sd == DType::F32 {
-        floats
-    } else {
-        rounded.resize(elements * sd.size() as usize, 0);
-        super::cast::cast(DType::F32, sd, floats, rounded);
-        rounded
-    };
-    output.resize(elements * to.size() as usize, 0);
-    if sd == to {
-        output.copy_from_slice(mid);
-    } else {
-        super::cast::cast(sd, to, mid, output);
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::{Packing, TransposedInt, TransposedIntLayout, word};
 use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at};
-use crate::save::packed_int::expand_nibbles;
+use crate::save::lookup::expand_nibbles;
 use crate::types::dtype::DType;
 
 /// One read band's inputs and a sub-band's output.
@@ -133,7 +133,7 @@ impl Band {
                 bytes.copy_from_slice(&((v as i32 - z) as f32 * s).to_le_bytes());
             }
         }
-        crate::save::packed_int::round_and_convert(
+        crate::save::lookup::round_and_convert(
             &self.floats,
             layout.scale_dtype,
             to,
@@ -337,37 +337,83 @@ impl Decode<'_> {
 /// `stride` bytes), 8×8 values at a time: eight input rows' words hold eight output
 /// columns, the one at nibble `p` being column `column_at[p]` of the eight. The 8×8
 /// nibbles are transposed in three rounds of swaps (nibbles, then pairs, then fours):
-/// fixed shifts and masks, no value at a time.
+/// fixed shifts and masks, eight blocks side by side (a vector lane each), compiled for
+/// AVX-512 and AVX2 too and chosen at run time.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 fn awq_columns(
     (packed, band_words, first_word): (&[[u8; 4]], usize, usize),
     (inputs, n): (usize, usize),
     column_at: [usize; 8],
     (columns, stride): (&mut [u8], usize),
 ) {
-    fn swap(w: &mut [u32; 8], (a, b): (usize, usize), shift: u32, mask: u32) {
-        let x = ((w[a] >> shift) ^ w[b]) & mask;
-        w[b] ^= x;
-        w[a] ^= x << shift;
-    }
+    let blocks = n / 8;
     for i0 in (0..inputs).step_by(8) {
         let at = i0 * band_words + first_word;
-        for j in 0..n / 8 {
-            let mut w: [u32; 8] =
-                std::array::from_fn(|t| u32::from_le_bytes(packed[at + t * band_words + j]));
-            for t in [0, 2, 4, 6] {
-                swap(&mut w, (t, t + 1), 4, 0x0F0F_0F0F);
-            }
-            for t in [0, 1, 4, 5] {
-                swap(&mut w, (t, t + 2), 8, 0x00FF_00FF);
-            }
-            for t in [0, 1, 2, 3] {
-                swap(&mut w, (t, t + 4), 16, 0x0000_FFFF);
-            }
-            // Word p now holds nibble p of each of the eight input rows, in order.
-            for (p, x) in w.iter().enumerate() {
-                let at = (j * 8 + column_at[p]) * stride + i0 / 2;
-                columns[at..at + 4].copy_from_slice(&x.to_le_bytes());
-            }
+        let lanes = blocks - blocks % 8;
+        for j0 in (0..lanes).step_by(8) {
+            transpose_blocks::<8>(
+                (packed, band_words, at + j0),
+                column_at,
+                (columns, stride),
+                (j0, i0),
+            );
+        }
+        for j in lanes..blocks {
+            transpose_blocks::<1>(
+                (packed, band_words, at + j),
+                column_at,
+                (columns, stride),
+                (j, i0),
+            );
+        }
+    }
+}
+
+/// [`awq_columns`]' `L` blocks from word `at` (of input rows `i0..i0 + 8`, output columns
+/// from `8 · j0`) on. Always inlined: called from the multiversioned loop, a call would
+/// run at the baseline's vector width.
+#[inline(always)]
+#[allow(clippy::inline_always)]
+fn transpose_blocks<const L: usize>(
+    (packed, band_words, at): (&[[u8; 4]], usize, usize),
+    column_at: [usize; 8],
+    (columns, stride): (&mut [u8], usize),
+    (j0, i0): (usize, usize),
+) {
+    let mut w = [[0u32; L]; 8];
+    for (t, row) in w.iter_mut().enumerate() {
+        let words = &packed[at + t * band_words..][..L];
+        for (x, word) in row.iter_mut().zip(words) {
+            *x = u32::from_le_bytes(*word);
+        }
+    }
+    // Rows a < b: b's low parts and a's high parts change places.
+    let mut swap = |(a, b): (usize, usize), shift: u32, mask: u32| {
+        let (before, from_b) = w.split_at_mut(b);
+        for (x, y) in before[a].iter_mut().zip(from_b[0].iter_mut()) {
+            let d = ((*x >> shift) ^ *y) & mask;
+            *y ^= d;
+            *x ^= d << shift;
+        }
+    };
+    for t in [0, 2, 4, 6] {
+        swap((t, t + 1), 4, 0x0F0F_0F0F);
+    }
+    for t in [0, 1, 4, 5] {
+        swap((t, t + 2), 8, 0x00FF_00FF);
+    }
+    for t in [0, 1, 2, 3] {
+        swap((t, t + 4), 16, 0x0000_FFFF);
+    }
+    // Word p of each block now holds nibble p of each of the eight input rows, in order.
+    for (p, row) in w.iter().enumerate() {
+        for (lane, x) in row.iter().enumerate() {
+            let at = ((j0 + lane) * 8 + column_at[p]) * stride + i0 / 2;
+            columns[at..at + 4].copy_from_slice(&x.to_le_bytes());
         }
     }
 }
@@ -396,7 +442,11 @@ fn expand_rows<const SIZE: usize>(
         let runs = column.chunks(group / 2);
         let dsts = row.chunks_mut(group * SIZE);
         for (g, (bytes, dst)) in runs.zip(dsts).enumerate() {
-            expand_nibbles(bytes, &tables[local * groups + g], dst);
+            let table = &tables[local * groups + g];
+            multiversion::target::match_target! {
+                "x86_64+avx2" => crate::save::lookup::expand_nibbles_shuffled(bytes, table, dst),
+                _ => expand_nibbles(bytes, table, dst),
+            }
         }
     }
 }

@@ -1,0 +1,215 @@
+//! The lookup tables the 4-bit and 8-bit dequantizers write through: every output a
+//! quantized code can have under one scale (`(v − z) · s`, rounded as the reference
+//! rounds it, in the output dtype), made once per group or block, and the expansion of
+//! packed nibbles through them: eight values a store, or, in a caller compiled for AVX2,
+//! 32 values a step by byte shuffles. A code's output is a table entry on every path,
+//! so the bytes never depend on the CPU.
+
+use crate::types::dtype::DType;
+
+/// Each byte of `bytes` as two values (the low nibble first), looked up in `table`
+/// into `dst`. Four bytes at a time, their outputs gathered into 8-byte stores.
+#[inline]
+pub(crate) fn expand_nibbles<const SIZE: usize>(
+    bytes: &[u8],
+    table: &[[u8; SIZE]; 16],
+    dst: &mut [u8],
+) {
+    let entry = |b: u8| -> u64 {
+        let mut wide = [0u8; 8];
+        wide[..SIZE].copy_from_slice(&table[usize::from(b)]);
+        u64::from_le_bytes(wide)
+    };
+    let shift = 8 * SIZE as u32;
+    let pair = |b: u8| entry(b & 0xF) | entry(b >> 4) << (shift % 64);
+    let mut quads = bytes.chunks_exact(4);
+    let mut out = dst.chunks_exact_mut(8 * SIZE);
+    for (quad, o) in (&mut quads).zip(&mut out) {
+        if SIZE == 2 {
+            let first = pair(quad[0]) | pair(quad[1]) << 32;
+            let second = pair(quad[2]) | pair(quad[3]) << 32;
+            o[..8].copy_from_slice(&first.to_le_bytes());
+            o[8..].copy_from_slice(&second.to_le_bytes());
+        } else {
+            for (b, o) in quad.iter().zip(o.chunks_exact_mut(2 * SIZE)) {
+                o[..SIZE].copy_from_slice(&table[usize::from(b & 0xF)]);
+                o[SIZE..].copy_from_slice(&table[usize::from(b >> 4)]);
+            }
+        }
+    }
+    let rest = quads.remainder();
+    let tail = out.into_remainder();
+    for (b, o) in rest.iter().zip(tail.chunks_exact_mut(2 * SIZE)) {
+        o[..SIZE].copy_from_slice(&table[usize::from(b & 0xF)]);
+        o[SIZE..].copy_from_slice(&table[usize::from(b >> 4)]);
+    }
+}
+
+/// [`expand_nibbles`], for 2-byte outputs (bfloat16, float16) by byte shuffles: each
+/// value's low and high output bytes looked up in two 16-byte tables, 32 values (16
+/// bytes in, 64 out) a step, the rest (and 4-byte outputs) through [`expand_nibbles`].
+/// Only for a caller
+/// compiled for AVX2 (a `multiversion` function's AVX2 version): the same bytes as
+/// [`expand_nibbles`], a table lookup either way.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) fn expand_nibbles_shuffled<const SIZE: usize>(
+    bytes: &[u8],
+    table: &[[u8; SIZE]; 16],
+    dst: &mut [u8],
+) {
+    if SIZE != 2 {
+        return expand_nibbles(bytes, table, dst);
+    }
+    use std::arch::x86_64::{
+        __m128i, _mm_and_si128, _mm_extract_epi64, _mm_set_epi64x, _mm_set1_epi8, _mm_shuffle_epi8,
+        _mm_srli_epi16, _mm_unpackhi_epi8, _mm_unpacklo_epi8,
+    };
+    let vector = |b: [u8; 16]| {
+        let x = u128::from_le_bytes(b);
+        _mm_set_epi64x((x >> 64) as i64, x as i64)
+    };
+    let lows = vector(std::array::from_fn(|v| table[v][0]));
+    let highs = vector(std::array::from_fn(|v| table[v][1]));
+    let store = |v: __m128i, o: &mut [u8]| {
+        o[..8].copy_from_slice(&_mm_extract_epi64::<0>(v).to_le_bytes());
+        o[8..16].copy_from_slice(&_mm_extract_epi64::<1>(v).to_le_bytes());
+    };
+    let nibble = _mm_set1_epi8(0x0F);
+    let (steps, rest) = bytes.as_chunks::<16>();
+    let (outs, _) = dst.as_chunks_mut::<64>();
+    for (&b, o) in steps.iter().zip(outs.iter_mut()) {
+        let b = vector(b);
+        let low = _mm_and_si128(b, nibble);
+        let high = _mm_and_si128(_mm_srli_epi16::<4>(b), nibble);
+        // The values in order: each byte's low nibble, then its high one.
+        for (k, values) in [_mm_unpacklo_epi8(low, high), _mm_unpackhi_epi8(low, high)]
+            .into_iter()
+            .enumerate()
+        {
+            let (lo, hi) = (
+                _mm_shuffle_epi8(lows, values),
+                _mm_shuffle_epi8(highs, values),
+            );
+            store(_mm_unpacklo_epi8(lo, hi), &mut o[k * 32..]);
+            store(_mm_unpackhi_epi8(lo, hi), &mut o[k * 32 + 16..]);
+        }
+    }
+    let done = steps.len() * 16;
+    expand_nibbles(rest, table, &mut dst[done * 4..]);
+}
+
+/// `table[v]` = the output bits of `(v + base) · s`, as [`output_bits`] makes them
+/// (the common dtype pairs spelled out, so the conversion inlines into the loop).
+#[inline]
+pub(crate) fn fill_table<const SIZE: usize>(
+    table: &mut [[u8; SIZE]],
+    base: i32,
+    s: f32,
+    (sd, to): (DType, DType),
+) {
+    #[inline]
+    fn fill<const SIZE: usize>(
+        table: &mut [[u8; SIZE]],
+        base: i32,
+        s: f32,
+        bits: impl Fn(f32) -> u32,
+    ) {
+        for (v, entry) in table.iter_mut().enumerate() {
+            let product = (v as i32 + base) as f32 * s;
+            entry.copy_from_slice(&bits(product).to_le_bytes()[..SIZE]);
+        }
+    }
+    match (sd, to) {
+        // Rounding to bfloat16 twice is rounding once.
+        (DType::BF16 | DType::F32, DType::BF16) => fill(table, base, s, |p| {
+            u32::from(half::bf16::from_f32(p).to_bits())
+        }),
+        (DType::F16 | DType::F32, DType::F16) => fill(table, base, s, |p| {
+            u32::from(half::f16::from_f32(p).to_bits())
+        }),
+        (DType::F32, DType::F32) => fill(table, base, s, f32::to_bits),
+        _ => fill(table, base, s, |p| output_bits(p, sd, to)),
+    }
+}
+
+/// An exact f32 product rounded to the scale's dtype `sd`, then converted to `to`: the
+/// bits of the output element (low bytes, little-endian). The values are finite, where
+/// the `half` crate's round-to-nearest-even is torch's (`save::cast`).
+#[inline]
+pub(crate) fn output_bits(product: f32, sd: DType, to: DType) -> u32 {
+    let rounded = match sd {
+        DType::BF16 => half::bf16::from_f32(product).to_f32(),
+        DType::F16 => half::f16::from_f32(product).to_f32(),
+        _ => product,
+    };
+    match to {
+        DType::BF16 => u32::from(half::bf16::from_f32(rounded).to_bits()),
+        DType::F16 => u32::from(half::f16::from_f32(rounded).to_bits()),
+        _ => rounded.to_bits(),
+    }
+}
+
+/// Exact f32 products rounded to the scale's dtype `sd`, then converted to `to`, into
+/// `output` (`rounded` holds the middle step).
+pub(crate) fn round_and_convert(
+    floats: &[u8],
+    sd: DType,
+    to: DType,
+    rounded: &mut Vec<u8>,
+    output: &mut Vec<u8>,
+) {
+    let elements = floats.len() / 4;
+    let mid: &[u8] = if sd == DType::F32 {
+        floats
+    } else {
+        rounded.resize(elements * sd.size() as usize, 0);
+        super::cast::cast(DType::F32, sd, floats, rounded);
+        rounded
+    };
+    output.resize(elements * to.size() as usize, 0);
+    if sd == to {
+        output.copy_from_slice(mid);
+    } else {
+        super::cast::cast(sd, to, mid, output);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`expand_nibbles_shuffled`] from a caller compiled for AVX2, as the dequantizers
+    /// call it; true when that path ran.
+    #[multiversion::multiversion(targets("x86_64+avx2"))]
+    fn shuffled(bytes: &[u8], table: &[[u8; 2]; 16], dst: &mut [u8]) -> bool {
+        multiversion::target::match_target! {
+            "x86_64+avx2" => {
+                expand_nibbles_shuffled(bytes, table, dst);
+                true
+            }
+            _ => {
+                expand_nibbles(bytes, table, dst);
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn shuffled_expansion_writes_what_the_plain_one_writes() {
+        let table: [[u8; 2]; 16] =
+            std::array::from_fn(|v| [(v * 37 + 11) as u8, (v * 91 + 200) as u8]);
+        // Every byte value, and lengths around the 16-byte step.
+        for len in [0usize, 1, 15, 16, 17, 31, 64, 100, 256, 259] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 73 + 5) as u8).collect();
+            let mut want = vec![0u8; len * 4];
+            expand_nibbles(&bytes, &table, &mut want);
+            let mut got = vec![0u8; len * 4];
+            let ran = shuffled(&bytes, &table, &mut got);
+            assert_eq!(got, want, "{len} bytes");
+            #[cfg(target_arch = "x86_64")]
+            assert_eq!(ran, std::is_x86_feature_detected!("avx2"));
+            let _ = ran;
+        }
+    }
+}
