@@ -60,3 +60,44 @@ median_run() {
 
 # ratio A B: A / B to two decimals.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
+
+# side_by_side RUNS PREP_A RUN_A PREP_B RUN_B: the two commands (shell functions taking
+# no arguments) RUNS times, alternating, each after its PREP, so a drift of the
+# machine's speed reaches both alike; prints "seconds_a peak_rss_kib_a seconds_b
+# ratio": the medians of each one's seconds (to the millisecond) and of the runs'
+# ratios a / b.
+side_by_side() {
+    local runs=$1 prep_a=$2 run_a=$3 prep_b=$4 run_b=$5
+    local i a b rss_a
+    # GNU time runs a program: the functions go to it through the environment.
+    export -f "$run_a" "$run_b"
+    for i in $(seq "$runs"); do
+        $prep_a
+        read -r a rss_a < <(timed_ms bash -c "$run_a")
+        $prep_b
+        read -r b _ < <(timed_ms bash -c "$run_b")
+        echo "$a $rss_a $b $(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.3f", a / b}')"
+    done | awk '{a[NR] = $1; r[NR] = $2; b[NR] = $3; q[NR] = $4}
+        function med(x,   n, i, j, t) {
+            n = NR
+            for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (x[j] < x[i]) { t = x[i]; x[i] = x[j]; x[j] = t }
+            return x[int((n + 1) / 2)]
+        }
+        END { printf "%.3f %d %.3f %.2f\n", med(a), med(r), med(b), med(q) }'
+}
+
+# timed_ms CMD...: as `timed`, the seconds to the millisecond (from the clock around
+# GNU time, which reports hundredths).
+timed_ms() {
+    local start end report
+    report=$(mktemp)
+    start=$(date +%s%N)
+    if ! /usr/bin/time -f "%M" -o "$report" "$@" > /dev/null 2>&1; then
+        echo "failed: $*" >&2
+        rm -f "$report"
+        return 1
+    fi
+    end=$(date +%s%N)
+    echo "$(awk -v d="$((end - start))" 'BEGIN {printf "%.3f", d / 1e9}') $(tail -1 "$report")"
+    rm -f "$report"
+}
