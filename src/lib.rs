@@ -34,6 +34,7 @@ pub mod model;
 pub mod monitor;
 pub mod oracle;
 pub mod plan;
+#[cfg(feature = "remote")]
 pub mod remote;
 pub mod save;
 pub mod sys;
