@@ -15,6 +15,10 @@ E8M0 scales per 32 values of a row. For bfloat16, float16 and float32:
 - `from_pretrained(OUT)` gives that model's logits exactly;
 - `verify OUT --against DIR --dtype D` is clean.
 
+A LoRA adapter peft trained on the dequantized bfloat16 model (on FP8 attention and
+FP4 MLP weights) merged by `--merge-lora` while devmap dequantizes: bit-identical with
+peft's `merge_and_unload()` on the model transformers loads dequantized, verify clean.
+
 Refused by name, nothing written: an FP4 weight whose scales do not divide it into
 blocks, and a NaN (0xFF) E8M0 scale.
 
@@ -114,6 +118,7 @@ def main():
         assert v.returncode == 0, f"{name}: verify --against is not clean:\n{v.stdout[-800:]}{v.stderr}"
         print(f"FP8 + FP4 → {name}: {fp8} FP8 and {fp4} FP4 weights bit for bit transformers' "
               "Fp8Dequantize, logits equal, verify clean")
+    check_lora(exe, work, src)
     m = "model.layers.0.mlp.down_proj.weight"
 
     def uneven(state):
@@ -133,6 +138,31 @@ def main():
         assert not os.path.exists(out), f"{label}: something was written"
         print(f"{label}: refused ({needle})")
     print("fp8 + fp4: all checks passed")
+
+
+def check_lora(exe, work, src):
+    from peft import LoraConfig
+
+    def load():
+        return AutoModelForCausalLM.from_pretrained(
+            src, quantization_config=FineGrainedFP8Config(dequantize=True, scale_fmt="ue8m0"),
+            dtype=torch.bfloat16).eval()
+
+    lora = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                      target_modules=["q_proj", "down_proj", "gate_proj"])
+    adapter, ref, _ = saved.peft_merged(load, lora, work, "fp4-lora")
+    out = os.path.join(work, "fp4-lora-devmap")
+    r = devmap(exe, "save", src, "--out", out, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet")
+    assert r.returncode == 0, f"--merge-lora into FP8 + FP4: {r.stderr}"
+    ours, theirs = saved.tensors(out), saved.tensors(ref)
+    assert sorted(ours) == sorted(theirs), f"names differ: {sorted(set(ours) ^ set(theirs))[:4]}"
+    bad = [k for k in theirs if not torch.equal(ours[k].view(torch.int16), theirs[k].view(torch.int16))]
+    assert not bad, f"--merge-lora into FP8 + FP4: {len(bad)} tensors differ from peft's merge, e.g. {bad[0]}"
+    v = devmap(exe, "verify", out, "--against", src, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet")
+    assert v.returncode == 0, f"--merge-lora into FP8 + FP4: verify --against:\n{v.stdout[-800:]}{v.stderr}"
+    fp4 = sum(k.endswith(("down_proj.weight", "gate_proj.weight")) for k in theirs)
+    print(f"LoRA merged into {fp4} dequantized FP4 and 2 FP8 weights: bit-identical with peft's "
+          "merge_and_unload on transformers' dequantized model, verify clean")
 
 
 if __name__ == "__main__":

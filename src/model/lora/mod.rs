@@ -19,7 +19,7 @@ use crate::types::dtype::DType;
 mod experts;
 mod quantized;
 
-use quantized::{mergeable, modelopt_nvfp4_shape, packed_int_weight, quant_method};
+use quantized::{mergeable, packed_fp4_shape, packed_int_weight, quant_method};
 
 /// peft prefixes every key of a saved adapter with this.
 const KEY_PREFIX: &str = "base_model.model.";
@@ -380,7 +380,7 @@ pub fn apply_adapter_with(
         let (id, dims) = match model_tensor(ckpt, &weight) {
             Some(id) => (
                 id,
-                modelopt_nvfp4_shape(ckpt, id, ma.cols)
+                packed_fp4_shape(ckpt, id, ma.cols)
                     .unwrap_or_else(|| ckpt.tensors()[id].shape.iter().collect::<Vec<u64>>()),
             ),
             None => match packed_int_weight(ckpt, &module, ma.cols) {

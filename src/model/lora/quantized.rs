@@ -7,13 +7,15 @@ use crate::model::checkpoint::Checkpoint;
 use crate::types::dtype::DType;
 
 /// Refuses merging into a weight devmap cannot merge into: float32, float16 and
-/// bfloat16 ones, the FP8 weights of a fine-grained FP8 or compressed-tensors FP8
-/// checkpoint, the MXFP4 experts blocks of an MXFP4 one, packed integers, and
+/// bfloat16 ones, the FP8 (and packed FP4) weights of a fine-grained FP8 or the FP8
+/// ones of a compressed-tensors FP8 checkpoint, the MXFP4 experts blocks of an MXFP4 one, packed integers, and
 /// ModelOpt's NVFP4 `M.weight` bytes (merged into their dequantized value, so only by
 /// a save that dequantizes).
 pub(super) fn mergeable(quantized: Option<&str>, name: &str, dtype: DType) -> Result<(), String> {
     let fp8 = matches!(quantized, Some("fp8" | "compressed-tensors"))
         && matches!(dtype, DType::F8E4M3 | DType::F8E5M2);
+    // DeepSeek-V4's FP4-packed weights, beside the FP8 ones (`expert_dtype: fp4`).
+    let fp4 = quantized == Some("fp8") && dtype == DType::I8;
     let mxfp4 = quantized == Some("mxfp4") && dtype == DType::U8 && name.ends_with("_blocks");
     // ModelOpt's NVFP4 keeps its FP4 bytes under the weight's own name.
     let modelopt = quantized == Some("modelopt") && dtype == DType::U8 && name.ends_with(".weight");
@@ -23,12 +25,17 @@ pub(super) fn mergeable(quantized: Option<&str>, name: &str, dtype: DType) -> Re
         || (matches!(quantized, Some("gptq" | "awq"))
             && dtype == DType::I32
             && name.ends_with(".qweight"));
-    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || fp8 || mxfp4 || packed || modelopt
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+        || fp8
+        || fp4
+        || mxfp4
+        || packed
+        || modelopt
     {
         Ok(())
     } else {
         Err(format!(
-            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8, MXFP4 experts, packed integer, GPTQ, AWQ and NVFP4 (compressed-tensors, ModelOpt) weights dequantized"
+            "adapts `{name}`, which is {dtype}; devmap merges into float32, float16 and bfloat16 weights, and into fine-grained FP8 (and its packed FP4), MXFP4 experts, packed integer, GPTQ, AWQ and NVFP4 (compressed-tensors, ModelOpt) weights dequantized"
         ))
     }
 }
@@ -69,10 +76,11 @@ pub(super) fn packed_int_weight(
     fits.then(|| (id, vec![rows, cols]))
 }
 
-/// The shape ModelOpt's NVFP4 weight `id` (U8 `[rows, cols/2]`, two FP4 values a
-/// byte) dequantizes to, when the checkpoint is ModelOpt's and an adapter's A has
-/// `cols` columns; `None` for any other tensor.
-pub(super) fn modelopt_nvfp4_shape(
+/// The shape a weight of two FP4 values a byte dequantizes to — ModelOpt's NVFP4 (U8
+/// `[rows, cols/2]`) or DeepSeek-V4's FP4-packed weights in a fine-grained FP8
+/// checkpoint (I8 `[rows, cols/2]`) — when an adapter's A has `cols` columns; `None`
+/// for any other tensor.
+pub(super) fn packed_fp4_shape(
     ckpt: &Checkpoint,
     id: crate::model::TensorId,
     cols: u64,
@@ -81,8 +89,11 @@ pub(super) fn modelopt_nvfp4_shape(
     let &[rows, stored] = tensor.shape.to_vec().as_slice() else {
         return None;
     };
-    (quant_method(ckpt) == Some("modelopt") && tensor.dtype == DType::U8 && stored * 2 == cols)
-        .then(|| vec![rows, cols])
+    let fp4 = matches!(
+        (quant_method(ckpt), tensor.dtype),
+        (Some("modelopt"), DType::U8) | (Some("fp8"), DType::I8)
+    );
+    (fp4 && stored * 2 == cols).then(|| vec![rows, cols])
 }
 
 /// The checkpoint's `quant_method`, when it is quantized.

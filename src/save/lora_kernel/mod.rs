@@ -100,7 +100,7 @@ pub fn stream(
     input: MergeInput<'_>,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
-    let (rows, cols) = layout(input.ckpt, input.id, input.dtypes.0, input.len)?;
+    let (rows, cols) = layout(&input)?;
     stream_rows(input, ((rows, cols), 0..rows), sink)
 }
 
@@ -112,7 +112,7 @@ pub fn write_in_parallel(
     (dst, dst_offset): (&File, u64),
     threads: usize,
 ) -> Result<u64, CopyError> {
-    let (rows, cols) = layout(input.ckpt, input.id, input.dtypes.0, input.len)?;
+    let (rows, cols) = layout(&input)?;
     let out_row = (cols * input.dtypes.1.size() as usize) as u64;
     super::copy::write_parts_in_parallel(
         rows as u64,
@@ -127,31 +127,41 @@ pub fn write_in_parallel(
     Ok(rows as u64 * out_row)
 }
 
-/// `(rows, cols)` of a merged tensor, checked against its stored length.
-fn layout(
-    ckpt: &Checkpoint,
-    id: TensorId,
-    from: DType,
-    len: u64,
-) -> Result<(usize, usize), CopyError> {
-    let tensor = &ckpt.tensors()[id];
+/// `(rows, cols)` of a merged tensor's values, checked against its stored length.
+fn layout(input: &MergeInput<'_>) -> Result<(usize, usize), CopyError> {
+    let tensor = &input.ckpt.tensors()[input.id];
     let dims: Vec<u64> = tensor.shape.iter().collect();
-    let (rows, cols) = match dims.as_slice() {
+    let (rows, stored) = match dims.as_slice() {
         [n] => (1, *n as usize),
         [r, c] => (*r as usize, *c as usize),
         // Fused experts `[E, out, in]`: E·out rows of `in`.
         [lead @ .., c] if !lead.is_empty() => (lead.iter().product::<u64>() as usize, *c as usize),
         _ => (1, tensor.numel() as usize),
     };
-    let size = from.size() as usize;
-    if (rows * cols * size) as u64 != len {
+    // Packed FP4 (two values a byte) holds twice the values its shape says.
+    let cols = if packed_fp4(input) { stored * 2 } else { stored };
+    let need = rows * row_bytes(input, cols);
+    if need as u64 != input.len {
         return Err(CopyError::Io(io::Error::other(format!(
-            "tensor `{}` holds {len} bytes, its shape needs {}",
-            tensor.name,
-            rows * cols * size
+            "tensor `{}` holds {} bytes, its shape needs {need}",
+            tensor.name, input.len
         ))));
     }
     Ok((rows, cols))
+}
+
+/// Whether the merged weight is DeepSeek-V4's packed FP4 (I8, dequantized with its
+/// block scales).
+fn packed_fp4(input: &MergeInput<'_>) -> bool {
+    input.dequant.is_some() && input.dtypes.0 == DType::I8
+}
+
+/// Bytes a stored row of `cols` values takes.
+fn row_bytes(input: &MergeInput<'_>, cols: usize) -> usize {
+    match input.dequant {
+        Some(_) => super::fp8::row_bytes(input.dtypes.0, cols as u64) as usize,
+        None => cols * input.dtypes.0.size() as usize,
+    }
 }
 
 /// The merge of rows `range` of `input`'s tensor (laid out as [`layout`] says),
@@ -180,7 +190,7 @@ fn stream_rows(
         .map(|s| load(s, rows, cols, open))
         .collect::<Result<_, _>>()
         .map_err(CopyError::Io)?;
-    let size = from.size() as usize;
+    let stored_row = row_bytes(&input, cols);
     let block_rows = (BLOCK_BYTES / (cols.max(1) * 4)).max(1);
     let allow_nonfinite = ckpt.merges_of(id).iter().all(|s| s.allow_nonfinite);
     let mut buffers = Buffers::take();
@@ -198,8 +208,8 @@ fn stream_rows(
                 return Err(CopyError::Cancelled);
             }
             let n = block_rows.min(range.end - row);
-            let bytes = at_least(raw, n * cols * size);
-            read_exact_at(src, bytes, offset + (row * cols * size) as u64)?;
+            let bytes = at_least(raw, n * stored_row);
+            read_exact_at(src, bytes, offset + (row * stored_row) as u64)?;
             let block = at_least(values, n * cols);
             let base: &mut [u8] = if let Some(fp8) = dequant {
                 fp8.values(row as u64, bytes, block);
