@@ -139,7 +139,11 @@ fn layout(input: &MergeInput<'_>) -> Result<(usize, usize), CopyError> {
         _ => (1, tensor.numel() as usize),
     };
     // Packed FP4 (two values a byte) holds twice the values its shape says.
-    let cols = if packed_fp4(input) { stored * 2 } else { stored };
+    let cols = if packed_fp4(input) {
+        stored * 2
+    } else {
+        stored
+    };
     let need = rows * row_bytes(input, cols);
     if need as u64 != input.len {
         return Err(CopyError::Io(io::Error::other(format!(
