@@ -176,17 +176,19 @@ pub fn run(
                         })?;
                 return merged(inputs, (src, range), (from, to), Some(&rows), sink);
             }
-            let mut feed = feed_of(sink);
-            super::fp8::stream(
+            let weight = super::fp8::Fp8Weight {
                 name,
-                (src, range),
-                (&scale_file, scale),
+                source: (src, range),
+                scale: (&scale_file, scale),
                 blocks,
-                (from, to),
-                stop,
-                &mut feed,
-            )?;
-            Ok(())
+                dtypes: (from, to),
+            };
+            computed(
+                sink,
+                range.len,
+                |at, threads| super::fp8::write_in_parallel(weight, at, threads, stop),
+                |feed| super::fp8::stream(weight, stop, feed),
+            )
         }
         (
             Make::Dequantize {

@@ -11,7 +11,10 @@
 //! they divide evenly the two agree bit for bit (tests/python/fp8_dequant.py).
 //!
 //! The scales (a few KiB per weight) are read whole; the weight streams through fixed
-//! buffers a band of whole rows at a time, so memory does not grow with the tensor.
+//! buffers a band of whole rows at a time (its rows split among the cores when written
+//! to a file), so memory does not grow with the tensor. Each value is looked up in its
+//! block's table of the outputs its byte (or FP4 code) can have, made with the same
+//! multiply, rounding and cast (`tables.rs`).
 
 use std::fs::File;
 use std::io;
@@ -20,6 +23,9 @@ use std::sync::OnceLock;
 use super::copy::{CopyError, Stop, read_exact_at};
 use crate::types::dtype::DType;
 use crate::types::range::ByteRange;
+
+mod tables;
+pub use tables::{Fp4Tables, Fp8Tables};
 
 /// What a fine-grained FP8 checkpoint holds beside each weight (transformers' FP8
 /// layers have them as parameters); a dequantized model has none of them.
@@ -238,8 +244,13 @@ impl Fp8Rows {
                 }
             }
         }
-        // compressed-tensors multiplies in the scales' dtype: the product is rounded
-        // to it before any cast to the output's.
+        self.round_products(out);
+    }
+
+    /// f32 products rounded as the reference rounds them: compressed-tensors multiplies
+    /// in the scales' dtype, so the product is rounded to it before any cast to the
+    /// output's.
+    fn round_products(&self, out: &mut [f32]) {
         match self.blocks.product {
             DType::BF16 => {
                 for v in out.iter_mut() {
@@ -266,33 +277,107 @@ fn round_bf16(x: f32) -> f32 {
     f32::from_bits(bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000)
 }
 
-/// Reads weight `source` (`from`, FP8) and its scales, and hands `sink` the
-/// dequantized value converted to `to`, a band of rows at a time. `name` names the
-/// tensor in errors (a scale that is NaN, infinite or of the wrong size).
+/// A fine-grained FP8 (or packed FP4) weight to dequantize: `name` names it in errors (a
+/// scale that is NaN, infinite or of the wrong size).
+#[derive(Clone, Copy)]
+pub struct Fp8Weight<'a> {
+    pub name: &'a str,
+    pub source: (&'a File, ByteRange),
+    pub scale: (&'a File, ByteRange),
+    pub blocks: Fp8Blocks,
+    /// The stored dtype and the output's.
+    pub dtypes: (DType, DType),
+}
+
+impl Fp8Weight<'_> {
+    fn stored_row(&self) -> u64 {
+        row_bytes(self.dtypes.0, self.blocks.cols)
+    }
+
+    fn total_rows(&self) -> u64 {
+        self.source.1.len / self.stored_row().max(1)
+    }
+}
+
+/// Reads the weight and its scales, and hands `sink` the dequantized value converted
+/// to the output dtype, a band of rows at a time.
 pub fn stream(
-    name: &str,
-    (src, source): (&File, ByteRange),
-    scale: (&File, ByteRange),
-    blocks: Fp8Blocks,
-    (from, to): (DType, DType),
+    weight: Fp8Weight<'_>,
     cancel: &dyn Stop,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
-    let rows = Fp8Rows::load(name, scale, blocks, from, source.len)?;
+    let rows = load_rows(weight)?;
+    stream_rows(weight, &rows, 0..weight.total_rows(), cancel, sink)
+}
+
+/// [`stream`] with the rows split among `threads` threads, each writing its rows in
+/// place in `dst` from `dst_offset` on. Returns the bytes written.
+pub fn write_in_parallel(
+    weight: Fp8Weight<'_>,
+    (dst, dst_offset): (&File, u64),
+    threads: u64,
+    cancel: &(dyn Stop + Sync),
+) -> Result<u64, CopyError> {
+    let rows = load_rows(weight)?;
+    let total = weight.total_rows();
+    let out_row = weight.blocks.cols * weight.dtypes.1.size();
+    super::copy::write_parts_in_parallel(
+        total,
+        out_row,
+        threads,
+        (dst, dst_offset),
+        &|range, sink| stream_rows(weight, &rows, range, cancel, sink),
+    )?;
+    Ok(total * out_row)
+}
+
+fn load_rows(weight: Fp8Weight<'_>) -> Result<Fp8Rows, CopyError> {
+    Fp8Rows::load(
+        weight.name,
+        weight.scale,
+        weight.blocks,
+        weight.dtypes.0,
+        weight.source.1.len,
+    )
+}
+
+/// [`stream`] of rows `range`.
+fn stream_rows(
+    weight: Fp8Weight<'_>,
+    rows: &Fp8Rows,
+    range: std::ops::Range<u64>,
+    cancel: &dyn Stop,
+    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), CopyError> {
+    let Fp8Weight {
+        source: (src, source),
+        blocks,
+        dtypes: (from, to),
+        ..
+    } = weight;
     let cols = blocks.cols as usize;
-    let stored = row_bytes(from, blocks.cols);
+    let stored = weight.stored_row();
     let band_rows = (BAND_ELEMENTS / cols).max(1);
-    let total_rows = source.len / stored.max(1);
+    // Straight into the output through tables of every output a block's values can
+    // have (packed FP4 when its blocks are whole bytes).
+    let tables = from != DType::I8 || blocks.block_cols.is_multiple_of(2);
     let mut input = vec![0u8; band_rows * stored as usize];
-    let mut floats = vec![0f32; band_rows * cols];
-    let mut values = vec![0u8; band_rows * cols * 4];
+    let (mut floats, mut values) = if tables {
+        (Vec::new(), Vec::new())
+    } else {
+        (
+            vec![0f32; band_rows * cols],
+            vec![0u8; band_rows * cols * 4],
+        )
+    };
     let mut output = vec![0u8; band_rows * cols * to.size() as usize];
-    let mut row = 0u64;
-    while row < total_rows {
+    let (mut fp4, mut fp8) = (Fp4Tables::default(), Fp8Tables::default());
+    let mut row = range.start;
+    while row < range.end {
         if cancel.stop() {
             return Err(CopyError::Cancelled);
         }
-        let n = (total_rows - row).min(band_rows as u64) as usize;
+        let n = (range.end - row).min(band_rows as u64) as usize;
         let input = &mut input[..n * stored as usize];
         read_exact_at(src, input, source.offset + row * stored).map_err(|e| match e {
             CopyError::ShortSource { copied } => CopyError::ShortSource {
@@ -300,6 +385,17 @@ pub fn stream(
             },
             e => e,
         })?;
+        let out = &mut output[..n * cols * to.size() as usize];
+        if tables {
+            if from == DType::I8 {
+                rows.fp4_into(row, input, to, &mut fp4, out);
+            } else {
+                rows.fp8_into(row, input, to, &mut fp8, out);
+            }
+            sink(out).map_err(CopyError::Io)?;
+            row += n as u64;
+            continue;
+        }
         let floats = &mut floats[..n * cols];
         rows.values(row, input, floats);
         let values = &mut values[..n * cols * 4];
@@ -309,7 +405,6 @@ pub fn stream(
         if to == DType::F32 {
             sink(values).map_err(CopyError::Io)?;
         } else {
-            let out = &mut output[..n * cols * to.size() as usize];
             super::cast::cast(DType::F32, to, values, out);
             sink(out).map_err(CopyError::Io)?;
         }

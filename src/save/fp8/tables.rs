@@ -1,0 +1,188 @@
+//! Output tables for the fine-grained FP8 and packed FP4 dequantizers: every output a
+//! block's stored values can have (256 for an FP8 byte, 16 for an FP4 code), made with
+//! the streamed path's own multiply, rounding and cast, then a lookup a value.
+
+use super::{E2M1, Fp8Rows, row_bytes, table};
+use crate::types::dtype::DType;
+
+impl Fp8Rows {
+    /// `out` = each of `codes`' values times `s`, as [`Fp8Rows::values`] computes it
+    /// and converted to `to` by the same cast as the streamed path: an output table.
+    fn outputs(&self, codes: &[f32], s: f32, to: DType, out: &mut [u8]) {
+        let mut products: Vec<f32> = codes.iter().map(|v| v * s).collect();
+        self.round_products(&mut products);
+        let bytes: Vec<u8> = products.iter().flat_map(|p| p.to_le_bytes()).collect();
+        if to == DType::F32 {
+            out.copy_from_slice(&bytes);
+        } else {
+            crate::save::cast::cast(DType::F32, to, &bytes, out);
+        }
+    }
+
+    /// FP8 rows (the first is row `first`) dequantized straight into `to`'s bytes in
+    /// `out`, each value looked up in its block's table of the 256 outputs a byte can
+    /// have ([`Fp8Rows::outputs`]); `tables` holds a row of blocks' tables, remade when
+    /// the rows reach the next row of blocks.
+    pub fn fp8_into(
+        &self,
+        first: u64,
+        input: &[u8],
+        to: DType,
+        tables: &mut Fp8Tables,
+        out: &mut [u8],
+    ) {
+        match to.size() {
+            2 => self.fp8_lookup::<2>(first, input, to, tables, out),
+            _ => self.fp8_lookup::<4>(first, input, to, tables, out),
+        }
+    }
+
+    fn fp8_lookup<const SIZE: usize>(
+        &self,
+        first: u64,
+        input: &[u8],
+        to: DType,
+        tables: &mut Fp8Tables,
+        out: &mut [u8],
+    ) {
+        let blocks = self.blocks;
+        let (sr, sc) = blocks.grid();
+        let cols = blocks.cols as usize;
+        let bc = blocks.block_cols as usize;
+        let lut = table(self.from);
+        for (k, (row, out_row)) in input
+            .chunks_exact(cols)
+            .zip(out.chunks_exact_mut(cols * SIZE))
+            .enumerate()
+        {
+            let r = first + k as u64;
+            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
+            let at = ((matrix * sr + i / blocks.block_rows) * sc) as usize;
+            if tables.scale_row != Some(at) {
+                tables.bytes.resize(sc as usize * 256 * SIZE, 0);
+                for (b, t) in tables.bytes.chunks_exact_mut(256 * SIZE).enumerate() {
+                    self.outputs(lut, self.scales[at + b], to, t);
+                }
+                tables.scale_row = Some(at);
+            }
+            for ((values, dst), t) in row
+                .chunks(bc)
+                .zip(out_row.chunks_mut(bc * SIZE))
+                .zip(tables.bytes.chunks_exact(256 * SIZE))
+            {
+                let (t, _) = t.as_chunks::<SIZE>();
+                for (&b, o) in values.iter().zip(dst.as_chunks_mut::<SIZE>().0) {
+                    *o = t[usize::from(b)];
+                }
+            }
+        }
+    }
+}
+
+/// An FP8 weight's output tables for one row of blocks (256 outputs a block), and which
+/// row of scales they were made for.
+#[derive(Default)]
+pub struct Fp8Tables {
+    scale_row: Option<usize>,
+    bytes: Vec<u8>,
+}
+
+/// A packed FP4 weight's output tables: the sixteen outputs of a block, by its scale.
+/// E8M0 scales are powers of two, so a table per exponent (256 at most, made when first
+/// met) serves every block; any other scale gets its own, kept while blocks repeat it.
+#[derive(Default)]
+pub struct Fp4Tables {
+    by_exponent: Vec<Option<Box<[u8; 64]>>>,
+    other: Option<(u32, Box<[u8; 64]>)>,
+}
+
+impl Fp4Tables {
+    /// The sixteen outputs (`size` bytes each, in 64 bytes) for scale `s`.
+    fn get(&mut self, s: f32, make: impl Fn(f32, &mut [u8; 64])) -> &[u8; 64] {
+        let bits = s.to_bits();
+        if bits & 0x807F_FFFF == 0 {
+            if self.by_exponent.is_empty() {
+                self.by_exponent.resize(256, None);
+            }
+            let slot = &mut self.by_exponent[(bits >> 23) as usize];
+            return slot.get_or_insert_with(|| {
+                let mut table = Box::new([0u8; 64]);
+                make(s, &mut table);
+                table
+            });
+        }
+        if self.other.as_ref().is_some_and(|(b, _)| *b != bits) {
+            self.other = None;
+        }
+        &self
+            .other
+            .get_or_insert_with(|| {
+                let mut table = Box::new([0u8; 64]);
+                make(s, &mut table);
+                (bits, table)
+            })
+            .1
+    }
+}
+
+impl Fp8Rows {
+    /// Packed FP4 rows (the first is row `first`) dequantized straight into `to`'s
+    /// bytes in `out`: each block's sixteen outputs — the E2M1 value times the block's
+    /// scale in f32, rounded as [`Fp8Rows::values`] rounds the product, then converted
+    /// to `to` — looked up for its bytes (two values a byte, the low nibble first). The
+    /// same values as [`Fp8Rows::values`] and a cast: a lookup a value instead of a
+    /// multiply, a rounding and a conversion.
+    pub fn fp4_into(
+        &self,
+        first: u64,
+        input: &[u8],
+        to: DType,
+        tables: &mut Fp4Tables,
+        out: &mut [u8],
+    ) {
+        match to.size() {
+            2 => self.fp4_expand::<2>(first, input, to, tables, out),
+            _ => self.fp4_expand::<4>(first, input, to, tables, out),
+        }
+    }
+
+    fn fp4_expand<const SIZE: usize>(
+        &self,
+        first: u64,
+        input: &[u8],
+        to: DType,
+        tables: &mut Fp4Tables,
+        out: &mut [u8],
+    ) {
+        let blocks = self.blocks;
+        let (sr, sc) = blocks.grid();
+        let cols = blocks.cols as usize;
+        let bc = blocks.block_cols as usize;
+        let stored = row_bytes(DType::I8, blocks.cols) as usize;
+        let make = |s: f32, table: &mut [u8; 64]| {
+            self.outputs(&E2M1, s, to, &mut table[..16 * SIZE]);
+        };
+        for (k, (band_row, out_row)) in input
+            .chunks_exact(stored)
+            .zip(out.chunks_exact_mut(cols * SIZE))
+            .enumerate()
+        {
+            let r = first + k as u64;
+            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
+            let scale_row = &self.scales[((matrix * sr + i / blocks.block_rows) * sc) as usize..]
+                [..sc as usize];
+            // A block of `bc` values (even) is `bc / 2` bytes.
+            for ((bytes, dst), &s) in band_row
+                .chunks(bc / 2)
+                .zip(out_row.chunks_mut(bc * SIZE))
+                .zip(scale_row)
+            {
+                let table = tables.get(s, make);
+                let (table, _) = table[..16 * SIZE].as_chunks::<SIZE>();
+                if let Ok(table) = <&[[u8; SIZE]; 16]>::try_from(table) {
+                    crate::save::lookup::expand_nibbles(bytes, table, dst);
+                }
+            }
+        }
+    }
+}
