@@ -21,7 +21,7 @@ impl Fp8Rows {
 
     /// FP8 rows (the first is row `first`) dequantized straight into `to`'s bytes in
     /// `out`, each value looked up in its block's table of the 256 outputs a byte can
-    /// have ([`Fp8Rows::outputs`]); `tables` holds a row of blocks' tables, remade when
+    /// have (made as the streamed path computes them); `tables` holds a row of blocks' tables, remade when
     /// the rows reach the next row of blocks.
     pub fn fp8_into(
         &self,
