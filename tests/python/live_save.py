@@ -236,19 +236,21 @@ def meta_model_refused():
     raise SystemExit("meta: a model with no values was saved")
 
 
-def paused_save(model, out, action):
+def paused_save(model, out, action, hold=0.3):
     """Runs devmap.save_pretrained with the save held after its first tensor (the
     saver's DEVMAP_TEST_PAUSE hook) while `action` runs on another thread, then lets it go
-    on. Returns the exception the save raised (None if it finished)."""
+    on after `hold` seconds, or as soon as the save has returned (a cancelled save ends
+    while held). Returns the exception the save raised (None if it finished)."""
     pause = os.path.join(WORK, "pause")
     open(pause, "w").close()
     os.environ["DEVMAP_TEST_PAUSE"] = pause
+    returned = threading.Event()
 
     def helper():
         while not os.path.exists(pause + ".reached"):
             time.sleep(0.005)
         action()
-        time.sleep(0.3)
+        returned.wait(hold)
         os.remove(pause)
 
     thread = threading.Thread(target=helper)
@@ -259,6 +261,7 @@ def paused_save(model, out, action):
     except BaseException as err:  # KeyboardInterrupt included
         return err
     finally:
+        returned.set()
         thread.join()
         del os.environ["DEVMAP_TEST_PAUSE"]
         os.remove(pause + ".reached")
@@ -321,7 +324,9 @@ def change_during_save_refused():
 def ctrl_c_cancels():
     model = small_llama()
     out = os.path.join(WORK, "interrupted-out")
-    err = paused_save(model, out, lambda: os.kill(os.getpid(), signal.SIGINT))
+    # Held until the save returns (at most 10 s): on a loaded machine the waiting loop
+    # may not run for a while, and the signal must reach a save still under way.
+    err = paused_save(model, out, lambda: os.kill(os.getpid(), signal.SIGINT), hold=10)
     if not isinstance(err, KeyboardInterrupt):
         raise SystemExit(f"ctrl-c: expected KeyboardInterrupt, got {err!r}")
     if not no_shards(out):
