@@ -322,10 +322,15 @@ def change_during_save_refused():
 
 
 def ctrl_c_cancels():
+    # Python raises KeyboardInterrupt on SIGINT only when it found SIGINT's default
+    # action at start; a process started as a background job of a non-interactive shell
+    # (as CI may start the tests) inherits SIGINT ignored. A user's session has Python's
+    # handler: install it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     model = small_llama()
     out = os.path.join(WORK, "interrupted-out")
-    # Held until the save returns (at most 10 s): on a loaded machine the waiting loop
-    # may not run for a while, and the signal must reach a save still under way.
+    # Held until the save returns (at most 10 s), so the signal certainly reaches a
+    # save still under way.
     err = paused_save(model, out, lambda: os.kill(os.getpid(), signal.SIGINT), hold=10)
     if not isinstance(err, KeyboardInterrupt):
         raise SystemExit(f"ctrl-c: expected KeyboardInterrupt, got {err!r}")
