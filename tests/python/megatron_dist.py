@@ -244,7 +244,7 @@ def main():
         state_file = os.path.join(work, f"state-{dtype}.pt")
         ref_logits = os.path.join(work, f"logits-{dtype}.pt")
         run_job({"tp": 1, "pp": 1, "dtype": dtype, "out": tp1, "state": state_file,
-                 "logits": ref_logits}, 1, [29611, 29612])
+                 "logits": ref_logits}, 1, [29411, 29412])
         layouts = {"TP=1": tp1}
         tp2_logits = os.path.join(work, f"logits-tp2-{dtype}.pt")
         if dtype == "float32":
@@ -253,7 +253,7 @@ def main():
                 sizes = os.path.join(work, f"sizes-{name[:2]}")
                 job = {"tp": tp, "pp": pp, "dtype": dtype, "out": folder, "load": tp1,
                        "logits": tp2_logits if tp == 2 else None, "sizes": sizes}
-                run_job(job, 2, [29613 + tp, 29623 + tp])
+                run_job(job, 2, [29413 + tp, 29423 + tp])
                 layouts[name] = folder
                 ranks_match(exe, folder, sizes, 2, ["--tp", str(tp), "--pp", str(pp)], name)
         want = hf_names(torch.load(state_file))
@@ -298,7 +298,7 @@ def main():
     # Without args: refused naming what is needed; --config makes it work.
     bare = os.path.join(work, "no-args")
     run_job({"tp": 2, "pp": 1, "dtype": "float32", "out": bare, "load": os.path.join(work, "tp1-float32"),
-             "args": False}, 2, [29641, 29642])
+             "args": False}, 2, [29441, 29442])
     refused(exe, bare, work, "no training arguments", "num_attention_heads")
     out = os.path.join(work, "with-config")
     r = devmap(exe, "save", bare, "--out", out, "--config", results["float32"]["TP=1"])
@@ -327,7 +327,7 @@ def main():
     refused(exe, variant("callable", lambda f: torch.save({"args": os.system}, os.path.join(f, "common.pt"))),
             work, "a common.pt naming a callable", "system")
     biased = os.path.join(work, "biased")
-    run_job({"tp": 1, "pp": 1, "dtype": "float32", "out": biased, "bias": True}, 1, [29651, 29652])
+    run_job({"tp": 1, "pp": 1, "dtype": "float32", "out": biased, "bias": True}, 1, [29451, 29452])
     refused(exe, biased, work, "an architecture with no map", "linear_fc1.bias`: has no Hugging Face name")
     print("megatron: all checks passed")
 

@@ -77,14 +77,14 @@ def main(devmap):
     full = os.path.join(work, "dcp-full.pt")
     torch.save(model.state_dict(), full)
     src, config = os.path.join(work, "dcp-src"), os.path.join(work, "dcp-config")
-    torch.multiprocessing.spawn(dcp_ranks.rank_main, args=(4, 29611, full, src, "dim0", False, False),
+    torch.multiprocessing.spawn(dcp_ranks.rank_main, args=(4, 29311, full, src, "dim0", False, False),
                                 nprocs=4, join=True)
     model.save_pretrained(config)
     single = split_equals_single(devmap, work, "dcp-4-ranks", src, config)
     under_torchrun(devmap, work, "dcp-4-ranks", src, config, single)
     # ZeRO-3, 2 ranks.
     src, config = os.path.join(work, "zero3-src"), os.path.join(work, "zero3-config")
-    deepspeed_zero.train("ZeRO-3", (29612, 29622), 3, False, src, config)
+    deepspeed_zero.train("ZeRO-3", (29312, 29322), 3, False, src, config)
     split_equals_single(devmap, work, "zero3", src, config)
 
 

@@ -186,7 +186,7 @@ def live_case(tied):
 
 
 def main(devmap):
-    port = 29610
+    port = 29900
     for kind in ("safetensors", "bin", "dcp", "rank-files", "zero2"):
         for tied in (True, False):
             configs = (False,) if kind == "zero2" else (True, False)

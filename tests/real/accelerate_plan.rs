@@ -8,7 +8,6 @@
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn devmap_plan_walks_as_transformers_walks() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("accelerate_plan.py");
     assert!(ok, "plans differ from transformers' walk:\n{out}\n{err}");
     // 30 families x 11 budgets in bfloat16, x 5 in float32, a float32 Llama loaded as

@@ -6,7 +6,6 @@
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn the_architecture_table_is_transformers_own() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("arch_table.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 3, "{out}");

@@ -6,7 +6,6 @@
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn buffers_of_disk_offloaded_modules_are_placed_on_the_main_device() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("buffer_placement.py");
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("router buffers on cpu"), "{out}");

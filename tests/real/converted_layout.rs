@@ -7,7 +7,6 @@
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn transformers_fused_offload_experts_are_read_back() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("converted_layout.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 4, "{out}");

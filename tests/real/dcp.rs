@@ -14,7 +14,6 @@
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn dcp_checkpoints_save_as_transformers_saves_the_model() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("dcp.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 6, "{out}");
@@ -23,7 +22,6 @@ fn dcp_checkpoints_save_as_transformers_saves_the_model() {
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn dcp_checkpoints_of_several_ranks_are_put_together_as_torch_loads_them() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("dcp_ranks.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 7, "{out}");

@@ -11,7 +11,6 @@
 #[test]
 #[ignore = "needs torch, transformers, deepspeed: run .ci/run"]
 fn zero_checkpoints_save_as_zero_to_fp32_rebuilds_them() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("deepspeed_zero.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 5, "{out}");

@@ -7,7 +7,6 @@
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn casts_are_torchs_and_auto_writes_what_save_pretrained_writes() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("dtype_cast.py");
     assert!(ok, "dtype check failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 4, "{out}");

@@ -8,7 +8,6 @@
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn fp8_checkpoints_dequantize_bit_exact_with_torch_and_transformers() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("fp8_dequant.py");
     assert!(ok, "FP8 dequantization check failed:\n{out}\n{err}");
     assert_eq!(out.matches("bit-exact").count(), 6, "{out}");
@@ -32,7 +31,6 @@ fn fp8_checkpoints_dequantize_bit_exact_with_torch_and_transformers() {
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn mxfp4_checkpoints_dequantize_bit_exact_with_transformers() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("mxfp4_dequant.py");
     assert!(ok, "MXFP4 dequantization check failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: mxfp4 to ").count(), 3, "{out}");
@@ -52,7 +50,6 @@ fn mxfp4_checkpoints_dequantize_bit_exact_with_transformers() {
 #[test]
 #[ignore = "needs torch, transformers, compressed-tensors: run .ci/run"]
 fn compressed_tensors_fp8_dequantizes_bit_exact_with_transformers() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("compressed_fp8.py");
     assert!(ok, "compressed-tensors check failed:\n{out}\n{err}");
     assert_eq!(
@@ -76,7 +73,6 @@ fn compressed_tensors_fp8_dequantizes_bit_exact_with_transformers() {
 #[test]
 #[ignore = "needs torch, transformers, compressed-tensors: run .ci/run"]
 fn compressed_tensors_packed_integers_dequantize_bit_exact_with_transformers() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("packed_int.py");
     assert!(ok, "pack-quantized check failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: pack-quantized ").count(), 24, "{out}");
@@ -100,7 +96,6 @@ fn compressed_tensors_packed_integers_dequantize_bit_exact_with_transformers() {
 #[test]
 #[ignore = "needs torch, transformers, peft, autoawq: run .ci/run"]
 fn gptq_and_awq_dequantize_bit_exact_with_their_references() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("gptq_awq.py");
     assert!(ok, "GPTQ/AWQ check failed:\n{out}\n{err}");
     assert_eq!(
@@ -128,7 +123,6 @@ fn gptq_and_awq_dequantize_bit_exact_with_their_references() {
 #[test]
 #[ignore = "needs torch, transformers, peft, nvidia-modelopt: run .ci/run"]
 fn modelopt_nvfp4_dequantizes_bit_exact_with_modelopt() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("modelopt_nvfp4.py");
     assert!(ok, "ModelOpt NVFP4 check failed:\n{out}\n{err}");
     assert_eq!(
@@ -152,7 +146,6 @@ fn modelopt_nvfp4_dequantizes_bit_exact_with_modelopt() {
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn fp8_with_fp4_packed_weights_dequantizes_bit_exact_with_transformers() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("fp8_fp4_mixed.py");
     assert!(ok, "FP8 + FP4 check failed:\n{out}\n{err}");
     assert_eq!(
@@ -172,7 +165,6 @@ fn fp8_with_fp4_packed_weights_dequantizes_bit_exact_with_transformers() {
 #[test]
 #[ignore = "needs torch, transformers, compressed-tensors: run .ci/run"]
 fn compressed_tensors_nvfp4_and_mxfp8_dequantize_bit_exact_with_transformers() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("nvfp4_mxfp8.py");
     assert!(ok, "NVFP4/MXFP8 check failed:\n{out}\n{err}");
     assert_eq!(
@@ -194,7 +186,6 @@ fn compressed_tensors_nvfp4_and_mxfp8_dequantize_bit_exact_with_transformers() {
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn fp8_block_quantization_is_transformers_own() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("fp8_quantize.py");
     assert!(ok, "FP8 quantization check failed:\n{out}\n{err}");
     assert!(

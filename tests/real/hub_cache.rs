@@ -11,7 +11,6 @@ use devmap::model::DType;
 #[test]
 #[ignore = "needs huggingface_hub (with torch, transformers): run .ci/run"]
 fn devmap_reads_the_cache_huggingface_hub_writes() {
-    let _serial = crate::serial();
     let py = crate::common::hf_python().unwrap_or_else(|why| panic!("cannot run: {why}"));
     let tmp = tempfile::tempdir().expect("tmp");
     let src = tmp.path().join("src");

@@ -5,7 +5,6 @@
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn dtype_auto_writes_what_save_pretrained_writes_for_kept_float32_modules() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("keep_fp32.py");
     assert!(ok, "keep-in-float32 check failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 4, "{out}");

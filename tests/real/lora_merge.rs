@@ -10,7 +10,6 @@
 #[test]
 #[ignore = "needs torch, transformers, peft: run .ci/run"]
 fn merges_match_peft_merge_and_unload() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("lora_merge.py");
     assert!(ok, "LoRA merge check failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 16, "{out}");

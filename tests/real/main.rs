@@ -1,9 +1,12 @@
 //! The tests against the real libraries (transformers, accelerate, peft, torch,
 //! DeepSpeed, compressed-tensors and the installed Python package), one module each,
 //! in one test binary: ignored by a bare `cargo test`, run by `.ci/run` with
-//! `--include-ignored`. One binary links the library once instead of two dozen times;
-//! the tests still run one at a time ([`serial`]): each drives torch on every core, and
-//! some start training runs of their own on fixed ports.
+//! `--include-ignored`. One binary links the library once instead of two dozen times.
+//! The tests run side by side (two at a time on two cores): most of a test's time is
+//! Python starting and importing torch, one core's work. So nothing here may share
+//! state: each Python script works in a folder of its own (`saved.workdir`), and the
+//! scripts that start training runs of their own take ports no other script takes
+//! (each script its own range of 29300–29999, listed in CONTRIBUTING).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -33,12 +36,3 @@ mod transformers;
 mod transformers_plan;
 mod verify;
 mod verify_expects;
-
-/// Held by every test of this binary while it runs, so they run one at a time as they
-/// did when each was its own binary (cargo runs a binary's tests in parallel).
-pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    // A test that panicked while holding it poisons it; the next one still runs.
-    LOCK.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}

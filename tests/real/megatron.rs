@@ -12,7 +12,6 @@
 #[test]
 #[ignore = "needs torch, transformers, megatron-core: run .ci/run"]
 fn megatron_checkpoints_convert_to_the_models_own_parameters() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("megatron_dist.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(
@@ -40,7 +39,6 @@ fn megatron_checkpoints_convert_to_the_models_own_parameters() {
 #[test]
 #[ignore = "needs torch, transformers, megatron-core: run .ci/run"]
 fn megatron_moe_checkpoints_convert_to_qwen3_moe_and_mixtral() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("megatron_moe.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(

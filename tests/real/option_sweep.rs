@@ -9,7 +9,6 @@
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn pristine_outputs_with_switched_options_verify_clean_from_the_table() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("option_sweep.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(

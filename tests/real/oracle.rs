@@ -9,7 +9,6 @@
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn transformers_asked_is_exact_where_the_table_is_not() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("oracle.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 7 + 5 + 1, "{out}");

@@ -8,7 +8,6 @@
 #[test]
 #[ignore = "needs torch, transformers, deepspeed: run .ci/run"]
 fn split_saves_of_dcp_and_zero3_equal_a_single_save_also_under_torchrun() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("parts_sources.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(

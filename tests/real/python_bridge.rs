@@ -15,7 +15,6 @@ use std::process::Command;
 #[test]
 #[ignore = "needs torch, transformers, accelerate, peft: run .ci/run"]
 fn live_models_save_as_transformers_saves_them() {
-    let _serial = crate::serial();
     let package = crate::common::python_package();
     let py =
         crate::common::hf_python().unwrap_or_else(|why| panic!("live_save.py cannot run: {why}"));
@@ -36,7 +35,6 @@ fn live_models_save_as_transformers_saves_them() {
 #[test]
 #[ignore = "needs torch, transformers, accelerate and tmux: run .ci/run"]
 fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhere() {
-    let _serial = crate::serial();
     let package = crate::common::python_package();
     let py = crate::common::hf_python()
         .unwrap_or_else(|why| panic!("live_inspect.py cannot run: {why}"));
@@ -128,7 +126,6 @@ fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhe
 #[test]
 #[ignore = "needs torch, transformers, accelerate, peft: run .ci/run"]
 fn a_lora_merged_into_disk_offloaded_layers_saves_as_save_pretrained_writes_it() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_package_script("bridge_offload.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 5, "{out}");
@@ -140,7 +137,6 @@ fn a_lora_merged_into_disk_offloaded_layers_saves_as_save_pretrained_writes_it()
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn a_sigterm_saves_the_weights_of_the_step_boundary() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_package_script("save_on_signal.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 2, "{out}");
@@ -155,7 +151,6 @@ fn a_sigterm_saves_the_weights_of_the_step_boundary() {
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn every_rank_of_an_fsdp_job_writes_its_own_shards() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_package_script("fsdp_ranks.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 4, "{out}");

@@ -5,7 +5,6 @@
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn the_readme_quick_start_runs_as_written() {
-    let _serial = crate::serial();
     // The quick start imports the devmap package (`pip install ./python`): built here.
     let package = crate::common::python_package();
     let (ok, out, err) = crate::common::run_hf_script_with("readme_quickstart.py", &package.env());

@@ -16,7 +16,6 @@ const TABLES: [&str; 5] = [
 #[test]
 #[ignore = "needs transformers: run .ci/run"]
 fn the_tables_come_from_the_installed_transformers() {
-    let _serial = crate::serial();
     let python = crate::common::hf_python().unwrap_or_else(|why| panic!("{why}"));
     let out = Command::new(python)
         .args(["-c", "import transformers; print(transformers.__version__)"])

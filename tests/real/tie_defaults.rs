@@ -5,7 +5,6 @@
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn the_tie_default_table_is_transformers_own() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("tie_defaults.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 1, "{out}");

@@ -7,7 +7,6 @@
 #[test]
 #[ignore = "needs torch, transformers, deepspeed: run .ci/run"]
 fn every_input_kind_keeps_an_untied_head_and_drops_a_tie_only_on_evidence() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_package_script("tie_sweep.py");
     assert!(ok, "{out}\n{err}");
     // 4 kinds x tied/untied x with/without config, ZeRO 2 without, live 2.

@@ -9,7 +9,6 @@
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn bin_checkpoints_save_as_transformers_saves_them() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("torch_bin.py");
     assert!(ok, "{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 6, "{out}");

@@ -6,7 +6,6 @@
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn transformers_loads_what_devmap_saved_from_an_offloaded_model() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("real_transformers.py");
     assert!(ok, "real transformers check failed:\n{out}\n{err}");
     assert_eq!(out.matches("ok: ").count(), 3, "{out}");

@@ -8,7 +8,6 @@
 #[test]
 #[ignore = "needs torch, transformers, accelerate: run .ci/run"]
 fn devmap_plan_places_every_tensor_where_from_pretrained_does() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("transformers_plan.py");
     assert!(ok, "plans differ from from_pretrained's:\n{out}\n{err}");
     assert!(
@@ -33,7 +32,6 @@ fn devmap_plan_places_every_tensor_where_from_pretrained_does() {
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn plan_counts_the_kv_cache_transformers_holds() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("kv_cache.py");
     assert!(
         ok,
@@ -54,7 +52,6 @@ fn plan_counts_the_kv_cache_transformers_holds() {
 #[test]
 #[ignore = "needs torch, transformers, compressed-tensors: run .ci/run"]
 fn plan_counts_quantized_weights_as_transformers_holds_them() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("quantized_footprint.py");
     assert!(
         ok,
@@ -71,7 +68,6 @@ fn plan_counts_quantized_weights_as_transformers_holds_them() {
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn plan_estimates_the_activations_transformers_allocates() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("activations.py");
     assert!(ok, "activation estimates off:\n{out}\n{err}");
     assert_eq!(out.matches("within 3%:").count(), 32, "{out}");

@@ -5,7 +5,6 @@
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn checkpoints_transformers_wrote_verify_clean() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("verify_real.py");
     assert!(
         ok,

@@ -9,7 +9,6 @@
 #[test]
 #[ignore = "needs torch, transformers: run .ci/run"]
 fn verify_finds_what_transformers_loader_reports() {
-    let _serial = crate::serial();
     let (ok, out, err) = crate::common::run_hf_script("verify_expects.py");
     assert!(ok, "verify against transformers failed:\n{out}\n{err}");
     let summary = out
