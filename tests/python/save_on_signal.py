@@ -6,13 +6,16 @@ exits 0; the output, loaded with `from_pretrained`, must equal the weights after
 exactly that many steps, recomputed here. Then a save cancelled by a second signal
 (the save held after its first tensor by DEVMAP_TEST_PAUSE): exit 143, nothing written.
 
+The children are forked from a server process that has imported torch, transformers
+and devmap once (multiprocessing's forkserver with those preloaded): each is a process
+of its own, signalled as a job scheduler signals one, without 20 imports of torch.
+
 Usage: python save_on_signal.py            (the devmap package importable)
 """
 
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,11 +47,15 @@ def train_step(model, optimizer, step):
     optimizer.zero_grad()
 
 
-def child(out, steps_file):
+def child(out, steps_file, err_file, pause):
     """Trains until told to stop; the step counter is written before the save hook
-    runs (hooks run in the order they were registered)."""
+    runs (hooks run in the order they were registered). Its stderr goes to `err_file`."""
     import devmap
 
+    err = os.open(err_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(err, 2)
+    if pause is not None:
+        os.environ["DEVMAP_TEST_PAUSE"] = pause
     torch.set_num_threads(1)
     model, optimizer = model_and_optimizer()
     done = [0]
@@ -64,7 +71,6 @@ def child(out, steps_file):
     while True:
         step += 1
         train_step(model, optimizer, step)
-        print(f"step {step}", flush=True)
 
 
 def expected_after(steps):
@@ -75,34 +81,60 @@ def expected_after(steps):
     return model.state_dict()
 
 
-def run_child(out, steps_file, env=None):
-    return subprocess.Popen([sys.executable, __file__, "--child", out, steps_file],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+class Child:
+    """A training child forked from the server, its stderr in a file."""
 
+    def __init__(self, context, out, steps_file, pause=None):
+        self.steps_file, self.err_file = steps_file, steps_file + ".err"
+        self.proc = context.Process(target=child, args=(out, steps_file, self.err_file, pause))
+        self.proc.start()
 
-def wait_for_step(proc, n):
-    for line in proc.stdout:
-        if line.strip() == f"step {n}":
-            return
-    raise AssertionError(f"the child stopped before step {n}: {proc.stderr.read()}")
+    def wait_for_step(self, n):
+        """Returns once `n` steps are done (the child writes its count after each)."""
+        for _ in range(6000):
+            try:
+                if int(open(self.steps_file).read() or 0) >= n:
+                    return
+            except FileNotFoundError:
+                pass
+            if not self.proc.is_alive():
+                raise AssertionError(f"the child stopped before step {n}: {self.stderr()}")
+            time.sleep(0.01)
+        raise AssertionError(f"the child did not reach step {n} in 60 s")
+
+    def stderr(self):
+        with open(self.err_file) as f:
+            return f.read()
+
+    def finish(self, timeout=120):
+        """The child's exit code and stderr once it exits."""
+        self.proc.join(timeout)
+        if self.proc.exitcode is None:
+            self.proc.kill()
+            raise AssertionError(f"the child did not exit in {timeout} s: {self.stderr()}")
+        return self.proc.exitcode, self.stderr()
 
 
 def main():
+    import multiprocessing
+
     from transformers import AutoModelForCausalLM
 
     global WORK
     WORK = tempfile.mkdtemp(prefix="devmap-signal-")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "transformers.models.llama.modeling_llama", "devmap"])
 
     rng = random.Random(11)
     seen = set()
     for run in range(RUNS):
         out, steps_file = os.path.join(WORK, f"out-{run}"), os.path.join(WORK, f"steps-{run}")
-        proc = run_child(out, steps_file)
-        wait_for_step(proc, 2)
+        proc = Child(context, out, steps_file)
+        proc.wait_for_step(2)
         time.sleep(rng.uniform(0, 0.15))
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"run {run}: exit {proc.returncode}: {err}"
+        os.kill(proc.proc.pid, signal.SIGTERM)
+        code, err = proc.finish()
+        assert code == 0, f"run {run}: exit {code}: {err}"
         assert "devmap: saved" in err, err
         steps = int(open(steps_file).read())
         seen.add(steps)
@@ -117,25 +149,22 @@ def main():
     out, steps_file = os.path.join(WORK, "cancelled"), os.path.join(WORK, "steps-cancelled")
     pause = os.path.join(WORK, "pause")
     open(pause, "w").close()
-    proc = run_child(out, steps_file, env=dict(os.environ, DEVMAP_TEST_PAUSE=pause))
-    wait_for_step(proc, 2)
-    proc.send_signal(signal.SIGTERM)
+    proc = Child(context, out, steps_file, pause=pause)
+    proc.wait_for_step(2)
+    os.kill(proc.proc.pid, signal.SIGTERM)
     for _ in range(600):
         if os.path.exists(pause + ".reached"):
             break
         time.sleep(0.05)
     assert os.path.exists(pause + ".reached"), "the save never started"
-    proc.send_signal(signal.SIGTERM)
+    os.kill(proc.proc.pid, signal.SIGTERM)
     # The paused save stops by itself once it sees the second signal; the pause is
     # lifted only after 30 s (on a busy machine the signal may take a while to reach
     # the saving thread), when the save, going on, fails the check below.
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
+    proc.proc.join(30)
     os.remove(pause)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, f"exit {proc.returncode}: {err}"
+    code, err = proc.finish()
+    assert code == 128 + signal.SIGTERM, f"exit {code}: {err}"
     assert "no save" in err and not os.path.exists(out), err
     print("ok: a second SIGTERM during the save cancels it; nothing written, exit 143")
     import shutil
@@ -144,7 +173,4 @@ def main():
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2], sys.argv[3])
-    else:
-        main()
+    main()
