@@ -16,7 +16,7 @@ parallel, read back bit for bit as its ordinary save writes the model. A chunk d
 Usage: python dcp_ranks.py PATH/TO/devmap
 """
 
-from saved import workdir
+from saved import start_ranks, workdir
 import json
 import os
 import pickle
@@ -26,6 +26,10 @@ import sys
 import torch
 
 INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
+
+
+# What the ranks import, imported once by the server they are forked from.
+PRELOAD = ("torch", "torch.distributed.checkpoint", "transformers.models.llama.modeling_llama")
 
 
 def rank_main(rank, world, port, full_path, folder, layout, nested, hf_files):
@@ -91,7 +95,7 @@ def transformers_case(devmap, work, kind, port):
     torch.manual_seed(7)
     src, ref, ours = (os.path.join(work, f"{name}-{d}") for d in ("src", "ref", "devmap"))
     AutoModelForCausalLM.from_config(LlamaConfig(**small)).save_pretrained(ref)
-    torch.multiprocessing.spawn(transformers_rank, args=(2, port, ref, src, kind), nprocs=2, join=True)
+    start_ranks(transformers_rank, (2, port, ref, src, kind), 2, preload=PRELOAD)
     r = run([devmap, "save", src, "--out", ours, "--quiet"])
     if r.returncode != 0:
         sys.exit(f"FAIL {name}: devmap save: {r.stderr}")
@@ -150,8 +154,7 @@ def case(devmap, work, name, world, layout, nested, dtype, port, hf_files=False)
     full_path = os.path.join(work, f"{name}-full.pt")
     torch.save(model.state_dict(), full_path)
     src, ref, ours = (os.path.join(work, f"{name}-{d}") for d in ("src", "ref", "devmap"))
-    torch.multiprocessing.spawn(rank_main, args=(world, port, full_path, src, layout, nested, hf_files),
-                                nprocs=world, join=True)
+    start_ranks(rank_main, (world, port, full_path, src, layout, nested, hf_files), world, preload=PRELOAD)
     (model.to(dtype) if dtype else model).save_pretrained(ref)
     with torch.no_grad():
         want_logits = AutoModelForCausalLM.from_pretrained(ref)(INPUT).logits

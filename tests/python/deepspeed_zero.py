@@ -24,6 +24,7 @@ import sys
 import tempfile
 
 import torch
+from saved import start_ranks
 
 INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
 SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=90, num_hidden_layers=2,
@@ -74,8 +75,8 @@ def train(name, ports, stage, bf16, src, config, frozen=False):
 
     for attempt, port in enumerate(ports):
         try:
-            torch.multiprocessing.spawn(rank_main, args=(2, port, stage, bf16, src, config, frozen),
-                                        nprocs=2, join=True)
+            start_ranks(rank_main, (2, port, stage, bf16, src, config, frozen), 2,
+                        preload=("torch", "transformers.models.llama.modeling_llama"))
             return
         except torch.multiprocessing.ProcessExitedException as e:
             if attempt + 1 == len(ports):

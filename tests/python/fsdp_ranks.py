@@ -13,14 +13,13 @@ the unsharded model. A cast (`dtype="bfloat16"`) is checked the same way, and ra
 disagree on the save are refused on every rank with nothing written.
 """
 
-from saved import tensors, workdir
+from saved import start_ranks, tensors, workdir
 import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 WORK = workdir(prefix="devmap-fsdp-")
 SHARD = "40KB"
@@ -130,7 +129,9 @@ def run(kind, world):
     out = os.path.join(WORK, f"{kind}-{world}")
     os.makedirs(out)
     init = os.path.join(out, "init")
-    mp.spawn(worker, args=(world, kind, init, out), nprocs=world, join=True)
+    start_ranks(worker, (world, kind, init, out), world,
+                preload=("torch", "transformers.models.llama.modeling_llama",
+                         "transformers.models.mixtral.modeling_mixtral", "devmap"))
 
 
 if __name__ == "__main__":

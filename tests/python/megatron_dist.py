@@ -174,7 +174,7 @@ def rank_main(rank, world, port, job):
 def run_job(job, world, ports):
     for port in ports:
         try:
-            torch.multiprocessing.spawn(rank_main, args=(world, port, job), nprocs=world, join=True)
+            saved.start_ranks(rank_main, (world, port, job), world, preload=("torch", "megatron.core", "megatron.core.dist_checkpointing", "megatron.core.models.gpt", "megatron.core.transformer.moe.moe_utils"))
             return
         except torch.multiprocessing.ProcessExitedException as e:
             print(f"a rank exited ({e}); once more on another port", file=sys.stderr)

@@ -8,7 +8,7 @@ part from `--part auto`: torchrun's RANK and WORLD_SIZE), and the commit.
 Usage: python parts_sources.py PATH/TO/devmap
 """
 
-from saved import workdir
+from saved import start_ranks, workdir
 import filecmp
 import os
 import subprocess
@@ -77,8 +77,7 @@ def main(devmap):
     full = os.path.join(work, "dcp-full.pt")
     torch.save(model.state_dict(), full)
     src, config = os.path.join(work, "dcp-src"), os.path.join(work, "dcp-config")
-    torch.multiprocessing.spawn(dcp_ranks.rank_main, args=(4, 29311, full, src, "dim0", False, False),
-                                nprocs=4, join=True)
+    start_ranks(dcp_ranks.rank_main, (4, 29311, full, src, "dim0", False, False), 4, preload=dcp_ranks.PRELOAD)
     model.save_pretrained(config)
     single = split_equals_single(devmap, work, "dcp-4-ranks", src, config)
     under_torchrun(devmap, work, "dcp-4-ranks", src, config, single)

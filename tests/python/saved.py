@@ -77,3 +77,18 @@ def peft_merged(load, lora_config, work, label):
     ref = os.path.join(work, f"{label}-peft")
     merged.save_pretrained(ref)
     return adapter, ref, merged
+
+
+def start_ranks(fn, args, nprocs, preload=("torch",)):
+    """torch.multiprocessing.spawn's `fn(rank, *args)` on `nprocs` ranks, each forked from
+    a server process that has imported `preload` once (multiprocessing's forkserver)
+    instead of a fresh interpreter importing torch and the rest anew: the ranks are still
+    processes of their own, as a launcher starts them. Raises as spawn raises when a rank
+    fails (torch.multiprocessing.ProcessExitedException / ProcessRaisedException)."""
+    import multiprocessing
+
+    import torch.multiprocessing
+
+    # Read when the server starts: the first call of a script decides.
+    multiprocessing.set_forkserver_preload(list(preload))
+    torch.multiprocessing.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")

@@ -25,6 +25,7 @@ import sys
 import tempfile
 
 import torch
+from saved import start_ranks
 
 WORK = tempfile.mkdtemp(prefix="devmap-ties-")
 SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=90, num_hidden_layers=2,
@@ -87,7 +88,7 @@ def write_source(kind, model, tied, src, port):
     elif kind == "zero2":
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        torch.multiprocessing.spawn(zero_rank, args=(2, port, tied, src), nprocs=2, join=True)
+        start_ranks(zero_rank, (2, port, tied, src), 2, preload=("torch", "transformers.models.llama.modeling_llama"))
         state = get_fp32_state_dict_from_zero_checkpoint(src)
         if tied:
             state.setdefault(HEAD, state[EMBED])
