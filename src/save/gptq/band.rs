@@ -10,11 +10,17 @@ use crate::types::dtype::DType;
 /// One read band's inputs and a sub-band's output.
 #[derive(Default)]
 pub(super) struct Band {
-    /// The read band's words of every packed row, row after row, as read
-    /// (little-endian).
+    /// The read band's words of every packed row, as read (little-endian): GPTQ's row
+    /// after row; AWQ's a sub-band after another, each row after row (so a sub-band's
+    /// words are read in order, not a few dozen bytes of every row of a read band too
+    /// large for the cache).
     packed: Vec<u8>,
     /// Words of the read band in a packed row.
     words_a_row: usize,
+    /// AWQ: words of a whole sub-band in a packed row, and the packed rows.
+    sub_words: usize,
+    packed_rows: usize,
+    row: Vec<u8>,
     /// Zero points, `[groups, band]`, unpacked.
     zeros: Vec<i32>,
     zero_words: Vec<u8>,
@@ -52,15 +58,35 @@ impl Band {
             ),
         };
         self.words_a_row = band_words as usize;
+        self.packed_rows = packed_rows as usize;
         self.packed
             .resize((packed_rows * band_words * 4) as usize, 0);
-        for (r, dst) in self
-            .packed
-            .chunks_exact_mut((band_words * 4) as usize)
-            .enumerate()
-        {
-            let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
-            read_exact_at(input.qweight.0, dst, at)?;
+        match layout.packing {
+            Packing::Gptq { .. } => {
+                for (r, dst) in self
+                    .packed
+                    .chunks_exact_mut((band_words * 4) as usize)
+                    .enumerate()
+                {
+                    let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
+                    read_exact_at(input.qweight.0, dst, at)?;
+                }
+            }
+            Packing::Awq => {
+                // Each packed row's words are dealt out to the sub-bands' regions.
+                let sub = (super::band_rows(layout) / p) as usize;
+                self.sub_words = sub;
+                self.row.resize((band_words * 4) as usize, 0);
+                let rows = packed_rows as usize;
+                for r in 0..rows {
+                    let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
+                    read_exact_at(input.qweight.0, &mut self.row, at)?;
+                    for (k, words) in self.row.chunks(sub * 4).enumerate() {
+                        let to = k * sub * 4 * rows + r * words.len();
+                        self.packed[to..to + words.len()].copy_from_slice(words);
+                    }
+                }
+            }
         }
         // Zero points: their words for the band's columns, a group at a time.
         let zero_row = layout.outputs / p;
@@ -141,12 +167,26 @@ impl Band {
             &mut self.table,
         );
         self.output.resize(n * inputs * size, 0);
+        let words = self.packed.as_chunks::<4>().0;
+        let (packed, band_words, words_skip) = match layout.packing {
+            Packing::Gptq { .. } => (words, self.words_a_row, skip),
+            // The sub-band's own region: its words of each row, row after row.
+            Packing::Awq => {
+                let region = skip / 8 / self.sub_words * self.sub_words * self.packed_rows;
+                let n_words = n.div_ceil(8);
+                (
+                    &words[region..region + n_words * self.packed_rows],
+                    n_words,
+                    0,
+                )
+            }
+        };
         let band = Decode {
             layout,
             groups,
-            packed: self.packed.as_chunks::<4>().0,
-            band_words: self.words_a_row,
-            skip,
+            packed,
+            band_words,
+            skip: words_skip,
             n,
             table: &self.table,
         };
@@ -171,7 +211,8 @@ struct Decode<'a> {
     groups: &'a Groups,
     packed: &'a [[u8; 4]],
     band_words: usize,
-    /// Columns of the read band before the sub-band, and the sub-band's columns.
+    /// Columns of the read band before the sub-band in `packed`'s rows (AWQ's hold
+    /// the sub-band's only), and the sub-band's columns.
     skip: usize,
     n: usize,
     /// `[n, groups, values]` outputs of `SIZE` bytes.
@@ -337,8 +378,9 @@ impl Decode<'_> {
 /// `stride` bytes), 8×8 values at a time: eight input rows' words hold eight output
 /// columns, the one at nibble `p` being column `column_at[p]` of the eight. The 8×8
 /// nibbles are transposed in three rounds of swaps (nibbles, then pairs, then fours):
-/// fixed shifts and masks, eight blocks side by side (a vector lane each), compiled for
-/// AVX-512 and AVX2 too and chosen at run time.
+/// fixed shifts and masks, eight blocks side by side (a vector lane each), and two
+/// blocks down the input rows at once, so each output row gets 8 bytes a store.
+/// Compiled for AVX-512 and AVX2 too and chosen at run time.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
     "x86_64+avx2+fma",
@@ -351,48 +393,54 @@ fn awq_columns(
     (columns, stride): (&mut [u8], usize),
 ) {
     let blocks = n / 8;
-    for i0 in (0..inputs).step_by(8) {
+    let lanes = blocks - blocks % 8;
+    let mut i0 = 0;
+    while i0 < inputs {
         let at = i0 * band_words + first_word;
-        let lanes = blocks - blocks % 8;
-        for j0 in (0..lanes).step_by(8) {
-            transpose_blocks::<8>(
-                (packed, band_words, at + j0),
-                column_at,
-                (columns, stride),
-                (j0, i0),
-            );
-        }
-        for j in lanes..blocks {
-            transpose_blocks::<1>(
-                (packed, band_words, at + j),
-                column_at,
-                (columns, stride),
-                (j, i0),
-            );
+        let place = (stride, column_at, i0);
+        if i0 + 16 <= inputs {
+            for j0 in (0..lanes).step_by(8) {
+                transpose_blocks::<8, 2>((packed, band_words, at + j0), columns, place, j0);
+            }
+            for j in lanes..blocks {
+                transpose_blocks::<1, 2>((packed, band_words, at + j), columns, place, j);
+            }
+            i0 += 16;
+        } else {
+            for j0 in (0..lanes).step_by(8) {
+                transpose_blocks::<8, 1>((packed, band_words, at + j0), columns, place, j0);
+            }
+            for j in lanes..blocks {
+                transpose_blocks::<1, 1>((packed, band_words, at + j), columns, place, j);
+            }
+            i0 += 8;
         }
     }
 }
 
-/// [`awq_columns`]' `L` blocks from word `at` (of input rows `i0..i0 + 8`, output columns
-/// from `8 · j0`) on. Always inlined: called from the multiversioned loop, a call would
-/// run at the baseline's vector width.
+/// [`awq_columns`]' `L` blocks side by side and `R` down, from word `at` (input rows
+/// `i0..i0 + 8R`, output columns from `8 · j0`) on. Always inlined: called from the
+/// multiversioned loop, a call would run at the baseline's vector width.
 #[inline(always)]
 #[allow(clippy::inline_always)]
-fn transpose_blocks<const L: usize>(
+fn transpose_blocks<const L: usize, const R: usize>(
     (packed, band_words, at): (&[[u8; 4]], usize, usize),
-    column_at: [usize; 8],
-    (columns, stride): (&mut [u8], usize),
-    (j0, i0): (usize, usize),
+    columns: &mut [u8],
+    (stride, column_at, i0): (usize, [usize; 8], usize),
+    j0: usize,
 ) {
-    let mut w = [[0u32; L]; 8];
-    for (t, row) in w.iter_mut().enumerate() {
-        let words = &packed[at + t * band_words..][..L];
-        for (x, word) in row.iter_mut().zip(words) {
-            *x = u32::from_le_bytes(*word);
+    let mut w = [[[0u32; L]; 8]; R];
+    for (r, block) in w.iter_mut().enumerate() {
+        for (t, row) in block.iter_mut().enumerate() {
+            let from = at + (r * 8 + t) * band_words;
+            let words: &[[u8; 4]; L] = packed[from..from + L]
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("a slice of L words"));
+            *row = words.map(u32::from_le_bytes);
         }
     }
     // Rows a < b: b's low parts and a's high parts change places.
-    let mut swap = |(a, b): (usize, usize), shift: u32, mask: u32| {
+    let swap = |w: &mut [[u32; L]; 8], (a, b): (usize, usize), shift: u32, mask: u32| {
         let (before, from_b) = w.split_at_mut(b);
         for (x, y) in before[a].iter_mut().zip(from_b[0].iter_mut()) {
             let d = ((*x >> shift) ^ *y) & mask;
@@ -400,20 +448,26 @@ fn transpose_blocks<const L: usize>(
             *x ^= d << shift;
         }
     };
-    for t in [0, 2, 4, 6] {
-        swap((t, t + 1), 4, 0x0F0F_0F0F);
+    for block in &mut w {
+        for t in [0, 2, 4, 6] {
+            swap(block, (t, t + 1), 4, 0x0F0F_0F0F);
+        }
+        for t in [0, 1, 4, 5] {
+            swap(block, (t, t + 2), 8, 0x00FF_00FF);
+        }
+        for t in [0, 1, 2, 3] {
+            swap(block, (t, t + 4), 16, 0x0000_FFFF);
+        }
     }
-    for t in [0, 1, 4, 5] {
-        swap((t, t + 2), 8, 0x00FF_00FF);
-    }
-    for t in [0, 1, 2, 3] {
-        swap((t, t + 4), 16, 0x0000_FFFF);
-    }
-    // Word p of each block now holds nibble p of each of the eight input rows, in order.
-    for (p, row) in w.iter().enumerate() {
-        for (lane, x) in row.iter().enumerate() {
-            let at = ((j0 + lane) * 8 + column_at[p]) * stride + i0 / 2;
-            columns[at..at + 4].copy_from_slice(&x.to_le_bytes());
+    // Word p of each block now holds nibble p of each of its eight input rows, in
+    // order; the R blocks' words of one output row lie side by side.
+    for (p, &column) in column_at.iter().enumerate() {
+        for lane in 0..L {
+            let at = ((j0 + lane) * 8 + column) * stride + i0 / 2;
+            let dst = &mut columns[at..at + 4 * R];
+            for (r, out) in dst.chunks_exact_mut(4).enumerate() {
+                out.copy_from_slice(&w[r][p][lane].to_le_bytes());
+            }
         }
     }
 }

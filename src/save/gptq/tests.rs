@@ -31,14 +31,14 @@ fn pack8(value: impl Fn(usize) -> u32, slot: impl Fn(usize) -> u32) -> u32 {
     (0..8).fold(0, |w, k| w | value(k) << (4 * slot(k)))
 }
 
-/// `inputs` × `outputs`, 4 bits, 2 groups; codes `(i·3 + o·5) mod 16`;
+/// `inputs` × `outputs`, 4 bits, 2 groups (3 where 16 does not divide `inputs`); codes `(i·3 + o·5) mod 16`;
 /// zero points 0 and 15 in group 0's first columns (a v1 word then carries). The
 /// stored words and the weight expected, `[out, in]`.
 fn case(
     packing: Packing,
     (inputs, outputs): (usize, usize),
 ) -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<f32>) {
-    let groups = 2;
+    let groups = groups_of(inputs);
     let code = |i: usize, o: usize| ((i * 3 + o * 5) % 16) as u32;
     let zero = |g: usize, o: usize| match (g, o) {
         (0, 0) => 0,
@@ -98,16 +98,21 @@ fn case(
     (le(&qweight), le(&qzeros), scales, expected)
 }
 
+fn groups_of(inputs: usize) -> usize {
+    if inputs.is_multiple_of(16) { 2 } else { 3 }
+}
+
 #[test]
 fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
     // 8 outputs: one band; 1024: several sub-bands and read bands. Groups of 8
-    // values are computed value by value, groups of 32 through the table.
+    // values are computed value by value, groups of 32 through the table. 24 inputs:
+    // AWQ's last eight input rows transposed on their own (16 at a time before).
     let packings = [
         Packing::Gptq { v1: true },
         Packing::Gptq { v1: false },
         Packing::Awq,
     ];
-    let sizes = [(16, 8), (16, 1024), (64, 8), (64, 1024)];
+    let sizes = [(16, 8), (16, 1024), (24, 1024), (64, 8), (64, 1024)];
     for (packing, (inputs, outputs)) in packings
         .into_iter()
         .flat_map(|p| sizes.map(|size| (p, size)))
@@ -126,8 +131,8 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
                 inputs: inputs as u64,
                 outputs: outputs as u64,
                 bits: 4,
-                groups: 2,
-                group_size: inputs as u64 / 2,
+                groups: groups_of(inputs) as u64,
+                group_size: (inputs / groups_of(inputs)) as u64,
                 packing,
                 scale_dtype: DType::F16,
             },
