@@ -462,6 +462,8 @@ fn transpose_blocks<const L: usize, const R: usize>(
     // Word p of each block now holds nibble p of each of its eight input rows, in
     // order; the R blocks' words of one output row lie side by side.
     for (p, &column) in column_at.iter().enumerate() {
+        // (Indexed: a lane's words are gathered across the R blocks.)
+        #[allow(clippy::needless_range_loop)]
         for lane in 0..L {
             let at = ((j0 + lane) * 8 + column) * stride + i0 / 2;
             let dst = &mut columns[at..at + 4 * R];
