@@ -66,6 +66,8 @@ def cpu_only():
 # A mixture-of-experts variant (tests/python/megatron_moe.py): experts, each expert's
 # FFN, top k; `qk_norm` makes it Qwen3-MoE-like, without it Mixtral-like.
 EXPERTS, MOE_FFN, TOP_K = 4, 32, 2
+# The shared expert's FFN (the Qwen2-MoE-shaped variant, `moe["shared"]`).
+SHARED_FFN = 48
 
 
 def build(dtype, tp, pp, bias=False, moe=None, ep=1):
@@ -80,6 +82,10 @@ def build(dtype, tp, pp, bias=False, moe=None, ep=1):
         extra = dict(num_moe_experts=EXPERTS, moe_router_topk=TOP_K, moe_ffn_hidden_size=MOE_FFN,
                      moe_token_dispatcher_type="allgather", moe_router_pre_softmax=False,
                      qk_layernorm=moe["qk_norm"], expert_model_parallel_size=ep)
+        if moe.get("shared"):
+            # Qwen2-MoE-shaped: a gated shared expert, QKV biases, top k of a softmax.
+            extra.update(moe_shared_expert_intermediate_size=SHARED_FFN, moe_shared_expert_gate=True,
+                         add_qkv_bias=True, moe_router_pre_softmax=True)
         spec = get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False,
                                         qk_layernorm=moe["qk_norm"])
     cfg = TransformerConfig(
@@ -100,9 +106,12 @@ def megatron_args(dtype, bias=False, moe=None):
 
     extra = {}
     if moe is not None:
+        shared = moe.get("shared", False)
         extra = dict(num_experts=EXPERTS, moe_router_topk=TOP_K, moe_ffn_hidden_size=MOE_FFN,
-                     moe_router_pre_softmax=False, moe_router_score_function="softmax",
-                     moe_router_topk_scaling_factor=None, moe_shared_expert_intermediate_size=None,
+                     moe_router_pre_softmax=shared, moe_router_score_function="softmax",
+                     moe_router_topk_scaling_factor=None,
+                     moe_shared_expert_intermediate_size=SHARED_FFN if shared else None,
+                     moe_shared_expert_gate=shared, add_qkv_bias=shared,
                      qk_layernorm=moe["qk_norm"], expert_model_parallel_size=1)
     return argparse.Namespace(**extra,
         num_layers=LAYERS, hidden_size=HIDDEN, ffn_hidden_size=FFN, num_attention_heads=HEADS,

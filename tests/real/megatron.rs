@@ -33,9 +33,10 @@ fn megatron_checkpoints_convert_to_the_models_own_parameters() {
 
 /// Megatron-Core MoE checkpoints (tests/python/megatron_moe.py): megatron-core's own
 /// experts and router, at TP=1, TP=2 and EP=2, become transformers' Qwen3-MoE (with
-/// per-head q/k norms) and Mixtral (without) bit for bit, config.json from the
-/// arguments loads with logits equal to Megatron's forward; a sigmoid router is
-/// refused by name.
+/// per-head q/k norms), Mixtral (without) and Qwen2-MoE (a gated shared expert, QKV
+/// biases; TP=1 and TP=2) bit for bit, config.json from the arguments loads with
+/// logits equal to Megatron's forward; a sigmoid router, and a shared expert asked to
+/// become Qwen3-MoE, are refused by name.
 #[test]
 #[ignore = "needs torch, transformers, megatron-core: run .ci/run"]
 fn megatron_moe_checkpoints_convert_to_qwen3_moe_and_mixtral() {
@@ -43,11 +44,12 @@ fn megatron_moe_checkpoints_convert_to_qwen3_moe_and_mixtral() {
     assert!(ok, "{out}\n{err}");
     assert_eq!(
         out.matches("bit for bit").count(),
-        4,
-        "Qwen3-MoE at TP=1, TP=2, EP=2; Mixtral at TP=1:\n{out}"
+        6,
+        "Qwen3-MoE at TP=1, TP=2, EP=2; Mixtral at TP=1; Qwen2-MoE at TP=1, TP=2:\n{out}"
     );
-    assert_eq!(out.matches("logits = Megatron forward").count(), 2, "{out}");
-    assert_eq!(out.matches(": refused (").count(), 1, "{out}");
+    assert!(out.contains("qwen2_moe TP=2: 107 tensors"), "{out}");
+    assert_eq!(out.matches("logits = Megatron forward").count(), 3, "{out}");
+    assert_eq!(out.matches(": refused (").count(), 2, "{out}");
     // `devmap plan --tp 2` (experts split by their intermediate) and `--ep 2` (half
     // the experts a rank): megatron-core's ranks hold the same bytes.
     assert_eq!(

@@ -118,6 +118,10 @@ pub struct Shapes {
     pub experts: Option<u64>,
     /// Whether some layer has a dense MLP.
     pub dense_mlp: bool,
+    /// The shared expert's FFN width (`shared_experts.linear_fc2`'s columns), when
+    /// there is one, and whether it is gated (`shared_experts.gate_weight`).
+    pub shared_ffn: Option<u64>,
+    pub shared_gate: bool,
 }
 
 /// The head counts from an HF config.json.
@@ -208,9 +212,10 @@ pub fn config_json(
     else {
         return Err(missing);
     };
-    // A MoE layer as transformers' Qwen3-MoE and Mixtral route: a softmax over the
-    // experts' scores, the top k, renormalised (Megatron's top-k then softmax, its
-    // default), or not (Qwen3-MoE's norm_topk_prob = false: Megatron's pre-softmax).
+    // A MoE layer as transformers' Qwen2-MoE, Qwen3-MoE and Mixtral route: a softmax
+    // over the experts' scores, the top k, renormalised (Megatron's top-k then softmax,
+    // its default), or not (the Qwen families' norm_topk_prob = false: Megatron's
+    // pre-softmax).
     let moe_args = shapes.experts.map(|_| {
         let top_k = arg_u64(args, "moe_router_topk");
         let pre_softmax = arg_bool(args, "moe_router_pre_softmax").unwrap_or(false);
@@ -221,15 +226,29 @@ pub fn config_json(
             missing.push("moe_router_topk");
         }
         if arg_str(args, "moe_router_score_function").is_some_and(|f| f != "softmax") {
-            missing.push("moe_router_score_function = softmax (the map is for Qwen3-MoE and Mixtral routers)");
+            missing.push("moe_router_score_function = softmax (the map is for Qwen2-MoE, Qwen3-MoE and Mixtral routers)");
         }
         if arg_f64(args, "moe_router_topk_scaling_factor")
             .is_some_and(|f| (f - 1.0).abs() > f64::EPSILON)
         {
             missing.push("no moe_router_topk_scaling_factor (transformers' routers do not scale)");
         }
-        if arg_u64(args, "moe_shared_expert_intermediate_size").is_some() {
-            missing.push("no shared experts (the map is for Qwen3-MoE and Mixtral)");
+        let shared = arg_u64(args, "moe_shared_expert_intermediate_size").is_some()
+            || shapes.shared_ffn.is_some();
+        if moe == MoeNames::Qwen2Moe {
+            // Qwen2-MoE: every layer's shared expert, gated by a sigmoid; no q/k norms.
+            if shapes.shared_ffn.is_none() {
+                missing.push("a shared expert (moe_shared_expert_intermediate_size) in every layer, as Qwen2-MoE has");
+            }
+            if !shapes.shared_gate {
+                missing.push("moe_shared_expert_gate = true (Qwen2-MoE's shared expert is gated)");
+            }
+            if shapes.qk_norm.is_some() {
+                missing.push("no qk_layernorm (Qwen2-MoE has no q/k norms)");
+            }
+        } else if shared {
+            missing
+                .push("no shared experts (Qwen3-MoE and Mixtral have none; Qwen2-MoE's is gated)");
         }
         if shapes.dense_mlp {
             missing.push("every layer a MoE layer (moe_layer_freq = 1)");
@@ -243,6 +262,7 @@ pub fn config_json(
     }
     let (architecture, model_type) = match (shapes.experts, moe) {
         (Some(_), MoeNames::Qwen3Moe) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+        (Some(_), MoeNames::Qwen2Moe) => ("Qwen2MoeForCausalLM", "qwen2_moe"),
         (Some(_), MoeNames::Mixtral) => ("MixtralForCausalLM", "mixtral"),
         (None, _) => match (shapes.qk_norm.is_some(), shapes.qkv_bias) {
             (true, _) => ("Qwen3ForCausalLM", "qwen3"),
@@ -273,13 +293,17 @@ pub fn config_json(
     }
     if let (Some(experts), Some((top_k, pre_softmax))) = (shapes.experts, moe_args) {
         config["num_experts_per_tok"] = json!(top_k);
-        if model_type == "qwen3_moe" {
+        if model_type != "mixtral" {
             config["num_experts"] = json!(experts);
             config["moe_intermediate_size"] = json!(shapes.ffn);
             config["norm_topk_prob"] = json!(!pre_softmax);
             config["decoder_sparse_step"] = json!(1);
             config["mlp_only_layers"] = json!([]);
-        } else {
+        }
+        if model_type == "qwen2_moe" {
+            config["shared_expert_intermediate_size"] = json!(shapes.shared_ffn);
+            config["qkv_bias"] = json!(shapes.qkv_bias);
+        } else if model_type == "mixtral" {
             config["num_local_experts"] = json!(experts);
         }
     }
@@ -305,6 +329,8 @@ mod tests {
             tied: false,
             experts: None,
             dense_mlp: true,
+            shared_ffn: None,
+            shared_gate: false,
         }
     }
 
@@ -337,6 +363,57 @@ mod tests {
         assert_eq!(
             missing,
             ["norm_epsilon", "rotary_base", "max_position_embeddings"]
+        );
+    }
+
+    #[test]
+    fn a_shared_expert_is_qwen2_moe_and_refused_elsewhere() {
+        let args: Args = vec![
+            ("normalization".into(), Value::Str("RMSNorm".into())),
+            ("norm_epsilon".into(), Value::Float(1e-6)),
+            ("rotary_base".into(), Value::Float(1e6)),
+            ("max_position_embeddings".into(), Value::Int(64)),
+            ("moe_router_topk".into(), Value::Int(2)),
+            ("moe_router_pre_softmax".into(), Value::Bool(true)),
+        ];
+        let heads = Heads {
+            query: 8,
+            key_value: 2,
+            dim: 8,
+        };
+        let moe = Shapes {
+            experts: Some(4),
+            dense_mlp: false,
+            shared_ffn: Some(48),
+            shared_gate: true,
+            qkv_bias: true,
+            ..shapes()
+        };
+        let text =
+            config_json(&args, &moe, (heads, MoeNames::Qwen2Moe), "float32").expect("config");
+        let config: Json = serde_json::from_str(&text).expect("json");
+        assert_eq!(config["architectures"][0], "Qwen2MoeForCausalLM");
+        assert_eq!(config["shared_expert_intermediate_size"], 48);
+        assert_eq!(config["norm_topk_prob"], false);
+        assert_eq!(config["qkv_bias"], true);
+        // Families without a shared expert, and Qwen2-MoE's without its gate.
+        for family in [MoeNames::Qwen3Moe, MoeNames::Mixtral] {
+            let missing =
+                config_json(&args, &moe, (heads, family), "float32").expect_err("refused");
+            assert!(
+                missing.iter().any(|m| m.starts_with("no shared experts")),
+                "{missing:?}"
+            );
+        }
+        let ungated = Shapes {
+            shared_gate: false,
+            ..moe
+        };
+        let missing = config_json(&args, &ungated, (heads, MoeNames::Qwen2Moe), "float32")
+            .expect_err("refused");
+        assert!(
+            missing[0].starts_with("moe_shared_expert_gate"),
+            "{missing:?}"
         );
     }
 }

@@ -141,73 +141,150 @@ pub const RULES: &[Rule] = &[
 ];
 
 /// transformers' names for a mixture-of-experts layer, by family: Qwen3-MoE (per-head
-/// q/k norms) or Mixtral (without). `{}` is the layer index, `{e}` the expert's.
+/// q/k norms), Qwen2-MoE (a gated shared expert beside the routed ones) or Mixtral.
+/// `{}` is the layer index, `{e}` the expert's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoeNames {
     Qwen3Moe,
+    Qwen2Moe,
     Mixtral,
 }
 
-/// One row of the experts' map: the Megatron-Core name, transformers' Qwen3-MoE and
-/// Mixtral names, the cut, and whether the source has an expert axis after its layer
-/// axis (`[layers, experts, rows, columns]` stacked).
+impl MoeNames {
+    /// transformers' `model_type` of the family.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            MoeNames::Qwen3Moe => "qwen3_moe",
+            MoeNames::Qwen2Moe => "qwen2_moe",
+            MoeNames::Mixtral => "mixtral",
+        }
+    }
+}
+
+/// One row of the experts' map: the Megatron-Core name, the names of the Qwen MoE
+/// families (Qwen2-MoE and Qwen3-MoE name routed experts alike) and Mixtral's (`None`:
+/// the family has no such tensor), the cut, and whether the source has an expert axis
+/// after its layer axis (`[layers, experts, rows, columns]` stacked).
 pub struct MoeRule {
     pub megatron: &'static str,
-    pub qwen3_moe: &'static str,
-    pub mixtral: &'static str,
+    pub qwen: &'static str,
+    pub mixtral: Option<&'static str>,
+    /// Only Qwen2-MoE has it (the shared expert and its gate).
+    pub qwen2_only: bool,
     pub cut: Cut,
     pub per_expert: bool,
 }
 
+const fn routed(
+    megatron: &'static str,
+    qwen: &'static str,
+    mixtral: &'static str,
+    cut: Cut,
+    per_expert: bool,
+) -> MoeRule {
+    MoeRule {
+        megatron,
+        qwen,
+        mixtral: Some(mixtral),
+        qwen2_only: false,
+        cut,
+        per_expert,
+    }
+}
+
+const fn shared(megatron: &'static str, qwen2: &'static str, cut: Cut) -> MoeRule {
+    MoeRule {
+        megatron,
+        qwen: qwen2,
+        mixtral: None,
+        qwen2_only: true,
+        cut,
+        per_expert: false,
+    }
+}
+
 /// A GPTModel's MoE layer as megatron-core saves it with its local spec's experts
 /// (`SequentialMLP`: every expert's `linear_fc1`/`linear_fc2` stacked on an expert axis,
-/// expert-parallel ranks holding blocks of it) and its router.
+/// expert-parallel ranks holding blocks of it), its router, and its shared expert
+/// (`SharedExpertMLP`: a gated MLP every token goes through, scaled by
+/// `sigmoid(gate_weight · x)` when `moe_shared_expert_gate`), which is Qwen2-MoE's
+/// `shared_expert` and `shared_expert_gate`.
 pub const MOE_RULES: &[MoeRule] = &[
-    MoeRule {
-        megatron: "decoder.layers.mlp.router.weight",
-        qwen3_moe: "model.layers.{}.mlp.gate.weight",
-        mixtral: "model.layers.{}.block_sparse_moe.gate.weight",
-        cut: Cut::Whole,
-        per_expert: false,
-    },
-    MoeRule {
-        megatron: "decoder.layers.mlp.experts.experts.linear_fc1.weight",
-        qwen3_moe: "model.layers.{}.mlp.experts.{e}.gate_proj.weight",
-        mixtral: "model.layers.{}.block_sparse_moe.experts.{e}.w1.weight",
-        cut: Cut::GateUp(0),
-        per_expert: true,
-    },
-    MoeRule {
-        megatron: "decoder.layers.mlp.experts.experts.linear_fc1.weight",
-        qwen3_moe: "model.layers.{}.mlp.experts.{e}.up_proj.weight",
-        mixtral: "model.layers.{}.block_sparse_moe.experts.{e}.w3.weight",
-        cut: Cut::GateUp(1),
-        per_expert: true,
-    },
-    MoeRule {
-        megatron: "decoder.layers.mlp.experts.experts.linear_fc2.weight",
-        qwen3_moe: "model.layers.{}.mlp.experts.{e}.down_proj.weight",
-        mixtral: "model.layers.{}.block_sparse_moe.experts.{e}.w2.weight",
-        cut: Cut::Whole,
-        per_expert: true,
-    },
+    routed(
+        "decoder.layers.mlp.router.weight",
+        "model.layers.{}.mlp.gate.weight",
+        "model.layers.{}.block_sparse_moe.gate.weight",
+        Cut::Whole,
+        false,
+    ),
+    routed(
+        "decoder.layers.mlp.experts.experts.linear_fc1.weight",
+        "model.layers.{}.mlp.experts.{e}.gate_proj.weight",
+        "model.layers.{}.block_sparse_moe.experts.{e}.w1.weight",
+        Cut::GateUp(0),
+        true,
+    ),
+    routed(
+        "decoder.layers.mlp.experts.experts.linear_fc1.weight",
+        "model.layers.{}.mlp.experts.{e}.up_proj.weight",
+        "model.layers.{}.block_sparse_moe.experts.{e}.w3.weight",
+        Cut::GateUp(1),
+        true,
+    ),
+    routed(
+        "decoder.layers.mlp.experts.experts.linear_fc2.weight",
+        "model.layers.{}.mlp.experts.{e}.down_proj.weight",
+        "model.layers.{}.block_sparse_moe.experts.{e}.w2.weight",
+        Cut::Whole,
+        true,
+    ),
+    shared(
+        "decoder.layers.mlp.shared_experts.linear_fc1.weight",
+        "model.layers.{}.mlp.shared_expert.gate_proj.weight",
+        Cut::GateUp(0),
+    ),
+    shared(
+        "decoder.layers.mlp.shared_experts.linear_fc1.weight",
+        "model.layers.{}.mlp.shared_expert.up_proj.weight",
+        Cut::GateUp(1),
+    ),
+    shared(
+        "decoder.layers.mlp.shared_experts.linear_fc2.weight",
+        "model.layers.{}.mlp.shared_expert.down_proj.weight",
+        Cut::Whole,
+    ),
+    shared(
+        "decoder.layers.mlp.shared_experts.gate_weight",
+        "model.layers.{}.mlp.shared_expert_gate.weight",
+        Cut::Whole,
+    ),
 ];
 
 /// What one Megatron-Core name becomes: each output's transformers name (`{}` the
-/// layer, `{e}` the expert), its cut, and whether the source has an expert axis.
-pub fn outputs_of(key: &str, moe: MoeNames) -> Vec<(&'static str, Cut, bool)> {
-    let dense = RULES
+/// layer, `{e}` the expert), its cut, and whether the source has an expert axis. `Err`
+/// names the family that has no such tensor (a shared expert outside Qwen2-MoE).
+pub fn outputs_of(key: &str, moe: MoeNames) -> Result<Vec<(&'static str, Cut, bool)>, String> {
+    let mut outputs: Vec<_> = RULES
         .iter()
         .filter(|r| r.megatron == key)
-        .map(|r| (r.hf, r.cut, false));
-    let experts = MOE_RULES.iter().filter(|r| r.megatron == key).map(|r| {
+        .map(|r| (r.hf, r.cut, false))
+        .collect();
+    for r in MOE_RULES.iter().filter(|r| r.megatron == key) {
         let hf = match moe {
-            MoeNames::Qwen3Moe => r.qwen3_moe,
+            MoeNames::Qwen2Moe => Some(r.qwen),
+            MoeNames::Qwen3Moe if !r.qwen2_only => Some(r.qwen),
+            MoeNames::Qwen3Moe => None,
             MoeNames::Mixtral => r.mixtral,
         };
-        (hf, r.cut, r.per_expert)
-    });
-    dense.chain(experts).collect()
+        let hf = hf.ok_or_else(|| {
+            format!(
+                "is a shared expert, which transformers' {} has no place for (Qwen2-MoE has: give --config with a qwen2_moe config.json)",
+                moe.model_type()
+            )
+        })?;
+        outputs.push((hf, r.cut, r.per_expert));
+    }
+    Ok(outputs)
 }
 
 /// Whether devmap's map has a name for the Megatron-Core name `key`.

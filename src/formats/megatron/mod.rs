@@ -113,7 +113,7 @@ pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<R
                 Kind::Unsupported,
                 &metadata,
                 name,
-                "has no Hugging Face name in devmap's Megatron-Core map (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and Mixtral layers: docs/guide.md, Input formats); nothing was written",
+                "has no Hugging Face name in devmap's Megatron-Core map (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE and Mixtral layers: docs/guide.md, Input formats); nothing was written",
             ));
         }
         mapped.push((name, key, layer));
@@ -167,7 +167,9 @@ pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<R
             (true, _) => (0..shape.first().copied().unwrap_or(0)).map(Some).collect(),
             (false, l) => vec![l],
         };
-        for (template, cut, per_expert) in layout::outputs_of(&key, moe) {
+        let outputs = layout::outputs_of(&key, moe)
+            .map_err(|why| FormatError::tensor_as(Kind::Unsupported, &metadata, name, why))?;
+        for (template, cut, per_expert) in outputs {
             // An expert axis follows the layer axis (or leads, for a layer saved apart).
             let expert_axis = usize::from(stacked);
             let experts: Vec<Option<u64>> = if per_expert {
@@ -249,8 +251,9 @@ pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<R
     })
 }
 
-/// The family whose names a MoE layer takes: `--config`'s model type, else Qwen3-MoE
-/// when the attention has per-head q/k norms, Mixtral when not.
+/// The family whose names a MoE layer takes: `--config`'s model type, else Qwen2-MoE
+/// when it has a shared expert, Qwen3-MoE when the attention has per-head q/k norms,
+/// Mixtral when neither.
 fn moe_names(config: Option<&serde_json::Value>, shapes: &Shapes) -> MoeNames {
     match config
         .and_then(|c| c.get("model_type"))
@@ -258,6 +261,8 @@ fn moe_names(config: Option<&serde_json::Value>, shapes: &Shapes) -> MoeNames {
     {
         Some("mixtral") => MoeNames::Mixtral,
         Some("qwen3_moe") => MoeNames::Qwen3Moe,
+        Some("qwen2_moe") => MoeNames::Qwen2Moe,
+        _ if shapes.shared_ffn.is_some() => MoeNames::Qwen2Moe,
         _ if shapes.qk_norm.is_some() => MoeNames::Qwen3Moe,
         _ => MoeNames::Mixtral,
     }
@@ -371,6 +376,8 @@ fn shapes(
         tied: !sources.contains_key("output_layer.weight"),
         experts: experts_fc2.and(router).map(rows),
         dense_mlp: dense_fc2.is_some(),
+        shared_ffn: find("decoder.layers.mlp.shared_experts.linear_fc2.weight").map(last),
+        shared_gate: find("decoder.layers.mlp.shared_experts.gate_weight").is_some(),
     })
 }
 
