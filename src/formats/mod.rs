@@ -20,6 +20,7 @@ pub mod rank_files;
 pub mod safetensors;
 pub mod size;
 pub mod torch_bin;
+pub mod verl;
 pub mod zip;
 
 pub use error::{FormatError, Kind};

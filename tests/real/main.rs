@@ -36,3 +36,4 @@ mod transformers;
 mod transformers_plan;
 mod verify;
 mod verify_expects;
+mod verl;

@@ -41,7 +41,27 @@ pub enum Allow {
     /// `argparse.Namespace` of arguments, torch's dtypes, and Megatron-Core's enums
     /// (`megatron.core.….enums.AttnBackend(5)`), each built as data.
     MegatronCommon,
+    /// A state dict's whose tensors are DTensors (`torch.distributed.tensor`), as each
+    /// rank of an FSDP2 job saves its `model.state_dict()` (verl's
+    /// `model_world_size_N_rank_K.pt`): a DTensor's rebuild by type, its local tensor,
+    /// and the dataclasses of its spec (`DTENSOR_CLASSES`), built as data.
+    DTensor,
 }
+
+/// The classes a pickled DTensor names besides torch's dtypes and sizes, by module:
+/// the DTensor itself, its spec (device mesh, placements, global shape), built as data.
+pub(super) const DTENSOR_CLASSES: [(&str, &str); 10] = [
+    ("torch.distributed.tensor", "DTensor"),
+    ("torch.distributed.tensor._dtensor_spec", "DTensorSpec"),
+    ("torch.distributed.tensor._dtensor_spec", "TensorMeta"),
+    ("torch.distributed.tensor._dtensor_spec", "ShardOrderEntry"),
+    ("torch.distributed.device_mesh", "DeviceMesh"),
+    ("torch.distributed._mesh_layout", "_MeshLayout"),
+    ("torch.distributed._mesh_layout", "_FlatLayout"),
+    ("torch.distributed.tensor.placement_types", "Shard"),
+    ("torch.distributed.tensor.placement_types", "Replicate"),
+    ("torch.distributed.tensor.placement_types", "_StridedShard"),
+];
 
 /// The DeepSpeed classes its checkpoints pickle, by module: the loss scaler's state,
 /// the ZeRO stage (an int enum) and a parameter's place in a flat group.
@@ -115,6 +135,23 @@ pub(super) fn allowed(allow: Allow, module: &str, name: &str) -> Option<&'static
             }
             _ => None,
         };
+    }
+    if allow == Allow::DTensor {
+        if let Some(&(_, class)) = DTENSOR_CLASSES
+            .iter()
+            .find(|(m, c)| *m == module && *c == name)
+        {
+            return Some(class);
+        }
+        return Some(match (module, name) {
+            ("torch", "Size") => "Size",
+            ("torch", "device") => "device",
+            ("torch", d) => DTYPES.iter().find(|(n, _)| *n == d)?.0,
+            ("torch._tensor", "_rebuild_from_type_v2") => "_rebuild_from_type_v2",
+            ("torch._utils", "_rebuild_wrapper_subclass") => "_rebuild_wrapper_subclass",
+            ("torch.serialization", "_get_layout") => "_get_layout",
+            _ => return None,
+        });
     }
     if allow == Allow::DeepSpeed {
         if let Some(&(_, class)) = DEEPSPEED_CLASSES

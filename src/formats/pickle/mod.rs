@@ -11,9 +11,11 @@
 //! `pathlib.PosixPath`) are built as plain values.
 
 mod allow;
+mod call;
 
 pub use allow::{Allow, STORAGE_CLASSES};
-use allow::{DCP_CLASSES, DEEPSPEED_CLASSES, DTYPES, allowed, storage_class};
+use allow::{DCP_CLASSES, DEEPSPEED_CLASSES, DTENSOR_CLASSES, DTYPES, allowed, storage_class};
+use call::call;
 
 use crate::types::dtype::DType;
 
@@ -162,82 +164,6 @@ fn as_dims(v: &Value, what: &str) -> Result<Vec<u64>, Error> {
     }
 }
 
-/// Calls an allowed global on its arguments: builds the value, calls nothing.
-fn call(callable: Value, args: Value) -> Result<Value, Error> {
-    let Value::Tuple(args) = args else {
-        return Err(format!("REDUCE with arguments {args:?}, not a tuple").into());
-    };
-    match callable {
-        Value::Global("OrderedDict") if args.is_empty() => Ok(Value::Dict(Vec::new())),
-        Value::Global("_rebuild_tensor_v2") if args.len() >= 4 => {
-            let Value::Storage(storage) = &args[0] else {
-                return Err(format!("_rebuild_tensor_v2 of {:?}, not a storage", args[0]).into());
-            };
-            Ok(Value::Tensor(TensorRef {
-                storage: storage.clone(),
-                offset: as_u64(&args[1], "a storage offset")?,
-                shape: as_dims(&args[2], "a size")?,
-                stride: as_dims(&args[3], "a stride")?,
-            }))
-        }
-        Value::Global("_rebuild_parameter") if !args.is_empty() => Ok(args[0].clone()),
-        // A tensor subclass rebuilt by type (`(func, type, args, state)`): the tensor
-        // `func(*args)` gives; the type and its state do not change the data.
-        Value::Global("_rebuild_from_type_v2") if args.len() == 4 => {
-            let mut args = args;
-            let inner = args.swap_remove(2);
-            call(args.swap_remove(0), inner)
-        }
-        // An int enum (DeepSpeed's ZeRO stage): its number.
-        Value::Global("ZeroStageEnum") => match args.as_slice() {
-            [Value::Int(i)] => Ok(Value::Int(*i)),
-            _ => Err("a ZeRO stage that is not a number".into()),
-        },
-        // Another allowed class called on its fields: an object holding them.
-        Value::Global(class) if DEEPSPEED_CLASSES.iter().any(|(_, c)| *c == class) => {
-            Ok(Value::Object {
-                class,
-                state: Box::new(Value::Tuple(args)),
-            })
-        }
-        // `.metadata`'s helpers, built as the plain values they stand for.
-        Value::Global("Size") => match args.as_slice() {
-            [Value::Tuple(dims)] => Ok(Value::Tuple(dims.clone())),
-            _ => Err("torch.Size of something other than a tuple".into()),
-        },
-        Value::Global("_get_layout") => match args.as_slice() {
-            [Value::Str(layout)] => Ok(Value::Str(layout.clone())),
-            _ => Err("a layout that is not a name".into()),
-        },
-        Value::Global("_MEM_FORMAT_ENCODING") => match args.as_slice() {
-            [Value::Int(i)] => Ok(Value::Int(*i)),
-            _ => Err("a memory format that is not a number".into()),
-        },
-        // An enum of Megatron-Core's, by its value.
-        Value::Global("MegatronEnum") => match args.as_slice() {
-            [v @ (Value::Int(_) | Value::Str(_))] => Ok(v.clone()),
-            _ => Err("a Megatron-Core enum whose value is not a number or a name".into()),
-        },
-        Value::Global("WriteItemType") => match args.as_slice() {
-            [Value::Int(i)] => Ok(Value::Int(*i)),
-            _ => Err("a write item type that is not a number".into()),
-        },
-        Value::Global("PosixPath") => {
-            let parts: Option<Vec<&str>> = args
-                .iter()
-                .map(|a| match a {
-                    Value::Str(s) => Some(s.as_str()),
-                    _ => None,
-                })
-                .collect();
-            let parts = parts.ok_or("a path made of something other than strings")?;
-            Ok(Value::Str(parts.join("/").replacen("//", "/", 1)))
-        }
-        Value::Global(name) => Err(format!("`{name}` called with arguments it never takes").into()),
-        other => Err(format!("REDUCE of {other:?}, which is not callable here").into()),
-    }
-}
-
 /// A persistent id `('storage', torch.XStorage, key, location, elements)`.
 fn storage(pid: Value) -> Result<Value, Error> {
     let Value::Tuple(items) = pid else {
@@ -277,6 +203,10 @@ struct Item {
     value: Value,
     depth: u32,
     nodes: u64,
+    /// The memo slots this very object was put in while on the stack: `BUILD` gives it
+    /// its state after that, and a later `BINGET` (a DTensor spec shared by parameters
+    /// of one shape) must see the state too.
+    memo_slots: Vec<usize>,
 }
 
 impl Item {
@@ -285,6 +215,7 @@ impl Item {
             value,
             depth: 1,
             nodes: 1,
+            memo_slots: Vec::new(),
         }
     }
 
@@ -305,6 +236,7 @@ impl Item {
             value: make(children.into_iter().map(|c| c.value).collect()),
             depth,
             nodes: 1 + nodes,
+            memo_slots: Vec::new(),
         })
     }
 
@@ -496,6 +428,7 @@ pub fn read_as(bytes: &[u8], allow: Allow) -> Result<Value, Error> {
                     value: call(callable.value, args.value)?,
                     depth,
                     nodes,
+                    memo_slots: Vec::new(),
                 });
             }
             b'Q' => {
@@ -511,8 +444,10 @@ pub fn read_as(bytes: &[u8], allow: Allow) -> Result<Value, Error> {
                 };
                 let dataclass = args.is_empty()
                     && (class == "Namespace" || DCP_CLASSES.iter().any(|(_, c)| *c == class));
-                let deepspeed = DEEPSPEED_CLASSES.iter().any(|(_, c)| *c == class);
-                if !dataclass && !deepspeed {
+                // DeepSpeed's and a DTensor spec's (TensorMeta is a named tuple).
+                let with_fields = DEEPSPEED_CLASSES.iter().any(|(_, c)| *c == class)
+                    || DTENSOR_CLASSES.iter().any(|(_, c)| *c == class);
+                if !dataclass && !with_fields {
                     return Err(format!("NEWOBJ of `{class}`, which is no dataclass").into());
                 }
                 // A named tuple's fields come as NEWOBJ's arguments.
@@ -539,6 +474,9 @@ pub fn read_as(bytes: &[u8], allow: Allow) -> Result<Value, Error> {
                         }
                         Ok(())
                     })?;
+                    for &slot in &object.memo_slots {
+                        memo.insert(slot, object.clone());
+                    }
                 }
             }
             b'q' | b'r' | 0x94 => {
@@ -547,11 +485,11 @@ pub fn read_as(bytes: &[u8], allow: Allow) -> Result<Value, Error> {
                     b'r' => r.u32()?,
                     _ => memo.len(),
                 };
-                let item = stack
-                    .last()
-                    .cloned()
-                    .ok_or("a memo put on an empty stack")?;
-                memo.insert(i, item);
+                let item = top(&mut stack).map_err(|_| "a memo put on an empty stack")?;
+                if matches!(item.value, Value::Object { .. }) && item.memo_slots.len() < 4 {
+                    item.memo_slots.push(i);
+                }
+                memo.insert(i, item.clone());
             }
             b'h' | b'j' => {
                 let i = if op == b'h' {

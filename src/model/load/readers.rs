@@ -33,6 +33,9 @@ enum Layout {
     /// A Megatron-Core distributed checkpoint (a DCP folder with Megatron's
     /// `metadata.json` and `common.pt`).
     Megatron(PathBuf),
+    /// verl's FSDP checkpoint: every rank's `model_world_size_N_rank_K.pt`, in rank
+    /// order.
+    Verl(Vec<PathBuf>),
 }
 
 /// Whether a folder holds a format, and where: a row of [`READERS`].
@@ -98,6 +101,10 @@ const TRAINING_READERS: &[(&str, Detect)] = &[
     ("a DeepSpeed ZeRO checkpoint", |dir| {
         Ok(crate::formats::deepspeed::step_folder(dir).map(|_| Layout::DeepSpeed))
     }),
+    (
+        "verl's FSDP rank files (model_world_size_N_rank_K.pt)",
+        |dir| Ok(crate::formats::verl::rank_files(dir)?.map(Layout::Verl)),
+    ),
 ];
 
 fn exists(p: &Path) -> bool {
@@ -189,6 +196,22 @@ fn read_layout(
                     .filter(|p| exists(p)),
             );
             return Ok((files, read.config));
+        }
+        Layout::Verl(paths) => {
+            let split = crate::formats::verl::read_verl(&paths)?;
+            let files = add_split(draft, (dir, split), warnings);
+            // The model's config.json is in huggingface/ beside the rank files.
+            let hf_config = dir
+                .join(crate::formats::verl::HF_FOLDER)
+                .join("config.json");
+            let generated = match config {
+                None if exists(&hf_config) => Some(
+                    std::fs::read_to_string(&hf_config)
+                        .map_err(|e| FormatError::io(&hf_config, e))?,
+                ),
+                _ => None,
+            };
+            return Ok((files, generated));
         }
         Layout::RankFiles(paths) => {
             let split = crate::formats::rank_files::read_rank_files(&paths)?;

@@ -1,0 +1,419 @@
+//! verl's FSDP checkpoints (`global_step_N/actor/`): each rank of the FSDP2 job saved
+//! its `model.state_dict()` with `torch.save` as `model_world_size_N_rank_K.pt`, a dict
+//! of DTensors (`torch.distributed.tensor`), each holding the rank's block of a
+//! parameter and its spec: the global shape, the device mesh and the placement
+//! (`Shard(dim)`: the tensor cut along `dim` as `torch.chunk` cuts it, one chunk a rank
+//! in mesh order; `Replicate()`: the whole tensor on every rank). Beside them:
+//! `optim_world_size_N_rank_K.pt` and `extra_state_world_size_N_rank_K.pt` (the
+//! optimizer and the scheduler/RNG state: left out), `fsdp_config.json`, and
+//! `huggingface/` with the model's config.json.
+//!
+//! Read without torch: each rank file's pickle through the restricted reader (DTensors
+//! built as data), each block a piece of its rank file, put together as DCP's are.
+//! A mesh of more than one dimension (FSDP with tensor parallelism) and FSDP1's
+//! `ShardedTensor`s are refused by name.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::pickle::{self, Value};
+use super::pieced::{PiecedTensor, Split};
+use super::safetensors::{Header, HeaderTensor};
+use super::{FormatError, Kind, torch_bin, zip};
+use crate::types::pieces::Piece;
+use crate::types::range::ByteRange;
+use crate::types::shape::Shape;
+
+/// The folder verl writes the model's config.json (and tokenizer) into.
+pub const HF_FOLDER: &str = "huggingface";
+
+/// `(world size, rank)` of a model rank file's name, `model_world_size_N_rank_K.pt`.
+pub fn rank_of(name: &str) -> Option<(u64, u64)> {
+    let rest = name
+        .strip_prefix("model_world_size_")?
+        .strip_suffix(".pt")?;
+    let (world, rank) = rest.split_once("_rank_")?;
+    let number = |s: &str| {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    let (world, rank) = (number(world)?, number(rank)?);
+    (rank < world).then_some((world, rank))
+}
+
+/// The model rank files of `dir` in rank order, when it has any; an error when their
+/// world sizes disagree or a rank's file is missing.
+pub fn rank_files(dir: &Path) -> Result<Option<Vec<PathBuf>>, FormatError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| FormatError::io(dir, e))?;
+    let mut found: BTreeMap<u64, (u64, PathBuf)> = BTreeMap::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| FormatError::io(dir, e))?;
+        let name = entry.file_name();
+        if let Some((world, rank)) = name.to_str().and_then(rank_of) {
+            found.insert(rank, (world, entry.path()));
+        }
+    }
+    let Some((world, _)) = found.values().next().map(|(w, p)| (*w, p.clone())) else {
+        return Ok(None);
+    };
+    if let Some((other, path)) = found.values().find(|(w, _)| *w != world) {
+        return Err(FormatError::invalid(
+            path,
+            format!(
+                "is a rank file of a {other}-rank job beside rank files of a {world}-rank one: which job the model is not clear"
+            ),
+        ));
+    }
+    if let Some(missing) = (0..world).find(|r| !found.contains_key(r)) {
+        return Err(FormatError::invalid_as(
+            Kind::Missing,
+            dir,
+            format!(
+                "holds rank files of a {world}-rank FSDP job but not model_world_size_{world}_rank_{missing}.pt: each rank's file holds its block of every parameter"
+            ),
+        ));
+    }
+    Ok(Some(found.into_values().map(|(_, p)| p).collect()))
+}
+
+/// The field `key` of a dict (a DTensor's state, a dataclass's fields).
+fn field<'v>(value: &'v Value, key: &str) -> Option<&'v Value> {
+    let Value::Dict(items) = value else {
+        return None;
+    };
+    items
+        .iter()
+        .find(|(k, _)| matches!(k, Value::Str(s) if s == key))
+        .map(|(_, v)| v)
+}
+
+/// A DTensor's fields: its pickled state is a dict, or (for its `__slots__`) a pair of
+/// `(dict or None, slots dict)`.
+fn dtensor_fields(state: &Value) -> Option<&Value> {
+    match state {
+        Value::Dict(_) => Some(state),
+        Value::Tuple(parts) => parts.iter().find(|p| field(p, "_local_tensor").is_some()),
+        _ => None,
+    }
+}
+
+fn state_of(value: &Value) -> Option<&Value> {
+    match value {
+        Value::Object { state, .. } => Some(state),
+        _ => None,
+    }
+}
+
+fn dims(value: &Value) -> Option<Vec<u64>> {
+    match value {
+        Value::Tuple(items) | Value::List(items) => items
+            .iter()
+            .map(|i| match i {
+                Value::Int(n) => u64::try_from(*n).ok(),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}
+
+/// One rank's block of a parameter: where in the whole tensor it lies.
+struct Block {
+    rank: usize,
+    tensor: HeaderTensor,
+    offsets: Vec<u64>,
+    whole: Vec<u64>,
+}
+
+/// A DTensor of rank `rank` of `world`: its local tensor's bytes and the block it is
+/// of the whole tensor, as its placement cuts it.
+fn block_of(
+    (path, name): (&Path, &str),
+    (rank, world): (usize, u64),
+    state: &Value,
+    local: HeaderTensor,
+) -> Result<Block, FormatError> {
+    let bad = |kind: Kind, why: String| FormatError::tensor_as(kind, path, name, why);
+    let malformed = |what: &str| bad(Kind::Malformed, format!("is a DTensor without {what}"));
+    let Value::Tuple(parts) = state else {
+        return Err(malformed("its parts"));
+    };
+    let [wrapper, fields] = parts.as_slice() else {
+        return Err(malformed("its parts"));
+    };
+    let whole = match wrapper {
+        Value::Tuple(args) => args.get(2).and_then(dims),
+        _ => None,
+    }
+    .ok_or_else(|| malformed("a global size"))?;
+    let spec = dtensor_fields(fields)
+        .and_then(|f| field(f, "_spec"))
+        .and_then(state_of)
+        .ok_or_else(|| malformed("a spec"))?;
+    let Some(Value::Tuple(placements) | Value::List(placements)) = field(spec, "placements") else {
+        return Err(malformed("placements"));
+    };
+    let [placement] = placements.as_slice() else {
+        return Err(bad(
+            Kind::Unsupported,
+            format!(
+                "is a DTensor on a {}-dimensional device mesh (FSDP with tensor or sequence parallelism, or HSDP): devmap reads verl checkpoints of FSDP alone (a 1-dimensional mesh)",
+                placements.len()
+            ),
+        ));
+    };
+    // The rank's place on the mesh: the spec says it; else the file name's rank.
+    let coordinate = field(spec, "mesh")
+        .and_then(state_of)
+        .and_then(|m| field(m, "_coordinate_on_dim"))
+        .and_then(dims)
+        .and_then(|c| c.first().copied())
+        .unwrap_or(rank as u64);
+    let mut offsets = vec![0u64; whole.len()];
+    let mut expected = whole.clone();
+    match placement {
+        Value::Object {
+            class: "Shard",
+            state,
+        } => {
+            let dim = match field(state, "dim") {
+                Some(Value::Int(d)) => usize::try_from(*d).ok(),
+                _ => None,
+            }
+            .filter(|&d| d < whole.len())
+            .ok_or_else(|| malformed("a shard dimension within its size"))?;
+            // torch.chunk's cut: chunks of ceil(size / world), the last ones shorter
+            // or empty.
+            let chunk = whole[dim].div_ceil(world.max(1));
+            let start = (coordinate * chunk).min(whole[dim]);
+            offsets[dim] = start;
+            expected[dim] = chunk.min(whole[dim] - start);
+        }
+        Value::Object {
+            class: "Replicate", ..
+        } => {}
+        Value::Object { class, .. } => {
+            return Err(bad(
+                Kind::Unsupported,
+                format!(
+                    "is a DTensor placed as `{class}`, which devmap does not put together (it reads Shard and Replicate)"
+                ),
+            ));
+        }
+        _ => return Err(malformed("a placement")),
+    }
+    if local.shape.to_vec() != expected {
+        return Err(bad(
+            Kind::Malformed,
+            format!(
+                "is rank {coordinate}'s block of shape {:?} of a {whole:?} tensor cut over {world} ranks, where torch.chunk gives {expected:?}",
+                local.shape.to_vec()
+            ),
+        ));
+    }
+    Ok(Block {
+        rank,
+        tensor: local,
+        offsets,
+        whole,
+    })
+}
+
+/// Every rank file's blocks put together: whole tensors (replicated, or a world of
+/// one) as entries of a file, the others in pieces, one piece a rank.
+pub fn read_verl(paths: &[PathBuf]) -> Result<Split, FormatError> {
+    let world = paths.len() as u64;
+    let mut files = Vec::with_capacity(paths.len());
+    let mut blocks: BTreeMap<String, Vec<Block>> = BTreeMap::new();
+    for (rank, path) in paths.iter().enumerate() {
+        let file = super::input::open_regular(path)?;
+        let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+        let members = zip::members(path, &file, file_len)?;
+        let (prefix, value) = torch_bin::read_archive(
+            path,
+            &file,
+            &members,
+            pickle::Allow::DTensor,
+            &|kind, message| FormatError::invalid_as(kind, path, message),
+        )?;
+        let Value::Dict(items) = value else {
+            return Err(FormatError::invalid_as(
+                Kind::NotTheFormat,
+                path,
+                "holds something other than a state dict (a dict of tensors)",
+            ));
+        };
+        for (key, value) in items {
+            let Value::Str(name) = key else {
+                return Err(FormatError::invalid(
+                    path,
+                    format!("a state dict key {key:?} is not a string"),
+                ));
+            };
+            let (local, dtensor) = match &value {
+                Value::Tensor(t) => (t, None),
+                Value::Object {
+                    class: "DTensor",
+                    state,
+                } => match state.as_ref() {
+                    Value::Tuple(parts) => match parts
+                        .get(1)
+                        .and_then(dtensor_fields)
+                        .and_then(|f| field(f, "_local_tensor"))
+                    {
+                        Some(Value::Tensor(t)) => (t, Some(state.as_ref())),
+                        _ => {
+                            return Err(FormatError::tensor_as(
+                                Kind::Malformed,
+                                path,
+                                &name,
+                                "is a DTensor without a local tensor",
+                            ));
+                        }
+                    },
+                    _ => {
+                        return Err(FormatError::tensor_as(
+                            Kind::Malformed,
+                            path,
+                            &name,
+                            "is a DTensor without its parts",
+                        ));
+                    }
+                },
+                _ => {
+                    return Err(FormatError::tensor_as(
+                        Kind::Unsupported,
+                        path,
+                        &name,
+                        "is neither a tensor nor a DTensor (FSDP1's ShardedTensor is not read): devmap reads verl checkpoints of FSDP2",
+                    ));
+                }
+            };
+            let member = torch_bin::storage_member(&members, &prefix, &local.storage.key)
+                .ok_or_else(|| {
+                    FormatError::tensor_as(
+                        Kind::Missing,
+                        path,
+                        &name,
+                        format!(
+                            "its storage data/{} is not in the archive",
+                            local.storage.key
+                        ),
+                    )
+                })?;
+            let tensor = torch_bin::byte_range(path, &name, local, member)?;
+            let block = match dtensor {
+                Some(state) => block_of((path, &name), (rank, world), state, tensor)?,
+                None => Block {
+                    rank,
+                    offsets: vec![0; tensor.shape.len()],
+                    whole: tensor.shape.to_vec(),
+                    tensor,
+                },
+            };
+            blocks.entry(name).or_default().push(block);
+        }
+        files.push((
+            path.clone(),
+            Header {
+                data_start: 0,
+                file_len,
+                tensors: Vec::new(),
+                metadata: None,
+            },
+        ));
+    }
+    let mut pieced = Vec::new();
+    for (name, mut list) in blocks {
+        let first = &list[0];
+        if let Some(other) = list
+            .iter()
+            .find(|b| b.whole != first.whole || b.tensor.dtype != first.tensor.dtype)
+        {
+            return Err(FormatError::tensor(
+                &paths[other.rank],
+                &name,
+                format!(
+                    "is a {} {:?} tensor here but {} {:?} in {}",
+                    other.tensor.dtype,
+                    other.whole,
+                    first.tensor.dtype,
+                    first.whole,
+                    paths[first.rank].display()
+                ),
+            ));
+        }
+        let whole = first.whole.clone();
+        if let Some(at) = list.iter().position(|b| b.tensor.shape.to_vec() == whole) {
+            // Replicated (or one rank): any copy is the whole tensor.
+            let copy = list.swap_remove(at);
+            files[copy.rank].1.tensors.push(copy.tensor);
+            continue;
+        }
+        // Sharded: the blocks must cover the tensor (torch.chunk's blocks do not
+        // overlap, so their sizes add up to it exactly when every rank's is there).
+        let numel: u64 = whole.iter().product();
+        let covered: u64 = list
+            .iter()
+            .map(|b| b.tensor.shape.iter().product::<u64>())
+            .sum();
+        if covered != numel || list.len() != paths.len() {
+            return Err(FormatError::tensor_as(
+                Kind::Missing,
+                &paths[first.rank],
+                &name,
+                format!(
+                    "has blocks of {covered} of its {numel} elements in {} of the {} rank files",
+                    list.len(),
+                    paths.len()
+                ),
+            ));
+        }
+        let dtype = first.tensor.dtype;
+        let pieces = list
+            .into_iter()
+            .filter(|b| b.tensor.len > 0)
+            .map(|b| Piece {
+                range: ByteRange {
+                    file: b.rank,
+                    offset: b.tensor.offset,
+                    len: b.tensor.len,
+                },
+                offsets: b.offsets.into_boxed_slice(),
+                sizes: b.tensor.shape.to_vec().into_boxed_slice(),
+                stride: None,
+            })
+            .collect();
+        pieced.push(PiecedTensor {
+            name,
+            dtype,
+            shape: Shape::new(&whole),
+            pieces,
+        });
+    }
+    for (_, header) in &mut files {
+        header.tensors.sort_by_key(|t| (t.offset, t.len));
+    }
+    Ok(Split {
+        files,
+        pieced,
+        left_out: vec![format!(
+            "the optimizer and extra state (`optim_world_size_{world}_rank_*.pt`, `extra_state_world_size_{world}_rank_*.pt`)"
+        )],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_file_names_are_verls_pattern_only() {
+        assert_eq!(rank_of("model_world_size_4_rank_3.pt"), Some((4, 3)));
+        assert_eq!(rank_of("model_world_size_4_rank_4.pt"), None);
+        assert_eq!(rank_of("optim_world_size_4_rank_3.pt"), None);
+        assert_eq!(rank_of("model_world_size__rank_0.pt"), None);
+        assert_eq!(rank_of("model_world_size_2_rank_1.pt.tmp"), None);
+    }
+}
