@@ -15,7 +15,8 @@ saved by transformers' `save_pretrained`.
   bfloat16 kept as stored, a tied head written once as transformers writes it;
   `verify OUT` clean; from_pretrained's logits equal the
   unsharded model's;
-- a checkpoint missing a rank's file is refused naming it, nothing written.
+- a checkpoint missing a rank's file is refused naming it, and an HSDP one (a 2 × 2
+  mesh: DTensors placed on two mesh dimensions) naming the mesh, nothing written.
 
 Usage: python verl_fsdp.py PATH/TO/devmap
 """
@@ -41,6 +42,24 @@ def model_of(dtype, tied=False):
         "llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=101, tie_word_embeddings=tied)
     return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def hsdp_rank(rank, world, port, actor):
+    """A 4-rank HSDP job (a 2 × 2 mesh: replicated across, sharded within), saved as
+    verl saves: its DTensors are placed on two mesh dimensions."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = model_of(torch.float32)
+    mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    fully_shard(model, mesh=mesh)
+    torch.save(model.state_dict(), os.path.join(actor, f"model_world_size_{world}_rank_{rank}.pt"))
+    if rank == 0:
+        model.config.save_pretrained(os.path.join(actor, "huggingface"))
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def rank_main(rank, world, port, dtype, tied, actor, ref):
@@ -125,6 +144,17 @@ def main():
     assert r.returncode != 0 and "model_world_size_4_rank_2.pt" in r.stderr, r.stderr
     assert not os.path.exists(out), f"{out} was written"
     print(f"ok: a missing rank file is refused ({r.stderr.strip().splitlines()[-1][:140]}...)")
+
+    # HSDP (a 2-dimensional mesh) is not read: refused naming the mesh, nothing written.
+    hsdp = os.path.join(work, "hsdp", "actor")
+    os.makedirs(hsdp)
+    start_ranks(hsdp_rank, (4, next(PORTS), hsdp), 4,
+                preload=("torch", "transformers.models.llama.modeling_llama"))
+    out = os.path.join(work, "hsdp-out")
+    r = subprocess.run([exe, "save", hsdp, "--out", out], capture_output=True, text=True)
+    assert r.returncode != 0 and "2-dimensional device mesh" in r.stderr, r.stderr
+    assert not os.path.exists(out), f"{out} was written"
+    print(f"ok: an HSDP checkpoint is refused ({r.stderr.strip().splitlines()[-1][:140]}...)")
 
 
 if __name__ == "__main__":
