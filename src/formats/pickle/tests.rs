@@ -169,3 +169,28 @@ fn values_nesting_without_end_or_copies_that_double_are_refused() {
     let e = read(&doubling).expect_err("doubling").to_string();
     assert!(e.contains("nest") || e.contains("copies"), "{e}");
 }
+
+/// `(s, s)` for `s = Shard(0)`, as Python's pickle writes it (protocol 2): the second
+/// is a memo reference to the first, made before `BUILD` gave it its state.
+const SHARED_SHARD: &[u8] = b"\x80\x02ctorch.distributed.tensor.placement_types\nShard\nq\x00)\x81q\x01}q\x02X\x03\x00\x00\x00dimq\x03K\x00sbh\x01\x86q\x04.";
+
+#[test]
+fn an_object_fetched_from_the_memo_has_the_state_build_gave_it() {
+    let value = read_as(SHARED_SHARD, Allow::DTensor).expect("reads");
+    let Value::Tuple(items) = value else {
+        panic!("{value:?}")
+    };
+    let dim0 = Value::Dict(vec![(Value::Str("dim".into()), Value::Int(0))]);
+    for item in &items {
+        let Value::Object { class, state } = item else {
+            panic!("{items:?}")
+        };
+        assert_eq!(*class, "Shard");
+        assert_eq!(**state, dim0, "{items:?}");
+    }
+    // A state dict's reader knows no DTensor class.
+    assert!(matches!(
+        read_as(SHARED_SHARD, Allow::StateDict),
+        Err(Error::Forbidden(_))
+    ));
+}
