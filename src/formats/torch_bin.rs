@@ -27,49 +27,19 @@ const MAX_PICKLE: u64 = 1 << 30;
 /// byte ranges, in the order their bytes appear in the file; and the views stored
 /// with strides, as pieces (file index 0: this file).
 pub fn read_bin(path: &Path) -> Result<(Header, Vec<PiecedTensor>), FormatError> {
-    let file = super::input::open_regular(path)?;
-    let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
-    let members = zip::members(path, &file, file_len)?;
-    let (prefix, value) = read_archive(
-        path,
-        &file,
-        &members,
-        pickle::Allow::StateDict,
-        &|kind, message| FormatError::invalid_as(kind, path, message),
-    )?;
-    let Value::Dict(items) = value else {
-        return Err(FormatError::invalid_as(
-            Kind::NotTheFormat,
-            path,
-            "holds something other than a state dict (a dict of tensors)",
-        ));
-    };
-    let mut tensors = Vec::with_capacity(items.len());
+    let archive = StateDictArchive::open(path, pickle::Allow::StateDict)?;
+    let mut tensors = Vec::with_capacity(archive.items.len());
     let mut strided = Vec::new();
-    for (key, value) in items {
-        let Value::Str(name) = key else {
-            return Err(FormatError::invalid(
-                path,
-                format!("a state dict key {key:?} is not a string"),
-            ));
-        };
+    for (name, value) in &archive.items {
         let Value::Tensor(t) = value else {
             return Err(FormatError::tensor_as(
                 Kind::Unsupported,
                 path,
-                &name,
+                name,
                 "is not a tensor; devmap reads state dicts of tensors",
             ));
         };
-        let member = storage_member(&members, &prefix, &t.storage.key).ok_or_else(|| {
-            FormatError::tensor_as(
-                Kind::Missing,
-                path,
-                &name,
-                format!("its storage data/{} is not in the archive", t.storage.key),
-            )
-        })?;
-        match view(path, &name, &t, member)? {
+        match view(path, name, t, archive.member_of(path, name, t)?)? {
             Stored::Whole(tensor) => tensors.push(tensor),
             Stored::Strided(tensor) => strided.push(tensor),
         }
@@ -77,11 +47,73 @@ pub fn read_bin(path: &Path) -> Result<(Header, Vec<PiecedTensor>), FormatError>
     tensors.sort_by_key(|t| (t.offset, t.len));
     let header = Header {
         data_start: 0,
-        file_len,
+        file_len: archive.file_len,
         tensors,
         metadata: None,
     };
     Ok((header, strided))
+}
+
+/// A `torch.save` archive holding a state dict (`pytorch_model.bin`, a verl rank
+/// file): its length, its members and their prefix, and the dict's items by name.
+pub(super) struct StateDictArchive {
+    pub file_len: u64,
+    members: Vec<zip::Member>,
+    prefix: String,
+    pub items: Vec<(String, Value)>,
+}
+
+impl StateDictArchive {
+    /// Reads the archive at `path`, its pickle naming only the globals `allow` allows;
+    /// refused unless it holds a dict keyed by strings.
+    pub fn open(path: &Path, allow: pickle::Allow) -> Result<StateDictArchive, FormatError> {
+        let file = super::input::open_regular(path)?;
+        let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+        let members = zip::members(path, &file, file_len)?;
+        let (prefix, value) = read_archive(path, &file, &members, allow, &|kind, message| {
+            FormatError::invalid_as(kind, path, message)
+        })?;
+        let Value::Dict(items) = value else {
+            return Err(FormatError::invalid_as(
+                Kind::NotTheFormat,
+                path,
+                "holds something other than a state dict (a dict of tensors)",
+            ));
+        };
+        let items = items
+            .into_iter()
+            .map(|(key, value)| match key {
+                Value::Str(name) => Ok((name, value)),
+                key => Err(FormatError::invalid(
+                    path,
+                    format!("a state dict key {key:?} is not a string"),
+                )),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(StateDictArchive {
+            file_len,
+            members,
+            prefix,
+            items,
+        })
+    }
+
+    /// The member holding tensor `name`'s storage (`t`'s), or an error naming it.
+    pub fn member_of(
+        &self,
+        path: &Path,
+        name: &str,
+        t: &TensorRef,
+    ) -> Result<&zip::Member, FormatError> {
+        storage_member(&self.members, &self.prefix, &t.storage.key).ok_or_else(|| {
+            FormatError::tensor_as(
+                Kind::Missing,
+                path,
+                name,
+                format!("its storage data/{} is not in the archive", t.storage.key),
+            )
+        })
+    }
 }
 
 /// The value a `torch.save` archive's `data.pkl` holds (its byte order checked, its

@@ -16,10 +16,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::pickle::{self, Value};
+use super::pickle::{self, TensorRef, Value};
 use super::pieced::{PiecedTensor, Split};
 use super::safetensors::{Header, HeaderTensor};
-use super::{FormatError, Kind, torch_bin, zip};
+use super::{FormatError, Kind, torch_bin};
 use crate::types::pieces::Piece;
 use crate::types::range::ByteRange;
 use crate::types::shape::Shape;
@@ -95,6 +95,21 @@ fn dtensor_fields(state: &Value) -> Option<&Value> {
         Value::Dict(_) => Some(state),
         Value::Tuple(parts) => parts.iter().find(|p| field(p, "_local_tensor").is_some()),
         _ => None,
+    }
+}
+
+/// A DTensor's local tensor, from its parts (`(wrapper arguments, state)`).
+fn local_tensor(parts: &Value) -> Result<&TensorRef, &'static str> {
+    let Value::Tuple(parts) = parts else {
+        return Err("is a DTensor without its parts");
+    };
+    match parts
+        .get(1)
+        .and_then(dtensor_fields)
+        .and_then(|f| field(f, "_local_tensor"))
+    {
+        Some(Value::Tensor(t)) => Ok(t),
+        _ => Err("is a DTensor without a local tensor"),
     }
 }
 
@@ -227,84 +242,32 @@ pub fn read_verl(paths: &[PathBuf]) -> Result<Split, FormatError> {
     let mut files = Vec::with_capacity(paths.len());
     let mut blocks: BTreeMap<String, Vec<Block>> = BTreeMap::new();
     for (rank, path) in paths.iter().enumerate() {
-        let file = super::input::open_regular(path)?;
-        let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
-        let members = zip::members(path, &file, file_len)?;
-        let (prefix, value) = torch_bin::read_archive(
-            path,
-            &file,
-            &members,
-            pickle::Allow::DTensor,
-            &|kind, message| FormatError::invalid_as(kind, path, message),
-        )?;
-        let Value::Dict(items) = value else {
-            return Err(FormatError::invalid_as(
-                Kind::NotTheFormat,
-                path,
-                "holds something other than a state dict (a dict of tensors)",
-            ));
-        };
-        for (key, value) in items {
-            let Value::Str(name) = key else {
-                return Err(FormatError::invalid(
-                    path,
-                    format!("a state dict key {key:?} is not a string"),
-                ));
-            };
-            let (local, dtensor) = match &value {
+        let archive = torch_bin::StateDictArchive::open(path, pickle::Allow::DTensor)?;
+        for (name, value) in &archive.items {
+            let name = name.as_str();
+            let (local, dtensor) = match value {
                 Value::Tensor(t) => (t, None),
                 Value::Object {
                     class: "DTensor",
                     state,
-                } => match state.as_ref() {
-                    Value::Tuple(parts) => match parts
-                        .get(1)
-                        .and_then(dtensor_fields)
-                        .and_then(|f| field(f, "_local_tensor"))
-                    {
-                        Some(Value::Tensor(t)) => (t, Some(state.as_ref())),
-                        _ => {
-                            return Err(FormatError::tensor_as(
-                                Kind::Malformed,
-                                path,
-                                &name,
-                                "is a DTensor without a local tensor",
-                            ));
-                        }
-                    },
-                    _ => {
-                        return Err(FormatError::tensor_as(
-                            Kind::Malformed,
-                            path,
-                            &name,
-                            "is a DTensor without its parts",
-                        ));
-                    }
-                },
+                } => {
+                    let local = local_tensor(state)
+                        .map_err(|why| FormatError::tensor_as(Kind::Malformed, path, name, why))?;
+                    (local, Some(state.as_ref()))
+                }
                 _ => {
                     return Err(FormatError::tensor_as(
                         Kind::Unsupported,
                         path,
-                        &name,
+                        name,
                         "is neither a tensor nor a DTensor (FSDP1's ShardedTensor is not read): devmap reads verl checkpoints of FSDP2",
                     ));
                 }
             };
-            let member = torch_bin::storage_member(&members, &prefix, &local.storage.key)
-                .ok_or_else(|| {
-                    FormatError::tensor_as(
-                        Kind::Missing,
-                        path,
-                        &name,
-                        format!(
-                            "its storage data/{} is not in the archive",
-                            local.storage.key
-                        ),
-                    )
-                })?;
-            let tensor = torch_bin::byte_range(path, &name, local, member)?;
+            let member = archive.member_of(path, name, local)?;
+            let tensor = torch_bin::byte_range(path, name, local, member)?;
             let block = match dtensor {
-                Some(state) => block_of((path, &name), (rank, world), state, tensor)?,
+                Some(state) => block_of((path, name), (rank, world), state, tensor)?,
                 None => Block {
                     rank,
                     offsets: vec![0; tensor.shape.len()],
@@ -312,13 +275,13 @@ pub fn read_verl(paths: &[PathBuf]) -> Result<Split, FormatError> {
                     tensor,
                 },
             };
-            blocks.entry(name).or_default().push(block);
+            blocks.entry(name.to_owned()).or_default().push(block);
         }
         files.push((
             path.clone(),
             Header {
                 data_start: 0,
-                file_len,
+                file_len: archive.file_len,
                 tensors: Vec::new(),
                 metadata: None,
             },
