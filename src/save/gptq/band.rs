@@ -17,9 +17,7 @@ pub(super) struct Band {
     packed: Vec<u8>,
     /// Words of the read band in a packed row.
     words_a_row: usize,
-    /// AWQ: words of a whole sub-band in a packed row, and the packed rows.
-    sub_words: usize,
-    packed_rows: usize,
+    /// AWQ: one packed row's words of the read band, as read.
     row: Vec<u8>,
     /// Zero points, `[groups, band]`, unpacked.
     zeros: Vec<i32>,
@@ -58,7 +56,6 @@ impl Band {
             ),
         };
         self.words_a_row = band_words as usize;
-        self.packed_rows = packed_rows as usize;
         self.packed
             .resize((packed_rows * band_words * 4) as usize, 0);
         match layout.packing {
@@ -74,8 +71,7 @@ impl Band {
             }
             Packing::Awq => {
                 // Each packed row's words are dealt out to the sub-bands' regions.
-                let sub = (super::band_rows(layout) / p) as usize;
-                self.sub_words = sub;
+                let sub = awq_sub_words(layout);
                 self.row.resize((band_words * 4) as usize, 0);
                 let rows = packed_rows as usize;
                 for r in 0..rows {
@@ -172,13 +168,11 @@ impl Band {
             Packing::Gptq { .. } => (words, self.words_a_row, skip),
             // The sub-band's own region: its words of each row, row after row.
             Packing::Awq => {
-                let region = skip / 8 / self.sub_words * self.sub_words * self.packed_rows;
+                // (AWQ's packed rows are the input rows.)
+                let sub = awq_sub_words(layout);
+                let region = skip / 8 / sub * sub * inputs;
                 let n_words = n.div_ceil(8);
-                (
-                    &words[region..region + n_words * self.packed_rows],
-                    n_words,
-                    0,
-                )
+                (&words[region..region + n_words * inputs], n_words, 0)
             }
         };
         let band = Decode {
@@ -196,6 +190,11 @@ impl Band {
             band.decode::<4>(&mut self.output);
         }
     }
+}
+
+/// AWQ's words of a whole sub-band in a packed row (a word holds eight columns).
+fn awq_sub_words(layout: TransposedIntLayout) -> usize {
+    (super::band_rows(layout) / layout.per_word()) as usize
 }
 
 /// Each input row's group: `g_idx`'s, and whether they run in order (`i / group_size`),
