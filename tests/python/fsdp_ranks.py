@@ -13,7 +13,7 @@ the unsharded model. A cast (`dtype="bfloat16"`) is checked the same way, and ra
 disagree on the save are refused on every rank with nothing written.
 """
 
-from saved import start_ranks, tensors, workdir
+from saved import shard_and_train, start_ranks, tensors, workdir
 import json
 import os
 import sys
@@ -49,21 +49,10 @@ def model_of(kind):
 def worker(rank, world, kind, init, out):
     import devmap
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from torch.distributed.fsdp import fully_shard
 
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     model = model_of(kind)
-    mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (world,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    torch.manual_seed(rank)
-    for _ in range(2):
-        ids = torch.randint(0, model.config.vocab_size, (2, 8))
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    shard_and_train(model, world, rank)
 
     ours = os.path.join(out, "devmap")
     report = devmap.save_pretrained(model, ours, max_shard_size=SHARD, progress=False)

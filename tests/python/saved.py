@@ -92,3 +92,24 @@ def start_ranks(fn, args, nprocs, preload=("torch",)):
     # Read when the server starts: the first call of a script decides.
     multiprocessing.set_forkserver_preload(list(preload))
     torch.multiprocessing.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def shard_and_train(model, world, rank, steps=2):
+    """`model` (a transformers causal LM) sharded with FSDP2 over a 1-dimensional mesh of
+    `world` CPU ranks (`fully_shard` on each layer, then the whole) and trained `steps`
+    AdamW steps on this rank's random batches. Returns the optimizer."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    torch.manual_seed(rank)
+    for _ in range(steps):
+        ids = torch.randint(0, model.config.vocab_size, (2, 8))
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return optimizer

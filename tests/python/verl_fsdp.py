@@ -28,7 +28,7 @@ import subprocess
 import sys
 
 import torch
-from saved import start_ranks, tensors, workdir
+from saved import shard_and_train, start_ranks, tensors, workdir
 
 PORTS = iter(range(29961, 29990))
 INPUT = torch.tensor([[3, 17, 42, 99, 5, 61, 7, 100]])
@@ -65,23 +65,12 @@ def hsdp_rank(rank, world, port, actor):
 def rank_main(rank, world, port, dtype, tied, actor, ref):
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from torch.distributed.fsdp import fully_shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     model = model_of(dtype, tied)
-    mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (world,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    torch.manual_seed(rank)
-    for _ in range(2):
-        ids = torch.randint(0, model.config.vocab_size, (2, 8))
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    optimizer = shard_and_train(model, world, rank)
     # As verl's FSDPCheckpointManager saves an FSDP2 model.
     torch.save(model.state_dict(), os.path.join(actor, f"model_world_size_{world}_rank_{rank}.pt"))
     torch.save(optimizer.state_dict(), os.path.join(actor, f"optim_world_size_{world}_rank_{rank}.pt"))
