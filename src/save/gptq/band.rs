@@ -31,7 +31,11 @@ pub(super) struct Band {
     /// bytes, rounded to the scale's dtype, and converted.
     floats: Vec<u8>,
     rounded: Vec<u8>,
+    converted: Vec<u8>,
     table: Vec<u8>,
+    /// A sub-band's 4-bit values gathered in input order, an output row every stride
+    /// (kept between sub-bands rather than allocated for each).
+    columns: Vec<u8>,
     pub(super) output: Vec<u8>,
 }
 
@@ -145,23 +149,33 @@ impl Band {
         // (an output row's tables together, as the row is made group after group).
         // (A group holds many values a pattern: 4 bits in groups of 32 or more.)
         let groups_n = layout.groups as usize;
-        self.floats.resize(n * groups_n * values * 4, 0);
-        let entries = self.floats.chunks_exact_mut(values * 4);
-        for (k, entry) in entries.enumerate() {
-            let (local, g) = (k / groups_n, k % groups_n);
-            let at = g * read_n + skip + local;
-            let (z, s) = (self.zeros[at], self.scales[at]);
-            for (v, bytes) in entry.chunks_exact_mut(4).enumerate() {
-                bytes.copy_from_slice(&((v as i32 - z) as f32 * s).to_le_bytes());
+        // Made a chunk of entries at a time, so the floats and their rounding stay in
+        // the cache between the passes.
+        const CHUNK: usize = 2048;
+        let entries = n * groups_n;
+        self.table.resize(entries * values * size, 0);
+        for first in (0..entries).step_by(CHUNK) {
+            let count = CHUNK.min(entries - first);
+            self.floats.resize(count * values * 4, 0);
+            let chunk = self.floats.chunks_exact_mut(values * 4);
+            for (k, entry) in (first..).zip(chunk) {
+                let (local, g) = (k / groups_n, k % groups_n);
+                let at = g * read_n + skip + local;
+                let (z, s) = (self.zeros[at], self.scales[at]);
+                for (v, bytes) in entry.chunks_exact_mut(4).enumerate() {
+                    bytes.copy_from_slice(&((v as i32 - z) as f32 * s).to_le_bytes());
+                }
             }
+            crate::save::lookup::round_and_convert(
+                &self.floats,
+                layout.scale_dtype,
+                to,
+                &mut self.rounded,
+                &mut self.converted,
+            );
+            let at = first * values * size;
+            self.table[at..at + self.converted.len()].copy_from_slice(&self.converted);
         }
-        crate::save::lookup::round_and_convert(
-            &self.floats,
-            layout.scale_dtype,
-            to,
-            &mut self.rounded,
-            &mut self.table,
-        );
         self.output.resize(n * inputs * size, 0);
         let words = self.packed.as_chunks::<4>().0;
         let (packed, band_words, words_skip) = match layout.packing {
@@ -185,9 +199,9 @@ impl Band {
             table: &self.table,
         };
         if size == 2 {
-            band.decode::<2>(&mut self.output);
+            band.decode::<2>(&mut self.columns, &mut self.output);
         } else {
-            band.decode::<4>(&mut self.output);
+            band.decode::<4>(&mut self.columns, &mut self.output);
         }
     }
 }
@@ -221,7 +235,7 @@ struct Decode<'a> {
 impl Decode<'_> {
     /// Every value of the sub-band written into `output` (`[n, inputs]` elements of
     /// `SIZE` bytes), looked up in the table.
-    fn decode<const SIZE: usize>(&self, output: &mut [u8]) {
+    fn decode<const SIZE: usize>(&self, columns: &mut Vec<u8>, output: &mut [u8]) {
         let Decode {
             layout,
             groups,
@@ -258,7 +272,7 @@ impl Decode<'_> {
                 // one cache set (4 KiB apart, they would).
                 const BLOCK: usize = 16;
                 let stride = packed_rows * 4 + 64;
-                let mut columns = vec![0u8; BLOCK * stride];
+                columns.resize(BLOCK * stride, 0);
                 for block in (0..n).step_by(BLOCK) {
                     let width = BLOCK.min(n - block);
                     for r in 0..packed_rows {
@@ -269,7 +283,7 @@ impl Decode<'_> {
                         }
                     }
                     expand_rows::<SIZE>(
-                        (&columns, stride),
+                        (columns, stride),
                         (block, width),
                         (groups_n, inputs, words_a_group * 8),
                         tables,
@@ -293,16 +307,16 @@ impl Decode<'_> {
                     column_at[layout.column_slot(c) as usize] = c as usize;
                 }
                 let stride = inputs / 2 + 64;
-                let mut columns = vec![0u8; n * stride];
+                columns.resize(n * stride, 0);
                 awq_columns(
                     (packed, band_words, skip / 8),
                     (inputs, n),
                     column_at,
-                    (&mut columns, stride),
+                    (columns, stride),
                 );
                 let group = layout.group_size as usize;
                 expand_rows::<SIZE>(
-                    (&columns, stride),
+                    (columns, stride),
                     (0, n),
                     (groups_n, inputs, group),
                     tables,
