@@ -91,3 +91,43 @@ fn no_source_file_is_over_600_lines() {
     );
     assert!(long.is_empty(), "split these: {long:?}");
 }
+
+/// Platform code stays behind `src/sys/`: no other source file calls libc or rustix,
+/// or reads a `/proc` file by its path (a doc comment may name one).
+#[test]
+fn platform_code_is_only_in_sys() {
+    fn walk(dir: &Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("src").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n != "sys") {
+                    walk(&path, found);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("source");
+                for (n, line) in text.lines().enumerate() {
+                    let code = line.trim_start();
+                    if code.starts_with("//") {
+                        continue;
+                    }
+                    if ["libc::", "rustix::", "\"/proc"]
+                        .iter()
+                        .any(|p| code.contains(p))
+                    {
+                        found.push(format!("{}:{}: {code}", path.display(), n + 1));
+                    }
+                }
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut found,
+    );
+    assert!(
+        found.is_empty(),
+        "platform code outside src/sys/ (move it there, with its fallback):\n{}",
+        found.join("\n")
+    );
+}

@@ -6,7 +6,7 @@
 use super::Kind;
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 use super::FormatError;
@@ -36,11 +36,7 @@ fn not_a_file(meta: &std::fs::Metadata) -> Option<&'static str> {
 /// Opens `path` for reading if it is a regular file (symlinks followed). The open is
 /// non-blocking, so a FIFO is refused instead of waiting for a writer forever.
 pub fn open_regular(path: &Path) -> Result<File, FormatError> {
-    let file = File::options()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| FormatError::io(path, e))?;
+    let file = crate::sys::files::open_for_reading(path).map_err(|e| FormatError::io(path, e))?;
     let meta = file.metadata().map_err(|e| FormatError::io(path, e))?;
     if let Some(what) = not_a_file(&meta) {
         return Err(FormatError::invalid_as(

@@ -26,9 +26,6 @@ use super::FormatError;
 /// The `format` value this version reads.
 pub const FORMAT: &str = "devmap-live/1";
 
-/// Where this process's memory reads from.
-pub const PROCESS_MEMORY: &str = "/proc/self/mem";
-
 /// How a staged tensor's source is named in messages: `devmap:staged/KEY` (see
 /// `save::stage`). Only a name: the source's `InputKind::Staged` says what it is.
 pub const STAGED_PREFIX: &str = "devmap:staged/";

@@ -61,29 +61,14 @@ impl MemorySource for SystemMemory {
 /// How often the TUI samples memory.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
 
-/// A field of `/proc/self/status` in bytes (`VmHWM`, `VmRSS`), on Linux.
-fn proc_status_bytes(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// `MemAvailable` from `/proc/meminfo`: what can be had without swapping.
 pub fn available_ram() -> Option<u64> {
-    meminfo_bytes("MemAvailable:")
+    crate::sys::proc::meminfo_bytes("MemAvailable:")
 }
 
 /// `Cached` from `/proc/meminfo`: the page cache.
 pub fn page_cache() -> Option<u64> {
-    meminfo_bytes("Cached:")
-}
-
-fn meminfo_bytes(field: &str) -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with(field))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    crate::sys::proc::meminfo_bytes("Cached:")
 }
 
 /// The budgets accelerate would detect: each GPU's free memory (none without a
@@ -99,12 +84,12 @@ pub fn detected_budgets() -> Vec<(crate::model::Placement, u64)> {
 
 /// Peak resident set size of this process so far (`VmHWM`).
 pub fn peak_rss_bytes() -> Option<u64> {
-    proc_status_bytes("VmHWM:")
+    crate::sys::proc::status_bytes("VmHWM:")
 }
 
 /// Current resident set size of this process (`VmRSS`).
 pub fn rss_bytes() -> Option<u64> {
-    proc_status_bytes("VmRSS:")
+    crate::sys::proc::status_bytes("VmRSS:")
 }
 
 #[cfg(test)]

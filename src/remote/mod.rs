@@ -458,7 +458,7 @@ fn mirror_dir(parent: Option<&Path>) -> Result<PathBuf, RemoteError> {
 /// killed before its `Mirror` was dropped). Only folders named as mirrors are touched,
 /// and only where `/proc` says the process is gone; elsewhere nothing is removed.
 fn remove_orphaned_mirrors(parent: &Path) {
-    if !Path::new("/proc/self").exists() {
+    if crate::sys::proc::process_runs(std::process::id()).is_none() {
         return;
     }
     let Ok(entries) = std::fs::read_dir(parent) else {
@@ -476,7 +476,7 @@ fn remove_orphaned_mirrors(parent: &Path) {
             continue;
         };
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        if is_dir && !Path::new(&format!("/proc/{pid}")).exists() {
+        if is_dir && crate::sys::proc::process_runs(pid) == Some(false) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }

@@ -155,7 +155,7 @@ impl Copier {
         if kernel && !self.kernel_copy_failed {
             match crate::sys::copy_file_range(src, src_offset, dst, dst_offset, want) {
                 Ok(n) => return Ok(n),
-                Err(e) if kernel_cannot(&e) => self.kernel_copy_failed = true,
+                Err(e) if crate::sys::files::copy_unsupported(&e) => self.kernel_copy_failed = true,
                 Err(e) => return Err(CopyError::Io(e)),
             }
         }
@@ -279,22 +279,6 @@ pub(crate) fn read_exact_at(src: &File, buf: &mut [u8], at: u64) -> Result<(), C
         got += n;
     }
     Ok(())
-}
-
-/// Errors that mean "this kernel or file-system pair cannot copy_file_range", not
-/// "the copy failed".
-fn kernel_cannot(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::EXDEV
-                | libc::ENOSYS
-                | libc::EINVAL
-                | libc::EOPNOTSUPP
-                | libc::EPERM
-                | libc::EBADF
-        )
-    )
 }
 
 /// Where output goes: a function handed each finished piece in order.

@@ -43,15 +43,6 @@ impl SaveError {
     }
 }
 
-/// Whether an I/O error says the output is full (no space, a quota, a file-size
-/// limit): then it is about the file being written, not the one being read.
-pub(super) fn output_is_full(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)
-    )
-}
-
 /// Problems one per line, for messages that list several.
 pub fn bullets<T: std::fmt::Display>(items: &[T]) -> String {
     // Each item is one line: whatever names it holds are escaped, so none can start

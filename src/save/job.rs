@@ -375,7 +375,7 @@ fn copy_beside(staging: &Staging, src: &Path, tmp: &Path) -> Result<(), SaveErro
     let mut input = std::fs::File::open(src).map_err(|e| SaveError::io(src, e))?;
     let mut output = staging.create(tmp)?;
     std::io::copy(&mut input, &mut output).map_err(|e| {
-        if super::error::output_is_full(&e) {
+        if crate::sys::files::is_disk_full(&e) {
             SaveError::io(tmp, e)
         } else {
             SaveError::io(src, e)

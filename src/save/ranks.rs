@@ -89,7 +89,8 @@ pub fn create(
             .and_then(|_| out.flush())
             .map_err(|e| SaveError::io(&path, e))?;
         drop(out);
-        super::writer::reserve(&file, shard.file_bytes()).map_err(|e| SaveError::io(&path, e))?;
+        crate::sys::files::reserve_blocks(&file, shard.file_bytes())
+            .map_err(|e| SaveError::io(&path, e))?;
         file.set_len(shard.file_bytes())
             .map_err(|e| SaveError::io(&path, e))?;
     }
@@ -168,7 +169,7 @@ pub fn write_held(
             )
             .map_err(|failed| match failed.error {
                 super::copy::CopyError::Cancelled => SaveError::Cancelled,
-                super::copy::CopyError::Io(e) if super::error::output_is_full(&e) => {
+                super::copy::CopyError::Io(e) if crate::sys::files::is_disk_full(&e) => {
                     SaveError::io(&path, e)
                 }
                 error => SaveError::SourceChanged {

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::sync::{Arc, Mutex};
 
 use super::copy::CopyError;
-use crate::formats::live::PROCESS_MEMORY;
+use crate::sys::proc::PROCESS_MEMORY;
 
 /// What copies staged bytes into memory. `fill(key, offset, len)` puts bytes
 /// `offset..offset + len` of tensor `key` somewhere in this process and returns their

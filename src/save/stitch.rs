@@ -264,20 +264,7 @@ fn read_scattered(
             consumed = to + n;
             next_from += run.len;
         }
-        let mut bufs = &mut slices[..];
-        let mut offset = at;
-        while !bufs.is_empty() {
-            let read = match rustix::io::preadv(src, bufs, offset) {
-                Ok(read) => read,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(CopyError::Io(e.into())),
-            };
-            if read == 0 {
-                return Err(CopyError::Io(std::io::ErrorKind::UnexpectedEof.into()));
-            }
-            offset += read as u64;
-            std::io::IoSliceMut::advance_slices(&mut bufs, read);
-        }
+        crate::sys::files::read_exact_vectored_at(src, &mut slices, at).map_err(CopyError::Io)?;
     }
     Ok(())
 }

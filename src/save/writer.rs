@@ -176,27 +176,6 @@ struct ShardWriter<'a> {
     copier: Copier,
 }
 
-/// Gives the shard file its blocks before a byte of it is written. On ext4 a file
-/// written without them reserves and accounts each 4 KiB block as it is written
-/// (delayed allocation), under the lock every write to the file takes: a 1 GB shard
-/// took 1.3× as long as `cp` of the same bytes, and the writers of one big shard
-/// waited on each other; with the blocks reserved up front it takes as long as `cp`
-/// (CHANGELOG.md, Performance history: Saving). A full disk is an error now, before anything is copied; a
-/// file system that cannot reserve blocks (some network ones) is written as before.
-pub(super) fn reserve(dst: &File, len: u64) -> std::io::Result<()> {
-    match rustix::fs::fallocate(dst, rustix::fs::FallocateFlags::empty(), 0, len) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let e = std::io::Error::from(e);
-            if super::error::output_is_full(&e) {
-                Err(e)
-            } else {
-                Ok(())
-            }
-        }
-    }
-}
-
 impl ShardWriter<'_> {
     fn write_shard(
         &mut self,
@@ -213,7 +192,8 @@ impl ShardWriter<'_> {
             .and_then(|len| out.flush().map(|()| len))
             .map_err(|e| SaveError::io(tmp, e))?;
         drop(out);
-        reserve(&dst, shard.file_bytes()).map_err(|e| SaveError::io(tmp, e))?;
+        crate::sys::files::reserve_blocks(&dst, shard.file_bytes())
+            .map_err(|e| SaveError::io(tmp, e))?;
         let shard_written = AtomicU64::new(0);
         let shared = self.shared;
         let parts = parts_for_threads(shard, shared);
@@ -421,7 +401,7 @@ fn copy_failed(
             source.len
         )),
         // Out of space or over a file-size limit is about the output.
-        CopyError::Io(io) if super::error::output_is_full(&io) => SaveError::io(tmp, io),
+        CopyError::Io(io) if crate::sys::files::is_disk_full(&io) => SaveError::io(tmp, io),
         CopyError::Io(io) if kind == InputKind::ProcessMemory => changed(format!(
             "tensor `{name}`: its memory at {:#x} cannot be read ({io}): the tensor was freed or moved while devmap saved it",
             source.offset

@@ -4,7 +4,9 @@
 //! the copy falls back to reads and writes through a buffer and the cache advice is
 //! skipped.
 
+pub(crate) mod files;
 pub mod mapped;
+pub mod proc;
 
 use std::fs::File;
 use std::io;

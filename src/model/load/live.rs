@@ -13,9 +13,7 @@ use std::path::{Path, PathBuf};
 use super::LoadError;
 use crate::formats::FormatError;
 use crate::formats::config::{ModelConfig, read_config};
-use crate::formats::live::{
-    LivePiece, LiveSource, LiveTensor, Manifest, PROCESS_MEMORY, STAGED_PREFIX,
-};
+use crate::formats::live::{LivePiece, LiveSource, LiveTensor, Manifest, STAGED_PREFIX};
 use crate::formats::safetensors::HeaderCache;
 use crate::model::checkpoint::{
     ByteRange, Checkpoint, FileId, InputKind, NO_KEY, NamedTie, Parts, Piece, Source, SourceFile,
@@ -140,7 +138,12 @@ impl Files {
     /// This process's memory: no length or time to compare (the Python side checks
     /// each tensor's version counter instead).
     fn memory(&mut self) -> FileId {
-        self.id(Path::new(PROCESS_MEMORY), 0, None, InputKind::ProcessMemory)
+        self.id(
+            Path::new(crate::sys::proc::PROCESS_MEMORY),
+            0,
+            None,
+            InputKind::ProcessMemory,
+        )
     }
 }
 
