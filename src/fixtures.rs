@@ -4,7 +4,9 @@
 //! offload folders exactly as accelerate and transformers write them, so what devmap
 //! reads in its tests is what users have on disk.
 
+pub mod dcp;
 pub mod fuzz;
+pub mod pickle;
 pub mod torch_bin;
 
 use std::collections::{BTreeMap, HashMap};

@@ -73,7 +73,7 @@ pub(super) const DEEPSPEED_CLASSES: [(&str, &str); 4] = [
 ];
 
 /// torch's dtypes by their global name, as `.metadata` names them.
-pub(super) const DTYPES: [(&str, DType); 12] = [
+pub const DTYPES: [(&str, DType); 12] = [
     ("float32", DType::F32),
     ("float64", DType::F64),
     ("float16", DType::F16),

@@ -13,8 +13,8 @@
 mod allow;
 mod call;
 
-pub use allow::{Allow, STORAGE_CLASSES};
-use allow::{DCP_CLASSES, DEEPSPEED_CLASSES, DTENSOR_CLASSES, DTYPES, allowed, storage_class};
+pub use allow::{Allow, DTYPES, STORAGE_CLASSES};
+use allow::{DCP_CLASSES, DEEPSPEED_CLASSES, DTENSOR_CLASSES, allowed, storage_class};
 use call::call;
 
 use crate::types::dtype::DType;
