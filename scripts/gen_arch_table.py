@@ -1,4 +1,4 @@
-"""Writes src/model/arch_table.txt: for each architecture transformers ships for
+"""Writes crates/devmap-core/src/model/arch_table.txt: for each architecture transformers ships for
 language models (causal LM, seq2seq, masked LM, image-text-to-text), speech seq2seq,
 sequence, token and image classification, and the bare models (`AutoModel`), what accelerate's
 `infer_auto_device_map` sees of it, taken from transformers itself by instantiating the
@@ -13,7 +13,7 @@ architecture on the `meta` device from its default config:
   source in `_tied_weights_keys`), and whether a tie holds only when the config's
   `tie_word_embeddings` is true (instantiated both ways).
 
-devmap embeds the file (src/model/arch.rs reads it) and uses it for the planner's
+devmap embeds the file (crates/devmap-core/src/model/arch.rs reads it) and uses it for the planner's
 order and no-split rule and for tie inference. Run where torch and transformers are
 installed:
 
@@ -401,4 +401,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "src/model/arch_table.txt")
+    main(sys.argv[1] if len(sys.argv) > 1 else "crates/devmap-core/src/model/arch_table.txt")

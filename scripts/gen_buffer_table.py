@@ -1,4 +1,4 @@
-"""Writes src/model/buffer_table.txt: for each architecture of the expect table
+"""Writes crates/devmap-core/src/model/buffer_table.txt: for each architecture of the expect table
 (language, seq2seq, vision-language and speech models), the non-persistent buffers
 the loaded model holds (rotary `inv_freq`, BERT-family `position_ids` and
 `token_type_ids`, GPT-Neo's causal mask), their dtypes, and their shapes as functions
@@ -158,4 +158,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "src/model/buffer_table.txt")
+    main(sys.argv[1] if len(sys.argv) > 1 else "crates/devmap-core/src/model/buffer_table.txt")

@@ -1,5 +1,5 @@
-"""Writes src/model/expect_table.txt: for each language, seq2seq, vision-language and
-speech architecture of src/model/arch_table.txt,
+"""Writes crates/devmap-core/src/model/expect_table.txt: for each language, seq2seq, vision-language and
+speech architecture of crates/devmap-core/src/model/arch_table.txt,
 the tensors a checkpoint of it holds and their shapes as functions of config.json,
 taken from transformers itself. `devmap verify` checks a checkpoint against it: what
 transformers' loader would report MISSING, UNEXPECTED or MISMATCHED, found before
@@ -643,6 +643,6 @@ def main(out):
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--add-aliases"]:
         # An existing table brought up to the alias lines (same transformers).
-        add_aliases(sys.argv[2] if len(sys.argv) > 2 else "src/model/expect_table.txt")
+        add_aliases(sys.argv[2] if len(sys.argv) > 2 else "crates/devmap-core/src/model/expect_table.txt")
     else:
-        main(sys.argv[1] if len(sys.argv) > 1 else "src/model/expect_table.txt")
+        main(sys.argv[1] if len(sys.argv) > 1 else "crates/devmap-core/src/model/expect_table.txt")

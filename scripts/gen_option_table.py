@@ -1,4 +1,4 @@
-"""Writes src/model/option_table.txt: for each architecture of the expect table, the
+"""Writes crates/devmap-core/src/model/option_table.txt: for each architecture of the expect table, the
 config options that switch tensors on or off, or change their shapes, in ways the
 integer fit of scripts/gen_expect_table.py cannot see (it varies integers only).
 `devmap verify` reads it so that a pristine `save_pretrained` output never draws a
@@ -200,4 +200,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "src/model/option_table.txt")
+    main(sys.argv[1] if len(sys.argv) > 1 else "crates/devmap-core/src/model/option_table.txt")

@@ -1,4 +1,4 @@
-"""Writes src/formats/tie_defaults.txt: the model types whose transformers config class
+"""Writes crates/devmap-core/src/formats/tie_defaults.txt: the model types whose transformers config class
 defaults `tie_word_embeddings` to false (LlamaConfig, Qwen2Config, MistralConfig, ...).
 A config.json without the key ties the embeddings exactly when its model_type is not
 listed (PretrainedConfig's default is true). Run where transformers is installed:
@@ -37,6 +37,6 @@ def render():
 
 
 if __name__ == "__main__":
-    out = sys.argv[1] if len(sys.argv) > 1 else "src/formats/tie_defaults.txt"
+    out = sys.argv[1] if len(sys.argv) > 1 else "crates/devmap-core/src/formats/tie_defaults.txt"
     with open(out, "w") as f:
         f.write(render())

@@ -1,5 +1,5 @@
-"""The committed src/model/arch_table.txt, src/model/expect_table.txt and
-src/model/buffer_table.txt against the installed transformers: for the architectures
+"""The committed crates/devmap-core/src/model/arch_table.txt, crates/devmap-core/src/model/expect_table.txt and
+crates/devmap-core/src/model/buffer_table.txt against the installed transformers: for the architectures
 of the planner's acceptance test (and a few more), the block each generator writes now
 must be the block committed (regenerate with scripts/gen_arch_table.py,
 scripts/gen_expect_table.py and scripts/gen_buffer_table.py after an upgrade). The
@@ -67,7 +67,7 @@ def main():
             stale.append(arch)
     if stale:
         raise SystemExit(
-            f"src/model/arch_table.txt ({header}) differs from this transformers "
+            f"crates/devmap-core/src/model/arch_table.txt ({header}) differs from this transformers "
             f"({transformers.__version__}) for {stale}: run scripts/gen_arch_table.py")
     print(f"ok: {len(CHECKED)} architectures as committed, of {len(blocks)} in the table")
     # A few of the fitted tables' blocks: each takes a fit of its own (a class
@@ -88,7 +88,7 @@ def check_fitted(arch_path, table, generator, what, archs):
              if committed.get(arch) != generator.describe(getattr(transformers, arch), CHECKED[arch])]
     if stale:
         raise SystemExit(
-            f"src/model/{table} differs from this transformers ({transformers.__version__}) "
+            f"crates/devmap-core/src/model/{table} differs from this transformers ({transformers.__version__}) "
             f"for {stale}: run scripts/{generator.__name__}.py")
     print(f"ok: {len(archs)} architectures' {what} as committed, of {len(committed)} in the table")
 

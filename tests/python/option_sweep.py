@@ -4,7 +4,7 @@ MISMATCHED, and its save prints no such warning.
 
 The cases: the options that cried wolf (flan-T5's gated-gelu, DeepSeek-V2-Lite's
 `q_lora_rank: null`, OPT-350m's post-norm, Falcon-40b's new decoder, Llama's biases,
-GPT-2's cross-attention), then every option value src/model/option_table.txt records,
+GPT-2's cross-attention), then every option value crates/devmap-core/src/model/option_table.txt records,
 for the first architecture of each of its blocks, built tiny by transformers and saved
 by it. A case transformers cannot build tiny (an option another one must come with, a
 size the small config breaks) is counted as not built, never as passed.

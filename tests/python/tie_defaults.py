@@ -1,4 +1,4 @@
-"""The committed src/formats/tie_defaults.txt against the installed transformers: the
+"""The committed crates/devmap-core/src/formats/tie_defaults.txt against the installed transformers: the
 list of model types whose config defaults tie_word_embeddings to false must be the one
 transformers has (regenerate with scripts/gen_tie_defaults.py after an upgrade).
 
@@ -21,7 +21,7 @@ def main():
         old = {l for l in committed.splitlines() if not l.startswith("#")}
         new = set(untied_model_types())
         raise SystemExit(
-            "src/formats/tie_defaults.txt is not what this transformers says; run "
+            "crates/devmap-core/src/formats/tie_defaults.txt is not what this transformers says; run "
             f"scripts/gen_tie_defaults.py (now untied: {sorted(new - old)}, no longer: {sorted(old - new)})")
     count = sum(1 for l in committed.splitlines() if not l.startswith("#"))
     print(f"ok: {count} model types default to untied embeddings, as committed")

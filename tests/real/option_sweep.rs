@@ -1,7 +1,7 @@
 //! The expect table never cries wolf (tests/python/option_sweep.py): pristine
 //! `save_pretrained` outputs with a config option switched — the cases users hit
 //! (flan-T5, DeepSeek-V2-Lite, OPT-350m, Falcon-40b, Llama's biases, GPT-2's
-//! cross-attention) and every option value src/model/option_table.txt records, built
+//! cross-attention) and every option value crates/devmap-core/src/model/option_table.txt records, built
 //! tiny by transformers — verify clean and save without a warning, using devmap's
 //! tables alone; a value the table never tried is verified with a "not checked" note.
 //! Ignored by a bare `cargo test`; `.ci/run` runs it with the reference libraries.

@@ -6,11 +6,11 @@
 use std::process::Command;
 
 const TABLES: [&str; 5] = [
-    "src/model/arch_table.txt",
-    "src/model/expect_table.txt",
-    "src/model/buffer_table.txt",
-    "src/model/option_table.txt",
-    "src/formats/tie_defaults.txt",
+    "crates/devmap-core/src/model/arch_table.txt",
+    "crates/devmap-core/src/model/expect_table.txt",
+    "crates/devmap-core/src/model/buffer_table.txt",
+    "crates/devmap-core/src/model/option_table.txt",
+    "crates/devmap-core/src/formats/tie_defaults.txt",
 ];
 
 #[test]

@@ -20,9 +20,9 @@ use super::app::{Action, App, Effect};
 pub use super::sources::TerminalEvents;
 use super::sources::spawn_verify;
 use super::{keys, ui};
-use crate::monitor::MemorySample;
-use crate::monitor::gpu::GpuInfo;
-use crate::save::{SaveEvent, SaveJob};
+use devmap_core::monitor::MemorySample;
+use devmap_core::monitor::gpu::GpuInfo;
+use devmap_core::save::{SaveEvent, SaveJob};
 
 /// Everything the loop waits on, merged into one channel.
 #[derive(Debug)]
@@ -90,7 +90,7 @@ struct Runtime {
     save_thread: Option<JoinHandle<()>>,
     saving: bool,
     /// The running verification's progress (its cancel flag) and thread.
-    verify: Option<(Arc<crate::verify::Progress>, JoinHandle<()>)>,
+    verify: Option<(Arc<devmap_core::verify::Progress>, JoinHandle<()>)>,
     verifying: bool,
     /// `Effect::Compute` work started and not yet back.
     computing: usize,
@@ -143,7 +143,7 @@ impl Runtime {
                     Vec::new()
                 }
                 Effect::StartVerify { ckpt, plan, out } => {
-                    let progress = Arc::new(crate::verify::Progress::default());
+                    let progress = Arc::new(devmap_core::verify::Progress::default());
                     match spawn_verify(self.tx.clone(), ckpt, plan, out, Arc::clone(&progress)) {
                         Ok(thread) => {
                             self.verify = Some((progress, thread));

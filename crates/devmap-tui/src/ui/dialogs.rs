@@ -8,11 +8,11 @@ use ratatui::widgets::{Clear, Paragraph, Wrap};
 
 use super::theme::Theme;
 use super::{centered, panel};
-use crate::human_bytes;
-use crate::tui::app::{
+use crate::app::{
     App, Confirm, ExportDialog, Field, PlanDialog, SHARD_PRESETS, SaveDialog, dtype_label,
 };
-use crate::tui::keys;
+use crate::keys;
+use devmap_core::human_bytes;
 
 pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     // Only the size and output fields are typed (the dtype field is chosen).
@@ -65,8 +65,8 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
         let sizes = summarize_sizes(&p.shard_sizes);
         lines.push(Line::from(format!(
             "{} → {} ({sizes}), {} to write",
-            crate::text::count(p.tensors, "tensor", "tensors"),
-            crate::text::count(p.shard_sizes.len(), "shard", "shards"),
+            devmap_core::text::count(p.tensors, "tensor", "tensors"),
+            devmap_core::text::count(p.shard_sizes.len(), "shard", "shards"),
             human_bytes(p.bytes)
         )));
         lines.push(Line::from(match p.cast_to {
@@ -84,7 +84,7 @@ pub fn save(app: &App, d: &SaveDialog, frame: &mut Frame<'_>, area: Rect, theme:
                 format!(
                     "LoRA: {} merged into {} as the save streams",
                     adapters.join(" + "),
-                    crate::text::count(*merged, "tensor", "tensors")
+                    devmap_core::text::count(*merged, "tensor", "tensors")
                 ),
                 theme.good(),
             )));
@@ -370,7 +370,7 @@ pub fn plan_preview(text: &[String], scroll: u16, frame: &mut Frame<'_>, area: R
 /// `d`: the devices, each with what it holds now → with the module, against its budget.
 pub fn device_picker(
     app: &App,
-    picker: &crate::tui::app::DevicePicker,
+    picker: &crate::app::DevicePicker,
     frame: &mut Frame<'_>,
     area: Rect,
     theme: Theme,
@@ -384,14 +384,14 @@ pub fn device_picker(
         } else {
             name.as_str()
         },
-        crate::human_bytes(bytes)
+        devmap_core::human_bytes(bytes)
     );
     let inner = popup(
         frame,
         area,
         72,
         picker.choices.len() as u16 + 4,
-        &crate::text::escaped(&title),
+        &devmap_core::text::escaped(&title),
     );
     let mut lines = vec![Line::from(Span::styled(
         format!(
@@ -403,11 +403,11 @@ pub fn device_picker(
     for (i, c) in picker.choices.iter().enumerate() {
         let over = c.budget.is_some_and(|b| c.after > b);
         let budget = match c.budget {
-            Some(b) if over => format!("OVER {}", crate::human_bytes(b)),
+            Some(b) if over => format!("OVER {}", devmap_core::human_bytes(b)),
             Some(b) => format!(
                 "≤ {} ({} left)",
-                crate::human_bytes(b),
-                crate::human_bytes(b - c.after)
+                devmap_core::human_bytes(b),
+                devmap_core::human_bytes(b - c.after)
             ),
             None => "unknown".to_owned(),
         };
@@ -421,8 +421,8 @@ pub fn device_picker(
             ),
             Span::raw(format!(
                 " {:>11} → {:>11}   ",
-                crate::human_bytes(c.holds),
-                crate::human_bytes(c.after)
+                devmap_core::human_bytes(c.holds),
+                devmap_core::human_bytes(c.after)
             )),
             Span::styled(budget, if over { theme.bad() } else { theme.dim() }),
             Span::styled(here, theme.dim()),

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use ratatui::crossterm::event::{self, Event as TermEvent};
 
-use crate::model::Checkpoint;
 use app::{App, Budgets};
+use devmap_core::model::Checkpoint;
 
 /// Whether colours are wanted: `NO_COLOR` set to anything non-empty turns them off.
 pub fn color_wanted() -> bool {
@@ -35,7 +35,7 @@ pub fn color_wanted() -> bool {
 pub fn system_budgets(ckpt: &Checkpoint) -> Budgets {
     let place = ckpt.offload_dir.as_deref().unwrap_or(&ckpt.dir);
     Budgets {
-        disk_free: crate::sys::free_space(place).ok(),
+        disk_free: devmap_core::sys::free_space(place).ok(),
         ..Budgets::default()
     }
 }
@@ -84,7 +84,7 @@ pub fn run_loading<E: Send + 'static>(
             let _ = tx.send(load(&for_load));
         })?;
     let started = Instant::now();
-    let terminated = crate::sys::catch_termination();
+    let terminated = devmap_core::sys::catch_termination();
     let outcome = loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(result) => break Some(result),
@@ -122,11 +122,11 @@ pub fn run_loading<E: Send + 'static>(
 #[derive(Debug, Clone, Default)]
 pub struct InspectorOptions {
     /// The Devices panel's budgets (`--max-memory`).
-    pub max_memory: Vec<(crate::types::placement::Placement, u64)>,
+    pub max_memory: Vec<(devmap_core::types::placement::Placement, u64)>,
     /// `--context N --batch B`: the KV cache the Devices panel adds to each device.
     pub kv: Option<(u64, u64)>,
     /// `--tp/--ep/--pp`: the Devices panel names the largest GPU of that vLLM layout.
-    pub parallel: Option<crate::plan::parallel::Layout>,
+    pub parallel: Option<devmap_core::plan::parallel::Layout>,
 }
 
 /// The inspector on `ckpt` in the real terminal, with the real clock and samplers.
@@ -141,16 +141,16 @@ fn inspect(
         budgets.chosen_from = Some("--max-memory");
     }
     let kv = options.kv.map(|(context, batch)| {
-        let request = crate::plan::kv::KvRequest {
+        let request = devmap_core::plan::kv::KvRequest {
             context,
             batch,
-            dtype: crate::plan::kv::compute_dtype(&ckpt, None),
+            dtype: devmap_core::plan::kv::compute_dtype(&ckpt, None),
         };
-        crate::plan::kv::KvOnDevices::new(&ckpt, request)
+        devmap_core::plan::kv::KvOnDevices::new(&ckpt, request)
     });
     let parallel = options.parallel.map(|layout| {
         let cache = kv.as_ref().and_then(|k| k.as_ref().ok()).map(|k| &k.cache);
-        crate::plan::parallel::shard(&ckpt, layout, None, cache)
+        devmap_core::plan::parallel::shard(&ckpt, layout, None, cache)
     });
     let mut app = App::new(ckpt);
     match kv {
@@ -169,6 +169,6 @@ fn inspect(
     app.color = color_wanted();
     app.budgets = budgets;
     let mut events = runtime::TerminalEvents::start();
-    let terminated = crate::sys::catch_termination();
+    let terminated = devmap_core::sys::catch_termination();
     runtime::run(terminal, &mut app, &mut events, terminated)
 }

@@ -3,7 +3,7 @@
 use super::{
     Action, App, DeviceMap, Effect, Mode, Placement, PlanDialog, Tone, covers, edit_text, is_edit,
 };
-use crate::model::checkpoint::Checkpoint;
+use devmap_core::model::checkpoint::Checkpoint;
 
 impl App {
     pub(super) fn jump_tie(&mut self) {
@@ -305,7 +305,7 @@ impl App {
             Action::Close => self.mode = Mode::Browse,
             Action::Submit => {
                 let spec = dialog.budgets.clone();
-                match crate::plan::parse_max_memory(&spec) {
+                match devmap_core::plan::parse_max_memory(&spec) {
                     Err(e) => dialog.error = Some(e.to_string()),
                     Ok(max_memory) => {
                         let options = plan_options(max_memory);
@@ -324,7 +324,7 @@ impl App {
     pub(super) fn plan_preview_lines(
         &self,
         after: &Checkpoint,
-        planned: &crate::plan::Planned,
+        planned: &devmap_core::plan::Planned,
         spec: &str,
     ) -> (Vec<String>, usize) {
         let before = &self.ckpt;
@@ -337,7 +337,7 @@ impl App {
             .count();
         let mut lines = vec![format!(
             "from_pretrained's plan for {spec}: {moved} of {} would move",
-            crate::text::count(after.tensors().len(), "tensor", "tensors"),
+            devmap_core::text::count(after.tensors().len(), "tensor", "tensors"),
         )];
         let totals_after = after.device_totals();
         let mut devices: Vec<Placement> = totals_before
@@ -353,8 +353,8 @@ impl App {
             lines.push(format!(
                 "  {:<9} {:>11} → {:>11}",
                 d.to_string(),
-                crate::human_bytes(get(&totals_before)),
-                crate::human_bytes(get(&totals_after))
+                devmap_core::human_bytes(get(&totals_before)),
+                devmap_core::human_bytes(get(&totals_after))
             ));
         }
         lines.push("new map:".into());
@@ -386,12 +386,12 @@ fn short_size(bytes: u64) -> String {
 /// The options `p` plans with, for `max_memory`: the planner's defaults (the
 /// architecture's no-split modules, the checkpoint's dtype, `from_pretrained`'s
 /// `device_map="auto"`).
-pub(super) fn plan_options(max_memory: Vec<(Placement, u64)>) -> crate::plan::PlanOptions {
-    crate::plan::PlanOptions {
+pub(super) fn plan_options(max_memory: Vec<(Placement, u64)>) -> devmap_core::plan::PlanOptions {
+    devmap_core::plan::PlanOptions {
         max_memory,
         no_split: Vec::new(),
         dtype: None,
-        mode: crate::plan::PlanMode::default(),
+        mode: devmap_core::plan::PlanMode::default(),
     }
 }
 

@@ -8,12 +8,12 @@ use ratatui::widgets::{Paragraph, Sparkline};
 
 use super::theme::Theme;
 use super::{bar, fit, panel};
-use crate::human_bytes;
-use crate::tui::app::{App, Outcome};
-use crate::types::placement::Placement;
+use crate::app::{App, Outcome};
+use devmap_core::human_bytes;
+use devmap_core::types::placement::Placement;
 
 /// `tp 2, ep 2, pp 2` (the parts that are not 1; `tp 1` when all are).
-fn layout_name(layout: crate::plan::parallel::Layout) -> String {
+fn layout_name(layout: devmap_core::plan::parallel::Layout) -> String {
     let parts: Vec<String> = [("tp", layout.tp), ("ep", layout.ep), ("pp", layout.pp)]
         .iter()
         .filter(|(_, n)| *n > 1)
@@ -35,7 +35,7 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         Some(kv) => format!(
             "Devices + KV{} at {}",
             if kv.act.is_some() { " + act." } else { "" },
-            crate::text::count(kv.cache.request.context as usize, "token", "tokens")
+            devmap_core::text::count(kv.cache.request.context as usize, "token", "tokens")
         ),
         None => "Devices".to_owned(),
     };
@@ -50,7 +50,7 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     };
     let block = super::focusable(
         &title,
-        app.focus == crate::tui::app::Focus::Devices,
+        app.focus == crate::app::Focus::Devices,
         "↑↓ scroll, Tab next",
         theme,
     );
@@ -165,7 +165,7 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             Line::from(Span::styled(
                 format!(
                     "… {}, {hidden_over} of them OVER",
-                    crate::text::count(hidden, "more device", "more devices")
+                    devmap_core::text::count(hidden, "more device", "more devices")
                 ),
                 theme.bad(),
             ))
@@ -173,7 +173,7 @@ pub fn devices(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             Line::from(Span::styled(
                 format!(
                     "… {}, all within budget",
-                    crate::text::count(hidden, "more device", "more devices")
+                    devmap_core::text::count(hidden, "more device", "more devices")
                 ),
                 theme.dim(),
             ))
@@ -354,12 +354,12 @@ pub fn memory(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         let scale = Rect { height: 1, ..graph };
         graph.y += 1;
         graph.height -= 1;
-        let seconds = crate::monitor::SAMPLE_INTERVAL.as_secs_f64() * history.len() as f64;
+        let seconds = devmap_core::monitor::SAMPLE_INTERVAL.as_secs_f64() * history.len() as f64;
         let label = format!(
             "used {} – {} in {seconds:.0} s; graph from {}",
-            crate::human_bytes(low),
-            crate::human_bytes(high),
-            crate::human_bytes(floor),
+            devmap_core::human_bytes(low),
+            devmap_core::human_bytes(high),
+            devmap_core::human_bytes(floor),
         );
         frame.render_widget(
             Paragraph::new(fit(Line::from(label), room)).style(theme.dim()),
@@ -423,7 +423,7 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             lines.push(Line::from(Span::styled(
                 format!(
                     "{} in {}: {}",
-                    crate::text::count(r.shard_files.len(), "shard", "shards"),
+                    devmap_core::text::count(r.shard_files.len(), "shard", "shards"),
                     r.out.display(),
                     r.shard_files.join(", ")
                 ),
@@ -463,7 +463,7 @@ pub fn progress(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
 }
 
 /// The save panel's verify line: the offer, the progress, or the verdict.
-fn verify_line(save: &crate::tui::app::SaveProgress, bar_w: usize, theme: Theme) -> Line<'static> {
+fn verify_line(save: &crate::app::SaveProgress, bar_w: usize, theme: Theme) -> Line<'static> {
     let Some(v) = &save.verify else {
         return Line::from(Span::styled(
             "v verify: read the save back and compare every tensor with its source",
@@ -482,7 +482,7 @@ fn verify_line(save: &crate::tui::app::SaveProgress, bar_w: usize, theme: Theme)
         Some(Ok(r)) if r.differences() == 0 => Line::from(Span::styled(
             format!(
                 "verified: {} their source{} ({} read), no differences",
-                crate::text::count(r.compared, "tensor equals", "tensors equal"),
+                devmap_core::text::count(r.compared, "tensor equals", "tensors equal"),
                 r.coverage
                     .architecture
                     .as_ref()
@@ -495,13 +495,13 @@ fn verify_line(save: &crate::tui::app::SaveProgress, bar_w: usize, theme: Theme)
             let first = r
                 .findings
                 .iter()
-                .find(|f| f.severity == crate::verify::Severity::Difference)
+                .find(|f| f.severity == devmap_core::verify::Severity::Difference)
                 .map(|f| format!(": {f}"))
                 .unwrap_or_default();
             Line::from(Span::styled(
                 format!(
                     "verify: {}{first}",
-                    crate::text::count(r.differences(), "difference", "differences")
+                    devmap_core::text::count(r.differences(), "difference", "differences")
                 ),
                 theme.bad(),
             ))

@@ -7,7 +7,7 @@ use super::{
     SaveDialog, SaveEvent, SaveOptions, SaveProgress, ShardProgress, Tone, edit_text, is_edit,
     parse_size,
 };
-use crate::save::{Refusal, SaveError};
+use devmap_core::save::{Refusal, SaveError};
 
 /// Quiet time after the last edit before the save preview is recomputed.
 pub const PREVIEW_DELAY: std::time::Duration = std::time::Duration::from_millis(150);
@@ -21,11 +21,11 @@ impl App {
         let out = self.beside_model("-saved").display().to_string();
         // The values of last time in this session, or the defaults.
         let mut dialog = self.last_save_dialog.clone().unwrap_or(SaveDialog {
-            size: crate::save::DEFAULT_MAX_SHARD_SIZE_TEXT.into(),
+            size: devmap_core::save::DEFAULT_MAX_SHARD_SIZE_TEXT.into(),
             out,
             field: Field::ShardSize,
             overwrite: None,
-            dtype: crate::save::shards::DtypeChoice::Auto,
+            dtype: devmap_core::save::shards::DtypeChoice::Auto,
             preview: Preview::default(),
             preview_due: None,
             preview_pending: None,
@@ -199,7 +199,7 @@ impl App {
             jobs: if self.save_pause.is_some() {
                 1
             } else {
-                crate::save::shards::DEFAULT_JOBS
+                devmap_core::save::shards::DEFAULT_JOBS
             },
             ..SaveOptions::new(dialog.out.trim())
         })
@@ -218,7 +218,7 @@ impl App {
             ckpt: Arc::clone(&self.ckpt),
             probe: Arc::clone(&self.probe),
             options: self.options_for(dialog),
-            size_hint: crate::formats::size::unit_hint(&dialog.size),
+            size_hint: devmap_core::formats::size::unit_hint(&dialog.size),
             overwrite: dialog.overwrites(),
             memory: self.memory.back().copied(),
         }
@@ -319,8 +319,8 @@ impl App {
                 save.written = save.total;
                 let text = format!(
                     "saved {} in {} to {}",
-                    crate::text::count(report.tensors, "tensor", "tensors"),
-                    crate::text::count(report.shard_files.len(), "shard", "shards"),
+                    devmap_core::text::count(report.tensors, "tensor", "tensors"),
+                    devmap_core::text::count(report.shard_files.len(), "shard", "shards"),
                     report.out.display()
                 );
                 save.outcome = Some(Outcome::Done(report));
@@ -382,9 +382,9 @@ fn step_preset(current: &str, forward: bool) -> String {
 }
 
 /// The dtypes the save dialog steps through, in order.
-const DTYPE_CHOICES: [crate::save::shards::DtypeChoice; 5] = {
-    use crate::save::shards::DtypeChoice;
-    use crate::types::DType;
+const DTYPE_CHOICES: [devmap_core::save::shards::DtypeChoice; 5] = {
+    use devmap_core::save::shards::DtypeChoice;
+    use devmap_core::types::DType;
     [
         DtypeChoice::Auto,
         DtypeChoice::Keep,
@@ -395,9 +395,9 @@ const DTYPE_CHOICES: [crate::save::shards::DtypeChoice; 5] = {
 };
 
 fn step_dtype(
-    current: crate::save::shards::DtypeChoice,
+    current: devmap_core::save::shards::DtypeChoice,
     forward: bool,
-) -> crate::save::shards::DtypeChoice {
+) -> devmap_core::save::shards::DtypeChoice {
     let n = DTYPE_CHOICES.len();
     let at = DTYPE_CHOICES
         .iter()
@@ -411,8 +411,8 @@ fn step_dtype(
 }
 
 /// How the dialog names a dtype choice (the words of `--dtype`).
-pub fn dtype_label(choice: crate::save::shards::DtypeChoice) -> &'static str {
-    use crate::save::shards::DtypeChoice;
+pub fn dtype_label(choice: devmap_core::save::shards::DtypeChoice) -> &'static str {
+    use devmap_core::save::shards::DtypeChoice;
     match choice {
         DtypeChoice::Auto => "auto",
         DtypeChoice::Keep => "keep",
@@ -427,7 +427,7 @@ fn in_tui_words(refusal: &Refusal) -> String {
         Refusal::NotEmpty { out, entries } => format!(
             "the output folder {} is not empty ({}); press Ctrl-O to write into it (earlier weight files there are replaced)",
             out.display(),
-            crate::text::count(*entries, "entry", "entries")
+            devmap_core::text::count(*entries, "entry", "entries")
         ),
         other => other.to_string(),
     }
@@ -435,13 +435,13 @@ fn in_tui_words(refusal: &Refusal) -> String {
 
 /// The save preview's inputs: a snapshot of the App taken when the keys stopped.
 struct PreviewInput {
-    ckpt: Arc<crate::model::checkpoint::Checkpoint>,
-    probe: Arc<dyn crate::tui::probe::Probe>,
+    ckpt: Arc<devmap_core::model::checkpoint::Checkpoint>,
+    probe: Arc<dyn crate::probe::Probe>,
     options: Result<SaveOptions, String>,
     /// What a bare small number typed as the shard size probably meant.
     size_hint: Option<String>,
     overwrite: bool,
-    memory: Option<crate::monitor::MemorySample>,
+    memory: Option<devmap_core::monitor::MemorySample>,
 }
 
 impl PreviewInput {
@@ -457,7 +457,7 @@ impl PreviewInput {
                 return preview;
             }
         };
-        let plan = match crate::save::plan(&self.ckpt, &options) {
+        let plan = match devmap_core::save::plan(&self.ckpt, &options) {
             Ok(p) => p,
             Err(SaveError::Unsaveable(problems)) => {
                 preview.errors = problems.iter().map(ToString::to_string).collect();
@@ -478,7 +478,7 @@ impl PreviewInput {
         preview.shard_sizes = plan
             .shards
             .iter()
-            .map(crate::save::shards::ShardPlan::file_bytes)
+            .map(devmap_core::save::shards::ShardPlan::file_bytes)
             .collect();
         preview.largest.clone_from(&plan.largest_tensor);
         preview.bytes = plan.file_bytes();
@@ -490,7 +490,7 @@ impl PreviewInput {
                 let evidence = self
                     .ckpt
                     .tie_evidence(dropped)
-                    .map_or("tied", crate::model::TieEvidence::label);
+                    .map_or("tied", devmap_core::model::TieEvidence::label);
                 (dropped.clone(), kept.clone(), evidence)
             })
             .collect();
@@ -519,8 +519,8 @@ impl PreviewInput {
         {
             preview.warnings.push(format!(
                 "only {} of RAM is free; the save needs about {}",
-                crate::human_bytes(sample.available),
-                crate::human_bytes(preview.memory)
+                devmap_core::human_bytes(sample.available),
+                devmap_core::human_bytes(preview.memory)
             ));
         }
         if let Some(&largest) = preview.shard_sizes.iter().max()
@@ -529,8 +529,8 @@ impl PreviewInput {
         {
             preview.warnings.push(format!(
                 "a shard-at-a-time save (transformers) would need {} of RAM, more than the {} free; devmap streams and does not",
-                crate::human_bytes(largest),
-                crate::human_bytes(sample.available)
+                devmap_core::human_bytes(largest),
+                devmap_core::human_bytes(sample.available)
             ));
         }
         preview.plan = Some(plan);

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::MapApplied;
-use crate::model::tree::NodeId;
-use crate::save::{SavePlan, SaveReport};
-use crate::types::placement::Placement;
+use devmap_core::model::tree::NodeId;
+use devmap_core::save::{SavePlan, SaveReport};
+use devmap_core::types::placement::Placement;
 
 /// Shard sizes `←/→` step through in the save dialog.
 pub const SHARD_PRESETS: [&str; 8] = [
@@ -107,7 +107,7 @@ pub struct SaveDialog {
     /// dialog closes, so it never carries over to another folder.
     pub overwrite: Option<String>,
     /// `--dtype` of the save, stepped with ←/→ on its field.
-    pub dtype: crate::save::shards::DtypeChoice,
+    pub dtype: devmap_core::save::shards::DtypeChoice,
     pub preview: Preview,
     /// When the preview is recomputed after the last edit: typing waits for nothing,
     /// and the plan and file checks run once the keys stop (or on Enter).
@@ -134,7 +134,7 @@ pub struct Preview {
     /// Tied names written once: (dropped, kept, what says they are tied).
     pub ties_once: Vec<(String, String, &'static str)>,
     /// What floating-point tensors are cast to, when the save casts.
-    pub cast_to: Option<crate::types::DType>,
+    pub cast_to: Option<devmap_core::types::DType>,
     /// `--merge-lora`: the adapters applied and the tensors they merge into.
     pub lora: Option<(Vec<String>, usize)>,
     pub memory: u64,
@@ -191,7 +191,7 @@ pub struct SaveProgress {
 pub struct VerifyProgress {
     pub read: u64,
     pub total: u64,
-    pub outcome: Option<Result<crate::verify::VerifyReport, String>>,
+    pub outcome: Option<Result<devmap_core::verify::VerifyReport, String>>,
 }
 
 impl SaveProgress {

@@ -7,9 +7,9 @@ use ratatui::widgets::Paragraph;
 
 use super::bar;
 use super::theme::Theme;
-use crate::inspect::human_count;
-use crate::model::tree::Node;
-use crate::tui::app::App;
+use crate::app::App;
+use devmap_core::inspect::human_count;
+use devmap_core::model::tree::Node;
 
 const SIZE_W: usize = 10;
 const SHARE_W: usize = 6;
@@ -25,7 +25,7 @@ const NOTE_MIN: usize = 17;
 pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let block = super::focusable(
         "Modules",
-        app.focus == crate::tui::app::Focus::Tree,
+        app.focus == crate::app::Focus::Tree,
         "Tab next",
         theme,
     );
@@ -99,7 +99,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             "▸ "
         };
         let indent = "  ".repeat((node.depth as usize).saturating_sub(1));
-        let mut label = format!("{indent}{marker}{}", crate::text::escaped(&node.name));
+        let mut label = format!("{indent}{marker}{}", devmap_core::text::escaped(&node.name));
         if label.chars().count() > name_w {
             label = label
                 .chars()
@@ -135,7 +135,10 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         let mut spans = vec![
             Span::styled(format!("{label:<name_w$}"), name_style),
             Span::raw(" "),
-            Span::raw(format!("{:>SIZE_W$} ", crate::human_bytes(node.bytes()))),
+            Span::raw(format!(
+                "{:>SIZE_W$} ",
+                devmap_core::human_bytes(node.bytes())
+            )),
         ];
         if share {
             spans.push(Span::styled(

@@ -4,7 +4,7 @@
 //! `src:offload` (or `checkpoint`, `adapter`, `pieces`, `tied`, `none`), `tied`.
 
 use super::{Action, App, Mode, Tone, edit_text, is_edit};
-use crate::model::checkpoint::{Checkpoint, Source, Tensor};
+use devmap_core::model::checkpoint::{Checkpoint, Source, Tensor};
 
 /// One word of a filter.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,7 +92,7 @@ impl App {
                     self.say(
                         format!(
                             "filter `{q}`: {} (f edits it, Esc clears it)",
-                            crate::text::count(shown, "row", "rows")
+                            devmap_core::text::count(shown, "row", "rows")
                         ),
                         if shown == 0 { Tone::Bad } else { Tone::Info },
                     );

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::{App, Effect, Outcome, Tone, VerifyProgress};
-use crate::verify::VerifyReport;
+use devmap_core::verify::VerifyReport;
 
 impl App {
     pub fn verify_running(&self) -> bool {
@@ -81,7 +81,7 @@ impl App {
             Ok(r) => (
                 format!(
                     "verify found {}; devmap verify {} --against … lists them all",
-                    crate::text::count(r.differences(), "difference", "differences"),
+                    devmap_core::text::count(r.differences(), "difference", "differences"),
                     r.out.display()
                 ),
                 Tone::Bad,

@@ -82,11 +82,11 @@ pub fn draw(app: &App, frame: &mut Frame<'_>) {
 fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let root = &app.tree.nodes[0];
     let name = match (&app.ckpt.remote, &app.ckpt.title) {
-        (Some(remote), _) => crate::text::escaped(&remote.name).into_owned(),
-        (None, Some(title)) => crate::text::escaped(title).into_owned(),
+        (Some(remote), _) => devmap_core::text::escaped(&remote.name).into_owned(),
+        (None, Some(title)) => devmap_core::text::escaped(title).into_owned(),
         (None, None) => app.ckpt.dir.file_name().map_or_else(
-            || crate::text::path(&app.ckpt.dir),
-            |n| crate::text::escaped(&n.to_string_lossy()).into_owned(),
+            || devmap_core::text::path(&app.ckpt.dir),
+            |n| devmap_core::text::escaped(&n.to_string_lossy()).into_owned(),
         ),
     };
     // The markers (edited, warnings) matter more than the counts: on a narrow
@@ -98,7 +98,7 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     } else if app.map_edited() {
         markers.push(Span::styled("  [map edited]", theme.warn()));
     }
-    if app.rows.sort() != crate::tui::rows::Sort::Module {
+    if app.rows.sort() != crate::rows::Sort::Module {
         markers.push(Span::styled(
             format!("  [by {}]", app.rows.sort().label()),
             theme.dim(),
@@ -106,7 +106,7 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     }
     if let Some(f) = &app.filter {
         markers.push(Span::styled(
-            format!("  [filter: {}]", crate::text::escaped(f)),
+            format!("  [filter: {}]", devmap_core::text::escaped(f)),
             theme.warn(),
         ));
     }
@@ -114,7 +114,7 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         markers.push(Span::styled(
             format!(
                 "  ! {}",
-                crate::text::count(app.warnings.len(), "warning", "warnings")
+                devmap_core::text::count(app.warnings.len(), "warning", "warnings")
             ),
             theme.warn(),
         ));
@@ -123,12 +123,12 @@ fn draw_title(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let mut facts: Vec<(String, Option<u8>)> = vec![
         (app.source_kind.clone(), Some(3)),
         (
-            crate::text::count(root.tensors, "tensor", "tensors"),
+            devmap_core::text::count(root.tensors, "tensor", "tensors"),
             Some(1),
         ),
-        (crate::human_bytes(root.bytes()), None),
+        (devmap_core::human_bytes(root.bytes()), None),
         (
-            format!("{} params", crate::inspect::human_count(root.params)),
+            format!("{} params", devmap_core::inspect::human_count(root.params)),
             Some(0),
         ),
     ];
@@ -189,7 +189,7 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             Span::styled(
                 format!(
                     "   {}   {}",
-                    crate::text::count(app.rows.visible().len(), "row", "rows"),
+                    devmap_core::text::count(app.rows.visible().len(), "row", "rows"),
                     keys::hint(&app.mode)
                 ),
                 theme.dim(),
@@ -202,7 +202,7 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 Some((at, of)) => format!("   {at}/{of}"),
                 None => format!(
                     "   {}",
-                    crate::text::count(app.matches.len(), "match", "matches")
+                    devmap_core::text::count(app.matches.len(), "match", "matches")
                 ),
             };
             let hint = format!("   {}", keys::hint(&app.mode));
@@ -228,7 +228,7 @@ fn draw_status(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 Tone::Bad => theme.bad(),
             };
             Line::from(vec![Span::styled(
-                crate::text::escaped(&m.text).into_owned(),
+                devmap_core::text::escaped(&m.text).into_owned(),
                 style,
             )])
         }
@@ -409,14 +409,17 @@ pub fn loading(frame: &mut Frame<'_>, what: &str, elapsed: std::time::Duration, 
         Line::from(format!(
             " {} opening {} … {:.1} s",
             spinner(elapsed),
-            crate::text::escaped(what),
+            devmap_core::text::escaped(what),
             elapsed.as_secs_f64()
         )),
         Line::from(" reading every header, placing every tensor; q quits"),
     ];
     let mut text = text;
     if !status.is_empty() {
-        text.push(Line::from(format!(" {}", crate::text::escaped(status))));
+        text.push(Line::from(format!(
+            " {}",
+            devmap_core::text::escaped(status)
+        )));
     }
     frame.render_widget(Paragraph::new(text), area);
 }

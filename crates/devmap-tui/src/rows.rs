@@ -2,7 +2,7 @@
 //! expand flags. Expanding or collapsing rebuilds the list by walking the pre-order
 //! arena and jumping over closed subtrees; drawing only touches the visible slice.
 
-use crate::model::tree::{ModuleTree, NodeId};
+use devmap_core::model::tree::{ModuleTree, NodeId};
 
 /// The order siblings are listed in (`o` steps through them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -21,7 +21,7 @@ impl App {
                     self.say(
                         format!(
                             "{} for `{}`: n / N to step",
-                            crate::text::count(n, "match", "matches"),
+                            devmap_core::text::count(n, "match", "matches"),
                             self.last_search
                         ),
                         Tone::Info,

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use crate::model::Checkpoint;
-use crate::save::{SaveOptions, SavePlan};
+use devmap_core::model::Checkpoint;
+use devmap_core::save::{SaveOptions, SavePlan};
 
 /// What is at a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub trait Probe: Send + Sync {
         ckpt: &Checkpoint,
         plan: &SavePlan,
         options: &SaveOptions,
-    ) -> Vec<crate::save::Refusal>;
+    ) -> Vec<devmap_core::save::Refusal>;
     /// Learn now what [`Probe::save_problems`] will want to know about the model's
     /// input files (the inspector asks as it opens, off the UI thread, so the first
     /// save preview is as quick as later ones).
@@ -55,12 +55,12 @@ pub struct SystemProbe {
     /// source files: a map edit copies the checkpoint but not its files, so the
     /// preview after each edit reuses the answer (opening 23,145 offload files took
     /// 75 ms of a 133 ms preview). Starting a save forgets it and checks again.
-    inputs: std::sync::Mutex<Option<(u64, Vec<crate::save::Refusal>)>>,
+    inputs: std::sync::Mutex<Option<(u64, Vec<devmap_core::save::Refusal>)>>,
 }
 
 impl SystemProbe {
     /// The model's input files that cannot be opened: remembered, or found now.
-    fn unreadable_inputs(&self, ckpt: &Checkpoint) -> Vec<crate::save::Refusal> {
+    fn unreadable_inputs(&self, ckpt: &Checkpoint) -> Vec<devmap_core::save::Refusal> {
         let key = files_key(ckpt);
         let known = self.inputs.lock().ok().and_then(|cached| {
             cached
@@ -69,7 +69,7 @@ impl SystemProbe {
                 .map(|(_, p)| p.clone())
         });
         known.unwrap_or_else(|| {
-            let found = crate::save::preflight::unreadable_inputs(ckpt);
+            let found = devmap_core::save::preflight::unreadable_inputs(ckpt);
             if let Ok(mut cached) = self.inputs.lock() {
                 *cached = Some((key, found.clone()));
             }
@@ -84,8 +84,8 @@ impl Probe for SystemProbe {
         ckpt: &Checkpoint,
         plan: &SavePlan,
         options: &SaveOptions,
-    ) -> Vec<crate::save::Refusal> {
-        let mut problems = crate::save::preflight::check_all_but_inputs(ckpt, plan, options);
+    ) -> Vec<devmap_core::save::Refusal> {
+        let mut problems = devmap_core::save::preflight::check_all_but_inputs(ckpt, plan, options);
         problems.extend(self.unreadable_inputs(ckpt));
         problems
     }
@@ -113,7 +113,7 @@ impl Probe for SystemProbe {
     }
 
     fn same_file(&self, a: &Path, b: &Path) -> bool {
-        crate::formats::input::same_file(a, b)
+        devmap_core::formats::input::same_file(a, b)
     }
 
     fn entries(&self, dir: &Path) -> Vec<(String, bool)> {

@@ -109,7 +109,7 @@ impl App {
 /// Tab completion of a path typed in `text`: the entries of its folder that start with
 /// its last part, completed as far as they agree (a single folder gets its `/`); the
 /// candidates when they agree no further than what is typed.
-fn complete_path(probe: &dyn crate::tui::probe::Probe, text: &str) -> Completion {
+fn complete_path(probe: &dyn crate::probe::Probe, text: &str) -> Completion {
     let (dir, prefix) = match text.rfind('/') {
         Some(i) => (&text[..=i], &text[i + 1..]),
         None => ("", text),

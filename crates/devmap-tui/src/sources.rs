@@ -12,9 +12,9 @@ use ratatui::crossterm::event;
 
 use super::app::Action;
 use super::runtime::{Event, EventSource, Next};
-use crate::model::Checkpoint;
-use crate::monitor::gpu::{GpuSource, Nvml};
-use crate::monitor::{MemorySource, SAMPLE_INTERVAL, SystemMemory};
+use devmap_core::model::Checkpoint;
+use devmap_core::monitor::gpu::{GpuSource, Nvml};
+use devmap_core::monitor::{MemorySource, SAMPLE_INTERVAL, SystemMemory};
 
 /// The terminal's events and real time: input, the memory and GPU samplers and
 /// termination signals feed one channel.
@@ -68,17 +68,17 @@ impl EventSource for TerminalEvents {
 pub(super) fn spawn_verify(
     tx: Sender<Event>,
     ckpt: Arc<Checkpoint>,
-    plan: crate::save::SavePlan,
+    plan: devmap_core::save::SavePlan,
     out: std::path::PathBuf,
-    progress: Arc<crate::verify::Progress>,
+    progress: Arc<devmap_core::verify::Progress>,
 ) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("devmap-verify".into())
         .spawn(move || {
-            let expected = crate::verify::Expected::from_plan(&ckpt, plan);
+            let expected = devmap_core::verify::Expected::from_plan(&ckpt, plan);
             // A NaN the merges were allowed to carry is no surprise in the output.
             let allow_nonfinite = ckpt.merges_allow_nonfinite();
-            let result = crate::verify::verify_with_ticks(
+            let result = devmap_core::verify::verify_with_ticks(
                 &out,
                 Some(&expected),
                 (allow_nonfinite, None),
@@ -115,7 +115,8 @@ fn spawn_input(tx: Sender<Event>) {
 /// Forwards termination signals to the loop as events, so a sleeping loop wakes for
 /// them (the handlers `sys::catch_termination` installs only set a flag).
 fn spawn_termination(tx: Sender<Event>) {
-    let Ok(mut signals) = signal_hook::iterator::Signals::new(crate::sys::TERMINATION_SIGNALS)
+    let Ok(mut signals) =
+        signal_hook::iterator::Signals::new(devmap_core::sys::TERMINATION_SIGNALS)
     else {
         return;
     };

@@ -2,9 +2,9 @@
 //! Devices panel's lines, each device's total, the zoomed layout, the rows edited.
 
 use super::{App, Focus};
-use crate::model::tree::ModuleTree;
-use crate::model::tree::NodeId;
-use crate::types::placement::Placement;
+use devmap_core::model::tree::ModuleTree;
+use devmap_core::model::tree::NodeId;
+use devmap_core::types::placement::Placement;
 
 impl App {
     /// Lines the save panel would like: the heading, the overall bar and one per shard
@@ -30,14 +30,14 @@ impl App {
     }
 
     /// Where the panels are on `screen`, with the zoom (`z`) applied.
-    pub fn layout(&self, screen: ratatui::layout::Rect) -> crate::tui::layout::Areas {
-        use crate::tui::layout::Zoomed;
+    pub fn layout(&self, screen: ratatui::layout::Rect) -> crate::layout::Areas {
+        use crate::layout::Zoomed;
         let zoomed = self.zoomed.then_some(match self.focus {
             Focus::Tree => Zoomed::Tree,
             Focus::Details => Zoomed::Details,
             Focus::Devices => Zoomed::Devices,
         });
-        crate::tui::layout::areas_zoomed(screen, self.progress_rows(), self.device_rows(), zoomed)
+        crate::layout::areas_zoomed(screen, self.progress_rows(), self.device_rows(), zoomed)
     }
 
     /// Marks the rows whose tensors moved since the model opened (and the modules

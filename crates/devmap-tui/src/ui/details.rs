@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::text::escaped;
+use devmap_core::text::escaped;
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
@@ -11,15 +11,15 @@ use ratatui::widgets::{Paragraph, Wrap};
 
 use super::bar;
 use super::theme::Theme;
-use crate::human_bytes;
-use crate::inspect::human_count;
-use crate::model::checkpoint::{ByteRange, Source};
-use crate::tui::app::App;
+use crate::app::App;
+use devmap_core::human_bytes;
+use devmap_core::inspect::human_count;
+use devmap_core::model::checkpoint::{ByteRange, Source};
 
 pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     let block = super::focusable(
         "Details",
-        app.focus == crate::tui::app::Focus::Details,
+        app.focus == crate::app::Focus::Details,
         "↑↓ scroll, Tab next",
         theme,
     );
@@ -30,7 +30,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     };
     let node = &app.tree.nodes[id];
     let name = app.tree.full_name(id);
-    // Names and paths come from the files: escaped (see crate::text) before drawing.
+    // Names and paths come from the files: escaped (see devmap_core::text) before drawing.
     let mut lines = vec![Line::from(Span::styled(
         escaped(&name).into_owned(),
         theme.title(),
@@ -74,7 +74,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         ]));
         lines.extend(kv("because", because(app, app.ckpt.map_key(tensor))));
         if let Some((runtime, part)) =
-            crate::model::arch::loaded_as(&app.ckpt.config.architectures, &tensor.name)
+            devmap_core::model::arch::loaded_as(&app.ckpt.config.architectures, &tensor.name)
         {
             lines.extend(kv("loaded as", format!("{runtime} ({part})")));
         }
@@ -100,7 +100,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             ));
             for p in pieces.iter().take(16) {
                 let path = app.ckpt.file_path(p.range.file);
-                let rank = crate::formats::pieced::rank_of(path)
+                let rank = devmap_core::formats::pieced::rank_of(path)
                     .map_or_else(|| "rank ?".to_owned(), |r| format!("rank {r}"));
                 lines.extend(kv(
                     &rank,
@@ -146,16 +146,18 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             lines.extend(labelled("tied", &members.join(" = "), theme.tie()));
             lines.extend(kv("evidence", group.evidence.label().to_owned()));
         }
-        if let Some(part) = crate::model::quantized::quantized_part(&app.ckpt, t) {
-            let dtype = crate::model::quantized::dequantized_dtype(&app.ckpt);
+        if let Some(part) = devmap_core::model::quantized::quantized_part(&app.ckpt, t) {
+            let dtype = devmap_core::model::quantized::dequantized_dtype(&app.ckpt);
             let bytes = part.dequantized_bytes(dtype);
             let text = match part {
-                crate::model::quantized::QuantizedPart::Weight { format, scales, .. } => format!(
-                    "{format}; scales in {scales}; {} as {}",
-                    human_bytes(bytes),
-                    dtype.torch_name()
-                ),
-                crate::model::quantized::QuantizedPart::Scales { of } => {
+                devmap_core::model::quantized::QuantizedPart::Weight { format, scales, .. } => {
+                    format!(
+                        "{format}; scales in {scales}; {} as {}",
+                        human_bytes(bytes),
+                        dtype.torch_name()
+                    )
+                }
+                devmap_core::model::quantized::QuantizedPart::Scales { of } => {
                     format!("the scales of {of}")
                 }
             };
@@ -167,7 +169,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
                 Span::styled(
                     format!(
                         "+ {} ({}, rank {}, scale {}) on save",
-                        crate::text::escaped(&m.adapter),
+                        devmap_core::text::escaped(&m.adapter),
                         m.kind_name(),
                         m.rank,
                         m.scale
@@ -179,7 +181,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
     } else {
         lines.extend(kv(
             "module",
-            crate::text::count(node.tensors, "tensor", "tensors"),
+            devmap_core::text::count(node.tensors, "tensor", "tensors"),
         ));
         lines.extend(kv("params", human_count(node.params)));
         lines.extend(kv("size", human_bytes(node.bytes())));
@@ -299,9 +301,9 @@ fn source_text(app: &App, source: Source) -> String {
             files.dedup();
             format!(
                 "{} in {}: {}",
-                crate::text::count(pieces.len(), "chunk", "chunks"),
-                crate::text::count(files.len(), "file", "files"),
-                crate::model::warning::name_list(&files)
+                devmap_core::text::count(pieces.len(), "chunk", "chunks"),
+                devmap_core::text::count(files.len(), "file", "files"),
+                devmap_core::model::warning::name_list(&files)
             )
         }
         Source::Tied(to) => format!("tie partner {}", app.ckpt.tensors()[to].name),

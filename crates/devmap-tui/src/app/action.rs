@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{MapApplied, Preview, Work};
-use crate::model::checkpoint::Checkpoint;
-use crate::monitor::MemorySample;
-use crate::monitor::gpu::GpuInfo;
-use crate::save::{SaveEvent, SaveOptions, SavePlan};
+use devmap_core::model::checkpoint::Checkpoint;
+use devmap_core::monitor::MemorySample;
+use devmap_core::monitor::gpu::GpuInfo;
+use devmap_core::save::{SaveEvent, SaveOptions, SavePlan};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
@@ -108,7 +108,7 @@ pub enum Action {
         total: u64,
     },
     /// The verification ended: its report, or why it could not run.
-    Verified(Result<crate::verify::VerifyReport, String>),
+    Verified(Result<devmap_core::verify::VerifyReport, String>),
     /// Result of an `Effect::WriteFile`.
     Written {
         path: PathBuf,

@@ -28,15 +28,15 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::formats::device_map::encode_device_map;
-use crate::formats::size::parse_size;
-use crate::model::checkpoint::Checkpoint;
-use crate::model::names::covers;
-use crate::model::tree::{ModuleTree, NodeId};
-use crate::monitor::MemorySample;
-use crate::monitor::gpu::GpuInfo;
-use crate::save::{SaveEvent, SaveOptions};
-use crate::types::placement::{DeviceMap, Placement};
+use devmap_core::formats::device_map::encode_device_map;
+use devmap_core::formats::size::parse_size;
+use devmap_core::model::checkpoint::Checkpoint;
+use devmap_core::model::names::covers;
+use devmap_core::model::tree::{ModuleTree, NodeId};
+use devmap_core::monitor::MemorySample;
+use devmap_core::monitor::gpu::GpuInfo;
+use devmap_core::save::{SaveEvent, SaveOptions};
+use devmap_core::types::placement::{DeviceMap, Placement};
 
 use super::probe::{PathKind, Probe, SystemProbe};
 use super::rows::TreeRows;
@@ -49,7 +49,7 @@ pub struct App {
     pub tree: Arc<ModuleTree>,
     pub rows: TreeRows,
     pub mode: Mode,
-    pub warnings: Vec<crate::model::warning::Warning>,
+    pub warnings: Vec<devmap_core::model::warning::Warning>,
     pub memory: VecDeque<MemorySample>,
     pub save: Option<SaveProgress>,
     pub message: Option<Message>,
@@ -69,10 +69,10 @@ pub struct App {
     pub details_scroll: u16,
     pub devices_scroll: u16,
     /// The KV cache the Devices panel adds to each device's weights (`--context`).
-    pub kv: Option<crate::plan::kv::KvOnDevices>,
+    pub kv: Option<devmap_core::plan::kv::KvOnDevices>,
     /// Each GPU's share under a vLLM layout (`--tp/--ep/--pp`): the Devices panel's
     /// last line names the largest.
-    pub parallel: Option<crate::plan::parallel::Sharded>,
+    pub parallel: Option<devmap_core::plan::parallel::Sharded>,
     /// Lines scrolled in the plan result.
     pub result_scroll: u16,
     /// Lines scrolled in the help or warnings overlay (when it is taller than the
@@ -172,7 +172,7 @@ impl App {
                     .collect()
             })
             .unwrap_or_default();
-        let warnings = crate::model::checks::all_warnings(&ckpt);
+        let warnings = devmap_core::model::checks::all_warnings(&ckpt);
         let unedited_map = ckpt.device_map.clone();
         let opened_placements = ckpt.tensors().iter().map(|t| t.placement).collect();
         let source_kind = ckpt.source_kind();

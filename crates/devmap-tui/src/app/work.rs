@@ -11,10 +11,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::{Action, App, Effect, Mode, Tone};
-use crate::model::checkpoint::Checkpoint;
-use crate::model::tree::ModuleTree;
-use crate::model::warning::Warning;
-use crate::types::placement::DeviceMap;
+use devmap_core::model::checkpoint::Checkpoint;
+use devmap_core::model::tree::ModuleTree;
+use devmap_core::model::warning::Warning;
+use devmap_core::types::placement::DeviceMap;
 
 /// A computation for another thread, and the Action its result comes back as.
 pub struct Work {
@@ -51,7 +51,7 @@ pub struct MapApplied {
     pub tree: Arc<ModuleTree>,
     pub warnings: Vec<Warning>,
     /// The plan that made the map (`p`), for its summary.
-    pub plan: Option<(crate::plan::Planned, String)>,
+    pub plan: Option<(devmap_core::plan::Planned, String)>,
 }
 
 /// The same result: the same checkpoint copy (the copy is never compared field by field).
@@ -67,7 +67,7 @@ pub fn apply_map(ckpt: &Checkpoint, tree: &ModuleTree, map: Option<DeviceMap>) -
     ckpt.apply_device_map(map);
     let mut tree = tree.clone();
     tree.recompute(&ckpt);
-    let warnings = crate::model::checks::all_warnings(&ckpt);
+    let warnings = devmap_core::model::checks::all_warnings(&ckpt);
     MapApplied {
         ckpt: Arc::new(ckpt),
         tree: Arc::new(tree),
@@ -137,14 +137,14 @@ impl App {
             probe.learn_inputs(&ckpt);
             // The loaded names are made for every tensor on the first question.
             let _ = ckpt.loaded_name(0);
-            crate::plan::warm_up(&ckpt, &super::devices::plan_options(Vec::new()));
+            devmap_core::plan::warm_up(&ckpt, &super::devices::plan_options(Vec::new()));
             Action::WarmedUp
         }))]
     }
 
     pub(super) fn start_plan_work(
         &mut self,
-        options: crate::plan::PlanOptions,
+        options: devmap_core::plan::PlanOptions,
         spec: String,
     ) -> Vec<Effect> {
         let ckpt = Arc::clone(&self.ckpt);
@@ -156,7 +156,7 @@ impl App {
         });
         vec![Effect::Compute(Work::new(
             "planning",
-            move || match crate::plan::plan(&ckpt, &options) {
+            move || match devmap_core::plan::plan(&ckpt, &options) {
                 Err(e) => Action::PlanFailed(e.to_string()),
                 Ok(planned) => {
                     let applied = apply_map(&ckpt, &tree, Some(planned.map.clone()));
@@ -178,7 +178,7 @@ impl App {
             // planning: the plan is dropped.
             if matches!(self.mode, Mode::Plan(_)) {
                 let (lines, moved) = self.plan_preview_lines(&applied.ckpt, planned, spec);
-                let budgets = crate::plan::parse_max_memory(spec).unwrap_or_default();
+                let budgets = devmap_core::plan::parse_max_memory(spec).unwrap_or_default();
                 self.result_scroll = 0;
                 self.mode = Mode::PlanPreview(Box::new(super::PlanPreview {
                     lines,
@@ -215,7 +215,7 @@ impl App {
         self.say(
             format!(
                 "applied the plan: {} moved (u undoes it, w exports it)",
-                crate::text::count(moved, "tensor", "tensors")
+                devmap_core::text::count(moved, "tensor", "tensors")
             ),
             Tone::Good,
         );

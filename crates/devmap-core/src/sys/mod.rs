@@ -117,7 +117,7 @@ pub(crate) fn look_in_parallel<T: Sync, R: Send>(
 }
 
 /// Bytes available to an unprivileged user on the file system holding `path`.
-pub(crate) fn free_space(path: &Path) -> io::Result<u64> {
+pub fn free_space(path: &Path) -> io::Result<u64> {
     let stat = rustix::fs::statvfs(path).map_err(io::Error::from)?;
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }

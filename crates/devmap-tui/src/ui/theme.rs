@@ -3,7 +3,7 @@
 
 use ratatui::style::{Color, Modifier, Style};
 
-use crate::types::placement::Placement;
+use devmap_core::types::placement::Placement;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Theme {
