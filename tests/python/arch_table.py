@@ -56,7 +56,7 @@ def committed_blocks(path):
 
 
 def main():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "src", "model", "arch_table.txt")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "crates", "devmap-core", "src", "model", "arch_table.txt")
     with open(path) as f:
         header = f.readline().strip("# \n")
     blocks = committed_blocks(path)

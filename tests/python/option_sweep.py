@@ -29,7 +29,7 @@ from verify_expects import SMALL  # noqa: E402
 warnings.filterwarnings("ignore")
 transformers.logging.set_verbosity_error()
 
-TABLE = os.path.join(os.path.dirname(__file__), "..", "..", "src", "model", "option_table.txt")
+TABLE = os.path.join(os.path.dirname(__file__), "..", "..", "crates", "devmap-core", "src", "model", "option_table.txt")
 LISTED = [
     ("T5ForConditionalGeneration", "feed_forward_proj", "gated-gelu"),
     ("DeepseekV2ForCausalLM", "q_lora_rank", None),

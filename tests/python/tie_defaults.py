@@ -13,7 +13,7 @@ from gen_tie_defaults import render, untied_model_types  # noqa: E402
 
 
 def main():
-    here = os.path.join(os.path.dirname(__file__), "..", "..", "src", "formats", "tie_defaults.txt")
+    here = os.path.join(os.path.dirname(__file__), "..", "..", "crates", "devmap-core", "src", "formats", "tie_defaults.txt")
     with open(here) as f:
         committed = f.read()
     fresh = render()
