@@ -9,8 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use devmap::model::DType;
 use devmap::save::cast::cast;
+use devmap::types::DType;
 
 const ELEMENTS: usize = 64 << 20;
 

@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 
 use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
-use devmap::model::{DType, LoadOptions, load};
+use devmap::model::{LoadOptions, load};
+use devmap::types::DType;
 
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

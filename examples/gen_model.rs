@@ -12,7 +12,7 @@ use devmap::fixtures::{
     FixtureTensor, LlamaShape, llama_config, llama_like, write_json, write_offload_dat,
     write_sharded,
 };
-use devmap::model::DType;
+use devmap::types::DType;
 
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

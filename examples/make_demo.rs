@@ -13,7 +13,7 @@ use devmap::fixtures::{
     FixtureTensor, LlamaShape, llama_config, llama_like, write_json, write_offload_dat,
     write_sharded,
 };
-use devmap::model::DType;
+use devmap::types::DType;
 
 fn main() -> std::io::Result<()> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

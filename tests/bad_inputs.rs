@@ -6,9 +6,10 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{arg, cut, demo_copy, devmap, mixed_model, snapshot, stderr, stdout};
+use devmap::model::Placement;
 use devmap::model::checkpoint::{Checkpoint, Parts, Source, Tensor};
-use devmap::model::{DType, Placement};
 use devmap::save::{SaveOptions, prepare};
+use devmap::types::DType;
 
 /// Runs `devmap save` on `dir` (with `extra` flags) and checks it fails without
 /// writing or changing anything. Returns stderr.

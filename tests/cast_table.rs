@@ -6,8 +6,8 @@
 //! builds the same inputs, casts them with devmap's code and must reach the same
 //! fingerprints. (tests/python/dtype_cast.py compares element by element in CI.)
 
-use devmap::model::DType;
 use devmap::save::cast::cast;
+use devmap::types::DType;
 
 fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xCBF2_9CE4_8422_2325, |h, &b| {

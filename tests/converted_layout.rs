@@ -8,7 +8,7 @@ mod common;
 
 use common::{devmap, stderr, stdout};
 use devmap::fixtures::{FixtureTensor, write_json, write_offload_per_tensor, write_sharded};
-use devmap::model::DType;
+use devmap::types::DType;
 
 /// transformers 5's fused offload entries for layer `layer`'s `e` experts
 /// (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]), written as per-tensor files.

@@ -13,7 +13,7 @@ use std::path::Path;
 use common::{arg, devmap, read_saved, stderr, stdout};
 use devmap::fixtures::dcp::{DcpTensor, write_dcp, write_metadata};
 use devmap::fixtures::{FixtureTensor, write_json};
-use devmap::model::DType;
+use devmap::types::DType;
 
 const UP: &str = "model.layers.0.mlp.up_proj.weight";
 

@@ -424,7 +424,7 @@ fn sigterm_and_sighup_restore_the_terminal_and_cancel_the_save() {
             .enumerate()
             .map(|(i, n)| devmap::formats::safetensors::HeaderEntry {
                 name: n.as_str().into(),
-                dtype: devmap::model::DType::F32,
+                dtype: devmap::types::DType::F32,
                 shape: shape.as_slice().into(),
                 begin: (i as u64) << 26,
                 end: (i as u64 + 1) << 26,

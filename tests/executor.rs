@@ -7,9 +7,10 @@
 use std::path::Path;
 
 use devmap::fixtures::{FixtureTensor, pack_int32, write_json, write_safetensors};
-use devmap::model::{DType, LoadOptions, load};
+use devmap::model::{LoadOptions, load};
 use devmap::save::{Reporter, SaveOptions, prepare, write};
-use devmap::verify::{Expected, Kind, Progress, Severity, verify};
+use devmap::types::DType;
+use devmap::verify::{Kind, Progress, SaveReference, Severity, verify};
 use proptest::prelude::*;
 
 /// The dtype a save is asked for (`None`: keep).
@@ -270,7 +271,7 @@ proptest! {
         let cancel = std::sync::atomic::AtomicBool::new(false);
         write(&ckpt, &plan, &options, &cancel, &Reporter::new(None, &cancel)).expect("save");
 
-        let expected = Expected::new(&ckpt, &options).expect("expected");
+        let expected = SaveReference::new(&ckpt, &options).expect("expected");
         let report = verify(&tmp.path().join("out"), Some(&expected), false, &Progress::default())
             .expect("verify");
         let differences: Vec<String> = report

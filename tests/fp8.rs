@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use common::{arg, devmap, stderr};
 use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
-use devmap::model::DType;
+use devmap::types::DType;
 
 /// float32 value of an e4m3fn byte, decoded from its fields.
 fn e4m3(b: u8) -> f32 {

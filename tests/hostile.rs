@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{arg, devmap, mixed_model, read_saved, stderr, stdout};
 use devmap::fixtures::{FixtureTensor, write_json, write_offload_dat, write_safetensors};
-use devmap::model::DType;
+use devmap::types::DType;
 
 /// Runs devmap and fails the test if it has not finished within `secs`: the point of
 /// several tests here is that devmap does not hang.

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use common::hub_server::{self, HubServer, ServerOptions};
 use common::{arg, snapshot, stderr, stdout};
 use devmap::fixtures::{LlamaShape, llama_config, llama_like, write_json, write_sharded};
-use devmap::model::DType;
+use devmap::types::DType;
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 const OTHER_COMMIT: &str = "fedcba9876543210fedcba9876543210fedcba98";

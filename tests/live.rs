@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use devmap::fixtures::{FixtureTensor, write_safetensors};
 use devmap::formats::live::parse_manifest;
-use devmap::model::DType;
 use devmap::model::load::load_live;
 use devmap::save::shards::DtypeChoice;
 use devmap::save::{CommitCheck, Refusal, SaveError, SaveOptions};
+use devmap::types::DType;
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
@@ -70,7 +70,7 @@ fn save(text: &str, out: &Path, check: Option<CommitCheck>) -> Result<(), Failed
     let reporter = devmap::save::Reporter::new(None, &cancel);
     devmap::save::write(&ckpt, &plan, &options, &cancel, &reporter)?;
     // The saver's own replay agrees too (reading the memory again).
-    let expected = devmap::verify::Expected::from_plan(&ckpt, plan);
+    let expected = devmap::verify::SaveReference::from_plan(&ckpt, plan);
     let report = devmap::verify::verify(
         out,
         Some(&expected),

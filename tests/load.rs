@@ -5,7 +5,8 @@ mod common;
 
 use common::{devmap, mixed_model, stderr, stdout};
 use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
-use devmap::model::{DType, LoadOptions, Placement, Source, load};
+use devmap::model::{LoadOptions, Placement, Source, load};
+use devmap::types::DType;
 
 fn json_of(dir: &std::path::Path, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["inspect", dir.to_str().expect("p"), "--json"];

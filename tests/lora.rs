@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use common::{arg, devmap, mixed_model, read_saved, stderr, stdout};
 use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
-use devmap::model::DType;
+use devmap::types::DType;
 
 /// Writes a LoRA adapter folder: for each module, A `[r, in]` and B `[out, r]` in f32.
 fn adapter(dir: &Path, config: serde_json::Value, pairs: &[(&str, u64, u64, u64)]) -> PathBuf {

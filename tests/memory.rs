@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 
 use devmap::fixtures::{FixtureTensor, write_offload_dat};
-use devmap::model::DType;
+use devmap::types::DType;
 
 const LIMIT: u64 = 64 << 20;
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use common::stderr;
 use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
-use devmap::model::DType;
+use devmap::types::DType;
 
 const ROWS: u64 = 6;
 const COLS: u64 = 64;

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use common::{arg, devmap, stderr, stdout};
 use devmap::fixtures::{LlamaShape, llama_config, llama_like, write_json, write_safetensors};
-use devmap::model::DType;
+use devmap::types::DType;
 
 const SHAPE: LlamaShape = LlamaShape {
     layers: 1,

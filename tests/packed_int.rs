@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use common::stderr;
 use devmap::fixtures::{FixtureTensor, pack_int32 as pack, write_json, write_safetensors};
-use devmap::model::DType;
+use devmap::types::DType;
 
 const ROWS: u64 = 40;
 const COLS: u64 = 64;

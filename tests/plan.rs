@@ -8,8 +8,9 @@ use std::path::Path;
 
 use common::{devmap, stderr, stdout};
 use devmap::fixtures::{LlamaShape, llama_config, llama_like, write_json, write_safetensors};
-use devmap::model::{DType, LoadOptions, Placement, load};
+use devmap::model::{LoadOptions, Placement, load};
 use devmap::plan::{PlanOptions, parse_max_memory, plan};
+use devmap::types::DType;
 
 fn llama(dir: &Path, layers: usize) -> u64 {
     llama_stored_as(dir, layers, DType::BF16)

@@ -10,8 +10,9 @@ use common::{Stored, read_saved};
 use devmap::fixtures::{
     FixtureTensor, write_offload_dat, write_offload_per_tensor, write_safetensors,
 };
-use devmap::model::{DType, LoadOptions, load};
+use devmap::model::{LoadOptions, load};
 use devmap::save::{Reporter, SaveOptions, prepare, write};
+use devmap::types::DType;
 use proptest::prelude::*;
 
 const DTYPES: [DType; 9] = [
@@ -307,7 +308,7 @@ proptest! {
         );
         if let Ok(accepted) = parsed {
             for e in &accepted {
-                let want = devmap::types::dtype::byte_len(e.dtype, &e.shape).expect("len");
+                let want = devmap::types::byte_len(e.dtype, &e.shape).expect("len");
                 prop_assert_eq!(e.len, want, "{} accepted with the wrong length", e.name);
                 let on_disk = std::fs::metadata(&e.file).map_or(0, |m| m.len());
                 prop_assert_eq!(on_disk, want, "{} accepted over a file of another size", e.name);

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use common::stderr;
 use devmap::fixtures::{FixtureTensor, write_json, write_safetensors};
-use devmap::model::DType;
+use devmap::types::DType;
 
 /// bfloat16 values spread over a few magnitudes.
 fn weight(name: &str, shape: &[u64], seed: u64) -> FixtureTensor {

@@ -159,7 +159,7 @@ fn three_ranks_write_their_blocks_into_one_checkpoint() {
     let m = model();
     for (dtype, name) in [
         (DtypeChoice::AsLoaded, "F32"),
-        (DtypeChoice::To(devmap::model::DType::BF16), "BF16"),
+        (DtypeChoice::To(devmap::types::DType::BF16), "BF16"),
     ] {
         let out = tmp.path().join(format!("out-{name}"));
         let ranks: Vec<Rank> = (0..3)

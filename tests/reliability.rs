@@ -12,8 +12,9 @@ use std::sync::atomic::AtomicBool;
 
 use common::{Stored, arg, mixed_model, read_saved, snapshot, stderr};
 use devmap::fixtures::{FixtureTensor, write_json, write_offload_dat};
-use devmap::model::{DType, LoadOptions, load};
+use devmap::model::{LoadOptions, load};
 use devmap::save::{Reporter, SaveOptions, prepare, write};
+use devmap::types::DType;
 
 /// Files a save leaves while it runs; none may remain after it ends.
 fn unfinished(out: &Path) -> Vec<String> {

@@ -216,7 +216,7 @@ fn other_offload_forms_give_the_same_result() {
             .enumerate()
             .map(|(i, name)| {
                 let s = &m.expected[name];
-                let dtype = devmap::model::DType::from_safetensors_name(&s.dtype).expect("dtype");
+                let dtype = devmap::types::DType::from_safetensors_name(&s.dtype).expect("dtype");
                 let shape: Vec<u64> = s.shape.iter().map(|&d| d as u64).collect();
                 let t = FixtureTensor::patterned(name, dtype, &shape, 77_000 + i as u64);
                 expected.insert(name.clone(), Stored::of(&t));
@@ -354,7 +354,7 @@ fn dtype_casts_floating_tensors_only_and_records_the_dtype() {
 #[test]
 fn dtype_auto_follows_an_offload_folder_in_another_dtype() {
     use devmap::fixtures::{FixtureTensor, write_json, write_offload_dat, write_safetensors};
-    use devmap::model::DType;
+    use devmap::types::DType;
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("model");
     std::fs::create_dir(&dir).expect("mkdir");
@@ -412,7 +412,7 @@ fn dtype_auto_follows_an_offload_folder_in_another_dtype() {
 #[test]
 fn a_big_shard_written_by_several_threads_is_byte_identical() {
     use devmap::fixtures::{FixtureTensor, write_safetensors};
-    use devmap::model::DType;
+    use devmap::types::DType;
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("model");
     std::fs::create_dir(&dir).expect("dir");

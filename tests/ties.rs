@@ -14,7 +14,7 @@ use common::{arg, devmap, read_saved, stderr, stdout};
 use devmap::fixtures::torch_bin::{write_torch_bin, write_torch_bin_aliased};
 use devmap::fixtures::{FixtureTensor, LlamaShape, llama_config, llama_like, write_json};
 use devmap::fixtures::{write_safetensors, write_sharded};
-use devmap::model::DType;
+use devmap::types::DType;
 
 const SHAPE: LlamaShape = LlamaShape {
     layers: 2,

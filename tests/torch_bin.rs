@@ -10,7 +10,7 @@ use std::path::Path;
 use common::{arg, devmap, read_saved, stderr, stdout};
 use devmap::fixtures::torch_bin::{stored_zip, write_torch_bin};
 use devmap::fixtures::{FixtureTensor, write_json};
-use devmap::model::DType;
+use devmap::types::DType;
 
 fn tensors() -> Vec<FixtureTensor> {
     vec![

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use common::{arg, devmap, mixed_model, stderr, stdout};
 use devmap::fixtures::{FixtureTensor, LlamaShape, llama_config, llama_like, write_json};
 use devmap::formats::safetensors::{HeaderTensor, read_header};
-use devmap::model::DType;
+use devmap::types::DType;
 
 /// A small tied Llama in three shards, and where to save it.
 struct Case {

@@ -12,7 +12,7 @@ use std::path::Path;
 use common::{read_saved, stderr};
 use devmap::fixtures::zero::{STEP, ZeroCheckpoint, write_zero};
 use devmap::fixtures::{FixtureTensor, write_json};
-use devmap::model::DType;
+use devmap::types::DType;
 
 fn params() -> Vec<FixtureTensor> {
     vec![

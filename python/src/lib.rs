@@ -106,7 +106,7 @@ fn save_manifest(
     let report = result.map_err(fail)?;
     let mut verified = serde_json::Value::Null;
     if let Some(plan) = planned {
-        let expected = devmap::verify::Expected::from_plan(&ckpt, plan).with_stage(stage);
+        let expected = devmap::verify::SaveReference::from_plan(&ckpt, plan).with_stage(stage);
         let checked = py.detach(|| {
             devmap::verify::verify(
                 &report.out,

@@ -119,7 +119,7 @@ pub struct PlanArgs {
     /// floating-point tensors count at its size, larger or smaller than stored, but
     /// those transformers keeps in float32. Default: as stored.
     #[arg(long, value_name = "DTYPE", value_parser = parse_dtype)]
-    pub dtype: Option<devmap::model::DType>,
+    pub dtype: Option<devmap::types::DType>,
     /// Write the map to FILE instead of standard output (never over the input map).
     #[arg(long, short, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -334,15 +334,15 @@ fn parse_max_memory(text: &str) -> Result<Budgets, devmap::plan::BudgetError> {
     devmap::plan::parse_max_memory(text).map(Budgets)
 }
 
-fn parse_dtype(text: &str) -> Result<devmap::model::DType, String> {
-    devmap::model::DType::from_torch_name(text)
-        .or_else(|| devmap::model::DType::from_safetensors_name(text))
+fn parse_dtype(text: &str) -> Result<devmap::types::DType, String> {
+    devmap::types::DType::from_torch_name(text)
+        .or_else(|| devmap::types::DType::from_safetensors_name(text))
         .ok_or_else(|| format!("`{text}` is not a dtype: use e.g. bfloat16, float16, float32"))
 }
 
 fn parse_save_dtype(text: &str) -> Result<devmap::save::shards::DtypeChoice, String> {
-    use devmap::model::DType;
     use devmap::save::shards::DtypeChoice;
+    use devmap::types::DType;
     match text {
         "auto" => Ok(DtypeChoice::Auto),
         "keep" => Ok(DtypeChoice::Keep),

@@ -308,7 +308,7 @@ pub(super) fn refuse_remote(arg: &Path, what: &str) -> Result<()> {
 /// `keep_refusal`; else that is said in a warning and the table answers.
 pub(super) fn ask_transformers(
     config_dir: &Path,
-    dtype: Option<devmap::model::DType>,
+    dtype: Option<devmap::types::DType>,
     model: &ModelArgs,
     (quiet, keep_refusal): (bool, bool),
 ) -> Result<Option<devmap::oracle::Answer>> {
@@ -569,7 +569,7 @@ fn save(a: &SaveArgs, model: &ModelArgs) -> Result<ExitCode> {
     }
     match planned {
         Some(plan) => {
-            let mut expected = devmap::verify::Expected::from_plan(&ckpt, plan);
+            let mut expected = devmap::verify::SaveReference::from_plan(&ckpt, plan);
             if a.weights_only {
                 expected = expected.weights_only();
             }

@@ -134,7 +134,7 @@ fn json(
         .collect();
     let value = json!({
         "layout": {"tp": tp, "ep": ep, "pp": pp, "sharded_as": "vllm"},
-        "dtype": a.dtype.map(devmap::model::DType::torch_name),
+        "dtype": a.dtype.map(devmap::types::DType::torch_name),
         "ranks": ranks,
         "largest": sharded.largest().map(|r| r.rank),
         "kv_cache": cache.map(|c| json!({

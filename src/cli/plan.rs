@@ -59,7 +59,7 @@ impl Runtime {
 fn plan_json(
     planned: &devmap::plan::Planned,
     options: &devmap::plan::PlanOptions,
-    dtype: Option<devmap::model::DType>,
+    dtype: Option<devmap::types::DType>,
     runtime: Option<&Runtime>,
     weight_budgets: Option<&[(Placement, u64)]>,
 ) -> String {
@@ -110,7 +110,7 @@ fn plan_json(
         .collect();
     let value = json!({
         "mode": options.mode.name(),
-        "dtype": dtype.map(devmap::model::DType::torch_name),
+        "dtype": dtype.map(devmap::types::DType::torch_name),
         "budgets": budgets,
         "weight_budgets": weight_budgets.map(|w| w
             .iter()

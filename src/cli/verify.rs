@@ -11,7 +11,7 @@ use std::time::Instant;
 use color_eyre::eyre::{Result, WrapErr, eyre};
 use devmap::human_bytes;
 use devmap::save::SaveOptions;
-use devmap::verify::{Expected, Progress, verify_with_ticks};
+use devmap::verify::{Progress, SaveReference, verify_with_ticks};
 
 use super::args::{ModelArgs, VerifyArgs};
 use super::output::{OutputGone, err_line, out, print_error};
@@ -35,7 +35,7 @@ pub fn run(a: &VerifyArgs, model: &ModelArgs) -> ExitCode {
                     quantize_fp8: a.quantize == Some(super::args::QuantizeFormat::Fp8Block),
                     ..SaveOptions::new(&a.out)
                 };
-                let expected = Expected::new(ckpt, &options)
+                let expected = SaveReference::new(ckpt, &options)
                     .map_err(|e| eyre!(e))
                     .wrap_err_with(|| {
                         format!(
@@ -78,7 +78,7 @@ pub fn run(a: &VerifyArgs, model: &ModelArgs) -> ExitCode {
 /// stderr like the rest of the save's messages.
 pub fn after_save(
     out: &Path,
-    expected: &Expected,
+    expected: &SaveReference,
     how: (bool, Option<&devmap::oracle::Answer>),
     quiet: bool,
 ) -> Result<ExitCode> {
@@ -103,7 +103,7 @@ fn status(report: &devmap::verify::VerifyReport) -> ExitCode {
 /// Ctrl-C cancels it.
 fn check(
     out: &Path,
-    expected: Option<&Expected>,
+    expected: Option<&SaveReference>,
     how: (bool, Option<&devmap::oracle::Answer>),
     quiet: bool,
 ) -> Result<devmap::verify::VerifyReport> {

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use devmap::fixtures::{
     FixtureTensor, write_json, write_offload_dat, write_safetensors, write_sharded,
 };
-use devmap::model::DType;
+use devmap::types::DType;
 
 pub mod hub_server;
 pub mod journey;

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use crate::common::hub_server::{self, ServerOptions};
 use devmap::fixtures::{LlamaShape, llama_config, llama_like, write_json, write_sharded};
-use devmap::model::DType;
+use devmap::types::DType;
 
 #[test]
 #[ignore = "needs huggingface_hub (with torch, transformers): run .ci/run"]

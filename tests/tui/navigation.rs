@@ -142,7 +142,7 @@ fn names_with_control_characters_are_drawn_escaped() {
     use devmap::fixtures::{FixtureTensor, write_safetensors};
     let tmp = tempfile::tempdir().expect("tmp");
     let evil = "model.\x1b]0;pwned\x07.\u{202e}w";
-    let t = FixtureTensor::patterned(evil, devmap::model::DType::F32, &[2], 1);
+    let t = FixtureTensor::patterned(evil, devmap::types::DType::F32, &[2], 1);
     write_safetensors(&tmp.path().join("model.safetensors"), &[&t]).expect("w");
     let ckpt = load(tmp.path(), &LoadOptions::default()).expect("load");
     let mut app = App::new(ckpt);

@@ -268,13 +268,13 @@ fn the_title_says_a_quantized_checkpoint_is_quantized() {
     std::fs::create_dir_all(&dir).expect("mkdir");
     let w = devmap::fixtures::FixtureTensor::patterned(
         "model.layers.0.mlp.down_proj.weight",
-        devmap::model::DType::F8E4M3,
+        devmap::types::DType::F8E4M3,
         &[4, 4],
         1,
     );
     let s = devmap::fixtures::FixtureTensor::patterned(
         "model.layers.0.mlp.down_proj.weight_scale_inv",
-        devmap::model::DType::F32,
+        devmap::types::DType::F32,
         &[1, 1],
         2,
     );

@@ -464,7 +464,7 @@ fn the_save_dialog_offers_the_dtype_and_previews_the_output_size() {
         "typing does not edit the dtype or the path"
     );
     assert_eq!(devmap::tui::app::dtype_label(d.dtype), "float32");
-    assert_eq!(d.preview.cast_to, Some(devmap::model::DType::F32));
+    assert_eq!(d.preview.cast_to, Some(devmap::types::DType::F32));
     assert!(
         d.preview.bytes > bytes_as_stored,
         "float32 output is larger: {} vs {bytes_as_stored}",
@@ -533,7 +533,7 @@ fn default_outputs_go_beside_the_model_but_never_into_a_git_checkout() {
     let dir = repo.join("models").join("tiny");
     std::fs::create_dir_all(&dir).expect("mkdir");
     std::fs::create_dir(repo.join(".git")).expect("a checkout");
-    let t = FixtureTensor::patterned("w", devmap::model::DType::F32, &[2], 1);
+    let t = FixtureTensor::patterned("w", devmap::types::DType::F32, &[2], 1);
     write_safetensors(&dir.join("model.safetensors"), &[&t]).expect("w");
     let mut app = App::new(load(&dir, &LoadOptions::default()).expect("load"));
     press(&mut app, &[ch('s')]);

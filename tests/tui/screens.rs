@@ -367,13 +367,13 @@ fn the_details_of_a_quantized_weight_and_its_scales() {
     std::fs::create_dir(&dir).expect("mkdir");
     let weight = FixtureTensor {
         name: "model.layers.0.mlp.down_proj.weight".into(),
-        dtype: devmap::model::DType::F8E4M3,
+        dtype: devmap::types::DType::F8E4M3,
         shape: vec![4, 8],
         data: vec![0x38; 32],
     };
     let scales = FixtureTensor {
         name: "model.layers.0.mlp.down_proj.weight_scale_inv".into(),
-        dtype: devmap::model::DType::F32,
+        dtype: devmap::types::DType::F32,
         shape: vec![1, 1],
         data: 1f32.to_le_bytes().to_vec(),
     };

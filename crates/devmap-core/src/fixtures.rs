@@ -15,7 +15,7 @@ use std::io;
 use std::path::Path;
 
 use crate::formats::hf_index::{INDEX_FILE, shard_file_name};
-use crate::types::dtype::{DType, byte_len};
+use crate::types::{DType, byte_len};
 
 /// A tensor with its bytes.
 #[derive(Debug, Clone, PartialEq)]

@@ -75,7 +75,7 @@ pub(super) fn spawn_verify(
     std::thread::Builder::new()
         .name("devmap-verify".into())
         .spawn(move || {
-            let expected = devmap_core::verify::Expected::from_plan(&ckpt, plan);
+            let expected = devmap_core::verify::SaveReference::from_plan(&ckpt, plan);
             // A NaN the merges were allowed to carry is no surprise in the output.
             let allow_nonfinite = ckpt.merges_allow_nonfinite();
             let result = devmap_core::verify::verify_with_ticks(

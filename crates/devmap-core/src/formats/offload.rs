@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::FormatError;
 use super::json::OrderedObject;
 use super::safetensors::HeaderCache;
-use crate::types::dtype::{DType, byte_len};
+use crate::types::{DType, byte_len};
 
 pub const OFFLOAD_INDEX: &str = "index.json";
 

@@ -14,8 +14,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::pieced::{PiecedTensor, Split};
 use super::safetensors::{Header, HeaderTensor, read_header};
+use super::split::{PiecedTensor, Split};
 use super::{FormatError, Kind};
 use crate::types::pieces::Piece;
 use crate::types::range::ByteRange;

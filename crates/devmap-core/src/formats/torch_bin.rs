@@ -10,8 +10,8 @@ use std::path::Path;
 
 use super::FormatError;
 use super::pickle::{self, TensorRef, Value};
-use super::pieced::PiecedTensor;
 use super::safetensors::{Header, HeaderTensor};
+use super::split::PiecedTensor;
 use super::zip;
 use crate::types::pieces::Piece;
 

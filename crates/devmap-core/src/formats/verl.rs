@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::pickle::{self, TensorRef, Value};
-use super::pieced::{PiecedTensor, Split};
 use super::safetensors::{Header, HeaderTensor};
+use super::split::{PiecedTensor, Split};
 use super::{FormatError, Kind, torch_bin};
 use crate::types::pieces::Piece;
 use crate::types::range::ByteRange;

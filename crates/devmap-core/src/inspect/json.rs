@@ -216,7 +216,7 @@ fn tensor_out(ckpt: &Checkpoint, id: usize) -> TensorOut<'_> {
                     .map(|p| ChunkOut {
                         file: file(p.range.file),
                         offset: p.range.offset,
-                        rank: crate::formats::pieced::rank_of(ckpt.file_path(p.range.file)),
+                        rank: crate::formats::split::rank_of(ckpt.file_path(p.range.file)),
                         offsets: &p.offsets,
                         sizes: &p.sizes,
                         stride: p.stride.as_deref(),

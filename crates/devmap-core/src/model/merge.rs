@@ -3,7 +3,7 @@
 //! [`super::lora`]; computed by `save::lora_kernel`, which the saver and `devmap verify`
 //! share.
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::range::ByteRange;
 
 /// One stored matrix of an adapter: where its bytes are, their dtype and its shape.

@@ -16,7 +16,6 @@ pub use crate::types::shape;
 pub mod tree;
 pub mod warning;
 
-pub use crate::types::DType;
 pub use crate::types::{DeviceMap, Placement};
 pub use checkpoint::{
     ByteRange, Checkpoint, NamedTie, Source, Tensor, TensorId, TieEvidence, TieGroup,

@@ -5,7 +5,7 @@
 //! `save::mxfp4`) are what dequantizes.
 
 use super::checkpoint::{Checkpoint, TensorId};
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// One tensor's part in a quantized checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::text::count;
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::placement::Placement;
 
 /// Names listed in a message before "and N more".

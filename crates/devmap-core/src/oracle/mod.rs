@@ -20,7 +20,7 @@ use std::process::Command;
 
 use serde::Deserialize;
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// The script run by the user's Python (kept beside this file so it reads as Python).
 const ASK: &str = include_str!("ask.py");

@@ -25,7 +25,7 @@
 
 use serde_json::Value;
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// One forward's activations.
 #[derive(Debug, Clone, PartialEq, Eq)]

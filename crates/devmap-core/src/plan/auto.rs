@@ -27,7 +27,7 @@ pub struct PlanOptions {
     /// `["none"]`: every module may be split.
     pub no_split: Vec<String>,
     /// The dtype the model will be loaded as (`torch_dtype`); `None`: as stored.
-    pub dtype: Option<crate::model::DType>,
+    pub dtype: Option<crate::types::DType>,
     /// `from_pretrained`'s `device_map` string.
     pub mode: PlanMode,
 }

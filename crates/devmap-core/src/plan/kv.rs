@@ -21,7 +21,7 @@
 
 use serde_json::Value;
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::placement::Placement;
 
 /// What is asked: tokens read (prompt and generated), sequences at once, and the dtype

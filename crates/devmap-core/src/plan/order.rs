@@ -12,10 +12,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::model::DType;
 use crate::model::arch::{Arch, Cursor};
 use crate::model::checkpoint::{Checkpoint, Tensor};
 use crate::model::tree::{ModuleTree, NodeId};
+use crate::types::DType;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanNode {

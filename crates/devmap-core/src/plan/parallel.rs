@@ -37,7 +37,7 @@ use std::collections::BTreeMap;
 
 use super::kv::KvCache;
 use crate::model::checkpoint::{Checkpoint, Tensor};
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// vLLM's `DEFAULT_VOCAB_PADDING_SIZE`.
 pub const VOCAB_PADDING: u64 = 64;

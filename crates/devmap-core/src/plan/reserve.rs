@@ -39,7 +39,7 @@ pub fn kv_by_device(ckpt: &Checkpoint, map: &DeviceMap, cache: &KvCache) -> Vec<
 pub fn weights_by_device(
     ckpt: &Checkpoint,
     map: &DeviceMap,
-    dtype: Option<crate::types::dtype::DType>,
+    dtype: Option<crate::types::DType>,
 ) -> Vec<(Placement, u64)> {
     use std::collections::HashMap;
     let arch = crate::model::arch::lookup(&ckpt.config.architectures);

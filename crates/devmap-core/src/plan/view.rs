@@ -220,7 +220,7 @@ fn renamed_view(ckpt: &Checkpoint, arch: Option<&Arch>) -> Option<Checkpoint> {
 }
 
 /// A tensor's dtype and dims.
-type Layout = (crate::model::DType, Vec<u64>);
+type Layout = (crate::types::DType, Vec<u64>);
 
 /// The fused parameters the architecture loads per-expert tensors into, with their
 /// dtype and shape: for each, every expert `0..E` must be there with one dtype and one

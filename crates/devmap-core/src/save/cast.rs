@@ -15,7 +15,7 @@ use half::slice::HalfFloatSliceExt;
 /// and 8 KiB of f32).
 const BLOCK: usize = 2048;
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// The floating dtypes devmap casts between.
 pub fn is_castable(dtype: DType) -> bool {

@@ -20,7 +20,7 @@ use super::names::{BACKUP_SUFFIX, PARTIAL_SUFFIX, blocked_target, is_saved_weigh
 
 /// Temporary files of one save, removed unless the save completes; holds the lock on
 /// OUT for as long as it lives.
-pub(super) struct Staging {
+pub(super) struct TempFiles {
     out: PathBuf,
     /// Unique to this save: pid, time and a counter.
     nonce: String,
@@ -34,10 +34,9 @@ pub(super) struct Staging {
     _lock: File,
 }
 
-impl Staging {
-    /// Creates OUT if needed, locks it against other saves, and starts an empty
-    /// staging area in it.
-    pub(super) fn begin(out: &Path) -> Result<Staging, SaveError> {
+impl TempFiles {
+    /// Creates OUT if needed, locks it against other saves, and starts an empty    /// temporary files in it.
+    pub(super) fn begin(out: &Path) -> Result<TempFiles, SaveError> {
         let created_out = !out.exists();
         std::fs::create_dir_all(out).map_err(|e| SaveError::io(out, e))?;
         let lock = File::open(out).map_err(|e| SaveError::io(out, e))?;
@@ -65,7 +64,7 @@ impl Staging {
             std::process::id(),
             SAVES.fetch_add(1, Ordering::Relaxed)
         );
-        Ok(Staging {
+        Ok(TempFiles {
             out: out.to_path_buf(),
             nonce,
             files: Vec::new(),
@@ -217,7 +216,7 @@ fn restore(moves: &[(PathBuf, PathBuf)]) {
     }
 }
 
-impl Drop for Staging {
+impl Drop for TempFiles {
     fn drop(&mut self) {
         if self.committed {
             return;
@@ -236,9 +235,13 @@ impl Drop for Staging {
     }
 }
 
-pub(super) fn write_synced(staging: &Staging, path: &Path, bytes: &[u8]) -> Result<(), SaveError> {
+pub(super) fn write_synced(
+    temp_files: &TempFiles,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), SaveError> {
     use std::io::Write;
-    let mut f = staging.create(path)?;
+    let mut f = temp_files.create(path)?;
     f.write_all(bytes).map_err(|e| SaveError::io(path, e))?;
     f.sync_all().map_err(|e| SaveError::io(path, e))
 }

@@ -6,7 +6,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// Size of the fallback buffer, and of the steps between progress reports.
 pub const CHUNK: usize = 8 << 20;

@@ -10,7 +10,7 @@ use std::sync::mpsc::{Receiver, sync_channel};
 use std::thread::JoinHandle;
 
 use super::check_written::verify_plan_covered;
-use super::commit::{Staging, write_synced};
+use super::commit::{TempFiles, write_synced};
 use super::error::SaveError;
 use super::event::{Reporter, SaveEvent, SaveReport};
 use super::parts::{self, Distributed, Part};
@@ -187,7 +187,7 @@ fn write_as(
     shards: Shards<'_>,
 ) -> Result<SaveReport, SaveError> {
     let out = &options.out;
-    let mut staging = Staging::begin(out)?;
+    let mut temp_files = TempFiles::begin(out)?;
     // Under the lock, what the pre-flight saw may have changed (another save may have
     // finished into OUT meanwhile): look again.
     let changed = preflight::check_out_folder(options);
@@ -199,7 +199,7 @@ fn write_as(
     let shard_tmps: Vec<PathBuf> = plan
         .shards
         .iter()
-        .map(|shard| staging.add(shard.file_name.as_ref()))
+        .map(|shard| temp_files.add(shard.file_name.as_ref()))
         .collect();
     let copies: Vec<(PathBuf, PathBuf)> = if options.weights_only || matches!(shards, Shards::Part)
     {
@@ -218,14 +218,14 @@ fn write_as(
                         .is_some_and(|n| n == "quantize_config.json" || n == "quant_config.json")
             })
             .filter_map(|src| {
-                let tmp = staging.add(src.file_name()?);
+                let tmp = temp_files.add(src.file_name()?);
                 Some((src, tmp))
             })
             .collect()
     };
     let index_tmp = (plan.shards.len() > 1 && !matches!(shards, Shards::Part))
-        .then(|| staging.add(INDEX_FILE.as_ref()));
-    let blocked = staging.blocked_targets();
+        .then(|| temp_files.add(INDEX_FILE.as_ref()));
+    let blocked = temp_files.blocked_targets();
     if !blocked.is_empty() {
         return Err(SaveError::Refused(blocked));
     }
@@ -239,7 +239,7 @@ fn write_as(
     let shared = Shared {
         ckpt,
         plan,
-        staging: &staging,
+        temp_files: &temp_files,
         shard_tmps: &shard_tmps,
         fsync: options.fsync,
         drop_cache,
@@ -257,7 +257,7 @@ fn write_as(
     let workers = match shards {
         Shards::Linked(files) => {
             for (from, tmp) in files.iter().zip(&shard_tmps) {
-                staging.link(from, tmp)?;
+                temp_files.link(from, tmp)?;
             }
             0
         }
@@ -315,9 +315,9 @@ fn write_as(
                 // Quantized on the way out: transformers' FP8 integration loads it.
                 text = crate::formats::config::with_key(&text, "quantization_config", quantization);
             }
-            write_synced(&staging, tmp, text.as_bytes())?;
+            write_synced(&temp_files, tmp, text.as_bytes())?;
         } else {
-            copy_beside(&staging, src, tmp)?;
+            copy_beside(&temp_files, src, tmp)?;
         }
         copied_files.push(
             src.file_name()
@@ -340,7 +340,7 @@ fn write_as(
             })
             .collect();
         let text = encode_index(plan.total_parameters, plan.total_size, &weight_map);
-        write_synced(&staging, tmp, text.as_bytes())?;
+        write_synced(&temp_files, tmp, text.as_bytes())?;
     }
     if cancel.load(Ordering::Relaxed) {
         return Err(SaveError::Cancelled);
@@ -355,7 +355,7 @@ fn write_as(
 
     // Commit: from here on, files appear under their real names, the index last.
     let shard_files: Vec<String> = plan.shards.iter().map(|s| s.file_name.clone()).collect();
-    let removed_stale = staging.commit(&shard_files, options.commit_fault)?;
+    let removed_stale = temp_files.commit(&shard_files, options.commit_fault)?;
     Ok(SaveReport {
         out: out.clone(),
         shard_files,
@@ -371,9 +371,9 @@ fn write_as(
 /// Copies a small file of the model directory (config, tokenizer) to its temporary
 /// name in OUT. A full disk or a file-size limit is OUT's problem and says so; any
 /// other failure names the input.
-fn copy_beside(staging: &Staging, src: &Path, tmp: &Path) -> Result<(), SaveError> {
+fn copy_beside(temp_files: &TempFiles, src: &Path, tmp: &Path) -> Result<(), SaveError> {
     let mut input = std::fs::File::open(src).map_err(|e| SaveError::io(src, e))?;
-    let mut output = staging.create(tmp)?;
+    let mut output = temp_files.create(tmp)?;
     std::io::copy(&mut input, &mut output).map_err(|e| {
         if crate::sys::files::is_disk_full(&e) {
             SaveError::io(tmp, e)

@@ -5,7 +5,7 @@
 //! 32 values a step by byte shuffles. A code's output is a table entry on every path,
 //! so the bytes never depend on the CPU.
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// Each byte of `bytes` as two values (the low nibble first), looked up in `table`
 /// into `dst`. Four bytes at a time, their outputs gathered into 8-byte stores.

@@ -20,7 +20,7 @@ use std::fs::File;
 use std::io;
 
 use super::copy::{CopyError, Stop, read_exact_at};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::range::ByteRange;
 
 /// The FP4 (E2M1) values by nibble, as transformers' `FP4_VALUES`.

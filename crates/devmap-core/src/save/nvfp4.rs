@@ -23,7 +23,7 @@ use std::io;
 
 use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
 use super::lookup::expand_nibbles;
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::range::ByteRange;
 
 /// Values a scale covers.

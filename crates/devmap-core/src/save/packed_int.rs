@@ -20,7 +20,7 @@ use std::io;
 
 use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
 use super::lookup::{expand_nibbles, fill_table, round_and_convert};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::range::ByteRange;
 
 /// Output elements per band (before rounding up to 32 rows).

@@ -15,7 +15,7 @@ use std::fs::File;
 
 use super::copy::{Copier, CopyError, Stop};
 use crate::model::checkpoint::{Checkpoint, TensorId};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::pieces::{Piece, Run};
 use crate::types::range::FileId;
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::SystemTime;
 
 use super::check_written::verify_shard;
-use super::commit::Staging;
+use super::commit::TempFiles;
 use super::copy::{Copier, CopyError};
 use super::error::SaveError;
 use super::event::{Reporter, SaveEvent};
@@ -74,7 +74,7 @@ fn check_unchanged(ckpt: &Checkpoint, id: FileId, file: &File) -> Result<(), Sav
 pub(super) struct Shared<'a> {
     pub(super) ckpt: &'a Checkpoint,
     pub(super) plan: &'a SavePlan,
-    pub(super) staging: &'a Staging,
+    pub(super) temp_files: &'a TempFiles,
     /// Each shard's temporary file, by shard index.
     pub(super) shard_tmps: &'a [PathBuf],
     pub(super) fsync: bool,
@@ -184,7 +184,7 @@ impl ShardWriter<'_> {
         index: usize,
     ) -> Result<(), SaveError> {
         use std::io::Write;
-        let dst = self.shared.staging.create(tmp)?;
+        let dst = self.shared.temp_files.create(tmp)?;
         // The header streams into the new file from offset 0 through a small buffer.
         let mut out = std::io::BufWriter::with_capacity(1 << 20, &dst);
         let data_start = shard

@@ -10,8 +10,9 @@ use crate::model::checkpoint::Checkpoint;
 use crate::save::shards::PlannedTensor;
 use crate::save::{SaveError, SaveOptions, SavePlan};
 
-/// A model and the plan of saving it: the reference a checkpoint is compared with.
-pub struct Expected<'a> {
+/// A model and the plan of saving it: the reference a checkpoint is compared with
+/// (what a save writes; `verify::expects` is transformers' view instead).
+pub struct SaveReference<'a> {
     pub(super) ckpt: &'a Checkpoint,
     pub(super) plan: SavePlan,
     /// Whether the save copies config.json (not with `--weights-only`).
@@ -20,11 +21,14 @@ pub struct Expected<'a> {
     pub(super) stage: Option<crate::save::stage::StageRef>,
 }
 
-impl<'a> Expected<'a> {
+impl<'a> SaveReference<'a> {
     /// What `devmap save` of `ckpt` with `options` writes (the shard size does not
     /// matter: tensors are compared by name).
-    pub fn new(ckpt: &'a Checkpoint, options: &SaveOptions) -> Result<Expected<'a>, SaveError> {
-        Ok(Expected {
+    pub fn new(
+        ckpt: &'a Checkpoint,
+        options: &SaveOptions,
+    ) -> Result<SaveReference<'a>, SaveError> {
+        Ok(SaveReference {
             ckpt,
             plan: crate::save::plan(ckpt, options)?,
             copies_config: true,
@@ -33,8 +37,8 @@ impl<'a> Expected<'a> {
     }
 
     /// A plan already made (the one a save just wrote).
-    pub fn from_plan(ckpt: &'a Checkpoint, plan: SavePlan) -> Expected<'a> {
-        Expected {
+    pub fn from_plan(ckpt: &'a Checkpoint, plan: SavePlan) -> SaveReference<'a> {
+        SaveReference {
             ckpt,
             plan,
             copies_config: true,
@@ -44,14 +48,14 @@ impl<'a> Expected<'a> {
 
     /// Staged sources (a live model's GPU tensors) are read again through `stage`.
     #[must_use]
-    pub fn with_stage(mut self, stage: Option<crate::save::stage::StageRef>) -> Expected<'a> {
+    pub fn with_stage(mut self, stage: Option<crate::save::stage::StageRef>) -> SaveReference<'a> {
         self.stage = stage;
         self
     }
 
     /// The save wrote the weights only (`--weights-only`): no config.json is expected.
     #[must_use]
-    pub fn weights_only(mut self) -> Expected<'a> {
+    pub fn weights_only(mut self) -> SaveReference<'a> {
         self.copies_config = false;
         self
     }
@@ -84,7 +88,7 @@ impl<'a> Expected<'a> {
 /// planned tensor)` for the pairs whose content is to be compared.
 pub(super) fn match_up<'e>(
     written: &Written,
-    expected: &'e Expected<'_>,
+    expected: &'e SaveReference<'_>,
     findings: &mut Vec<Finding>,
 ) -> Vec<(usize, &'e PlannedTensor)> {
     let by_name: HashMap<&str, usize> = written
@@ -157,7 +161,7 @@ pub(super) fn match_up<'e>(
 /// own bytes decide whether it lost anything, so a head tied by mistake is a
 /// difference, not "0 differences" by the same decision replayed.
 pub(super) fn dropped_ties(
-    expected: &Expected<'_>,
+    expected: &SaveReference<'_>,
     progress: &super::Progress,
     findings: &mut Vec<Finding>,
 ) -> Result<(), super::VerifyError> {

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use super::report::{Finding, Kind};
 use super::written::{Written, WrittenTensor};
 use crate::oracle::{Answer, Entry};
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// Checks `written` against `answer`; findings go to `findings`.
 pub fn check(written: &Written, answer: &Answer, findings: &mut Vec<Finding>) {

@@ -3,7 +3,7 @@
 
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// What a tensor's bytes amount to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

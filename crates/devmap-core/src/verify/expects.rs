@@ -11,7 +11,7 @@ use super::written::{Written, WrittenTensor};
 use crate::formats::config::ModelConfig;
 use crate::model::expect::{self, Expect, ExpectedTensor, Form, List, Node, Tied, Values};
 use crate::model::options;
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// What the check covered, for the report's summary.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -7,7 +7,7 @@
 //! - as transformers expects (`expects`): the tensors, shapes and float32 modules
 //!   config.json's architecture holds, from a table generated from transformers
 //!   itself, so it does not share the saver's assumptions;
-//! - as saved, with an [`Expected`] model (`--against`): what a save of that model
+//! - as saved, with a [`SaveReference`] model (`--against`): what a save of that model
 //!   writes, computed through the saver's own plan and recipes, compared tensor by
 //!   tensor (name, dtype, shape, hash) — a proof of the copy, not of its meaning.
 //!
@@ -25,7 +25,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-pub use against::Expected;
+pub use against::SaveReference;
 pub use expects::{Coverage, of_plan as expectations_of_plan};
 pub use report::{Check, Finding, Kind, Severity, VerifyReport};
 
@@ -64,7 +64,7 @@ pub enum VerifyError {
 /// `tick` may stop it through `progress.cancel`.
 pub fn verify_with_ticks(
     out: &Path,
-    expected: Option<&Expected>,
+    expected: Option<&SaveReference>,
     (allow_nonfinite, answer): (bool, Option<&crate::oracle::Answer>),
     progress: &Progress,
     tick: &mut dyn FnMut(&Progress),
@@ -96,7 +96,7 @@ pub fn verify_with_ticks(
 /// NaN or infinity is a difference unless `allow_nonfinite`.
 pub fn verify(
     out: &Path,
-    expected: Option<&Expected>,
+    expected: Option<&SaveReference>,
     allow_nonfinite: bool,
     progress: &Progress,
 ) -> Result<VerifyReport, VerifyError> {
@@ -107,7 +107,7 @@ pub fn verify(
 /// the user's transformers says of OUT's config.json) instead of devmap's table.
 pub fn verify_asking(
     out: &Path,
-    expected: Option<&Expected>,
+    expected: Option<&SaveReference>,
     allow_nonfinite: bool,
     answer: Option<&crate::oracle::Answer>,
     progress: &Progress,
@@ -120,7 +120,7 @@ pub fn verify_asking(
         .is_some_and(|c| expects::checked_against(c).is_some());
     written::check_config(
         &written,
-        expected.is_none_or(Expected::has_config),
+        expected.is_none_or(SaveReference::has_config),
         names_checked,
         &mut findings,
     );
@@ -343,7 +343,7 @@ fn byte_midpoint(tensors: &[written::WrittenTensor]) -> usize {
 /// The hash of what a save writes for each pair: the save's own recipe run by the
 /// save's own executor (`save::execute`), into a digest instead of a file.
 fn hash_expected(
-    expected: &Expected,
+    expected: &SaveReference,
     pairs: &[(usize, &crate::save::shards::PlannedTensor)],
     progress: &Progress,
 ) -> Result<(Vec<Option<u128>>, Vec<Finding>), VerifyError> {
@@ -514,7 +514,7 @@ fn read_into(
     copier: &mut Copier,
     at: (&File, u64),
     len: u64,
-    cast: Option<(crate::types::dtype::DType, crate::types::dtype::DType)>,
+    cast: Option<(crate::types::DType, crate::types::DType)>,
     progress: &Progress,
     digester: &mut Digester,
 ) -> Result<(), CopyError> {

@@ -11,14 +11,14 @@
 use std::collections::HashMap;
 use std::fs::File;
 
-use super::against::Expected;
+use super::against::SaveReference;
 use super::report::{Finding, Kind};
 use super::written::{Written, WrittenTensor};
 use crate::save::copy::read_exact_at;
 use crate::save::execute::{Make, Read};
 use crate::save::quantize_fp8::Fp8Part;
 use crate::save::shards::PlannedTensor;
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// Past this fraction of its bound a value is a difference: the f32 roundings of the
 /// scale, its inverse and the products sit far below it.
@@ -37,7 +37,7 @@ struct Worst {
 /// Measures every weight `pairs` quantizes; findings as the module says.
 pub(super) fn check(
     written: &Written,
-    expected: &Expected,
+    expected: &SaveReference,
     pairs: &[(usize, &PlannedTensor)],
     findings: &mut Vec<Finding>,
 ) {

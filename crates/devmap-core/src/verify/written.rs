@@ -12,7 +12,7 @@ use crate::formats::config::{ModelConfig, read_config};
 use crate::formats::hf_index::{INDEX_FILE, SINGLE_FILE, parse_index, read_index_text};
 use crate::formats::safetensors::read_header;
 use crate::model::names::{HEAD_NAMES, input_embedding};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::shape::Shape;
 
 /// A shard whose header reads.

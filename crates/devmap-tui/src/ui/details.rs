@@ -100,7 +100,7 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
             ));
             for p in pieces.iter().take(16) {
                 let path = app.ckpt.file_path(p.range.file);
-                let rank = devmap_core::formats::pieced::rank_of(path)
+                let rank = devmap_core::formats::split::rank_of(path)
                     .map_or_else(|| "rank ?".to_owned(), |r| format!("rank {r}"));
                 lines.extend(kv(
                     &rank,

@@ -25,10 +25,10 @@
 use std::path::{Path, PathBuf};
 
 use super::pickle::{Allow, Value};
-use super::pieced::{PiecedTensor, Split};
 use super::safetensors::{Header, HeaderTensor};
+use super::split::{PiecedTensor, Split};
 use super::{FormatError, Kind, zip};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::pieces::Piece;
 use crate::types::range::ByteRange;
 use crate::types::shape::Shape;

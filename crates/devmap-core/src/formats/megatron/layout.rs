@@ -10,7 +10,7 @@
 //! block and chunk, read where it lies, nothing gathered in memory.
 
 use crate::formats::{FormatError, Kind};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::pieces::Piece;
 use crate::types::range::ByteRange;
 use std::path::Path;

@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 
 use self::args::{Args, Shapes};
 use self::layout::{Heads, MoeNames, Source};
-use super::pieced::{PiecedTensor, Split};
 use super::safetensors::HeaderTensor;
+use super::split::{PiecedTensor, Split};
 use super::{FormatError, Kind};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::pieces::Piece;
 use crate::types::range::ByteRange;
 use crate::types::shape::Shape;

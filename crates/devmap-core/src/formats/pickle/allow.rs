@@ -2,7 +2,7 @@
 //! storage classes and dtypes, DeepSpeed's and DCP's classes, each mapped to the one
 //! value devmap builds for it. Nothing else is ever resolved.
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// torch's typed storage classes (`torch.BFloat16Storage`) and their dtypes.
 pub const STORAGE_CLASSES: [(&str, DType); 10] = [

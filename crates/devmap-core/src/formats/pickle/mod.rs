@@ -17,7 +17,7 @@ pub use allow::{Allow, DTYPES, STORAGE_CLASSES};
 use allow::{DCP_CLASSES, DEEPSPEED_CLASSES, DTENSOR_CLASSES, allowed, storage_class};
 use call::call;
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// A tensor as the pickle describes it: a view of a storage.
 #[derive(Debug, Clone, PartialEq)]

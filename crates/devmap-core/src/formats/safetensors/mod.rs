@@ -13,8 +13,8 @@ use std::fs::File;
 use std::path::Path;
 
 use super::FormatError;
-use crate::types::dtype::{DType, byte_len};
 use crate::types::shape::Shape;
+use crate::types::{DType, byte_len};
 
 /// The largest header the reference implementation accepts.
 pub const MAX_HEADER_LEN: u64 = 100_000_000;

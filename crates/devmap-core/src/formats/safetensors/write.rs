@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// One tensor to be written into a header. Offsets are relative to the data region.
 #[derive(Debug, Clone)]

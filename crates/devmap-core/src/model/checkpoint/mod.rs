@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::placement::{DeviceMap, Placement};
 
 pub use crate::types::pieces::Piece;
@@ -214,7 +214,7 @@ impl Checkpoint {
         let rank_of: Vec<Option<u32>> = self
             .files
             .iter()
-            .map(|f| crate::formats::pieced::rank_of(&f.path))
+            .map(|f| crate::formats::split::rank_of(&f.path))
             .collect();
         let mut shares = std::collections::BTreeMap::new();
         let mut add = |r: &ByteRange| {

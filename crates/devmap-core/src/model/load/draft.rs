@@ -10,7 +10,7 @@ use crate::model::checkpoint::{ByteRange, FileId, Source, SourceFile, Tensor};
 /// Where each tensor comes from while the checkpoint is being put together.
 pub(super) struct Draft {
     /// Checkpoint entries replaced by offload values: `(name, range, dtype)`.
-    pub(super) replaced: Vec<(String, ByteRange, crate::types::dtype::DType)>,
+    pub(super) replaced: Vec<(String, ByteRange, crate::types::DType)>,
     /// Kept in module order once the weights are read, so names are found by binary
     /// search and merged with sorted offload entries in one pass: no name map, no
     /// copy of every name.

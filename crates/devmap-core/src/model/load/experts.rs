@@ -19,7 +19,7 @@
 use super::draft::Draft;
 use crate::model::checkpoint::{ByteRange, Source};
 use crate::model::names::{EXPERT_TEMPLATES, ExpertTemplate, MODULE_RENAMES};
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// If the offload entry `name` is a fused expert tensor whose per-expert pieces all
 /// exist in the checkpoint with the shapes the layout implies, points each of them at

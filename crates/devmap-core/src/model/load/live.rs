@@ -19,7 +19,7 @@ use crate::model::checkpoint::{
     ByteRange, Checkpoint, FileId, InputKind, NO_KEY, NamedTie, Parts, Piece, Source, SourceFile,
     Tensor, TieEvidence,
 };
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::placement::Placement;
 
 /// Reads `manifest` into a checkpoint. `origin` names the manifest in errors.

@@ -248,7 +248,7 @@ fn read_weight_file(
 ) -> Result<
     (
         crate::formats::safetensors::Header,
-        Vec<crate::formats::pieced::PiecedTensor>,
+        Vec<crate::formats::split::PiecedTensor>,
     ),
     FormatError,
 > {
@@ -406,7 +406,7 @@ fn add_broken_shard(
                 push_tensor(
                     draft,
                     (*name).into(),
-                    crate::types::dtype::DType::U8,
+                    crate::types::DType::U8,
                     crate::types::shape::Shape::new(&[0]),
                     Source::None,
                 );
@@ -425,7 +425,7 @@ fn add_broken_shard(
 /// here; a save refuses it). Returns the data files.
 fn add_split(
     draft: &mut Draft,
-    (source, split): (&Path, crate::formats::pieced::Split),
+    (source, split): (&Path, crate::formats::split::Split),
     warnings: &mut Vec<Warning>,
 ) -> Vec<PathBuf> {
     if !split.left_out.is_empty() {
@@ -453,7 +453,7 @@ fn add_split(
 fn add_pieced(
     draft: &mut Draft,
     ids: &[FileId],
-    pieced: Vec<crate::formats::pieced::PiecedTensor>,
+    pieced: Vec<crate::formats::split::PiecedTensor>,
     warnings: &mut Vec<Warning>,
 ) {
     for mut t in pieced {
@@ -490,7 +490,7 @@ fn add_checkpoint_tensor(
 fn push_tensor(
     draft: &mut Draft,
     name: Box<str>,
-    dtype: crate::types::dtype::DType,
+    dtype: crate::types::DType,
     shape: crate::types::shape::Shape,
     source: Source,
 ) {

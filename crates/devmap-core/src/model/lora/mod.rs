@@ -14,7 +14,7 @@ use crate::formats::adapter::{
 use crate::formats::safetensors::{HeaderTensor, read_header};
 use crate::model::checkpoint::{ByteRange, Checkpoint};
 use crate::model::merge::{Matrix, MergeKind, MergeStep};
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 mod experts;
 mod quantized;

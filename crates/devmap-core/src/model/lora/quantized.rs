@@ -4,7 +4,7 @@
 
 use super::model_tensor;
 use crate::model::checkpoint::Checkpoint;
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// Refuses merging into a weight devmap cannot merge into: float32, float16 and
 /// bfloat16 ones, the FP8 (and packed FP4) weights of a fine-grained FP8 or the FP8

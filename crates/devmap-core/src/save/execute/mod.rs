@@ -18,7 +18,7 @@ pub use recipe::{Make, Quant, Read, Recipe};
 use super::copy::{Copier, CopyError, Stop};
 use super::stage::StageRef;
 use crate::model::checkpoint::{Checkpoint, InputKind, TensorId};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::range::{ByteRange, FileId};
 
 /// Merged or dequantized-MXFP4 tensors at least this large are computed on every core

@@ -8,7 +8,7 @@
 
 use super::recipe::{Make, Read, Recipe};
 use crate::model::checkpoint::{Checkpoint, Source, TensorId};
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// See the module: 16 bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use crate::save::mxfp4::Mxfp4Layout;
 use crate::save::nvfp4::Nvfp4Layout;
 use crate::save::packed_int::PackedIntLayout;
 use crate::save::quantize_fp8::{Fp8Out, Fp8Part};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::range::ByteRange;
 
 /// One output tensor's bytes.

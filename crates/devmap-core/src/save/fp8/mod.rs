@@ -21,7 +21,7 @@ use std::io;
 use std::sync::OnceLock;
 
 use super::copy::{CopyError, Stop, read_exact_at};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::range::ByteRange;
 
 mod tables;

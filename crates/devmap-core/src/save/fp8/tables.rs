@@ -3,7 +3,7 @@
 //! the streamed path's own multiply, rounding and cast, then a lookup a value.
 
 use super::{E2M1, Fp8Rows, row_bytes, table};
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 impl Fp8Rows {
     /// `out` = each of `codes`' values times `s`, as [`Fp8Rows::values`] computes it

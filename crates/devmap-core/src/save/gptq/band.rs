@@ -5,7 +5,7 @@
 use super::{Packing, TransposedInt, TransposedIntLayout, word};
 use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at};
 use crate::save::lookup::expand_nibbles;
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// One read band's inputs and a sub-band's output.
 #[derive(Default)]

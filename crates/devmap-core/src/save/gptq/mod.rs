@@ -31,7 +31,7 @@ use std::io;
 use band::{Band, Groups};
 
 use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::range::ByteRange;
 
 /// Output elements per band (before rounding the band to whole words of columns); a

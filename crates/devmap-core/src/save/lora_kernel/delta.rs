@@ -6,7 +6,7 @@ use half::f16;
 
 use super::round_bf16;
 use crate::model::merge::MergeKind;
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// One step with its matrices read, in the orientation of the weight's rows:
 /// `delta[i][j] = scale · Σ_k p[i·r + k] · q[k·cols + j]`.

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use super::delta::Loaded;
 use super::widen;
 use crate::model::merge::{Matrix, MergeKind, MergeStep};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::range::FileId;
 
 /// Reads a step's matrices as f32 and lays them out by the weight's rows.

@@ -24,7 +24,7 @@ use half::f16;
 
 use super::copy::{CopyError, Stop, read_exact_at};
 use crate::model::checkpoint::{Checkpoint, TensorId};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::range::FileId;
 
 mod delta;

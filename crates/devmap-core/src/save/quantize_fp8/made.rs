@@ -10,7 +10,7 @@ use super::Fp8Input;
 
 /// The weight a grid belongs to: its file (device, inode), byte range, source dtype
 /// and tile.
-type Key = ((u64, u64), u64, u64, crate::types::dtype::DType, (u64, u64));
+type Key = ((u64, u64), u64, u64, crate::types::DType, (u64, u64));
 
 /// Grids kept at most: each is taken by the scales recipe of its weight, so only
 /// an interrupted save leaves one behind.

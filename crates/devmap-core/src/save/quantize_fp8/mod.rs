@@ -21,7 +21,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 
 use super::copy::{CopyError, Stop, read_exact_at};
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::range::ByteRange;
 
 mod made;

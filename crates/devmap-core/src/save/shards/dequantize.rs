@@ -8,7 +8,7 @@ use super::DtypeChoice;
 use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::save::execute::{Make, Quant, Read, Recipe};
 use crate::save::reasons::Unsaveable;
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// How a save dequantizes (an explicit float `--dtype` on a quantized checkpoint).
 #[derive(Debug, Clone, Copy)]

@@ -8,7 +8,7 @@ use crate::formats::config::GptqWeights;
 use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::save::execute::{Make, Quant, Read, Recipe};
 use crate::save::gptq::{Packing, TransposedIntLayout};
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// A checkpoint's GPTQ or AWQ scheme, checked.
 #[derive(Debug, Clone, Copy)]

@@ -9,7 +9,7 @@ use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::save::execute::{Make, Quant, Read, Recipe};
 use crate::save::nvfp4::{Nvfp4Convention, Nvfp4Layout};
 use crate::save::packed_int::PackedIntLayout;
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// A checkpoint's one integer weight scheme, checked.
 #[derive(Debug, Clone, Copy)]

@@ -8,7 +8,7 @@ use super::execute::Recipe;
 use super::reasons::Unsaveable;
 use crate::formats::hf_index::{SINGLE_FILE, shard_file_name};
 use crate::model::checkpoint::{ByteRange, Checkpoint, TensorId};
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 mod dequantize;
 mod dequantize_gptq;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use crate::model::checkpoint::Checkpoint;
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// What the user asked for.
 #[derive(Debug, Clone, PartialEq)]

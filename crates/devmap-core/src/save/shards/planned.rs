@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::formats::safetensors::{HeaderEntry, write_header};
 use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::save::execute::{Recipe, packed};
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 use super::options::PARALLEL_SHARD_BYTES;
 

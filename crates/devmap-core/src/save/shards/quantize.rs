@@ -7,7 +7,7 @@
 use crate::model::checkpoint::{Checkpoint, TensorId};
 use crate::save::execute::{Make, Read, Recipe};
 use crate::save::quantize_fp8::{Fp8Out, Fp8Part};
-use crate::types::dtype::DType;
+use crate::types::DType;
 
 /// The tile transformers' FP8 quantizer uses (`weight_block_size`).
 pub const BLOCK: (u64, u64) = (128, 128);

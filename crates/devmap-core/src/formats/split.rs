@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::safetensors::Header;
-use crate::types::dtype::DType;
+use crate::types::DType;
 use crate::types::pieces::Piece;
 use crate::types::shape::Shape;
 
