@@ -8,6 +8,7 @@ pub mod dcp;
 pub mod fuzz;
 pub mod pickle;
 pub mod torch_bin;
+pub mod verl;
 pub mod zero;
 
 use std::collections::{BTreeMap, HashMap};
