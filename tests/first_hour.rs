@@ -2,7 +2,8 @@
 //! "a newcomer's first hour"): a mistyped local path is "no such folder", not a Hub
 //! repo id with an outdated download command; a file given for a folder opens the
 //! folder that holds it; a mistyped subcommand gets "did you mean"; messages name
-//! `hf download`, the command huggingface_hub ships today.
+//! `hf download`, the command huggingface_hub ships today; `save` and `verify` do not
+//! offer `--max-remote-shards`.
 
 mod common;
 
@@ -60,6 +61,28 @@ fn a_weights_file_opens_the_folder_that_holds_it() {
         "{}",
         stderr(&o)
     );
+}
+
+#[test]
+fn only_the_commands_that_read_a_remote_model_offer_its_shard_limit() {
+    for (command, offers) in [
+        (&["--help"][..], true),
+        (&["inspect", "--help"][..], true),
+        (&["plan", "--help"][..], true),
+        (&["save", "--help"][..], false),
+        (&["verify", "--help"][..], false),
+    ] {
+        let o = devmap(command);
+        assert!(o.status.success(), "{command:?}");
+        assert_eq!(
+            stdout(&o).contains("--max-remote-shards"),
+            offers,
+            "{command:?}: save and verify refuse a remote model, so they do not offer its limit"
+        );
+    }
+    // Where it is offered, it is taken after the command.
+    let o = devmap(&["inspect", "assets/demo", "--max-remote-shards", "3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]

@@ -49,6 +49,8 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub pp: Option<u64>,
     #[command(flatten)]
+    pub remote: RemoteArgs,
+    #[command(flatten)]
     pub model: ModelArgs,
 }
 
@@ -168,6 +170,8 @@ pub struct PlanArgs {
     /// Pipeline stages: the layers split as vLLM's get_pp_indices splits them.
     #[arg(long, value_name = "N", conflicts_with = "reserve_kv")]
     pub pp: Option<u64>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// How to read the model directory; shared by every subcommand.
@@ -213,9 +217,18 @@ pub struct ModelArgs {
     /// Let transformers run the model's own code (auto_map) when asked about it.
     #[arg(long, global = true)]
     pub trust_remote_code: bool,
+    /// Set from the command's `--max-remote-shards` (only the commands that read a
+    /// remote model offer it: the inspector, `inspect`, `plan`).
+    #[arg(skip = devmap::remote::DEFAULT_MAX_SHARDS)]
+    pub max_remote_shards: usize,
+}
+
+/// The flag of the commands that read a remote model's headers.
+#[derive(Debug, Clone, Copy, ClapArgs)]
+pub struct RemoteArgs {
     /// Most shard headers to fetch for a remote model (two requests each); an index
     /// naming more is refused before any request for them.
-    #[arg(long, value_name = "N", global = true, default_value_t = devmap::remote::DEFAULT_MAX_SHARDS)]
+    #[arg(long, value_name = "N", default_value_t = devmap::remote::DEFAULT_MAX_SHARDS)]
     pub max_remote_shards: usize,
 }
 
@@ -236,6 +249,8 @@ pub struct InspectArgs {
     /// Budgets to check the map against, e.g. 0=22GiB,cpu=64GiB.
     #[arg(long, value_name = "SPEC", value_parser = parse_max_memory)]
     pub max_memory: Option<Budgets>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// What `save --quantize` writes.

@@ -26,7 +26,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     match args.command {
         Some(Command::Verify(a)) => Ok(verify::run(&a, &args.model)),
         Some(Command::Inspect(a)) => {
-            let mut ckpt = open_to_look(&a.dir, &args.model)?;
+            let model = ModelArgs {
+                max_remote_shards: a.remote.max_remote_shards,
+                ..args.model.clone()
+            };
+            let mut ckpt = open_to_look(&a.dir, &model)?;
             if let Some(budgets) = &a.max_memory {
                 ckpt.warnings
                     .extend(devmap::plan::budget_warnings(&ckpt, &budgets.0));
@@ -41,9 +45,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Some(Command::Plan(a)) => plan::plan(&a, &args.model).map(|()| ExitCode::SUCCESS),
+        Some(Command::Plan(a)) => {
+            let model = ModelArgs {
+                max_remote_shards: a.remote.max_remote_shards,
+                ..args.model.clone()
+            };
+            plan::plan(&a, &model).map(|()| ExitCode::SUCCESS)
+        }
         Some(Command::Save(a)) => save(&a, &args.model),
         None => {
+            let model = ModelArgs {
+                max_remote_shards: args.remote.max_remote_shards,
+                ..args.model.clone()
+            };
             let dir = match args.dir {
                 Some(d) => d,
                 None => demo::demo_dir()?,
@@ -59,7 +73,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
             if std::io::stdout().is_terminal() && !dumb {
                 // The terminal shows "opening …" at once while the model loads (a
                 // remote model's fetch progress under it).
-                let model = args.model.clone();
                 let what = dir.display().to_string();
                 let options = devmap::tui::InspectorOptions {
                     max_memory: args.max_memory.map(|b| b.0).unwrap_or_default(),
@@ -80,7 +93,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                     return Err(e);
                 }
             } else {
-                let ckpt = open_to_look(&dir, &args.model)?;
+                let ckpt = open_to_look(&dir, &model)?;
                 // Not a terminal (piped, redirected): the same picture as text.
                 out(inspect::to_text(&ckpt, inspect::TextOptions::default()))?;
             }
