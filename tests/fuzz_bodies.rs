@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use devmap::fixtures::fuzz::{Mutator, TARGETS};
+use devmap::fixtures::fuzz::{Mutator, TARGETS, clear_scratch};
 
 /// Mutations per target: what fits CI's time with room (each body reads a few KB;
 /// those that write files take ~0.1 ms more an input).
@@ -91,6 +91,7 @@ fn fuzz(target: &str, reads: bool) {
         accepted += usize::from(run(target, body, &input, &format!("mutation {n}")));
         last = input;
     }
+    clear_scratch();
     // Mutations that never get past the first check would test only that: some must
     // read, and be checked, and most must be refused.
     eprintln!("{target}: {accepted} of {MUTATIONS} mutations read");

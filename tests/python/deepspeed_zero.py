@@ -21,10 +21,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
-from saved import start_ranks
+from saved import start_ranks, workdir
 
 INPUT = torch.tensor([[1, 5, 9, 33, 2, 17, 60, 3]])
 SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=90, num_hidden_layers=2,
@@ -156,7 +155,7 @@ def case(devmap, work, stage, port, bf16=False, frozen=False):
 def main(devmap):
     import shutil
 
-    work = tempfile.mkdtemp(prefix="devmap-deepspeed-")
+    work = workdir(prefix="devmap-deepspeed-")
     case(devmap, work, 1, 29543, frozen=True)
     case(devmap, work, 1, 29544, bf16=True)
     case(devmap, work, 2, 29541, frozen=True)

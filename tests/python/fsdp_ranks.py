@@ -21,7 +21,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-WORK = workdir(prefix="devmap-fsdp-")
+# Made by the checking process only: the ranks, forked from a server that imports this
+# file again, would each make (and leave) a folder of their own.
+WORK = workdir(prefix="devmap-fsdp-") if __name__ == "__main__" else None
 SHARD = "40KB"
 
 

@@ -22,12 +22,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import torch
-from saved import start_ranks
+from saved import start_ranks, workdir
 
-WORK = tempfile.mkdtemp(prefix="devmap-ties-")
+# Made by the checking process only (the ranks import this file again), and removed
+# when it exits.
+WORK = workdir(prefix="devmap-ties-") if __name__ == "__main__" else None
 SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=90, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2)
 HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
