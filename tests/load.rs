@@ -388,10 +388,11 @@ fn devmap_without_arguments_reports_on_the_demo_when_not_in_a_terminal() {
 }
 
 /// An installed devmap has no source tree: `devmap` with no argument unpacks the demo
-/// it carries into the temporary folder and opens that (DEVMAP_DEMO_EMBEDDED=1 makes a
-/// checkout's binary behave so). The unpacked files are the bundled ones, byte for byte.
+/// it carries into the temporary folder, opens that, and removes it when done
+/// (DEVMAP_DEMO_EMBEDDED=1 makes a checkout's binary behave so). That the built-in
+/// files are assets/demo byte for byte is the binary's unit test.
 #[test]
-fn the_built_in_demo_opens_without_the_source_tree() {
+fn the_built_in_demo_opens_without_the_source_tree_and_leaves_nothing() {
     let tmp = tempfile::tempdir().expect("tmp");
     let run = || {
         std::process::Command::new(env!("CARGO_BIN_EXE_devmap"))
@@ -407,33 +408,19 @@ fn the_built_in_demo_opens_without_the_source_tree() {
         report.contains("57 tensors") && report.contains("offload folder"),
         "{report}"
     );
-    let unpacked = tmp
-        .path()
-        .join(format!("devmap-demo-{}", env!("CARGO_PKG_VERSION")));
-    let bundled = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
-    // Every file of assets/demo (a file added there and not to the built-in list fails).
-    let mut names = Vec::new();
-    for dir in [bundled.clone(), bundled.join("offload")] {
-        for e in std::fs::read_dir(&dir).expect("ls") {
-            let path = e.expect("entry").path();
-            if path.is_file() {
-                names.push(path.strip_prefix(&bundled).expect("inside").to_path_buf());
-            }
-        }
-    }
-    assert!(names.len() > 10, "{names:?}");
-    for name in &names {
-        assert_eq!(
-            std::fs::read(unpacked.join(name)).expect("unpacked"),
-            std::fs::read(bundled.join(name)).expect("bundled"),
-            "{}",
-            name.display()
-        );
-    }
-    // A second run reuses the unpacked copy.
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("ls")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left in the temporary folder: {left:?}");
+    // A second run unpacks it again, the same model.
     let o = run();
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(stdout(&o), report);
+    assert_eq!(
+        stdout(&o).replace(|c: char| c.is_ascii_hexdigit(), ""),
+        report.replace(|c: char| c.is_ascii_hexdigit(), ""),
+    );
 }
 
 /// A folder holding two training formats (a torch.distributed.checkpoint's

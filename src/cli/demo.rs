@@ -1,7 +1,7 @@
 //! The bundled demo model, carried inside the binary: `devmap` with no argument opens
 //! it from the source tree when there is one (a checkout), and otherwise unpacks the
-//! copy the binary carries into the system's temporary folder (an installed devmap
-//! works anywhere).
+//! copy the binary carries into a fresh folder of the system's temporary folder,
+//! removed when devmap exits (an installed devmap works anywhere, and leaves nothing).
 
 use std::path::{Path, PathBuf};
 
@@ -61,60 +61,97 @@ const FILES: &[(&str, &[u8])] = &[
     ),
 ];
 
-/// The demo's folder: the source tree's, or the built-in copy unpacked (once per
-/// version) into the temporary folder. `DEVMAP_DEMO_EMBEDDED=1` uses the built-in
-/// copy even in a checkout (the test of an installed devmap).
-pub fn demo_dir() -> Result<PathBuf> {
+/// The demo model's folder for as long as this lives: the source tree's, or the
+/// built-in copy unpacked into a fresh folder of the temporary folder, removed again
+/// when this is dropped (devmap leaves nothing in the temporary folder).
+/// `DEVMAP_DEMO_EMBEDDED=1` uses the built-in copy even in a checkout (the test of an
+/// installed devmap).
+pub struct Demo {
+    pub dir: PathBuf,
+    unpacked: bool,
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        if self.unpacked {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub fn demo_dir() -> Result<Demo> {
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("assets")
         .join("demo");
     if source.is_dir() && std::env::var_os("DEVMAP_DEMO_EMBEDDED").is_none() {
-        return Ok(source);
+        return Ok(Demo {
+            dir: source,
+            unpacked: false,
+        });
     }
-    let dir = std::env::temp_dir().join(format!("devmap-demo-{}", env!("CARGO_PKG_VERSION")));
-    if !unpacked(&dir) {
-        unpack(&dir).wrap_err_with(|| {
-            format!(
-                "cannot unpack the bundled demo model into {}",
-                dir.display()
-            )
-        })?;
-    }
-    Ok(dir)
-}
-
-/// Whether `dir` holds every demo file, each the built-in one's size.
-fn unpacked(dir: &Path) -> bool {
-    FILES.iter().all(|(name, bytes)| {
-        std::fs::symlink_metadata(dir.join(name))
-            .is_ok_and(|m| m.is_file() && m.len() == bytes.len() as u64)
-    })
-}
-
-/// Writes the files into a fresh folder beside `dir`, then renames it into place, so a
-/// half-written demo is never opened.
-fn unpack(dir: &Path) -> std::io::Result<()> {
-    let staging = dir.with_file_name(format!(
-        "{}.partial-{}",
-        dir.file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!(
+        "devmap-demo-{}-{}-{nanos:08x}",
+        env!("CARGO_PKG_VERSION"),
         std::process::id()
     ));
-    let _ = std::fs::remove_dir_all(&staging);
+    // From here on the folder is removed when the demo is done, whatever happens.
+    let demo = Demo {
+        dir,
+        unpacked: true,
+    };
+    unpack(&demo.dir).wrap_err_with(|| {
+        format!(
+            "cannot unpack the bundled demo model into {}",
+            demo.dir.display()
+        )
+    })?;
+    Ok(demo)
+}
+
+/// Writes the demo's files into `dir`, a folder no one else uses.
+fn unpack(dir: &Path) -> std::io::Result<()> {
     for (name, bytes) in FILES {
-        let path = staging.join(name);
+        let path = dir.join(name);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
         }
         std::fs::write(&path, bytes)?;
     }
-    // Another devmap may have unpacked it meanwhile: theirs is as good.
-    if std::fs::rename(&staging, dir).is_err() {
-        let _ = std::fs::remove_dir_all(&staging);
-        if !unpacked(dir) {
-            let _ = std::fs::remove_dir_all(dir);
-            return Err(std::io::Error::other("a partial demo folder is in the way"));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FILES;
+
+    /// The built-in copy is assets/demo byte for byte, every file of it (a file added
+    /// there and not to the built-in list fails).
+    #[test]
+    fn the_built_in_demo_is_assets_demo() {
+        let bundled = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+        let mut names = Vec::new();
+        for dir in [bundled.clone(), bundled.join("offload")] {
+            for e in std::fs::read_dir(&dir).expect("ls") {
+                let path = e.expect("entry").path();
+                if path.is_file() {
+                    let name = path.strip_prefix(&bundled).expect("inside");
+                    names.push(name.to_string_lossy().into_owned());
+                }
+            }
+        }
+        names.sort();
+        let mut built_in: Vec<String> = FILES.iter().map(|(n, _)| (*n).to_owned()).collect();
+        built_in.sort();
+        assert_eq!(names, built_in);
+        for (name, bytes) in FILES {
+            assert_eq!(
+                std::fs::read(bundled.join(name)).expect("read"),
+                *bytes,
+                "{name}"
+            );
         }
     }
-    Ok(())
 }

@@ -58,9 +58,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 max_remote_shards: args.remote.max_remote_shards,
                 ..args.model.clone()
             };
-            let dir = match args.dir {
-                Some(d) => d,
-                None => demo::demo_dir()?,
+            // An unpacked demo is removed when this returns.
+            let demo = match args.dir {
+                Some(_) => None,
+                None => Some(demo::demo_dir()?),
+            };
+            let dir = match (args.dir, &demo) {
+                (Some(d), _) => d,
+                (None, Some(demo)) => demo.dir.clone(),
+                (None, None) => unreachable!("the demo is opened when no model is named"),
             };
             // TERM=dumb (Emacs' shell, some CI logs) has no cursor addressing, colours
             // or alternate screen: the plain report, said once.
