@@ -223,6 +223,16 @@ pub struct ModelArgs {
     pub max_remote_shards: usize,
 }
 
+impl ModelArgs {
+    /// These arguments with the remote-model limit a command was given.
+    pub fn reading(&self, remote: RemoteArgs) -> ModelArgs {
+        ModelArgs {
+            max_remote_shards: remote.max_remote_shards,
+            ..self.clone()
+        }
+    }
+}
+
 /// The flag of the commands that read a remote model's headers.
 #[derive(Debug, Clone, Copy, ClapArgs)]
 pub struct RemoteArgs {

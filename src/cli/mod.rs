@@ -26,11 +26,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     match args.command {
         Some(Command::Verify(a)) => Ok(verify::run(&a, &args.model)),
         Some(Command::Inspect(a)) => {
-            let model = ModelArgs {
-                max_remote_shards: a.remote.max_remote_shards,
-                ..args.model.clone()
-            };
-            let mut ckpt = open_to_look(&a.dir, &model)?;
+            let mut ckpt = open_to_look(&a.dir, &args.model.reading(a.remote))?;
             if let Some(budgets) = &a.max_memory {
                 ckpt.warnings
                     .extend(devmap::plan::budget_warnings(&ckpt, &budgets.0));
@@ -46,27 +42,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Plan(a)) => {
-            let model = ModelArgs {
-                max_remote_shards: a.remote.max_remote_shards,
-                ..args.model.clone()
-            };
-            plan::plan(&a, &model).map(|()| ExitCode::SUCCESS)
+            plan::plan(&a, &args.model.reading(a.remote)).map(|()| ExitCode::SUCCESS)
         }
         Some(Command::Save(a)) => save(&a, &args.model),
         None => {
-            let model = ModelArgs {
-                max_remote_shards: args.remote.max_remote_shards,
-                ..args.model.clone()
-            };
+            let model = args.model.reading(args.remote);
             // An unpacked demo is removed when this returns.
-            let demo = match args.dir {
-                Some(_) => None,
-                None => Some(demo::demo_dir()?),
+            let demo = if args.dir.is_none() {
+                Some(demo::demo_dir()?)
+            } else {
+                None
             };
             let dir = match (args.dir, &demo) {
                 (Some(d), _) => d,
-                (None, Some(demo)) => demo.dir.clone(),
-                (None, None) => unreachable!("the demo is opened when no model is named"),
+                (None, demo) => demo.as_ref().map(|d| d.dir.clone()).unwrap_or_default(),
             };
             // TERM=dumb (Emacs' shell, some CI logs) has no cursor addressing, colours
             // or alternate screen: the plain report, said once.
