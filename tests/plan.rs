@@ -1495,13 +1495,13 @@ fn qwen3_14b_shaped(dir: &Path) {
     .expect("config");
 }
 
-/// The README's "Will it run?" example, line for line: each `$ devmap plan
+/// docs/examples.md's "Will it run?" example, line for line: each `$ devmap plan
 /// hf://Qwen/Qwen3-14B …` command run on a local checkpoint of Qwen3-14B's config and
 /// shapes, every report line the README shows printed as shown.
 #[test]
 fn the_readme_will_it_run_example_is_what_plan_prints() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/examples.md"))
+        .expect("docs/examples.md");
     let block = readme
         .split("**Will it run?**")
         .nth(1)

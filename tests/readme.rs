@@ -1,6 +1,7 @@
-//! The README's examples run as written: every `devmap …` line of its "One example
-//! per command" block (output folders moved into a temporary folder; the Hub example
-//! left out, as it needs the network) must succeed on the bundled demo.
+//! The examples run as written: every `devmap …` line of the README's "Examples" block
+//! and of docs/examples.md's "One example per command" block (output folders moved
+//! into a temporary folder; the Hub example left out, as it needs the network) must
+//! succeed on the bundled demo.
 
 mod common;
 
@@ -8,15 +9,28 @@ use std::process::Command;
 
 #[test]
 fn every_readme_example_runs() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
-    let block = readme
-        .split("## One example per command")
-        .nth(1)
-        .and_then(|rest| rest.split("```sh\n").nth(1))
-        .and_then(|rest| rest.split("```").next())
-        .expect("the examples block");
-    let tmp = tempfile::tempdir().expect("tmp");
+    for (file, heading, at_least) in [
+        ("README.md", "## Examples", 4),
+        ("docs/examples.md", "## One example per command", 6),
+    ] {
+        let text =
+            std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+                .expect(file);
+        let block = text
+            .split(heading)
+            .nth(1)
+            .and_then(|rest| rest.split("```sh\n").nth(1))
+            .and_then(|rest| rest.split("```").next())
+            .expect("the examples block");
+        // Each file's examples in a folder of their own (both save to /tmp/demo-saved).
+        let tmp = tempfile::tempdir().expect("tmp");
+        let ran = run_block(block, tmp.path());
+        assert!(ran >= at_least, "{file}: only {ran} examples found");
+    }
+}
+
+/// Runs every `devmap …` line of `block`; returns how many ran.
+fn run_block(block: &str, tmp: &std::path::Path) -> usize {
     let mut ran = 0;
     for line in block.lines() {
         let command = line.split('#').next().unwrap_or("").trim();
@@ -28,7 +42,7 @@ fn every_readme_example_runs() {
         }
         let args: Vec<String> = args
             .split_whitespace()
-            .map(|a| a.replace("/tmp/", &format!("{}/", tmp.path().display())))
+            .map(|a| a.replace("/tmp/", &format!("{}/", tmp.display())))
             .collect();
         let o = Command::new(env!("CARGO_BIN_EXE_devmap"))
             .args(&args)
@@ -42,5 +56,5 @@ fn every_readme_example_runs() {
         );
         ran += 1;
     }
-    assert!(ran >= 6, "only {ran} examples found");
+    ran
 }
