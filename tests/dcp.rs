@@ -10,8 +10,8 @@ mod common;
 
 use std::path::Path;
 
-use common::{arg, devmap, read_saved, stderr, stdout};
-use devmap::fixtures::dcp::{DcpTensor, write_dcp, write_metadata};
+use common::{arg, devmap, stderr, stdout};
+use devmap::fixtures::dcp::{DcpStored, DcpTensor, write_dcp, write_metadata};
 use devmap::fixtures::{FixtureTensor, write_json};
 use devmap::types::DType;
 
@@ -19,8 +19,9 @@ const UP: &str = "model.layers.0.mlp.up_proj.weight";
 
 /// The model's tensors, and the checkpoint's: each under `model`, the up projection
 /// and the embedding split over two ranks, the norm whole on rank 0, an optimizer
-/// moment under `optim` (not the model's) and a step counter.
-fn checkpoint(dir: &Path) -> (Vec<FixtureTensor>, Vec<DcpTensor>) {
+/// moment under `optim` (not the model's) and a step counter; and where each chunk
+/// went.
+fn checkpoint(dir: &Path) -> (Vec<FixtureTensor>, Vec<DcpTensor>, Vec<DcpStored>) {
     let model = vec![
         FixtureTensor::patterned("model.embed_tokens.weight", DType::BF16, &[16, 8], 1),
         FixtureTensor::patterned(UP, DType::F32, &[12, 8], 2),
@@ -41,8 +42,8 @@ fn checkpoint(dir: &Path) -> (Vec<FixtureTensor>, Vec<DcpTensor>) {
         &moment.data,
         2,
     ));
-    write_dcp(dir, &entries, &[("step", 7)]).expect("dcp");
-    (model, entries)
+    let stored = write_dcp(dir, &entries, &[("step", 7)]).expect("dcp");
+    (model, entries, stored)
 }
 
 fn config(dir: &Path) -> std::path::PathBuf {
@@ -60,21 +61,12 @@ fn config(dir: &Path) -> std::path::PathBuf {
 fn a_dcp_folder_of_two_ranks_saves_the_model_byte_for_byte() {
     let tmp = tempfile::tempdir().expect("tmp");
     let src = tmp.path().join("ckpt");
-    let (model, _) = checkpoint(&src);
+    let (model, _, _) = checkpoint(&src);
     let config = config(tmp.path());
     let out = tmp.path().join("out");
     let o = common::save(&src, &out, &["--config", arg(&config)]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let saved = read_saved(&out);
-    assert_eq!(saved.len(), model.len(), "{:?}", saved.keys());
-    for t in &model {
-        let s = &saved[&t.name];
-        assert_eq!(s.data, t.data, "{}", t.name);
-        assert_eq!(
-            s.shape,
-            t.shape.iter().map(|&d| d as usize).collect::<Vec<_>>()
-        );
-    }
+    common::assert_saved_exactly(&out, &model, "two ranks");
     // inspect lists the split tensors, and says what is not the model's by the key it
     // is under.
     let inspect = devmap(&["inspect", arg(&src), "--config", arg(&config), "--json"]);
@@ -98,23 +90,17 @@ fn a_dcp_folder_of_two_ranks_saves_the_model_byte_for_byte() {
 /// naming each of `needles`, with nothing written.
 fn refused(
     label: &str,
-    damage: impl Fn(&Path, &mut Vec<DcpTensor>, &mut Vec<devmap::fixtures::dcp::DcpStored>),
+    damage: impl Fn(&Path, &mut Vec<DcpTensor>, &mut Vec<DcpStored>),
     needles: &[&str],
 ) {
     let tmp = tempfile::tempdir().expect("tmp");
     let src = tmp.path().join("ckpt");
-    let (_, mut entries) = checkpoint(&src);
-    let mut stored = write_dcp(&src, &entries, &[]).expect("dcp");
+    let (_, mut entries, mut stored) = checkpoint(&src);
     damage(&src, &mut entries, &mut stored);
     let config = config(tmp.path());
     let out = tmp.path().join("out");
     let o = common::save(&src, &out, &["--config", arg(&config)]);
-    let err = stderr(&o);
-    assert!(!o.status.success(), "{label}: refused");
-    for n in needles {
-        assert!(err.contains(n), "{label}: the refusal names {n}: {err}");
-    }
-    assert!(!out.exists(), "{label}: nothing written");
+    common::assert_refused(&o, &out, label, needles);
 }
 
 /// The index in `stored` of tensor `entry`'s chunk `chunk`.
@@ -176,11 +162,7 @@ fn a_chunk_stored_outside_the_folder_or_past_its_file_is_refused() {
                 .map(|s| s.offset)
                 .min()
                 .unwrap_or(0);
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .open(dir.join("__1_0.distcp"))
-                .expect("open");
-            file.set_len(first + 10).expect("cut");
+            common::cut(&dir.join("__1_0.distcp"), first + 10);
         },
         &["__1_0.distcp"],
     );

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{arg, devmap, read_saved, stderr, stdout};
+use common::{arg, devmap, stderr, stdout};
 use devmap::fixtures::torch_bin::{stored_zip, write_torch_bin};
 use devmap::fixtures::{FixtureTensor, write_json};
 use devmap::types::DType;
@@ -30,19 +30,6 @@ fn config(dir: &Path) {
     .expect("config");
 }
 
-fn assert_saved(out: &Path, want: &[FixtureTensor]) {
-    let saved = read_saved(out);
-    assert_eq!(saved.len(), want.len(), "{:?}", saved.keys());
-    for t in want {
-        let s = &saved[&t.name];
-        assert_eq!(s.data, t.data, "{}", t.name);
-        assert_eq!(
-            s.shape,
-            t.shape.iter().map(|&d| d as usize).collect::<Vec<_>>()
-        );
-    }
-}
-
 #[test]
 fn a_pytorch_model_bin_saves_as_safetensors_byte_for_byte() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -58,7 +45,7 @@ fn a_pytorch_model_bin_saves_as_safetensors_byte_for_byte() {
     let out = tmp.path().join("out");
     let o = common::save(&src, &out, &["--max-shard-size", "300B"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_saved(&out, &ts);
+    common::assert_saved_exactly(&out, &ts, "pytorch_model.bin");
     assert!(
         !out.join("pytorch_model.bin").exists(),
         "the .bin is never copied"
@@ -116,7 +103,7 @@ fn sharded_bin_files_are_read_through_their_index() {
     let out = tmp.path().join("out");
     let o = common::save(&src, &out, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_saved(&out, &ts);
+    common::assert_saved_exactly(&out, &ts, "pytorch_model.bin");
 }
 
 /// Writes a `.bin` whose archive is `bytes` and returns the save's output.
@@ -264,7 +251,7 @@ fn config_names_the_folder_a_bare_checkpoint_takes_its_config_from() {
     let out = tmp.path().join("out");
     let o = common::save(&ckpt, &out, &["--config", arg(&cfg)]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_saved(&out, &ts);
+    common::assert_saved_exactly(&out, &ts, "pytorch_model.bin");
     for f in ["config.json", "tokenizer.json"] {
         assert_eq!(
             std::fs::read(out.join(f)).expect("copied"),

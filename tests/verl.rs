@@ -10,7 +10,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{read_saved, stderr};
+use common::stderr;
 use devmap::fixtures::FixtureTensor;
 use devmap::fixtures::verl::{Placement, write_verl};
 use devmap::types::DType;
@@ -49,16 +49,7 @@ fn verl_rank_files_save_the_model_byte_for_byte() {
         let o = common::save(&actor, &out, &[]);
         let case = format!("{world} ranks, {dtype}");
         assert!(o.status.success(), "{case}: {}", stderr(&o));
-        let saved = read_saved(&out);
-        assert_eq!(saved.len(), ts.len(), "{case}: {:?}", saved.keys());
-        for t in &ts {
-            let s = &saved[&t.name];
-            assert_eq!(s.data, t.data, "{case}: {}", t.name);
-            assert_eq!(
-                s.shape,
-                t.shape.iter().map(|&d| d as usize).collect::<Vec<_>>()
-            );
-        }
+        common::assert_saved_exactly(&out, &ts, &case);
     }
 }
 
@@ -75,12 +66,7 @@ fn refused(
     damage(&actor);
     let out = tmp.path().join("out");
     let o = common::save(&actor, &out, &[]);
-    let err = stderr(&o);
-    assert!(!o.status.success(), "{label}: refused");
-    for n in needles {
-        assert!(err.contains(n), "{label}: the refusal names {n}: {err}");
-    }
-    assert!(!out.exists(), "{label}: nothing written");
+    common::assert_refused(&o, &out, label, needles);
 }
 
 #[test]

@@ -92,12 +92,7 @@ fn refused(label: &str, damage: impl Fn(&Path), needles: &[&str]) {
     damage(&src.join(STEP));
     let out = tmp.path().join("out");
     let o = common::save(&src, &out, &[]);
-    let err = stderr(&o);
-    assert!(!o.status.success(), "{label}: refused");
-    for n in needles {
-        assert!(err.contains(n), "{label}: the refusal names {n}: {err}");
-    }
-    assert!(!out.exists(), "{label}: nothing written");
+    common::assert_refused(&o, &out, label, needles);
 }
 
 #[test]
@@ -126,13 +121,7 @@ fn a_missing_rank_or_a_model_parallel_file_is_refused_by_name() {
     );
     refused(
         "an optimizer-state file cut short",
-        |step| {
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .open(step.join(optim(1)))
-                .expect("open");
-            file.set_len(100).expect("cut");
-        },
+        |step| common::cut(&step.join(optim(1)), 100),
         &[&optim(1)],
     );
 }

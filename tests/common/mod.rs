@@ -495,6 +495,34 @@ pub fn demo_copy(tmp: &Path) -> PathBuf {
     dir
 }
 
+/// `out` holds exactly `want`, each tensor byte for byte with its shape (read back with
+/// the `safetensors` crate); `case` names the case in failures.
+pub fn assert_saved_exactly(out: &Path, want: &[FixtureTensor], case: &str) {
+    let saved = read_saved(out);
+    assert_eq!(saved.len(), want.len(), "{case}: {:?}", saved.keys());
+    for t in want {
+        let s = &saved[&t.name];
+        assert_eq!(s.data, t.data, "{case}: {}", t.name);
+        assert_eq!(
+            s.shape,
+            t.shape.iter().map(|&d| d as usize).collect::<Vec<_>>(),
+            "{case}: {}",
+            t.name
+        );
+    }
+}
+
+/// A save that must be refused: it failed, named each of `needles` on stderr, and
+/// wrote nothing to `out`.
+pub fn assert_refused(o: &Output, out: &Path, label: &str, needles: &[&str]) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "{label}: refused");
+    for n in needles {
+        assert!(err.contains(n), "{label}: the refusal names {n}: {err}");
+    }
+    assert!(!out.exists(), "{label}: nothing written");
+}
+
 /// Cuts `file` to `len` bytes, as a download that stopped leaves it.
 pub fn cut(file: &Path, len: u64) {
     std::fs::OpenOptions::new()
