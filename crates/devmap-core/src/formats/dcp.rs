@@ -384,13 +384,15 @@ fn metadata(path: &Path, value: Value) -> Result<Parsed, FormatError> {
         let (Some(Value::Str(fqn)), Some(Value::Str(file)), Some(offset), Some(length)) = (
             field(index, "fqn"),
             field(info, "relative_path"),
-            field(info, "offset").and_then(as_u64),
-            field(info, "length").and_then(as_u64),
+            field(info, "offset").and_then(Value::as_u64),
+            field(info, "length").and_then(Value::as_u64),
         ) else {
             return Err(bad("has storage_data entries devmap cannot read"));
         };
         // A bytes entry (not a tensor) has no offsets.
-        let chunk_offsets = field(index, "offset").and_then(dims).unwrap_or_default();
+        let chunk_offsets = field(index, "offset")
+            .and_then(Value::dims)
+            .unwrap_or_default();
         stored.insert(
             (fqn.clone(), chunk_offsets),
             Stored {
@@ -425,7 +427,7 @@ fn metadata(path: &Path, value: Value) -> Result<Parsed, FormatError> {
 }
 
 fn tensor_entry(fields: &[(Value, Value)]) -> Option<Entry> {
-    let size = dims(field(fields, "size")?)?;
+    let size = field(fields, "size")?.dims()?;
     // TensorProperties' state is a tuple: (dtype, layout, requires_grad, memory format,
     // pin_memory); or, from older torch, its fields.
     let properties = match field(fields, "properties")? {
@@ -450,7 +452,7 @@ fn tensor_entry(fields: &[(Value, Value)]) -> Option<Entry> {
         .iter()
         .map(|c| {
             let f = object_fields(c, "ChunkStorageMetadata")?;
-            Some((dims(field(f, "offsets")?)?, dims(field(f, "sizes")?)?))
+            Some((field(f, "offsets")?.dims()?, field(f, "sizes")?.dims()?))
         })
         .collect::<Option<Vec<_>>>()?;
     Some(Entry {
@@ -481,18 +483,4 @@ fn field<'a>(fields: &'a [(Value, Value)], name: &str) -> Option<&'a Value> {
         .iter()
         .find(|(k, _)| matches!(k, Value::Str(s) if s == name))
         .map(|(_, v)| v)
-}
-
-fn as_u64(v: &Value) -> Option<u64> {
-    match v {
-        Value::Int(i) => u64::try_from(*i).ok(),
-        _ => None,
-    }
-}
-
-fn dims(v: &Value) -> Option<Vec<u64>> {
-    match v {
-        Value::Tuple(items) | Value::List(items) => items.iter().map(as_u64).collect(),
-        _ => None,
-    }
 }

@@ -77,23 +77,12 @@ pub fn rank_files(dir: &Path) -> Result<Option<Vec<PathBuf>>, FormatError> {
     Ok(Some(found.into_values().map(|(_, p)| p).collect()))
 }
 
-/// The field `key` of a dict (a DTensor's state, a dataclass's fields).
-fn field<'v>(value: &'v Value, key: &str) -> Option<&'v Value> {
-    let Value::Dict(items) = value else {
-        return None;
-    };
-    items
-        .iter()
-        .find(|(k, _)| matches!(k, Value::Str(s) if s == key))
-        .map(|(_, v)| v)
-}
-
 /// A DTensor's fields: its pickled state is a dict, or (for its `__slots__`) a pair of
 /// `(dict or None, slots dict)`.
 fn dtensor_fields(state: &Value) -> Option<&Value> {
     match state {
         Value::Dict(_) => Some(state),
-        Value::Tuple(parts) => parts.iter().find(|p| field(p, "_local_tensor").is_some()),
+        Value::Tuple(parts) => parts.iter().find(|p| p.get("_local_tensor").is_some()),
         _ => None,
     }
 }
@@ -106,7 +95,7 @@ fn local_tensor(parts: &Value) -> Result<&TensorRef, &'static str> {
     match parts
         .get(1)
         .and_then(dtensor_fields)
-        .and_then(|f| field(f, "_local_tensor"))
+        .and_then(|f| f.get("_local_tensor"))
     {
         Some(Value::Tensor(t)) => Ok(t),
         _ => Err("is a DTensor without a local tensor"),
@@ -116,19 +105,6 @@ fn local_tensor(parts: &Value) -> Result<&TensorRef, &'static str> {
 fn state_of(value: &Value) -> Option<&Value> {
     match value {
         Value::Object { state, .. } => Some(state),
-        _ => None,
-    }
-}
-
-fn dims(value: &Value) -> Option<Vec<u64>> {
-    match value {
-        Value::Tuple(items) | Value::List(items) => items
-            .iter()
-            .map(|i| match i {
-                Value::Int(n) => u64::try_from(*n).ok(),
-                _ => None,
-            })
-            .collect(),
         _ => None,
     }
 }
@@ -158,15 +134,15 @@ fn block_of(
         return Err(malformed("its parts"));
     };
     let whole = match wrapper {
-        Value::Tuple(args) => args.get(2).and_then(dims),
+        Value::Tuple(args) => args.get(2).and_then(Value::dims),
         _ => None,
     }
     .ok_or_else(|| malformed("a global size"))?;
     let spec = dtensor_fields(fields)
-        .and_then(|f| field(f, "_spec"))
+        .and_then(|f| f.get("_spec"))
         .and_then(state_of)
         .ok_or_else(|| malformed("a spec"))?;
-    let Some(Value::Tuple(placements) | Value::List(placements)) = field(spec, "placements") else {
+    let Some(Value::Tuple(placements) | Value::List(placements)) = spec.get("placements") else {
         return Err(malformed("placements"));
     };
     let [placement] = placements.as_slice() else {
@@ -179,10 +155,11 @@ fn block_of(
         ));
     };
     // The rank's place on the mesh: the spec says it; else the file name's rank.
-    let coordinate = field(spec, "mesh")
+    let coordinate = spec
+        .get("mesh")
         .and_then(state_of)
-        .and_then(|m| field(m, "_coordinate_on_dim"))
-        .and_then(dims)
+        .and_then(|m| m.get("_coordinate_on_dim"))
+        .and_then(Value::dims)
         .and_then(|c| c.first().copied())
         .unwrap_or(rank as u64);
     let mut offsets = vec![0u64; whole.len()];
@@ -192,7 +169,7 @@ fn block_of(
             class: "Shard",
             state,
         } => {
-            let dim = match field(state, "dim") {
+            let dim = match state.get("dim") {
                 Some(Value::Int(d)) => usize::try_from(*d).ok(),
                 _ => None,
             }

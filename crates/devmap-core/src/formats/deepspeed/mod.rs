@@ -144,7 +144,7 @@ impl Archive {
     fn get(&self, path: &[&str]) -> Result<&Value, FormatError> {
         let mut at = &self.value;
         for (i, key) in path.iter().enumerate() {
-            at = entry(at, key).ok_or_else(|| {
+            at = at.get(key).ok_or_else(|| {
                 self.bad(format!(
                     "has no `{}`: not a DeepSpeed checkpoint devmap can read",
                     path[..=i].join(".")
@@ -172,23 +172,6 @@ impl Archive {
     }
 }
 
-fn entry<'v>(dict: &'v Value, key: &str) -> Option<&'v Value> {
-    match dict {
-        Value::Dict(items) => items
-            .iter()
-            .find(|(k, _)| matches!(k, Value::Str(s) if s == key))
-            .map(|(_, v)| v),
-        _ => None,
-    }
-}
-
-fn int(v: &Value) -> Option<u64> {
-    match v {
-        Value::Int(i) => u64::try_from(*i).ok(),
-        _ => None,
-    }
-}
-
 fn list(v: &Value) -> &[Value] {
     match v {
         Value::List(items) | Value::Tuple(items) => items,
@@ -211,7 +194,7 @@ fn string(v: &Value) -> Option<&str> {
 }
 
 fn dims(v: &Value) -> Option<Vec<u64>> {
-    list(v).iter().map(int).collect()
+    list(v).iter().map(Value::as_u64).collect()
 }
 
 /// `(name, shape)` of each entry of a dict of shapes.
@@ -268,10 +251,12 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
         }
     }
     let first = &optim[0];
-    let stage = int(first.get(&["optimizer_state_dict", "zero_stage"])?)
+    let stage = Value::as_u64(first.get(&["optimizer_state_dict", "zero_stage"])?)
         .ok_or_else(|| first.bad("has a zero_stage that is not a number"))?;
     let partitions = first.get(&["optimizer_state_dict", "partition_count"])?;
-    let partition_count = int(partitions).or_else(|| list(partitions).iter().filter_map(int).max());
+    let partition_count = partitions
+        .as_u64()
+        .or_else(|| list(partitions).iter().filter_map(Value::as_u64).max());
     if partition_count != Some(ranks) {
         return Err(first.bad(format!(
             "was saved by {} ranks, but the folder holds {ranks} optimizer-state files",
@@ -359,10 +344,9 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
         });
     };
     if stage <= 2 {
-        let paddings = entry(
-            first.get(&["optimizer_state_dict"])?,
-            "param_alignment_paddings",
-        );
+        let paddings = first
+            .get(&["optimizer_state_dict"])?
+            .get("param_alignment_paddings");
         for (g, params) in param_groups.iter().enumerate() {
             // The group's vector: rank 0's slice, then rank 1's, …
             let slices: Vec<Flat> = flats
@@ -376,7 +360,7 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
                 .collect::<Result<_, _>>()?;
             let padding: Vec<u64> = paddings
                 .and_then(|p| list(p).get(g))
-                .map(|p| list(p).iter().filter_map(int).collect())
+                .map(|p| list(p).iter().filter_map(Value::as_u64).collect())
                 .unwrap_or_default();
             let mut at = 0u64;
             for (i, (name, shape)) in params.iter().enumerate() {
@@ -420,7 +404,10 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
     // Frozen parameters: whole in the model states (stages 1–2), or a fragment per rank.
     let frozen = shapes(
         model,
-        entry(&model.value, "frozen_param_shapes").unwrap_or(&Value::None),
+        model
+            .value
+            .get("frozen_param_shapes")
+            .unwrap_or(&Value::None),
     )?;
     for (name, shape) in frozen {
         let numel: u64 = shape.iter().product();
@@ -457,7 +444,7 @@ pub fn read_deepspeed(dir: &Path) -> Result<Split, FormatError> {
     }
 
     // A parameter under a second name: that name reads the first one's bytes.
-    for (k, v) in dict(entry(&model.value, "shared_params").unwrap_or(&Value::None)) {
+    for (k, v) in dict(model.value.get("shared_params").unwrap_or(&Value::None)) {
         let (Some(alias), Some(of)) = (string(k), string(v)) else {
             continue;
         };

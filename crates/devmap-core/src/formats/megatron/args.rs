@@ -72,10 +72,7 @@ fn arg<'a>(args: &'a Args, name: &str) -> Option<&'a Value> {
 }
 
 fn arg_u64(args: &Args, name: &str) -> Option<u64> {
-    match arg(args, name)? {
-        Value::Int(i) => u64::try_from(*i).ok(),
-        _ => None,
-    }
+    arg(args, name)?.as_u64()
 }
 
 fn arg_f64(args: &Args, name: &str) -> Option<f64> {

@@ -150,6 +150,35 @@ impl Reader<'_> {
     }
 }
 
+impl Value {
+    /// The entry `key` of a dict with string keys (a state dict, a dataclass's fields).
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        let Value::Dict(items) = self else {
+            return None;
+        };
+        items
+            .iter()
+            .find(|(k, _)| matches!(k, Value::Str(s) if s == key))
+            .map(|(_, v)| v)
+    }
+
+    /// A non-negative int.
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            Value::Int(i) => u64::try_from(*i).ok(),
+            _ => None,
+        }
+    }
+
+    /// A tuple or list of non-negative ints: a shape, a chunk's offsets.
+    pub fn dims(&self) -> Option<Vec<u64>> {
+        match self {
+            Value::Tuple(items) | Value::List(items) => items.iter().map(Value::as_u64).collect(),
+            _ => None,
+        }
+    }
+}
+
 fn as_u64(v: &Value, what: &str) -> Result<u64, Error> {
     match v {
         Value::Int(i) if *i >= 0 => Ok(*i as u64),
