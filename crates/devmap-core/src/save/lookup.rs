@@ -151,15 +151,16 @@ pub(crate) fn output_bits(product: f32, sd: DType, to: DType) -> u32 {
 }
 
 /// Exact f32 products rounded to the scale's dtype `sd`, then converted to `to`, into
-/// `output` (`rounded` holds the middle step).
+/// `output` (as many elements as `floats`; `rounded` holds the middle step).
 pub(crate) fn round_and_convert(
     floats: &[u8],
     sd: DType,
     to: DType,
     rounded: &mut Vec<u8>,
-    output: &mut Vec<u8>,
+    output: &mut [u8],
 ) {
     let elements = floats.len() / 4;
+    debug_assert_eq!(output.len(), elements * to.size() as usize);
     let mid: &[u8] = if sd == DType::F32 {
         floats
     } else {
@@ -167,7 +168,6 @@ pub(crate) fn round_and_convert(
         super::cast::cast(DType::F32, sd, floats, rounded);
         rounded
     };
-    output.resize(elements * to.size() as usize, 0);
     if sd == to {
         output.copy_from_slice(mid);
     } else {

@@ -379,6 +379,8 @@ impl Band {
             }
         }
         self.floats = floats;
+        self.output
+            .resize(self.floats.len() / 4 * to.size() as usize, 0);
         round_and_convert(
             &self.floats,
             layout.scale_dtype,

@@ -31,7 +31,6 @@ pub(super) struct Band {
     /// bytes, rounded to the scale's dtype, and converted.
     floats: Vec<u8>,
     rounded: Vec<u8>,
-    converted: Vec<u8>,
     table: Vec<u8>,
     /// A sub-band's 4-bit values gathered in input order, an output row every stride
     /// (kept between sub-bands rather than allocated for each).
@@ -166,15 +165,14 @@ impl Band {
                     bytes.copy_from_slice(&((v as i32 - z) as f32 * s).to_le_bytes());
                 }
             }
+            let at = first * values * size;
             crate::save::lookup::round_and_convert(
                 &self.floats,
                 layout.scale_dtype,
                 to,
                 &mut self.rounded,
-                &mut self.converted,
+                &mut self.table[at..at + count * values * size],
             );
-            let at = first * values * size;
-            self.table[at..at + self.converted.len()].copy_from_slice(&self.converted);
         }
         self.output.resize(n * inputs * size, 0);
         let words = self.packed.as_chunks::<4>().0;
