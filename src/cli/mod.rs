@@ -48,14 +48,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         None => {
             let model = args.model.reading(args.remote);
             // An unpacked demo is removed when this returns.
-            let demo = if args.dir.is_none() {
-                Some(demo::demo_dir()?)
+            let (dir, _demo) = if let Some(d) = args.dir {
+                (d, None)
             } else {
-                None
-            };
-            let dir = match (args.dir, &demo) {
-                (Some(d), _) => d,
-                (None, demo) => demo.as_ref().map(|d| d.dir.clone()).unwrap_or_default(),
+                let demo = demo::demo_dir()?;
+                (demo.dir.clone(), Some(demo))
             };
             // TERM=dumb (Emacs' shell, some CI logs) has no cursor addressing, colours
             // or alternate screen: the plain report, said once.
