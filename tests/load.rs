@@ -450,3 +450,55 @@ fn two_training_formats_in_one_folder_are_named_not_guessed() {
     let ckpt = load(&dir, &LoadOptions::default()).expect("the safetensors");
     assert_eq!(ckpt.tensors().len(), 1);
 }
+
+/// An export's offload folder stores every entry as F32 while its index says the
+/// model holds them as bfloat16: one warning says so for all of them, not a line each.
+#[test]
+fn offload_entries_stored_in_another_dtype_are_one_warning() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let names: Vec<String> = (0..7).map(|i| format!("layers.{i}.w")).collect();
+    let tensors: Vec<FixtureTensor> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| FixtureTensor::patterned(n, DType::F32, &[2, 2], i as u64))
+        .collect();
+    let refs: Vec<&FixtureTensor> = tensors.iter().collect();
+    write_safetensors(&tmp.path().join("model.safetensors"), &refs).expect("weights");
+    let offload = tmp.path().join("offload");
+    std::fs::create_dir(&offload).expect("mkdir");
+    write_safetensors(&offload.join("values.safetensors"), &refs).expect("values");
+    let index: serde_json::Map<String, serde_json::Value> = names
+        .iter()
+        .map(|n| {
+            let entry = serde_json::json!({
+                "safetensors_file": "values.safetensors", "weight_name": n, "dtype": "bfloat16"
+            });
+            (n.clone(), entry)
+        })
+        .collect();
+    write_json(&offload.join("index.json"), &index.into()).expect("index");
+
+    let v = json_of(tmp.path(), &[]);
+    let grouped: Vec<&serde_json::Value> = v["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .filter(|w| w["kind"] == "offload_load_dtype")
+        .collect();
+    assert_eq!(grouped.len(), 1, "{grouped:?}");
+    assert_eq!(grouped[0]["names"], serde_json::json!(names));
+    let message = grouped[0]["message"].as_str().expect("message");
+    for needle in [
+        "7 offload entries",
+        "stored as F32",
+        "holds them as bfloat16",
+        "`layers.0.w`",
+        "and 2 more",
+    ] {
+        assert!(message.contains(needle), "{needle:?} in {message}");
+    }
+    let o = devmap(&["inspect", tmp.path().to_str().expect("p")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = format!("{}{}", stdout(&o), stderr(&o));
+    assert_eq!(text.matches("stored as F32").count(), 1, "{text}");
+}

@@ -29,12 +29,13 @@ pub fn name_list<S: AsRef<str>>(names: &[S]) -> String {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Warning {
-    /// A transformers offload entry stored in one dtype that the model loads as another.
+    /// Transformers offload entries stored in one dtype that the model loads as
+    /// another: one warning for each (stored, loaded) pair, naming every entry.
     OffloadLoadDtype {
-        tensor: String,
+        tensors: Vec<String>,
         stored: DType,
         load: DType,
-        file: PathBuf,
+        folder: PathBuf,
     },
     /// A shard holds a tensor the index maps to another shard.
     IndexPointsElsewhere { file: PathBuf, tensor: String },
@@ -169,8 +170,7 @@ impl Warning {
     pub fn names(&self) -> Vec<String> {
         let paired = |v: &[(String, Placement)]| v.iter().map(|(n, _)| n.clone()).collect();
         match self {
-            Warning::OffloadLoadDtype { tensor, .. }
-            | Warning::IndexPointsElsewhere { tensor, .. }
+            Warning::IndexPointsElsewhere { tensor, .. }
             | Warning::NotInIndex { tensor, .. }
             | Warning::OffloadShapeDiffers { tensor, .. }
             | Warning::PiecesDoNotTile { tensor, .. } => vec![tensor.clone()],
@@ -183,6 +183,7 @@ impl Warning {
             | Warning::HeadTieUnknown { head, embedding } => vec![head.clone(), embedding.clone()],
             Warning::SymlinksOutside { files, .. } => files.clone(),
             Warning::Unmapped { tensors }
+            | Warning::OffloadLoadDtype { tensors, .. }
             | Warning::DiskWithoutOffload { tensors, .. }
             | Warning::SharedOffloadBytes { tensors }
             | Warning::ConvertedLayout { tensors } => tensors.clone(),
@@ -223,15 +224,19 @@ impl Warning {
         use std::fmt::Write;
         match self {
             Warning::OffloadLoadDtype {
-                tensor,
+                tensors,
                 stored,
                 load,
-                file,
+                folder,
             } => write!(
                 f,
-                "offload entry `{tensor}` is stored as {stored} in {} but the index says the model holds it as {} (devmap reads the stored {stored}; the save's dtype lines say what is written)",
-                file.display(),
-                load.torch_name()
+                "{} in {} {} stored as {stored} but the index says the model holds {} as {}: {} (devmap reads the stored {stored}; the save's dtype lines say what is written)",
+                count(tensors.len(), "offload entry", "offload entries"),
+                folder.display(),
+                if tensors.len() == 1 { "is" } else { "are" },
+                if tensors.len() == 1 { "it" } else { "them" },
+                load.torch_name(),
+                name_list(tensors)
             ),
             Warning::IndexPointsElsewhere { file, tensor } => write!(
                 f,

@@ -9,7 +9,7 @@ mod ties;
 use readers::read_weights;
 
 use crate::formats::Kind;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use crate::formats::FormatError;
@@ -21,6 +21,7 @@ use crate::model::checkpoint::{
     ByteRange, Checkpoint, FileId, NO_KEY, Parts, Source, SourceFile, Tensor, place,
 };
 use crate::model::warning::Warning;
+use crate::types::DType;
 use crate::types::placement::Placement;
 use draft::Draft;
 pub use live::{load_live, load_live_saving_to};
@@ -162,6 +163,9 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         // a second per 100k entries on a big offload folder).
         let mut at = 0;
         let mut added = Vec::new();
+        // Entries stored in one dtype that the model holds in another, grouped by
+        // that pair: an export writes every tensor so, and one line says it.
+        let mut load_dtypes: BTreeMap<(DType, DType), Vec<String>> = BTreeMap::new();
         for mut entry in sorted {
             while at < draft.tensors.len()
                 && super::names::module_order(&draft.tensors[at].name, &entry.name).is_lt()
@@ -204,12 +208,10 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
                     .push(entry.name.clone());
             }
             if let Some(load_dtype) = entry.load_dtype {
-                warnings.push(Warning::OffloadLoadDtype {
-                    tensor: entry.name.clone(),
-                    stored: entry.dtype,
-                    load: load_dtype,
-                    file: entry.file.clone(),
-                });
+                load_dtypes
+                    .entry((entry.dtype, load_dtype))
+                    .or_insert_with(Vec::new)
+                    .push(entry.name.clone());
             }
             if let Some(i) = held {
                 let t = &mut draft.tensors[i];
@@ -252,6 +254,14 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
                     load_dtype: entry.load_dtype,
                 });
             }
+        }
+        for ((stored, load), tensors) in load_dtypes {
+            warnings.push(Warning::OffloadLoadDtype {
+                tensors,
+                stored,
+                load,
+                folder: offload_dir.clone().unwrap_or_else(|| dir.to_path_buf()),
+            });
         }
         if !added.is_empty() {
             let converted = converted_experts(&draft.tensors, &added);
