@@ -452,7 +452,8 @@ fn two_training_formats_in_one_folder_are_named_not_guessed() {
 }
 
 /// An export's offload folder stores every entry as F32 while its index says the
-/// model holds them as bfloat16: one warning says so for all of them, not a line each.
+/// model holds them as bfloat16: one warning says so for all of them, not a line each,
+/// and sizes are counted as the model holds them.
 #[test]
 fn offload_entries_stored_in_another_dtype_are_one_warning() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -497,8 +498,22 @@ fn offload_entries_stored_in_another_dtype_are_one_warning() {
     ] {
         assert!(message.contains(needle), "{needle:?} in {message}");
     }
+    // Sizes are what the model holds: 7 × 4 bfloat16 values, not the stored F32.
+    let t0 = &v["tensors"][0];
+    assert_eq!(
+        (&t0["bytes"], &t0["loads_as"], &t0["held_bytes"]),
+        (
+            &serde_json::json!(16),
+            &serde_json::json!("bfloat16"),
+            &serde_json::json!(8)
+        ),
+        "{t0}"
+    );
+    assert_eq!(v["total_bytes"], 7 * 8, "{}", v["total_bytes"]);
+    assert_eq!(v["devices"]["cpu"], 7 * 8, "{}", v["devices"]);
     let o = devmap(&["inspect", tmp.path().to_str().expect("p")]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = format!("{}{}", stdout(&o), stderr(&o));
     assert_eq!(text.matches("stored as F32").count(), 1, "{text}");
+    assert!(text.contains("56 B"), "{text}");
 }

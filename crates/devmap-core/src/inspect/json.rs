@@ -42,7 +42,14 @@ struct TensorOut<'a> {
     name: &'a str,
     dtype: &'static str,
     shape: &'a crate::types::shape::Shape,
+    /// As stored, in `dtype`.
     bytes: u64,
+    /// Where an offload index says the model holds it in another dtype: that dtype,
+    /// and its bytes in it (what module sizes and device totals count).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    loads_as: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held_bytes: Option<u64>,
     placement: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     map_key: Option<&'a str>,
@@ -195,6 +202,8 @@ fn tensor_out(ckpt: &Checkpoint, id: usize) -> TensorOut<'_> {
         dtype: t.dtype.safetensors_name(),
         shape: &t.shape,
         bytes: t.bytes(),
+        loads_as: t.load_dtype.map(|d| d.torch_name()),
+        held_bytes: t.load_dtype.map(|_| t.held_bytes()),
         placement: t.placement.to_string(),
         map_key: ckpt.map_key(t),
         loaded_as: ckpt.loaded_name(id).map(str::to_owned),

@@ -367,7 +367,7 @@ impl ModuleTree {
                 let n = &mut self.nodes[into];
                 n.params += super::quantized::values_of(ckpt, t);
                 n.tensors += 1;
-                add_split(&mut n.split, tensor.placement, tensor.bytes());
+                add_split(&mut n.split, tensor.placement, tensor.held_bytes());
                 n.has_tie |= ckpt.tie_group(t).is_some();
             }
             if let Some(parent) = self.nodes[id].parent() {
@@ -396,7 +396,7 @@ impl ModuleTree {
                     continue;
                 };
                 let tensor = &ckpt.tensors()[t];
-                let (bytes, params) = (tensor.bytes(), super::quantized::values_of(ckpt, t));
+                let (bytes, params) = (tensor.held_bytes(), super::quantized::values_of(ckpt, t));
                 let top = self.common_ancestor(self.node_of(t), self.node_of(partner));
                 let mut at = Some(top);
                 while let Some(n) = at {

@@ -57,8 +57,8 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         let tensor = &app.ckpt.tensors()[t];
         lines.extend(kv("dtype", tensor.dtype.to_string()));
         lines.extend(kv("shape", format!("{:?}", tensor.shape)));
-        let size = human_bytes(tensor.bytes());
-        let exact = format!("{} B", tensor.bytes());
+        let size = human_bytes(tensor.held_bytes());
+        let exact = format!("{} B", tensor.held_bytes());
         lines.extend(kv(
             "size",
             if size == exact {
@@ -126,7 +126,12 @@ pub fn draw(app: &App, frame: &mut Frame<'_>, area: Rect, theme: Theme) {
         if let Some(load) = tensor.load_dtype {
             lines.extend(kv(
                 "loads as",
-                format!("{} (stored {})", load.torch_name(), tensor.dtype),
+                format!(
+                    "{} (stored {}, {})",
+                    load.torch_name(),
+                    tensor.dtype,
+                    human_bytes(tensor.bytes())
+                ),
             ));
         }
         if let Some(group) = app.ckpt.tie_group(t) {

@@ -337,12 +337,12 @@ impl Checkpoint {
         self.device_map = Some(map);
     }
 
-    /// Bytes per device, in display order.
+    /// Bytes per device as the model holds them, in display order.
     pub fn device_totals(&self) -> Vec<(Placement, u64)> {
         let mut totals = std::collections::BTreeMap::<Placement, u64>::new();
         for (id, t) in self.tensors.iter().enumerate() {
             if !self.counted_elsewhere(id) {
-                *totals.entry(t.placement).or_default() += t.bytes();
+                *totals.entry(t.placement).or_default() += t.held_bytes();
             }
         }
         totals.into_iter().collect()
@@ -510,7 +510,7 @@ impl Checkpoint {
             .iter()
             .enumerate()
             .filter(|&(id, _)| !self.counted_elsewhere(id))
-            .map(|(_, t)| t.bytes())
+            .map(|(_, t)| t.held_bytes())
             .sum()
     }
 }

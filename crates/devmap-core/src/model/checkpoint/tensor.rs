@@ -87,6 +87,14 @@ impl Tensor {
     pub fn bytes(&self) -> u64 {
         self.numel().saturating_mul(self.dtype.size())
     }
+
+    /// Bytes of the tensor as the model holds it: in its `load_dtype` where an offload
+    /// index says the model holds it in another dtype than the one stored. Module
+    /// sizes and device totals count these; [`Tensor::bytes`] is what is read.
+    pub fn held_bytes(&self) -> u64 {
+        let dtype = self.load_dtype.unwrap_or(self.dtype);
+        self.numel().saturating_mul(dtype.size())
+    }
 }
 
 /// Tensors that must hold the same value. `members[0]` is the name written on save
