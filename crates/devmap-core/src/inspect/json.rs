@@ -202,7 +202,7 @@ fn tensor_out(ckpt: &Checkpoint, id: usize) -> TensorOut<'_> {
         dtype: t.dtype.safetensors_name(),
         shape: &t.shape,
         bytes: t.bytes(),
-        loads_as: t.load_dtype.map(|d| d.torch_name()),
+        loads_as: t.load_dtype.map(crate::types::DType::torch_name),
         held_bytes: t.load_dtype.map(|_| t.held_bytes()),
         placement: t.placement.to_string(),
         map_key: ckpt.map_key(t),

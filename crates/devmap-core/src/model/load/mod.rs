@@ -210,7 +210,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
             if let Some(load_dtype) = entry.load_dtype {
                 load_dtypes
                     .entry((entry.dtype, load_dtype))
-                    .or_insert_with(Vec::new)
+                    .or_default()
                     .push(entry.name.clone());
             }
             if let Some(i) = held {
