@@ -298,3 +298,43 @@ fn staged_and_dat_sources_are_reported_as_what_they_are() {
         "{problems:?}"
     );
 }
+
+/// A manifest naming the process whose memory holds its tensors (`devmap.inspect`
+/// hands one to the `devmap` command): this process named is read as before; a process
+/// whose memory cannot be read (here one that has exited) is refused before anything is
+/// written, naming its memory and what decides who may read it.
+#[test]
+fn a_manifest_names_the_process_whose_memory_is_read() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let config = tmp.path().join("config");
+    std::fs::create_dir(&config).expect("mkdir");
+    let values: Vec<f32> = (0..8).map(|i| i as f32 + 0.25).collect();
+    let memory = f32_bytes(&values);
+    let of = |pid: u32| {
+        serde_json::json!({
+            "format": devmap::formats::live::FORMAT,
+            "config_dir": config,
+            "pid": pid,
+            "tensors": [{"name": "w", "dtype": "float32", "shape": [8], "device": "cpu",
+                "source": {"kind": "memory", "address": memory.as_ptr() as u64}}],
+        })
+        .to_string()
+    };
+    let out = tmp.path().join("here");
+    save(&of(std::process::id()), &out, None).expect("saves");
+    assert_eq!(common::read_saved(&out)["w"].data, memory);
+
+    let mut gone = std::process::Command::new("true").spawn().expect("true");
+    let pid = gone.id();
+    gone.wait().expect("waited");
+    let out = tmp.path().join("gone");
+    let err = save(&of(pid), &out, None).expect_err("refused").to_string();
+    for want in [
+        format!("/proc/{pid}/mem"),
+        "the Python session's memory cannot be read".to_owned(),
+        "ptrace_scope".to_owned(),
+    ] {
+        assert!(err.contains(&want), "{want:?} not in: {err}");
+    }
+    assert!(!out.exists(), "{err}");
+}

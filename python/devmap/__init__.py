@@ -180,8 +180,12 @@ def inspect(model):
     `devmap inspect` prints. `s` in the inspector saves the model as
     `save_pretrained` above does (CPU and disk values; GPU tensors need
     `devmap.save_pretrained`). A model sharded over the ranks of a job shows this
-    rank's view: every tensor at its whole shape, with the blocks this rank holds."""
-    from . import _live, _ranks
+    rank's view: every tensor at its whole shape, with the blocks this rank holds.
+
+    The interactive inspector is the `devmap` command's (`cargo install devmap`),
+    found as $DEVMAP_BIN or on PATH and started in this terminal; without it a
+    terminal gets the report too, with a line saying so."""
+    from . import _inspector, _live, _ranks
 
     _check_model(model, "inspect")
     binding = _binding()
@@ -198,13 +202,28 @@ def inspect(model):
         except Refusal as refusal:
             raise DevmapError(f"cannot inspect: {refusal}") from None
         try:
-            report = binding.inspect_manifest(json.dumps(manifest), manifest["title"])
+            program = _inspector.command() if _inspector.in_terminal() else None
+            if program is not None:
+                # The command reads the tensors' memory in this process.
+                manifest["pid"] = os.getpid()
+                path = os.path.join(config_dir, "manifest.json")
+                with open(path, "w") as f:
+                    json.dump(manifest, f)
+                failed = _inspector.run(program, path)
+                if failed is not None:
+                    raise DevmapError(f"the inspector ({program}) failed: {failed}")
+                return
+            report = binding.inspect_report(json.dumps(manifest))
+        except FileNotFoundError as err:
+            raise DevmapError(str(err)) from None
         except binding.DevmapError as err:
             raise DevmapError(str(err)) from None
         finally:
             del keep_alive, stager
-    if report is not None:
-        print(report, end="")
+    if _inspector.in_terminal():
+        print("devmap: the interactive inspector is the devmap command's (cargo install devmap, "
+              "or DEVMAP_BIN=/path/to/devmap); here is its report", file=sys.stderr)
+    print(report, end="")
 
 
 class _Line:

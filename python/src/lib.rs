@@ -325,38 +325,19 @@ fn fail(err: impl std::fmt::Display) -> PyErr {
     DevmapError::new_err(err.to_string())
 }
 
-/// Shows the model a manifest describes: the inspector in this terminal when stdout is
-/// one (returns None when it closes), else the text report `devmap inspect` prints
-/// (returned).
+/// The text report `devmap inspect` prints, of the model a manifest describes. (The
+/// interactive inspector is the `devmap` command's: `devmap.inspect` starts it.)
 #[pyfunction]
-fn inspect_manifest(py: Python<'_>, manifest: &str, title: String) -> PyResult<Option<String>> {
-    use std::io::IsTerminal;
+fn inspect_report(manifest: &str) -> PyResult<String> {
     let ckpt = checkpoint_of(manifest)?;
-    let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
-    if !std::io::stdout().is_terminal() || dumb {
-        let options = devmap::inspect::TextOptions::default();
-        return Ok(Some(devmap::inspect::to_text(&ckpt, options)));
-    }
-    let loaded = py.detach(move || {
-        devmap::tui::run_loading(
-            &title,
-            devmap::tui::InspectorOptions::default(),
-            move |_| Ok::<_, String>(ckpt),
-        )
-    });
-    match loaded {
-        Ok(devmap::tui::Loaded::Failed(why)) => Err(DevmapError::new_err(why)),
-        Ok(_) => Ok(None),
-        Err(err) => Err(DevmapError::new_err(format!(
-            "the terminal interface failed: {err}"
-        ))),
-    }
+    let options = devmap::inspect::TextOptions::default();
+    Ok(devmap::inspect::to_text(&ckpt, options))
 }
 
 #[pymodule]
 fn _devmap(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(save_manifest, m)?)?;
-    m.add_function(wrap_pyfunction!(inspect_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(inspect_report, m)?)?;
     m.add_class::<RankSave>()?;
     m.add("DevmapError", m.py().get_type::<DevmapError>())?;
     m.add("FORMAT", devmap::formats::live::FORMAT)?;

@@ -52,6 +52,10 @@ pub struct Args {
     pub remote: RemoteArgs,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// The inspector over a live model `devmap.inspect` describes (see src/cli/live.rs):
+    /// started by the Python package, not typed.
+    #[arg(long, value_name = "FILE", hide = true, conflicts_with = "dir")]
+    pub live_manifest: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

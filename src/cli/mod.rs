@@ -2,6 +2,7 @@
 
 mod args;
 mod demo;
+mod live;
 mod output;
 mod parallel;
 mod plan;
@@ -23,6 +24,9 @@ use output::{err_line, out, out_with};
 use std::process::ExitCode;
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    if let (None, Some(manifest)) = (&args.command, &args.live_manifest) {
+        return live::show(manifest);
+    }
     match args.command {
         Some(Command::Verify(a)) => Ok(verify::run(&a, &args.model)),
         Some(Command::Inspect(a)) => {

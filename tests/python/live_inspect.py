@@ -1,7 +1,9 @@
 """devmap.inspect on a live model (cpu + disk) for tests/real/python_bridge.rs: in a
-terminal (tmux) the inspector takes the screen until `q`, then `INSPECTOR CLOSED` is
-printed; with `--report` (stdout not a terminal) the text report is printed instead
-and checked here.
+terminal (tmux) the inspector (the devmap command, $DEVMAP_BIN) takes the screen until
+`q`, then `INSPECTOR CLOSED` is printed; a save made there into $LIVE_INSPECT_OUT (the
+command reading this process's memory) is then checked against the checkpoint loaded
+whole. With `--report` (stdout not a terminal) the text report is printed instead and
+checked here.
 """
 from saved import workdir
 import os
@@ -46,6 +48,55 @@ if sys.argv[1:] == ["--report"]:
     if "no offload folder" in report:
         raise SystemExit(f"the report warns of a missing offload folder:\n{report}")
     print("ok: the report outside a terminal")
+elif sys.argv[1:] == ["--no-command"]:
+    # A terminal (a pseudo-terminal here) with no devmap command to start: the report,
+    # and a line on stderr saying where the interactive inspector comes from.
+    import contextlib
+    import io
+    import pty
+    import threading
+
+    os.environ.pop("DEVMAP_BIN", None)
+    os.environ["PATH"] = work
+    leader, follower = pty.openpty()
+    shown = []
+    reader = threading.Thread(target=lambda: shown.extend(iter(lambda: _read(leader), b"")))
+
+    def _read(fd):
+        try:
+            return os.read(fd, 65536)
+        except OSError:
+            return b""
+
+    reader.start()
+    kept = os.dup(1)
+    sys.stdout.flush()
+    os.dup2(follower, 1)
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            devmap.inspect(model)
+        sys.stdout.flush()
+    finally:
+        os.dup2(kept, 1)
+        os.close(follower)
+    reader.join(timeout=10)
+    report = b"".join(shown).decode(errors="replace")
+    if "cargo install devmap" not in said.getvalue() or "device map: 7 keys" not in report:
+        raise SystemExit(f"no note or no report:\n{said.getvalue()}\n{report}")
+    print("ok: a terminal without the devmap command gets the report and a note")
 else:
     devmap.inspect(model)
     print("INSPECTOR CLOSED")
+    out = os.environ.get("LIVE_INSPECT_OUT")
+    if out:
+        from safetensors.torch import load_file
+
+        saved = {}
+        for name in sorted(os.listdir(out)):
+            if name.endswith(".safetensors"):
+                saved.update(load_file(os.path.join(out, name)))
+        whole = AutoModelForCausalLM.from_pretrained(os.path.join(work, "src"), dtype=torch.bfloat16)
+        want = whole.state_dict()
+        wrong = [n for n in want if n not in saved or not torch.equal(saved[n].to(torch.bfloat16), want[n])]
+        print(f"SAVE CHECKED: {len(saved)} tensors, wrong: {wrong}")

@@ -39,18 +39,21 @@ fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhe
     let py = crate::common::hf_python()
         .unwrap_or_else(|why| panic!("live_inspect.py cannot run: {why}"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/live_inspect.py");
-    let report = Command::new(&py)
-        .arg(&script)
-        .arg("--report")
-        .envs(package.env())
-        .output()
-        .expect("python");
-    let out = String::from_utf8_lossy(&report.stdout);
-    assert!(
-        report.status.success() && out.contains("ok: "),
-        "{out}\n{}",
-        String::from_utf8_lossy(&report.stderr)
-    );
+    // Outside a terminal, and in one with no devmap command to start: the report.
+    for mode in ["--report", "--no-command"] {
+        let report = Command::new(&py)
+            .arg(&script)
+            .arg(mode)
+            .envs(package.env())
+            .output()
+            .expect("python");
+        let out = String::from_utf8_lossy(&report.stdout);
+        assert!(
+            report.status.success() && out.contains("ok: "),
+            "{mode}: {out}\n{}",
+            String::from_utf8_lossy(&report.stderr)
+        );
+    }
 
     // In a real terminal: tmux runs the script, the inspector draws, `q` returns to Python.
     let socket = format!("devmap-live-{}", std::process::id());
@@ -63,9 +66,16 @@ fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhe
             .expect("tmux");
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
+    // The inspector is the devmap command's; a save there reads the session's memory.
+    let saved = tempfile::tempdir().expect("tmp");
+    let out = saved.path().join("from-inspector");
     let path: String = package
         .env()
-        .iter()
+        .into_iter()
+        .chain([
+            ("DEVMAP_BIN", env!("CARGO_BIN_EXE_devmap").into()),
+            ("LIVE_INSPECT_OUT", out.clone().into_os_string()),
+        ])
         .map(|(k, v)| format!("{k}='{}' ", v.to_string_lossy()))
         .collect();
     let line = format!(
@@ -109,13 +119,22 @@ fn the_inspector_opens_on_a_live_model_in_a_terminal_and_prints_a_report_elsewhe
         screen.contains("disk") && screen.contains("cpu"),
         "{screen}"
     );
+    // `s`: the save dialog, an output folder, Enter.
+    tmux(&["send-keys", "-t", "e2e", "s"]);
+    wait("Save as sharded safetensors");
+    tmux(&["send-keys", "-t", "e2e", "Tab", "C-u"]);
+    tmux(&["send-keys", "-t", "e2e", "-l", out.to_str().expect("utf8")]);
+    tmux(&["send-keys", "-t", "e2e", "Enter"]);
+    let done = wait("Save — done");
+    assert!(done.contains("saved"), "{done}");
     tmux(&["send-keys", "-t", "e2e", "q"]);
-    let after = wait("INSPECTOR CLOSED");
+    let after = wait("SAVE CHECKED");
     tmux(&["kill-server"]);
     assert!(
-        !after.contains("Modules ·"),
+        after.contains("INSPECTOR CLOSED") && !after.contains("Modules ·"),
         "still on the inspector's screen:\n{after}"
     );
+    assert!(after.contains("wrong: []"), "{after}");
 }
 
 /// A LoRA merged by peft into a model whose layers sit on disk (tests/python/

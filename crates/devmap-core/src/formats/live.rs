@@ -54,6 +54,11 @@ pub struct Manifest {
     /// (see `save::ranks`).
     #[serde(default)]
     pub rank: Option<RankOf>,
+    /// The process whose memory the `memory` sources' addresses are in, when the
+    /// manifest is read by another (`devmap.inspect` hands it to the `devmap` command);
+    /// absent: the process reading it.
+    #[serde(default)]
+    pub pid: Option<u32>,
     pub tensors: Vec<LiveTensor>,
 }
 

@@ -234,9 +234,19 @@ fn unreadable_files(ckpt: &Checkpoint, mut files: Vec<usize>) -> Vec<Refusal> {
     // Opened on a few threads: an offload folder is tens of thousands of files, and
     // the inspector's save preview runs this after every edit.
     let opened = crate::sys::look_in_parallel(&files, |&id| {
-        crate::formats::input::open_regular(ckpt.file_path(id))
+        let path = ckpt.file_path(id);
+        let memory = ckpt.input_kind(id) == crate::model::checkpoint::InputKind::ProcessMemory;
+        crate::formats::input::open_regular(path)
             .err()
-            .map(|e| Refusal::Unreadable(e.to_string()))
+            .map(|e| match e {
+                // Another process's memory (the inspector `devmap.inspect` started):
+                // the kernel's tracing rules decide.
+                _ if memory => Refusal::Unreadable(format!(
+                    "the Python session's memory cannot be read from here ({}): {e}; the kernel's ptrace rules (Yama's ptrace_scope) decide who may; devmap.save_pretrained in the session saves without that",
+                    path.display()
+                )),
+                e => Refusal::Unreadable(e.to_string()),
+            })
     });
     match opened {
         Some(problems) => problems.into_iter().flatten().collect(),

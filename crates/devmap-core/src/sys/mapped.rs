@@ -35,10 +35,17 @@ pub struct Mappings {
 impl Mappings {
     /// This process's file mappings now; empty where `/proc` is not there.
     pub fn of_this_process() -> Mappings {
-        let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        Mappings::of_process(None)
+    }
+
+    /// The file mappings of process `pid` (this one when `None`) now: empty where
+    /// `/proc` is not there or this process may not read that one's.
+    pub fn of_process(pid: Option<u32>) -> Mappings {
+        let dir = super::proc::process_dir(pid);
+        let text = std::fs::read_to_string(dir.join("maps")).unwrap_or_default();
         Mappings {
             regions: parse_maps(&text),
-            pagemap: std::fs::File::open("/proc/self/pagemap").ok(),
+            pagemap: std::fs::File::open(dir.join("pagemap")).ok(),
             page: rustix::param::page_size() as u64,
         }
     }

@@ -7,6 +7,21 @@
 /// open fails and the error names it).
 pub const PROCESS_MEMORY: &str = "/proc/self/mem";
 
+/// `/proc/self`, or `/proc/PID` for another process than this one.
+pub(crate) fn process_dir(pid: Option<u32>) -> std::path::PathBuf {
+    match pid {
+        Some(pid) if pid != std::process::id() => format!("/proc/{pid}").into(),
+        _ => "/proc/self".into(),
+    }
+}
+
+/// The memory of process `pid` (this one when `None`), as [`PROCESS_MEMORY`] is this
+/// one's: reading another's needs the right to trace it (same user, and where Yama
+/// restricts that, its consent).
+pub fn memory_of(pid: Option<u32>) -> std::path::PathBuf {
+    process_dir(pid).join("mem")
+}
+
 /// A field of `/proc/self/status` in bytes (`VmHWM:`, `VmRSS:`).
 pub(crate) fn status_bytes(field: &str) -> Option<u64> {
     kib_field(&read("/proc/self/status")?, field)

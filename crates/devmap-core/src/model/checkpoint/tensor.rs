@@ -26,8 +26,9 @@ pub enum InputKind {
     /// A file on disk, opened and read with positioned reads.
     #[default]
     File,
-    /// This process's memory (a live model's CPU tensors), read through
-    /// `/proc/self/mem`; offsets are addresses.
+    /// The Python session's memory (a live model's CPU tensors), read through
+    /// `/proc/self/mem` in that process (`/proc/PID/mem` from the `devmap` command
+    /// `devmap.inspect` starts); offsets are addresses.
     ProcessMemory,
     /// A live model's tensor the Python session copies into a stage when asked (a GPU
     /// tensor), by its key (see `save::stage`).

@@ -51,7 +51,8 @@ fn load_live_into(
         ModelConfig::absent()
     };
     let mut files = Files {
-        mapped: crate::sys::mapped::Mappings::of_this_process(),
+        mapped: crate::sys::mapped::Mappings::of_process(manifest.pid),
+        memory: crate::sys::proc::memory_of(manifest.pid),
         out,
         ..Files::default()
     };
@@ -107,8 +108,10 @@ struct Files {
     list: Vec<SourceFile>,
     ids: HashMap<PathBuf, FileId>,
     headers: HeaderCache,
-    /// This process's file mappings, read once.
+    /// The Python process's file mappings, read once.
     mapped: crate::sys::mapped::Mappings,
+    /// Where its memory reads from (`/proc/self/mem` in that process).
+    memory: PathBuf,
     /// The folder a save writes into (canonical): its files are never read for a
     /// mapped tensor.
     out: Option<PathBuf>,
@@ -135,15 +138,13 @@ impl Files {
         self.list.len() - 1
     }
 
-    /// This process's memory: no length or time to compare (the Python side checks
-    /// each tensor's version counter instead).
+    /// The Python process's memory: no length or time to compare (the Python side
+    /// checks each tensor's version counter instead).
     fn memory(&mut self) -> FileId {
-        self.id(
-            Path::new(crate::sys::proc::PROCESS_MEMORY),
-            0,
-            None,
-            InputKind::ProcessMemory,
-        )
+        let path = std::mem::take(&mut self.memory);
+        let id = self.id(&path, 0, None, InputKind::ProcessMemory);
+        self.memory = path;
+        id
     }
 }
 
