@@ -123,6 +123,41 @@ def megatron_args(dtype, bias=False, moe=None):
         tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
 
 
+def nemo_context(config, folder):
+    """context/model.yaml as NeMo 2's `io_dump` writes it (NeMo is not installed here:
+    built to its layout): the model class as `_target_`, and under `config:` every field
+    of the model's TransformerConfig with its value (defaults included), plus the
+    GPTConfig fields NeMo's LlamaConfig adds; a function or class as `{_call_, _target_}`
+    (NeMo's fallback representer), other objects left out. An `io.json` beside it in
+    real checkpoints (fiddle's graph) is not read by devmap and not written here."""
+    import dataclasses
+    import inspect
+
+    import yaml
+
+    def represent(value):
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if callable(value) and hasattr(value, "__qualname__"):
+            return {"_call_": False, "_target_": f"{inspect.getmodule(value).__name__}.{value.__qualname__}"}
+        if isinstance(value, torch.dtype):
+            return {"_call_": True, "_target_": "torch.dtype"}
+        return represent(value.value) if hasattr(value, "value") else None
+
+    fields = {f.name: represent(getattr(config, f.name)) for f in dataclasses.fields(config)
+              if not f.name.startswith("_")}
+    fields.update(_target_="nemo.collections.llm.gpt.model.llama.LlamaConfig", seq_length=64,
+                  rotary_base=10000, position_embedding_type="rope",
+                  share_embeddings_and_output_weights=False, make_vocab_size_divisible_by=128,
+                  vocab_size=None)
+    model = {"_target_": "nemo.collections.llm.gpt.model.llama.LlamaModel", "config": fields,
+             "model_transform": None, "optim": {"_target_": "nemo.lightning.pytorch.optim.megatron.MegatronOptimizerModule"},
+             "tokenizer": None}
+    os.makedirs(os.path.join(folder, "context"), exist_ok=True)
+    with open(os.path.join(folder, "context", "model.yaml"), "w") as f:
+        yaml.safe_dump(model, f, sort_keys=True)
+
+
 def forward(model):
     mask = torch.triu(torch.ones(8, 8), diagonal=1).bool()[None, None]
     return model(INPUT, torch.arange(8).unsqueeze(0), mask).float()
@@ -169,8 +204,17 @@ def rank_main(rank, world, port, job):
         out = logits(model)
         if rank == 0:
             torch.save(out, job["logits"])
-    state = {"model": model.sharded_state_dict(), "iteration": 1, "checkpoint_version": 3.0}
-    if job.get("args", True):
+    if job.get("nemo"):
+        # NeMo 2's checkpoint: MegatronParallel's `module.` before megatron-core's names,
+        # the trainer's state beside them (no Megatron-LM `args`), and the model's
+        # configuration in context/model.yaml.
+        state = {"state_dict": model.sharded_state_dict(prefix="module."), "global_step": 1,
+                 "pytorch-lightning_version": "2.5.0"}
+        if rank == 0:
+            nemo_context(model.config, job["nemo"])
+    else:
+        state = {"model": model.sharded_state_dict(), "iteration": 1, "checkpoint_version": 3.0}
+    if job.get("args", True) and not job.get("nemo"):
         state["args"] = megatron_args(dtype, job.get("bias", False), job.get("moe"))
     if rank == 0:
         os.makedirs(job["out"], exist_ok=True)
@@ -335,6 +379,41 @@ def main():
     refused(exe, variant("cut-short", cut), work, "a .distcp cut short", "__1_0.distcp")
     refused(exe, variant("callable", lambda f: torch.save({"args": os.system}, os.path.join(f, "common.pt"))),
             work, "a common.pt naming a callable", "system")
+    # NeMo 2: the TP=2 model saved as NeMo saves it, weights/ and context/model.yaml.
+    nemo = os.path.join(work, "nemo2")
+    run_job({"tp": 2, "pp": 1, "dtype": "float32", "out": os.path.join(nemo, "weights"),
+             "load": os.path.join(work, "tp1-float32"), "nemo": nemo}, 2, [29443, 29444])
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(os.path.join(nemo, "weights")).read_metadata().state_dict_metadata
+    assert keys and all(k.startswith("module.") for k in keys), f"NeMo 2: names without module.: {sorted(keys)[:3]}"
+    out = os.path.join(work, "out-nemo2")
+    r = devmap(exe, "save", nemo, "--out", out)
+    assert r.returncode == 0, f"NeMo 2: devmap save failed:\n{r.stderr}"
+    got = saved.tensors(out)
+    want = hf_names(torch.load(os.path.join(work, "state-float32.pt")))
+    bad = saved.first_unequal(got, want)
+    assert bad is None and sorted(got) == sorted(want), f"NeMo 2: {bad} differs ({sorted(set(got) ^ set(want))[:3]})"
+    print(f"NeMo 2 TP=2 float32: {len(got)} tensors equal to the Megatron model's parameters, bit for bit")
+    written = json.load(open(os.path.join(out, "config.json")))
+    from_args = json.load(open(os.path.join(results["float32"]["TP=1"], "config.json")))
+    assert written == from_args, f"NeMo 2: config.json from context/model.yaml differs: {written} vs {from_args}"
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        hf = model(INPUT).logits.float()
+    ref = torch.load(os.path.join(work, "logits-tp2-float32.pt"))
+    gap = (hf - ref).abs().max().item()
+    assert gap <= 1e-5 * max(1.0, ref.abs().max().item()), f"NeMo 2: logits differ by {gap}"
+    print(f"NeMo 2: from_pretrained(OUT) logits = Megatron TP=2 forward (max gap {gap:.2e})")
+    refused(exe, os.path.join(nemo, "weights"), work, "a NeMo 2 weights/ folder given alone", "NeMo 2 checkpoint")
+    scaled = os.path.join(work, "nemo2-scaled")
+    shutil.copytree(nemo, scaled)
+    yaml_path = os.path.join(scaled, "context", "model.yaml")
+    text = open(yaml_path).read()
+    with open(yaml_path, "w") as f:
+        f.write(text.replace("config:\n", "config:\n  scale_factor: 8.0\n", 1))
+    refused(exe, scaled, work, "NeMo 2 with RoPE scaling", "scale_factor")
+
     biased = os.path.join(work, "biased")
     run_job({"tp": 1, "pp": 1, "dtype": "float32", "out": biased, "bias": True}, 1, [29451, 29452])
     refused(exe, biased, work, "an architecture with no map", "linear_fc1.bias`: has no Hugging Face name")

@@ -16,10 +16,14 @@ fn megatron_checkpoints_convert_to_the_models_own_parameters() {
     assert!(ok, "{out}\n{err}");
     assert_eq!(
         out.matches("bit for bit").count(),
-        4,
-        "TP=1, TP=2, PP=2 in float32, TP=1 in bfloat16:\n{out}"
+        5,
+        "TP=1, TP=2, PP=2 in float32, TP=1 in bfloat16, NeMo 2 at TP=2:\n{out}"
     );
-    assert_eq!(out.matches(": refused (").count(), 5, "{out}");
+    assert!(
+        out.contains("NeMo 2: from_pretrained(OUT) logits = Megatron TP=2 forward"),
+        "{out}"
+    );
+    assert_eq!(out.matches(": refused (").count(), 7, "{out}");
     // `devmap plan --tp 2` and `--pp 2`: each rank's bytes are those of megatron-core's
     // rank of the same layout.
     assert_eq!(

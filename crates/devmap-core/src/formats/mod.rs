@@ -13,6 +13,7 @@ pub mod input;
 pub mod json;
 pub mod live;
 pub mod megatron;
+pub mod nemo;
 pub mod offload;
 pub mod pickle;
 pub mod rank_files;

@@ -50,9 +50,35 @@ pub struct Read {
     pub config: Option<String>,
 }
 
+/// Where a checkpoint's hyperparameters come from, and what its tensor names carry
+/// before megatron-core's own.
+pub struct Origin {
+    /// The training run's arguments (`None`: the file holds none), and that file,
+    /// named in errors.
+    pub args: Option<Args>,
+    pub args_file: PathBuf,
+    /// `""` for Megatron-LM's checkpoints; NeMo 2's wrapper adds `module.`.
+    pub prefix: &'static str,
+}
+
 /// Reads the Megatron checkpoint in `dir`. `config` is config.json's content when
 /// `--config` names one: its head counts are used and no config is written.
 pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<Read, FormatError> {
+    let origin = Origin {
+        args: args::read_args(dir)?,
+        args_file: dir.join(args::COMMON),
+        prefix: "",
+    };
+    read_megatron_from(dir, config, origin)
+}
+
+/// [`read_megatron`] with the arguments and the names' prefix given (a NeMo 2
+/// checkpoint's `weights/`: see [`super::nemo`]).
+pub fn read_megatron_from(
+    dir: &Path,
+    config: Option<&serde_json::Value>,
+    origin: Origin,
+) -> Result<Read, FormatError> {
     let marker = dir.join(MARKER);
     let text = crate::formats::input::read_json_text(&marker)?;
     let meta: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
@@ -71,7 +97,14 @@ pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<R
     }
     let metadata = dir.join(super::dcp::METADATA);
     let raw = super::dcp::read_dcp(dir, None)?;
-    let args = args::read_args(dir)?;
+    let Origin {
+        args,
+        args_file,
+        prefix,
+    } = origin;
+    // Megatron-core's names: the wrapper's prefix taken off (names without it, such as
+    // the optimizer's, stay as they are).
+    let named = |name: &str| name.strip_prefix(prefix).unwrap_or(name).to_owned();
 
     // Every saved tensor as chunks of its files.
     let mut sources: BTreeMap<String, (DType, Vec<u64>, Vec<Piece>)> = BTreeMap::new();
@@ -89,11 +122,11 @@ pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<R
                 sizes: shape.as_slice().into(),
                 stride: None,
             };
-            sources.insert(t.name.to_string(), (t.dtype, shape, vec![chunk]));
+            sources.insert(named(&t.name), (t.dtype, shape, vec![chunk]));
         }
     }
     for t in raw.pieced {
-        sources.insert(t.name, (t.dtype, t.shape.to_vec(), t.pieces));
+        sources.insert(named(&t.name), (t.dtype, t.shape.to_vec(), t.pieces));
     }
 
     let mut left_out = LeftOut::default();
@@ -120,18 +153,18 @@ pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<R
     }
 
     let shapes = shapes(&metadata, &sources)?;
-    let heads = resolve_heads(dir, config, args.as_ref(), &shapes)?;
+    let heads = resolve_heads(&args_file, config, args.as_ref(), &shapes)?;
     let moe = moe_names(config, &shapes);
     // Without --config, config.json is written from the arguments.
     let generated = if config.is_none() {
-        let args = args.as_ref().ok_or_else(|| no_args(dir))?;
+        let args = args.as_ref().ok_or_else(|| no_args(&args_file))?;
         let dtype = sources
             .get("embedding.word_embeddings.weight")
             .map_or(DType::F32, |s| s.0);
         let text = args::config_json(args, &shapes, (heads, moe), dtype.torch_name()).map_err(|missing| {
             FormatError::invalid_as(
                 Kind::Missing,
-                dir.join(args::COMMON),
+                &args_file,
                 format!(
                     "holds the training arguments, but not {}: devmap cannot write the config.json transformers needs; give --config DIR with the model's config.json",
                     missing.join(", ")
@@ -268,35 +301,40 @@ fn moe_names(config: Option<&serde_json::Value>, shapes: &Shapes) -> MoeNames {
     }
 }
 
-/// The error for a checkpoint whose hyperparameters nothing gives.
-fn no_args(dir: &Path) -> FormatError {
+/// The error for a checkpoint whose hyperparameters nothing gives (`file`: where they
+/// were looked for).
+fn no_args(file: &Path) -> FormatError {
     FormatError::invalid_as(
         Kind::Missing,
-        dir,
-        format!(
-            "is a Megatron-Core checkpoint whose {} holds no training arguments (`args`, which Megatron-LM's training loop saves): devmap needs num_attention_heads, num_query_groups and kv_channels to cut linear_qkv, and norm_epsilon, rotary_base and max_position_embeddings to write config.json; give --config DIR with the model's Hugging Face config.json",
-            args::COMMON
-        ),
+        file,
+        "holds no training arguments for this Megatron-Core checkpoint (Megatron-LM's training loop saves them as `args` in common.pt, NeMo 2 as context/model.yaml's `config`): devmap needs num_attention_heads, num_query_groups and kv_channels to cut linear_qkv, and norm_epsilon, rotary_base and max_position_embeddings to write config.json; give --config DIR with the model's Hugging Face config.json",
     )
 }
 
 /// The head counts: `--config`'s, else the arguments', checked against the shapes.
 fn resolve_heads(
-    dir: &Path,
+    args_file: &Path,
     config: Option<&serde_json::Value>,
     args: Option<&Args>,
     shapes: &Shapes,
 ) -> Result<Heads, FormatError> {
+    let dir = args_file;
     let (heads, from) = match (config, args) {
         (Some(c), _) => (
             args::heads_from_config(c, shapes),
-            "--config's config.json (num_attention_heads, num_key_value_heads, head_dim)",
+            "--config's config.json (num_attention_heads, num_key_value_heads, head_dim)"
+                .to_owned(),
         ),
         (None, Some(a)) => (
             args::heads_from_args(a, shapes),
-            "common.pt's arguments (num_attention_heads, num_query_groups, kv_channels)",
+            format!(
+                "{}'s arguments (num_attention_heads, num_query_groups, kv_channels)",
+                args_file
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+            ),
         ),
-        (None, None) => return Err(no_args(dir)),
+        (None, None) => return Err(no_args(args_file)),
     };
     let heads = heads.ok_or_else(|| {
         FormatError::invalid_as(

@@ -33,6 +33,9 @@ enum Layout {
     /// A Megatron-Core distributed checkpoint (a DCP folder with Megatron's
     /// `metadata.json` and `common.pt`).
     Megatron(PathBuf),
+    /// A NeMo 2 checkpoint: a Megatron-Core checkpoint in `weights/` (its `.metadata`
+    /// here), the model's configuration in `context/model.yaml`.
+    Nemo(PathBuf),
     /// verl's FSDP checkpoint: every rank's `model_world_size_N_rank_K.pt`, in rank
     /// order.
     Verl(Vec<PathBuf>),
@@ -88,6 +91,17 @@ const TRAINING_READERS: &[(&str, Detect)] = &[
                 (exists(&metadata) && crate::formats::megatron::is_megatron(dir))
                     .then_some(Layout::Megatron(metadata)),
             )
+        },
+    ),
+    (
+        "a NeMo 2 checkpoint (weights/ and context/model.yaml)",
+        |dir| {
+            Ok(crate::formats::nemo::is_nemo(dir).then(|| {
+                Layout::Nemo(
+                    dir.join(crate::formats::nemo::WEIGHTS)
+                        .join(crate::formats::dcp::METADATA),
+                )
+            }))
         },
     ),
     ("a torch.distributed.checkpoint (.metadata)", |dir| {
@@ -186,6 +200,22 @@ fn read_layout(
             return Ok((files, None));
         }
         Layout::Megatron(metadata) => {
+            // The weights of a NeMo 2 checkpoint, named on their own: its names and
+            // configuration are the folder above's.
+            if let Some(parent) = dir.parent().filter(|p| {
+                dir.file_name() == Some(crate::formats::nemo::WEIGHTS.as_ref())
+                    && crate::formats::nemo::is_nemo(p)
+            }) {
+                return Err(FormatError::invalid_as(
+                    Kind::Unsupported,
+                    dir,
+                    format!(
+                        "is the weights/ folder of a NeMo 2 checkpoint, whose configuration is in its context/: give the checkpoint's folder, {}",
+                        parent.display()
+                    ),
+                )
+                .into());
+            }
             let read = crate::formats::megatron::read_megatron(dir, config)?;
             let mut files = add_split(draft, (&metadata, read.split), warnings);
             files.insert(0, metadata);
@@ -193,6 +223,22 @@ fn read_layout(
                 crate::formats::megatron::OWN_FILES
                     .iter()
                     .map(|f| dir.join(f))
+                    .filter(|p| exists(p)),
+            );
+            return Ok((files, read.config));
+        }
+        Layout::Nemo(metadata) => {
+            let read = crate::formats::nemo::read_nemo(dir, config)?;
+            let weights = dir.join(crate::formats::nemo::WEIGHTS);
+            let mut files = add_split(draft, (&metadata, read.split), warnings);
+            files.insert(0, metadata);
+            files.extend(
+                crate::formats::megatron::OWN_FILES
+                    .iter()
+                    .map(|f| weights.join(f))
+                    .chain([dir
+                        .join(crate::formats::nemo::CONTEXT)
+                        .join(crate::formats::nemo::MODEL_YAML)])
                     .filter(|p| exists(p)),
             );
             return Ok((files, read.config));
