@@ -123,17 +123,13 @@ def megatron_args(dtype, bias=False, moe=None):
         tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
 
 
-def nemo_context(config, folder):
-    """context/model.yaml as NeMo 2's `io_dump` writes it (NeMo is not installed here:
-    built to its layout): the model class as `_target_`, and under `config:` every field
-    of the model's TransformerConfig with its value (defaults included), plus the
-    GPTConfig fields NeMo's LlamaConfig adds; a function or class as `{_call_, _target_}`
-    (NeMo's fallback representer), other objects left out. An `io.json` beside it in
-    real checkpoints (fiddle's graph) is not read by devmap and not written here."""
+def model_fields(config, target):
+    """Every field of the model's TransformerConfig with its value (defaults included),
+    plus the GPT fields NeMo's LlamaConfig and Megatron-Bridge's model providers add, as
+    both serialise them: a function or class as `{_call_, _target_}` (their fallback
+    representer), other objects left out."""
     import dataclasses
     import inspect
-
-    import yaml
 
     def represent(value):
         if value is None or isinstance(value, (bool, int, float, str)):
@@ -146,10 +142,20 @@ def nemo_context(config, folder):
 
     fields = {f.name: represent(getattr(config, f.name)) for f in dataclasses.fields(config)
               if not f.name.startswith("_")}
-    fields.update(_target_="nemo.collections.llm.gpt.model.llama.LlamaConfig", seq_length=64,
-                  rotary_base=10000, position_embedding_type="rope",
+    fields.update(_target_=target, seq_length=64, rotary_base=10000, position_embedding_type="rope",
                   share_embeddings_and_output_weights=False, make_vocab_size_divisible_by=128,
                   vocab_size=None)
+    return fields
+
+
+def nemo_context(config, folder):
+    """context/model.yaml as NeMo 2's `io_dump` writes it (NeMo is not installed here:
+    built to its layout): the model class as `_target_`, and under `config:` the
+    model's configuration (`model_fields`). An `io.json` beside it in real checkpoints
+    (fiddle's graph) is not read by devmap and not written here."""
+    import yaml
+
+    fields = model_fields(config, "nemo.collections.llm.gpt.model.llama.LlamaConfig")
     model = {"_target_": "nemo.collections.llm.gpt.model.llama.LlamaModel", "config": fields,
              "model_transform": None, "optim": {"_target_": "nemo.lightning.pytorch.optim.megatron.MegatronOptimizerModule"},
              "tokenizer": None}
@@ -221,6 +227,13 @@ def rank_main(rank, world, port, job):
     dist.barrier()
     dist_checkpointing.save(state, job["out"])
     dist.barrier()
+    if job.get("run_config") and rank == 0:
+        # Megatron-Bridge's: the run's configuration as YAML beside the weights.
+        import yaml
+
+        with open(os.path.join(job["out"], "run_config.yaml"), "w") as f:
+            yaml.safe_dump({"model": model_fields(model.config, "megatron.bridge.models.llama.llama_provider.LlamaModelProvider"),
+                            "train": {"train_iters": 1}}, f, sort_keys=True)
     dist.destroy_process_group()
 
 
@@ -359,6 +372,19 @@ def main():
     d = saved.differences(out, results["float32"]["TP=1"])
     assert d is None, f"--config: {d}"
     print("no args + --config: identical")
+    # Megatron-Bridge's run_config.yaml beside the same weights gives what args gave.
+    bridge = os.path.join(work, "run-config")
+    run_job({"tp": 2, "pp": 1, "dtype": "float32", "out": bridge, "load": os.path.join(work, "tp1-float32"),
+             "args": False, "run_config": True}, 2, [29445, 29446])
+    out = os.path.join(work, "with-run-config")
+    r = devmap(exe, "save", bridge, "--out", out)
+    assert r.returncode == 0, f"run_config.yaml: {r.stderr}"
+    d = saved.differences(out, results["float32"]["TP=1"])
+    assert d is None, f"run_config.yaml: {d}"
+    written = json.load(open(os.path.join(out, "config.json")))
+    assert written == json.load(open(os.path.join(results["float32"]["TP=1"], "config.json"))), written
+    assert not os.path.exists(os.path.join(out, "run_config.yaml")), "run_config.yaml copied into the output"
+    print("no args + run_config.yaml (Megatron-Bridge): identical tensors and config.json")
 
     # Hostile variants, each a copy of the TP=2 checkpoint.
     tp2 = os.path.join(work, "tp2-float32")

@@ -23,6 +23,10 @@ fn megatron_checkpoints_convert_to_the_models_own_parameters() {
         out.contains("NeMo 2: from_pretrained(OUT) logits = Megatron TP=2 forward"),
         "{out}"
     );
+    assert!(
+        out.contains("no args + run_config.yaml (Megatron-Bridge): identical"),
+        "{out}"
+    );
     assert_eq!(out.matches(": refused (").count(), 7, "{out}");
     // `devmap plan --tp 2` and `--pp 2`: each rank's bytes are those of megatron-core's
     // rank of the same layout.

@@ -12,6 +12,7 @@
 
 pub mod args;
 pub mod layout;
+pub mod yaml_args;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,9 +30,12 @@ use crate::types::shape::Shape;
 /// Megatron's own file in the checkpoint folder: which backend wrote it.
 pub const MARKER: &str = "metadata.json";
 
+/// Megatron-Bridge's configuration of the run, beside the weights.
+pub const RUN_CONFIG: &str = "run_config.yaml";
+
 /// The files a Megatron checkpoint has besides its `.distcp` data (not copied by a
 /// save: they are not the HF model's).
-pub const OWN_FILES: [&str; 2] = [MARKER, args::COMMON];
+pub const OWN_FILES: [&str; 3] = [MARKER, args::COMMON, RUN_CONFIG];
 
 /// Whether `dir` is a Megatron-Core distributed checkpoint: its `metadata.json`
 /// names a `sharded_backend`.
@@ -64,10 +68,22 @@ pub struct Origin {
 /// Reads the Megatron checkpoint in `dir`. `config` is config.json's content when
 /// `--config` names one: its head counts are used and no config is written.
 pub fn read_megatron(dir: &Path, config: Option<&serde_json::Value>) -> Result<Read, FormatError> {
-    let origin = Origin {
-        args: args::read_args(dir)?,
-        args_file: dir.join(args::COMMON),
-        prefix: "",
+    // Megatron-Bridge (and newer Megatron-LM) keep the run's configuration beside the
+    // weights as YAML, its `model:` the TransformerConfig; Megatron-LM's training loop
+    // keeps `args` in common.pt.
+    let run_config = dir.join(RUN_CONFIG);
+    let origin = if std::fs::symlink_metadata(&run_config).is_ok() {
+        Origin {
+            args: Some(yaml_args::read(&run_config, "model")?),
+            args_file: run_config,
+            prefix: "",
+        }
+    } else {
+        Origin {
+            args: args::read_args(dir)?,
+            args_file: dir.join(args::COMMON),
+            prefix: "",
+        }
     };
     read_megatron_from(dir, config, origin)
 }
