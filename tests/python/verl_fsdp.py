@@ -15,8 +15,12 @@ saved by transformers' `save_pretrained`.
   bfloat16 kept as stored, a tied head written once as transformers writes it;
   `verify OUT` clean; from_pretrained's logits equal the
   unsharded model's;
-- a checkpoint missing a rank's file is refused naming it, and an HSDP one (a 2 × 2
-  mesh: DTensors placed on two mesh dimensions) naming the mesh, nothing written.
+- on a 2 × 2 mesh too: HSDP (replicated across, sharded within) and FSDP2 over tensor
+  parallelism (q/k/v/gate/up column-parallel, o/down row-parallel: torch places them
+  `(_StridedShard(0), Shard(0))` and `(Shard(0), Shard(1))`, the rest on the FSDP
+  submesh alone), each against torch's gathering of the same weights: verl's own merger
+  stops at "FSDP + TP is not supported yet";
+- a checkpoint missing a rank's file is refused naming it, nothing written.
 
 Usage: python verl_fsdp.py PATH/TO/devmap
 """
@@ -44,20 +48,47 @@ def model_of(dtype, tied=False):
     return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
-def hsdp_rank(rank, world, port, actor):
-    """A 4-rank HSDP job (a 2 × 2 mesh: replicated across, sharded within), saved as
-    verl saves: its DTensors are placed on two mesh dimensions."""
+def mesh_rank(rank, world, port, layout, actor, ref):
+    """A 4-rank job on a 2 × 2 mesh, saved as verl saves, and torch's gathering of it
+    saved by transformers as the reference. `hsdp`: replicated across, sharded within;
+    `tp`: FSDP2 (across) over tensor parallelism (within)."""
     import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     model = model_of(torch.float32)
-    mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
-    fully_shard(model, mesh=mesh)
+    if layout == "hsdp":
+        mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+        fully_shard(model, mesh=mesh)
+    else:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+        plan = {}
+        for i in range(len(model.model.layers)):
+            p = f"model.layers.{i}."
+            plan.update({p + "self_attn.q_proj": ColwiseParallel(), p + "self_attn.k_proj": ColwiseParallel(),
+                         p + "self_attn.v_proj": ColwiseParallel(), p + "self_attn.o_proj": RowwiseParallel(),
+                         p + "mlp.gate_proj": ColwiseParallel(), p + "mlp.up_proj": ColwiseParallel(),
+                         p + "mlp.down_proj": RowwiseParallel()})
+        parallelize_module(model, mesh["tp"], plan)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
     torch.save(model.state_dict(), os.path.join(actor, f"model_world_size_{world}_rank_{rank}.pt"))
+    if layout == "tp" and rank == 0:
+        state = model.state_dict()
+        placed = {str(state[k].placements) for k in ("model.layers.0.self_attn.q_proj.weight",
+                                                     "model.layers.0.self_attn.o_proj.weight")}
+        print(f"tp placements: {sorted(placed)}", flush=True)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         model.config.save_pretrained(os.path.join(actor, "huggingface"))
+        plain = model_of(torch.float32)
+        plain.load_state_dict(full)
+        plain.save_pretrained(ref)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -134,16 +165,20 @@ def main():
     assert not os.path.exists(out), f"{out} was written"
     print(f"ok: a missing rank file is refused ({r.stderr.strip().splitlines()[-1][:140]}...)")
 
-    # HSDP (a 2-dimensional mesh) is not read: refused naming the mesh, nothing written.
-    hsdp = os.path.join(work, "hsdp", "actor")
-    os.makedirs(hsdp)
-    start_ranks(hsdp_rank, (4, next(PORTS), hsdp), 4,
-                preload=("torch", "transformers.models.llama.modeling_llama"))
-    out = os.path.join(work, "hsdp-out")
-    r = subprocess.run([exe, "save", hsdp, "--out", out], capture_output=True, text=True)
-    assert r.returncode != 0 and "2-dimensional device mesh" in r.stderr, r.stderr
-    assert not os.path.exists(out), f"{out} was written"
-    print(f"ok: an HSDP checkpoint is refused ({r.stderr.strip().splitlines()[-1][:140]}...)")
+    # A 2 × 2 mesh: HSDP, and FSDP2 over tensor parallelism.
+    for layout in ["hsdp", "tp"]:
+        actor = os.path.join(work, layout, "actor")
+        ref, out = actor + "-ref", actor + "-devmap"
+        os.makedirs(actor)
+        start_ranks(mesh_rank, (4, next(PORTS), layout, actor, ref), 4,
+                    preload=("torch", "transformers.models.llama.modeling_llama"))
+        r = subprocess.run([exe, "save", actor, "--out", out], capture_output=True, text=True)
+        assert r.returncode == 0, f"{layout}: devmap save failed:\n{r.stderr}"
+        a, b = tensors(ref), tensors(out)
+        assert sorted(a) == sorted(b), f"{layout}: names differ"
+        differ = [k for k in a if not same_bytes(a[k], b[k])]
+        assert not differ, f"{layout}: {len(differ)} tensors differ from the gathered weights, e.g. {differ[:3]}"
+        print(f"ok: verl {layout} on a 2 x 2 mesh: {len(b)} tensors equal torch's gathered weights, bit for bit")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ pub mod config;
 pub mod dcp;
 pub mod deepspeed;
 pub mod device_map;
+pub mod dtensor;
 mod error;
 pub mod hf_index;
 pub mod hub_cache;

@@ -10,12 +10,16 @@
 //!
 //! Read without torch: each rank file's pickle through the restricted reader (DTensors
 //! built as data), each block a piece of its rank file, put together as DCP's are.
-//! A mesh of more than one dimension (FSDP with tensor parallelism) and FSDP1's
-//! `ShardedTensor`s are refused by name.
+//! A mesh of several dimensions (FSDP with tensor parallelism: FSDP2's
+//! `_StridedShard` over the tensor-parallel `Shard`; HSDP's `Replicate`) is cut as
+//! torch cuts it ([`super::dtensor`]), each mesh dimension's size the largest
+//! coordinate on it plus one; a block held by several ranks is read from one.
+//! `Partial` placements and FSDP1's `ShardedTensor`s are refused by name.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::dtensor::Placement;
 use super::pickle::{self, TensorRef, Value};
 use super::safetensors::{Header, HeaderTensor};
 use super::split::{PiecedTensor, Split};
@@ -117,14 +121,25 @@ struct Block {
     whole: Vec<u64>,
 }
 
-/// A DTensor of rank `rank` of `world`: its local tensor's bytes and the block it is
-/// of the whole tensor, as its placement cuts it.
-fn block_of(
+/// A DTensor as its rank file holds it: its local tensor, the whole shape, and where
+/// on the mesh the rank sits and how the mesh places it.
+struct Placed {
+    rank: usize,
+    tensor: HeaderTensor,
+    whole: Vec<u64>,
+    coordinate: Vec<u64>,
+    placements: Vec<Placement>,
+}
+
+/// A DTensor of rank `rank`: its local tensor's bytes, its global shape, its
+/// coordinate on the mesh (the spec's; on a mesh of one dimension, else the file
+/// name's rank) and its placements.
+fn placed_of(
     (path, name): (&Path, &str),
-    (rank, world): (usize, u64),
+    rank: usize,
     state: &Value,
     local: HeaderTensor,
-) -> Result<Block, FormatError> {
+) -> Result<Placed, FormatError> {
     let bad = |kind: Kind, why: String| FormatError::tensor_as(kind, path, name, why);
     let malformed = |what: &str| bad(Kind::Malformed, format!("is a DTensor without {what}"));
     let Value::Tuple(parts) = state else {
@@ -145,70 +160,88 @@ fn block_of(
     let Some(Value::Tuple(placements) | Value::List(placements)) = spec.get("placements") else {
         return Err(malformed("placements"));
     };
-    let [placement] = placements.as_slice() else {
-        return Err(bad(
-            Kind::Unsupported,
-            format!(
-                "is a DTensor on a {}-dimensional device mesh (FSDP with tensor or sequence parallelism, or HSDP): devmap reads verl checkpoints of FSDP alone (a 1-dimensional mesh)",
-                placements.len()
-            ),
-        ));
+    let int = |state: &Value, key: &str| match state.get(key) {
+        Some(Value::Int(d)) => u64::try_from(*d).ok(),
+        _ => None,
     };
-    // The rank's place on the mesh: the spec says it; else the file name's rank.
-    let coordinate = spec
+    let mut places = Vec::with_capacity(placements.len());
+    for placement in placements {
+        places.push(match placement {
+            Value::Object {
+                class: "Shard",
+                state,
+            } => Placement::Shard(
+                int(state, "dim").ok_or_else(|| malformed("a shard dimension"))? as usize,
+            ),
+            Value::Object {
+                class: "_StridedShard",
+                state,
+            } => Placement::Strided {
+                dim: int(state, "dim").ok_or_else(|| malformed("a shard dimension"))? as usize,
+                split_factor: int(state, "split_factor")
+                    .filter(|&f| f > 0)
+                    .ok_or_else(|| malformed("a split factor"))?,
+            },
+            Value::Object {
+                class: "Replicate", ..
+            } => Placement::Replicate,
+            Value::Object { class, .. } => {
+                return Err(bad(
+                    Kind::Unsupported,
+                    format!(
+                        "is a DTensor placed as `{class}`, which devmap does not put together (it reads Shard, _StridedShard and Replicate)"
+                    ),
+                ));
+            }
+            _ => return Err(malformed("a placement")),
+        });
+    }
+    // The rank's place on the mesh: the spec says it; on a mesh of one dimension, the
+    // file name's rank where it does not.
+    let coordinate = match spec
         .get("mesh")
         .and_then(state_of)
         .and_then(|m| m.get("_coordinate_on_dim"))
         .and_then(Value::dims)
-        .and_then(|c| c.first().copied())
-        .unwrap_or(rank as u64);
-    let mut offsets = vec![0u64; whole.len()];
-    let mut expected = whole.clone();
-    match placement {
-        Value::Object {
-            class: "Shard",
-            state,
-        } => {
-            let dim = match state.get("dim") {
-                Some(Value::Int(d)) => usize::try_from(*d).ok(),
-                _ => None,
-            }
-            .filter(|&d| d < whole.len())
-            .ok_or_else(|| malformed("a shard dimension within its size"))?;
-            // torch.chunk's cut: chunks of ceil(size / world), the last ones shorter
-            // or empty.
-            let chunk = whole[dim].div_ceil(world.max(1));
-            let start = (coordinate * chunk).min(whole[dim]);
-            offsets[dim] = start;
-            expected[dim] = chunk.min(whole[dim] - start);
-        }
-        Value::Object {
-            class: "Replicate", ..
-        } => {}
-        Value::Object { class, .. } => {
-            return Err(bad(
-                Kind::Unsupported,
-                format!(
-                    "is a DTensor placed as `{class}`, which devmap does not put together (it reads Shard and Replicate)"
-                ),
-            ));
-        }
-        _ => return Err(malformed("a placement")),
-    }
-    if local.shape.to_vec() != expected {
-        return Err(bad(
+    {
+        Some(c) if c.len() == places.len() => c,
+        _ if places.len() == 1 => vec![rank as u64],
+        _ => return Err(malformed("its coordinate on the mesh")),
+    };
+    Ok(Placed {
+        rank,
+        tensor: local,
+        whole,
+        coordinate,
+        placements: places,
+    })
+}
+
+/// Where a placed DTensor's block lies, on a mesh of `sizes`; its local tensor must
+/// be that block's shape.
+fn block_of(path: &Path, name: &str, placed: Placed, sizes: &[u64]) -> Result<Block, FormatError> {
+    let (offsets, shape) =
+        super::dtensor::block(&placed.whole, sizes, &placed.coordinate, &placed.placements)
+            .map_err(|why| FormatError::tensor_as(Kind::Unsupported, path, name, why))?;
+    if placed.tensor.shape.to_vec() != shape {
+        return Err(FormatError::tensor_as(
             Kind::Malformed,
+            path,
+            name,
             format!(
-                "is rank {coordinate}'s block of shape {:?} of a {whole:?} tensor cut over {world} ranks, where torch.chunk gives {expected:?}",
-                local.shape.to_vec()
+                "is the block of shape {:?} at mesh coordinate {:?} of a {:?} tensor, where its placements ({:?} on a {sizes:?} mesh) give {shape:?}",
+                placed.tensor.shape.to_vec(),
+                placed.coordinate,
+                placed.whole,
+                placed.placements
             ),
         ));
     }
     Ok(Block {
-        rank,
-        tensor: local,
+        rank: placed.rank,
+        tensor: placed.tensor,
         offsets,
-        whole,
+        whole: placed.whole,
     })
 }
 
@@ -217,7 +250,7 @@ fn block_of(
 pub fn read_verl(paths: &[PathBuf]) -> Result<Split, FormatError> {
     let world = paths.len() as u64;
     let mut files = Vec::with_capacity(paths.len());
-    let mut blocks: BTreeMap<String, Vec<Block>> = BTreeMap::new();
+    let mut held: BTreeMap<String, Vec<Placed>> = BTreeMap::new();
     for (rank, path) in paths.iter().enumerate() {
         let archive = torch_bin::StateDictArchive::open(path, pickle::Allow::DTensor)?;
         for (name, value) in &archive.items {
@@ -243,16 +276,18 @@ pub fn read_verl(paths: &[PathBuf]) -> Result<Split, FormatError> {
             };
             let member = archive.member_of(path, name, local)?;
             let tensor = torch_bin::byte_range(path, name, local, member)?;
-            let block = match dtensor {
-                Some(state) => block_of((path, name), (rank, world), state, tensor)?,
-                None => Block {
+            let placed = match dtensor {
+                Some(state) => placed_of((path, name), rank, state, tensor)?,
+                // A plain tensor: whole, on no mesh.
+                None => Placed {
                     rank,
-                    offsets: vec![0; tensor.shape.len()],
                     whole: tensor.shape.to_vec(),
                     tensor,
+                    coordinate: Vec::new(),
+                    placements: Vec::new(),
                 },
             };
-            blocks.entry(name.to_owned()).or_default().push(block);
+            held.entry(name.to_owned()).or_default().push(placed);
         }
         files.push((
             path.clone(),
@@ -264,8 +299,27 @@ pub fn read_verl(paths: &[PathBuf]) -> Result<Split, FormatError> {
             },
         ));
     }
+    // Each mesh dimension's size: the largest coordinate on it plus one (the rank files
+    // of a job cover its mesh), per number of mesh dimensions.
+    let mut sizes: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+    for p in held.values().flatten() {
+        let dims = sizes
+            .entry(p.coordinate.len())
+            .or_insert_with(|| vec![1; p.coordinate.len()]);
+        for (size, &c) in dims.iter_mut().zip(&p.coordinate) {
+            *size = (*size).max(c + 1);
+        }
+    }
     let mut pieced = Vec::new();
-    for (name, mut list) in blocks {
+    for (name, placed) in held {
+        let count = placed.len();
+        let mut list = Vec::with_capacity(count);
+        for p in placed {
+            let mesh = sizes
+                .get(&p.coordinate.len())
+                .map_or(&[][..], Vec::as_slice);
+            list.push(block_of(&paths[p.rank], &name, p, mesh)?);
+        }
         let first = &list[0];
         if let Some(other) = list
             .iter()
@@ -291,26 +345,29 @@ pub fn read_verl(paths: &[PathBuf]) -> Result<Split, FormatError> {
             files[copy.rank].1.tensors.push(copy.tensor);
             continue;
         }
-        // Sharded: the blocks must cover the tensor (torch.chunk's blocks do not
+        let (first_rank, dtype) = (first.rank, first.tensor.dtype);
+        // A block several ranks hold (replicated along a mesh dimension) is read from
+        // the first of them.
+        list.sort_by(|a, b| (&a.offsets, a.rank).cmp(&(&b.offsets, b.rank)));
+        list.dedup_by(|b, a| b.offsets == a.offsets && b.tensor.shape == a.tensor.shape);
+        // Sharded: the blocks must cover the tensor (the placements' blocks do not
         // overlap, so their sizes add up to it exactly when every rank's is there).
         let numel: u64 = whole.iter().product();
         let covered: u64 = list
             .iter()
             .map(|b| b.tensor.shape.iter().product::<u64>())
             .sum();
-        if covered != numel || list.len() != paths.len() {
+        if covered != numel || count != paths.len() {
             return Err(FormatError::tensor_as(
                 Kind::Missing,
-                &paths[first.rank],
+                &paths[first_rank],
                 &name,
                 format!(
-                    "has blocks of {covered} of its {numel} elements in {} of the {} rank files",
-                    list.len(),
+                    "has blocks of {covered} of its {numel} elements in {count} of the {} rank files",
                     paths.len()
                 ),
             ));
         }
-        let dtype = first.tensor.dtype;
         let pieces = list
             .into_iter()
             .filter(|b| b.tensor.len > 0)
