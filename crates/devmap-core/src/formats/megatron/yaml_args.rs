@@ -4,7 +4,7 @@
 //! field, defaults included.
 //!
 //! The YAML is read as data: no tag is resolved, no alias expanded (a value that is
-//! an alias counts as absent), nesting beyond [`MAX_DEPTH`] is refused.
+//! an alias counts as absent), nesting beyond 64 levels is refused.
 
 use std::path::Path;
 
