@@ -8,7 +8,9 @@
 #               and renamed with torch, safetensors save_file (scripts/peers/megatron_bench.py)
 # Needs the reference venv with megatron-core (DEVMAP_HF_PYTHON, or
 # ~/.cache/devmap/venv-hf/bin/python).
-# Usage: [RUNS=3] scripts/bench_megatron.sh [LAYERS=12] [HIDDEN=1024] [WORKDIR=target/bench]
+# With EXPERTS=N: a Mixtral-like MoE of N experts a layer, saved at EP=2 (the peer
+# loads it into an EP=1 model and renames to Mixtral's names).
+# Usage: [RUNS=3] [EXPERTS=N] scripts/bench_megatron.sh [LAYERS=12] [HIDDEN=1024] [WORKDIR=target/bench]
 # Prints a Markdown table: median seconds and peak RSS (GNU time).
 source "$(dirname "$0")/bench_lib.sh"
 LAYERS=${1:-12}
@@ -20,7 +22,9 @@ need_gnu_time
 "$PY" -c "import megatron.core" 2>/dev/null || { echo "needs megatron-core in $PY"; exit 1; }
 
 build_release
-INPUT="$WORK/megatron-tp2-$LAYERS-$HIDDEN"
+export EXPERTS=${EXPERTS:-0}
+LAYOUT=$([ "$EXPERTS" -gt 0 ] && echo "moe$EXPERTS-ep2" || echo "tp2")
+INPUT="$WORK/megatron-$LAYOUT-$LAYERS-$HIDDEN"
 mkdir -p "$WORK"
 [ -f "$INPUT/.metadata" ] || "$PY" scripts/peers/megatron_bench.py save "$INPUT" "$LAYERS" "$HIDDEN" > /dev/null 2>&1
 [ -f "$INPUT/.metadata" ] || { echo "megatron-core could not save $INPUT"; exit 1; }
@@ -34,5 +38,5 @@ for row in "cp -r|cp -r $INPUT $WORK/megatron-out" \
            "megatron-core load + torch cut + save_file|$PY scripts/peers/megatron_bench.py peer $INPUT $WORK/megatron-out $LAYERS $HIDDEN"; do
     name=${row%%|*}; cmd=${row#*|}
     read -r s kib < <(measure $cmd)
-    echo "| Megatron TP=2 ($(du -sh "$INPUT" | cut -f1)) | $name | $s s | $((kib / 1024)) MiB |"
+    echo "| Megatron $LAYOUT ($(du -sh "$INPUT" | cut -f1)) | $name | $s s | $((kib / 1024)) MiB |"
 done

@@ -5,6 +5,10 @@
   peer DIR OUT LAYERS HIDDEN: what a user without devmap does: megatron-core's own
       `dist_checkpointing.load` into a TP=1 model, the parameters cut and renamed to
       transformers' Llama names with torch, `safetensors` save_file.
+
+With EXPERTS=N in the environment, every layer's MLP is a mixture of N experts
+(megatron-core's SequentialMLP, FFN 7/4 · hidden, top 2, Mixtral-like), saved at EP=2
+instead of TP=2; the peer loads it into an EP=1 model and renames to Mixtral's names.
 """
 
 import argparse
@@ -17,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 VOCAB = 32000
+EXPERTS = int(os.environ.get("EXPERTS", "0"))
 
 
 def cpu_only():
@@ -25,45 +30,59 @@ def cpu_only():
     from megatron.core import tensor_parallel
 
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    # megatron-core 0.16.1's router names Transformer Engine's GEMM without it installed.
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    moe_utils.te_general_gemm = None
 
 
-def build(layers, hidden, tp):
+def build(layers, hidden, tp, ep=1):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    moe, spec = {}, get_gpt_layer_local_spec()
+    if EXPERTS:
+        moe = dict(num_moe_experts=EXPERTS, moe_router_topk=2, moe_ffn_hidden_size=hidden * 7 // 4,
+                   moe_token_dispatcher_type="allgather", expert_model_parallel_size=ep)
+        spec = get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False)
     cfg = TransformerConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=hidden // 64,
                             num_query_groups=hidden // 256, ffn_hidden_size=hidden * 11 // 4,
                             normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
                             add_bias_linear=False, use_cpu_initialization=True, params_dtype=torch.float32,
-                            tensor_model_parallel_size=tp, perform_initialization=False)
-    return GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=4096,
+                            tensor_model_parallel_size=tp, perform_initialization=False, **moe)
+    return GPTModel(cfg, spec, vocab_size=VOCAB, max_sequence_length=4096,
                     position_embedding_type="rope", share_embeddings_and_output_weights=False)
 
 
 def args(layers, hidden):
-    return argparse.Namespace(num_layers=layers, hidden_size=hidden, ffn_hidden_size=hidden * 11 // 4,
+    moe = {}
+    if EXPERTS:
+        moe = dict(num_experts=EXPERTS, moe_router_topk=2, moe_ffn_hidden_size=hidden * 7 // 4,
+                   moe_router_score_function="softmax")
+    return argparse.Namespace(**moe, num_layers=layers, hidden_size=hidden, ffn_hidden_size=hidden * 11 // 4,
                               num_attention_heads=hidden // 64, group_query_attention=True,
                               num_query_groups=hidden // 256, kv_channels=64, normalization="RMSNorm",
                               swiglu=True, norm_epsilon=1e-5, rotary_base=10000,
                               max_position_embeddings=4096, position_embedding_type="rope")
 
 
-def init(rank, world, tp):
+def init(rank, world, tp, ep=1):
     from megatron.core import parallel_state as ps
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29731", RANK=str(rank), WORLD_SIZE=str(world))
     cpu_only()
     dist.init_process_group("gloo")
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
 
 
 def save_rank(rank, out, layers, hidden):
     from megatron.core import dist_checkpointing
 
-    init(rank, 2, 2)
+    tp, ep = (1, 2) if EXPERTS else (2, 1)
+    init(rank, 2, tp, ep)
     torch.manual_seed(rank)
-    model = build(layers, hidden, 2)
+    model = build(layers, hidden, tp, ep)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
@@ -97,6 +116,15 @@ def peer(src, out, layers, hidden):
         hf[h + "self_attn.o_proj.weight"] = sd[p + "self_attention.linear_proj.weight"]
         hf[h + "input_layernorm.weight"] = sd[p + "input_layernorm.weight"]
         hf[h + "post_attention_layernorm.weight"] = sd[p + "pre_mlp_layernorm.weight"]
+        if EXPERTS:
+            m = h + "block_sparse_moe."
+            hf[m + "gate.weight"] = sd[p + "mlp.router.weight"]
+            for e in range(EXPERTS):
+                x = f"{p}mlp.experts.local_experts.{e}."
+                gate, up = sd[x + "linear_fc1.weight"].chunk(2)
+                hf[f"{m}experts.{e}.w1.weight"], hf[f"{m}experts.{e}.w3.weight"] = gate, up
+                hf[f"{m}experts.{e}.w2.weight"] = sd[x + "linear_fc2.weight"]
+            continue
         gate, up = sd[p + "mlp.linear_fc1.weight"].chunk(2)
         hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"] = gate, up
         hf[h + "mlp.down_proj.weight"] = sd[p + "mlp.linear_fc2.weight"]
