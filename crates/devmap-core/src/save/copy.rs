@@ -270,8 +270,7 @@ pub(crate) fn invalid_data(message: String) -> CopyError {
 pub(crate) fn read_exact_at(src: &File, buf: &mut [u8], at: u64) -> Result<(), CopyError> {
     let mut got = 0;
     while got < buf.len() {
-        let n = src
-            .read_at(&mut buf[got..], at + got as u64)
+        let n = crate::sys::files::read_at(src, &mut buf[got..], at + got as u64)
             .map_err(CopyError::Io)?;
         if n == 0 {
             return Err(CopyError::ShortSource { copied: got as u64 });
