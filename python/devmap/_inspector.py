@@ -44,6 +44,9 @@ def run(program, manifest_path):
     finally:
         _let_read_memory(0)
     err = err.decode(errors="replace").strip()
+    if child.returncode != 0 and "--live-manifest" in err:
+        # A command from before devmap.inspect started it: it does not know the flag.
+        return f"{err}\n{program} is older than this package: install the devmap command from the same checkout"
     if child.returncode != 0:
         return err or f"{program} exited with status {child.returncode}"
     if err:
