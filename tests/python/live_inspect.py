@@ -73,9 +73,20 @@ elif sys.argv[1:] == ["--no-command"]:
     sys.stdout.flush()
     os.dup2(follower, 1)
     said = io.StringIO()
+    # A devmap command from before --live-manifest (a stand-in answering as clap does).
+    old = os.path.join(work, "old-devmap")
+    with open(old, "w") as f:
+        f.write("#!/bin/sh\necho \"error: unexpected argument '--live-manifest' found\" >&2\nexit 2\n")
+    os.chmod(old, 0o755)
+    too_old = None
     try:
         with contextlib.redirect_stderr(said):
             devmap.inspect(model)
+            os.environ["DEVMAP_BIN"] = old
+            try:
+                devmap.inspect(model)
+            except devmap.DevmapError as err:
+                too_old = str(err)
         sys.stdout.flush()
     finally:
         os.dup2(kept, 1)
@@ -85,6 +96,9 @@ elif sys.argv[1:] == ["--no-command"]:
     if "cargo install devmap" not in said.getvalue() or "device map: 7 keys" not in report:
         raise SystemExit(f"no note or no report:\n{said.getvalue()}\n{report}")
     print("ok: a terminal without the devmap command gets the report and a note")
+    if too_old is None or "older than this package" not in too_old:
+        raise SystemExit(f"an old devmap command is not named as such: {too_old!r}")
+    print("ok: a devmap command without --live-manifest is named as older than the package")
 else:
     devmap.inspect(model)
     print("INSPECTOR CLOSED")
