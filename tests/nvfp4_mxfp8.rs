@@ -197,10 +197,7 @@ fn mxfp8_is_multiplied_out_by_its_power_of_two_exponents() {
 /// is written.
 fn refused(c: &Case, needle: &str) {
     let o = common::save(&c.src, &c.out, &["--dtype", "bfloat16"]);
-    assert!(!o.status.success(), "saved although it should refuse");
-    let err = stderr(&o);
-    assert!(err.contains(needle), "wanted {needle:?} in: {err}");
-    assert!(!c.out.exists(), "something was written");
+    common::assert_refused(&o, &c.out, "--dtype bfloat16", &[needle]);
 }
 
 fn set(tensors: &mut [FixtureTensor], suffix: &str, edit: impl FnOnce(&mut FixtureTensor)) {

@@ -207,10 +207,7 @@ fn refused(c: &Case, extra: &[&str], needle: &str) {
     let mut args = vec!["--quantize", "fp8-block"];
     args.extend_from_slice(extra);
     let o = common::save(&c.src, &c.out, &args);
-    assert!(!o.status.success(), "saved although it should refuse");
-    let err = stderr(&o);
-    assert!(err.contains(needle), "wanted {needle:?} in: {err}");
-    assert!(!c.out.exists(), "something was written");
+    common::assert_refused(&o, &c.out, "--quantize fp8-block", &[needle]);
 }
 
 #[test]
