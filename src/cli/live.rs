@@ -24,8 +24,7 @@ pub fn show(path: &Path) -> Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| "the model in the Python session".to_owned());
     let origin = path.to_path_buf();
-    let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
-    if !std::io::stdout().is_terminal() || dumb {
+    if !std::io::stdout().is_terminal() || super::output::dumb_terminal() {
         let ckpt = load_live(&manifest, &origin)?;
         out(inspect::to_text(&ckpt, inspect::TextOptions::default()))?;
         return Ok(ExitCode::SUCCESS);

@@ -58,9 +58,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 let demo = demo::demo_dir()?;
                 (demo.dir.clone(), Some(demo))
             };
-            // TERM=dumb (Emacs' shell, some CI logs) has no cursor addressing, colours
-            // or alternate screen: the plain report, said once.
-            let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
+            // A dumb terminal gets the plain report, said once.
+            let dumb = output::dumb_terminal();
             if dumb && std::io::stdout().is_terminal() {
                 err_line(
                     "note: TERM=dumb: printing the report instead of the interactive inspector",

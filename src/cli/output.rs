@@ -103,3 +103,9 @@ pub fn print_error(report: &color_eyre::Report) {
         let _ = writeln!(stderr, "  caused by: {cause}");
     }
 }
+
+/// Whether the terminal says it cannot draw the inspector: TERM=dumb (Emacs' shell,
+/// some CI logs) has no cursor addressing, colours or alternate screen.
+pub fn dumb_terminal() -> bool {
+    std::env::var_os("TERM").is_some_and(|t| t == "dumb")
+}

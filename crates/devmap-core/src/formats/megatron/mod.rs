@@ -334,7 +334,6 @@ fn resolve_heads(
     args: Option<&Args>,
     shapes: &Shapes,
 ) -> Result<Heads, FormatError> {
-    let dir = args_file;
     let (heads, from) = match (config, args) {
         (Some(c), _) => (
             args::heads_from_config(c, shapes),
@@ -355,12 +354,13 @@ fn resolve_heads(
     let heads = heads.ok_or_else(|| {
         FormatError::invalid_as(
             Kind::Missing,
-            dir,
+            args_file,
             format!("is a Megatron-Core checkpoint, and {from} do not say num_attention_heads"),
         )
     })?;
-    args::check_heads(heads, shapes)
-        .map_err(|why| FormatError::invalid_as(Kind::Malformed, dir, format!("{from}: {why}")))?;
+    args::check_heads(heads, shapes).map_err(|why| {
+        FormatError::invalid_as(Kind::Malformed, args_file, format!("{from}: {why}"))
+    })?;
     Ok(heads)
 }
 

@@ -169,6 +169,28 @@ pub(super) fn read_weights(
     }
 }
 
+/// A Megatron-Core checkpoint's split added to the draft: its files are `.metadata`,
+/// the `.distcp` files, Megatron's own files in `weights` (the checkpoint's folder)
+/// and `extra` (NeMo 2's model.yaml) where they exist; the config.json it wrote.
+fn megatron_files(
+    draft: &mut Draft,
+    warnings: &mut Vec<Warning>,
+    (metadata, read): (PathBuf, crate::formats::megatron::Read),
+    weights: &Path,
+    extra: Option<PathBuf>,
+) -> Weights {
+    let mut files = add_split(draft, (&metadata, read.split), warnings);
+    files.insert(0, metadata);
+    files.extend(
+        crate::formats::megatron::OWN_FILES
+            .iter()
+            .map(|f| weights.join(f))
+            .chain(extra)
+            .filter(|p| exists(p)),
+    );
+    (files, read.config)
+}
+
 /// Reads the weights `layout` says `dir` holds.
 fn read_layout(
     dir: &Path,
@@ -217,31 +239,21 @@ fn read_layout(
                 .into());
             }
             let read = crate::formats::megatron::read_megatron(dir, config)?;
-            let mut files = add_split(draft, (&metadata, read.split), warnings);
-            files.insert(0, metadata);
-            files.extend(
-                crate::formats::megatron::OWN_FILES
-                    .iter()
-                    .map(|f| dir.join(f))
-                    .filter(|p| exists(p)),
-            );
-            return Ok((files, read.config));
+            return Ok(megatron_files(draft, warnings, (metadata, read), dir, None));
         }
         Layout::Nemo(metadata) => {
             let read = crate::formats::nemo::read_nemo(dir, config)?;
+            let context = dir
+                .join(crate::formats::nemo::CONTEXT)
+                .join(crate::formats::nemo::MODEL_YAML);
             let weights = dir.join(crate::formats::nemo::WEIGHTS);
-            let mut files = add_split(draft, (&metadata, read.split), warnings);
-            files.insert(0, metadata);
-            files.extend(
-                crate::formats::megatron::OWN_FILES
-                    .iter()
-                    .map(|f| weights.join(f))
-                    .chain([dir
-                        .join(crate::formats::nemo::CONTEXT)
-                        .join(crate::formats::nemo::MODEL_YAML)])
-                    .filter(|p| exists(p)),
-            );
-            return Ok((files, read.config));
+            return Ok(megatron_files(
+                draft,
+                warnings,
+                (metadata, read),
+                &weights,
+                Some(context),
+            ));
         }
         Layout::Verl(paths) => {
             let split = crate::formats::verl::read_verl(&paths)?;
