@@ -290,6 +290,45 @@ def hf_names(state):
     return {k: v.contiguous() for k, v in out.items()}
 
 
+def converts_bit_for_bit(exe, work, label, layouts, want, architecture, ref_logits):
+    """`devmap save` of each of `layouts` ({name: folder}, "TP=1" among them) is `want`
+    (the Megatron model's parameters as transformers names them) bit for bit, `verify`
+    clean, every layout's output identical to TP=1's; TP=1's config.json names
+    `architecture` and `from_pretrained` of it gives the logits saved in `ref_logits`
+    (float32 rounding). Returns TP=1's output folder."""
+    from transformers import AutoModelForCausalLM
+
+    outputs = {}
+    for name, folder in layouts.items():
+        out = os.path.join(work, f"{label}-out-{name[:2]}{name[-1]}")
+        r = devmap(exe, "save", folder, "--out", out, "--max-shard-size", "200KB")
+        assert r.returncode == 0, f"{label} {name}: devmap save failed:\n{r.stderr}"
+        v = devmap(exe, "verify", out)
+        assert v.returncode == 0, f"{label} {name}: verify OUT is not clean:\n{v.stdout}{v.stderr}"
+        got = saved.tensors(out)
+        bad = saved.first_unequal(got, want)
+        assert bad is None and sorted(got) == sorted(want), (
+            f"{label} {name}: {bad} differs from the Megatron model's own parameter "
+            f"(only devmap: {sorted(set(got) - set(want))[:3]}, only Megatron: {sorted(set(want) - set(got))[:3]})")
+        outputs[name] = out
+        print(f"{label} {name}: {len(got)} tensors equal to the Megatron model's parameters, bit for bit")
+    for name, out in outputs.items():
+        if name != "TP=1":
+            d = saved.differences(out, outputs["TP=1"])
+            assert d is None, f"{label} {name} differs from TP=1: {d}"
+    config = json.load(open(os.path.join(outputs["TP=1"], "config.json")))
+    assert config["architectures"] == [architecture], config
+    model = AutoModelForCausalLM.from_pretrained(outputs["TP=1"], dtype=torch.float32)
+    with torch.no_grad():
+        hf = model(INPUT).logits.float()
+    ref = torch.load(ref_logits)
+    gap = (hf - ref).abs().max().item()
+    assert gap <= 1e-5 * max(1.0, ref.abs().max().item()), (
+        f"{label}: from_pretrained's logits differ from Megatron's forward by {gap}")
+    print(f"{label}: from_pretrained(OUT) logits = Megatron forward (max gap {gap:.2e})")
+    return outputs["TP=1"]
+
+
 def refused(exe, src, work, what, needle):
     out = os.path.join(work, "refused-out")
     r = devmap(exe, "save", src, "--out", out)

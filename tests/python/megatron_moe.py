@@ -25,7 +25,6 @@ QKV biases and the top k of a softmax (`moe_router_pre_softmax`) Qwen2-MoE-shape
 Usage: python megatron_moe.py PATH/TO/devmap
 """
 
-import json
 import os
 import sys
 
@@ -82,8 +81,6 @@ def hf_names(state, family):
 
 
 def main():
-    from transformers import AutoModelForCausalLM
-
     exe = os.path.abspath(sys.argv[1])
     work = saved.workdir("devmap-megatron-moe-")
     ports = iter(range(29711, 29800))
@@ -108,34 +105,7 @@ def main():
                 if family == "qwen3_moe":
                     base.ranks_match(exe, folder, sizes, 2, ["--tp", str(tp), "--ep", str(ep)], f"{family} {name}")
         want = hf_names(torch.load(state_file), family)
-        outputs = {}
-        for name, folder in layouts.items():
-            out = os.path.join(work, f"{family}-out-{name[:2]}{name[-1]}")
-            r = base.devmap(exe, "save", folder, "--out", out, "--max-shard-size", "200KB")
-            assert r.returncode == 0, f"{family} {name}: devmap save failed:\n{r.stderr}"
-            v = base.devmap(exe, "verify", out)
-            assert v.returncode == 0, f"{family} {name}: verify OUT is not clean:\n{v.stdout}{v.stderr}"
-            got = saved.tensors(out)
-            bad = saved.first_unequal(got, want)
-            assert bad is None and sorted(got) == sorted(want), (
-                f"{family} {name}: {bad} differs from the Megatron model's own parameter "
-                f"(only devmap: {sorted(set(got) - set(want))[:3]}, only Megatron: {sorted(set(want) - set(got))[:3]})")
-            outputs[name] = out
-            print(f"{family} {name}: {len(got)} tensors equal to the Megatron model's parameters, bit for bit")
-        for name, out in outputs.items():
-            if name != "TP=1":
-                d = saved.differences(out, outputs["TP=1"])
-                assert d is None, f"{family} {name} differs from TP=1: {d}"
-        config = json.load(open(os.path.join(outputs["TP=1"], "config.json")))
-        assert config["architectures"] == [architecture], config
-        model = AutoModelForCausalLM.from_pretrained(outputs["TP=1"], dtype=torch.float32)
-        with torch.no_grad():
-            hf = model(base.INPUT).logits.float()
-        ref = torch.load(ref_logits)
-        gap = (hf - ref).abs().max().item()
-        assert gap <= 1e-5 * max(1.0, ref.abs().max().item()), (
-            f"{family}: from_pretrained's logits differ from Megatron's forward by {gap}")
-        print(f"{family}: from_pretrained(OUT) logits = Megatron forward (max gap {gap:.2e})")
+        base.converts_bit_for_bit(exe, work, family, layouts, want, architecture, ref_logits)
 
     # A router transformers' Qwen3-MoE cannot compute: refused by name.
     sigmoid = os.path.join(work, "sigmoid")

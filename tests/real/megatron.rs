@@ -68,3 +68,28 @@ fn megatron_moe_checkpoints_convert_to_qwen3_moe_and_mixtral() {
     );
     assert!(out.contains("megatron moe: all checks passed"), "{out}");
 }
+
+/// DeepSeek-V3-shaped (multi-latent attention, with RoPE and with YaRN) and
+/// GLM-4-MoE-shaped (grouped-query attention with biases, half-rotary heads)
+/// Megatron-Core checkpoints (tests/python/megatron_deepseek.py): a dense first layer,
+/// a sigmoid router with its expert bias in groups, an ungated shared expert; at TP=1,
+/// TP=2 and (GLM-4-MoE) EP=2 they become transformers' DeepseekV3ForCausalLM and
+/// Glm4MoeForCausalLM bit for bit, with logits equal to Megatron's forward; a grouping
+/// transformers cannot compute and latent norms of another epsilon are refused by name.
+#[test]
+#[ignore = "needs torch, transformers, megatron-core: run .ci/run"]
+fn megatron_deepseek_v3_and_glm4_moe_checkpoints_convert() {
+    let (ok, out, err) = crate::common::run_hf_script("megatron_deepseek.py");
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(
+        out.matches("bit for bit").count(),
+        6,
+        "DeepSeek-V3 at TP=1, TP=2; with YaRN at TP=1; GLM-4-MoE at TP=1, TP=2, EP=2:\n{out}"
+    );
+    assert_eq!(out.matches("logits = Megatron forward").count(), 3, "{out}");
+    assert_eq!(out.matches(": refused (").count(), 2, "{out}");
+    assert!(
+        out.contains("megatron deepseek/glm: all checks passed"),
+        "{out}"
+    );
+}

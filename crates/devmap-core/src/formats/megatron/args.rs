@@ -64,18 +64,18 @@ pub fn read_args(dir: &Path) -> Result<Option<Args>, FormatError> {
     Ok(args)
 }
 
-fn arg<'a>(args: &'a Args, name: &str) -> Option<&'a Value> {
+pub(super) fn arg<'a>(args: &'a Args, name: &str) -> Option<&'a Value> {
     args.iter()
         .find(|(k, _)| k == name)
         .map(|(_, v)| v)
         .filter(|v| !matches!(v, Value::None))
 }
 
-fn arg_u64(args: &Args, name: &str) -> Option<u64> {
+pub(super) fn arg_u64(args: &Args, name: &str) -> Option<u64> {
     arg(args, name)?.as_u64()
 }
 
-fn arg_f64(args: &Args, name: &str) -> Option<f64> {
+pub(super) fn arg_f64(args: &Args, name: &str) -> Option<f64> {
     match arg(args, name)? {
         Value::Int(i) => Some(*i as f64),
         Value::Float(f) => Some(*f),
@@ -83,14 +83,14 @@ fn arg_f64(args: &Args, name: &str) -> Option<f64> {
     }
 }
 
-fn arg_bool(args: &Args, name: &str) -> Option<bool> {
+pub(super) fn arg_bool(args: &Args, name: &str) -> Option<bool> {
     match arg(args, name)? {
         Value::Bool(b) => Some(*b),
         _ => None,
     }
 }
 
-fn arg_str<'a>(args: &'a Args, name: &str) -> Option<&'a str> {
+pub(super) fn arg_str<'a>(args: &'a Args, name: &str) -> Option<&'a str> {
     match arg(args, name)? {
         Value::Str(s) => Some(s),
         _ => None,
@@ -111,17 +111,40 @@ pub struct Shapes {
     pub qk_norm: Option<u64>,
     pub qkv_bias: bool,
     pub tied: bool,
-    /// The experts of a MoE model (its `ffn` is then each expert's), when it is one.
+    /// The experts of a MoE model, when it is one, and each expert's FFN width (`ffn`
+    /// is the dense layers' when there are some, else the experts').
     pub experts: Option<u64>,
-    /// Whether some layer has a dense MLP.
+    pub expert_ffn: Option<u64>,
+    /// Whether the router has a bias for choosing experts (`router.expert_bias`).
+    pub expert_bias: bool,
+    /// Whether some layer has a dense MLP, and how many layers do when they are the
+    /// first ones (transformers' `first_k_dense_replace`; `None`: not only the first).
     pub dense_mlp: bool,
+    pub dense_prefix: Option<u64>,
+    /// Multi-latent attention's shapes, for an MLA model.
+    pub latent: Option<LatentShapes>,
     /// The shared expert's FFN width (`shared_experts.linear_fc2`'s columns), when
     /// there is one, and whether it is gated (`shared_experts.gate_weight`).
     pub shared_ffn: Option<u64>,
     pub shared_gate: bool,
 }
 
-/// The head counts from an HF config.json.
+/// What an MLA model's tensors say of its attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatentShapes {
+    /// `linear_q_down_proj`'s rows (`None`: queries through one `linear_q_proj`).
+    pub q_lora_rank: Option<u64>,
+    /// The query projection's rows: heads × (no-position + rotary head dims).
+    pub q_rows: u64,
+    /// `kv_layernorm`'s length, and `linear_kv_down_proj`'s rows beyond it (the
+    /// rotary key's head dim).
+    pub kv_lora_rank: u64,
+    pub rope_dim: u64,
+    /// `linear_kv_up_proj`'s rows: heads × (no-position key + value head dims).
+    pub kv_up_rows: u64,
+}
+
+/// The head count from an HF config.json.
 pub fn heads_from_config(config: &Json, shapes: &Shapes) -> Option<Heads> {
     let query = config.get("num_attention_heads")?.as_u64()?;
     let key_value = config
@@ -204,11 +227,27 @@ pub fn config_json(
     if positions.is_none() {
         missing.push("max_position_embeddings");
     }
+    let rotary_percent = arg_f64(args, "rotary_percent").unwrap_or(1.0);
+    let sigmoid_family = matches!(moe, MoeNames::DeepseekV3 | MoeNames::Glm4Moe);
+    if moe != MoeNames::Glm4Moe && (rotary_percent - 1.0).abs() > f64::EPSILON {
+        missing
+            .push("rotary_percent = 1.0 (of these families only GLM-4-MoE rotates part of a head)");
+    }
     let (Some(eps), Some(theta), Some(positions), true) =
         (eps, theta, positions, missing.is_empty())
     else {
         return Err(missing);
     };
+    if sigmoid_family || shapes.latent.is_some() {
+        let common = super::deepseek::Common {
+            eps,
+            theta,
+            positions,
+            rotary_percent,
+            dtype,
+        };
+        return super::deepseek::config_json(args, shapes, (heads, moe), common);
+    }
     // A MoE layer as transformers' Qwen2-MoE, Qwen3-MoE and Mixtral route: a softmax
     // over the experts' scores, the top k, renormalised (Megatron's top-k then softmax,
     // its default), or not (the Qwen families' norm_topk_prob = false: Megatron's
@@ -223,7 +262,7 @@ pub fn config_json(
             missing.push("moe_router_topk");
         }
         if arg_str(args, "moe_router_score_function").is_some_and(|f| f != "softmax") {
-            missing.push("moe_router_score_function = softmax (the map is for Qwen2-MoE, Qwen3-MoE and Mixtral routers)");
+            missing.push("moe_router_score_function = softmax (Qwen2-MoE, Qwen3-MoE and Mixtral routers; a sigmoid router is DeepSeek-V3's and GLM-4-MoE's, which have a shared expert and moe_router_enable_expert_bias)");
         }
         if arg_f64(args, "moe_router_topk_scaling_factor")
             .is_some_and(|f| (f - 1.0).abs() > f64::EPSILON)
@@ -261,6 +300,9 @@ pub fn config_json(
         (Some(_), MoeNames::Qwen3Moe) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
         (Some(_), MoeNames::Qwen2Moe) => ("Qwen2MoeForCausalLM", "qwen2_moe"),
         (Some(_), MoeNames::Mixtral) => ("MixtralForCausalLM", "mixtral"),
+        // (Written by `deepseek::config_json`, returned above.)
+        (Some(_), MoeNames::DeepseekV3) => ("DeepseekV3ForCausalLM", "deepseek_v3"),
+        (Some(_), MoeNames::Glm4Moe) => ("Glm4MoeForCausalLM", "glm4_moe"),
         (None, _) => match (shapes.qk_norm.is_some(), shapes.qkv_bias) {
             (true, _) => ("Qwen3ForCausalLM", "qwen3"),
             (false, true) => ("Qwen2ForCausalLM", "qwen2"),
@@ -325,7 +367,11 @@ mod tests {
             qkv_bias: false,
             tied: false,
             experts: None,
+            expert_ffn: None,
+            expert_bias: false,
             dense_mlp: true,
+            dense_prefix: Some(4),
+            latent: None,
             shared_ffn: None,
             shared_gate: false,
         }
@@ -380,7 +426,9 @@ mod tests {
         };
         let moe = Shapes {
             experts: Some(4),
+            expert_ffn: Some(96),
             dense_mlp: false,
+            dense_prefix: Some(0),
             shared_ffn: Some(48),
             shared_gate: true,
             qkv_bias: true,

@@ -9,6 +9,7 @@
 //! every such block lies in the chunks ranks saved as row-major runs: one piece per
 //! block and chunk, read where it lies, nothing gathered in memory.
 
+pub use super::moe_rules::{MOE_RULES, MoeNames};
 use crate::formats::{FormatError, Kind};
 use crate::types::DType;
 use crate::types::pieces::Piece;
@@ -140,145 +141,88 @@ pub const RULES: &[Rule] = &[
     ),
 ];
 
-/// transformers' names for a mixture-of-experts layer, by family: Qwen3-MoE (per-head
-/// q/k norms), Qwen2-MoE (a gated shared expert beside the routed ones) or Mixtral.
-/// `{}` is the layer index, `{e}` the expert's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MoeNames {
-    Qwen3Moe,
-    Qwen2Moe,
-    Mixtral,
-}
-
-impl MoeNames {
-    /// transformers' `model_type` of the family.
-    pub fn model_type(self) -> &'static str {
-        match self {
-            MoeNames::Qwen3Moe => "qwen3_moe",
-            MoeNames::Qwen2Moe => "qwen2_moe",
-            MoeNames::Mixtral => "mixtral",
-        }
-    }
-}
-
-/// One row of the experts' map: the Megatron-Core name, the names of the Qwen MoE
-/// families (Qwen2-MoE and Qwen3-MoE name routed experts alike) and Mixtral's (`None`:
-/// the family has no such tensor), the cut, and whether the source has an expert axis
-/// after its layer axis (`[layers, experts, rows, columns]` stacked).
-pub struct MoeRule {
-    pub megatron: &'static str,
-    pub qwen: &'static str,
-    pub mixtral: Option<&'static str>,
-    /// Only Qwen2-MoE has it (the shared expert and its gate).
-    pub qwen2_only: bool,
-    pub cut: Cut,
-    pub per_expert: bool,
-}
-
-const fn routed(
-    megatron: &'static str,
-    qwen: &'static str,
-    mixtral: &'static str,
-    cut: Cut,
-    per_expert: bool,
-) -> MoeRule {
-    MoeRule {
-        megatron,
-        qwen,
-        mixtral: Some(mixtral),
-        qwen2_only: false,
-        cut,
-        per_expert,
-    }
-}
-
-const fn shared(megatron: &'static str, qwen2: &'static str, cut: Cut) -> MoeRule {
-    MoeRule {
-        megatron,
-        qwen: qwen2,
-        mixtral: None,
-        qwen2_only: true,
-        cut,
-        per_expert: false,
-    }
-}
-
-/// A GPTModel's MoE layer as megatron-core saves it with its local spec's experts
-/// (`SequentialMLP`: every expert's `linear_fc1`/`linear_fc2` stacked on an expert axis,
-/// expert-parallel ranks holding blocks of it), its router, and its shared expert
-/// (`SharedExpertMLP`: a gated MLP every token goes through, scaled by
-/// `sigmoid(gate_weight · x)` when `moe_shared_expert_gate`), which is Qwen2-MoE's
-/// `shared_expert` and `shared_expert_gate`.
-pub const MOE_RULES: &[MoeRule] = &[
-    routed(
-        "decoder.layers.mlp.router.weight",
-        "model.layers.{}.mlp.gate.weight",
-        "model.layers.{}.block_sparse_moe.gate.weight",
-        Cut::Whole,
-        false,
-    ),
-    routed(
-        "decoder.layers.mlp.experts.experts.linear_fc1.weight",
-        "model.layers.{}.mlp.experts.{e}.gate_proj.weight",
-        "model.layers.{}.block_sparse_moe.experts.{e}.w1.weight",
-        Cut::GateUp(0),
-        true,
-    ),
-    routed(
-        "decoder.layers.mlp.experts.experts.linear_fc1.weight",
-        "model.layers.{}.mlp.experts.{e}.up_proj.weight",
-        "model.layers.{}.block_sparse_moe.experts.{e}.w3.weight",
-        Cut::GateUp(1),
-        true,
-    ),
-    routed(
-        "decoder.layers.mlp.experts.experts.linear_fc2.weight",
-        "model.layers.{}.mlp.experts.{e}.down_proj.weight",
-        "model.layers.{}.block_sparse_moe.experts.{e}.w2.weight",
-        Cut::Whole,
-        true,
-    ),
-    shared(
-        "decoder.layers.mlp.shared_experts.linear_fc1.weight",
-        "model.layers.{}.mlp.shared_expert.gate_proj.weight",
-        Cut::GateUp(0),
-    ),
-    shared(
-        "decoder.layers.mlp.shared_experts.linear_fc1.weight",
-        "model.layers.{}.mlp.shared_expert.up_proj.weight",
-        Cut::GateUp(1),
-    ),
-    shared(
-        "decoder.layers.mlp.shared_experts.linear_fc2.weight",
-        "model.layers.{}.mlp.shared_expert.down_proj.weight",
+/// Multi-latent attention (DeepSeek-V3's, megatron-core's `MLASelfAttention`) as
+/// transformers' DeepSeek-V3 names it: renames only, the rows in the same order on
+/// both sides (a head's no-position part then its rotary part; the latent, then the
+/// rotary key). The queries come through a low-rank pair (`linear_q_down_proj`,
+/// `q_layernorm`, `linear_q_up_proj`) or, without `q_lora_rank`, one `linear_q_proj`.
+/// The Transformer Engine spec saves each norm fused into the next linear
+/// (`linear_q_up_proj.layer_norm_weight`). Checked before [`RULES`] for an MLA model,
+/// whose `q_layernorm` is the latent query's norm, not Qwen3's per-head one.
+pub const LATENT_RULES: &[Rule] = &[
+    rule(
+        "decoder.layers.self_attention.linear_q_proj.weight",
+        "model.layers.{}.self_attn.q_proj.weight",
         Cut::Whole,
     ),
-    shared(
-        "decoder.layers.mlp.shared_experts.gate_weight",
-        "model.layers.{}.mlp.shared_expert_gate.weight",
+    rule(
+        "decoder.layers.self_attention.linear_q_down_proj.weight",
+        "model.layers.{}.self_attn.q_a_proj.weight",
+        Cut::Whole,
+    ),
+    rule(
+        "decoder.layers.self_attention.q_layernorm.weight",
+        "model.layers.{}.self_attn.q_a_layernorm.weight",
+        Cut::Whole,
+    ),
+    rule(
+        "decoder.layers.self_attention.linear_q_up_proj.layer_norm_weight",
+        "model.layers.{}.self_attn.q_a_layernorm.weight",
+        Cut::Whole,
+    ),
+    rule(
+        "decoder.layers.self_attention.linear_q_up_proj.weight",
+        "model.layers.{}.self_attn.q_b_proj.weight",
+        Cut::Whole,
+    ),
+    rule(
+        "decoder.layers.self_attention.linear_kv_down_proj.weight",
+        "model.layers.{}.self_attn.kv_a_proj_with_mqa.weight",
+        Cut::Whole,
+    ),
+    rule(
+        "decoder.layers.self_attention.kv_layernorm.weight",
+        "model.layers.{}.self_attn.kv_a_layernorm.weight",
+        Cut::Whole,
+    ),
+    rule(
+        "decoder.layers.self_attention.linear_kv_up_proj.layer_norm_weight",
+        "model.layers.{}.self_attn.kv_a_layernorm.weight",
+        Cut::Whole,
+    ),
+    rule(
+        "decoder.layers.self_attention.linear_kv_up_proj.weight",
+        "model.layers.{}.self_attn.kv_b_proj.weight",
         Cut::Whole,
     ),
 ];
 
+/// The key of the latent attention's down projection: a checkpoint holding it is an
+/// MLA model.
+pub const LATENT_KV_DOWN: &str = "decoder.layers.self_attention.linear_kv_down_proj.weight";
+
 /// What one Megatron-Core name becomes: each output's transformers name (`{}` the
-/// layer, `{e}` the expert), its cut, and whether the source has an expert axis. `Err`
-/// names the family that has no such tensor (a shared expert outside Qwen2-MoE).
-pub fn outputs_of(key: &str, moe: MoeNames) -> Result<Vec<(&'static str, Cut, bool)>, String> {
-    let mut outputs: Vec<_> = RULES
-        .iter()
-        .filter(|r| r.megatron == key)
-        .map(|r| (r.hf, r.cut, false))
-        .collect();
+/// layer, `{e}` the expert), its cut, and whether the source has an expert axis. An
+/// MLA model's (`latent`) attention names come from [`LATENT_RULES`]. `Err` names the
+/// family that has no such tensor (a shared expert in Qwen3-MoE, …).
+pub fn outputs_of(
+    key: &str,
+    moe: MoeNames,
+    latent: bool,
+) -> Result<Vec<(&'static str, Cut, bool)>, String> {
+    let latent_rules: &[Rule] = if latent { LATENT_RULES } else { &[] };
+    let mut outputs: Vec<_> = match latent_rules.iter().find(|r| r.megatron == key) {
+        Some(r) => vec![(r.hf, r.cut, false)],
+        None => RULES
+            .iter()
+            .filter(|r| r.megatron == key)
+            .map(|r| (r.hf, r.cut, false))
+            .collect(),
+    };
     for r in MOE_RULES.iter().filter(|r| r.megatron == key) {
-        let hf = match moe {
-            MoeNames::Qwen2Moe => Some(r.qwen),
-            MoeNames::Qwen3Moe if !r.qwen2_only => Some(r.qwen),
-            MoeNames::Qwen3Moe => None,
-            MoeNames::Mixtral => r.mixtral,
-        };
-        let hf = hf.ok_or_else(|| {
+        let hf = r.name(moe).ok_or_else(|| {
             format!(
-                "is a shared expert, which transformers' {} has no place for (Qwen2-MoE has: give --config with a qwen2_moe config.json)",
+                "has no place in transformers' {} (give --config with the config.json of the family the model is: qwen2_moe for a gated shared expert, deepseek_v3 or glm4_moe for an ungated one and a router bias)",
                 moe.model_type()
             )
         })?;
@@ -289,7 +233,9 @@ pub fn outputs_of(key: &str, moe: MoeNames) -> Result<Vec<(&'static str, Cut, bo
 
 /// Whether devmap's map has a name for the Megatron-Core name `key`.
 pub fn is_mapped(key: &str) -> bool {
-    RULES.iter().any(|r| r.megatron == key) || MOE_RULES.iter().any(|r| r.megatron == key)
+    RULES.iter().any(|r| r.megatron == key)
+        || LATENT_RULES.iter().any(|r| r.megatron == key)
+        || MOE_RULES.iter().any(|r| r.megatron == key)
 }
 
 /// The layers' prefix of Megatron-Core's names.
@@ -531,6 +477,24 @@ mod tests {
         assert_eq!(pieces[1].range.offset, 200 + 2 * 12);
         assert_eq!(&*pieces[1].offsets, &[1, 0]);
         assert_eq!(&*pieces[1].sizes, &[1, 3]);
+    }
+
+    #[test]
+    fn q_layernorm_is_the_latent_querys_norm_in_an_mla_model() {
+        let key = "decoder.layers.self_attention.q_layernorm.weight";
+        let grouped = outputs_of(key, MoeNames::Qwen3Moe, false).expect("mapped");
+        assert_eq!(grouped[0].0, "model.layers.{}.self_attn.q_norm.weight");
+        let latent = outputs_of(key, MoeNames::DeepseekV3, true).expect("mapped");
+        assert_eq!(latent.len(), 1);
+        assert_eq!(
+            latent[0].0,
+            "model.layers.{}.self_attn.q_a_layernorm.weight"
+        );
+        // The router's bias has a name only in the sigmoid families.
+        let bias = "decoder.layers.mlp.router.expert_bias";
+        assert!(outputs_of(bias, MoeNames::Mixtral, false).is_err());
+        let glm = outputs_of(bias, MoeNames::Glm4Moe, false).expect("mapped");
+        assert_eq!(glm[0].0, "model.layers.{}.mlp.gate.e_score_correction_bias");
     }
 
     #[test]

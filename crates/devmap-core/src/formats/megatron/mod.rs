@@ -11,7 +11,9 @@
 //! saved (`rng_state`). A tensor the table has no name for is refused by name.
 
 pub mod args;
+pub mod deepseek;
 pub mod layout;
+pub mod moe_rules;
 pub mod yaml_args;
 
 use std::collections::BTreeMap;
@@ -156,13 +158,17 @@ pub fn read_megatron_from(
             left_out.optimizer += 1;
             continue;
         }
+        if name.starts_with("mtp.") {
+            left_out.mtp += 1;
+            continue;
+        }
         let (key, layer) = layout::key_of(name);
         if !layout::is_mapped(&key) {
             return Err(FormatError::tensor_as(
                 Kind::Unsupported,
                 &metadata,
                 name,
-                "has no Hugging Face name in devmap's Megatron-Core map (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE and Mixtral layers: docs/guide.md, Input formats); nothing was written",
+                "has no Hugging Face name in devmap's Megatron-Core map (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek-V3 and GLM-4-MoE layers: docs/guide.md, Input formats); nothing was written",
             ));
         }
         mapped.push((name, key, layer));
@@ -216,7 +222,7 @@ pub fn read_megatron_from(
             (true, _) => (0..shape.first().copied().unwrap_or(0)).map(Some).collect(),
             (false, l) => vec![l],
         };
-        let outputs = layout::outputs_of(&key, moe)
+        let outputs = layout::outputs_of(&key, moe, shapes.latent.is_some())
             .map_err(|why| FormatError::tensor_as(Kind::Unsupported, &metadata, name, why))?;
         for (template, cut, per_expert) in outputs {
             // An expert axis follows the layer axis (or leads, for a layer saved apart).
@@ -300,17 +306,21 @@ pub fn read_megatron_from(
     })
 }
 
-/// The family whose names a MoE layer takes: `--config`'s model type, else Qwen2-MoE
-/// when it has a shared expert, Qwen3-MoE when the attention has per-head q/k norms,
-/// Mixtral when neither.
+/// The family whose names a MoE layer takes: `--config`'s model type, else DeepSeek-V3
+/// for latent attention, GLM-4-MoE for a router bias or an ungated shared expert,
+/// Qwen2-MoE for a gated shared expert, Qwen3-MoE when the attention has per-head q/k
+/// norms, Mixtral when none.
 fn moe_names(config: Option<&serde_json::Value>, shapes: &Shapes) -> MoeNames {
-    match config
+    let given = config
         .and_then(|c| c.get("model_type"))
         .and_then(|t| t.as_str())
-    {
-        Some("mixtral") => MoeNames::Mixtral,
-        Some("qwen3_moe") => MoeNames::Qwen3Moe,
-        Some("qwen2_moe") => MoeNames::Qwen2Moe,
+        .and_then(MoeNames::of_model_type);
+    match given {
+        Some(family) => family,
+        None if shapes.latent.is_some() => MoeNames::DeepseekV3,
+        None if shapes.expert_bias || (shapes.shared_ffn.is_some() && !shapes.shared_gate) => {
+            MoeNames::Glm4Moe
+        }
         _ if shapes.shared_ffn.is_some() => MoeNames::Qwen2Moe,
         _ if shapes.qk_norm.is_some() => MoeNames::Qwen3Moe,
         _ => MoeNames::Mixtral,
@@ -358,7 +368,11 @@ fn resolve_heads(
             format!("is a Megatron-Core checkpoint, and {from} do not say num_attention_heads"),
         )
     })?;
-    args::check_heads(heads, shapes).map_err(|why| {
+    let fits = match shapes.latent {
+        Some(_) => deepseek::latent_dims(heads.query, shapes).map(|_| ()),
+        None => args::check_heads(heads, shapes),
+    };
+    fits.map_err(|why| {
         FormatError::invalid_as(Kind::Malformed, args_file, format!("{from}: {why}"))
     })?;
     Ok(heads)
@@ -384,15 +398,23 @@ fn shapes(
     };
     let stacked = |name: &str| sources.contains_key(name);
     let embedding = need("embedding.word_embeddings.weight")?;
-    let qkv_name = "decoder.layers.self_attention.linear_qkv.weight";
-    let qkv = need(qkv_name)?;
-    let proj = need("decoder.layers.self_attention.linear_proj.weight")?;
     let find = |key: &str| {
         sources
             .iter()
             .find(|(name, _)| layout::key_of(name).0 == key)
             .map(|(_, s)| &s.1)
     };
+    let last = |s: &Vec<u64>| s.last().copied().unwrap_or(0);
+    let rows = |s: &Vec<u64>| s.get(s.len().saturating_sub(2)).copied().unwrap_or(0);
+    let latent = latent_shapes(&find, &need)?;
+    // The tensor every layer's attention has, which counts the layers.
+    let qkv_name = if latent.is_some() {
+        layout::LATENT_KV_DOWN
+    } else {
+        "decoder.layers.self_attention.linear_qkv.weight"
+    };
+    let qkv = need(qkv_name)?;
+    let proj = need("decoder.layers.self_attention.linear_proj.weight")?;
     // A dense MLP, or experts (`[layers,] experts, hidden, ffn`) and their router
     // (`[layers,] experts, hidden`).
     let experts_fc2 = find("decoder.layers.mlp.experts.experts.linear_fc2.weight");
@@ -410,12 +432,26 @@ fn shapes(
             .filter(|n| layout::key_of(n).0 == qkv_name)
             .count() as u64
     };
-    let last = |s: &Vec<u64>| s.last().copied().unwrap_or(0);
-    let rows = |s: &Vec<u64>| s.get(s.len().saturating_sub(2)).copied().unwrap_or(0);
+    // The layers whose MLP is dense, when they are the first ones (a stacked dense MLP
+    // is every layer's).
+    let dense_layers: Vec<u64> = sources
+        .keys()
+        .map(|n| layout::key_of(n))
+        .filter(|(key, _)| key == "decoder.layers.mlp.linear_fc2.weight")
+        .map(|(_, layer)| layer)
+        .collect::<Option<Vec<u64>>>()
+        .unwrap_or_else(|| (0..layers).collect());
+    let dense_prefix = (dense_layers
+        .iter()
+        .copied()
+        .eq(0..dense_layers.len() as u64))
+    .then_some(dense_layers.len() as u64);
+    // (In an MLA model, `q_layernorm` is the latent query's norm, not a per-head one.)
     let qk_norm = sources
         .iter()
         .find(|(n, _)| layout::key_of(n).0 == "decoder.layers.self_attention.q_layernorm.weight")
-        .map(|(_, s)| last(&s.1));
+        .map(|(_, s)| last(&s.1))
+        .filter(|_| latent.is_none());
     Ok(Shapes {
         layers,
         hidden: embedding.get(1).copied().unwrap_or(0),
@@ -429,16 +465,54 @@ fn shapes(
             .any(|n| layout::key_of(n).0 == "decoder.layers.self_attention.linear_qkv.bias"),
         tied: !sources.contains_key("output_layer.weight"),
         experts: experts_fc2.and(router).map(rows),
+        expert_ffn: experts_fc2.map(last),
+        expert_bias: find("decoder.layers.mlp.router.expert_bias").is_some(),
         dense_mlp: dense_fc2.is_some(),
+        dense_prefix,
+        latent,
         shared_ffn: find("decoder.layers.mlp.shared_experts.linear_fc2.weight").map(last),
         shared_gate: find("decoder.layers.mlp.shared_experts.gate_weight").is_some(),
     })
+}
+
+/// Multi-latent attention's shapes, when the checkpoint has its latent key/value
+/// projection.
+fn latent_shapes<'a>(
+    find: &dyn Fn(&str) -> Option<&'a Vec<u64>>,
+    need: &dyn Fn(&str) -> Result<&'a Vec<u64>, FormatError>,
+) -> Result<Option<args::LatentShapes>, FormatError> {
+    let Some(kv_down) = find(layout::LATENT_KV_DOWN) else {
+        return Ok(None);
+    };
+    let first = |s: &Vec<u64>| s.get(s.len().saturating_sub(2)).copied().unwrap_or(0);
+    let last_dim = |s: &Vec<u64>| s.last().copied().unwrap_or(0);
+    let attention = "decoder.layers.self_attention.";
+    let kv_norm = find(&format!("{attention}kv_layernorm.weight"))
+        .or_else(|| find(&format!("{attention}linear_kv_up_proj.layer_norm_weight")));
+    let kv_lora_rank = match kv_norm {
+        Some(norm) => last_dim(norm),
+        None => last_dim(need(&format!("{attention}kv_layernorm.weight"))?),
+    };
+    let kv_up = need(&format!("{attention}linear_kv_up_proj.weight"))?;
+    let q_down = find(&format!("{attention}linear_q_down_proj.weight"));
+    let q = match q_down {
+        Some(_) => need(&format!("{attention}linear_q_up_proj.weight"))?,
+        None => need(&format!("{attention}linear_q_proj.weight"))?,
+    };
+    Ok(Some(args::LatentShapes {
+        q_lora_rank: q_down.map(first),
+        q_rows: first(q),
+        kv_lora_rank,
+        rope_dim: first(kv_down).saturating_sub(kv_lora_rank),
+        kv_up_rows: first(kv_up),
+    }))
 }
 
 /// What was left out, counted by kind.
 #[derive(Default)]
 struct LeftOut {
     optimizer: usize,
+    mtp: usize,
     extra_state: usize,
     other: Vec<String>,
 }
@@ -458,6 +532,12 @@ impl LeftOut {
             lines.push(format!(
                 "`optimizer` ({})",
                 crate::text::count(self.optimizer, "tensor", "tensors")
+            ));
+        }
+        if self.mtp > 0 {
+            lines.push(format!(
+                "`mtp` ({}: multi-token prediction layers, which transformers' models do not have)",
+                crate::text::count(self.mtp, "tensor", "tensors")
             ));
         }
         if self.extra_state > 0 {
