@@ -27,6 +27,8 @@ saves it (args in common.pt); the plain ones are resharded by megatron-core into
   to TP=1's; `verify OUT` is clean;
 - `from_pretrained(OUT)` (config.json written by devmap from the args) gives the logits
   of the Megatron model's own forward to float32 rounding;
+- `devmap plan DIR --tp 2` / `--ep 2` gives each rank the bytes megatron-core's rank
+  holds (`rank_bytes`: vLLM's layout, MLA's down projections whole);
 - a grouping transformers cannot compute (top k / group top k other than 2) is refused
   naming the argument, with nothing written.
 
@@ -153,6 +155,8 @@ def rank_main(rank, world, port, job):
     if job.get("load"):
         state = dist_checkpointing.load({"model": model.sharded_state_dict()}, job["load"])
         model.load_state_dict(state["model"])
+        with open(f"{job['out']}.sizes.{rank}", "w") as f:
+            f.write(str(rank_bytes(model, job["tp"])))
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         base.forward(model).square().mean().backward()
@@ -172,6 +176,23 @@ def rank_main(rank, world, port, job):
     dist_checkpointing.save(state, job["out"])
     dist.barrier()
     dist.destroy_process_group()
+
+
+def rank_bytes(model, tp):
+    """The bytes this rank holds, the oracle for `devmap plan --tp/--ep` (vLLM's
+    layout): its parameters, with the router's expert bias (a buffer megatron-core
+    saves; vLLM's e_score_correction_bias, on every rank), and MLA's down projections
+    whole: megatron-core's local spec splits them over TP ranks, but its Transformer
+    Engine spec duplicates them (`parallel_mode="duplicated"`), as vLLM replicates
+    q_a_proj and kv_a_proj_with_mqa."""
+    total = 0
+    for name, p in model.named_parameters():
+        whole = ".linear_q_down_proj." in name or ".linear_kv_down_proj." in name
+        total += p.numel() * p.element_size() * (tp if whole else 1)
+    for name, b in model.named_buffers():
+        if name.endswith("router.expert_bias"):
+            total += b.numel() * b.element_size()
+    return total
 
 
 def run_job(job, world, ports):
@@ -242,6 +263,7 @@ def main():
             folder = os.path.join(work, f"{kind}-{name[:2].lower()}2")
             run_job({"kind": kind, "tp": tp, "ep": ep, "out": folder, "load": tp1}, 2, [next(ports), next(ports)])
             layouts[name] = folder
+            base.ranks_match(exe, folder, f"{folder}.sizes", 2, ["--tp", str(tp), "--ep", str(ep)], f"{kind} {name}")
         want = hf_names(torch.load(state_file), kind)
         tp1_out = base.converts_bit_for_bit(exe, work, kind, layouts, want, architecture, ref_logits)
         config = json.load(open(os.path.join(tp1_out, "config.json")))

@@ -75,7 +75,8 @@ fn megatron_moe_checkpoints_convert_to_qwen3_moe_and_mixtral() {
 /// a sigmoid router with its expert bias in groups, an ungated shared expert; at TP=1,
 /// TP=2 and (GLM-4-MoE) EP=2 they become transformers' DeepseekV3ForCausalLM and
 /// Glm4MoeForCausalLM bit for bit, with logits equal to Megatron's forward; a grouping
-/// transformers cannot compute and latent norms of another epsilon are refused by name.
+/// transformers cannot compute and latent norms of another epsilon are refused by name;
+/// `devmap plan --tp 2 / --ep 2` gives each rank megatron-core's rank's bytes.
 #[test]
 #[ignore = "needs torch, transformers, megatron-core: run .ci/run"]
 fn megatron_deepseek_v3_and_glm4_moe_checkpoints_convert() {
@@ -88,6 +89,14 @@ fn megatron_deepseek_v3_and_glm4_moe_checkpoints_convert() {
     );
     assert_eq!(out.matches("logits = Megatron forward").count(), 3, "{out}");
     assert_eq!(out.matches(": refused (").count(), 2, "{out}");
+    // `devmap plan --tp 2` / `--ep 2`: the bytes of megatron-core's ranks (vLLM's
+    // layout: MLA's down projections whole on every rank).
+    assert_eq!(
+        out.matches("per-rank bytes = megatron-core's ranks")
+            .count(),
+        3,
+        "{out}"
+    );
     assert!(
         out.contains("megatron deepseek/glm: all checks passed"),
         "{out}"
