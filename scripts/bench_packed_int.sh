@@ -80,8 +80,11 @@ fi
 rm -rf "$OUT"
 "$DEVMAP" save "$MODEL" --out "$OUT" --dtype bfloat16 --no-fsync -q
 OUT_BYTES=$(du -cb "$OUT"/*.safetensors | tail -1 | cut -f1)
-prepare_save() { rm -rf "$OUT"; cat "$MODEL"/*.safetensors > /dev/null; }
-prepare_cp() { rm -rf "$WORK/$FORMAT-cp"; mkdir -p "$WORK/$FORMAT-cp"; }
+# Each run starts with the input in the page cache and no dirty pages of the run before
+# (`sync`): otherwise the kernel's writeback of the last run's 1.3 GB lands in
+# whichever run comes next, devmap's or cp's, and the ratios measure that.
+prepare_save() { rm -rf "$OUT"; cat "$MODEL"/*.safetensors > /dev/null; sync; }
+prepare_cp() { rm -rf "$WORK/$FORMAT-cp"; mkdir -p "$WORK/$FORMAT-cp"; sync; }
 # The reference copies the output itself, so both write the same number of bytes.
 rm -rf "$WORK/$FORMAT-src"; cp -r "$OUT" "$WORK/$FORMAT-src"
 export DEVMAP MODEL OUT WORK FORMAT

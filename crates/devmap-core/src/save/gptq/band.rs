@@ -7,6 +7,10 @@ use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at};
 use crate::save::lookup::expand_nibbles;
 use crate::types::DType;
 
+/// Where finished output rows go: the first row's index, and the rows (which a LoRA
+/// merge may change before they are written).
+pub(super) type Emit<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), CopyError> + 'a;
+
 /// One read band's inputs and a sub-band's output.
 #[derive(Default)]
 pub(super) struct Band {
@@ -128,14 +132,17 @@ impl Band {
         Ok(())
     }
 
-    /// Output rows `cols` (of the read band starting at `first`) of every input column.
+    /// Output rows `cols` (of the read band starting at `first`) of every input column,
+    /// handed to `emit` (the first row's index, and the rows) a few rows at a time
+    /// (AWQ's 4-bit weights in order) or all at once.
     pub(super) fn dequantize(
         &mut self,
         layout: TransposedIntLayout,
         groups: &Groups,
         (first, cols): (u64, std::ops::Range<u64>),
         to: DType,
-    ) {
+        emit: &mut Emit<'_>,
+    ) -> Result<(), CopyError> {
         let n = (cols.end - cols.start) as usize;
         let read_n = self.zeros.len() / layout.groups as usize;
         let skip = (cols.start - first) as usize;
@@ -174,7 +181,6 @@ impl Band {
                 &mut self.table[at..at + count * values * size],
             );
         }
-        self.output.resize(n * inputs * size, 0);
         let words = self.packed.as_chunks::<4>().0;
         let (packed, band_words, words_skip) = match layout.packing {
             Packing::Gptq { .. } => (words, self.words_a_row, skip),
@@ -196,11 +202,30 @@ impl Band {
             n,
             table: &self.table,
         };
+        if band.awq_in_order() {
+            // Transposed whole, then made and handed on a few rows at a time.
+            let stride = band.awq_transpose(&mut self.columns);
+            let rows_a_block = (super::AWQ_OUTPUT_BYTES as usize / (inputs * size)).max(1);
+            for block in (0..n).step_by(rows_a_block) {
+                let count = rows_a_block.min(n - block);
+                self.output.resize(count * inputs * size, 0);
+                let columns = (&self.columns[block * stride..], stride);
+                if size == 2 {
+                    band.expand::<2>(columns, (block, count), &mut self.output);
+                } else {
+                    band.expand::<4>(columns, (block, count), &mut self.output);
+                }
+                emit(cols.start + block as u64, &mut self.output)?;
+            }
+            return Ok(());
+        }
+        self.output.resize(n * inputs * size, 0);
         if size == 2 {
             band.decode::<2>(&mut self.columns, &mut self.output);
         } else {
             band.decode::<4>(&mut self.columns, &mut self.output);
         }
+        emit(cols.start, &mut self.output)
     }
 }
 
@@ -231,6 +256,61 @@ struct Decode<'a> {
 }
 
 impl Decode<'_> {
+    /// Whether the sub-band is AWQ's at 4 bits with the groups in order and whole
+    /// 8×8 blocks, which [`Decode::awq_transpose`] and [`Decode::expand`] make.
+    fn awq_in_order(&self) -> bool {
+        self.layout.packing == Packing::Awq
+            && self.layout.bits == 4
+            && self.groups.in_order
+            && (self.layout.inputs as usize).is_multiple_of(8)
+            && self.n.is_multiple_of(8)
+            && self.skip.is_multiple_of(8)
+    }
+
+    /// AWQ at 4 bits with the groups in order: each 8×8 block of values (eight input
+    /// rows' words for eight output columns) transposed into the output rows' nibbles
+    /// in input order, into `columns`, an output row every (returned) stride.
+    fn awq_transpose(&self, columns: &mut Vec<u8>) -> usize {
+        // Which column of its eight each nibble of a word holds.
+        let mut column_at = [0usize; 8];
+        for c in 0..8u64 {
+            column_at[self.layout.column_slot(c) as usize] = c as usize;
+        }
+        let inputs = self.layout.inputs as usize;
+        let stride = inputs / 2 + 64;
+        columns.resize(self.n * stride, 0);
+        awq_columns(
+            (self.packed, self.band_words, self.skip / 8),
+            (inputs, self.n),
+            column_at,
+            (columns, stride),
+        );
+        stride
+    }
+
+    /// Output rows `first..first + count` of the sub-band from their nibbles in input
+    /// order (`columns`: row `first`'s first), each group expanded through its table,
+    /// into `output` (`count` rows).
+    fn expand<const SIZE: usize>(
+        &self,
+        columns: (&[u8], usize),
+        (first, count): (usize, usize),
+        output: &mut [u8],
+    ) {
+        let (tables, _) = self.table.as_chunks::<SIZE>().0.as_chunks::<16>();
+        expand_rows::<SIZE>(
+            columns,
+            (first, count),
+            (
+                self.layout.groups as usize,
+                self.layout.inputs as usize,
+                self.layout.group_size as usize,
+            ),
+            tables,
+            output,
+        );
+    }
+
     /// Every value of the sub-band written into `output` (`[n, inputs]` elements of
     /// `SIZE` bytes), looked up in the table.
     fn decode<const SIZE: usize>(&self, columns: &mut Vec<u8>, output: &mut [u8]) {
@@ -285,41 +365,9 @@ impl Decode<'_> {
                         (block, width),
                         (groups_n, inputs, words_a_group * 8),
                         tables,
-                        output,
+                        &mut output[block * inputs * SIZE..],
                     );
                 }
-            }
-            // AWQ at 4 bits with the groups in order: each 8×8 block of values (eight
-            // input rows' words for eight output columns) transposed into the output
-            // rows' nibbles in input order, then expanded as GPTQ's.
-            Packing::Awq
-                if bits == 4
-                    && groups.in_order
-                    && inputs.is_multiple_of(8)
-                    && n.is_multiple_of(8)
-                    && skip.is_multiple_of(8) =>
-            {
-                // Which column of its eight each nibble of a word holds.
-                let mut column_at = [0usize; 8];
-                for c in 0..8u64 {
-                    column_at[layout.column_slot(c) as usize] = c as usize;
-                }
-                let stride = inputs / 2 + 64;
-                columns.resize(n * stride, 0);
-                awq_columns(
-                    (packed, band_words, skip / 8),
-                    (inputs, n),
-                    column_at,
-                    (columns, stride),
-                );
-                let group = layout.group_size as usize;
-                expand_rows::<SIZE>(
-                    (columns, stride),
-                    (0, n),
-                    (groups_n, inputs, group),
-                    tables,
-                    output,
-                );
             }
             Packing::Gptq { .. } => {
                 // Output row by output row, along it: a word a packed row, p inputs a
@@ -485,9 +533,10 @@ fn transpose_blocks<const L: usize, const R: usize>(
     }
 }
 
-/// Output rows `first..first + count` of a sub-band of `n` rows of `inputs` values,
-/// from their 4-bit values in input order (row `k`'s at `columns[k · stride..]`), each
-/// group of `group` inputs expanded through its 16 outputs (`tables[row · groups + g]`).
+/// Output rows `first..first + count` of a sub-band of rows of `inputs` values, from
+/// their 4-bit values in input order (row `first + k`'s at `columns[k · stride..]`),
+/// each group of `group` inputs expanded through its 16 outputs (`tables[row · groups +
+/// g]`), into `output` (row `first + k` at `k · inputs` values).
 /// Compiled for AVX-512 and AVX2 too, chosen at run time (table lookups and stores: the
 /// same bytes on every path).
 #[multiversion::multiversion(targets(
@@ -505,7 +554,7 @@ fn expand_rows<const SIZE: usize>(
     for k in 0..count {
         let local = first + k;
         let column = &columns[k * stride..k * stride + inputs / 2];
-        let row = &mut output[local * inputs * SIZE..(local + 1) * inputs * SIZE];
+        let row = &mut output[k * inputs * SIZE..(k + 1) * inputs * SIZE];
         let runs = column.chunks(group / 2);
         let dsts = row.chunks_mut(group * SIZE);
         for (g, (bytes, dst)) in runs.zip(dsts).enumerate() {

@@ -38,13 +38,26 @@ use crate::types::range::ByteRange;
 /// small band in unit tests, so small weights cross band and read-band edges.
 const BAND_ELEMENTS: u64 = if cfg!(test) { 1 << 10 } else { 1 << 21 };
 
-/// Working memory of one stream at most: a read band's packed words (AWQ's, twelve
-/// sub-bands wide: 6 bytes an output element of the sub-band; GPTQ's four: 2) and the
+/// AWQ's read band: the packed words of this many bytes at most (a read is one packed
+/// row's words of the band: the wider the band, the fewer and longer the reads).
+const AWQ_READ_BYTES: u64 = if cfg!(test) { 1 << 11 } else { 14 << 20 };
+
+/// AWQ's sub-bands are at least this many output rows: sixteen words of a packed row,
+/// twice the transposition's vector width, and 64-byte runs of each packed row to deal
+/// out to the sub-band.
+const AWQ_MIN_ROWS: u64 = if cfg!(test) { 8 } else { 128 };
+
+/// AWQ's output is made and written this many bytes at a time at most (a few output
+/// rows), so the write copies from the cache what was just made.
+const AWQ_OUTPUT_BYTES: u64 = if cfg!(test) { 1 << 9 } else { 512 << 10 };
+
+/// Working memory of one stream at most: a read band's packed words (GPTQ's, four
+/// sub-bands: 2 bytes an output element of the sub-band; AWQ's, `AWQ_READ_BYTES`), the
 /// sub-band's values gathered in input order (half a byte an element), a sub-band's
-/// output (at most 4 bytes an element), its table (16 entries a group and
-/// column, in f32, rounded and converted: at most 5 bytes an element for groups of 32
-/// or more), and each input row's group.
-pub const BAND_BYTES: u64 = BAND_ELEMENTS * (8 + 4 + 5) + (4 << 20);
+/// output (at most 4 bytes an element), its table (16 entries a group and column, in
+/// f32, rounded and converted: at most 5 bytes an element for groups of 32 or more),
+/// and each input row's group.
+pub const BAND_BYTES: u64 = AWQ_READ_BYTES + BAND_ELEMENTS * (2 + 4 + 5) + (4 << 20);
 
 /// How the values are packed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,18 +277,27 @@ fn group_list(input: &TransposedInt<'_>) -> Result<Vec<u32>, CopyError> {
 /// Output rows per sub-band (the output made at a time): whole words of columns.
 fn band_rows(layout: TransposedIntLayout) -> u64 {
     let p = layout.per_word().max(8);
-    ((BAND_ELEMENTS / layout.inputs.max(1)) / p * p).max(p)
+    let rows = ((BAND_ELEMENTS / layout.inputs.max(1)) / p * p).max(p);
+    match layout.packing {
+        Packing::Gptq { .. } => rows,
+        Packing::Awq => rows.max(AWQ_MIN_ROWS),
+    }
 }
 
 /// Output rows per read band: four sub-bands for GPTQ (whose packed rows hold a word per
-/// column: a kilobyte a read at 256 rows), twelve for AWQ (whose packed rows hold a word
-/// per eight columns: 432 bytes a read for a 28,672-input weight), so each read is long
-/// enough for the reads not to dominate. (AWQ at eight: 288-byte reads, ~10% slower,
-/// measured side by side; at sixteen the peak passes 64 MiB with two threads.)
+/// column: a kilobyte a read at 256 rows); for AWQ (whose packed rows hold a word per
+/// eight columns) as many sub-bands as `AWQ_READ_BYTES` holds: 512-byte reads for a
+/// 28,672-input weight, 1,792 for an 8,192-input one. (Its output goes out a few rows
+/// at a time, so the read band has the room a sub-band's output took.)
 fn read_rows(layout: TransposedIntLayout) -> u64 {
+    let band = band_rows(layout);
     match layout.packing {
-        Packing::Gptq { .. } => band_rows(layout) * 4,
-        Packing::Awq => band_rows(layout) * 12,
+        Packing::Gptq { .. } => band * 4,
+        Packing::Awq => {
+            // Packed bytes per output row: half a byte an input (4 bits).
+            let row_bytes = (layout.inputs * u64::from(layout.bits)).div_ceil(8).max(1);
+            band * (AWQ_READ_BYTES / row_bytes / band).max(1)
+        }
     }
 }
 
@@ -339,11 +361,18 @@ fn stream_rows(
                 return Err(CopyError::Cancelled);
             }
             let o1 = (o0 + step).min(r1);
-            band.dequantize(input.layout, groups, (r0, o0..o1), to);
-            if let Some(merge) = input.merge {
-                merge.merge(o0 as usize, to, &mut band.output)?;
-            }
-            sink(&band.output).map_err(CopyError::Io)?;
+            band.dequantize(
+                input.layout,
+                groups,
+                (r0, o0..o1),
+                to,
+                &mut |first, rows| {
+                    if let Some(merge) = input.merge {
+                        merge.merge(first as usize, to, rows)?;
+                    }
+                    sink(rows).map_err(CopyError::Io)
+                },
+            )?;
             o0 = o1;
         }
         r0 = r1;
