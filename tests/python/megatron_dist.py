@@ -219,7 +219,11 @@ def rank_main(rank, world, port, job):
         if rank == 0:
             nemo_context(model.config, job["nemo"])
     else:
-        state = {"model": model.sharded_state_dict(), "iteration": 1, "checkpoint_version": 3.0}
+        # `singleton_local_shards`: each expert, and each half of a gated linear_fc1, a
+        # tensor of its own (megatron-core's other layout of the same weights).
+        metadata = {"singleton_local_shards": True} if job.get("singleton") else None
+        state = {"model": model.sharded_state_dict(metadata=metadata), "iteration": 1,
+                 "checkpoint_version": 3.0}
     if job.get("args", True) and not job.get("nemo"):
         state["args"] = megatron_args(dtype, job.get("bias", False), job.get("moe"))
     if rank == 0:

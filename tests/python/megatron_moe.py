@@ -6,8 +6,9 @@ The GPTModel of megatron_dist.py with MoE layers (megatron-core's local spec: a 
 and `SequentialMLP` experts, 4 experts, top 2, top-k then softmax; allgather dispatch,
 which runs on CPU), trained one SGD step on CPU with gloo, saved as Megatron-LM saves
 it; then resharded by megatron-core itself into TP=2 and into EP=2 (each rank holds
-half the experts) and saved again. With per-head q/k norms it is Qwen3-MoE-shaped,
-without them Mixtral-shaped; with a gated shared expert (`moe_shared_expert_gate`),
+half the experts) and saved again, both also in megatron-core's `singleton_local_shards`
+form (each expert, and each half of a gated `linear_fc1`, a tensor of its own). With
+per-head q/k norms it is Qwen3-MoE-shaped, without them Mixtral-shaped; with a gated shared expert (`moe_shared_expert_gate`),
 QKV biases and the top k of a softmax (`moe_router_pre_softmax`) Qwen2-MoE-shaped
 (also resharded into TP=2). For each:
 
@@ -96,13 +97,17 @@ def main():
         if family != "mixtral":
             # Qwen2-MoE: resharded into TP=2 (its shared expert split as a dense MLP is).
             splits = [("TP=2", 2, 1), ("EP=2", 1, 2)] if family == "qwen3_moe" else [("TP=2", 2, 1)]
+            if family == "qwen3_moe":
+                # The same weights in megatron-core's singleton_local_shards form.
+                splits += [("TP=2 singleton", 2, 1), ("EP=2 singleton", 1, 2)]
             for name, tp, ep in splits:
-                folder = os.path.join(work, f"{family}-{name[:2].lower()}2")
+                singleton = name.endswith("singleton")
+                folder = os.path.join(work, f"{family}-{name[:2].lower()}2{'-singleton' if singleton else ''}")
                 sizes = os.path.join(work, f"{family}-sizes-{name[:2]}")
                 base.run_job({"tp": tp, "pp": 1, "ep": ep, "dtype": "float32", "out": folder, "load": tp1,
-                              "moe": moe, "sizes": sizes}, 2, [next(ports), next(ports)])
+                              "moe": moe, "sizes": sizes, "singleton": singleton}, 2, [next(ports), next(ports)])
                 layouts[name] = folder
-                if family == "qwen3_moe":
+                if family == "qwen3_moe" and not singleton:
                     base.ranks_match(exe, folder, sizes, 2, ["--tp", str(tp), "--ep", str(ep)], f"{family} {name}")
         want = hf_names(torch.load(state_file), family)
         base.converts_bit_for_bit(exe, work, family, layouts, want, architecture, ref_logits)

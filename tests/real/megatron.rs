@@ -40,7 +40,8 @@ fn megatron_checkpoints_convert_to_the_models_own_parameters() {
 }
 
 /// Megatron-Core MoE checkpoints (tests/python/megatron_moe.py): megatron-core's own
-/// experts and router, at TP=1, TP=2 and EP=2, become transformers' Qwen3-MoE (with
+/// experts and router, at TP=1, TP=2 and EP=2 (also in its `singleton_local_shards`
+/// form: each expert and each half of `linear_fc1` apart), become transformers' Qwen3-MoE (with
 /// per-head q/k norms), Mixtral (without) and Qwen2-MoE (a gated shared expert, QKV
 /// biases; TP=1 and TP=2) bit for bit, config.json from the arguments loads with
 /// logits equal to Megatron's forward; a sigmoid router, and a shared expert asked to
@@ -52,8 +53,8 @@ fn megatron_moe_checkpoints_convert_to_qwen3_moe_and_mixtral() {
     assert!(ok, "{out}\n{err}");
     assert_eq!(
         out.matches("bit for bit").count(),
-        6,
-        "Qwen3-MoE at TP=1, TP=2, EP=2; Mixtral at TP=1; Qwen2-MoE at TP=1, TP=2:\n{out}"
+        8,
+        "Qwen3-MoE at TP=1, TP=2, EP=2 (and both as singleton_local_shards); Mixtral at TP=1; Qwen2-MoE at TP=1, TP=2:\n{out}"
     );
     assert!(out.contains("qwen2_moe TP=2: 107 tensors"), "{out}");
     assert_eq!(out.matches("logits = Megatron forward").count(), 3, "{out}");

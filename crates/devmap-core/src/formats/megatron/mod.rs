@@ -152,7 +152,7 @@ pub fn read_megatron_from(
         left_out.entry(entry);
     }
     // Split the names: the optimizer's (left out), the map's, and the others (refused).
-    let mut mapped: Vec<(&str, String, Option<u64>)> = Vec::new();
+    let mut mapped: Vec<(&str, layout::Named)> = Vec::new();
     for name in sources.keys() {
         if name.starts_with("optimizer.") {
             left_out.optimizer += 1;
@@ -162,8 +162,8 @@ pub fn read_megatron_from(
             left_out.mtp += 1;
             continue;
         }
-        let (key, layer) = layout::key_of(name);
-        if !layout::is_mapped(&key) {
+        let named = layout::parse_name(name);
+        if !layout::is_mapped(&named.key) {
             return Err(FormatError::tensor_as(
                 Kind::Unsupported,
                 &metadata,
@@ -171,7 +171,7 @@ pub fn read_megatron_from(
                 "has no Hugging Face name in devmap's Megatron-Core map (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek-V3 and GLM-4-MoE layers: docs/guide.md, Input formats); nothing was written",
             ));
         }
-        mapped.push((name, key, layer));
+        mapped.push((name, named));
     }
 
     let shapes = shapes(&metadata, &sources)?;
@@ -208,7 +208,8 @@ pub fn read_megatron_from(
         })
         .collect();
     let mut pieced = Vec::new();
-    for (name, key, layer) in mapped {
+    for (name, named) in mapped {
+        let (key, layer) = (named.key, named.layer);
         let (dtype, shape, chunks) = &sources[name];
         let source = Source {
             name,
@@ -224,16 +225,37 @@ pub fn read_megatron_from(
         };
         let outputs = layout::outputs_of(&key, moe, shapes.latent.is_some())
             .map_err(|why| FormatError::tensor_as(Kind::Unsupported, &metadata, name, why))?;
+        if let Some(half) = named.half
+            && !outputs.iter().any(|o| o.1 == layout::Cut::GateUp(half))
+        {
+            return Err(FormatError::tensor_as(
+                Kind::Unsupported,
+                &metadata,
+                name,
+                "is half of a gated linear_fc1 (singleton_local_shards), but the map cuts no gate and up projection from that tensor",
+            ));
+        }
         for (template, cut, per_expert) in outputs {
-            // An expert axis follows the layer axis (or leads, for a layer saved apart).
-            let expert_axis = usize::from(stacked);
-            let experts: Vec<Option<u64>> = if per_expert {
-                (0..shape.get(expert_axis).copied().unwrap_or(0))
-                    .map(Some)
-                    .collect()
-            } else {
-                vec![None]
+            // One half of a gated linear_fc1 saved apart: the rule of that half, whole.
+            let cut = match (named.half, cut) {
+                (None, cut) => cut,
+                (Some(half), layout::Cut::GateUp(part)) if half == part => layout::Cut::Whole,
+                (Some(_), _) => continue,
             };
+            // An expert axis follows the layer axis (or leads, for a layer saved apart);
+            // an expert saved apart names its own.
+            let expert_axis = usize::from(stacked);
+            let (experts, expert_from_axis): (Vec<Option<u64>>, bool) =
+                match (per_expert, named.expert) {
+                    (true, Some(e)) => (vec![Some(e)], false),
+                    (true, None) => (
+                        (0..shape.get(expert_axis).copied().unwrap_or(0))
+                            .map(Some)
+                            .collect(),
+                        true,
+                    ),
+                    (false, _) => (vec![None], false),
+                };
             let outputs: Vec<(Option<u64>, Option<u64>)> = layers
                 .iter()
                 .flat_map(|&at| experts.iter().map(move |&e| (at, e)))
@@ -244,7 +266,9 @@ pub fn read_megatron_from(
                 } else {
                     Vec::new()
                 };
-                prefix.extend(expert);
+                if expert_from_axis {
+                    prefix.extend(expert);
+                }
                 if shape.len() <= prefix.len() {
                     return Err(FormatError::tensor_as(
                         Kind::Malformed,
