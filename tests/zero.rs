@@ -33,6 +33,15 @@ fn buffers() -> Vec<FixtureTensor> {
 }
 
 fn checkpoint(dir: &Path, stage: u8, ranks: usize) -> (Vec<FixtureTensor>, Vec<FixtureTensor>) {
+    checkpoint_with(dir, stage, ranks, None)
+}
+
+fn checkpoint_with(
+    dir: &Path,
+    stage: u8,
+    ranks: usize,
+    shape_not_a_size: Option<&str>,
+) -> (Vec<FixtureTensor>, Vec<FixtureTensor>) {
     let (params, buffers) = (params(), buffers());
     write_zero(
         dir,
@@ -42,6 +51,7 @@ fn checkpoint(dir: &Path, stage: u8, ranks: usize) -> (Vec<FixtureTensor>, Vec<F
             params: &params,
             buffers: &buffers,
             shared: &[("lm_head.weight", "model.embed_tokens.weight")],
+            shape_not_a_size,
         },
     )
     .expect("zero");
@@ -123,5 +133,22 @@ fn a_missing_rank_or_a_model_parallel_file_is_refused_by_name() {
         "an optimizer-state file cut short",
         |step| common::cut(&step.join(optim(1)), 100),
         &[&optim(1)],
+    );
+}
+
+#[test]
+fn a_parameter_shape_that_is_not_a_size_is_refused_by_name() {
+    // A bare integer where torch.Size belongs: not read as a scalar (which would take
+    // one element of the flat group, and shift every parameter after it).
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("ckpt");
+    checkpoint_with(&src, 2, 2, Some("model.layers.0.mlp.up_proj.weight"));
+    let out = tmp.path().join("out");
+    let o = common::save(&src, &out, &[]);
+    common::assert_refused(
+        &o,
+        &out,
+        "a shape that is an integer",
+        &["mp_rank_00_model_states.pt", "parameter shape"],
     );
 }

@@ -193,8 +193,10 @@ fn string(v: &Value) -> Option<&str> {
     }
 }
 
+/// A `torch.Size` (or list) of dimensions; anything else is no shape (a bare integer
+/// read as an empty list would be a scalar).
 fn dims(v: &Value) -> Option<Vec<u64>> {
-    list(v).iter().map(Value::as_u64).collect()
+    v.dims()
 }
 
 /// `(name, shape)` of each entry of a dict of shapes.
