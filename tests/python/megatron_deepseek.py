@@ -11,14 +11,15 @@ balancing leaves it) and a scaling factor of 2.5, and an ungated shared expert o
 an expert's width:
 
 - DeepSeek-V3-shaped: multi-latent attention (q_lora_rank 24, kv_lora_rank 16, head
-  dims 16 + 8 rotary, values 12; `q_layernorm`/`kv_layernorm`), plain RoPE; and a
-  second model with YaRN (factor 4 over 16 positions, mscale_all_dim 1);
+  dims 16 + 8 rotary, values 12; `q_layernorm`/`kv_layernorm`) with YaRN (factor 4
+  over 16 positions, mscale_all_dim 1: MLA's default rope type; plain RoPE is the
+  same config without `rope_parameters`' YaRN fields, checked by a unit test);
 - GLM-4-MoE-shaped: grouped-query attention with query/key/value biases and RoPE on
   half of each head (`rotary_percent 0.5`).
 
 Each is trained one SGD step on CPU with gloo and saved as Megatron-LM's training loop
-saves it (args in common.pt); the plain ones are resharded by megatron-core into TP=2
-(GLM-4-MoE: and EP=2) and saved again. Then:
+saves it (args in common.pt), then resharded by megatron-core into TP=2 (GLM-4-MoE:
+and EP=2) and saved again. Then:
 
 - `devmap save DIR --out OUT` writes, bit for bit, the Megatron model's own parameters
   renamed as transformers names them (the latent attention's by renames only; the
@@ -105,8 +106,7 @@ def build(kind, tp, ep):
                   num_moe_experts=EXPERTS, moe_token_dispatcher_type="allgather", moe_grouped_gemm=False,
                   tensor_model_parallel_size=tp, expert_model_parallel_size=ep, **moe_fields())
     if kind.startswith("deepseek"):
-        rope = YARN if kind == "deepseek-yarn" else dict(rope_type="rope")
-        cfg = MLATransformerConfig(**common, **MLA, **rope, qk_layernorm=True)
+        cfg = MLATransformerConfig(**common, **MLA, **YARN, qk_layernorm=True)
     else:
         cfg = TransformerConfig(**common, num_query_groups=GLM_GROUPS, add_qkv_bias=True)
     spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
@@ -121,12 +121,8 @@ def build(kind, tp, ep):
 
 def megatron_args(kind):
     """What Megatron-LM's argument parser keeps for these runs (its names)."""
-    extra = dict(MLA, multi_latent_attention=True, qk_layernorm=True) if kind.startswith("deepseek") else dict(
+    extra = dict(MLA, **YARN, multi_latent_attention=True, qk_layernorm=True) if kind.startswith("deepseek") else dict(
         group_query_attention=True, num_query_groups=GLM_GROUPS, add_qkv_bias=True, rotary_percent=0.5)
-    if kind == "deepseek-yarn":
-        extra.update(YARN)
-    elif kind == "deepseek":
-        extra.update(rope_type="rope")
     fields = moe_fields()
     fields["num_experts"] = EXPERTS
     return argparse.Namespace(**extra, **fields,
@@ -252,7 +248,6 @@ def main():
     work = saved.workdir("devmap-megatron-deepseek-")
     ports = iter(range(29811, 29900))
     for kind, architecture, splits in [("deepseek", "DeepseekV3ForCausalLM", [("TP=2", 2, 1)]),
-                                       ("deepseek-yarn", "DeepseekV3ForCausalLM", []),
                                        ("glm", "Glm4MoeForCausalLM", [("TP=2", 2, 1), ("EP=2", 1, 2)])]:
         tp1 = os.path.join(work, f"{kind}-tp1")
         state_file, ref_logits = os.path.join(work, f"{kind}-state.pt"), os.path.join(work, f"{kind}-logits.pt")
