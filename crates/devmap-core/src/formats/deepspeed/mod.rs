@@ -193,17 +193,13 @@ fn string(v: &Value) -> Option<&str> {
     }
 }
 
-/// A `torch.Size` (or list) of dimensions; anything else is no shape (a bare integer
-/// read as an empty list would be a scalar).
-fn dims(v: &Value) -> Option<Vec<u64>> {
-    v.dims()
-}
-
 /// `(name, shape)` of each entry of a dict of shapes.
 fn shapes(archive: &Archive, v: &Value) -> Result<Vec<(String, Vec<u64>)>, FormatError> {
     dict(v)
         .iter()
-        .map(|(k, v)| match (string(k), dims(v)) {
+        // A torch.Size (or list) of dimensions; anything else is no shape (a bare
+        // integer read as an empty list would be a scalar).
+        .map(|(k, v)| match (string(k), v.dims()) {
             (Some(name), Some(shape)) => Ok((name.to_owned(), shape)),
             _ => Err(archive.bad("has a parameter shape devmap cannot read")),
         })
