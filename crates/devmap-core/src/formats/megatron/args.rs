@@ -297,12 +297,7 @@ pub fn config_json(
         return Err(missing);
     }
     let (architecture, model_type) = match (shapes.experts, moe) {
-        (Some(_), MoeNames::Qwen3Moe) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
-        (Some(_), MoeNames::Qwen2Moe) => ("Qwen2MoeForCausalLM", "qwen2_moe"),
-        (Some(_), MoeNames::Mixtral) => ("MixtralForCausalLM", "mixtral"),
-        // (Written by `deepseek::config_json`, returned above.)
-        (Some(_), MoeNames::DeepseekV3) => ("DeepseekV3ForCausalLM", "deepseek_v3"),
-        (Some(_), MoeNames::Glm4Moe) => ("Glm4MoeForCausalLM", "glm4_moe"),
+        (Some(_), family) => (family.architecture(), family.model_type()),
         (None, _) => match (shapes.qk_norm.is_some(), shapes.qkv_bias) {
             (true, _) => ("Qwen3ForCausalLM", "qwen3"),
             (false, true) => ("Qwen2ForCausalLM", "qwen2"),
@@ -346,9 +341,14 @@ pub fn config_json(
             config["num_local_experts"] = json!(experts);
         }
     }
-    let mut text = serde_json::to_string_pretty(&config).unwrap_or_default();
+    Ok(config_text(&config))
+}
+
+/// config.json's text: pretty-printed, ending in a newline, as transformers writes it.
+pub(super) fn config_text(config: &Json) -> String {
+    let mut text = serde_json::to_string_pretty(config).unwrap_or_default();
     text.push('\n');
-    Ok(text)
+    text
 }
 
 #[cfg(test)]

@@ -157,12 +157,12 @@ pub fn config_json(
         "routed_scaling_factor": scaling,
         "num_mtp_layers": 0,
         "dtype": common.dtype,
+        "architectures": [moe.architecture()],
+        "model_type": moe.model_type(),
     });
     if moe == MoeNames::DeepseekV3 {
         let dims = latent_dims(heads.query, shapes)
             .map_err(|_| vec!["num_attention_heads dividing the latent attention's shapes"])?;
-        config["architectures"] = json!(["DeepseekV3ForCausalLM"]);
-        config["model_type"] = json!("deepseek_v3");
         config["num_key_value_heads"] = json!(heads.query);
         config["q_lora_rank"] = json!(dims.q_lora_rank);
         config["kv_lora_rank"] = json!(dims.kv_lora_rank);
@@ -173,33 +173,20 @@ pub fn config_json(
         config["attention_bias"] = json!(false);
         // megatron-core's MLA defaults to YaRN (MLATransformerConfig's rope_type).
         if arg_str(args, "rope_type").unwrap_or("yarn") == "yarn" {
-            let mut yarn = Vec::new();
+            rope["rope_type"] = json!("yarn");
             for (name, hf, default) in [
                 ("rotary_scaling_factor", "factor", 40.0),
-                (
-                    "original_max_position_embeddings",
-                    "original_max_position_embeddings",
-                    4096.0,
-                ),
                 ("beta_fast", "beta_fast", 32.0),
                 ("beta_slow", "beta_slow", 1.0),
                 ("mscale", "mscale", 1.0),
                 ("mscale_all_dim", "mscale_all_dim", 0.0),
             ] {
-                yarn.push((hf, arg_f64(args, name).unwrap_or(default)));
+                rope[hf] = json!(arg_f64(args, name).unwrap_or(default));
             }
-            rope["rope_type"] = json!("yarn");
-            for (hf, value) in yarn {
-                rope[hf] = if hf == "original_max_position_embeddings" {
-                    json!(value as u64)
-                } else {
-                    json!(value)
-                };
-            }
+            let original = arg_f64(args, "original_max_position_embeddings").unwrap_or(4096.0);
+            rope["original_max_position_embeddings"] = json!(original as u64);
         }
     } else {
-        config["architectures"] = json!(["Glm4MoeForCausalLM"]);
-        config["model_type"] = json!("glm4_moe");
         config["head_dim"] = json!(heads.dim);
         config["attention_bias"] = json!(shapes.qkv_bias);
         config["use_qk_norm"] = json!(shapes.qk_norm.is_some());
@@ -207,9 +194,7 @@ pub fn config_json(
         rope["partial_rotary_factor"] = json!(common.rotary_percent);
     }
     config["rope_parameters"] = rope;
-    let mut text = serde_json::to_string_pretty(&config).unwrap_or_default();
-    text.push('\n');
-    Ok(text)
+    Ok(super::args::config_text(&config))
 }
 
 #[cfg(test)]

@@ -345,9 +345,9 @@ fn moe_names(config: Option<&serde_json::Value>, shapes: &Shapes) -> MoeNames {
         None if shapes.expert_bias || (shapes.shared_ffn.is_some() && !shapes.shared_gate) => {
             MoeNames::Glm4Moe
         }
-        _ if shapes.shared_ffn.is_some() => MoeNames::Qwen2Moe,
-        _ if shapes.qk_norm.is_some() => MoeNames::Qwen3Moe,
-        _ => MoeNames::Mixtral,
+        None if shapes.shared_ffn.is_some() => MoeNames::Qwen2Moe,
+        None if shapes.qk_norm.is_some() => MoeNames::Qwen3Moe,
+        None => MoeNames::Mixtral,
     }
 }
 
@@ -407,29 +407,34 @@ fn shapes(
     metadata: &Path,
     sources: &BTreeMap<String, (DType, Vec<u64>, Vec<Piece>)>,
 ) -> Result<Shapes, FormatError> {
-    let need = |key: &str| -> Result<&Vec<u64>, FormatError> {
-        sources
+    // Every saved name's map key and layer, worked out once (a model with its experts
+    // saved apart has tens of thousands of names, and each lookup below walks them).
+    let keyed: Vec<(String, Option<u64>, &[u64])> = sources
+        .iter()
+        .map(|(name, s)| {
+            let (key, layer) = layout::key_of(name);
+            (key, layer, s.1.as_slice())
+        })
+        .collect();
+    let find = |key: &str| {
+        keyed
             .iter()
-            .find(|(name, _)| layout::key_of(name).0 == key)
-            .map(|(_, s)| &s.1)
-            .ok_or_else(|| {
-                FormatError::invalid_as(
-                    Kind::Missing,
-                    metadata,
-                    format!("is a Megatron-Core checkpoint without `{key}`: not a GPT model devmap can map"),
-                )
-            })
+            .find(|(k, _, _)| k == key)
+            .map(|&(_, _, shape)| shape)
+    };
+    let need = |key: &str| -> Result<&[u64], FormatError> {
+        find(key).ok_or_else(|| {
+            FormatError::invalid_as(
+                Kind::Missing,
+                metadata,
+                format!(
+                    "is a Megatron-Core checkpoint without `{key}`: not a GPT model devmap can map"
+                ),
+            )
+        })
     };
     let stacked = |name: &str| sources.contains_key(name);
     let embedding = need("embedding.word_embeddings.weight")?;
-    let find = |key: &str| {
-        sources
-            .iter()
-            .find(|(name, _)| layout::key_of(name).0 == key)
-            .map(|(_, s)| &s.1)
-    };
-    let last = |s: &Vec<u64>| s.last().copied().unwrap_or(0);
-    let rows = |s: &Vec<u64>| s.get(s.len().saturating_sub(2)).copied().unwrap_or(0);
     let latent = latent_shapes(&find, &need)?;
     // The tensor every layer's attention has, which counts the layers.
     let qkv_name = if latent.is_some() {
@@ -443,26 +448,23 @@ fn shapes(
     // (`[layers,] experts, hidden`).
     let experts_fc2 = find("decoder.layers.mlp.experts.experts.linear_fc2.weight");
     let router = find("decoder.layers.mlp.router.weight");
-    let dense_fc2 = find("decoder.layers.mlp.linear_fc2.weight");
+    let dense_fc2_key = "decoder.layers.mlp.linear_fc2.weight";
+    let dense_fc2 = find(dense_fc2_key);
     let fc2 = match (dense_fc2, experts_fc2) {
         (Some(fc2), _) | (None, Some(fc2)) => fc2,
-        (None, None) => need("decoder.layers.mlp.linear_fc2.weight")?,
+        (None, None) => need(dense_fc2_key)?,
     };
     let layers = if stacked(qkv_name) {
         qkv.first().copied().unwrap_or(0)
     } else {
-        sources
-            .keys()
-            .filter(|n| layout::key_of(n).0 == qkv_name)
-            .count() as u64
+        keyed.iter().filter(|(k, _, _)| k == qkv_name).count() as u64
     };
     // The layers whose MLP is dense, when they are the first ones (a stacked dense MLP
     // is every layer's).
-    let dense_layers: Vec<u64> = sources
-        .keys()
-        .map(|n| layout::key_of(n))
-        .filter(|(key, _)| key == "decoder.layers.mlp.linear_fc2.weight")
-        .map(|(_, layer)| layer)
+    let dense_layers: Vec<u64> = keyed
+        .iter()
+        .filter(|(k, _, _)| k == dense_fc2_key)
+        .map(|&(_, layer, _)| layer)
         .collect::<Option<Vec<u64>>>()
         .unwrap_or_else(|| (0..layers).collect());
     let dense_prefix = (dense_layers
@@ -471,45 +473,52 @@ fn shapes(
         .eq(0..dense_layers.len() as u64))
     .then_some(dense_layers.len() as u64);
     // (In an MLA model, `q_layernorm` is the latent query's norm, not a per-head one.)
-    let qk_norm = sources
-        .iter()
-        .find(|(n, _)| layout::key_of(n).0 == "decoder.layers.self_attention.q_layernorm.weight")
-        .map(|(_, s)| last(&s.1))
+    let qk_norm = find("decoder.layers.self_attention.q_layernorm.weight")
+        .map(last_dim)
         .filter(|_| latent.is_none());
     Ok(Shapes {
         layers,
         hidden: embedding.get(1).copied().unwrap_or(0),
         vocab: embedding.first().copied().unwrap_or(0),
-        ffn: last(fc2),
-        qkv_rows: rows(qkv),
-        attention_width: last(proj),
+        ffn: last_dim(fc2),
+        qkv_rows: row_dim(qkv),
+        attention_width: last_dim(proj),
         qk_norm,
-        qkv_bias: sources
-            .keys()
-            .any(|n| layout::key_of(n).0 == "decoder.layers.self_attention.linear_qkv.bias"),
+        qkv_bias: find("decoder.layers.self_attention.linear_qkv.bias").is_some(),
         tied: !sources.contains_key("output_layer.weight"),
-        experts: experts_fc2.and(router).map(rows),
-        expert_ffn: experts_fc2.map(last),
+        experts: experts_fc2.and(router).map(row_dim),
+        expert_ffn: experts_fc2.map(last_dim),
         expert_bias: find("decoder.layers.mlp.router.expert_bias").is_some(),
         dense_mlp: dense_fc2.is_some(),
         dense_prefix,
         latent,
-        shared_ffn: find("decoder.layers.mlp.shared_experts.linear_fc2.weight").map(last),
+        shared_ffn: find("decoder.layers.mlp.shared_experts.linear_fc2.weight").map(last_dim),
         shared_gate: find("decoder.layers.mlp.shared_experts.gate_weight").is_some(),
     })
+}
+
+/// A shape's last dimension (a row's length; 0 for a scalar).
+fn last_dim(shape: &[u64]) -> u64 {
+    shape.last().copied().unwrap_or(0)
+}
+
+/// A shape's rows: the dimension before the last (0 for fewer than two).
+fn row_dim(shape: &[u64]) -> u64 {
+    shape
+        .get(shape.len().saturating_sub(2))
+        .copied()
+        .unwrap_or(0)
 }
 
 /// Multi-latent attention's shapes, when the checkpoint has its latent key/value
 /// projection.
 fn latent_shapes<'a>(
-    find: &dyn Fn(&str) -> Option<&'a Vec<u64>>,
-    need: &dyn Fn(&str) -> Result<&'a Vec<u64>, FormatError>,
+    find: &dyn Fn(&str) -> Option<&'a [u64]>,
+    need: &dyn Fn(&str) -> Result<&'a [u64], FormatError>,
 ) -> Result<Option<args::LatentShapes>, FormatError> {
     let Some(kv_down) = find(layout::LATENT_KV_DOWN) else {
         return Ok(None);
     };
-    let first = |s: &Vec<u64>| s.get(s.len().saturating_sub(2)).copied().unwrap_or(0);
-    let last_dim = |s: &Vec<u64>| s.last().copied().unwrap_or(0);
     let attention = "decoder.layers.self_attention.";
     let kv_norm = find(&format!("{attention}kv_layernorm.weight"))
         .or_else(|| find(&format!("{attention}linear_kv_up_proj.layer_norm_weight")));
@@ -524,11 +533,11 @@ fn latent_shapes<'a>(
         None => need(&format!("{attention}linear_q_proj.weight"))?,
     };
     Ok(Some(args::LatentShapes {
-        q_lora_rank: q_down.map(first),
-        q_rows: first(q),
+        q_lora_rank: q_down.map(row_dim),
+        q_rows: row_dim(q),
         kv_lora_rank,
-        rope_dim: first(kv_down).saturating_sub(kv_lora_rank),
-        kv_up_rows: first(kv_up),
+        rope_dim: row_dim(kv_down).saturating_sub(kv_lora_rank),
+        kv_up_rows: row_dim(kv_up),
     }))
 }
 

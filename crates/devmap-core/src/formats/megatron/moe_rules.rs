@@ -29,6 +29,17 @@ impl MoeNames {
         }
     }
 
+    /// transformers' class of the family's causal LM (config.json's `architectures`).
+    pub fn architecture(self) -> &'static str {
+        match self {
+            MoeNames::Qwen3Moe => "Qwen3MoeForCausalLM",
+            MoeNames::Qwen2Moe => "Qwen2MoeForCausalLM",
+            MoeNames::Mixtral => "MixtralForCausalLM",
+            MoeNames::DeepseekV3 => "DeepseekV3ForCausalLM",
+            MoeNames::Glm4Moe => "Glm4MoeForCausalLM",
+        }
+    }
+
     /// The family of a `model_type`, when it is one of these.
     pub fn of_model_type(model_type: &str) -> Option<MoeNames> {
         [
