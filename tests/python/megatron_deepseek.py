@@ -192,16 +192,7 @@ def rank_bytes(model, tp):
 
 
 def run_job(job, world, ports):
-    for port in ports:
-        try:
-            saved.start_ranks(rank_main, (world, port, job), world,
-                              preload=("torch", "megatron.core", "megatron.core.dist_checkpointing",
-                                       "megatron.core.models.gpt", "megatron.core.transformer.moe.moe_utils"))
-            return
-        except torch.multiprocessing.ProcessExitedException as e:
-            print(f"a rank exited ({e}); once more on another port", file=sys.stderr)
-            shutil.rmtree(job["out"], ignore_errors=True)
-    raise SystemExit(f"megatron-core could not save {job['out']}")
+    base.run_job(job, world, ports, rank_main)
 
 
 def hf_names(state, kind):

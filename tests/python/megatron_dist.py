@@ -241,10 +241,15 @@ def rank_main(rank, world, port, job):
     dist.destroy_process_group()
 
 
-def run_job(job, world, ports):
+def run_job(job, world, ports, rank_fn=None, preload=()):
+    """`rank_fn(rank, world, port, job)` (this script's `rank_main` unless given) on
+    `world` ranks, on the first of `ports` that works; `preload`: more modules the
+    ranks' server imports once."""
     for port in ports:
         try:
-            saved.start_ranks(rank_main, (world, port, job), world, preload=("torch", "megatron.core", "megatron.core.dist_checkpointing", "megatron.core.models.gpt", "megatron.core.transformer.moe.moe_utils"))
+            saved.start_ranks(rank_fn or rank_main, (world, port, job), world, preload=(
+                "torch", "megatron.core", "megatron.core.dist_checkpointing", "megatron.core.models.gpt",
+                "megatron.core.transformer.moe.moe_utils", *preload))
             return
         except torch.multiprocessing.ProcessExitedException as e:
             print(f"a rank exited ({e}); once more on another port", file=sys.stderr)

@@ -103,3 +103,30 @@ fn megatron_deepseek_v3_and_glm4_moe_checkpoints_convert() {
         "{out}"
     );
 }
+
+/// Megatron-LM's `fsdp_dtensor` checkpoints (tests/python/megatron_fsdp.py): what
+/// Megatron-FSDP would hold of a Llama-shaped GPTModel at DP=2 × TP=2 (one matrix split
+/// unevenly between the data-parallel ranks) and of a Qwen3-MoE-shaped one at TP=2 ×
+/// EP=2, put through megatron-core's own swiglu and expert preprocessing and saved by
+/// torch's DCP, and the flat form Megatron-LM's converter writes. Each becomes the
+/// Megatron model's own parameters bit for bit, identical to the torch_dist
+/// checkpoint's conversion, config.json from the `args` entry, with logits equal to
+/// Megatron's forward; the optimizer's state is left out and said so; a missing rank
+/// file and an `args` pickle naming a callable are refused by name.
+#[test]
+#[ignore = "needs torch, transformers, megatron-core: run .ci/run"]
+fn megatron_fsdp_dtensor_checkpoints_convert() {
+    let (ok, out, err) = crate::common::run_hf_script("megatron_fsdp.py");
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(
+        out.matches("bit for bit").count(),
+        5,
+        "Llama: torch_dist TP=1, fsdp_dtensor DP=2 TP=2, its flat form; Qwen3-MoE: torch_dist TP=1, fsdp_dtensor TP=2 EP=2:\n{out}"
+    );
+    assert_eq!(out.matches("logits = Megatron forward").count(), 2, "{out}");
+    assert_eq!(out.matches(": refused (").count(), 2, "{out}");
+    assert!(
+        out.contains("megatron fsdp_dtensor: all checks passed"),
+        "{out}"
+    );
+}

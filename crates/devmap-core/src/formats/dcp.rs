@@ -55,11 +55,36 @@ struct Stored {
     length: u64,
 }
 
+/// An entry of the checkpoint that is not a tensor (`BytesStorageMetadata`: what
+/// `torch.save` made of a Python object, such as Megatron-LM's `args`), and where its
+/// bytes are stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Object {
+    /// Its flattened name in the state dict.
+    pub fqn: String,
+    /// The `.distcp` file, and the byte range of the `torch.save` archive in it.
+    pub file: PathBuf,
+    pub offset: u64,
+    pub length: u64,
+}
+
+/// A DCP folder read: the model's tensors ([`read_dcp`]), and every entry that is not
+/// a tensor (none of them read yet).
+pub struct Read {
+    pub split: Split,
+    pub objects: Vec<Object>,
+}
+
 /// The tensors of the DCP checkpoint in `dir`, under the model's names: per `.distcp`
 /// file those stored whole (a [`Header`] each, tensors with absolute byte ranges), and
 /// those split into chunks across ranks as pieces. `key` names the part of a nested
 /// state dict that is the model (`None`: `model`, when there is one).
 pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Split, FormatError> {
+    Ok(read_dcp_objects(dir, key)?.split)
+}
+
+/// [`read_dcp`], and where each entry that is not a tensor is stored.
+pub fn read_dcp_objects(dir: &Path, key: Option<&str>) -> Result<Read, FormatError> {
     let path = dir.join(METADATA);
     let file = super::input::open_regular(&path)?;
     let len = file
@@ -202,10 +227,26 @@ pub fn read_dcp(dir: &Path, key: Option<&str>) -> Result<Split, FormatError> {
     for (_, header) in &mut files {
         header.tensors.sort_by_key(|t| (t.offset, t.len));
     }
-    Ok(Split {
-        files,
-        pieced,
-        left_out,
+    // A bytes entry's storage is keyed by its name and no offsets.
+    let objects = not_tensors
+        .iter()
+        .filter_map(|fqn| {
+            let at = stored.get(&(fqn.clone(), Vec::new()))?;
+            super::hf_index::is_shard_file_name(&at.file).then(|| Object {
+                fqn: fqn.clone(),
+                file: dir.join(&at.file),
+                offset: at.offset,
+                length: at.length,
+            })
+        })
+        .collect();
+    Ok(Read {
+        split: Split {
+            files,
+            pieced,
+            left_out,
+        },
+        objects,
     })
 }
 

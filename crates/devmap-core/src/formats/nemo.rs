@@ -46,7 +46,7 @@ pub fn read_nemo(dir: &Path, config: Option<&serde_json::Value>) -> Result<Read,
         Origin {
             args: Some(args),
             args_file: yaml,
-            prefix: PREFIX,
+            prefix: PREFIX.to_owned(),
         },
     )
 }

@@ -44,24 +44,75 @@ pub fn read_args(dir: &Path) -> Result<Option<Args>, FormatError> {
             "does not hold a dict: not Megatron-Core's common state",
         ));
     };
-    let args = items.into_iter().find_map(|(k, v)| match (k, v) {
-        (Value::Str(k), Value::Object { class, state }) if k == "args" && class == "Namespace" => {
-            match *state {
-                Value::Dict(fields) => Some(
-                    fields
-                        .into_iter()
-                        .filter_map(|(k, v)| match k {
-                            Value::Str(k) => Some((k, v)),
-                            _ => None,
-                        })
-                        .collect(),
-                ),
-                _ => None,
-            }
-        }
+    Ok(items.into_iter().find_map(|(k, v)| match k {
+        Value::Str(k) if k == "args" => namespace_fields(v),
         _ => None,
-    });
-    Ok(args)
+    }))
+}
+
+/// The arguments a checkpoint keeps as an entry of its own (`object`: Megatron-LM's
+/// `fsdp_dtensor` format, where torch.distributed.checkpoint pickled `args` with
+/// `torch.save` into a `.distcp` file), read as data like [`read_args`]'s.
+pub fn read_args_object(object: &crate::formats::dcp::Object) -> Result<Args, FormatError> {
+    let path = &object.file;
+    let file = crate::formats::input::open_regular(path)?;
+    let len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    if object
+        .offset
+        .checked_add(object.length)
+        .is_none_or(|end| end > len)
+    {
+        return Err(FormatError::invalid_as(
+            Kind::Truncated,
+            path,
+            format!(
+                "entry `{}` is stored at bytes {}..{} of a file of {len}",
+                object.fqn,
+                object.offset,
+                object.offset.saturating_add(object.length)
+            ),
+        ));
+    }
+    let members = crate::formats::zip::members_in(path, &file, object.offset, object.length)?;
+    let (_, value) = crate::formats::torch_bin::read_archive(
+        path,
+        &file,
+        &members,
+        Allow::MegatronCommon,
+        &|kind, m| FormatError::invalid_as(kind, path, format!("entry `{}`: {m}", object.fqn)),
+    )?;
+    namespace_fields(value).ok_or_else(|| {
+        FormatError::invalid_as(
+            Kind::NotTheFormat,
+            path,
+            format!(
+                "entry `{}` does not hold an argparse Namespace: not Megatron-LM's training arguments",
+                object.fqn
+            ),
+        )
+    })
+}
+
+/// The fields of a pickled `argparse.Namespace`, by name.
+fn namespace_fields(value: Value) -> Option<Args> {
+    match value {
+        Value::Object {
+            class: "Namespace",
+            state,
+        } => match *state {
+            Value::Dict(fields) => Some(
+                fields
+                    .into_iter()
+                    .filter_map(|(k, v)| match k {
+                        Value::Str(k) => Some((k, v)),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 pub(super) fn arg<'a>(args: &'a Args, name: &str) -> Option<&'a Value> {

@@ -241,61 +241,6 @@ pub fn is_mapped(key: &str) -> bool {
 /// The layers' prefix of Megatron-Core's names.
 pub const LAYERS: &str = "decoder.layers.";
 
-/// A saved tensor's name split into its map key and, for a layer saved apart
-/// (`decoder.layers.3.mlp…`), its layer: `("decoder.layers.mlp…", Some(3))`.
-pub fn key_of(name: &str) -> (String, Option<u64>) {
-    let named = parse_name(name);
-    (named.key, named.layer)
-}
-
-/// What a saved tensor's name says: its map key, its layer (for a layer saved apart),
-/// and in megatron-core's `singleton_local_shards` form (each expert a tensor of its
-/// own, each half of a gated `linear_fc1` too) its expert
-/// (`…mlp.experts.experts.5.linear_fc2.weight`) and its half (`…linear_fc1.weight_w`,
-/// the gate, 0; `…weight_v`, the up projection, 1).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Named {
-    pub key: String,
-    pub layer: Option<u64>,
-    pub expert: Option<u64>,
-    pub half: Option<u8>,
-}
-
-/// [`Named`] of a saved tensor's name.
-pub fn parse_name(name: &str) -> Named {
-    let mut named = Named {
-        key: name.to_owned(),
-        layer: None,
-        expert: None,
-        half: None,
-    };
-    if let Some(rest) = name.strip_prefix(LAYERS)
-        && let Some((index, tail)) = rest.split_once('.')
-        && let Ok(layer) = index.parse::<u64>()
-    {
-        named.key = format!("{LAYERS}{tail}");
-        named.layer = Some(layer);
-    }
-    const EXPERTS: &str = ".experts.experts.";
-    if let Some(at) = named.key.find(EXPERTS)
-        && let Some((index, tail)) = named.key[at + EXPERTS.len()..].split_once('.')
-        && let Ok(expert) = index.parse::<u64>()
-    {
-        named.key = format!("{}{EXPERTS}{tail}", &named.key[..at]);
-        named.expert = Some(expert);
-    }
-    for (suffix, half) in [("_w", 0), ("_v", 1)] {
-        if named.key.contains(".linear_fc1.")
-            && let Some(base) = named.key.strip_suffix(suffix)
-            && matches!(base.rsplit_once('.'), Some((_, "weight" | "bias")))
-        {
-            named.key = base.to_owned();
-            named.half = Some(half);
-        }
-    }
-    named
-}
-
 /// The attention's head counts, for the cut of `linear_qkv`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heads {
@@ -538,40 +483,5 @@ mod tests {
         assert!(outputs_of(bias, MoeNames::Mixtral, false).is_err());
         let glm = outputs_of(bias, MoeNames::Glm4Moe, false).expect("mapped");
         assert_eq!(glm[0].0, "model.layers.{}.mlp.gate.e_score_correction_bias");
-    }
-
-    #[test]
-    fn singleton_local_shards_name_their_expert_and_half() {
-        let named = parse_name("decoder.layers.3.mlp.experts.experts.5.linear_fc1.weight_v");
-        assert_eq!(
-            named,
-            Named {
-                key: "decoder.layers.mlp.experts.experts.linear_fc1.weight".to_owned(),
-                layer: Some(3),
-                expert: Some(5),
-                half: Some(1),
-            }
-        );
-        let dense = parse_name("decoder.layers.0.mlp.linear_fc1.weight_w");
-        assert_eq!(
-            (dense.key.as_str(), dense.expert, dense.half),
-            ("decoder.layers.mlp.linear_fc1.weight", None, Some(0))
-        );
-        // Not a half: `_w` elsewhere, and the stacked experts' own name.
-        assert_eq!(parse_name("decoder.layers.mlp.router.weight_w").half, None);
-        let stacked = parse_name("decoder.layers.mlp.experts.experts.linear_fc2.weight");
-        assert_eq!((stacked.expert, stacked.half), (None, None));
-    }
-
-    #[test]
-    fn a_layer_saved_apart_is_named_by_its_index() {
-        assert_eq!(
-            key_of("decoder.layers.12.mlp.linear_fc2.weight"),
-            ("decoder.layers.mlp.linear_fc2.weight".to_owned(), Some(12))
-        );
-        assert_eq!(
-            key_of("decoder.layers.mlp.linear_fc2.weight"),
-            ("decoder.layers.mlp.linear_fc2.weight".to_owned(), None)
-        );
     }
 }

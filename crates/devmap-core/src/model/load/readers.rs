@@ -216,7 +216,16 @@ fn read_layout(
             return Ok((files, None));
         }
         Layout::Dcp(metadata) => {
-            let split = crate::formats::dcp::read_dcp(dir, options.state_dict_key.as_deref())?;
+            let key = options.state_dict_key.as_deref();
+            let read = crate::formats::dcp::read_dcp_objects(dir, key)?;
+            // Megatron-LM's `fsdp_dtensor` format is a plain DCP folder of
+            // megatron-core's names: converted by the Megatron map.
+            use crate::formats::megatron::fsdp_dtensor;
+            if let Some(prefix) = fsdp_dtensor::prefix(&read.split).filter(|_| key.is_none()) {
+                let read = fsdp_dtensor::read_fsdp_dtensor(dir, read, prefix, config)?;
+                return Ok(megatron_files(draft, warnings, (metadata, read), dir, None));
+            }
+            let split = read.split;
             let mut files = add_split(draft, (&metadata, split), warnings);
             files.insert(0, metadata);
             return Ok((files, None));
