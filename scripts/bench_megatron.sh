@@ -10,7 +10,9 @@
 # ~/.cache/devmap/venv-hf/bin/python).
 # With EXPERTS=N: a Mixtral-like MoE of N experts a layer, saved at EP=2 (the peer
 # loads it into an EP=1 model and renames to Mixtral's names).
-# Usage: [RUNS=3] [EXPERTS=N] scripts/bench_megatron.sh [LAYERS=12] [HIDDEN=1024] [WORKDIR=target/bench]
+# With FSDP=1: Megatron-LM's fsdp_dtensor format (TP=1 over 2 data-parallel ranks;
+# the peer is torch's dcp_to_torch_save, then the same rename).
+# Usage: [RUNS=3] [EXPERTS=N] [FSDP=1] scripts/bench_megatron.sh [LAYERS=12] [HIDDEN=1024] [WORKDIR=target/bench]
 # Prints a Markdown table: median seconds and peak RSS (GNU time).
 source "$(dirname "$0")/bench_lib.sh"
 LAYERS=${1:-12}
@@ -22,8 +24,8 @@ need_gnu_time
 "$PY" -c "import megatron.core" 2>/dev/null || { echo "needs megatron-core in $PY"; exit 1; }
 
 build_release
-export EXPERTS=${EXPERTS:-0}
-LAYOUT=$([ "$EXPERTS" -gt 0 ] && echo "moe$EXPERTS-ep2" || echo "tp2")
+export EXPERTS=${EXPERTS:-0} FSDP=${FSDP:-0}
+LAYOUT=$([ "$EXPERTS" -gt 0 ] && echo "moe$EXPERTS-ep2" || { [ "$FSDP" = 1 ] && echo "fsdp-dp2"; } || echo "tp2")
 INPUT="$WORK/megatron-$LAYOUT-$LAYERS-$HIDDEN"
 mkdir -p "$WORK"
 [ -f "$INPUT/.metadata" ] || "$PY" scripts/peers/megatron_bench.py save "$INPUT" "$LAYERS" "$HIDDEN" > /dev/null 2>&1
@@ -31,11 +33,12 @@ mkdir -p "$WORK"
 
 prepare() { rm -rf "$WORK/megatron-out"; cat "$INPUT"/* "$INPUT"/.metadata > /dev/null 2>&1 || true; }
 measure() { median_run "$RUNS" prepare "$@"; rm -rf "$WORK/megatron-out"; }
+PEER=$([ "$FSDP" = 1 ] && echo "torch dcp_to_torch_save + cut + save_file" || echo "megatron-core load + torch cut + save_file")
 echo "| input | command | median | peak RSS |"
 echo "| --- | --- | ---: | ---: |"
 for row in "cp -r|cp -r $INPUT $WORK/megatron-out" \
            "devmap save --no-fsync|$DEVMAP save $INPUT --out $WORK/megatron-out --no-fsync -q" \
-           "megatron-core load + torch cut + save_file|$PY scripts/peers/megatron_bench.py peer $INPUT $WORK/megatron-out $LAYERS $HIDDEN"; do
+           "$PEER|$PY scripts/peers/megatron_bench.py peer $INPUT $WORK/megatron-out $LAYERS $HIDDEN"; do
     name=${row%%|*}; cmd=${row#*|}
     read -r s kib < <(measure $cmd)
     echo "| Megatron $LAYOUT ($(du -sh "$INPUT" | cut -f1)) | $name | $s s | $((kib / 1024)) MiB |"

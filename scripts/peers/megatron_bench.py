@@ -6,6 +6,12 @@
       `dist_checkpointing.load` into a TP=1 model, the parameters cut and renamed to
       transformers' Llama names with torch, `safetensors` save_file.
 
+With FSDP=1 in the environment, `save` writes Megatron-LM's `fsdp_dtensor` format
+instead (the model at TP=1 on 2 data-parallel ranks, each holding part of every
+parameter's rows: tests/python/megatron_fsdp.py's Megatron-FSDP state, no optimizer),
+and `peer` is torch's own consolidation of a DCP folder (`dcp_to_torch_save`), then
+the same cut and rename.
+
 With EXPERTS=N in the environment, every layer's MLP is a mixture of N experts
 (megatron-core's SequentialMLP, FFN 7/4 · hidden, top 2, Mixtral-like), saved at EP=2
 instead of TP=2; the peer loads it into an EP=1 model and renames to Mixtral's names.
@@ -22,6 +28,7 @@ import torch.nn.functional as F
 
 VOCAB = 32000
 EXPERTS = int(os.environ.get("EXPERTS", "0"))
+FSDP = os.environ.get("FSDP") == "1"
 
 
 def cpu_only():
@@ -79,9 +86,10 @@ def init(rank, world, tp, ep=1):
 def save_rank(rank, out, layers, hidden):
     from megatron.core import dist_checkpointing
 
-    tp, ep = (1, 2) if EXPERTS else (2, 1)
+    tp, ep = (1, 2) if EXPERTS else (1, 1) if FSDP else (2, 1)
     init(rank, 2, tp, ep)
-    torch.manual_seed(rank)
+    # Data-parallel ranks hold the same weights.
+    torch.manual_seed(0 if FSDP else rank)
     model = build(layers, hidden, tp, ep)
     with torch.no_grad():
         for p in model.parameters():
@@ -89,7 +97,16 @@ def save_rank(rank, out, layers, hidden):
     if rank == 0:
         os.makedirs(out, exist_ok=True)
     dist.barrier()
-    dist_checkpointing.save({"model": model.sharded_state_dict(), "args": args(layers, hidden)}, out)
+    if FSDP:
+        import torch.distributed.checkpoint as dcp
+
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "python"))
+        import megatron_fsdp
+
+        state = megatron_fsdp.fsdp_state(model, rank, 2, (tp, ep), args(layers, hidden), None, with_optimizer=False)
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(out))
+    else:
+        dist_checkpointing.save({"model": model.sharded_state_dict(), "args": args(layers, hidden)}, out)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -98,11 +115,21 @@ def peer(src, out, layers, hidden):
     from megatron.core import dist_checkpointing
     from safetensors.torch import save_file
 
-    init(0, 1, 1)
-    model = build(layers, hidden, 1)
-    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, src)
-    model.load_state_dict(state["model"])
-    sd = model.state_dict()
+    if FSDP:
+        import tempfile
+
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(out))) as tmp:
+            dcp_to_torch_save(src, os.path.join(tmp, "whole.pt"))
+            model_sd = torch.load(os.path.join(tmp, "whole.pt"), weights_only=False)["model"]
+        sd = {k.removeprefix("module."): v for k, v in model_sd.items()}
+    else:
+        init(0, 1, 1)
+        model = build(layers, hidden, 1)
+        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, src)
+        model.load_state_dict(state["model"])
+        sd = model.state_dict()
     groups, hd = hidden // 256, 64
     per_group = (hidden // 64) // groups
     hf = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
@@ -125,13 +152,16 @@ def peer(src, out, layers, hidden):
                 hf[f"{m}experts.{e}.w1.weight"], hf[f"{m}experts.{e}.w3.weight"] = gate, up
                 hf[f"{m}experts.{e}.w2.weight"] = sd[x + "linear_fc2.weight"]
             continue
-        gate, up = sd[p + "mlp.linear_fc1.weight"].chunk(2)
+        fc1 = p + "mlp.linear_fc1.weight"
+        # fsdp_dtensor keeps the gate and the up projection apart (`_w`, `_v`).
+        gate, up = (sd[fc1 + "_w"], sd[fc1 + "_v"]) if FSDP else sd[fc1].chunk(2)
         hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"] = gate, up
         hf[h + "mlp.down_proj.weight"] = sd[p + "mlp.linear_fc2.weight"]
     os.makedirs(out, exist_ok=True)
     save_file({k: v.contiguous() for k, v in hf.items()}, os.path.join(out, "model.safetensors"),
               metadata={"format": "pt"})
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

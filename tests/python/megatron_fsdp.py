@@ -86,13 +86,11 @@ class Wrapper(torch.nn.Module):
         self.config = getattr(module, "config", None)
 
 
-def rank_main(rank, world, port, job):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from megatron.core import dist_checkpointing
-    from megatron.core import parallel_state as ps
+def fsdp_state(model, rank, world, parallel, args, experts, with_optimizer=True):
+    """The state dict Megatron-LM's training loop would save, as `fsdp_dtensor`, of the
+    megatron-core `model` this rank holds (the ranks in `init_process_group`,
+    megatron-core's parallel state set to `parallel` = (TP, EP)), with `args` and
+    `experts` experts a layer (None: dense); `with_optimizer`: with the optimizer's state."""
     from megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer import make_fsdp_dtensor
     from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
         preprocess_state_dict_for_uneven_dtensor)
@@ -100,17 +98,10 @@ def rank_main(rank, world, port, job):
     from megatron.core.transformer import fsdp_dtensor_checkpoint as fsdp_ckpt
     from torch.distributed.device_mesh import DeviceMesh
 
-    base.cpu_only()
     # Megatron-FSDP's uneven-DTensor checks gather their chunk tables with NCCL, on the
     # GPU: gloo gathers them on the CPU.
     torch.Tensor.cuda = lambda self, *a, **k: self
-    dist.init_process_group("gloo")
-    tp, ep = job["tp"], job.get("ep", 1)
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
-    dtype = getattr(torch, job["dtype"])
-    model = base.build(dtype, tp, 1, moe=job.get("moe"), ep=ep)
-    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, job["load"])
-    model.load_state_dict(state["model"])
+    tp, ep = parallel
     # megatron-core's ranks: tensor parallel innermost, then (for experts) expert
     # parallel, then data parallel.
     mesh = DeviceMesh("cpu", torch.arange(world).reshape(world // tp, tp), mesh_dim_names=("dp", "tp"))
@@ -146,15 +137,37 @@ def rank_main(rank, world, port, job):
             "exp_avg": model_state[f"module.{name}"], "exp_avg_sq": model_state[f"module.{name}"]}
         for name, p in params}}
     # Then Megatron-LM's preprocess_fsdp_dtensor_state_dict, call by call.
-    state = {"args": base.megatron_args(dtype, moe=job.get("moe")), "checkpoint_version": 3.0,
-             "iteration": 1, "model": model_state, "optimizer": optimizer,
-             "rng_state": {f"(0, {rank % job['tp']})": [{"random_rng_state": torch.get_rng_state()}]}}
+    state = {"args": args, "checkpoint_version": 3.0,
+             "iteration": 1, "model": model_state, **({"optimizer": optimizer} if with_optimizer else {}),
+             "rng_state": {f"(0, {rank % tp})": [{"random_rng_state": torch.get_rng_state()}]}}
     fsdp_ckpt.handle_fp8_extra_state_case(state["model"])
-    state["model"], state["optimizer"] = fsdp_ckpt.handle_swiglu_in_state_dict(
-        wrapper, state["model"], state["optimizer"])
-    if job.get("moe"):
-        state["model"] = fsdp_ckpt.handle_experts_in_state_dict(state["model"], base.EXPERTS)
+    state["model"], moments = fsdp_ckpt.handle_swiglu_in_state_dict(wrapper, state["model"], state.get("optimizer"))
+    if with_optimizer:
+        state["optimizer"] = moments
+    if experts:
+        state["model"] = fsdp_ckpt.handle_experts_in_state_dict(state["model"], experts)
     preprocess_state_dict_for_uneven_dtensor(state)
+    return state
+
+
+def rank_main(rank, world, port, job):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+
+    base.cpu_only()
+    dist.init_process_group("gloo")
+    tp, ep = job["tp"], job.get("ep", 1)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    dtype = getattr(torch, job["dtype"])
+    model = base.build(dtype, tp, 1, moe=job.get("moe"), ep=ep)
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, job["load"])
+    model.load_state_dict(state["model"])
+    state = fsdp_state(model, rank, world, (tp, ep), base.megatron_args(dtype, moe=job.get("moe")),
+                       base.EXPERTS if job.get("moe") else None)
     if rank == 0:
         os.makedirs(job["out"], exist_ok=True)
     dist.barrier()
