@@ -14,7 +14,7 @@
 //!
 //! So such a checkpoint is a DCP folder whose tensors carry megatron-core's names after
 //! a prefix of `model.` and `module.`. The same map as torch_dist's converts it
-//! ([`super::convert`]): the names say the layer, the expert and the half.
+//! (`megatron::convert`): the names say the layer, the expert and the half.
 
 use std::path::Path;
 
