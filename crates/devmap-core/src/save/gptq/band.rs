@@ -15,9 +15,11 @@ pub(super) type Emit<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), CopyError> + 
 #[derive(Default)]
 pub(super) struct Band {
     /// The read band's words of every packed row, as read (little-endian): GPTQ's row
-    /// after row; AWQ's a sub-band after another, each row after row (so a sub-band's
-    /// words are read in order, not a few dozen bytes of every row of a read band too
-    /// large for the cache).
+    /// after row, or at 4 bits with the groups in order (`DEALT`) sixteen columns
+    /// after sixteen, each row's sixteen words after the last row's; AWQ's a sub-band
+    /// after another, each row after row. Either way the words a sub-band's rows are
+    /// made from are read in order, not a few dozen bytes of every row of a read band
+    /// too large for the cache.
     packed: Vec<u8>,
     /// Words of the read band in a packed row.
     words_a_row: usize,
@@ -47,6 +49,7 @@ impl Band {
     pub(super) fn read(
         &mut self,
         input: &TransposedInt<'_>,
+        groups: &Groups,
         cols: std::ops::Range<u64>,
     ) -> Result<(), CopyError> {
         let layout = input.layout;
@@ -66,6 +69,23 @@ impl Band {
         self.packed
             .resize((packed_rows * band_words * 4) as usize, 0);
         match layout.packing {
+            Packing::Gptq { .. } if gptq_dealt(layout, groups) => {
+                // Each packed row's words dealt out to blocks of DEALT columns, the
+                // last one padded.
+                let blocks = (band_words as usize).div_ceil(DEALT);
+                let rows = packed_rows as usize;
+                self.packed.clear();
+                self.packed.resize(blocks * rows * DEALT * 4, 0);
+                self.row.resize((band_words * 4) as usize, 0);
+                for r in 0..rows {
+                    let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
+                    read_exact_at(input.qweight.0, &mut self.row, at)?;
+                    for (k, words) in self.row.chunks(DEALT * 4).enumerate() {
+                        let to = (k * rows + r) * DEALT * 4;
+                        self.packed[to..to + words.len()].copy_from_slice(words);
+                    }
+                }
+            }
             Packing::Gptq { .. } => {
                 for (r, dst) in self
                     .packed
@@ -202,10 +222,13 @@ impl Band {
             n,
             table: &self.table,
         };
+        // Made and handed on a few rows at a time, so the write copies from the cache
+        // what was just made, and two threads' writes to one file do not queue on its
+        // lock for whole sub-bands.
+        let rows_a_block = (super::OUTPUT_BYTES as usize / (inputs * size)).max(1);
         if band.awq_in_order() {
-            // Transposed whole, then made and handed on a few rows at a time.
+            // Transposed whole first.
             let stride = band.awq_transpose(&mut self.columns);
-            let rows_a_block = (super::AWQ_OUTPUT_BYTES as usize / (inputs * size)).max(1);
             for block in (0..n).step_by(rows_a_block) {
                 let count = rows_a_block.min(n - block);
                 self.output.resize(count * inputs * size, 0);
@@ -219,6 +242,21 @@ impl Band {
             }
             return Ok(());
         }
+        if band.gptq_in_order() {
+            // Whole dealt blocks.
+            let rows_a_block = rows_a_block.next_multiple_of(DEALT);
+            for block in (0..n).step_by(rows_a_block) {
+                let count = rows_a_block.min(n - block);
+                self.output.resize(count * inputs * size, 0);
+                if size == 2 {
+                    band.gptq_rows::<2>(&mut self.columns, (block, count), &mut self.output);
+                } else {
+                    band.gptq_rows::<4>(&mut self.columns, (block, count), &mut self.output);
+                }
+                emit(cols.start + block as u64, &mut self.output)?;
+            }
+            return Ok(());
+        }
         self.output.resize(n * inputs * size, 0);
         if size == 2 {
             band.decode::<2>(&mut self.columns, &mut self.output);
@@ -227,6 +265,16 @@ impl Band {
         }
         emit(cols.start, &mut self.output)
     }
+}
+
+/// Columns a block of GPTQ's dealt words holds (`Band::packed`): a packed row's words
+/// for them are one cache line.
+pub(super) const DEALT: usize = 16;
+
+/// Whether GPTQ's words are read dealt into blocks (`Band::packed`): at 4 bits with the
+/// groups in order, whose rows [`Decode::gptq_rows`] makes from them.
+fn gptq_dealt(layout: TransposedIntLayout, groups: &Groups) -> bool {
+    matches!(layout.packing, Packing::Gptq { .. }) && layout.bits == 4 && groups.in_order
 }
 
 /// AWQ's words of a whole sub-band in a packed row (a word holds eight columns).
@@ -311,6 +359,56 @@ impl Decode<'_> {
         );
     }
 
+    /// Whether the sub-band is GPTQ's at 4 bits with the groups in order, which
+    /// [`Decode::gptq_rows`] makes a few rows at a time.
+    fn gptq_in_order(&self) -> bool {
+        gptq_dealt(self.layout, self.groups)
+    }
+
+    /// GPTQ at 4 bits with the groups in order: output rows `first..first + count` of
+    /// the sub-band into `output` (`count` rows). Each output row's words are gathered
+    /// into a run of bytes (GPTQ's nibbles lie in input order, the low nibble first),
+    /// then a group's bytes expanded through its 16 outputs at a time.
+    fn gptq_rows<const SIZE: usize>(
+        &self,
+        columns: &mut Vec<u8>,
+        (first, count): (usize, usize),
+        output: &mut [u8],
+    ) {
+        let layout = self.layout;
+        let per_word = layout.per_word() as usize;
+        let inputs = layout.inputs as usize;
+        let packed_rows = inputs / per_word;
+        let words_a_group = (layout.group_size as usize / per_word).max(1);
+        let (tables, _) = self.table.as_chunks::<SIZE>().0.as_chunks::<16>();
+        // Gathered a dealt block of DEALT output rows at a time, its words in order: a
+        // packed row's are one cache line. The gathered rows lie a cache line further
+        // apart than their length, so the stores of a packed row do not all fall in
+        // one cache set (4 KiB apart, they would).
+        let stride = packed_rows * 4 + 64;
+        columns.resize(DEALT * stride, 0);
+        let end = first + count;
+        for block in (first..end).step_by(DEALT) {
+            let width = DEALT.min(end - block);
+            // (Sub-bands and their blocks start on dealt blocks.)
+            let dealt = (self.skip + block) / DEALT * packed_rows;
+            let words = &self.packed[dealt * DEALT..(dealt + packed_rows) * DEALT];
+            for (r, run) in words.chunks_exact(DEALT).enumerate() {
+                for (k, w) in run[..width].iter().enumerate() {
+                    let b = k * stride + r * 4;
+                    columns[b..b + 4].copy_from_slice(w);
+                }
+            }
+            expand_rows::<SIZE>(
+                (columns, stride),
+                (block, width),
+                (layout.groups as usize, inputs, words_a_group * 8),
+                tables,
+                &mut output[(block - first) * inputs * SIZE..],
+            );
+        }
+    }
+
     /// Every value of the sub-band written into `output` (`[n, inputs]` elements of
     /// `SIZE` bytes), looked up in the table.
     fn decode<const SIZE: usize>(&self, columns: &mut Vec<u8>, output: &mut [u8]) {
@@ -334,40 +432,10 @@ impl Decode<'_> {
             let at = (local * groups_n + g) * values * SIZE;
             &table[at..at + values * SIZE]
         };
-        // At 4 bits, the same table as 16 outputs a group and column.
-        let (tables, _) = table.as_chunks::<SIZE>().0.as_chunks::<16>();
         let word_at = |at: usize| u32::from_le_bytes(packed[at]);
         match layout.packing {
-            // 4 bits with the groups in order: each output row's words gathered into a
-            // run of bytes (GPTQ's nibbles lie in input order, the low nibble first),
-            // then a group's bytes expanded through its 16 outputs at a time.
-            Packing::Gptq { .. } if bits == 4 && groups.in_order => {
-                let packed_rows = inputs / per_word;
-                let words_a_group = (layout.group_size as usize / per_word).max(1);
-                // Gathered BLOCK output rows at a time: a packed row's BLOCK words are
-                // one cache line. The gathered rows lie a cache line further apart than
-                // their length, so the BLOCK stores of a packed row do not all fall in
-                // one cache set (4 KiB apart, they would).
-                const BLOCK: usize = 16;
-                let stride = packed_rows * 4 + 64;
-                columns.resize(BLOCK * stride, 0);
-                for block in (0..n).step_by(BLOCK) {
-                    let width = BLOCK.min(n - block);
-                    for r in 0..packed_rows {
-                        let at = r * band_words + skip + block;
-                        for (k, w) in packed[at..at + width].iter().enumerate() {
-                            let b = k * stride + r * 4;
-                            columns[b..b + 4].copy_from_slice(w);
-                        }
-                    }
-                    expand_rows::<SIZE>(
-                        (columns, stride),
-                        (block, width),
-                        (groups_n, inputs, words_a_group * 8),
-                        tables,
-                        &mut output[block * inputs * SIZE..],
-                    );
-                }
+            Packing::Gptq { .. } if self.gptq_in_order() => {
+                self.gptq_rows::<SIZE>(columns, (0, n), output);
             }
             Packing::Gptq { .. } => {
                 // Output row by output row, along it: a word a packed row, p inputs a

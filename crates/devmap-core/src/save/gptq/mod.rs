@@ -47,9 +47,10 @@ const AWQ_READ_BYTES: u64 = if cfg!(test) { 1 << 11 } else { 14 << 20 };
 /// out to the sub-band.
 const AWQ_MIN_ROWS: u64 = if cfg!(test) { 8 } else { 128 };
 
-/// AWQ's output is made and written this many bytes at a time at most (a few output
-/// rows), so the write copies from the cache what was just made.
-const AWQ_OUTPUT_BYTES: u64 = if cfg!(test) { 1 << 9 } else { 512 << 10 };
+/// AWQ's and in-order 4-bit GPTQ's output is made and written this many bytes at a
+/// time at most (a few output rows; GPTQ's a multiple of 16), so the write copies from
+/// the cache what was just made.
+const OUTPUT_BYTES: u64 = if cfg!(test) { 1 << 9 } else { 512 << 10 };
 
 /// Working memory of one stream at most: a read band's packed words (GPTQ's, four
 /// sub-bands: 2 bytes an output element of the sub-band; AWQ's, `AWQ_READ_BYTES`), the
@@ -274,9 +275,13 @@ fn group_list(input: &TransposedInt<'_>) -> Result<Vec<u32>, CopyError> {
         .collect()
 }
 
-/// Output rows per sub-band (the output made at a time): whole words of columns.
+/// Output rows per sub-band (the output made at a time): whole words of columns, and
+/// for GPTQ whole blocks of its dealt words.
 fn band_rows(layout: TransposedIntLayout) -> u64 {
-    let p = layout.per_word().max(8);
+    let p = match layout.packing {
+        Packing::Gptq { .. } => band::DEALT as u64,
+        Packing::Awq => layout.per_word().max(8),
+    };
     let rows = ((BAND_ELEMENTS / layout.inputs.max(1)) / p * p).max(p);
     match layout.packing {
         Packing::Gptq { .. } => rows,
@@ -354,7 +359,7 @@ fn stream_rows(
     let mut r0 = rows.start;
     while r0 < rows.end {
         let r1 = (r0 + read_step).min(rows.end);
-        band.read(input, r0..r1)?;
+        band.read(input, groups, r0..r1)?;
         let mut o0 = r0;
         while o0 < r1 {
             if cancel.stop() {

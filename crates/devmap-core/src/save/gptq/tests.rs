@@ -104,15 +104,23 @@ fn groups_of(inputs: usize) -> usize {
 
 #[test]
 fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
-    // 8 outputs: one band; 1024: several sub-bands and read bands. Groups of 8
-    // values are computed value by value, groups of 32 through the table. 24 inputs:
-    // AWQ's last eight input rows transposed on their own (16 at a time before).
+    // 8 outputs: one band; 1024: several sub-bands and read bands; 1000: a last read
+    // band that ends in half a block of GPTQ's dealt words. Groups of 8 values are
+    // computed value by value, groups of 32 through the table. 24 inputs: AWQ's last
+    // eight input rows transposed on their own (16 at a time before).
     let packings = [
         Packing::Gptq { v1: true },
         Packing::Gptq { v1: false },
         Packing::Awq,
     ];
-    let sizes = [(16, 8), (16, 1024), (24, 1024), (64, 8), (64, 1024)];
+    let sizes = [
+        (16, 8),
+        (16, 1024),
+        (24, 1024),
+        (64, 8),
+        (64, 1024),
+        (64, 1000),
+    ];
     for (packing, (inputs, outputs)) in packings
         .into_iter()
         .flat_map(|p| sizes.map(|size| (p, size)))
