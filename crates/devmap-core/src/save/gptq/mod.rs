@@ -22,6 +22,7 @@
 //! band, whatever the layer.
 
 mod band;
+mod kernels;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,140 @@
+//! The vector kernels of a band's 4-bit values: AWQ's 8×8 nibble transposition and the
+//! expansion of a row's nibbles through its group's 16 outputs (both compiled for
+//! AVX-512 and AVX2 too, chosen at run time).
+
+use crate::save::lookup::expand_nibbles;
+
+/// AWQ's 4-bit words (`packed`, `band_words` a row, the sub-band's from `first_word`)
+/// transposed into each output row's nibbles in input order (`columns`, a row every
+/// `stride` bytes), 8×8 values at a time: eight input rows' words hold eight output
+/// columns, the one at nibble `p` being column `column_at[p]` of the eight. The 8×8
+/// nibbles are transposed in three rounds of swaps (nibbles, then pairs, then fours):
+/// fixed shifts and masks, eight blocks side by side (a vector lane each), and two
+/// blocks down the input rows at once, so each output row gets 8 bytes a store.
+/// Compiled for AVX-512 and AVX2 too and chosen at run time.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub(super) fn awq_columns(
+    (packed, band_words, first_word): (&[[u8; 4]], usize, usize),
+    (inputs, n): (usize, usize),
+    column_at: [usize; 8],
+    (columns, stride): (&mut [u8], usize),
+) {
+    let blocks = n / 8;
+    let lanes = blocks - blocks % 8;
+    let mut i0 = 0;
+    while i0 < inputs {
+        let at = i0 * band_words + first_word;
+        let place = (stride, column_at, i0);
+        if i0 + 16 <= inputs {
+            for j0 in (0..lanes).step_by(8) {
+                transpose_blocks::<8, 2>((packed, band_words, at + j0), columns, place, j0);
+            }
+            for j in lanes..blocks {
+                transpose_blocks::<1, 2>((packed, band_words, at + j), columns, place, j);
+            }
+            i0 += 16;
+        } else {
+            for j0 in (0..lanes).step_by(8) {
+                transpose_blocks::<8, 1>((packed, band_words, at + j0), columns, place, j0);
+            }
+            for j in lanes..blocks {
+                transpose_blocks::<1, 1>((packed, band_words, at + j), columns, place, j);
+            }
+            i0 += 8;
+        }
+    }
+}
+
+/// [`awq_columns`]' `L` blocks side by side and `R` down, from word `at` (input rows
+/// `i0..i0 + 8R`, output columns from `8 · j0`) on. Always inlined: called from the
+/// multiversioned loop, a call would run at the baseline's vector width.
+#[inline(always)]
+#[allow(clippy::inline_always)]
+fn transpose_blocks<const L: usize, const R: usize>(
+    (packed, band_words, at): (&[[u8; 4]], usize, usize),
+    columns: &mut [u8],
+    (stride, column_at, i0): (usize, [usize; 8], usize),
+    j0: usize,
+) {
+    let mut w = [[[0u32; L]; 8]; R];
+    for (r, block) in w.iter_mut().enumerate() {
+        for (t, row) in block.iter_mut().enumerate() {
+            let from = at + (r * 8 + t) * band_words;
+            let words: &[[u8; 4]; L] = packed[from..from + L]
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("a slice of L words"));
+            *row = words.map(u32::from_le_bytes);
+        }
+    }
+    // Rows a < b: b's low parts and a's high parts change places.
+    let swap = |w: &mut [[u32; L]; 8], (a, b): (usize, usize), shift: u32, mask: u32| {
+        let (before, from_b) = w.split_at_mut(b);
+        for (x, y) in before[a].iter_mut().zip(from_b[0].iter_mut()) {
+            let d = ((*x >> shift) ^ *y) & mask;
+            *y ^= d;
+            *x ^= d << shift;
+        }
+    };
+    for block in &mut w {
+        for t in [0, 2, 4, 6] {
+            swap(block, (t, t + 1), 4, 0x0F0F_0F0F);
+        }
+        for t in [0, 1, 4, 5] {
+            swap(block, (t, t + 2), 8, 0x00FF_00FF);
+        }
+        for t in [0, 1, 2, 3] {
+            swap(block, (t, t + 4), 16, 0x0000_FFFF);
+        }
+    }
+    // Word p of each block now holds nibble p of each of its eight input rows, in
+    // order; the R blocks' words of one output row lie side by side.
+    for (p, &column) in column_at.iter().enumerate() {
+        // (Indexed: a lane's words are gathered across the R blocks.)
+        #[allow(clippy::needless_range_loop)]
+        for lane in 0..L {
+            let at = ((j0 + lane) * 8 + column) * stride + i0 / 2;
+            let dst = &mut columns[at..at + 4 * R];
+            for (r, out) in dst.chunks_exact_mut(4).enumerate() {
+                out.copy_from_slice(&w[r][p][lane].to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Output rows `first..first + count` of a sub-band of rows of `inputs` values, from
+/// their 4-bit values in input order (row `first + k`'s at `columns[k · stride..]`),
+/// each group of `group` inputs expanded through its 16 outputs (`tables[row · groups +
+/// g]`), into `output` (row `first + k` at `k · inputs` values).
+/// Compiled for AVX-512 and AVX2 too, chosen at run time (table lookups and stores: the
+/// same bytes on every path).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub(super) fn expand_rows<const SIZE: usize>(
+    (columns, stride): (&[u8], usize),
+    (first, count): (usize, usize),
+    (groups, inputs, group): (usize, usize, usize),
+    tables: &[[[u8; SIZE]; 16]],
+    output: &mut [u8],
+) {
+    for k in 0..count {
+        let local = first + k;
+        let column = &columns[k * stride..k * stride + inputs / 2];
+        let row = &mut output[k * inputs * SIZE..(k + 1) * inputs * SIZE];
+        let runs = column.chunks(group / 2);
+        let dsts = row.chunks_mut(group * SIZE);
+        for (g, (bytes, dst)) in runs.zip(dsts).enumerate() {
+            let table = &tables[local * groups + g];
+            multiversion::target::match_target! {
+                "x86_64+avx2" => crate::save::lookup::expand_nibbles_shuffled(bytes, table, dst),
+                _ => expand_nibbles(bytes, table, dst),
+            }
+        }
+    }
+}
