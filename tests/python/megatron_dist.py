@@ -162,6 +162,18 @@ def nemo_context(config, folder):
     os.makedirs(os.path.join(folder, "context"), exist_ok=True)
     with open(os.path.join(folder, "context", "model.yaml"), "w") as f:
         yaml.safe_dump(model, f, sort_keys=True)
+    # The tokenizer as NeMo's importer keeps it (transformers' `save_pretrained` into
+    # context/nemo_tokenizer/), and generation_config.json in context/artifacts/.
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "the", "model"])},
+                                       unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tokenizer.save_pretrained(os.path.join(folder, "context", "nemo_tokenizer"))
+    GenerationConfig(bos_token_id=1, eos_token_id=2, temperature=0.6, do_sample=True).save_pretrained(
+        os.path.join(folder, "context", "artifacts"))
 
 
 def forward(model):
@@ -479,6 +491,18 @@ def main():
     gap = (hf - ref).abs().max().item()
     assert gap <= 1e-5 * max(1.0, ref.abs().max().item()), f"NeMo 2: logits differ by {gap}"
     print(f"NeMo 2: from_pretrained(OUT) logits = Megatron TP=2 forward (max gap {gap:.2e})")
+    # Its tokenizer and generation config beside the weights, as they were.
+    from transformers import AutoTokenizer, GenerationConfig
+
+    context = os.path.join(nemo, "context")
+    for side in ("nemo_tokenizer", "artifacts"):
+        for name in os.listdir(os.path.join(context, side)):
+            with open(os.path.join(context, side, name), "rb") as a, open(os.path.join(out, name), "rb") as b:
+                assert a.read() == b.read(), f"NeMo 2: {name} of context/{side} is not copied as it was"
+    ids = AutoTokenizer.from_pretrained(out)("the model")["input_ids"]
+    assert ids == [3, 4], f"NeMo 2: the copied tokenizer encodes 'the model' as {ids}"
+    assert GenerationConfig.from_pretrained(out).eos_token_id == 2
+    print("NeMo 2: the tokenizer (context/nemo_tokenizer) and generation_config.json (context/artifacts) are copied")
     refused(exe, os.path.join(nemo, "weights"), work, "a NeMo 2 weights/ folder given alone", "NeMo 2 checkpoint")
     scaled = os.path.join(work, "nemo2-scaled")
     shutil.copytree(nemo, scaled)

@@ -24,6 +24,10 @@ fn megatron_checkpoints_convert_to_the_models_own_parameters() {
         "{out}"
     );
     assert!(
+        out.contains("NeMo 2: the tokenizer (context/nemo_tokenizer) and generation_config.json"),
+        "{out}"
+    );
+    assert!(
         out.contains("no args + run_config.yaml (Megatron-Bridge): identical"),
         "{out}"
     );

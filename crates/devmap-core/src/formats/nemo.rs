@@ -30,6 +30,22 @@ pub fn is_nemo(dir: &Path) -> bool {
     megatron::is_megatron(&dir.join(WEIGHTS)) && std::fs::symlink_metadata(model_yaml(dir)).is_ok()
 }
 
+/// The folders of `context/` whose files belong beside the Hugging Face model: the
+/// tokenizer NeMo's importer saves with transformers' `save_pretrained`
+/// (`nemo_tokenizer/`: tokenizer.json, tokenizer_config.json, …) and `artifacts/`
+/// (generation_config.json). Those of them `dir` has when it is a NeMo 2 checkpoint;
+/// none otherwise.
+pub fn side_dirs(dir: &Path) -> Vec<PathBuf> {
+    if !is_nemo(dir) {
+        return Vec::new();
+    }
+    ["nemo_tokenizer", "artifacts"]
+        .iter()
+        .map(|name| dir.join(CONTEXT).join(name))
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
 fn model_yaml(dir: &Path) -> PathBuf {
     dir.join(CONTEXT).join(MODEL_YAML)
 }

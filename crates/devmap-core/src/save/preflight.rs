@@ -8,11 +8,14 @@ use super::shards::{SaveOptions, SavePlan};
 use crate::model::checkpoint::Checkpoint;
 
 /// Other files of the model directory that a save copies: top-level regular files
-/// that are not weights, indexes, the device map or offload data.
+/// that are not weights, indexes, the device map or offload data (and those of
+/// `--config DIR` and the checkpoint's side folders).
 pub fn files_to_copy(ckpt: &Checkpoint) -> Vec<PathBuf> {
     let mut files = small_files(ckpt, &ckpt.dir);
-    // `--config DIR`: its files too, where the checkpoint folder has none of the name.
-    if let Some(other) = &ckpt.config_dir {
+    // `--config DIR` (or the config devmap wrote), then the checkpoint's side folders
+    // (a NeMo 2 tokenizer): their files too, where no folder before has the name.
+    let others = ckpt.config_dir.iter().chain(&ckpt.side_dirs);
+    for other in others {
         let names: std::collections::HashSet<_> = files
             .iter()
             .filter_map(|f| f.file_name().map(ToOwned::to_owned))

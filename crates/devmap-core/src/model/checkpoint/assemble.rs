@@ -59,6 +59,7 @@ impl Checkpoint {
             config_dir,
             warnings,
             replaced,
+            side_dirs: Vec::new(),
             generated_config: None,
             remote: None,
             merges: std::collections::HashMap::new(),

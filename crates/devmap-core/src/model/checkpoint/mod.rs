@@ -43,6 +43,10 @@ pub struct Checkpoint {
     /// `--config DIR`, when the checkpoint folder has no config.json: config.json and
     /// the other small files a save copies come from there.
     pub config_dir: Option<PathBuf>,
+    /// Folders of the checkpoint beside its weights whose small files a save also
+    /// copies, where the checkpoint folder has none of the name: a NeMo 2
+    /// checkpoint's tokenizer (`context/nemo_tokenizer/`) and `context/artifacts/`.
+    pub side_dirs: Vec<PathBuf>,
     /// What loading noticed (index omissions, dtype differences). The placement checks
     /// depend on the device map and are computed by [`crate::model::checks::all_warnings`].
     pub warnings: Vec<crate::model::warning::Warning>,

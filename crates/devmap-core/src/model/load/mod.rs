@@ -356,6 +356,7 @@ pub fn load(dir: &Path, options: &LoadOptions) -> Result<Checkpoint, LoadError> 
         pieces: draft.pieces,
     });
     ckpt.generated_config = generated_config;
+    ckpt.side_dirs = crate::formats::nemo::side_dirs(dir);
     Ok(ckpt)
 }
 
