@@ -4,10 +4,11 @@
 # (the default): pack-quantized INT4 in groups of 128 with packed zero points (W4A16 as
 # llm-compressor writes it); FORMAT=nvfp4: NVFP4 (FP4 values, an F8_E4M3 scale per 16,
 # a global scale); FORMAT=gptq / FORMAT=awq: GPTQ (v1, groups of 128, g_idx) and AWQ
-# GEMM 4-bit, stored transposed. The checkpoint: SIZE_MB of packed weights of
+# GEMM 4-bit, stored transposed; FORMAT=gptq-act: GPTQ with desc_act (g_idx of a
+# random input order). The checkpoint: SIZE_MB of packed weights of
 # Llama-70B's MLP geometry (8,192 × 28,672 and back); the output is four times that in
 # bfloat16.
-# Usage: [RUNS=3] [FORMAT=int4|nvfp4|gptq|awq] scripts/bench_packed_int.sh [SIZE_MB=256] [WORKDIR=target/bench]
+# Usage: [RUNS=3] [FORMAT=int4|nvfp4|gptq|gptq-act|awq] scripts/bench_packed_int.sh [SIZE_MB=256] [WORKDIR=target/bench]
 source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-256}
 WORK=${2:-target/bench}
@@ -33,10 +34,10 @@ tensors, total, i = {}, 0, 0
 while total < size_mb * 2**20:
     rows, cols = shapes[i % 2]
     name = f"model.layers.{i // 2}.mlp.{'up' if i % 2 == 0 else 'down'}_proj"
-    if fmt in ("gptq", "awq"):
+    if fmt in ("gptq", "gptq-act", "awq"):
         # The weight [rows=out, cols=in] stored transposed: GPTQ packs down the input
         # rows ([in/8, out]), AWQ along the output columns ([in, out/8]).
-        shape = (cols // 8, rows) if fmt == "gptq" else (cols, rows // 8)
+        shape = (cols, rows // 8) if fmt == "awq" else (cols // 8, rows)
         packed = rng.integers(-2**31, 2**31, size=shape, dtype=np.int64).astype(np.int32)
         groups = cols // 128
         tensors[name + ".qweight"] = torch.from_numpy(packed)
@@ -45,6 +46,11 @@ while total < size_mb * 2**20:
         tensors[name + ".scales"] = (torch.rand(groups, rows) * 0.01 + 0.001).to(torch.float16)
         if fmt == "gptq":
             tensors[name + ".g_idx"] = torch.arange(cols, dtype=torch.int32) // 128
+        if fmt == "gptq-act":
+            # desc_act: inputs quantized in a permuted order, each input's group its
+            # place in that order // 128.
+            order = torch.from_numpy(rng.permutation(cols))
+            tensors[name + ".g_idx"] = (torch.argsort(order) // 128).to(torch.int32)
     elif fmt == "nvfp4":
         packed = rng.integers(0, 256, size=(rows, cols // 2), dtype=np.uint8)
         tensors[name + ".weight_packed"] = torch.from_numpy(packed)
@@ -66,8 +72,8 @@ quantization = {"quant_method": "compressed-tensors", "format": "pack-quantized"
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
 if fmt == "nvfp4":
     quantization = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}
-if fmt == "gptq":
-    quantization = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+if fmt in ("gptq", "gptq-act"):
+    quantization = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": fmt == "gptq-act",
                     "sym": False, "checkpoint_format": "gptq"}
 if fmt == "awq":
     quantization = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,

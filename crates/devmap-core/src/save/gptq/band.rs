@@ -2,7 +2,7 @@
 //! then output rows made a sub-band at a time through a table of every output a value
 //! can have, per group and column.
 
-use super::kernels::{awq_columns, expand_rows};
+use super::kernels::{awq_columns, expand_by_input, expand_rows};
 use super::{Packing, TransposedInt, TransposedIntLayout, word};
 use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at};
 use crate::types::DType;
@@ -15,11 +15,11 @@ pub(super) type Emit<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), CopyError> + 
 #[derive(Default)]
 pub(super) struct Band {
     /// The read band's words of every packed row, as read (little-endian): GPTQ's row
-    /// after row, or at 4 bits with the groups in order (`DEALT`) sixteen columns
-    /// after sixteen, each row's sixteen words after the last row's; AWQ's a sub-band
-    /// after another, each row after row. Either way the words a sub-band's rows are
-    /// made from are read in order, not a few dozen bytes of every row of a read band
-    /// too large for the cache.
+    /// after row, or at 4 bits (`DEALT`) sixteen columns after sixteen, each row's
+    /// sixteen words after the last row's; AWQ's a sub-band after another, each row
+    /// after row. Either way the words a sub-band's rows are made from are read in
+    /// order, not a few dozen bytes of every row of a read band too large for the
+    /// cache.
     packed: Vec<u8>,
     /// Words of the read band in a packed row.
     words_a_row: usize,
@@ -49,7 +49,6 @@ impl Band {
     pub(super) fn read(
         &mut self,
         input: &TransposedInt<'_>,
-        groups: &Groups,
         cols: std::ops::Range<u64>,
     ) -> Result<(), CopyError> {
         let layout = input.layout;
@@ -69,7 +68,7 @@ impl Band {
         self.packed
             .resize((packed_rows * band_words * 4) as usize, 0);
         match layout.packing {
-            Packing::Gptq { .. } if gptq_dealt(layout, groups) => {
+            Packing::Gptq { .. } if gptq_dealt(layout) => {
                 // Each packed row's words dealt out to blocks of DEALT columns, the
                 // last one padded.
                 let blocks = (band_words as usize).div_ceil(DEALT);
@@ -242,7 +241,7 @@ impl Band {
             }
             return Ok(());
         }
-        if band.gptq_in_order() {
+        if band.gptq_4bit() {
             // Whole dealt blocks.
             let rows_a_block = rows_a_block.next_multiple_of(DEALT);
             for block in (0..n).step_by(rows_a_block) {
@@ -271,10 +270,10 @@ impl Band {
 /// for them are one cache line.
 pub(super) const DEALT: usize = 16;
 
-/// Whether GPTQ's words are read dealt into blocks (`Band::packed`): at 4 bits with the
-/// groups in order, whose rows [`Decode::gptq_rows`] makes from them.
-fn gptq_dealt(layout: TransposedIntLayout, groups: &Groups) -> bool {
-    matches!(layout.packing, Packing::Gptq { .. }) && layout.bits == 4 && groups.in_order
+/// Whether GPTQ's words are read dealt into blocks (`Band::packed`): at 4 bits, whose
+/// rows [`Decode::gptq_rows`] makes from them.
+fn gptq_dealt(layout: TransposedIntLayout) -> bool {
+    matches!(layout.packing, Packing::Gptq { .. }) && layout.bits == 4
 }
 
 /// AWQ's words of a whole sub-band in a packed row (a word holds eight columns).
@@ -359,16 +358,17 @@ impl Decode<'_> {
         );
     }
 
-    /// Whether the sub-band is GPTQ's at 4 bits with the groups in order, which
-    /// [`Decode::gptq_rows`] makes a few rows at a time.
-    fn gptq_in_order(&self) -> bool {
-        gptq_dealt(self.layout, self.groups)
+    /// Whether the sub-band is GPTQ's at 4 bits, which [`Decode::gptq_rows`] makes a
+    /// few rows at a time.
+    fn gptq_4bit(&self) -> bool {
+        gptq_dealt(self.layout)
     }
 
-    /// GPTQ at 4 bits with the groups in order: output rows `first..first + count` of
-    /// the sub-band into `output` (`count` rows). Each output row's words are gathered
-    /// into a run of bytes (GPTQ's nibbles lie in input order, the low nibble first),
-    /// then a group's bytes expanded through its 16 outputs at a time.
+    /// GPTQ at 4 bits: output rows `first..first + count` of the sub-band into `output`
+    /// (`count` rows). Each output row's words are gathered into a run of bytes (GPTQ's
+    /// nibbles lie in input order, the low nibble first), then expanded: with the
+    /// groups in order a group's bytes through its 16 outputs at a time, in act order
+    /// each value through its own input's group's.
     fn gptq_rows<const SIZE: usize>(
         &self,
         columns: &mut Vec<u8>,
@@ -399,13 +399,24 @@ impl Decode<'_> {
                     columns[b..b + 4].copy_from_slice(w);
                 }
             }
-            expand_rows::<SIZE>(
-                (columns, stride),
-                (block, width),
-                (layout.groups as usize, inputs, words_a_group * 8),
-                tables,
-                &mut output[(block - first) * inputs * SIZE..],
-            );
+            let output = &mut output[(block - first) * inputs * SIZE..];
+            if self.groups.in_order {
+                expand_rows::<SIZE>(
+                    (columns, stride),
+                    (block, width),
+                    (layout.groups as usize, inputs, words_a_group * 8),
+                    tables,
+                    output,
+                );
+            } else {
+                expand_by_input::<SIZE>(
+                    (columns, stride),
+                    (block, width),
+                    (&self.groups.of, layout.groups as usize),
+                    tables,
+                    output,
+                );
+            }
         }
     }
 
@@ -434,7 +445,7 @@ impl Decode<'_> {
         };
         let word_at = |at: usize| u32::from_le_bytes(packed[at]);
         match layout.packing {
-            Packing::Gptq { .. } if self.gptq_in_order() => {
+            Packing::Gptq { .. } if self.gptq_4bit() => {
                 self.gptq_rows::<SIZE>(columns, (0, n), output);
             }
             Packing::Gptq { .. } => {

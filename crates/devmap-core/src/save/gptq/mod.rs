@@ -360,7 +360,7 @@ fn stream_rows(
     let mut r0 = rows.start;
     while r0 < rows.end {
         let r1 = (r0 + read_step).min(rows.end);
-        band.read(input, groups, r0..r1)?;
+        band.read(input, r0..r1)?;
         let mut o0 = r0;
         while o0 < r1 {
             if cancel.stop() {

@@ -37,6 +37,7 @@ fn pack8(value: impl Fn(usize) -> u32, slot: impl Fn(usize) -> u32) -> u32 {
 fn case(
     packing: Packing,
     (inputs, outputs): (usize, usize),
+    act: bool,
 ) -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<f32>) {
     let groups = groups_of(inputs);
     let code = |i: usize, o: usize| ((i * 3 + o * 5) % 16) as u32;
@@ -88,7 +89,7 @@ fn case(
     let expected: Vec<f32> = (0..outputs)
         .flat_map(|o| {
             (0..inputs).map(move |i| {
-                let g = i / (inputs / groups);
+                let g = group_of(i, inputs, act);
                 let product =
                     (code(i, o) as i32 - read_zero(g, o) as i32) as f32 * scale(g, o).to_f32();
                 half::f16::from_f32(product).to_f32()
@@ -100,6 +101,16 @@ fn case(
 
 fn groups_of(inputs: usize) -> usize {
     if inputs.is_multiple_of(16) { 2 } else { 3 }
+}
+
+/// Input `i`'s group: in order, or (`act`: GPTQ's desc_act, `g_idx` out of order)
+/// scattered.
+fn group_of(i: usize, inputs: usize, act: bool) -> usize {
+    if act {
+        (i * 7 + i / 5) % groups_of(inputs)
+    } else {
+        i / (inputs / groups_of(inputs))
+    }
 }
 
 #[test]
@@ -121,20 +132,27 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
         (64, 1024),
         (64, 1000),
     ];
-    for (packing, (inputs, outputs)) in packings
+    // GPTQ also with act order (desc_act: each input row's group from g_idx).
+    let cases = packings
         .into_iter()
-        .flat_map(|p| sizes.map(|size| (p, size)))
-    {
-        let (qweight, qzeros, scales, expected) = case(packing, (inputs, outputs));
+        .flat_map(|p| [(p, false), (p, true)])
+        .filter(|&(p, act)| !act || p != Packing::Awq)
+        .flat_map(|(p, act)| sizes.map(|size| (p, size, act)));
+    for (packing, (inputs, outputs), act) in cases {
+        let (qweight, qzeros, scales, expected) = case(packing, (inputs, outputs), act);
         let (w, wr) = file_of(&qweight);
         let (z, zr) = file_of(&qzeros);
         let (s, sr) = file_of(&scales);
+        let g_idx: Vec<u8> = (0..inputs)
+            .flat_map(|i| (group_of(i, inputs, act) as i32).to_le_bytes())
+            .collect();
+        let (g, gr) = file_of(&g_idx);
         let input = TransposedInt {
             name: "m.qweight",
             qweight: (w.as_file(), wr),
             qzeros: (z.as_file(), zr),
             scales: (s.as_file(), sr),
-            g_idx: None,
+            g_idx: act.then(|| (g.as_file(), gr)),
             layout: TransposedIntLayout {
                 inputs: inputs as u64,
                 outputs: outputs as u64,
@@ -156,7 +174,10 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        assert_eq!(got, expected, "{packing:?} {inputs} × {outputs}");
+        assert_eq!(
+            got, expected,
+            "{packing:?} {inputs} × {outputs}, act order {act}"
+        );
         // Two-byte outputs (the kernels' other element size): the same values rounded.
         let mut halves = Vec::new();
         stream(&input, DType::BF16, &NeverStop, &mut |b| {
@@ -177,7 +198,7 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
         assert_eq!(written, out, "{packing:?} × {outputs} in parallel");
     }
     // v1's carry: zero point 0 is stored as 15, whose +1 carries into column 1.
-    let (_, qzeros, _, _) = case(Packing::Gptq { v1: true }, (16, 8));
+    let (_, qzeros, _, _) = case(Packing::Gptq { v1: true }, (16, 8), false);
     let word = u32::from_le_bytes([qzeros[0], qzeros[1], qzeros[2], qzeros[3]]);
     assert_eq!((word.wrapping_add(0x1111_1111) >> 4) & 0xF, 0);
 }
