@@ -64,6 +64,12 @@ pub fn read_fsdp_dtensor(
         Some(object) => Some(super::args::read_args_object(object)?),
         None => None,
     };
+    let names = split
+        .files
+        .iter()
+        .flat_map(|(_, header)| header.tensors.iter().map(|t| &*t.name))
+        .chain(split.pieced.iter().map(|t| t.name.as_str()));
+    check_gated_halves(args.as_ref(), names, &dir.join(dcp::METADATA))?;
     // What is not under the prefix (the flat form's optimizer state, for one) is not
     // the model's: left out, counted by its first key.
     let mut others = std::collections::BTreeMap::<String, usize>::new();
@@ -108,4 +114,117 @@ pub fn read_fsdp_dtensor(
             prefix,
         },
     )
+}
+
+/// Refuses a gated `linear_fc1` saved whole from more than one tensor-parallel rank
+/// (the arguments say `swiglu` and `tensor_model_parallel_size` > 1): the whole
+/// tensor then holds each rank's gate and up halves in turn, which no name says.
+/// Megatron-LM's `fsdp_dtensor` save cuts it into `_w` and `_v` for this reason; a
+/// folder of the same names without them (a `torch_dcp` save, say) would be cut wrong.
+fn check_gated_halves<'a>(
+    args: Option<&super::args::Args>,
+    mut names: impl Iterator<Item = &'a str>,
+    metadata: &Path,
+) -> Result<(), FormatError> {
+    let Some(args) = args else {
+        return Ok(());
+    };
+    let ranks = super::args::arg_u64(args, "tensor_model_parallel_size").unwrap_or(1);
+    if ranks <= 1 || super::args::arg_bool(args, "swiglu") != Some(true) {
+        return Ok(());
+    }
+    match names.find(|n| n.ends_with(".linear_fc1.weight")) {
+        Some(name) => Err(FormatError::tensor_as(
+            crate::formats::Kind::Unsupported,
+            metadata,
+            name,
+            format!(
+                "is a gated MLP's gate and up projections saved whole from {ranks} tensor-parallel ranks (tensor_model_parallel_size): each rank's two halves lie in turn, and nothing says where. Megatron-LM's fsdp_dtensor save cuts it into `…weight_w` and `…weight_v`; devmap reads those. Nothing was written"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::pickle::Value;
+
+    #[test]
+    fn a_gated_fc1_saved_whole_from_several_ranks_is_refused() {
+        let args = |tp: i64, swiglu: bool| {
+            vec![
+                ("tensor_model_parallel_size".to_owned(), Value::Int(tp)),
+                ("swiglu".to_owned(), Value::Bool(swiglu)),
+            ]
+        };
+        let whole = ["module.decoder.layers.0.mlp.linear_fc1.weight"];
+        let halves = [
+            "module.decoder.layers.0.mlp.linear_fc1.weight_w",
+            "module.decoder.layers.0.mlp.linear_fc1.weight_v",
+        ];
+        let at = Path::new("ckpt/.metadata");
+        let err =
+            check_gated_halves(Some(&args(2, true)), whole.into_iter(), at).expect_err("refused");
+        let text = err.to_string();
+        assert!(
+            text.contains("linear_fc1.weight") && text.contains("2 tensor-parallel ranks"),
+            "{text}"
+        );
+        // Its halves apart, one rank, an ungated MLP, or no arguments: read.
+        assert!(check_gated_halves(Some(&args(2, true)), halves.into_iter(), at).is_ok());
+        assert!(check_gated_halves(Some(&args(1, true)), whole.into_iter(), at).is_ok());
+        assert!(check_gated_halves(Some(&args(2, false)), whole.into_iter(), at).is_ok());
+        assert!(check_gated_halves(None, whole.into_iter(), at).is_ok());
+    }
+
+    #[test]
+    fn megatron_names_behind_wrappers_are_recognised() {
+        use crate::formats::safetensors::HeaderTensor;
+        use crate::formats::split::Split;
+        use crate::types::DType;
+        use crate::types::shape::Shape;
+        let split_of = |names: &[&str]| {
+            let tensors = names
+                .iter()
+                .map(|n| HeaderTensor {
+                    name: (*n).into(),
+                    dtype: DType::F32,
+                    shape: Shape::new(&[1]),
+                    offset: 0,
+                    len: 4,
+                })
+                .collect();
+            Split {
+                files: vec![(
+                    "f".into(),
+                    crate::formats::safetensors::Header {
+                        data_start: 0,
+                        file_len: 4,
+                        tensors,
+                        metadata: None,
+                    },
+                )],
+                pieced: Vec::new(),
+                left_out: Vec::new(),
+            }
+        };
+        let megatron = |p: &str| {
+            split_of(&[
+                &format!("{p}embedding.word_embeddings.weight"),
+                &format!("{p}decoder.layers.0.self_attention.linear_qkv.weight"),
+            ])
+        };
+        assert_eq!(prefix(&megatron("module.")).as_deref(), Some("module."));
+        assert_eq!(
+            prefix(&megatron("model.module.")).as_deref(),
+            Some("model.module.")
+        );
+        assert_eq!(prefix(&megatron("")).as_deref(), Some(""));
+        // A BART-like transformers model, and a prefix that is not a wrapper's: not.
+        let bart = split_of(&["model.decoder.layers.0.fc1.weight", "model.shared.weight"]);
+        assert_eq!(prefix(&bart), None);
+        assert_eq!(prefix(&megatron("encoder.")), None);
+    }
 }
