@@ -21,6 +21,16 @@ pub struct Split {
     pub left_out: Vec<String>,
 }
 
+impl Split {
+    /// Every tensor's name: those stored whole, file by file, then those in pieces.
+    pub fn names(&self) -> impl Iterator<Item = &str> + Clone {
+        self.files
+            .iter()
+            .flat_map(|(_, header)| header.tensors.iter().map(|t| &*t.name))
+            .chain(self.pieced.iter().map(|t| t.name.as_str()))
+    }
+}
+
 /// A tensor whose blocks ranks saved apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PiecedTensor {

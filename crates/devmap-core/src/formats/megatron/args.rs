@@ -24,20 +24,7 @@ pub fn read_args(dir: &Path) -> Result<Option<Args>, FormatError> {
     if std::fs::symlink_metadata(&path).is_err() {
         return Ok(None);
     }
-    let file = crate::formats::input::open_regular(&path)?;
-    let len = file
-        .metadata()
-        .map_err(|e| FormatError::io(&path, e))?
-        .len();
-    let members = crate::formats::zip::members(&path, &file, len)?;
-    let (_, value) = crate::formats::torch_bin::read_archive(
-        &path,
-        &file,
-        &members,
-        Allow::MegatronCommon,
-        &|kind, m| FormatError::invalid_as(kind, &path, m),
-    )?;
-    let Value::Dict(items) = value else {
+    let Value::Dict(items) = read_pickled(&path, None)? else {
         return Err(FormatError::invalid_as(
             Kind::NotTheFormat,
             &path,
@@ -54,43 +41,54 @@ pub fn read_args(dir: &Path) -> Result<Option<Args>, FormatError> {
 /// `fsdp_dtensor` format, where torch.distributed.checkpoint pickled `args` with
 /// `torch.save` into a `.distcp` file), read as data like [`read_args`]'s.
 pub fn read_args_object(object: &crate::formats::dcp::Object) -> Result<Args, FormatError> {
-    let path = &object.file;
-    let file = crate::formats::input::open_regular(path)?;
-    let len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
-    if object
-        .offset
-        .checked_add(object.length)
-        .is_none_or(|end| end > len)
-    {
-        return Err(FormatError::invalid_as(
-            Kind::Truncated,
-            path,
-            format!(
-                "entry `{}` is stored at bytes {}..{} of a file of {len}",
-                object.fqn,
-                object.offset,
-                object.offset.saturating_add(object.length)
-            ),
-        ));
-    }
-    let members = crate::formats::zip::members_in(path, &file, object.offset, object.length)?;
-    let (_, value) = crate::formats::torch_bin::read_archive(
-        path,
-        &file,
-        &members,
-        Allow::MegatronCommon,
-        &|kind, m| FormatError::invalid_as(kind, path, format!("entry `{}`: {m}", object.fqn)),
-    )?;
+    let entry = (object.fqn.as_str(), object.offset, object.length);
+    let value = read_pickled(&object.file, Some(entry))?;
     namespace_fields(value).ok_or_else(|| {
         FormatError::invalid_as(
             Kind::NotTheFormat,
-            path,
+            &object.file,
             format!(
                 "entry `{}` does not hold an argparse Namespace: not Megatron-LM's training arguments",
                 object.fqn
             ),
         )
     })
+}
+
+/// What the `torch.save` archive `path` holds (`entry`: the one at bytes `offset`,
+/// `length` long, of it, named in errors), read as data knowing only what Megatron's
+/// arguments name.
+fn read_pickled(path: &Path, entry: Option<(&str, u64, u64)>) -> Result<Value, FormatError> {
+    let file = crate::formats::input::open_regular(path)?;
+    let len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    let (offset, length) = match entry {
+        Some((fqn, offset, length)) => {
+            if offset.checked_add(length).is_none_or(|end| end > len) {
+                return Err(FormatError::invalid_as(
+                    Kind::Truncated,
+                    path,
+                    format!(
+                        "entry `{fqn}` is stored at bytes {offset}..{} of a file of {len}",
+                        offset.saturating_add(length)
+                    ),
+                ));
+            }
+            (offset, length)
+        }
+        None => (0, len),
+    };
+    let members = crate::formats::zip::members_in(path, &file, offset, length)?;
+    let (_, value) = crate::formats::torch_bin::read_archive(
+        path,
+        &file,
+        &members,
+        Allow::MegatronCommon,
+        &|kind, m| match entry {
+            Some((fqn, ..)) => FormatError::invalid_as(kind, path, format!("entry `{fqn}`: {m}")),
+            None => FormatError::invalid_as(kind, path, m),
+        },
+    )?;
+    Ok(value)
 }
 
 /// The fields of a pickled `argparse.Namespace`, by name.

@@ -31,11 +31,7 @@ const EMBEDDING: &str = "embedding.word_embeddings.weight";
 /// for anything else, such as a transformers model (whose BART-like
 /// `model.decoder.layers.…` has no such embedding).
 pub fn prefix(split: &crate::formats::split::Split) -> Option<String> {
-    let mut names = split
-        .files
-        .iter()
-        .flat_map(|(_, header)| header.tensors.iter().map(|t| &*t.name))
-        .chain(split.pieced.iter().map(|t| t.name.as_str()));
+    let mut names = split.names();
     let is_wrappers = |p: &str| {
         p.split_terminator('.')
             .all(|part| part == "model" || part == "module")
@@ -60,39 +56,25 @@ pub fn read_fsdp_dtensor(
     config: Option<&serde_json::Value>,
 ) -> Result<Read, FormatError> {
     let dcp::Read { mut split, objects } = read;
-    let args = match objects.iter().find(|o| o.fqn == "args") {
-        Some(object) => Some(super::args::read_args_object(object)?),
-        None => None,
-    };
-    let names = split
-        .files
-        .iter()
-        .flat_map(|(_, header)| header.tensors.iter().map(|t| &*t.name))
-        .chain(split.pieced.iter().map(|t| t.name.as_str()));
-    check_gated_halves(args.as_ref(), names, &dir.join(dcp::METADATA))?;
+    let metadata = dir.join(dcp::METADATA);
+    let args_object = objects.iter().find(|o| o.fqn == "args");
+    let args = args_object.map(super::args::read_args_object).transpose()?;
+    check_gated_halves(args.as_ref(), split.names(), &metadata)?;
     // What is not under the prefix (the flat form's optimizer state, for one) is not
     // the model's: left out, counted by its first key.
     let mut others = std::collections::BTreeMap::<String, usize>::new();
-    let mut count = |name: &str| {
-        let top = name.split('.').next().unwrap_or(name).to_owned();
-        *others.entry(top).or_default() += 1;
+    let mut keep = |name: &str| {
+        let under = name.starts_with(&prefix);
+        if !under {
+            let top = name.split('.').next().unwrap_or(name).to_owned();
+            *others.entry(top).or_default() += 1;
+        }
+        under
     };
     for (_, header) in &mut split.files {
-        header.tensors.retain(|t| {
-            let keep = t.name.starts_with(&prefix);
-            if !keep {
-                count(&t.name);
-            }
-            keep
-        });
+        header.tensors.retain(|t| keep(&t.name));
     }
-    split.pieced.retain(|t| {
-        let keep = t.name.starts_with(&prefix);
-        if !keep {
-            count(&t.name);
-        }
-        keep
-    });
+    split.pieced.retain(|t| keep(&t.name));
     // `args` is read, not left out.
     split.left_out.retain(|line| line != "`args`");
     split.left_out.extend(
@@ -100,10 +82,7 @@ pub fn read_fsdp_dtensor(
             .into_iter()
             .map(|(key, n)| format!("`{key}` ({})", crate::text::count(n, "tensor", "tensors"))),
     );
-    let args_file = match objects.iter().find(|o| o.fqn == "args") {
-        Some(object) => object.file.clone(),
-        None => dir.join(dcp::METADATA),
-    };
+    let args_file = args_object.map_or(metadata, |object| object.file.clone());
     convert(
         dir,
         split,

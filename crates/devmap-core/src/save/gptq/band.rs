@@ -153,7 +153,7 @@ impl Band {
 
     /// Output rows `cols` (of the read band starting at `first`) of every input column,
     /// handed to `emit` (the first row's index, and the rows) a few rows at a time
-    /// (AWQ's 4-bit weights in order) or all at once.
+    /// (AWQ's 4-bit weights in order, GPTQ's 4-bit weights) or all at once.
     pub(super) fn dequantize(
         &mut self,
         layout: TransposedIntLayout,
@@ -221,36 +221,40 @@ impl Band {
             n,
             table: &self.table,
         };
-        // Made and handed on a few rows at a time, so the write copies from the cache
-        // what was just made, and two threads' writes to one file do not queue on its
-        // lock for whole sub-bands.
+        // AWQ's 4-bit weights in order, transposed whole first, and GPTQ's at 4 bits are
+        // made and handed on a few rows at a time (GPTQ's whole dealt blocks), so the
+        // write copies from the cache what was just made, and two threads' writes to
+        // one file do not queue on its lock for whole sub-bands.
         let rows_a_block = (super::OUTPUT_BYTES as usize / (inputs * size)).max(1);
-        if band.awq_in_order() {
-            // Transposed whole first.
-            let stride = band.awq_transpose(&mut self.columns);
-            for block in (0..n).step_by(rows_a_block) {
-                let count = rows_a_block.min(n - block);
+        let awq_stride = band
+            .awq_in_order()
+            .then(|| band.awq_transpose(&mut self.columns));
+        if awq_stride.is_some() || gptq_dealt(layout) {
+            let step = match awq_stride {
+                Some(_) => rows_a_block,
+                None => rows_a_block.next_multiple_of(DEALT),
+            };
+            for block in (0..n).step_by(step) {
+                let count = step.min(n - block);
                 self.output.resize(count * inputs * size, 0);
-                let columns = (&self.columns[block * stride..], stride);
-                if size == 2 {
-                    band.expand::<2>(columns, (block, count), &mut self.output);
-                } else {
-                    band.expand::<4>(columns, (block, count), &mut self.output);
-                }
-                emit(cols.start + block as u64, &mut self.output)?;
-            }
-            return Ok(());
-        }
-        if band.gptq_4bit() {
-            // Whole dealt blocks.
-            let rows_a_block = rows_a_block.next_multiple_of(DEALT);
-            for block in (0..n).step_by(rows_a_block) {
-                let count = rows_a_block.min(n - block);
-                self.output.resize(count * inputs * size, 0);
-                if size == 2 {
-                    band.gptq_rows::<2>(&mut self.columns, (block, count), &mut self.output);
-                } else {
-                    band.gptq_rows::<4>(&mut self.columns, (block, count), &mut self.output);
+                let rows = (block, count);
+                match (awq_stride, size) {
+                    (Some(stride), 2) => {
+                        band.expand::<2>(
+                            (&self.columns[block * stride..], stride),
+                            rows,
+                            &mut self.output,
+                        );
+                    }
+                    (Some(stride), _) => {
+                        band.expand::<4>(
+                            (&self.columns[block * stride..], stride),
+                            rows,
+                            &mut self.output,
+                        );
+                    }
+                    (None, 2) => band.gptq_rows::<2>(&mut self.columns, rows, &mut self.output),
+                    (None, _) => band.gptq_rows::<4>(&mut self.columns, rows, &mut self.output),
                 }
                 emit(cols.start + block as u64, &mut self.output)?;
             }
@@ -258,9 +262,9 @@ impl Band {
         }
         self.output.resize(n * inputs * size, 0);
         if size == 2 {
-            band.decode::<2>(&mut self.columns, &mut self.output);
+            band.decode::<2>(&mut self.output);
         } else {
-            band.decode::<4>(&mut self.columns, &mut self.output);
+            band.decode::<4>(&mut self.output);
         }
         emit(cols.start, &mut self.output)
     }
@@ -358,12 +362,6 @@ impl Decode<'_> {
         );
     }
 
-    /// Whether the sub-band is GPTQ's at 4 bits, which [`Decode::gptq_rows`] makes a
-    /// few rows at a time.
-    fn gptq_4bit(&self) -> bool {
-        gptq_dealt(self.layout)
-    }
-
     /// GPTQ at 4 bits: output rows `first..first + count` of the sub-band into `output`
     /// (`count` rows). Each output row's words are gathered into a run of bytes (GPTQ's
     /// nibbles lie in input order, the low nibble first), then expanded: with the
@@ -421,8 +419,9 @@ impl Decode<'_> {
     }
 
     /// Every value of the sub-band written into `output` (`[n, inputs]` elements of
-    /// `SIZE` bytes), looked up in the table.
-    fn decode<const SIZE: usize>(&self, columns: &mut Vec<u8>, output: &mut [u8]) {
+    /// `SIZE` bytes), looked up in the table, value by value: GPTQ's at 8 bits, AWQ's
+    /// out of order or in partial 8×8 blocks (the others are made a few rows at a time).
+    fn decode<const SIZE: usize>(&self, output: &mut [u8]) {
         let Decode {
             layout,
             groups,
@@ -445,9 +444,6 @@ impl Decode<'_> {
         };
         let word_at = |at: usize| u32::from_le_bytes(packed[at]);
         match layout.packing {
-            Packing::Gptq { .. } if self.gptq_4bit() => {
-                self.gptq_rows::<SIZE>(columns, (0, n), output);
-            }
             Packing::Gptq { .. } => {
                 // Output row by output row, along it: a word a packed row, p inputs a
                 // word (of one group when the groups run in order).

@@ -48,7 +48,7 @@ const AWQ_READ_BYTES: u64 = if cfg!(test) { 1 << 11 } else { 14 << 20 };
 /// out to the sub-band.
 const AWQ_MIN_ROWS: u64 = if cfg!(test) { 8 } else { 128 };
 
-/// AWQ's and in-order 4-bit GPTQ's output is made and written this many bytes at a
+/// AWQ's (in order) and 4-bit GPTQ's output is made and written this many bytes at a
 /// time at most (a few output rows; GPTQ's a multiple of 16), so the write copies from
 /// the cache what was just made.
 const OUTPUT_BYTES: u64 = if cfg!(test) { 1 << 9 } else { 512 << 10 };
