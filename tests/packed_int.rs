@@ -143,18 +143,95 @@ fn read(out: &Path) -> safetensors::SafeTensors<'static> {
 
 #[test]
 fn packed_integers_are_written_as_the_weight_they_dequantize_to() {
-    check_values(ROWS, COLS);
+    check_values(ROWS, COLS, None);
 }
 
 /// A weight of several bands (32 rows of 65,536 columns a band: the zero points' words
 /// of each band start where the last one's ended), and a last band cut short.
 #[test]
 fn a_weight_of_several_bands_dequantizes_the_same() {
-    check_values(70, 1 << 16);
+    check_values(70, 1 << 16, None);
 }
 
-fn check_values(rows: u64, cols: u64) {
-    let case = packed_case_of((rows, cols), int4_groups(), |_| {});
+/// Activation order (`actorder: group`): column `c` takes the scale and zero point of
+/// group `g_idx[c]`, as compressed-tensors 0.18 computes it (it sorts the columns by
+/// group and cuts them into runs of the group size: the same where each group has that
+/// many columns). Here the columns are dealt to the groups by a stride through them, so
+/// every group's columns are scattered across the row.
+#[test]
+fn activation_order_columns_take_their_g_idx_group() {
+    let cols = 4 * GROUP;
+    let mut g_idx = vec![0u64; cols as usize];
+    for i in 0..cols {
+        g_idx[((i * 37) % cols) as usize] = i / GROUP;
+    }
+    assert!(
+        g_idx
+            .iter()
+            .enumerate()
+            .any(|(c, &g)| g != c as u64 / GROUP),
+        "the grouping differs from column order"
+    );
+    check_values(ROWS, cols, Some(g_idx.clone()));
+    let case = packed_case_of((ROWS, cols), act_order_groups(), |t| {
+        t.push(g_idx_tensor(
+            &g_idx.iter().map(|&g| g as i64).collect::<Vec<_>>(),
+        ));
+    });
+    let o = common::devmap(&["inspect", common::arg(&case.src), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_str(&common::stdout(&o)).expect("json");
+    let packed = report["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .find(|t| t["name"] == format!("{MODULE}.weight_packed").as_str())
+        .cloned()
+        .expect("listed");
+    assert_eq!(
+        packed["quantized"]["format"],
+        "int4 packed (compressed-tensors), groups of 32 in activation order (g_idx), with zero points"
+    );
+    // Over several bands too (each band's tables made per row).
+    let cols = 1 << 15;
+    let g_idx: Vec<u64> = (0..cols).map(|c| c % (cols / GROUP)).collect();
+    check_values(70, cols, Some(g_idx));
+}
+
+/// A tensor `M.weight_g_idx` of `groups` (I32 `[cols]`).
+fn g_idx_tensor(groups: &[i64]) -> FixtureTensor {
+    FixtureTensor {
+        name: format!("{MODULE}.weight_g_idx"),
+        dtype: DType::I32,
+        shape: vec![groups.len() as u64],
+        data: groups
+            .iter()
+            .flat_map(|&g| (g as i32).to_le_bytes())
+            .collect(),
+    }
+}
+
+fn act_order_groups() -> serde_json::Value {
+    let mut scheme = int4_groups();
+    scheme["actorder"] = "group".into();
+    scheme
+}
+
+/// Columns `c` in group `of(c)` where `g_idx` gives them (activation order).
+fn check_values(rows: u64, cols: u64, g_idx: Option<Vec<u64>>) {
+    let scheme = if g_idx.is_some() {
+        act_order_groups()
+    } else {
+        int4_groups()
+    };
+    let group_of = |c: u64| g_idx.as_ref().map_or(c / GROUP, |of| of[c as usize]);
+    let case = packed_case_of((rows, cols), scheme, |t| {
+        if let Some(of) = &g_idx {
+            t.push(g_idx_tensor(
+                &of.iter().map(|&g| g as i64).collect::<Vec<_>>(),
+            ));
+        }
+    });
     for (dtype, name) in [
         (safetensors::Dtype::BF16, "bfloat16"),
         (safetensors::Dtype::F32, "float32"),
@@ -177,7 +254,7 @@ fn check_values(rows: u64, cols: u64) {
         );
         for r in 0..rows {
             for c in 0..cols {
-                let g = c / GROUP;
+                let g = group_of(c);
                 // In bfloat16, the scale's dtype, then widened.
                 let want = half::bf16::from_f32((q(r, c, 4) - z(r, g, 4)) as f32 * scale(r, g));
                 let i = (r * cols + c) as usize;
@@ -294,19 +371,7 @@ fn hostile_packed_integers_are_refused_by_name_with_nothing_written() {
             "is quantized asymmetrically, but there is no `{MODULE}.weight_zero_point` beside it"
         ),
     );
-    // Activation-order groups (g_idx), an unknown strategy, mixed schemes, an unknown
-    // format inside compressed-tensors.
-    refused(
-        &packed_case(int4_groups(), |t| {
-            t.push(FixtureTensor::patterned(
-                &format!("{MODULE}.weight_g_idx"),
-                DType::I32,
-                &[COLS],
-                2,
-            ));
-        }),
-        "is an activation-order group index",
-    );
+    // An unknown strategy, mixed schemes, an unknown format inside compressed-tensors.
     let mut scheme = int4_groups();
     scheme["strategy"] = "block".into();
     refused(
@@ -337,6 +402,91 @@ fn hostile_packed_integers_are_refused_by_name_with_nothing_written() {
     refused(
         &case,
         "compressed-tensors in the `marlin-24` format, which devmap does not dequantize",
+    );
+}
+
+/// Activation-order group indices that compressed-tensors would read otherwise, or not
+/// at all, are refused by name with nothing written.
+#[test]
+fn hostile_activation_order_groups_are_refused_by_name() {
+    let groups = COLS / GROUP;
+    let interleaved: Vec<i64> = (0..COLS as i64).map(|c| c % groups as i64).collect();
+    // A g_idx the config does not ask for (compressed-tensors would leave it unread).
+    refused(
+        &packed_case(int4_groups(), |t| t.push(g_idx_tensor(&interleaved))),
+        &format!(
+            "`{MODULE}.weight_g_idx` is an activation-order group index of `{MODULE}.weight_packed`, but the config's scheme has no `actorder: group`"
+        ),
+    );
+    // Activation order without the g_idx.
+    refused(
+        &packed_case(act_order_groups(), |_| {}),
+        &format!("there is no `{MODULE}.weight_g_idx` beside it"),
+    );
+    // A g_idx of the wrong length or dtype.
+    refused(
+        &packed_case(act_order_groups(), |t| {
+            t.push(g_idx_tensor(&interleaved[..COLS as usize - 1]));
+        }),
+        "but its 64 columns need I32 [64]",
+    );
+    // A group out of range (found while streaming, the save discarded).
+    let mut out_of_range = interleaved.clone();
+    out_of_range[5] = groups as i64;
+    refused(
+        &packed_case(act_order_groups(), |t| t.push(g_idx_tensor(&out_of_range))),
+        &format!(
+            "the g_idx of `{MODULE}.weight_packed` gives column 5 group 2, outside the 2 stored"
+        ),
+    );
+    // Groups of unequal size: compressed-tensors' readings would differ.
+    let mut uneven = interleaved.clone();
+    uneven[1] = 0;
+    refused(
+        &packed_case(act_order_groups(), |t| t.push(g_idx_tensor(&uneven))),
+        "puts 33 columns in group 0, not the group size 32",
+    );
+    // "Not set" (−1) mixed with groups.
+    let mut mixed = interleaved.clone();
+    mixed[3] = -1;
+    refused(
+        &packed_case(act_order_groups(), |t| t.push(g_idx_tensor(&mixed))),
+        "gives column 3 group -1",
+    );
+    // Activation order with a strategy compressed-tensors does not order by group.
+    let mut scheme = act_order_groups();
+    scheme["strategy"] = "channel".into();
+    refused(
+        &packed_case(scheme, |t| t.push(g_idx_tensor(&interleaved))),
+        "(`actorder: group`) but the `channel` strategy",
+    );
+}
+
+/// compressed-tensors' "not set" g_idx (all −1) is column order, as its `dequantize`
+/// reads it: the same weight as without one.
+#[test]
+fn an_unset_g_idx_is_column_order() {
+    let plain = packed_case(int4_groups(), |_| {});
+    let unset = packed_case(act_order_groups(), |t| {
+        t.push(g_idx_tensor(&vec![-1; COLS as usize]));
+    });
+    for case in [&plain, &unset] {
+        let o = common::save(&case.src, &case.out, &["--dtype", "bfloat16"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let weight = |case: &Case| {
+        read(&case.out)
+            .tensor(&format!("{MODULE}.weight"))
+            .expect("weight")
+            .data()
+            .to_vec()
+    };
+    assert_eq!(weight(&unset), weight(&plain));
+    assert!(
+        read(&unset.out)
+            .names()
+            .iter()
+            .all(|n| !n.ends_with("g_idx"))
     );
 }
 

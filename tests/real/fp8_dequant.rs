@@ -87,6 +87,32 @@ fn compressed_tensors_packed_integers_dequantize_bit_exact_with_transformers() {
     );
 }
 
+/// compressed-tensors `pack-quantized` in activation order (`actorder: group`,
+/// `weight_g_idx`; tests/python/packed_int_actorder.py), against compressed-tensors
+/// 0.18.0's own `decompress` (the last release that reads it; `.ci/run` installs it
+/// apart): 4 and 8 bits, groups of 32/64/128, symmetric and asymmetric, three scale
+/// dtypes, each to bfloat16, float16 and float32, bit-identical, logits equal, verify
+/// clean; a LoRA adapter merges bit-identically with peft.
+#[test]
+#[ignore = "needs torch, transformers, peft, compressed-tensors 0.18.0: run .ci/run"]
+fn compressed_tensors_activation_order_dequantizes_bit_exact_with_compressed_tensors() {
+    let (ok, out, err) = crate::common::run_hf_script("packed_int_actorder.py");
+    assert!(
+        ok,
+        "activation-order pack-quantized check failed:\n{out}\n{err}"
+    );
+    assert_eq!(out.matches("ok: pack-quantized ").count(), 12, "{out}");
+    assert_eq!(
+        out.matches("logits equal, verify clean").count(),
+        4,
+        "{out}"
+    );
+    assert!(
+        out.contains("ok: LoRA merged into 6 dequantized activation-order INT4 weights"),
+        "{out}"
+    );
+}
+
 /// GPTQ and AWQ (tests/python/gptq_awq.py): AWQ GEMM 4-bit against AutoAWQ's own
 /// `dequantize_gemm`, GPTQ 4 and 8-bit, v1 (zero points stored minus one, carries) and
 /// v2, with and without activation order, against GPTQModel's `dequantize_weight`

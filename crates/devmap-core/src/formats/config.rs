@@ -116,7 +116,12 @@ fn int_weights(q: &serde_json::Map<String, Value>) -> Vec<IntWeights> {
                 .to_owned(),
             group_size: w.get("group_size").and_then(Value::as_u64),
             symmetric: w.get("symmetric").and_then(Value::as_bool).unwrap_or(true),
-            actorder: w.get("actorder").and_then(Value::as_str).map(str::to_owned),
+            // Older configs say `actorder: true` for what is now `group`.
+            actorder: match w.get("actorder") {
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(Value::Bool(true)) => Some("group".to_owned()),
+                _ => None,
+            },
         };
         if !schemes.contains(&scheme) {
             schemes.push(scheme);

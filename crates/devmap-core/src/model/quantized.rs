@@ -227,7 +227,9 @@ fn packed_int_part(
         ("group", Some(g), &[_, groups]) => groups * g,
         _ => words * 32 / bits,
     };
+    let act_order = ckpt.tensor(&format!("{module}.weight_g_idx")).is_some();
     let grouping = match (scheme.strategy.as_str(), scheme.group_size) {
+        ("group", Some(g)) if act_order => format!("groups of {g} in activation order (g_idx)"),
         ("group", Some(g)) => format!("groups of {g}"),
         ("channel", _) => "a scale per row".to_owned(),
         (other, _) => format!("a scale per {other}"),

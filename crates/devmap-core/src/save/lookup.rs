@@ -175,6 +175,32 @@ pub(crate) fn round_and_convert(
     }
 }
 
+/// Rows of 4-bit values (two a byte, the low nibble first) where each input has a group
+/// of its own (`of[i]` of `groups`: GPTQ's or compressed-tensors' `g_idx` out of order,
+/// act order): row `first + k`'s value at input `i` is
+/// entry `tables[(first + k) · groups + of[i]][nibble]`, the nibbles in input order (the
+/// low one first in each byte), into `output` (row `first + k` at `k · inputs` values).
+pub(crate) fn expand_by_input<const SIZE: usize>(
+    (columns, stride): (&[u8], usize),
+    (first, count): (usize, usize),
+    (of, groups): (&[u32], usize),
+    tables: &[[[u8; SIZE]; 16]],
+    output: &mut [u8],
+) {
+    let inputs = of.len();
+    for k in 0..count {
+        let row = &columns[k * stride..k * stride + inputs / 2];
+        let own = &tables[(first + k) * groups..(first + k + 1) * groups];
+        let out = &mut output[k * inputs * SIZE..(k + 1) * inputs * SIZE];
+        let pairs = row.iter().zip(of.as_chunks::<2>().0);
+        for ((&byte, &[low, high]), dst) in pairs.zip(out.chunks_exact_mut(2 * SIZE)) {
+            let (a, b) = dst.split_at_mut(SIZE);
+            a.copy_from_slice(&own[low as usize][usize::from(byte & 15)]);
+            b.copy_from_slice(&own[high as usize][usize::from(byte >> 4)]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

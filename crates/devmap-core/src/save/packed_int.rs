@@ -10,6 +10,12 @@
 //! - `M.weight_zero_point` (asymmetric only) holds one zero point per scale, packed the
 //!   same way but down the rows (I32 `[⌈rows·bits/32⌉, groups]`).
 //!
+//! - `M.weight_g_idx` (activation order, `actorder: group`; I32 `[cols]`), when stored,
+//!   names each column's group: the scales of group `g_idx[c]` apply to column `c`, as
+//!   compressed-tensors 0.18's `dequantize` computes it (it sorts the columns by
+//!   `g_idx`, cuts them into groups of `group` and puts them back). The two readings agree
+//!   only when each group holds exactly `group` columns; another `g_idx` is refused.
+//!
 //! `w = (q − z) · s`, the subtraction and the multiply in the scale's dtype (torch's
 //! `x_q.to(scale.dtype)`: one rounding of the exact product), then converted to the
 //! dtype the model is loaded in. Rows stream a band at a time (a multiple of 32 rows, so
@@ -19,7 +25,7 @@ use std::fs::File;
 use std::io;
 
 use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
-use super::lookup::{expand_nibbles, fill_table, round_and_convert};
+use super::lookup::{expand_by_input, expand_nibbles, fill_table, round_and_convert};
 use crate::types::DType;
 use crate::types::range::ByteRange;
 
@@ -60,6 +66,14 @@ impl PackedIntLayout {
         }
     }
 
+    /// Columns a scale covers (all of a row's for one scale per row or per tensor).
+    fn group_width(&self) -> usize {
+        match self.group {
+            0 => self.cols as usize,
+            g => g as usize,
+        }
+    }
+
     /// Scales stored.
     pub fn scale_count(&self) -> u64 {
         if self.group == 0 {
@@ -96,6 +110,8 @@ pub struct PackedInt<'a> {
     pub packed: (&'a File, ByteRange),
     pub scales: (&'a File, ByteRange),
     pub zeros: Option<(&'a File, ByteRange)>,
+    /// `M.weight_g_idx`: each column's group (activation order), I32 `[cols]`.
+    pub g_idx: Option<(&'a File, ByteRange)>,
     pub layout: PackedIntLayout,
     /// LoRA merges into the dequantized weight, applied in `to` to each band as peft
     /// merges into the model transformers loads dequantized.
@@ -180,7 +196,60 @@ fn check_sizes(input: &PackedInt<'_>) -> Result<(), CopyError> {
             layout.groups()
         )));
     }
+    if let Some((_, g)) = input.g_idx
+        && g.len != layout.cols * 4
+    {
+        return Err(invalid(format!(
+            "the g_idx of `{name}` holds {} bytes, but {} columns need {} (I32 each)",
+            g.len,
+            layout.cols,
+            layout.cols * 4
+        )));
+    }
     Ok(())
+}
+
+/// Each column's group from `input.g_idx`, checked; `None` where the columns run in
+/// order (no `g_idx`, one that is `c / group` throughout, or compressed-tensors' "not
+/// set", all −1).
+fn column_groups(input: &PackedInt<'_>) -> Result<Option<Vec<u32>>, CopyError> {
+    let Some((file, range)) = input.g_idx else {
+        return Ok(None);
+    };
+    let layout = input.layout;
+    let name = input.name;
+    let mut bytes = vec![0u8; range.len as usize];
+    read_exact_at(file, &mut bytes, range.offset)?;
+    let stored: Vec<i32> = bytes
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    if stored.iter().all(|&g| g == -1) {
+        return Ok(None);
+    }
+    let groups = layout.groups();
+    let mut count = vec![0u64; groups as usize];
+    for (c, &g) in stored.iter().enumerate() {
+        if g < 0 || g as u64 >= groups {
+            return Err(invalid(format!(
+                "the g_idx of `{name}` gives column {c} group {g}, outside the {groups} stored"
+            )));
+        }
+        count[g as usize] += 1;
+    }
+    // compressed-tensors cuts the columns, sorted by group, into runs of `group`: that
+    // is group `g_idx[c]` only when every group has `group` columns.
+    if let Some((g, n)) = count.iter().enumerate().find(|(_, n)| **n != layout.group) {
+        return Err(invalid(format!(
+            "the g_idx of `{name}` puts {n} columns in group {g}, not the group size {}: compressed-tensors would take such columns into their neighbours' groups, and devmap does not guess which",
+            layout.group
+        )));
+    }
+    let in_order = stored
+        .iter()
+        .enumerate()
+        .all(|(c, &g)| g as u64 == c as u64 / layout.group);
+    Ok((!in_order).then(|| stored.into_iter().map(|g| g as u32).collect()))
 }
 
 /// Rows per band: a multiple of 32 (a band's zero points are whole words).
@@ -211,7 +280,8 @@ pub fn stream(
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
     check_sizes(input)?;
-    stream_rows(input, 0..input.layout.rows, to, cancel, sink)
+    let of = column_groups(input)?;
+    stream_rows(input, of.as_deref(), 0..input.layout.rows, to, cancel, sink)
 }
 
 /// [`stream`] with the bands split among `threads` threads, each writing its rows'
@@ -225,6 +295,7 @@ pub fn write_in_parallel(
     cancel: &(dyn Stop + Sync),
 ) -> Result<u64, CopyError> {
     check_sizes(input)?;
+    let of = column_groups(input)?;
     let layout = input.layout;
     let unit = 32;
     let units = layout.rows.div_ceil(unit);
@@ -235,15 +306,17 @@ pub fn write_in_parallel(
         (dst, dst_offset),
         &|range, sink| {
             let rows = range.start * unit..(range.end * unit).min(layout.rows);
-            stream_rows(input, rows, to, cancel, sink)
+            stream_rows(input, of.as_deref(), rows, to, cancel, sink)
         },
     )?;
     Ok(layout.elements() * to.size())
 }
 
-/// [`stream`] of rows `rows` only (`rows.start` a multiple of 32).
+/// [`stream`] of rows `rows` only (`rows.start` a multiple of 32), each column in
+/// group `of[c]` where `of` is given (activation order).
 fn stream_rows(
     input: &PackedInt<'_>,
+    of: Option<&[u32]>,
     rows: std::ops::Range<u64>,
     to: DType,
     cancel: &dyn Stop,
@@ -258,7 +331,7 @@ fn stream_rows(
         }
         let r1 = (r0 + step).min(rows.end);
         band.read(input, r0..r1)?;
-        band.dequantize(input.layout, r1 - r0, to);
+        band.dequantize(input.layout, of, r1 - r0, to);
         if let Some(merge) = input.merge {
             merge.merge(r0 as usize, to, &mut band.output)?;
         }
@@ -318,20 +391,23 @@ impl Band {
         Ok(())
     }
 
-    /// The band's `n` rows dequantized into `output`, in `to`.
-    fn dequantize(&mut self, layout: PackedIntLayout, n: u64, to: DType) {
-        let (n, cols) = (n as usize, layout.cols as usize);
-        let group = if layout.group == 0 {
-            cols
-        } else {
-            layout.group as usize
-        };
+    /// The band's `n` rows dequantized into `output`, in `to`; column `c` in group
+    /// `of[c]` where `of` is given (activation order), else in group `c / group`.
+    fn dequantize(&mut self, layout: PackedIntLayout, of: Option<&[u32]>, n: u64, to: DType) {
+        let n = n as usize;
         // Where a group holds many more values than a value has patterns (4 bits in
         // groups of 32 or more), each pattern's output is made once and looked up.
-        if (1usize << layout.bits) * 2 <= group {
-            self.dequantize_by_table(layout, n, to);
+        if (1usize << layout.bits) * 2 <= layout.group_width() {
+            let mut output = std::mem::take(&mut self.output);
+            output.resize(n * layout.cols as usize * to.size() as usize, 0);
+            if to.size() == 2 {
+                self.decode_by_table::<2>(layout, of, n, to, &mut output);
+            } else {
+                self.decode_by_table::<4>(layout, of, n, to, &mut output);
+            }
+            self.output = output;
         } else {
-            self.dequantize_each(layout, n, to);
+            self.dequantize_each(layout, of, n, to);
         }
     }
 
@@ -356,26 +432,29 @@ impl Band {
     /// the product of values of at most 11 significant bits each fits f32's 24), then
     /// rounded once to the scale's dtype — as torch's multiply in that dtype rounds it —
     /// and converted to `to` as `.to(dtype)` does.
-    fn dequantize_each(&mut self, layout: PackedIntLayout, n: usize, to: DType) {
+    fn dequantize_each(
+        &mut self,
+        layout: PackedIntLayout,
+        of: Option<&[u32]>,
+        n: usize,
+        to: DType,
+    ) {
         let cols = layout.cols as usize;
         let groups = layout.groups() as usize;
-        let group = if layout.group == 0 {
-            cols
-        } else {
-            layout.group as usize
-        };
+        let group = layout.group_width();
         let packed_row = layout.packed_cols() as usize * 4;
         let mut floats = std::mem::take(&mut self.floats);
         floats.resize(n * cols * 4, 0);
+        let mut params = Vec::with_capacity(groups);
         for i in 0..n {
             let row = &self.packed[i * packed_row..(i + 1) * packed_row];
             let out = &mut floats[i * cols * 4..(i + 1) * cols * 4];
-            for g in 0..groups {
-                let (s, z) = self.scale_and_zero(layout, i, g);
-                for c in g * group..((g + 1) * group).min(cols) {
-                    let q = stored_value(row, c, layout.bits) as i32 - layout.offset();
-                    out[c * 4..c * 4 + 4].copy_from_slice(&((q - z) as f32 * s).to_le_bytes());
-                }
+            params.clear();
+            params.extend((0..groups).map(|g| self.scale_and_zero(layout, i, g)));
+            for (c, o) in out.chunks_exact_mut(4).enumerate() {
+                let (s, z) = params[of.map_or(c / group, |of| of[c] as usize)];
+                let q = stored_value(row, c, layout.bits) as i32 - layout.offset();
+                o.copy_from_slice(&((q - z) as f32 * s).to_le_bytes());
             }
         }
         self.floats = floats;
@@ -390,66 +469,83 @@ impl Band {
         );
     }
 
-    /// [`Band::dequantize_each`]'s values, each stored pattern's computed once a group.
-    fn dequantize_by_table(&mut self, layout: PackedIntLayout, n: usize, to: DType) {
-        let mut output = std::mem::take(&mut self.output);
-        output.resize(n * layout.cols as usize * to.size() as usize, 0);
-        if to.size() == 2 {
-            self.decode_by_table::<2>(layout, n, to, &mut output);
-        } else {
-            self.decode_by_table::<4>(layout, n, to, &mut output);
-        }
-        self.output = output;
-    }
-
-    /// [`Band::dequantize_by_table`] into `output`, of elements of `SIZE` bytes (the
-    /// sizes are constants, so each store is one move, not a call).
+    /// [`Band::dequantize_each`]'s values, each stored pattern's computed once a group
+    /// and looked up, into `output`, of elements of `SIZE` bytes (the sizes are
+    /// constants, so each store is one move, not a call).
     fn decode_by_table<const SIZE: usize>(
         &self,
         layout: PackedIntLayout,
+        of: Option<&[u32]>,
         n: usize,
         to: DType,
         output: &mut [u8],
     ) {
         let cols = layout.cols as usize;
         let groups = layout.groups() as usize;
-        let group = if layout.group == 0 {
-            cols
-        } else {
-            layout.group as usize
-        };
+        let group = layout.group_width();
         let packed_row = layout.packed_cols() as usize * 4;
         let entries = 1usize << layout.bits;
-        let mut table = [[0u8; SIZE]; 256];
+        // Each group's table of the row: `entries` outputs, one per stored pattern.
+        let mut tables = vec![[0u8; SIZE]; groups * entries];
         for i in 0..n {
             let row = &self.packed[i * packed_row..(i + 1) * packed_row];
             let out = &mut output[i * cols * SIZE..(i + 1) * cols * SIZE];
-            for g in 0..groups {
+            for (g, table) in tables.chunks_exact_mut(entries).enumerate() {
                 let (s, z) = self.scale_and_zero(layout, i, g);
-                fill_table(
-                    &mut table[..entries],
-                    -layout.offset() - z,
-                    s,
-                    (layout.scale_dtype, to),
+                fill_table(table, -layout.offset() - z, s, (layout.scale_dtype, to));
+            }
+            let Some(of) = of else {
+                for (g, table) in tables.chunks_exact(entries).enumerate() {
+                    let span = g * group..((g + 1) * group).min(cols);
+                    decode_span(
+                        row,
+                        span.clone(),
+                        layout.bits,
+                        table,
+                        &mut out[span.start * SIZE..span.end * SIZE],
+                    );
+                }
+                continue;
+            };
+            if layout.bits == 4 && cols.is_multiple_of(2) {
+                // Two values a byte, the low nibble first, each by its own group.
+                expand_by_input::<SIZE>(
+                    (row, 0),
+                    (0, 1),
+                    (of, groups),
+                    tables.as_chunks::<16>().0,
+                    out,
                 );
-                let span = g * group..((g + 1) * group).min(cols);
-                let dst = &mut out[span.start * SIZE..span.end * SIZE];
-                if layout.bits == 4 && span.start % 2 == 0 && span.len() % 2 == 0 {
-                    // Two values a byte, the low nibble first.
-                    let nibbles: &[[u8; SIZE]; 16] =
-                        table[..16].try_into().unwrap_or(&[[0; SIZE]; 16]);
-                    expand_nibbles(&row[span.start / 2..span.end / 2], nibbles, dst);
-                } else if layout.bits == 8 {
-                    for (b, o) in row[span.clone()].iter().zip(dst.chunks_exact_mut(SIZE)) {
-                        o.copy_from_slice(&table[usize::from(*b)]);
-                    }
-                } else {
-                    for (c, o) in span.zip(dst.chunks_exact_mut(SIZE)) {
-                        let v = stored_value(row, c, layout.bits) as usize;
-                        o.copy_from_slice(&table[v & 0xFF]);
-                    }
+            } else {
+                for (c, o) in out.chunks_exact_mut(SIZE).enumerate() {
+                    let v = stored_value(row, c, layout.bits) as usize;
+                    o.copy_from_slice(&tables[of[c] as usize * entries + (v & (entries - 1))]);
                 }
             }
+        }
+    }
+}
+
+/// Values `span` of a packed row, all of one group, each looked up in its `table`.
+fn decode_span<const SIZE: usize>(
+    row: &[u8],
+    span: std::ops::Range<usize>,
+    bits: u8,
+    table: &[[u8; SIZE]],
+    dst: &mut [u8],
+) {
+    if bits == 4 && span.start.is_multiple_of(2) && span.len().is_multiple_of(2) {
+        // Two values a byte, the low nibble first.
+        let nibbles: &[[u8; SIZE]; 16] = table.try_into().unwrap_or(&[[0; SIZE]; 16]);
+        expand_nibbles(&row[span.start / 2..span.end / 2], nibbles, dst);
+    } else if bits == 8 {
+        for (b, o) in row[span].iter().zip(dst.chunks_exact_mut(SIZE)) {
+            o.copy_from_slice(&table[usize::from(*b)]);
+        }
+    } else {
+        for (c, o) in span.zip(dst.chunks_exact_mut(SIZE)) {
+            let v = stored_value(row, c, bits) as usize;
+            o.copy_from_slice(&table[v & (table.len() - 1)]);
         }
     }
 }

@@ -219,6 +219,7 @@ pub fn run(
                     Quant::PackedInt {
                         scales,
                         zeros,
+                        g_idx,
                         layout,
                     },
                 to,
@@ -227,12 +228,14 @@ pub fn run(
         ) => {
             let scales_file = open(ckpt, scales.file)?;
             let zeros_file = zeros.map(|z| open(ckpt, z.file)).transpose()?;
+            let g_idx_file = g_idx.map(|g| open(ckpt, g.file)).transpose()?;
             let merger = row_merger(inputs, (layout.rows, layout.cols), merge)?;
             let packed = super::packed_int::PackedInt {
                 name: &ckpt.tensors()[inputs.tensor].name,
                 packed: (src, range),
                 scales: (&scales_file, scales),
                 zeros: zeros_file.as_ref().zip(zeros),
+                g_idx: g_idx_file.as_ref().zip(g_idx),
                 layout,
                 merge: merger.as_ref(),
             };

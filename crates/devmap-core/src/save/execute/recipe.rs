@@ -80,11 +80,13 @@ pub enum Quant {
         layout: Mxfp4Layout,
     },
     /// compressed-tensors `pack-quantized` integers (`M.weight_packed` read; its
-    /// `weight_scale` and, when asymmetric, `weight_zero_point` here; see
-    /// `save::packed_int`), written as `M.weight` of [`PackedIntLayout::shape`].
+    /// `weight_scale`, when asymmetric its `weight_zero_point`, and with activation
+    /// order its `weight_g_idx` here; see `save::packed_int`), written as `M.weight` of
+    /// [`PackedIntLayout::shape`].
     PackedInt {
         scales: ByteRange,
         zeros: Option<ByteRange>,
+        g_idx: Option<ByteRange>,
         layout: PackedIntLayout,
     },
     /// compressed-tensors NVFP4 (`M.weight_packed` read; its F8_E4M3 `weight_scale`

@@ -2,9 +2,10 @@
 //! then output rows made a sub-band at a time through a table of every output a value
 //! can have, per group and column.
 
-use super::kernels::{awq_columns, expand_by_input, expand_rows};
+use super::kernels::{awq_columns, expand_rows};
 use super::{Packing, TransposedInt, TransposedIntLayout, word};
 use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at};
+use crate::save::lookup::expand_by_input;
 use crate::types::DType;
 
 /// Where finished output rows go: the first row's index, and the rows (which a LoRA

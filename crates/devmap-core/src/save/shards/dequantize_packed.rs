@@ -19,6 +19,9 @@ pub(super) struct IntScheme {
     /// tensor), `None` for `tensor`.
     group: Option<u64>,
     symmetric: bool,
+    /// `actorder: group` (or its alias `dynamic`): each column's group is stored in
+    /// `M.weight_g_idx`.
+    act_order: bool,
 }
 
 impl IntScheme {
@@ -63,10 +66,19 @@ impl IntScheme {
                 ));
             }
         };
+        let act_order = matches!(w.actorder.as_deref(), Some("group" | "dynamic"));
+        if act_order && w.strategy != "group" {
+            return Err(format!(
+                "compressed-tensors `pack-quantized` with activation-order groups (`actorder: {}`) but the `{}` strategy; compressed-tensors orders columns by group only with the `group` strategy",
+                w.actorder.as_deref().unwrap_or_default(),
+                w.strategy
+            ));
+        }
         Ok(IntScheme {
             bits,
             group,
             symmetric: w.symmetric,
+            act_order,
         })
     }
 }
@@ -116,9 +128,9 @@ pub(super) fn dequantized(
     let tensor = &ckpt.tensors()[id];
     let module = match packed_part(ckpt, &tensor.name) {
         PackedPart::Weight(module) => module,
-        PackedPart::Companion(module, ".weight_g_idx") => {
+        PackedPart::Companion(module, ".weight_g_idx") if !scheme.act_order => {
             return Err(format!(
-                "is an activation-order group index: `{module}.weight_packed`'s columns are grouped by `g_idx`, which devmap does not dequantize"
+                "is an activation-order group index of `{module}.weight_packed`, but the config's scheme has no `actorder: group`: compressed-tensors would not read it, and devmap does not guess which grouping is meant"
             ));
         }
         PackedPart::Companion(..) => return Ok(Dequantized::Dropped),
@@ -234,6 +246,32 @@ pub(super) fn dequantized(
             )
         }
     };
+    let g_idx = match (
+        ckpt.index_of(&format!("{module}.weight_g_idx")),
+        scheme.act_order,
+    ) {
+        // Without `actorder: group` a stored g_idx is refused as its own tensor.
+        (_, false) => None,
+        (None, true) => {
+            return Err(format!(
+                "is quantized in activation order (`actorder: group`), but there is no `{module}.weight_g_idx` beside it to say each column's group"
+            ));
+        }
+        (Some(g_id), true) => {
+            let g = &ckpt.tensors()[g_id];
+            if g.dtype != DType::I32 || !g.shape.iter().eq([cols]) {
+                return Err(format!(
+                    "has a `{module}.weight_g_idx` of {} {:?}, but its {cols} columns need I32 [{cols}]",
+                    g.dtype,
+                    g.shape.to_vec()
+                ));
+            }
+            Some(
+                ckpt.data_range(g_id)
+                    .ok_or("or its g_idx has no data to read")?,
+            )
+        }
+    };
     let (Some(packed), Some(scales)) = (ckpt.data_range(id), ckpt.data_range(scale_id)) else {
         return Err("or its scales have no data to read".to_owned());
     };
@@ -243,6 +281,7 @@ pub(super) fn dequantized(
             quant: Quant::PackedInt {
                 scales,
                 zeros,
+                g_idx,
                 layout,
             },
             to,
