@@ -5,10 +5,11 @@
 # llm-compressor writes it); FORMAT=nvfp4: NVFP4 (FP4 values, an F8_E4M3 scale per 16,
 # a global scale); FORMAT=gptq / FORMAT=awq: GPTQ (v1, groups of 128, g_idx) and AWQ
 # GEMM 4-bit, stored transposed; FORMAT=gptq-act: GPTQ with desc_act (g_idx of a
-# random input order). The checkpoint: SIZE_MB of packed weights of
+# random input order); FORMAT=int4-act: the int4 checkpoint in activation order
+# (`actorder: group`, a weight_g_idx of a random column order). The checkpoint: SIZE_MB of packed weights of
 # Llama-70B's MLP geometry (8,192 × 28,672 and back); the output is four times that in
 # bfloat16.
-# Usage: [RUNS=3] [FORMAT=int4|nvfp4|gptq|gptq-act|awq] scripts/bench_packed_int.sh [SIZE_MB=256] [WORKDIR=target/bench]
+# Usage: [RUNS=3] [FORMAT=int4|int4-act|nvfp4|gptq|gptq-act|awq] scripts/bench_packed_int.sh [SIZE_MB=256] [WORKDIR=target/bench]
 source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-256}
 WORK=${2:-target/bench}
@@ -64,10 +65,15 @@ while total < size_mb * 2**20:
         tensors[name + ".weight_zero_point"] = torch.from_numpy(
             rng.integers(-2**31, 2**31, size=(rows // 8, groups), dtype=np.int64).astype(np.int32))
         tensors[name + ".weight_shape"] = torch.tensor([rows, cols])
+        if fmt == "int4-act":
+            order = torch.from_numpy(rng.permutation(cols))
+            tensors[name + ".weight_g_idx"] = (torch.argsort(order) // 128).to(torch.int32)
     total += packed.nbytes
     i += 1
 save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": False}
+if fmt == "int4-act":
+    weights["actorder"] = "group"
 quantization = {"quant_method": "compressed-tensors", "format": "pack-quantized",
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
 if fmt == "nvfp4":
