@@ -175,6 +175,143 @@ pub(crate) fn round_and_convert(
     }
 }
 
+/// Exact f32 products rounded to the scale's dtype `sd`, then converted to `to`, into
+/// `output`: the bits [`output_bits`] gives. For bfloat16 and float32 outputs in one
+/// pass on the bits, eight values at a time (compiled for AVX2 and AVX-512 too), rather
+/// than [`round_and_convert`]'s casts through two buffers; float16 outputs go that way.
+pub(crate) fn round_products(
+    products: &[f32],
+    sd: DType,
+    to: DType,
+    (floats, rounded): (&mut Vec<u8>, &mut Vec<u8>),
+    output: &mut [u8],
+) {
+    debug_assert_eq!(output.len(), products.len() * to.size() as usize);
+    match to {
+        DType::BF16 | DType::F32 => round_products_fused(products, sd, to == DType::F32, output),
+        _ => {
+            floats.clear();
+            floats.extend(products.iter().flat_map(|p| p.to_le_bytes()));
+            round_and_convert(floats, sd, to, rounded, output);
+        }
+    }
+}
+
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn round_products_fused(products: &[f32], sd: DType, to_f32: bool, output: &mut [u8]) {
+    let p = |p: f32| p;
+    match (sd, to_f32) {
+        (DType::F16, false) => fused::<2, _>(products, output, p, f16_value),
+        (DType::F16, true) => fused::<4, _>(products, output, p, f16_value),
+        (DType::BF16, false) => fused::<2, _>(products, output, p, bf16_value),
+        (DType::BF16, true) => fused::<4, _>(products, output, p, bf16_value),
+        (_, false) => fused::<2, _>(products, output, p, p),
+        (_, true) => fused::<4, _>(products, output, p, p),
+    }
+}
+
+/// 8-bit values of one group (zero point `z`, scale `s`) as `(q − z) · s` in f32 (exact
+/// for a float16 or bfloat16 scale; one rounding for a float32 one, as torch's product
+/// in that dtype), rounded to `sd` and written as `to`, bfloat16 or float32, into
+/// `output`: [`round_products`] of their products in one pass. False, writing nothing,
+/// for other outputs.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub(crate) fn dequantize_bytes(
+    bytes: &[u8],
+    (z, s): (i32, f32),
+    (sd, to): (DType, DType),
+    output: &mut [u8],
+) -> bool {
+    let p = move |q: u8| (i32::from(q) - z) as f32 * s;
+    let same = |p: f32| p;
+    match (sd, to) {
+        (DType::F16, DType::BF16) => fused::<2, _>(bytes, output, p, f16_value),
+        (DType::F16, DType::F32) => fused::<4, _>(bytes, output, p, f16_value),
+        (DType::BF16, DType::BF16) => fused::<2, _>(bytes, output, p, bf16_value),
+        (DType::BF16, DType::F32) => fused::<4, _>(bytes, output, p, bf16_value),
+        (DType::F32, DType::BF16) => fused::<2, _>(bytes, output, p, same),
+        (DType::F32, DType::F32) => fused::<4, _>(bytes, output, p, same),
+        _ => return false,
+    }
+    true
+}
+
+/// Each input's product (`product`), rounded by `round` (to the scale's dtype, kept as
+/// f32), then written as bfloat16 (`SIZE` 2, to nearest even) or float32 (`SIZE` 4).
+/// Always inlined, as are the roundings: a call out of the multiversioned function
+/// would run at the baseline's vector width.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn fused<const SIZE: usize, T: Copy>(
+    inputs: &[T],
+    output: &mut [u8],
+    product: impl Fn(T) -> f32,
+    round: impl Fn(f32) -> f32,
+) {
+    let write = |x: T, o: &mut [u8]| {
+        let bits = round(product(x)).to_bits();
+        if SIZE == 2 {
+            let half = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
+            o.copy_from_slice(&half.to_le_bytes());
+        } else {
+            o.copy_from_slice(&bits.to_le_bytes());
+        }
+    };
+    let mut eights = inputs.chunks_exact(8);
+    let mut out = output.chunks_exact_mut(8 * SIZE);
+    for (x, o) in (&mut eights).zip(&mut out) {
+        for (x, o) in x.iter().zip(o.chunks_exact_mut(SIZE)) {
+            write(*x, o);
+        }
+    }
+    let tail = out.into_remainder();
+    for (x, o) in eights.remainder().iter().zip(tail.chunks_exact_mut(SIZE)) {
+        write(*x, o);
+    }
+}
+
+/// A finite f32 rounded to float16, to nearest even, as an f32 (what `half`'s
+/// `f16::from_f32(p).to_f32()` gives), on the bits: 11 significant bits in float16's
+/// normal range; below it (its subnormals) a multiple of 2^-24, rounded by the FPU
+/// itself in `[0.5, 1)`, where an f32's step is 2^-24; past 65504, infinity.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn f16_value(p: f32) -> f32 {
+    // Selects by masks, not branches, so a loop over it vectorises.
+    let select = |pick: bool, a: u32, b: u32| {
+        let mask = 0u32.wrapping_sub(u32::from(pick));
+        (a & mask) | (b & !mask)
+    };
+    let bits = p.to_bits();
+    let sign = bits & 0x8000_0000;
+    let magnitude = bits & 0x7FFF_FFFF;
+    let normal = bits.wrapping_add(0x0FFF + ((bits >> 13) & 1)) & 0xFFFF_E000;
+    let small = ((f32::from_bits(magnitude) + 0.75) - 0.75).to_bits() | sign;
+    // 2^-14, float16's least normal; 65504, its greatest.
+    let value = select(magnitude < 0x3880_0000, small, normal);
+    f32::from_bits(select(
+        value & 0x7FFF_FFFF > 0x477F_E000,
+        sign | 0x7F80_0000,
+        value,
+    ))
+}
+
+/// A finite f32 rounded to bfloat16, to nearest even, as an f32.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn bf16_value(p: f32) -> f32 {
+    let bits = p.to_bits();
+    f32::from_bits(bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000)
+}
+
 /// Rows of 4-bit values (two a byte, the low nibble first) where each input has a group
 /// of its own (`of[i]` of `groups`: GPTQ's or compressed-tensors' `g_idx` out of order,
 /// act order): row `first + k`'s value at input `i` is
@@ -204,6 +341,67 @@ pub(crate) fn expand_by_input<const SIZE: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The roundings on the bits agree with `half`'s for f32s across the whole range
+    /// (every 4,099th bit pattern, and each side of float16's subnormal edge), not only
+    /// for the products of a scale (which never need float16's subnormal rounding).
+    #[test]
+    fn rounding_on_the_bits_is_halfs() {
+        let edge = 6.103_515_6e-5f32.to_bits();
+        let patterns = (0..=u32::MAX)
+            .step_by(4099)
+            .chain(edge - 20_000..edge + 20_000);
+        for x in patterns.map(f32::from_bits).filter(|x| x.is_finite()) {
+            assert_eq!(
+                f16_value(x).to_bits(),
+                half::f16::from_f32(x).to_f32().to_bits(),
+                "{x:e} to float16"
+            );
+            assert_eq!(
+                bf16_value(x).to_bits(),
+                half::bf16::from_f32(x).to_f32().to_bits(),
+                "{x:e} to bfloat16"
+            );
+        }
+    }
+
+    /// The fused rounding gives [`output_bits`]'s bits for every product a packed
+    /// value can make with a finite scale: each float16 and bfloat16 scale (every bit
+    /// pattern) times each `q − z` of 8 bits (−255..=255), and float32 scales; to
+    /// bfloat16 and float32, and (through the casts, every 61st scale) float16.
+    #[test]
+    fn fused_rounding_matches_the_scalar_rounding_for_every_scale() {
+        let multipliers: Vec<f32> = (-255..=255).map(|m| m as f32).collect();
+        for sd in [DType::F16, DType::BF16, DType::F32] {
+            let scales: Vec<f32> = (0..=u16::MAX)
+                .map(|b| match sd {
+                    DType::F16 => half::f16::from_bits(b).to_f32(),
+                    DType::BF16 => half::bf16::from_bits(b).to_f32(),
+                    _ => f32::from_bits(u32::from(b) << 16 | u32::from(b)),
+                })
+                .filter(|s| s.is_finite())
+                .collect();
+            for to in [DType::BF16, DType::F32, DType::F16] {
+                let size = to.size() as usize;
+                let (mut floats, mut rounded) = (Vec::new(), Vec::new());
+                let mut output = vec![0u8; multipliers.len() * size];
+                let step = if to == DType::F16 { 61 } else { 1 };
+                for &s in scales.iter().step_by(step) {
+                    let products: Vec<f32> = multipliers.iter().map(|m| m * s).collect();
+                    round_products(&products, sd, to, (&mut floats, &mut rounded), &mut output);
+                    for (p, o) in products.iter().zip(output.chunks_exact(size)) {
+                        let mut got = [0u8; 4];
+                        got[..size].copy_from_slice(o);
+                        assert_eq!(
+                            u32::from_le_bytes(got),
+                            output_bits(*p, sd, to),
+                            "{p:e} (scale {s:e}) in {sd} to {to}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// [`expand_nibbles_shuffled`] from a caller compiled for AVX2, as the dequantizers
     /// call it; true when that path ran.

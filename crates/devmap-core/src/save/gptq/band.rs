@@ -2,10 +2,10 @@
 //! then output rows made a sub-band at a time through a table of every output a value
 //! can have, per group and column.
 
-use super::kernels::{awq_columns, expand_rows};
+use super::kernels::{awq_columns, byte_products, expand_rows};
 use super::{Packing, TransposedInt, TransposedIntLayout, word};
 use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at};
-use crate::save::lookup::expand_by_input;
+use crate::save::lookup::{dequantize_bytes, expand_by_input, round_products};
 use crate::types::DType;
 
 /// Where finished output rows go: the first row's index, and the rows (which a LoRA
@@ -39,6 +39,8 @@ pub(super) struct Band {
     floats: Vec<u8>,
     rounded: Vec<u8>,
     table: Vec<u8>,
+    /// 8-bit GPTQ's products of an output row, exact in f32.
+    products: Vec<f32>,
     /// A sub-band's 4-bit values gathered in input order, an output row every stride
     /// (kept between sub-bands rather than allocated for each).
     columns: Vec<u8>,
@@ -71,10 +73,9 @@ impl Band {
         match layout.packing {
             Packing::Gptq { .. } if gptq_dealt(layout) => {
                 // Each packed row's words dealt out to blocks of DEALT columns, the
-                // last one padded.
+                // last one padded (the padding is never read: not cleared).
                 let blocks = (band_words as usize).div_ceil(DEALT);
                 let rows = packed_rows as usize;
-                self.packed.clear();
                 self.packed.resize(blocks * rows * DEALT * 4, 0);
                 self.row.resize((band_words * 4) as usize, 0);
                 for r in 0..rows {
@@ -178,7 +179,8 @@ impl Band {
         // Made a chunk of entries at a time, so the floats and their rounding stay in
         // the cache between the passes.
         const CHUNK: usize = 2048;
-        let entries = n * groups_n;
+        // (8-bit GPTQ computes each value: a group holds fewer than its 256 patterns.)
+        let entries = if gptq_bytes(layout) { 0 } else { n * groups_n };
         self.table.resize(entries * values * size, 0);
         for first in (0..entries).step_by(CHUNK) {
             let count = CHUNK.min(entries - first);
@@ -221,6 +223,7 @@ impl Band {
             skip: words_skip,
             n,
             table: &self.table,
+            params: (&self.zeros, &self.scales, read_n, skip),
         };
         // AWQ's 4-bit weights in order, transposed whole first, and GPTQ's at 4 bits are
         // made and handed on a few rows at a time (GPTQ's whole dealt blocks), so the
@@ -230,6 +233,13 @@ impl Band {
         let awq_stride = band
             .awq_in_order()
             .then(|| band.awq_transpose(&mut self.columns));
+        let mut scratch = Scratch {
+            columns: &mut self.columns,
+            products: &mut self.products,
+            floats: &mut self.floats,
+            rounded: &mut self.rounded,
+            to,
+        };
         if awq_stride.is_some() || gptq_dealt(layout) {
             let step = match awq_stride {
                 Some(_) => rows_a_block,
@@ -242,20 +252,20 @@ impl Band {
                 match (awq_stride, size) {
                     (Some(stride), 2) => {
                         band.expand::<2>(
-                            (&self.columns[block * stride..], stride),
+                            (&scratch.columns[block * stride..], stride),
                             rows,
                             &mut self.output,
                         );
                     }
                     (Some(stride), _) => {
                         band.expand::<4>(
-                            (&self.columns[block * stride..], stride),
+                            (&scratch.columns[block * stride..], stride),
                             rows,
                             &mut self.output,
                         );
                     }
-                    (None, 2) => band.gptq_rows::<2>(&mut self.columns, rows, &mut self.output),
-                    (None, _) => band.gptq_rows::<4>(&mut self.columns, rows, &mut self.output),
+                    (None, 2) => band.gptq_rows::<2>(&mut scratch, rows, &mut self.output),
+                    (None, _) => band.gptq_rows::<4>(&mut scratch, rows, &mut self.output),
                 }
                 emit(cols.start + block as u64, &mut self.output)?;
             }
@@ -275,10 +285,26 @@ impl Band {
 /// for them are one cache line.
 pub(super) const DEALT: usize = 16;
 
-/// Whether GPTQ's words are read dealt into blocks (`Band::packed`): at 4 bits, whose
-/// rows [`Decode::gptq_rows`] makes from them.
+/// Whether GPTQ's words are read dealt into blocks (`Band::packed`): at 4 and 8 bits,
+/// whose rows [`Decode::gptq_rows`] makes from them.
 fn gptq_dealt(layout: TransposedIntLayout) -> bool {
-    matches!(layout.packing, Packing::Gptq { .. }) && layout.bits == 4
+    matches!(layout.packing, Packing::Gptq { .. }) && matches!(layout.bits, 4 | 8)
+}
+
+/// Whether the weight is GPTQ's at 8 bits, whose rows are computed value by value
+/// ([`Decode::byte_rows`]) rather than through a table.
+fn gptq_bytes(layout: TransposedIntLayout) -> bool {
+    matches!(layout.packing, Packing::Gptq { .. }) && layout.bits == 8
+}
+
+/// The buffers a sub-band's rows are made in: the gathered values, and 8-bit GPTQ's
+/// products and their rounding; and the dtype they are made in.
+struct Scratch<'a> {
+    columns: &'a mut Vec<u8>,
+    products: &'a mut Vec<f32>,
+    floats: &'a mut Vec<u8>,
+    rounded: &'a mut Vec<u8>,
+    to: DType,
 }
 
 /// AWQ's words of a whole sub-band in a packed row (a word holds eight columns).
@@ -305,6 +331,9 @@ struct Decode<'a> {
     n: usize,
     /// `[n, groups, values]` outputs of `SIZE` bytes.
     table: &'a [u8],
+    /// The read band's zero points and scales (`[groups, read_n]`), and the sub-band's
+    /// first column among them.
+    params: (&'a [i32], &'a [f32], usize, usize),
 }
 
 impl Decode<'_> {
@@ -363,14 +392,15 @@ impl Decode<'_> {
         );
     }
 
-    /// GPTQ at 4 bits: output rows `first..first + count` of the sub-band into `output`
-    /// (`count` rows). Each output row's words are gathered into a run of bytes (GPTQ's
-    /// nibbles lie in input order, the low nibble first), then expanded: with the
-    /// groups in order a group's bytes through its 16 outputs at a time, in act order
-    /// each value through its own input's group's.
+    /// GPTQ at 4 and 8 bits: output rows `first..first + count` of the sub-band into
+    /// `output` (`count` rows). Each output row's words are gathered into a run of bytes
+    /// (GPTQ's values lie in input order, the low bits first), then expanded: at 4 bits
+    /// with the groups in order a group's bytes through its 16 outputs at a time, in act
+    /// order each value through its own input's group's; at 8 bits each value computed
+    /// ([`Decode::byte_rows`]).
     fn gptq_rows<const SIZE: usize>(
         &self,
-        columns: &mut Vec<u8>,
+        scratch: &mut Scratch<'_>,
         (first, count): (usize, usize),
         output: &mut [u8],
     ) {
@@ -385,6 +415,7 @@ impl Decode<'_> {
         // apart than their length, so the stores of a packed row do not all fall in
         // one cache set (4 KiB apart, they would).
         let stride = packed_rows * 4 + 64;
+        let columns = &mut *scratch.columns;
         columns.resize(DEALT * stride, 0);
         let end = first + count;
         for block in (first..end).step_by(DEALT) {
@@ -399,7 +430,20 @@ impl Decode<'_> {
                 }
             }
             let output = &mut output[(block - first) * inputs * SIZE..];
-            if self.groups.in_order {
+            if layout.bits == 8 {
+                let buffers = (
+                    &mut *scratch.products,
+                    &mut *scratch.floats,
+                    &mut *scratch.rounded,
+                );
+                self.byte_rows::<SIZE>(
+                    (columns, stride),
+                    (block, width),
+                    buffers,
+                    scratch.to,
+                    output,
+                );
+            } else if self.groups.in_order {
                 expand_rows::<SIZE>(
                     (columns, stride),
                     (block, width),
@@ -419,6 +463,59 @@ impl Decode<'_> {
         }
     }
 
+    /// GPTQ at 8 bits: rows `first..first + count` of the sub-band from their bytes in
+    /// input order (`columns`, an output row every stride), each value `(q − z) · s`
+    /// computed in f32 (exact, as the table's entries are), a row at a time, then rounded
+    /// to the scale's dtype and converted to `to` ([`round_products`]). A group of 128
+    /// values has fewer values than a byte has patterns, so a table would cost more than
+    /// it saves.
+    fn byte_rows<const SIZE: usize>(
+        &self,
+        (columns, stride): (&[u8], usize),
+        (first, count): (usize, usize),
+        scratch: (&mut Vec<f32>, &mut Vec<u8>, &mut Vec<u8>),
+        to: DType,
+        output: &mut [u8],
+    ) {
+        let layout = self.layout;
+        let inputs = layout.inputs as usize;
+        let (zeros, scales, read_n, skip) = self.params;
+        let param = |g: usize, local: usize| {
+            let at = g * read_n + skip + local;
+            (zeros[at], scales[at])
+        };
+        let (products, floats, rounded) = scratch;
+        let mut params = Vec::new();
+        products.resize(inputs, 0.0);
+        let size = (layout.group_size as usize).max(1);
+        for k in 0..count {
+            let local = first + k;
+            params.clear();
+            params.extend((0..layout.groups as usize).map(|g| param(g, local)));
+            let bytes = &columns[k * stride..k * stride + inputs];
+            let output = &mut output[k * inputs * SIZE..(k + 1) * inputs * SIZE];
+            // With the groups in order, a group's values made in one pass.
+            if self.groups.in_order
+                && bytes
+                    .chunks(size)
+                    .zip(output.chunks_mut(size * SIZE))
+                    .zip(&params)
+                    .all(|((q, o), &zs)| dequantize_bytes(q, zs, (layout.scale_dtype, to), o))
+            {
+                continue;
+            }
+            let of = (!self.groups.in_order).then_some(self.groups.of.as_slice());
+            byte_products(bytes, (of, size), &params, products);
+            round_products(
+                products,
+                layout.scale_dtype,
+                to,
+                (&mut *floats, &mut *rounded),
+                output,
+            );
+        }
+    }
+
     /// Every value of the sub-band written into `output` (`[n, inputs]` elements of
     /// `SIZE` bytes), looked up in the table, value by value: GPTQ's at 8 bits, AWQ's
     /// out of order or in partial 8×8 blocks (the others are made a few rows at a time).
@@ -431,6 +528,7 @@ impl Decode<'_> {
             skip,
             n,
             table,
+            ..
         } = *self;
         let per_word = layout.per_word() as usize;
         let inputs = layout.inputs as usize;

@@ -138,3 +138,34 @@ pub(super) fn expand_rows<const SIZE: usize>(
         }
     }
 }
+
+/// 8-bit values (a byte each, in input order) as `(q − z) · s` in f32 (exact: a 9-bit
+/// integer times a scale of at most 11 significant bits, or one rounding for a float32
+/// scale, as torch's product in that dtype) into `products`: value `i` in group `of[i]`
+/// where `of` is given (act order), else `i / size`; `params[g]` group `g`'s zero point
+/// and scale.
+pub(super) fn byte_products(
+    bytes: &[u8],
+    (of, size): (Option<&[u32]>, usize),
+    params: &[(i32, f32)],
+    products: &mut [f32],
+) {
+    match of {
+        None => {
+            let groups = bytes
+                .chunks(size.max(1))
+                .zip(products.chunks_mut(size.max(1)));
+            for ((values, dst), &(z, s)) in groups.zip(params) {
+                for (q, p) in values.iter().zip(dst) {
+                    *p = (i32::from(*q) - z) as f32 * s;
+                }
+            }
+        }
+        Some(of) => {
+            for ((q, g), p) in bytes.iter().zip(of).zip(products.iter_mut()) {
+                let (z, s) = params[*g as usize];
+                *p = (i32::from(*q) - z) as f32 * s;
+            }
+        }
+    }
+}

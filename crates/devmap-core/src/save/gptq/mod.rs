@@ -39,9 +39,10 @@ use crate::types::range::ByteRange;
 /// small band in unit tests, so small weights cross band and read-band edges.
 const BAND_ELEMENTS: u64 = if cfg!(test) { 1 << 10 } else { 1 << 21 };
 
-/// AWQ's read band: the packed words of this many bytes at most (a read is one packed
-/// row's words of the band: the wider the band, the fewer and longer the reads).
-const AWQ_READ_BYTES: u64 = if cfg!(test) { 1 << 11 } else { 14 << 20 };
+/// AWQ's and GPTQ's read band: the packed words of this many bytes at most (a read is
+/// one packed row's words of the band: the wider the band, the fewer and longer the
+/// reads).
+const READ_BYTES: u64 = if cfg!(test) { 1 << 11 } else { 14 << 20 };
 
 /// AWQ's sub-bands are at least this many output rows: sixteen words of a packed row,
 /// twice the transposition's vector width, and 64-byte runs of each packed row to deal
@@ -54,12 +55,12 @@ const AWQ_MIN_ROWS: u64 = if cfg!(test) { 8 } else { 128 };
 const OUTPUT_BYTES: u64 = if cfg!(test) { 1 << 9 } else { 512 << 10 };
 
 /// Working memory of one stream at most: a read band's packed words (GPTQ's, four
-/// sub-bands: 2 bytes an output element of the sub-band; AWQ's, `AWQ_READ_BYTES`), the
+/// sub-bands: 2 bytes an output element of the sub-band; AWQ's, `READ_BYTES`), the
 /// sub-band's values gathered in input order (half a byte an element), a sub-band's
 /// output (at most 4 bytes an element), its table (16 entries a group and column, in
 /// f32, rounded and converted: at most 5 bytes an element for groups of 32 or more),
 /// and each input row's group.
-pub const BAND_BYTES: u64 = AWQ_READ_BYTES + BAND_ELEMENTS * (2 + 4 + 5) + (4 << 20);
+pub const BAND_BYTES: u64 = READ_BYTES + BAND_ELEMENTS * (2 + 4 + 5) + (4 << 20);
 
 /// How the values are packed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,18 +293,16 @@ fn band_rows(layout: TransposedIntLayout) -> u64 {
 
 /// Output rows per read band: four sub-bands for GPTQ (whose packed rows hold a word per
 /// column: a kilobyte a read at 256 rows); for AWQ (whose packed rows hold a word per
-/// eight columns) as many sub-bands as `AWQ_READ_BYTES` holds: 512-byte reads for a
+/// eight columns) as many sub-bands as `READ_BYTES` holds: 512-byte reads for a
 /// 28,672-input weight, 1,792 for an 8,192-input one. (Its output goes out a few rows
 /// at a time, so the read band has the room a sub-band's output took.)
 fn read_rows(layout: TransposedIntLayout) -> u64 {
     let band = band_rows(layout);
+    // Packed bytes per output row.
+    let row_bytes = (layout.inputs * u64::from(layout.bits)).div_ceil(8).max(1);
     match layout.packing {
-        Packing::Gptq { .. } => band * 4,
-        Packing::Awq => {
-            // Packed bytes per output row: half a byte an input (4 bits).
-            let row_bytes = (layout.inputs * u64::from(layout.bits)).div_ceil(8).max(1);
-            band * (AWQ_READ_BYTES / row_bytes / band).max(1)
-        }
+        Packing::Gptq { .. } => band * (READ_BYTES / row_bytes / band).max(4),
+        Packing::Awq => band * (READ_BYTES / row_bytes / band).max(1),
     }
 }
 

@@ -26,65 +26,67 @@ fn le(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
-/// Packs eight 4-bit values into a word, value `k` at `slot(k)`.
-fn pack8(value: impl Fn(usize) -> u32, slot: impl Fn(usize) -> u32) -> u32 {
-    (0..8).fold(0, |w, k| w | value(k) << (4 * slot(k)))
+/// Packs `32 / bits` values into a word, value `k` at `slot(k)`.
+fn pack(bits: u32, value: impl Fn(usize) -> u32, slot: impl Fn(usize) -> u32) -> u32 {
+    (0..(32 / bits) as usize).fold(0, |w, k| w | value(k) << (bits * slot(k)))
 }
 
-/// `inputs` × `outputs`, 4 bits, 2 groups (3 where 16 does not divide `inputs`); codes `(i·3 + o·5) mod 16`;
-/// zero points 0 and 15 in group 0's first columns (a v1 word then carries). The
-/// stored words and the weight expected, `[out, in]`.
+/// `inputs` × `outputs`, 4 or 8 `bits`, 2 groups (3 where 16 does not divide `inputs`);
+/// codes `(i·3 + o·5) mod 2^bits`; zero points 0 and the largest in group 0's first
+/// columns (a v1 word then carries). The stored words and the weight expected,
+/// `[out, in]`.
 fn case(
     packing: Packing,
+    bits: u32,
     (inputs, outputs): (usize, usize),
     act: bool,
 ) -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<f32>) {
     let groups = groups_of(inputs);
-    let code = |i: usize, o: usize| ((i * 3 + o * 5) % 16) as u32;
-    let zero = |g: usize, o: usize| match (g, o) {
+    let values = 1usize << bits;
+    let per = (32 / bits) as usize;
+    let code = move |i: usize, o: usize| ((i * 3 + o * 5) % values) as u32;
+    let zero = move |g: usize, o: usize| match (g, o) {
         (0, 0) => 0,
-        (0, 1) => 15,
-        _ => ((g * 7 + o * 3) % 16) as u32,
+        (0, 1) => values as u32 - 1,
+        _ => ((g * 7 + o * 3) % values) as u32,
     };
     let scale = |g: usize, o: usize| half::f16::from_f32(0.01 + ((g * 8 + o) % 97) as f32 * 0.003);
     let v1 = packing == Packing::Gptq { v1: true };
     // Column k of a word of eight: AWQ interleaves them.
-    let slot = |k: usize| match packing {
+    let slot = move |k: usize| match packing {
         Packing::Awq => [0, 4, 1, 5, 2, 6, 3, 7][k % 8],
-        Packing::Gptq { .. } => (k % 8) as u32,
+        Packing::Gptq { .. } => (k % per) as u32,
     };
     let in_turn = |k: usize| k as u32;
     let qweight: Vec<u32> = match packing {
-        Packing::Gptq { .. } => (0..inputs / 8)
-            .flat_map(|r| (0..outputs).map(move |o| pack8(|k| code(r * 8 + k, o), in_turn)))
+        Packing::Gptq { .. } => (0..inputs / per)
+            .flat_map(|r| (0..outputs).map(move |o| pack(bits, |k| code(r * per + k, o), in_turn)))
             .collect(),
         Packing::Awq => (0..inputs)
-            .flat_map(|i| (0..outputs / 8).map(move |j| pack8(|k| code(i, j * 8 + k), slot)))
+            .flat_map(|i| (0..outputs / 8).map(move |j| pack(4, |k| code(i, j * 8 + k), slot)))
             .collect(),
     };
-    let stored = |g: usize, o: usize| {
+    let mask = values as u32 - 1;
+    let stored = move |g: usize, o: usize| {
         if v1 {
-            zero(g, o).wrapping_sub(1) & 0xF
+            zero(g, o).wrapping_sub(1) & mask
         } else {
             zero(g, o)
         }
     };
     let qzeros: Vec<u32> = (0..groups)
-        .flat_map(|g| (0..outputs / 8).map(move |j| pack8(|k| stored(g, j * 8 + k), slot)))
+        .flat_map(|g| (0..outputs / per).map(move |j| pack(bits, |k| stored(g, j * per + k), slot)))
         .collect();
     let scales: Vec<u8> = (0..groups)
         .flat_map(|g| (0..outputs).map(move |o| scale(g, o)))
         .flat_map(half::f16::to_le_bytes)
         .collect();
     // What GPTQModel reads: v1 words plus one in every value, carries included.
+    let carry = if bits == 8 { 0x0101_0101 } else { 0x1111_1111 };
     let read_zero = |g: usize, o: usize| {
-        let word = qzeros[g * outputs / 8 + o / 8];
-        let word = if v1 {
-            word.wrapping_add(0x1111_1111)
-        } else {
-            word
-        };
-        (word >> (4 * slot(o))) & 0xF
+        let word = qzeros[g * outputs / per + o / per];
+        let word = if v1 { word.wrapping_add(carry) } else { word };
+        (word >> (bits * slot(o))) & mask
     };
     let expected: Vec<f32> = (0..outputs)
         .flat_map(|o| {
@@ -132,14 +134,15 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
         (64, 1024),
         (64, 1000),
     ];
-    // GPTQ also with act order (desc_act: each input row's group from g_idx).
+    // GPTQ also with act order (desc_act: each input row's group from g_idx), and at 8
+    // bits (four values a word: groups of 4 and 32 values, each computed).
     let cases = packings
         .into_iter()
-        .flat_map(|p| [(p, false), (p, true)])
-        .filter(|&(p, act)| !act || p != Packing::Awq)
-        .flat_map(|(p, act)| sizes.map(|size| (p, size, act)));
-    for (packing, (inputs, outputs), act) in cases {
-        let (qweight, qzeros, scales, expected) = case(packing, (inputs, outputs), act);
+        .flat_map(|p| [(p, 4, false), (p, 4, true), (p, 8, false), (p, 8, true)])
+        .filter(|&(p, bits, act)| p != Packing::Awq || (bits, act) == (4, false))
+        .flat_map(|(p, bits, act)| sizes.map(|size| (p, bits, size, act)));
+    for (packing, bits, (inputs, outputs), act) in cases {
+        let (qweight, qzeros, scales, expected) = case(packing, bits, (inputs, outputs), act);
         let (w, wr) = file_of(&qweight);
         let (z, zr) = file_of(&qzeros);
         let (s, sr) = file_of(&scales);
@@ -156,7 +159,7 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
             layout: TransposedIntLayout {
                 inputs: inputs as u64,
                 outputs: outputs as u64,
-                bits: 4,
+                bits: bits as u8,
                 groups: groups_of(inputs) as u64,
                 group_size: (inputs / groups_of(inputs)) as u64,
                 packing,
@@ -176,7 +179,7 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
             .collect();
         assert_eq!(
             got, expected,
-            "{packing:?} {inputs} × {outputs}, act order {act}"
+            "{packing:?} {bits} bits {inputs} × {outputs}, act order {act}"
         );
         // Two-byte outputs (the kernels' other element size): the same values rounded.
         let mut halves = Vec::new();
@@ -189,16 +192,22 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
             .iter()
             .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
             .collect();
-        assert_eq!(halves, want, "{packing:?} {inputs} × {outputs} in bfloat16");
+        assert_eq!(
+            halves, want,
+            "{packing:?} {bits} bits {inputs} × {outputs} in bfloat16"
+        );
         // The same bytes from threads writing their bands in place.
         let dst = tempfile::tempfile().expect("tmp");
         write_in_parallel(&input, DType::F32, (&dst, 0), 3, &NeverStop).expect("written");
         let mut written = vec![0u8; out.len()];
         crate::save::copy::read_exact_at(&dst, &mut written, 0).expect("read back");
-        assert_eq!(written, out, "{packing:?} × {outputs} in parallel");
+        assert_eq!(
+            written, out,
+            "{packing:?} {bits} bits × {outputs} in parallel"
+        );
     }
     // v1's carry: zero point 0 is stored as 15, whose +1 carries into column 1.
-    let (_, qzeros, _, _) = case(Packing::Gptq { v1: true }, (16, 8), false);
+    let (_, qzeros, _, _) = case(Packing::Gptq { v1: true }, 4, (16, 8), false);
     let word = u32::from_le_bytes([qzeros[0], qzeros[1], qzeros[2], qzeros[3]]);
     assert_eq!((word.wrapping_add(0x1111_1111) >> 4) & 0xF, 0);
 }
