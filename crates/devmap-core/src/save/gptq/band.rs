@@ -81,9 +81,16 @@ impl Band {
                 for r in 0..rows {
                     let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
                     read_exact_at(input.qweight.0, &mut self.row, at)?;
-                    for (k, words) in self.row.chunks(DEALT * 4).enumerate() {
+                    // Whole blocks as fixed-size copies (a few vector moves, not a
+                    // call each), then the last one's words.
+                    let (whole, last) = self.row.as_chunks::<{ DEALT * 4 }>();
+                    for (k, words) in whole.iter().enumerate() {
                         let to = (k * rows + r) * DEALT * 4;
-                        self.packed[to..to + words.len()].copy_from_slice(words);
+                        self.packed[to..to + DEALT * 4].copy_from_slice(words);
+                    }
+                    if !last.is_empty() {
+                        let to = (whole.len() * rows + r) * DEALT * 4;
+                        self.packed[to..to + last.len()].copy_from_slice(last);
                     }
                 }
             }

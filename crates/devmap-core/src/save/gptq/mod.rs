@@ -54,12 +54,12 @@ const AWQ_MIN_ROWS: u64 = if cfg!(test) { 8 } else { 128 };
 /// the cache what was just made.
 const OUTPUT_BYTES: u64 = if cfg!(test) { 1 << 9 } else { 512 << 10 };
 
-/// Working memory of one stream at most: a read band's packed words (GPTQ's, four
-/// sub-bands: 2 bytes an output element of the sub-band; AWQ's, `READ_BYTES`), the
-/// sub-band's values gathered in input order (half a byte an element), a sub-band's
-/// output (at most 4 bytes an element), its table (16 entries a group and column, in
-/// f32, rounded and converted: at most 5 bytes an element for groups of 32 or more),
-/// and each input row's group.
+/// Working memory of one stream at most: a read band's packed words (`READ_BYTES`, or
+/// for GPTQ four sub-bands where those are more: at most a byte an output element of
+/// the sub-band), the sub-band's values gathered in input order (a byte an element at
+/// most), a sub-band's output (at most 4 bytes an element), its table (16 entries a
+/// group and column, in f32, rounded and converted: at most 5 bytes an element for
+/// groups of 32 or more), and each input row's group.
 pub const BAND_BYTES: u64 = READ_BYTES + BAND_ELEMENTS * (2 + 4 + 5) + (4 << 20);
 
 /// How the values are packed.
@@ -291,11 +291,11 @@ fn band_rows(layout: TransposedIntLayout) -> u64 {
     }
 }
 
-/// Output rows per read band: four sub-bands for GPTQ (whose packed rows hold a word per
-/// column: a kilobyte a read at 256 rows); for AWQ (whose packed rows hold a word per
-/// eight columns) as many sub-bands as `READ_BYTES` holds: 512-byte reads for a
-/// 28,672-input weight, 1,792 for an 8,192-input one. (Its output goes out a few rows
-/// at a time, so the read band has the room a sub-band's output took.)
+/// Output rows per read band: as many sub-bands as `READ_BYTES` holds (for GPTQ at
+/// least four). AWQ's packed rows hold a word per eight columns: 512-byte reads for a
+/// 28,672-input weight, 1,792 for an 8,192-input one; GPTQ's a word per column: 2 KB
+/// reads at 4 and 8 bits for a 28,672-input weight. (The output goes out a few rows at
+/// a time, so the read band has the room a sub-band's output took.)
 fn read_rows(layout: TransposedIntLayout) -> u64 {
     let band = band_rows(layout);
     // Packed bytes per output row.
