@@ -5,8 +5,9 @@
 # (4096-wide, 128x128 blocks, float32 scales) made with torch, and its output is twice
 # that in bfloat16. FORMAT=fp4: DeepSeek-V4's packed FP4 instead (I8 [rows, cols/2], two
 # E2M1 codes a byte, an E8M0 scale per 32 values of a row); its output is four times
-# the input.
-# Usage: [RUNS=3] [FORMAT=fp8|fp4] scripts/bench_fp8.sh [SIZE_MB=512] [WORKDIR=target/bench]
+# the input. FORMAT=mxfp8: compressed-tensors' MXFP8 (F8_E4M3 values, a U8 E8M0
+# exponent per 32 values of a row); its output is twice the input.
+# Usage: [RUNS=3] [FORMAT=fp8|fp4|mxfp8] scripts/bench_fp8.sh [SIZE_MB=512] [WORKDIR=target/bench]
 # Needs a Python with torch and safetensors (DEVMAP_HF_PYTHON, else python3).
 source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-512}
@@ -42,6 +43,10 @@ for i in range(count):
         continue
     w[(w & 0x7F) == 0x7F] = 0x38  # no NaN patterns
     shard[name] = torch.from_numpy(w).view(torch.float8_e4m3fn)
+    if fmt == "mxfp8":
+        shard[name[: -len("weight")] + "weight_scale"] = torch.from_numpy(
+            rng.integers(118, 128, size=(rows, cols // 32), dtype=np.uint8))
+        continue
     shard[name + "_scale_inv"] = torch.from_numpy(rng.random((rows // block, cols // block), dtype=np.float32))
 save_file(shard, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 quant = {"quant_method": "fp8", "weight_block_size": [block, block]}
@@ -49,6 +54,8 @@ config = {"architectures": ["ToyForCausalLM"], "dtype": "bfloat16", "quantizatio
 if fmt == "fp4":
     quant["scale_fmt"] = "ue8m0"
     config["expert_dtype"] = "fp4"
+if fmt == "mxfp8":
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "mxfp8-quantized"}
 with open(os.path.join(folder, "config.json"), "w") as f:
     json.dump(config, f)
 PY

@@ -45,6 +45,9 @@ impl Fp8Rows {
         tables: &mut Fp8Tables,
         out: &mut [u8],
     ) {
+        if self.blocks.scale_dtype == DType::F8E8M0 {
+            return self.fp8_by_exponent::<SIZE>(first, input, to, tables, out);
+        }
         let blocks = self.blocks;
         let (sr, sc) = blocks.grid();
         let cols = blocks.cols as usize;
@@ -79,12 +82,65 @@ impl Fp8Rows {
     }
 }
 
+impl Fp8Rows {
+    /// [`Fp8Rows::fp8_into`] for E8M0 scales (MXFP8: a power of two per 32 values of a
+    /// row): the 256 outputs of a scale made once, when its exponent is first met, and
+    /// kept for every block that has it. A row of blocks' own tables would be 256
+    /// outputs made for each 32 values, remade every row.
+    fn fp8_by_exponent<const SIZE: usize>(
+        &self,
+        first: u64,
+        input: &[u8],
+        to: DType,
+        tables: &mut Fp8Tables,
+        out: &mut [u8],
+    ) {
+        let blocks = self.blocks;
+        let (sr, sc) = blocks.grid();
+        let cols = blocks.cols as usize;
+        let bc = blocks.block_cols as usize;
+        let lut = table(self.from);
+        if tables.by_exponent.is_empty() {
+            tables.by_exponent.resize_with(256, || None);
+        }
+        for (k, (row, out_row)) in input
+            .chunks_exact(cols)
+            .zip(out.chunks_exact_mut(cols * SIZE))
+            .enumerate()
+        {
+            let r = first + k as u64;
+            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
+            let at = ((matrix * sr + i / blocks.block_rows) * sc) as usize;
+            let scale_row = &self.scales[at..at + sc as usize];
+            for ((values, dst), &s) in row
+                .chunks(bc)
+                .zip(out_row.chunks_mut(bc * SIZE))
+                .zip(scale_row)
+            {
+                // 2^(e − 127) as an f32 has exponent bits e (e = 0: the subnormal
+                // 2^-127, whose exponent bits are 0 too).
+                let exponent = (s.to_bits() >> 23) as usize & 0xFF;
+                let t = tables.by_exponent[exponent].get_or_insert_with(|| {
+                    let mut t = vec![0u8; 256 * SIZE];
+                    self.outputs(lut, s, to, &mut t);
+                    t.into_boxed_slice()
+                });
+                let (t, _) = t.as_chunks::<SIZE>();
+                for (&b, o) in values.iter().zip(dst.as_chunks_mut::<SIZE>().0) {
+                    *o = t[usize::from(b)];
+                }
+            }
+        }
+    }
+}
+
 /// An FP8 weight's output tables for one row of blocks (256 outputs a block), and which
-/// row of scales they were made for.
+/// row of scales they were made for; with E8M0 scales, a table per exponent instead.
 #[derive(Default)]
 pub struct Fp8Tables {
     scale_row: Option<usize>,
     bytes: Vec<u8>,
+    by_exponent: Vec<Option<Box<[u8]>>>,
 }
 
 /// A packed FP4 weight's output tables: the sixteen outputs of a block, by its scale.
