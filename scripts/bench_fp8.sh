@@ -6,8 +6,10 @@
 # that in bfloat16. FORMAT=fp4: DeepSeek-V4's packed FP4 instead (I8 [rows, cols/2], two
 # E2M1 codes a byte, an E8M0 scale per 32 values of a row); its output is four times
 # the input. FORMAT=mxfp8: compressed-tensors' MXFP8 (F8_E4M3 values, a U8 E8M0
-# exponent per 32 values of a row); its output is twice the input.
-# Usage: [RUNS=3] [FORMAT=fp8|fp4|mxfp8] scripts/bench_fp8.sh [SIZE_MB=512] [WORKDIR=target/bench]
+# exponent per 32 values of a row); FORMAT=fp8-group: compressed-tensors'
+# `float-quantized` FP8 with the `group` strategy (a bfloat16 scale per 128 values of a
+# row). Their output is twice the input.
+# Usage: [RUNS=3] [FORMAT=fp8|fp4|mxfp8|fp8-group] scripts/bench_fp8.sh [SIZE_MB=512] [WORKDIR=target/bench]
 # Needs a Python with torch and safetensors (DEVMAP_HF_PYTHON, else python3).
 source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-512}
@@ -47,6 +49,10 @@ for i in range(count):
         shard[name[: -len("weight")] + "weight_scale"] = torch.from_numpy(
             rng.integers(118, 128, size=(rows, cols // 32), dtype=np.uint8))
         continue
+    if fmt == "fp8-group":
+        shard[name[: -len("weight")] + "weight_scale"] = (
+            torch.from_numpy(rng.random((rows, cols // 128), dtype=np.float32)) * 0.01).to(torch.bfloat16)
+        continue
     shard[name + "_scale_inv"] = torch.from_numpy(rng.random((rows // block, cols // block), dtype=np.float32))
 save_file(shard, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 quant = {"quant_method": "fp8", "weight_block_size": [block, block]}
@@ -54,8 +60,9 @@ config = {"architectures": ["ToyForCausalLM"], "dtype": "bfloat16", "quantizatio
 if fmt == "fp4":
     quant["scale_fmt"] = "ue8m0"
     config["expert_dtype"] = "fp4"
-if fmt == "mxfp8":
-    config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "mxfp8-quantized"}
+if fmt in ("mxfp8", "fp8-group"):
+    config["quantization_config"] = {"quant_method": "compressed-tensors",
+                                     "format": "mxfp8-quantized" if fmt == "mxfp8" else "float-quantized"}
 with open(os.path.join(folder, "config.json"), "w") as f:
     json.dump(config, f)
 PY

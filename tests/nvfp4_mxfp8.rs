@@ -193,6 +193,53 @@ fn mxfp8_is_multiplied_out_by_its_power_of_two_exponents() {
     }
 }
 
+/// FP8 with a float scale per group of 32 values of a row (compressed-tensors'
+/// `float-quantized`, `group` strategy): each value the code's value times its group's
+/// bfloat16 scale, rounded to bfloat16 (the dtype compressed-tensors multiplies in); a
+/// group holding a NaN code keeps its NaN, and its other values are those values too.
+/// (tests/python/compressed_fp8.py checks the same against compressed-tensors.)
+#[test]
+fn fp8_groups_of_a_row_are_multiplied_out_by_their_scales() {
+    let scale = |k: u64| half::bf16::from_f32(0.0013 + (k * 37 % 101) as f32 * 0.0007);
+    let mut tensors = || {
+        let mut codes: Vec<u8> = (0..ROWS * COLS).map(nvfp4_scale).collect();
+        codes[70] = 0x7F; // NaN, in row 1's second group
+        vec![
+            FixtureTensor {
+                name: format!("{MODULE}.weight"),
+                dtype: DType::F8E4M3,
+                shape: vec![ROWS, COLS],
+                data: codes,
+            },
+            FixtureTensor {
+                name: format!("{MODULE}.weight_scale"),
+                dtype: DType::BF16,
+                shape: vec![ROWS, COLS / 32],
+                data: (0..ROWS * COLS / 32)
+                    .flat_map(|k| scale(k).to_le_bytes())
+                    .collect(),
+            },
+        ]
+    };
+    let codes = tensors()[0].data.clone();
+    let c = case("float-quantized", &mut tensors, |_| {});
+    let o = common::save(&c.src, &c.out, &["--dtype", "bfloat16"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = read_bf16(&c.out, &format!("{MODULE}.weight"));
+    for r in 0..ROWS {
+        for col in 0..COLS {
+            let i = (r * COLS + col) as usize;
+            let s = scale(r * COLS / 32 + col / 32).to_f32();
+            let want = half::bf16::from_f32(e4m3(codes[i]) * s);
+            if want.is_nan() {
+                assert!(got[i].is_nan(), "element [{r}, {col}] is NaN");
+                continue;
+            }
+            assert_eq!(got[i].to_bits(), want.to_bits(), "element [{r}, {col}]");
+        }
+    }
+}
+
 /// `--dtype bfloat16` is refused with a message that contains `needle`, and nothing
 /// is written.
 fn refused(c: &Case, needle: &str) {

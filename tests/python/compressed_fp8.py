@@ -3,8 +3,8 @@ dequantized by `devmap save --dtype`, against transformers with the compressed-t
 library.
 
 A tiny Llama's linear weights are quantized to float8_e4m3fn with a `weight_scale` per
-tensor (`strategy: tensor`, shape [1]) or per row (`channel`, [out, 1]), the scales
-stored in bfloat16 or float32, and config.json gets compressed-tensors'
+tensor (`strategy: tensor`, shape [1]), per row (`channel`, [out, 1]) or per group of 32
+values of a row (`group`, [out, in/32]), the scales stored in bfloat16 or float32, and config.json gets compressed-tensors'
 `quantization_config`. For bfloat16, float16 and float32, devmap's output must be what
 transformers writes after loading the checkpoint dequantized
 (`CompressedTensorsConfig(dequantize=True)`, in that dtype) and saving it: the same
@@ -34,6 +34,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 IDS = torch.tensor([[1, 5, 9, 17, 33]])
 
 
+GROUP = 32
+
+
 def make(folder, strategy, scale_dtype, fmt="float-quantized"):
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -44,9 +47,15 @@ def make(folder, strategy, scale_dtype, fmt="float-quantized"):
     for name, w in model.state_dict().items():
         if name.endswith("proj.weight"):
             wf = w.float()
-            amax = wf.abs().max().reshape(1) if strategy == "tensor" else wf.abs().amax(dim=1, keepdim=True)
-            scale = (amax / torch.finfo(torch.float8_e4m3fn).max).to(scale_dtype)
-            out[name] = (wf / scale.float()).clamp(-448, 448).to(torch.float8_e4m3fn)
+            if strategy == "group":
+                grouped = wf.unflatten(-1, (wf.shape[1] // GROUP, GROUP))
+                scale = (grouped.abs().amax(-1) / torch.finfo(torch.float8_e4m3fn).max).to(scale_dtype)
+                q = (grouped / scale.float().unsqueeze(-1)).flatten(-2)
+            else:
+                amax = wf.abs().max().reshape(1) if strategy == "tensor" else wf.abs().amax(dim=1, keepdim=True)
+                scale = (amax / torch.finfo(torch.float8_e4m3fn).max).to(scale_dtype)
+                q = wf / scale.float()
+            out[name] = q.clamp(-448, 448).to(torch.float8_e4m3fn)
             out[name[: -len("weight")] + "weight_scale"] = scale
         else:
             out[name] = w.contiguous()
@@ -61,6 +70,8 @@ def make(folder, strategy, scale_dtype, fmt="float-quantized"):
             "targets": ["Linear"], "format": fmt, "input_activations": None, "output_activations": None,
             "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False}}},
     }
+    if strategy == "group":
+        cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = GROUP
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
 
@@ -76,7 +87,7 @@ def bits(t):
 def main(devmap):
     work = tempfile.mkdtemp(prefix="devmap-ct-")
     failures = []
-    for strategy in ("tensor", "channel"):
+    for strategy in ("tensor", "channel", "group"):
         for scale_dtype in (torch.bfloat16, torch.float32):
             src = os.path.join(work, f"ct-{strategy}-{str(scale_dtype)[6:]}")
             make(src, strategy, scale_dtype)

@@ -54,7 +54,7 @@ fn compressed_tensors_fp8_dequantizes_bit_exact_with_transformers() {
     assert!(ok, "compressed-tensors check failed:\n{out}\n{err}");
     assert_eq!(
         out.matches("ok: compressed-tensors FP8,").count(),
-        12,
+        18,
         "{out}"
     );
     assert!(out.contains("ok: a marlin-24 config is refused"), "{out}");

@@ -230,15 +230,49 @@ pub(crate) fn dequantize_bytes(
     (sd, to): (DType, DType),
     output: &mut [u8],
 ) -> bool {
-    let p = move |q: u8| (i32::from(q) - z) as f32 * s;
+    fused_to(bytes, (sd, to), output, move |q: u8| {
+        (i32::from(q) - z) as f32 * s
+    })
+}
+
+/// FP8 codes of one block (`values`: each code's value; no NaN among the codes) times
+/// the block's scale `s` in f32, rounded to `sd` and written as `to`, bfloat16 or
+/// float32, into `output`: [`round_products`] of their products in one pass. False,
+/// writing nothing, for other outputs.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub(crate) fn dequantize_codes(
+    codes: &[u8],
+    (values, s): (&[f32; 256], f32),
+    (sd, to): (DType, DType),
+    output: &mut [u8],
+) -> bool {
+    fused_to(codes, (sd, to), output, move |c: u8| {
+        values[usize::from(c)] * s
+    })
+}
+
+/// [`fused`] for the rounding to `sd` and the output `to` (bfloat16 or float32; false
+/// for others), each input's product `product`.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn fused_to<T: Copy>(
+    inputs: &[T],
+    (sd, to): (DType, DType),
+    output: &mut [u8],
+    product: impl Fn(T) -> f32,
+) -> bool {
     let same = |p: f32| p;
     match (sd, to) {
-        (DType::F16, DType::BF16) => fused::<2, _>(bytes, output, p, f16_value),
-        (DType::F16, DType::F32) => fused::<4, _>(bytes, output, p, f16_value),
-        (DType::BF16, DType::BF16) => fused::<2, _>(bytes, output, p, bf16_value),
-        (DType::BF16, DType::F32) => fused::<4, _>(bytes, output, p, bf16_value),
-        (DType::F32, DType::BF16) => fused::<2, _>(bytes, output, p, same),
-        (DType::F32, DType::F32) => fused::<4, _>(bytes, output, p, same),
+        (DType::F16, DType::BF16) => fused::<2, _>(inputs, output, product, f16_value),
+        (DType::F16, DType::F32) => fused::<4, _>(inputs, output, product, f16_value),
+        (DType::BF16, DType::BF16) => fused::<2, _>(inputs, output, product, bf16_value),
+        (DType::BF16, DType::F32) => fused::<4, _>(inputs, output, product, bf16_value),
+        (DType::F32, DType::BF16) => fused::<2, _>(inputs, output, product, same),
+        (DType::F32, DType::F32) => fused::<4, _>(inputs, output, product, same),
         _ => return false,
     }
     true

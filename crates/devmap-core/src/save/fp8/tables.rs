@@ -48,6 +48,9 @@ impl Fp8Rows {
         if self.blocks.scale_dtype == DType::F8E8M0 {
             return self.fp8_by_exponent::<SIZE>(first, input, to, tables, out);
         }
+        if self.blocks.block_rows * self.blocks.block_cols < 1024 {
+            return self.fp8_computed::<SIZE>(first, input, to, out);
+        }
         let blocks = self.blocks;
         let (sr, sc) = blocks.grid();
         let cols = blocks.cols as usize;
@@ -128,6 +131,59 @@ impl Fp8Rows {
                 let (t, _) = t.as_chunks::<SIZE>();
                 for (&b, o) in values.iter().zip(dst.as_chunks_mut::<SIZE>().0) {
                     *o = t[usize::from(b)];
+                }
+            }
+        }
+    }
+}
+
+impl Fp8Rows {
+    /// [`Fp8Rows::fp8_into`] for small blocks of a row with float scales
+    /// (compressed-tensors' `group` strategy): each block's 256 outputs would be more
+    /// than its values, remade every row, so each value is computed as a table entry is
+    /// (the code's value times the scale in f32, rounded to the product's dtype,
+    /// converted), in one vectorised pass. A block holding a NaN code, or an output
+    /// other than bfloat16 and float32, goes through the block's table.
+    fn fp8_computed<const SIZE: usize>(&self, first: u64, input: &[u8], to: DType, out: &mut [u8]) {
+        let blocks = self.blocks;
+        let (sr, sc) = blocks.grid();
+        let cols = blocks.cols as usize;
+        let bc = blocks.block_cols as usize;
+        let lut = table(self.from);
+        let mut nan = [false; 256];
+        for (n, v) in nan.iter_mut().zip(lut) {
+            *n = v.is_nan();
+        }
+        let mut own = vec![0u8; 256 * SIZE];
+        for (k, (row, out_row)) in input
+            .chunks_exact(cols)
+            .zip(out.chunks_exact_mut(cols * SIZE))
+            .enumerate()
+        {
+            let r = first + k as u64;
+            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
+            let at = ((matrix * sr + i / blocks.block_rows) * sc) as usize;
+            let scale_row = &self.scales[at..at + sc as usize];
+            for ((codes, dst), &s) in row
+                .chunks(bc)
+                .zip(out_row.chunks_mut(bc * SIZE))
+                .zip(scale_row)
+            {
+                let clean = !codes.iter().any(|&c| nan[usize::from(c)]);
+                if clean
+                    && crate::save::lookup::dequantize_codes(
+                        codes,
+                        (lut, s),
+                        (blocks.product, to),
+                        dst,
+                    )
+                {
+                    continue;
+                }
+                self.outputs(lut, s, to, &mut own);
+                let (t, _) = own.as_chunks::<SIZE>();
+                for (&c, o) in codes.iter().zip(dst.as_chunks_mut::<SIZE>().0) {
+                    *o = t[usize::from(c)];
                 }
             }
         }
