@@ -43,8 +43,8 @@ fn mxfp4_checkpoints_dequantize_bit_exact_with_transformers() {
 }
 
 /// compressed-tensors `float-quantized` FP8 against transformers with the
-/// compressed-tensors library (tests/python/compressed_fp8.py): per-tensor and
-/// per-channel scales, stored in bfloat16 and float32, to bfloat16, float16 and float32:
+/// compressed-tensors library (tests/python/compressed_fp8.py): per-tensor, per-channel
+/// and per-group scales, stored in bfloat16 and float32, to bfloat16, float16 and float32:
 /// bit-identical with transformers' dequantized save, logits equal, verify clean; a
 /// `marlin-24` config (2:4 sparse, not dequantized) refused.
 #[test]
