@@ -2,10 +2,10 @@
 //! then output rows made a sub-band at a time through a table of every output a value
 //! can have, per group and column.
 
-use super::kernels::{awq_columns, byte_products, expand_rows};
+use super::kernels::{awq_columns, byte_row, expand_rows};
 use super::{Packing, TransposedInt, TransposedIntLayout, word};
 use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at};
-use crate::save::lookup::{dequantize_bytes, expand_by_input, round_products};
+use crate::save::lookup::expand_by_input;
 use crate::types::DType;
 
 /// Where finished output rows go: the first row's index, and the rows (which a LoRA
@@ -493,32 +493,17 @@ impl Decode<'_> {
         };
         let (products, floats, rounded) = scratch;
         let mut params = Vec::new();
-        products.resize(inputs, 0.0);
-        let size = (layout.group_size as usize).max(1);
+        let of = (!self.groups.in_order).then_some(self.groups.of.as_slice());
         for k in 0..count {
-            let local = first + k;
             params.clear();
-            params.extend((0..layout.groups as usize).map(|g| param(g, local)));
-            let bytes = &columns[k * stride..k * stride + inputs];
-            let output = &mut output[k * inputs * SIZE..(k + 1) * inputs * SIZE];
-            // With the groups in order, a group's values made in one pass.
-            if self.groups.in_order
-                && bytes
-                    .chunks(size)
-                    .zip(output.chunks_mut(size * SIZE))
-                    .zip(&params)
-                    .all(|((q, o), &zs)| dequantize_bytes(q, zs, (layout.scale_dtype, to), o))
-            {
-                continue;
-            }
-            let of = (!self.groups.in_order).then_some(self.groups.of.as_slice());
-            byte_products(bytes, (of, size), &params, products);
-            round_products(
-                products,
-                layout.scale_dtype,
-                to,
-                (&mut *floats, &mut *rounded),
-                output,
+            params.extend((0..layout.groups as usize).map(|g| param(g, first + k)));
+            byte_row(
+                &columns[k * stride..k * stride + inputs],
+                (of, layout.group_size as usize),
+                &params,
+                (layout.scale_dtype, to),
+                (&mut *products, &mut *floats, &mut *rounded),
+                &mut output[k * inputs * SIZE..(k + 1) * inputs * SIZE],
             );
         }
     }

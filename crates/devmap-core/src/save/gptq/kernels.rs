@@ -2,7 +2,8 @@
 //! expansion of a row's nibbles through its group's 16 outputs (both compiled for
 //! AVX-512 and AVX2 too, chosen at run time).
 
-use crate::save::lookup::expand_nibbles;
+use crate::save::lookup::{dequantize_bytes, expand_nibbles, round_products};
+use crate::types::DType;
 
 /// AWQ's 4-bit words (`packed`, `band_words` a row, the sub-band's from `first_word`)
 /// transposed into each output row's nibbles in input order (`columns`, a row every
@@ -139,12 +140,40 @@ pub(super) fn expand_rows<const SIZE: usize>(
     }
 }
 
+/// One output row of 8-bit values (`bytes`, in input order) dequantized into `output`
+/// (`to`, after rounding to the scale's dtype `sd`): with the groups in order and a
+/// bfloat16 or float32 output, each group's values in one vectorised pass; else their
+/// products ([`byte_products`]), rounded and converted.
+pub(super) fn byte_row(
+    bytes: &[u8],
+    (of, size): (Option<&[u32]>, usize),
+    params: &[(i32, f32)],
+    (sd, to): (DType, DType),
+    (products, floats, rounded): (&mut Vec<f32>, &mut Vec<u8>, &mut Vec<u8>),
+    output: &mut [u8],
+) {
+    let size = size.max(1);
+    let per_group = bytes
+        .chunks(size)
+        .zip(output.chunks_mut(size * to.size() as usize));
+    if of.is_none()
+        && per_group
+            .zip(params)
+            .all(|((q, o), &zs)| dequantize_bytes(q, zs, (sd, to), o))
+    {
+        return;
+    }
+    products.resize(bytes.len(), 0.0);
+    byte_products(bytes, (of, size), params, products);
+    round_products(products, sd, to, (floats, rounded), output);
+}
+
 /// 8-bit values (a byte each, in input order) as `(q − z) · s` in f32 (exact: a 9-bit
 /// integer times a scale of at most 11 significant bits, or one rounding for a float32
 /// scale, as torch's product in that dtype) into `products`: value `i` in group `of[i]`
 /// where `of` is given (act order), else `i / size`; `params[g]` group `g`'s zero point
 /// and scale.
-pub(super) fn byte_products(
+fn byte_products(
     bytes: &[u8],
     (of, size): (Option<&[u32]>, usize),
     params: &[(i32, f32)],
