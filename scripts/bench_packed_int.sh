@@ -3,13 +3,14 @@
 # of the same number of output bytes, warm cache; peak RSS from GNU time. FORMAT=int4
 # (the default): pack-quantized INT4 in groups of 128 with packed zero points (W4A16 as
 # llm-compressor writes it); FORMAT=nvfp4: NVFP4 (FP4 values, an F8_E4M3 scale per 16,
-# a global scale); FORMAT=gptq / FORMAT=awq: GPTQ (v1, groups of 128, g_idx) and AWQ
+# a global scale); FORMAT=modelopt: the same values in ModelOpt's layout (`M.weight`,
+# `weight_scale`, `weight_scale_2`); FORMAT=gptq / FORMAT=awq: GPTQ (v1, groups of 128, g_idx) and AWQ
 # GEMM 4-bit, stored transposed; FORMAT=gptq-act: GPTQ with desc_act (g_idx of a
 # random input order); FORMAT=gptq8: GPTQ at 8 bits (four values a word); FORMAT=int4-act: the int4 checkpoint in activation order
 # (`actorder: group`, a weight_g_idx of a random column order). The checkpoint: SIZE_MB of packed weights of
 # Llama-70B's MLP geometry (8,192 × 28,672 and back); the output is four times that in
 # bfloat16.
-# Usage: [RUNS=3] [FORMAT=int4|int4-act|nvfp4|gptq|gptq8|gptq-act|awq] scripts/bench_packed_int.sh [SIZE_MB=256] [WORKDIR=target/bench]
+# Usage: [RUNS=3] [FORMAT=int4|int4-act|nvfp4|modelopt|gptq|gptq8|gptq-act|awq] scripts/bench_packed_int.sh [SIZE_MB=256] [WORKDIR=target/bench]
 source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-256}
 WORK=${2:-target/bench}
@@ -54,11 +55,17 @@ while total < size_mb * 2**20:
             # place in that order // 128.
             order = torch.from_numpy(rng.permutation(cols))
             tensors[name + ".g_idx"] = (torch.argsort(order) // 128).to(torch.int32)
-    elif fmt == "nvfp4":
+    elif fmt in ("nvfp4", "modelopt"):
         packed = rng.integers(0, 256, size=(rows, cols // 2), dtype=np.uint8)
-        tensors[name + ".weight_packed"] = torch.from_numpy(packed)
-        tensors[name + ".weight_scale"] = (torch.rand(rows, cols // 16) * 400 + 1).to(torch.float8_e4m3fn)
-        tensors[name + ".weight_global_scale"] = torch.tensor([2000.0])
+        scales = (torch.rand(rows, cols // 16) * 400 + 1).to(torch.float8_e4m3fn)
+        if fmt == "modelopt":
+            tensors[name + ".weight"] = torch.from_numpy(packed)
+            tensors[name + ".weight_scale"] = scales
+            tensors[name + ".weight_scale_2"] = torch.tensor(0.0005)
+        else:
+            tensors[name + ".weight_packed"] = torch.from_numpy(packed)
+            tensors[name + ".weight_scale"] = scales
+            tensors[name + ".weight_global_scale"] = torch.tensor([2000.0])
     else:
         packed = rng.integers(-2**31, 2**31, size=(rows, cols // 8), dtype=np.int64).astype(np.int32)
         groups = cols // 128
@@ -80,6 +87,8 @@ quantization = {"quant_method": "compressed-tensors", "format": "pack-quantized"
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
 if fmt == "nvfp4":
     quantization = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}
+if fmt == "modelopt":
+    quantization = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
 if fmt in ("gptq", "gptq8", "gptq-act"):
     quantization = {"quant_method": "gptq", "bits": 8 if fmt == "gptq8" else 4, "group_size": 128, "desc_act": fmt == "gptq-act",
                     "sym": False, "checkpoint_format": "gptq"}
