@@ -213,7 +213,6 @@ impl Fp8Rows {
     pub fn values(&self, first: u64, input: &[u8], out: &mut [f32]) {
         let blocks = self.blocks;
         let lut = table(self.from);
-        let (sr, sc) = blocks.grid();
         let cols = blocks.cols as usize;
         let stored = row_bytes(self.from, blocks.cols) as usize;
         for (k, (band_row, out_row)) in input
@@ -221,10 +220,7 @@ impl Fp8Rows {
             .zip(out.chunks_exact_mut(cols))
             .enumerate()
         {
-            let r = first + k as u64;
-            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
-            let scale_row = &self.scales[((matrix * sr + i / blocks.block_rows) * sc) as usize..]
-                [..sc as usize];
+            let scale_row = self.scale_row(first + k as u64);
             if self.from == DType::I8 {
                 let bc = blocks.block_cols as usize;
                 for (c, o) in out_row.iter_mut().enumerate() {
@@ -247,6 +243,21 @@ impl Fp8Rows {
         self.round_products(out);
     }
 
+    /// The index of row `r`'s first block scale (rows counted over every matrix of the
+    /// weight).
+    fn scale_at(&self, r: u64) -> usize {
+        let blocks = self.blocks;
+        let (sr, sc) = blocks.grid();
+        let (matrix, i) = (r / blocks.rows, r % blocks.rows);
+        ((matrix * sr + i / blocks.block_rows) * sc) as usize
+    }
+
+    /// Row `r`'s block scales.
+    fn scale_row(&self, r: u64) -> &[f32] {
+        let at = self.scale_at(r);
+        &self.scales[at..at + self.blocks.grid().1 as usize]
+    }
+
     /// f32 products rounded as the reference rounds them: compressed-tensors multiplies
     /// in the scales' dtype, so the product is rounded to it before any cast to the
     /// output's.
@@ -265,6 +276,22 @@ impl Fp8Rows {
             _ => {}
         }
     }
+}
+
+/// Each stored row of `input` (`stored` bytes) with its output row (`out_row` bytes of
+/// `out`) and its index in the weight, the first being `first`.
+fn rows<'a>(
+    first: u64,
+    (input, stored): (&'a [u8], usize),
+    (out, out_row): (&'a mut [u8], usize),
+) -> impl Iterator<Item = (u64, &'a [u8], &'a mut [u8])> {
+    (first..)
+        .zip(
+            input
+                .chunks_exact(stored)
+                .zip(out.chunks_exact_mut(out_row)),
+        )
+        .map(|(r, (row, out))| (r, row, out))
 }
 
 /// `x` rounded to bfloat16 as torch rounds (to nearest, ties to even; NaN to its one

@@ -2,7 +2,7 @@
 //! block's stored values can have (256 for an FP8 byte, 16 for an FP4 code), made with
 //! the streamed path's own multiply, rounding and cast, then a lookup a value.
 
-use super::{E2M1, Fp8Rows, row_bytes, table};
+use super::{E2M1, Fp8Rows, row_bytes, rows, table};
 use crate::types::DType;
 
 impl Fp8Rows {
@@ -52,18 +52,12 @@ impl Fp8Rows {
             return self.fp8_computed::<SIZE>(first, input, to, out);
         }
         let blocks = self.blocks;
-        let (sr, sc) = blocks.grid();
+        let sc = blocks.grid().1;
         let cols = blocks.cols as usize;
         let bc = blocks.block_cols as usize;
         let lut = table(self.from);
-        for (k, (row, out_row)) in input
-            .chunks_exact(cols)
-            .zip(out.chunks_exact_mut(cols * SIZE))
-            .enumerate()
-        {
-            let r = first + k as u64;
-            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
-            let at = ((matrix * sr + i / blocks.block_rows) * sc) as usize;
+        for (r, row, out_row) in rows(first, (input, cols), (out, cols * SIZE)) {
+            let at = self.scale_at(r);
             if tables.scale_row != Some(at) {
                 tables.bytes.resize(sc as usize * 256 * SIZE, 0);
                 for (b, t) in tables.bytes.chunks_exact_mut(256 * SIZE).enumerate() {
@@ -99,22 +93,14 @@ impl Fp8Rows {
         out: &mut [u8],
     ) {
         let blocks = self.blocks;
-        let (sr, sc) = blocks.grid();
         let cols = blocks.cols as usize;
         let bc = blocks.block_cols as usize;
         let lut = table(self.from);
         if tables.by_exponent.is_empty() {
             tables.by_exponent.resize_with(256, || None);
         }
-        for (k, (row, out_row)) in input
-            .chunks_exact(cols)
-            .zip(out.chunks_exact_mut(cols * SIZE))
-            .enumerate()
-        {
-            let r = first + k as u64;
-            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
-            let at = ((matrix * sr + i / blocks.block_rows) * sc) as usize;
-            let scale_row = &self.scales[at..at + sc as usize];
+        for (r, row, out_row) in rows(first, (input, cols), (out, cols * SIZE)) {
+            let scale_row = self.scale_row(r);
             for ((values, dst), &s) in row
                 .chunks(bc)
                 .zip(out_row.chunks_mut(bc * SIZE))
@@ -146,7 +132,6 @@ impl Fp8Rows {
     /// other than bfloat16 and float32, goes through the block's table.
     fn fp8_computed<const SIZE: usize>(&self, first: u64, input: &[u8], to: DType, out: &mut [u8]) {
         let blocks = self.blocks;
-        let (sr, sc) = blocks.grid();
         let cols = blocks.cols as usize;
         let bc = blocks.block_cols as usize;
         let lut = table(self.from);
@@ -155,15 +140,8 @@ impl Fp8Rows {
             *n = v.is_nan();
         }
         let mut own = vec![0u8; 256 * SIZE];
-        for (k, (row, out_row)) in input
-            .chunks_exact(cols)
-            .zip(out.chunks_exact_mut(cols * SIZE))
-            .enumerate()
-        {
-            let r = first + k as u64;
-            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
-            let at = ((matrix * sr + i / blocks.block_rows) * sc) as usize;
-            let scale_row = &self.scales[at..at + sc as usize];
+        for (r, row, out_row) in rows(first, (input, cols), (out, cols * SIZE)) {
+            let scale_row = self.scale_row(r);
             for ((codes, dst), &s) in row
                 .chunks(bc)
                 .zip(out_row.chunks_mut(bc * SIZE))
@@ -267,22 +245,14 @@ impl Fp8Rows {
         out: &mut [u8],
     ) {
         let blocks = self.blocks;
-        let (sr, sc) = blocks.grid();
         let cols = blocks.cols as usize;
         let bc = blocks.block_cols as usize;
         let stored = row_bytes(DType::I8, blocks.cols) as usize;
         let make = |s: f32, table: &mut [u8; 64]| {
             self.outputs(&E2M1, s, to, &mut table[..16 * SIZE]);
         };
-        for (k, (band_row, out_row)) in input
-            .chunks_exact(stored)
-            .zip(out.chunks_exact_mut(cols * SIZE))
-            .enumerate()
-        {
-            let r = first + k as u64;
-            let (matrix, i) = (r / blocks.rows, r % blocks.rows);
-            let scale_row = &self.scales[((matrix * sr + i / blocks.block_rows) * sc) as usize..]
-                [..sc as usize];
+        for (r, band_row, out_row) in rows(first, (input, stored), (out, cols * SIZE)) {
+            let scale_row = self.scale_row(r);
             // A block of `bc` values (even) is `bc / 2` bytes.
             for ((bytes, dst), &s) in band_row
                 .chunks(bc / 2)
