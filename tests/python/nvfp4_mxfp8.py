@@ -30,7 +30,7 @@ from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
 from compressed_tensors.quantization import preset_name_to_scheme
 from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 from safetensors.torch import save_file
-from saved import peft_merged, tensors as read_tensors
+from saved import bit_unequal, peft_merged, tensors as read_tensors
 from transformers import AutoModelForCausalLM, CompressedTensorsConfig, LlamaConfig
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -87,15 +87,6 @@ def run(args):
     return subprocess.run(args, capture_output=True, text=True)
 
 
-def bits_of(t):
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-def unequal(ours, theirs):
-    return [k for k in theirs if ours[k].dtype != theirs[k].dtype or ours[k].shape != theirs[k].shape
-            or not torch.equal(bits_of(ours[k]), bits_of(theirs[k]))]
-
-
 def main(devmap):
     work = tempfile.mkdtemp(prefix="devmap-nvfp4-mxfp8-")
     failures = []
@@ -116,7 +107,7 @@ def main(devmap):
             if sorted(ours) != sorted(theirs):
                 failures.append(f"{case}: names differ: {sorted(set(ours) ^ set(theirs))[:4]}")
                 continue
-            bad = unequal(ours, theirs)
+            bad = bit_unequal(ours, theirs)
             if bad:
                 failures.append(f"{case}: {len(bad)} tensors differ from transformers', e.g. {bad[0]}")
                 continue
@@ -159,7 +150,7 @@ def check_lora(devmap, work):
     ours, theirs = read_tensors(out), read_tensors(ref)
     if sorted(ours) != sorted(theirs):
         return [f"--merge-lora into NVFP4: names differ: {sorted(set(ours) ^ set(theirs))[:4]}"]
-    bad = unequal(ours, theirs)
+    bad = bit_unequal(ours, theirs)
     if bad:
         return [f"--merge-lora into NVFP4: {len(bad)} tensors differ from peft's merge, e.g. {bad[0]}"]
     r = run([devmap, "verify", out, "--against", src, "--dtype", "bfloat16", "--merge-lora", adapter, "--quiet"])

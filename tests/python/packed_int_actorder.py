@@ -43,7 +43,7 @@ from compressed_tensors.compressors.pack_quantized.base import PackedQuantizatio
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme  # noqa: E402
 from compressed_tensors.quantization.utils import calculate_qparams  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from saved import peft_merged, tensors as read_tensors  # noqa: E402
+from saved import bit_unequal, peft_merged, tensors as read_tensors  # noqa: E402
 from transformers import AutoModelForCausalLM, CompressedTensorsConfig, LlamaConfig  # noqa: E402
 
 assert compressed_tensors.__version__ == "0.18.0", compressed_tensors.__version__
@@ -137,15 +137,6 @@ def run(args):
     return subprocess.run(args, capture_output=True, text=True)
 
 
-def bits_of(t):
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-def unequal(ours, theirs):
-    return [k for k in theirs if ours[k].dtype != theirs[k].dtype or ours[k].shape != theirs[k].shape
-            or not torch.equal(bits_of(ours[k]), bits_of(theirs[k]))]
-
-
 def main(devmap):
     work = tempfile.mkdtemp(prefix="devmap-packed-actorder-")
     failures = []
@@ -165,7 +156,7 @@ def main(devmap):
             if sorted(ours) != sorted(theirs):
                 failures.append(f"{case}: names differ: {sorted(set(ours) ^ set(theirs))[:4]}")
                 continue
-            bad = unequal(ours, theirs)
+            bad = bit_unequal(ours, theirs)
             if bad:
                 failures.append(f"{case}: {len(bad)} tensors differ from compressed-tensors' decompress, e.g. {bad[0]}")
                 continue
@@ -231,7 +222,7 @@ def check_lora(devmap, work):
     ours, theirs = read_tensors(out), read_tensors(ref)
     if sorted(ours) != sorted(theirs):
         return [f"--merge-lora into activation-order INT4: names differ: {sorted(set(ours) ^ set(theirs))[:4]}"]
-    bad = unequal(ours, theirs)
+    bad = bit_unequal(ours, theirs)
     if bad:
         return [f"--merge-lora into activation-order INT4: {len(bad)} tensors differ from peft's merge, e.g. {bad[0]}"]
     changed = sum(any(t in k for t in ("q_proj", "v_proj", "down_proj")) for k in theirs)

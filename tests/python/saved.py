@@ -57,6 +57,18 @@ def first_unequal(got, want, dtype=None):
     return None
 
 
+def bit_unequal(ours, theirs):
+    """The names of `theirs` whose tensor in `ours` differs in dtype, shape or any bit
+    (a bitwise comparison: −0 is not +0, a NaN is its own payload)."""
+    import torch
+
+    def bits(t):
+        return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+    return [k for k in theirs if ours[k].dtype != theirs[k].dtype or ours[k].shape != theirs[k].shape
+            or not torch.equal(bits(ours[k]), bits(theirs[k]))]
+
+
 def peft_merged(load, lora_config, work, label):
     """An adapter peft makes on the model `load()` gives (`lora_config`, its LoRA
     weights random and non-zero, seed 5), saved under `work`; then peft's own
