@@ -96,9 +96,7 @@ impl Fp8Rows {
         let cols = blocks.cols as usize;
         let bc = blocks.block_cols as usize;
         let lut = table(self.from);
-        if tables.by_exponent.is_empty() {
-            tables.by_exponent.resize_with(256, || None);
-        }
+        let make = |s: f32, t: &mut [u8]| self.outputs(lut, s, to, t);
         for (r, row, out_row) in rows(first, (input, cols), (out, cols * SIZE)) {
             let scale_row = self.scale_row(r);
             for ((values, dst), &s) in row
@@ -106,14 +104,7 @@ impl Fp8Rows {
                 .zip(out_row.chunks_mut(bc * SIZE))
                 .zip(scale_row)
             {
-                // 2^(e − 127) as an f32 has exponent bits e (e = 0: the subnormal
-                // 2^-127, whose exponent bits are 0 too).
-                let exponent = (s.to_bits() >> 23) as usize & 0xFF;
-                let t = tables.by_exponent[exponent].get_or_insert_with(|| {
-                    let mut t = vec![0u8; 256 * SIZE];
-                    self.outputs(lut, s, to, &mut t);
-                    t.into_boxed_slice()
-                });
+                let t = tables.by_scale.get(s, 256 * SIZE, make);
                 let (t, _) = t.as_chunks::<SIZE>();
                 for (&b, o) in values.iter().zip(dst.as_chunks_mut::<SIZE>().0) {
                     *o = t[usize::from(b)];
@@ -174,44 +165,40 @@ impl Fp8Rows {
 pub struct Fp8Tables {
     scale_row: Option<usize>,
     bytes: Vec<u8>,
-    by_exponent: Vec<Option<Box<[u8]>>>,
+    by_scale: ScaleTables,
 }
 
 /// A packed FP4 weight's output tables: the sixteen outputs of a block, by its scale.
-/// E8M0 scales are powers of two, so a table per exponent (256 at most, made when first
-/// met) serves every block; any other scale gets its own, kept while blocks repeat it.
+pub type Fp4Tables = ScaleTables;
+
+/// Output tables by scale. E8M0 scales are powers of two, so a table per exponent (256
+/// at most, made when first met) serves every block that has it; any other scale gets
+/// its own, kept while blocks repeat it.
 #[derive(Default)]
-pub struct Fp4Tables {
-    by_exponent: Vec<Option<Box<[u8; 64]>>>,
-    other: Option<(u32, Box<[u8; 64]>)>,
+pub struct ScaleTables {
+    by_exponent: Vec<Option<Box<[u8]>>>,
+    other: Option<(u32, Box<[u8]>)>,
 }
 
-impl Fp4Tables {
-    /// The sixteen outputs (`size` bytes each, in 64 bytes) for scale `s`.
-    fn get(&mut self, s: f32, make: impl Fn(f32, &mut [u8; 64])) -> &[u8; 64] {
+impl ScaleTables {
+    /// The table of `len` bytes for scale `s`, made by `make` when first needed.
+    fn get(&mut self, s: f32, len: usize, make: impl Fn(f32, &mut [u8])) -> &[u8] {
+        let table = || {
+            let mut table = vec![0u8; len].into_boxed_slice();
+            make(s, &mut table);
+            table
+        };
         let bits = s.to_bits();
         if bits & 0x807F_FFFF == 0 {
             if self.by_exponent.is_empty() {
                 self.by_exponent.resize(256, None);
             }
-            let slot = &mut self.by_exponent[(bits >> 23) as usize];
-            return slot.get_or_insert_with(|| {
-                let mut table = Box::new([0u8; 64]);
-                make(s, &mut table);
-                table
-            });
+            return self.by_exponent[(bits >> 23) as usize].get_or_insert_with(table);
         }
         if self.other.as_ref().is_some_and(|(b, _)| *b != bits) {
             self.other = None;
         }
-        &self
-            .other
-            .get_or_insert_with(|| {
-                let mut table = Box::new([0u8; 64]);
-                make(s, &mut table);
-                (bits, table)
-            })
-            .1
+        &self.other.get_or_insert_with(|| (bits, table())).1
     }
 }
 
@@ -248,9 +235,7 @@ impl Fp8Rows {
         let cols = blocks.cols as usize;
         let bc = blocks.block_cols as usize;
         let stored = row_bytes(DType::I8, blocks.cols) as usize;
-        let make = |s: f32, table: &mut [u8; 64]| {
-            self.outputs(&E2M1, s, to, &mut table[..16 * SIZE]);
-        };
+        let make = |s: f32, table: &mut [u8]| self.outputs(&E2M1, s, to, table);
         for (r, band_row, out_row) in rows(first, (input, stored), (out, cols * SIZE)) {
             let scale_row = self.scale_row(r);
             // A block of `bc` values (even) is `bc / 2` bytes.
@@ -259,8 +244,8 @@ impl Fp8Rows {
                 .zip(out_row.chunks_mut(bc * SIZE))
                 .zip(scale_row)
             {
-                let table = tables.get(s, make);
-                let (table, _) = table[..16 * SIZE].as_chunks::<SIZE>();
+                let table = tables.get(s, 16 * SIZE, make);
+                let (table, _) = table.as_chunks::<SIZE>();
                 if let Ok(table) = <&[[u8; SIZE]; 16]>::try_from(table) {
                     crate::save::lookup::expand_nibbles(bytes, table, dst);
                 }
