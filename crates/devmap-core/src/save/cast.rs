@@ -117,11 +117,18 @@ pub fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) {
 const VECTOR_NAN: u16 = 0xFFFF;
 const SCALAR_NAN: u16 = 0x7FC0;
 
+/// A finite (or infinite) float32's bits rounded to bfloat16, to nearest even, as
+/// torch rounds: the dequantizers' products, which are never NaN, go through this.
+#[inline]
+pub(crate) fn bf16_of_finite(x: u32) -> u16 {
+    (x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16) as u16
+}
+
 /// A float32's bits rounded to bfloat16, to nearest even, on the bits (no branch but
 /// the NaN select, so a loop over it vectorises); every NaN becomes `nan`.
 #[inline]
 fn bf16_bits(x: u32, nan: u16) -> u16 {
-    let rounded = (x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16) as u16;
+    let rounded = bf16_of_finite(x);
     if (x & 0x7FFF_FFFF) > 0x7F80_0000 {
         nan
     } else {

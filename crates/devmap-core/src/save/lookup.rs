@@ -5,6 +5,7 @@
 //! 32 values a step by byte shuffles. A code's output is a table entry on every path,
 //! so the bytes never depend on the CPU.
 
+use super::cast::bf16_of_finite;
 use crate::types::DType;
 
 /// Each byte of `bytes` as two values (the low nibble first), looked up in `table`
@@ -293,8 +294,7 @@ fn fused<const SIZE: usize, T: Copy>(
     let write = |x: T, o: &mut [u8]| {
         let bits = round(product(x)).to_bits();
         if SIZE == 2 {
-            let half = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
-            o.copy_from_slice(&half.to_le_bytes());
+            o.copy_from_slice(&bf16_of_finite(bits).to_le_bytes());
         } else {
             o.copy_from_slice(&bits.to_le_bytes());
         }
@@ -342,8 +342,7 @@ fn f16_value(p: f32) -> f32 {
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn bf16_value(p: f32) -> f32 {
-    let bits = p.to_bits();
-    f32::from_bits(bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000)
+    f32::from_bits(u32::from(bf16_of_finite(p.to_bits())) << 16)
 }
 
 /// Rows of 4-bit values (two a byte, the low nibble first) where each input has a group

@@ -50,8 +50,7 @@ const MODELOPT_E2M1: [f32; 16] = [
 /// A finite (or infinite) f32 rounded to bfloat16 as torch rounds it: to nearest, ties
 /// to even. The products here are never NaN: their scales were checked.
 fn bf16_bits(x: f32) -> u16 {
-    let bits = x.to_bits();
-    (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16
+    super::cast::bf16_of_finite(x.to_bits())
 }
 
 /// Whose NVFP4 a weight is: how its global scale applies, and where the product is
