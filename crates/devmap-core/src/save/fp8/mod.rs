@@ -101,6 +101,12 @@ pub fn e4m3_values() -> &'static [f32; 256] {
     table(DType::F8E4M3)
 }
 
+/// float32 value of each byte of `from`, E4M3 or E5M2 (E4M3's for any other).
+#[cfg(test)]
+pub(crate) fn values(from: DType) -> &'static [f32; 256] {
+    table(from)
+}
+
 /// float32 value of each FP8 byte.
 fn table(from: DType) -> &'static [f32; 256] {
     static E4M3: OnceLock<[f32; 256]> = OnceLock::new();

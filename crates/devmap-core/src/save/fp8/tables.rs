@@ -119,17 +119,15 @@ impl Fp8Rows {
     /// (compressed-tensors' `group` strategy): each block's 256 outputs would be more
     /// than its values, remade every row, so each value is computed as a table entry is
     /// (the code's value times the scale in f32, rounded to the product's dtype,
-    /// converted), in one vectorised pass. A block holding a NaN code, or an output
-    /// other than bfloat16 and float32, goes through the block's table.
+    /// converted), in one vectorised pass, the codes decoded on their bits. A block
+    /// holding a code that is not finite (NaN, E5M2's infinities), or an output other
+    /// than bfloat16 and float32, goes through the block's table.
     fn fp8_computed<const SIZE: usize>(&self, first: u64, input: &[u8], to: DType, out: &mut [u8]) {
         let blocks = self.blocks;
         let cols = blocks.cols as usize;
         let bc = blocks.block_cols as usize;
         let lut = table(self.from);
-        let mut nan = [false; 256];
-        for (n, v) in nan.iter_mut().zip(lut) {
-            *n = v.is_nan();
-        }
+        let format = crate::save::lookup::Fp8Bits::of(self.from);
         let mut own = vec![0u8; 256 * SIZE];
         for (r, row, out_row) in rows(first, (input, cols), (out, cols * SIZE)) {
             let scale_row = self.scale_row(r);
@@ -138,11 +136,11 @@ impl Fp8Rows {
                 .zip(out_row.chunks_mut(bc * SIZE))
                 .zip(scale_row)
             {
-                let clean = !codes.iter().any(|&c| nan[usize::from(c)]);
-                if clean
+                if let Some(format) = format
+                    && !format.any_special(codes)
                     && crate::save::lookup::dequantize_codes(
                         codes,
-                        (lut, s),
+                        (format, s),
                         (blocks.product, to),
                         dst,
                     )

@@ -278,11 +278,12 @@ const COMPRESSED_COMPANIONS: [&str; 5] = [
 ];
 
 /// How a compressed-tensors `float-quantized` save treats tensor `id`: an FP8 weight
-/// `M.weight` with `M.weight_scale` of one value (the `tensor` strategy) or one per row
-/// (`channel`) is written dequantized — each element times its scale, multiplied in
-/// the scale's dtype, as compressed-tensors' `dequantize` does, then converted to `to`
-/// — and its companions are dropped. Asymmetric weights (a zero point) and other
-/// strategies (groups, blocks) are refused by name.
+/// `M.weight` with `M.weight_scale` of one value (the `tensor` strategy), one per row
+/// (`channel`) or one per group of a row (`group`; MXFP8's E8M0 exponents per 32) is
+/// written dequantized — each element times its scale, multiplied in the scale's dtype,
+/// as compressed-tensors' `dequantize` does, then converted to `to` — and its
+/// companions are dropped. Asymmetric weights (a zero point) and 2-D blocks are
+/// refused by name.
 fn dequantized_compressed(
     ckpt: &Checkpoint,
     id: TensorId,
