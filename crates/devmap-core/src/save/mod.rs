@@ -1,6 +1,8 @@
 //! The saver: plan shards, check before writing, stream bytes into place, verify,
 //! commit. Reports through [`SaveEvent`]s and knows nothing of terminals.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod cast;
 pub mod check_written;
 mod commit;

@@ -2,6 +2,7 @@
 //! expansion of a row's nibbles through its group's 16 outputs (both compiled for
 //! AVX-512 and AVX2 too, chosen at run time).
 
+use super::band::DEALT;
 use crate::save::lookup::{dequantize_bytes, expand_nibbles, round_products};
 use crate::types::DType;
 
@@ -195,6 +196,31 @@ fn byte_products(
                 let (z, s) = params[*g as usize];
                 *p = (i32::from(*q) - z) as f32 * s;
             }
+        }
+    }
+}
+
+/// A dealt block's words (`words`: each packed row's [`DEALT`] words, row after row)
+/// gathered into its first `width` output rows (`columns`, a row every `stride` bytes,
+/// packed row `r`'s word at byte `4r`). On AVX-512, sixteen packed rows at a time as a
+/// 16×16 transposition in registers (`avx512::transpose_words`); elsewhere word by
+/// word.
+/// Either way the same bytes move.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub(super) fn gather_dealt(words: &[[u8; 4]], width: usize, (columns, stride): (&mut [u8], usize)) {
+    let rows = words.len() / DEALT;
+    let done = multiversion::target::match_target! {
+        "x86_64+avx512f" => crate::save::avx512::transpose_words(words, width, (columns, stride)),
+        _ => 0,
+    };
+    for r in done..rows {
+        for (k, w) in words[r * DEALT..r * DEALT + width].iter().enumerate() {
+            let b = k * stride + r * 4;
+            columns[b..b + 4].copy_from_slice(w);
         }
     }
 }

@@ -22,6 +22,7 @@
 //! band, whatever the layer.
 
 mod band;
+mod decode;
 mod kernels;
 #[cfg(test)]
 mod tests;

@@ -120,7 +120,8 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
     // 8 outputs: one band; 1024: several sub-bands and read bands; 1000: a last read
     // band that ends in half a block of GPTQ's dealt words. Groups of 8 values are
     // computed value by value, groups of 32 through the table. 24 inputs: AWQ's last
-    // eight input rows transposed on their own (16 at a time before).
+    // eight input rows transposed on their own (16 at a time before). 144 inputs: GPTQ's
+    // gather takes whole tiles of 16 packed rows and the rows after them.
     let packings = [
         Packing::Gptq { v1: true },
         Packing::Gptq { v1: false },
@@ -133,6 +134,7 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
         (64, 8),
         (64, 1024),
         (64, 1000),
+        (144, 1000),
     ];
     // GPTQ also with act order (desc_act: each input row's group from g_idx), and at 8
     // bits (four values a word: groups of 4 and 32 values, each computed).
@@ -210,4 +212,32 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
     let (_, qzeros, _, _) = case(Packing::Gptq { v1: true }, 4, (16, 8), false);
     let word = u32::from_le_bytes([qzeros[0], qzeros[1], qzeros[2], qzeros[3]]);
     assert_eq!((word.wrapping_add(0x1111_1111) >> 4) & 0xF, 0);
+}
+
+/// Gathering a dealt block (16 words a packed row) into output rows moves each word to
+/// its row, whole tiles of 16 packed rows (a register transposition on AVX-512) and the
+/// rows after them alike, at every width a block can have.
+#[test]
+fn dealt_words_gather_into_output_rows() {
+    for rows in [0, 5, 16, 37, 64] {
+        for width in [1, 7, 16] {
+            let words: Vec<[u8; 4]> = (0..rows * band::DEALT)
+                .map(|k| (k as u32).wrapping_mul(0x9E37_79B9).to_le_bytes())
+                .collect();
+            let stride = rows * 4 + 64;
+            let mut columns = vec![0u8; band::DEALT * stride];
+            kernels::gather_dealt(&words, width, (&mut columns, stride));
+            for k in 0..band::DEALT {
+                for r in 0..rows {
+                    let got = &columns[k * stride + r * 4..k * stride + r * 4 + 4];
+                    let want = if k < width {
+                        words[r * band::DEALT + k]
+                    } else {
+                        [0; 4]
+                    };
+                    assert_eq!(got, want, "{rows} rows, width {width}: row {k}, word {r}");
+                }
+            }
+        }
+    }
 }

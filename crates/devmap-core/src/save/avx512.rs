@@ -1,0 +1,225 @@
+//! Kernels written with AVX-512 instructions (`std::arch`), for what the compiler does
+//! not vectorise from plain loops: a 16×16 transposition of words, and float16
+//! rounding by the conversion instructions. Each is called only from a
+//! `multiversion` function's AVX-512 version (`match_target!`), which has the
+//! features enabled, and does the part of its input that fills whole vectors: the
+//! caller's plain loop does the rest, the same bytes either way.
+
+use std::arch::x86_64::{
+    __m256i, __m512, __m512i, _mm_extract_epi64, _mm_set_epi64x, _mm256_extracti128_si256,
+    _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_cvtepi32_epi16,
+    _mm512_cvtepi32_ps, _mm512_cvtepu8_epi32, _mm512_cvtph_ps, _mm512_cvtps_ph,
+    _mm512_extracti32x4_epi32, _mm512_mul_ps, _mm512_permutex2var_epi32, _mm512_set_epi32,
+    _mm512_set1_epi32, _mm512_set1_ps, _mm512_srli_epi32, _mm512_sub_epi32,
+};
+
+/// Sixteen `i32`s as a vector, element `k` from `x(k)`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn vector(x: impl Fn(usize) -> i32) -> __m512i {
+    _mm512_set_epi32(
+        x(15),
+        x(14),
+        x(13),
+        x(12),
+        x(11),
+        x(10),
+        x(9),
+        x(8),
+        x(7),
+        x(6),
+        x(5),
+        x(4),
+        x(3),
+        x(2),
+        x(1),
+        x(0),
+    )
+}
+
+/// A vector's 64 bytes into `out`, little-endian.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store_512(v: __m512i, out: &mut [u8]) {
+    let quarters = [
+        _mm512_extracti32x4_epi32::<0>(v),
+        _mm512_extracti32x4_epi32::<1>(v),
+        _mm512_extracti32x4_epi32::<2>(v),
+        _mm512_extracti32x4_epi32::<3>(v),
+    ];
+    for (q, o) in quarters.iter().zip(out.chunks_exact_mut(16)) {
+        o[..8].copy_from_slice(&_mm_extract_epi64::<0>(*q).to_le_bytes());
+        o[8..16].copy_from_slice(&_mm_extract_epi64::<1>(*q).to_le_bytes());
+    }
+}
+
+/// A 256-bit vector's 32 bytes into `out`, little-endian.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store_256(v: __m256i, out: &mut [u8]) {
+    let halves = [
+        _mm256_extracti128_si256::<0>(v),
+        _mm256_extracti128_si256::<1>(v),
+    ];
+    for (h, o) in halves.iter().zip(out.chunks_exact_mut(16)) {
+        o[..8].copy_from_slice(&_mm_extract_epi64::<0>(*h).to_le_bytes());
+        o[8..16].copy_from_slice(&_mm_extract_epi64::<1>(*h).to_le_bytes());
+    }
+}
+
+/// The permutes of [`transpose!`]'s four rounds (d = 8, 4, 2, 1): entry j < 16 takes
+/// row a's element j, 16 + j row a + d's.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose_rounds() -> [(__m512i, __m512i); 4] {
+    let indices = |d: usize| {
+        (
+            vector(|j| (if j & d == 0 { j } else { 16 + (j ^ d) }) as i32),
+            vector(|j| (if j & d == 0 { j ^ d } else { 16 + j }) as i32),
+        )
+    };
+    [indices(8), indices(4), indices(2), indices(1)]
+}
+
+/// 16 vectors of 16 `u32`s (`$m`, an array) transposed in place (vector `k` becomes
+/// what was element `k` of each), with [`transpose_rounds`]' permutes (`$rounds`): four
+/// rounds of two-source permutes; in each pair of vectors `a` and `a + d` (bit `d` of
+/// `a` clear), `a`'s elements with bit `d` of their index set trade places with
+/// `a + d`'s without. A macro, so it is inlined into the kernel that calls it (a
+/// function with AVX-512 enabled cannot be marked always-inline, and one call a tile
+/// of the 16 vectors through memory cost a tenth of the run).
+macro_rules! transpose {
+    ($m:expr, $rounds:expr) => {
+        for (round, &(low, high)) in $rounds.iter().enumerate() {
+            let d = 8 >> round;
+            for a in (0..16).filter(|a| a & d == 0) {
+                let (x, y) = ($m[a], $m[a + d]);
+                $m[a] = _mm512_permutex2var_epi32(x, low, y);
+                $m[a + d] = _mm512_permutex2var_epi32(x, high, y);
+            }
+        }
+    };
+}
+
+/// Words `[rows, 16]` (`words`, row after row, `rows` from the slice) transposed a tile
+/// of 16 rows at a time ([`transpose!`]) into `columns`: column `k` of rows
+/// `r0..r0 + 16` goes to `columns[k · stride + 4 · r0..]`, for the first `width`
+/// columns. Returns the rows done (whole tiles).
+#[target_feature(enable = "avx512f")]
+pub(crate) fn transpose_words(
+    words: &[[u8; 4]],
+    width: usize,
+    (columns, stride): (&mut [u8], usize),
+) -> usize {
+    let rounds = transpose_rounds();
+    let tiles = words.len() / 256;
+    for tile in 0..tiles {
+        let r0 = tile * 16;
+        let mut m: [__m512i; 16] = std::array::from_fn(|t| {
+            let row = &words[(r0 + t) * 16..(r0 + t + 1) * 16];
+            vector(|k| i32::from_le_bytes(row[k]))
+        });
+        transpose!(m, rounds);
+        for (k, row) in m.iter().enumerate().take(width) {
+            let b = k * stride + r0 * 4;
+            store_512(*row, &mut columns[b..b + 64]);
+        }
+    }
+    tiles * 16
+}
+
+/// 8-bit values of one group with a float16 scale `s` (zero point `z`): `(q − z) · s`
+/// in f32 (exact: a 9-bit integer times 11 significant bits), rounded to float16 by
+/// the conversion instruction (`vcvtps2ph`, to nearest even, overflow to infinity,
+/// float16's subnormals as IEEE rounds them) and back, then written as bfloat16
+/// (`SIZE` 2: rounded to nearest even on the bits; the values are float16's, so
+/// finite or infinite, never NaN) or as float32 (`SIZE` 4). Returns the values done:
+/// whole sixteens.
+#[target_feature(enable = "avx512f")]
+pub(crate) fn bytes_through_f16<const SIZE: usize>(
+    bytes: &[u8],
+    (z, s): (i32, f32),
+    output: &mut [u8],
+) -> usize {
+    let (zero, scale) = (_mm512_set1_epi32(z), _mm512_set1_ps(s));
+    let (steps, _) = bytes.as_chunks::<16>();
+    for (step, out) in steps.iter().zip(output.chunks_exact_mut(16 * SIZE)) {
+        let lanes = u128::from_le_bytes(*step);
+        let q = _mm512_cvtepu8_epi32(_mm_set_epi64x((lanes >> 64) as i64, lanes as i64));
+        let product = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, zero)), scale);
+        let bits = through_f16::<SIZE>(product);
+        if SIZE == 2 {
+            store_256(_mm512_cvtepi32_epi16(bits), out);
+        } else {
+            store_512(bits, out);
+        }
+    }
+    steps.len() * 16
+}
+
+/// Products rounded to float16 by the conversion instructions (`vcvtps2ph`, to nearest
+/// even, overflow to infinity, float16's subnormals as IEEE rounds them) and back, as
+/// float32 bits; then as the output's bits: bfloat16 (`SIZE` 2, in the low half, to
+/// nearest even on the bits; float16's values are finite or infinite, never NaN) or
+/// float32 (`SIZE` 4).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn through_f16<const SIZE: usize>(product: __m512) -> __m512i {
+    // 0x08: to nearest even, exceptions suppressed.
+    let value = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtps_ph::<0x08>(product)));
+    if SIZE == 2 {
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(value), _mm512_set1_epi32(1));
+        let half_ulp = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb);
+        _mm512_srli_epi32::<16>(_mm512_add_epi32(value, half_ulp))
+    } else {
+        value
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::save::lookup::{dequantize_bytes, output_bits};
+    use crate::types::DType;
+
+    /// 8-bit values with a float16 scale, through whatever the CPU runs (on AVX-512,
+    /// [`super::bytes_through_f16`] for whole sixteens): each value's bits are
+    /// [`output_bits`]'s for its product, for every finite float16 scale (every 3rd
+    /// bit pattern, the subnormals among them), every byte, zero points at both ends
+    /// and between, to bfloat16 and float32; lengths with and without a tail past the
+    /// last sixteen.
+    #[test]
+    fn bytes_with_float16_scales_round_as_the_scalar_rounding() {
+        let bytes: Vec<u8> = (0..=255u8).chain(0..19).collect();
+        for to in [DType::BF16, DType::F32] {
+            let size = to.size() as usize;
+            let mut output = vec![0u8; bytes.len() * size];
+            for s in (0..=u16::MAX)
+                .step_by(3)
+                .map(|b| half::f16::from_bits(b).to_f32())
+                .filter(|s| s.is_finite())
+            {
+                for z in [0, 1, 8, 128, 255] {
+                    for len in [256, bytes.len()] {
+                        let out = &mut output[..len * size];
+                        assert!(dequantize_bytes(
+                            &bytes[..len],
+                            (z, s),
+                            (DType::F16, to),
+                            out
+                        ));
+                        for (q, o) in bytes[..len].iter().zip(out.chunks_exact(size)) {
+                            let product = (i32::from(*q) - z) as f32 * s;
+                            let mut got = [0u8; 4];
+                            got[..size].copy_from_slice(o);
+                            assert_eq!(
+                                u32::from_le_bytes(got),
+                                output_bits(product, DType::F16, to),
+                                "q {q}, z {z}, scale {s:e} to {to}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
