@@ -117,6 +117,17 @@ pub fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) {
 const VECTOR_NAN: u16 = 0xFFFF;
 const SCALAR_NAN: u16 = 0x7FC0;
 
+/// `x` rounded to bfloat16 as torch rounds (to nearest, ties to even; a NaN to its one
+/// quiet NaN, as torch's scalar rounding writes it), held as f32: on the bits,
+/// branch-free but for NaN, so the loops around it vectorise.
+#[inline]
+pub(crate) fn round_to_bf16(x: f32) -> f32 {
+    if x.is_nan() {
+        return f32::from_bits(u32::from(SCALAR_NAN) << 16);
+    }
+    f32::from_bits(u32::from(bf16_of_finite(x.to_bits())) << 16)
+}
+
 /// A finite (or infinite) float32's bits rounded to bfloat16, to nearest even, as
 /// torch rounds: the dequantizers' products, which are never NaN, go through this.
 #[inline]

@@ -271,7 +271,7 @@ impl Fp8Rows {
         match self.blocks.product {
             DType::BF16 => {
                 for v in out.iter_mut() {
-                    *v = round_bf16(*v);
+                    *v = crate::save::cast::round_to_bf16(*v);
                 }
             }
             DType::F16 => {
@@ -298,16 +298,6 @@ fn rows<'a>(
                 .zip(out.chunks_exact_mut(out_row)),
         )
         .map(|(r, (row, out))| (r, row, out))
-}
-
-/// `x` rounded to bfloat16 as torch rounds (to nearest, ties to even; NaN to its one
-/// quiet NaN), held as f32.
-fn round_bf16(x: f32) -> f32 {
-    if x.is_nan() {
-        return f32::from_bits(0x7FC0_0000);
-    }
-    let bits = x.to_bits();
-    f32::from_bits(bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000)
 }
 
 /// A fine-grained FP8 (or packed FP4) weight to dequantize: `name` names it in errors (a

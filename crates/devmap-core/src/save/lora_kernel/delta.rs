@@ -4,8 +4,8 @@
 
 use half::f16;
 
-use super::round_bf16;
 use crate::model::merge::MergeKind;
+use crate::save::cast::round_to_bf16;
 use crate::types::DType;
 
 /// One step with its matrices read, in the orientation of the weight's rows:
@@ -65,7 +65,7 @@ pub(super) fn apply_rows(
     let at = (first, cols);
     // One copy of the loops per dtype, so the rounding inlines into them.
     match dtype {
-        DType::BF16 => apply_rows_with(step, at, block, scratch, round_bf16),
+        DType::BF16 => apply_rows_with(step, at, block, scratch, round_to_bf16),
         DType::F16 => apply_rows_with(step, at, block, scratch, |x| f16::from_f32(x).to_f32()),
         _ => apply_rows_with(step, at, block, scratch, |x| x),
     }

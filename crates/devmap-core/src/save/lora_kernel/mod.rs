@@ -402,19 +402,8 @@ fn narrow(dtype: DType, values: &[f32], out: &mut [u8]) {
 /// `x` rounded to `dtype` as torch's `.to()` rounds (held as f32).
 fn round_to(dtype: DType, x: f32) -> f32 {
     match dtype {
-        DType::BF16 => round_bf16(x),
+        DType::BF16 => crate::save::cast::round_to_bf16(x),
         DType::F16 => f16::from_f32(x).to_f32(),
         _ => x,
     }
-}
-
-/// `x` rounded to bfloat16 (to nearest, ties to even, as torch's conversion) and
-/// back, on the bits: branch-free but for NaN, so the loops around it vectorise.
-#[inline]
-fn round_bf16(x: f32) -> f32 {
-    let bits = x.to_bits();
-    if x.is_nan() {
-        return f32::from_bits(0x7FC0_0000);
-    }
-    f32::from_bits(bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000)
 }

@@ -260,7 +260,7 @@ fn rows_at_once_equal_the_rows_one_by_one() {
                 };
                 for dtype in [DType::BF16, DType::F16, DType::F32] {
                     let round = |x: f32| match dtype {
-                        DType::BF16 => round_bf16(x),
+                        DType::BF16 => crate::save::cast::round_to_bf16(x),
                         DType::F16 => f16::from_f32(x).to_f32(),
                         _ => x,
                     };
