@@ -39,7 +39,8 @@ pub(super) struct Band {
     floats: Vec<u8>,
     rounded: Vec<u8>,
     table: Vec<u8>,
-    /// 8-bit GPTQ's products of an output row, exact in f32.
+    /// The table's products (a chunk of entries), exact in f32; 8-bit GPTQ's of an
+    /// output row.
     products: Vec<f32>,
     /// A sub-band's 4-bit values gathered in input order, an output row every stride
     /// (kept between sub-bands rather than allocated for each).
@@ -191,22 +192,22 @@ impl Band {
         self.table.resize(entries * values * size, 0);
         for first in (0..entries).step_by(CHUNK) {
             let count = CHUNK.min(entries - first);
-            self.floats.resize(count * values * 4, 0);
-            let chunk = self.floats.chunks_exact_mut(values * 4);
+            self.products.resize(count * values, 0.0);
+            let chunk = self.products.chunks_exact_mut(values);
             for (k, entry) in (first..).zip(chunk) {
                 let (local, g) = (k / groups_n, k % groups_n);
                 let at = g * read_n + skip + local;
                 let (z, s) = (self.zeros[at], self.scales[at]);
-                for (v, bytes) in entry.chunks_exact_mut(4).enumerate() {
-                    bytes.copy_from_slice(&((v as i32 - z) as f32 * s).to_le_bytes());
+                for (v, product) in entry.iter_mut().enumerate() {
+                    *product = (v as i32 - z) as f32 * s;
                 }
             }
             let at = first * values * size;
-            crate::save::lookup::round_and_convert(
-                &self.floats,
+            crate::save::lookup::round_products(
+                &self.products,
                 layout.scale_dtype,
                 to,
-                &mut self.rounded,
+                (&mut self.floats, &mut self.rounded),
                 &mut self.table[at..at + count * values * size],
             );
         }
