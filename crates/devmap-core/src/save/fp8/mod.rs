@@ -24,7 +24,9 @@ use super::copy::{CopyError, Stop, read_exact_at};
 use crate::types::DType;
 use crate::types::range::ByteRange;
 
+mod bits;
 mod tables;
+pub(crate) use bits::Fp8Bits;
 pub use tables::{Fp4Tables, Fp8Tables};
 
 /// What a fine-grained FP8 checkpoint holds beside each weight (transformers' FP8

@@ -127,7 +127,7 @@ impl Fp8Rows {
         let cols = blocks.cols as usize;
         let bc = blocks.block_cols as usize;
         let lut = table(self.from);
-        let format = crate::save::lookup::Fp8Bits::of(self.from);
+        let format = super::Fp8Bits::of(self.from);
         let mut own = vec![0u8; 256 * SIZE];
         for (r, row, out_row) in rows(first, (input, cols), (out, cols * SIZE)) {
             let scale_row = self.scale_row(r);
