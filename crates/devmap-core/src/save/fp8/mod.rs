@@ -266,6 +266,26 @@ impl Fp8Rows {
         &self.scales[at..at + self.blocks.grid().1 as usize]
     }
 
+    /// `each(block, dst, s)` for each block of the rows from row `first` on, in order:
+    /// its stored bytes (`input`: `stored` bytes a row, `block_in` a block), its output
+    /// (`out`: `size` bytes a value) and its scale. (Nested loops with a callback, not
+    /// a flattened iterator: that measured a tenth slower on packed FP4's small blocks.)
+    fn each_block(
+        &self,
+        first: u64,
+        (input, stored, block_in): (&[u8], usize, usize),
+        (out, size): (&mut [u8], usize),
+        mut each: impl FnMut(&[u8], &mut [u8], f32),
+    ) {
+        let (cols, bc) = (self.blocks.cols as usize, self.blocks.block_cols as usize);
+        for (r, row, out_row) in rows(first, (input, stored), (out, cols * size)) {
+            let blocks = row.chunks(block_in).zip(out_row.chunks_mut(bc * size));
+            for ((block, dst), &s) in blocks.zip(self.scale_row(r)) {
+                each(block, dst, s);
+            }
+        }
+    }
+
     /// f32 products rounded as the reference rounds them: compressed-tensors multiplies
     /// in the scales' dtype, so the product is rounded to it before any cast to the
     /// output's.

@@ -70,12 +70,17 @@ impl Fp8Rows {
                 .zip(out_row.chunks_mut(bc * SIZE))
                 .zip(tables.bytes.chunks_exact(256 * SIZE))
             {
-                let (t, _) = t.as_chunks::<SIZE>();
-                for (&b, o) in values.iter().zip(dst.as_chunks_mut::<SIZE>().0) {
-                    *o = t[usize::from(b)];
-                }
+                look_up::<SIZE>(values, t, dst);
             }
         }
+    }
+}
+
+/// Each of `codes` looked up in `table` (its 256 outputs of `SIZE` bytes) into `dst`.
+fn look_up<const SIZE: usize>(codes: &[u8], table: &[u8], dst: &mut [u8]) {
+    let (table, _) = table.as_chunks::<SIZE>();
+    for (&c, o) in codes.iter().zip(dst.as_chunks_mut::<SIZE>().0) {
+        *o = table[usize::from(c)];
     }
 }
 
@@ -92,25 +97,12 @@ impl Fp8Rows {
         tables: &mut Fp8Tables,
         out: &mut [u8],
     ) {
-        let blocks = self.blocks;
-        let cols = blocks.cols as usize;
-        let bc = blocks.block_cols as usize;
+        let (cols, bc) = (self.blocks.cols as usize, self.blocks.block_cols as usize);
         let lut = table(self.from);
         let make = |s: f32, t: &mut [u8]| self.outputs(lut, s, to, t);
-        for (r, row, out_row) in rows(first, (input, cols), (out, cols * SIZE)) {
-            let scale_row = self.scale_row(r);
-            for ((values, dst), &s) in row
-                .chunks(bc)
-                .zip(out_row.chunks_mut(bc * SIZE))
-                .zip(scale_row)
-            {
-                let t = tables.by_scale.get(s, 256 * SIZE, make);
-                let (t, _) = t.as_chunks::<SIZE>();
-                for (&b, o) in values.iter().zip(dst.as_chunks_mut::<SIZE>().0) {
-                    *o = t[usize::from(b)];
-                }
-            }
-        }
+        self.each_block(first, (input, cols, bc), (out, SIZE), |values, dst, s| {
+            look_up::<SIZE>(values, tables.by_scale.get(s, 256 * SIZE, make), dst);
+        });
     }
 }
 
@@ -123,37 +115,25 @@ impl Fp8Rows {
     /// holding a code that is not finite (NaN, E5M2's infinities), or an output other
     /// than bfloat16 and float32, goes through the block's table.
     fn fp8_computed<const SIZE: usize>(&self, first: u64, input: &[u8], to: DType, out: &mut [u8]) {
-        let blocks = self.blocks;
-        let cols = blocks.cols as usize;
-        let bc = blocks.block_cols as usize;
+        let (cols, bc) = (self.blocks.cols as usize, self.blocks.block_cols as usize);
         let lut = table(self.from);
         let format = super::Fp8Bits::of(self.from);
         let mut own = vec![0u8; 256 * SIZE];
-        for (r, row, out_row) in rows(first, (input, cols), (out, cols * SIZE)) {
-            let scale_row = self.scale_row(r);
-            for ((codes, dst), &s) in row
-                .chunks(bc)
-                .zip(out_row.chunks_mut(bc * SIZE))
-                .zip(scale_row)
+        self.each_block(first, (input, cols, bc), (out, SIZE), |codes, dst, s| {
+            if let Some(format) = format
+                && !format.any_special(codes)
+                && crate::save::lookup::dequantize_codes(
+                    codes,
+                    (format, s),
+                    (self.blocks.product, to),
+                    dst,
+                )
             {
-                if let Some(format) = format
-                    && !format.any_special(codes)
-                    && crate::save::lookup::dequantize_codes(
-                        codes,
-                        (format, s),
-                        (blocks.product, to),
-                        dst,
-                    )
-                {
-                    continue;
-                }
-                self.outputs(lut, s, to, &mut own);
-                let (t, _) = own.as_chunks::<SIZE>();
-                for (&c, o) in codes.iter().zip(dst.as_chunks_mut::<SIZE>().0) {
-                    *o = t[usize::from(c)];
-                }
+                return;
             }
-        }
+            self.outputs(lut, s, to, &mut own);
+            look_up::<SIZE>(codes, &own, dst);
+        });
     }
 }
 
@@ -229,25 +209,21 @@ impl Fp8Rows {
         tables: &mut Fp4Tables,
         out: &mut [u8],
     ) {
-        let blocks = self.blocks;
-        let cols = blocks.cols as usize;
-        let bc = blocks.block_cols as usize;
-        let stored = row_bytes(DType::I8, blocks.cols) as usize;
+        let bc = self.blocks.block_cols as usize;
+        let stored = row_bytes(DType::I8, self.blocks.cols) as usize;
         let make = |s: f32, table: &mut [u8]| self.outputs(&E2M1, s, to, table);
-        for (r, band_row, out_row) in rows(first, (input, stored), (out, cols * SIZE)) {
-            let scale_row = self.scale_row(r);
-            // A block of `bc` values (even) is `bc / 2` bytes.
-            for ((bytes, dst), &s) in band_row
-                .chunks(bc / 2)
-                .zip(out_row.chunks_mut(bc * SIZE))
-                .zip(scale_row)
-            {
+        // A block of `bc` values (even) is `bc / 2` bytes.
+        self.each_block(
+            first,
+            (input, stored, bc / 2),
+            (out, SIZE),
+            |bytes, dst, s| {
                 let table = tables.get(s, 16 * SIZE, make);
                 let (table, _) = table.as_chunks::<SIZE>();
                 if let Ok(table) = <&[[u8; SIZE]; 16]>::try_from(table) {
                     crate::save::lookup::expand_nibbles(bytes, table, dst);
                 }
-            }
-        }
+            },
+        );
     }
 }
