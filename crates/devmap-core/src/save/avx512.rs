@@ -6,7 +6,7 @@
 //! caller's plain loop does the rest, the same bytes either way.
 
 use std::arch::x86_64::{
-    __m256i, __m512, __m512i, _mm_extract_epi64, _mm_set_epi64x, _mm256_extracti128_si256,
+    __m128i, __m256i, __m512, __m512i, _mm_extract_epi64, _mm_set_epi64x, _mm256_extracti128_si256,
     _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_cvtepi32_epi16,
     _mm512_cvtepi32_ps, _mm512_cvtepu8_epi32, _mm512_cvtph_ps, _mm512_cvtps_ph,
     _mm512_extracti32x4_epi32, _mm512_mul_ps, _mm512_permutex2var_epi32, _mm512_set_epi32,
@@ -37,34 +37,30 @@ fn vector(x: impl Fn(usize) -> i32) -> __m512i {
     )
 }
 
+/// A 128-bit vector's 16 bytes into `out`, little-endian.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store_128(v: __m128i, out: &mut [u8]) {
+    out[..8].copy_from_slice(&_mm_extract_epi64::<0>(v).to_le_bytes());
+    out[8..16].copy_from_slice(&_mm_extract_epi64::<1>(v).to_le_bytes());
+}
+
 /// A vector's 64 bytes into `out`, little-endian.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn store_512(v: __m512i, out: &mut [u8]) {
-    let quarters = [
-        _mm512_extracti32x4_epi32::<0>(v),
-        _mm512_extracti32x4_epi32::<1>(v),
-        _mm512_extracti32x4_epi32::<2>(v),
-        _mm512_extracti32x4_epi32::<3>(v),
-    ];
-    for (q, o) in quarters.iter().zip(out.chunks_exact_mut(16)) {
-        o[..8].copy_from_slice(&_mm_extract_epi64::<0>(*q).to_le_bytes());
-        o[8..16].copy_from_slice(&_mm_extract_epi64::<1>(*q).to_le_bytes());
-    }
+    store_128(_mm512_extracti32x4_epi32::<0>(v), &mut out[..16]);
+    store_128(_mm512_extracti32x4_epi32::<1>(v), &mut out[16..32]);
+    store_128(_mm512_extracti32x4_epi32::<2>(v), &mut out[32..48]);
+    store_128(_mm512_extracti32x4_epi32::<3>(v), &mut out[48..64]);
 }
 
 /// A 256-bit vector's 32 bytes into `out`, little-endian.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn store_256(v: __m256i, out: &mut [u8]) {
-    let halves = [
-        _mm256_extracti128_si256::<0>(v),
-        _mm256_extracti128_si256::<1>(v),
-    ];
-    for (h, o) in halves.iter().zip(out.chunks_exact_mut(16)) {
-        o[..8].copy_from_slice(&_mm_extract_epi64::<0>(*h).to_le_bytes());
-        o[8..16].copy_from_slice(&_mm_extract_epi64::<1>(*h).to_le_bytes());
-    }
+    store_128(_mm256_extracti128_si256::<0>(v), &mut out[..16]);
+    store_128(_mm256_extracti128_si256::<1>(v), &mut out[16..32]);
 }
 
 /// The permutes of [`transpose!`]'s four rounds (d = 8, 4, 2, 1): entry j < 16 takes
