@@ -42,8 +42,9 @@ const BAND_ELEMENTS: u64 = if cfg!(test) { 1 << 10 } else { 1 << 21 };
 
 /// AWQ's and GPTQ's read band: the packed words of this many bytes at most (a read is
 /// one packed row's words of the band: the wider the band, the fewer and longer the
-/// reads).
-const READ_BYTES: u64 = if cfg!(test) { 1 << 11 } else { 14 << 20 };
+/// reads). In unit tests four bytes an element of a band, so a 4-bit read band holds
+/// eight sub-bands (fourteen outside tests) and small weights still cross its edges.
+const READ_BYTES: u64 = if cfg!(test) { 1 << 12 } else { 14 << 20 };
 
 /// AWQ's sub-bands are at least this many output rows: sixteen words of a packed row,
 /// twice the transposition's vector width, and 64-byte runs of each packed row to deal
@@ -292,22 +293,21 @@ fn band_rows(layout: TransposedIntLayout) -> u64 {
     }
 }
 
-/// Output rows per read band: as many sub-bands as `READ_BYTES` holds, for AWQ and
-/// 8-bit GPTQ (at least four); four for GPTQ's other widths. AWQ's packed rows hold a
-/// word per eight columns: 512-byte reads for a 28,672-input weight, 1,792 for an
-/// 8,192-input one; GPTQ's a word per column: 2 KB reads at 8 bits for a 28,672-input
-/// weight, 1 KB at 4. (The output goes out a few rows at a time, so the read band has
-/// the room a sub-band's output took.)
+/// Output rows per read band: as many sub-bands as `READ_BYTES` holds (for GPTQ at
+/// least four). AWQ's packed rows hold a word per eight columns: 512-byte reads for a
+/// 28,672-input weight, 1,792 for an 8,192-input one; GPTQ's a word per column: 2 KB
+/// reads at 8 bits for a 28,672-input weight, 4 KB at 4. (The output goes out a few
+/// rows at a time, so the read band has the room a sub-band's output took.)
 fn read_rows(layout: TransposedIntLayout) -> u64 {
     let band = band_rows(layout);
     // Packed bytes per output row.
     let row_bytes = (layout.inputs * u64::from(layout.bits)).div_ceil(8).max(1);
     match layout.packing {
-        // At 8 bits a value's output is a byte's work, the reads a larger share: 2 KB
-        // reads took an 8-bit save from 2.13x to 1.86x cp (AMD EPYC VM); 4 bits kept
-        // four sub-bands (1 KB reads, 22 MiB), as fast within the noise.
-        Packing::Gptq { .. } if layout.bits == 8 => band * (READ_BYTES / row_bytes / band).max(4),
-        Packing::Gptq { .. } => band * 4,
+        // Each read is a system call and a page look-up, whatever its length: 2 KB
+        // reads took an 8-bit save from 2.13x to 1.86x cp (AMD EPYC VM), and 4 KB
+        // reads instead of 1 KB a 4-bit one from 740 to 680 ms of CPU (47 MiB peak,
+        // where it was 22).
+        Packing::Gptq { .. } => band * (READ_BYTES / row_bytes / band).max(4),
         Packing::Awq => band * (READ_BYTES / row_bytes / band).max(1),
     }
 }
