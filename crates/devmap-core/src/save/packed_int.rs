@@ -24,7 +24,7 @@
 use std::fs::File;
 use std::io;
 
-use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
+use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at, resize_exact};
 use super::lookup::{expand_by_input, expand_nibbles, fill_table, round_and_convert};
 use crate::types::DType;
 use crate::types::range::ByteRange;
@@ -126,7 +126,7 @@ pub(crate) fn widen_scales(
     wide: &mut Vec<u8>,
     scales: &mut Vec<f32>,
 ) -> Option<usize> {
-    wide.resize(bytes.len() / dtype.size() as usize * 4, 0);
+    resize_exact(wide, bytes.len() / dtype.size() as usize * 4, 0);
     super::cast::cast(dtype, DType::F32, bytes, wide);
     scales.clear();
     scales.extend(
@@ -348,7 +348,7 @@ impl Band {
         let layout = input.layout;
         let packed_row = layout.packed_cols() * 4;
         let n = rows.end - rows.start;
-        self.packed.resize((n * packed_row) as usize, 0);
+        resize_exact(&mut self.packed, (n * packed_row) as usize, 0);
         read_exact_at(
             input.packed.0,
             &mut self.packed,
@@ -361,7 +361,7 @@ impl Band {
             (rows.start * groups, n * groups)
         };
         let size = layout.scale_dtype.size();
-        self.scale_bytes.resize((count * size) as usize, 0);
+        resize_exact(&mut self.scale_bytes, (count * size) as usize, 0);
         read_exact_at(
             input.scales.0,
             &mut self.scale_bytes,
@@ -385,7 +385,7 @@ impl Band {
             let bits = u64::from(layout.bits);
             let first = rows.start * bits / 32;
             let words = (rows.end * bits).div_ceil(32) - first;
-            self.zero_words.resize((words * groups * 4) as usize, 0);
+            resize_exact(&mut self.zero_words, (words * groups * 4) as usize, 0);
             read_exact_at(file, &mut self.zero_words, z.offset + first * groups * 4)?;
         }
         Ok(())
@@ -399,7 +399,7 @@ impl Band {
         // groups of 32 or more), each pattern's output is made once and looked up.
         if (1usize << layout.bits) * 2 <= layout.group_width() {
             let mut output = std::mem::take(&mut self.output);
-            output.resize(n * layout.cols as usize * to.size() as usize, 0);
+            resize_exact(&mut output, n * layout.cols as usize * to.size() as usize, 0);
             if to.size() == 2 {
                 self.decode_by_table::<2>(layout, of, n, to, &mut output);
             } else {
@@ -444,7 +444,7 @@ impl Band {
         let group = layout.group_width();
         let packed_row = layout.packed_cols() as usize * 4;
         let mut floats = std::mem::take(&mut self.floats);
-        floats.resize(n * cols * 4, 0);
+        resize_exact(&mut floats, n * cols * 4, 0);
         let mut params = Vec::with_capacity(groups);
         for i in 0..n {
             let row = &self.packed[i * packed_row..(i + 1) * packed_row];
@@ -458,8 +458,7 @@ impl Band {
             }
         }
         self.floats = floats;
-        self.output
-            .resize(self.floats.len() / 4 * to.size() as usize, 0);
+        resize_exact(&mut self.output, self.floats.len() / 4 * to.size() as usize, 0);
         round_and_convert(
             &self.floats,
             layout.scale_dtype,

@@ -4,7 +4,7 @@
 
 use super::kernels::{awq_columns, byte_row, expand_rows, gather_dealt};
 use super::{Packing, TransposedInt, TransposedIntLayout, word};
-use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at};
+use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at, resize_exact};
 use crate::save::lookup::expand_by_input;
 use crate::types::DType;
 
@@ -69,16 +69,15 @@ impl Band {
             ),
         };
         self.words_a_row = band_words as usize;
-        self.packed
-            .resize((packed_rows * band_words * 4) as usize, 0);
+        resize_exact(&mut self.packed, (packed_rows * band_words * 4) as usize, 0);
         match layout.packing {
             Packing::Gptq { .. } if gptq_dealt(layout) => {
                 // Each packed row's words dealt out to blocks of DEALT columns, the
                 // last one padded (the padding is never read: not cleared).
                 let blocks = (band_words as usize).div_ceil(DEALT);
                 let rows = packed_rows as usize;
-                self.packed.resize(blocks * rows * DEALT * 4, 0);
-                self.row.resize((band_words * 4) as usize, 0);
+                resize_exact(&mut self.packed, blocks * rows * DEALT * 4, 0);
+                resize_exact(&mut self.row, (band_words * 4) as usize, 0);
                 for r in 0..rows {
                     let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
                     read_exact_at(input.qweight.0, &mut self.row, at)?;
@@ -108,7 +107,7 @@ impl Band {
             Packing::Awq => {
                 // Each packed row's words are dealt out to the sub-bands' regions.
                 let sub = awq_sub_words(layout);
-                self.row.resize((band_words * 4) as usize, 0);
+                resize_exact(&mut self.row, (band_words * 4) as usize, 0);
                 let rows = packed_rows as usize;
                 for r in 0..rows {
                     let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
@@ -123,7 +122,7 @@ impl Band {
         // Zero points: their words for the band's columns, a group at a time.
         let zero_row = layout.outputs / p;
         let zero_words = n.div_ceil(p);
-        self.zero_words.resize((zero_words * 4) as usize, 0);
+        resize_exact(&mut self.zero_words, (zero_words * 4) as usize, 0);
         self.zeros.clear();
         let carry = layout.zero_carry();
         let mask = (1u32 << layout.bits) - 1;
@@ -139,8 +138,7 @@ impl Band {
         }
         // Scales, checked finite.
         let size = layout.scale_dtype.size();
-        self.scale_bytes
-            .resize((layout.groups * n * size) as usize, 0);
+        resize_exact(&mut self.scale_bytes, (layout.groups * n * size) as usize, 0);
         for g in 0..layout.groups {
             let at = input.scales.1.offset + (g * layout.outputs + cols.start) * size;
             let dst = &mut self.scale_bytes[(g * n * size) as usize..((g + 1) * n * size) as usize];
@@ -189,10 +187,10 @@ impl Band {
         const CHUNK: usize = 2048;
         // (8-bit GPTQ computes each value: a group holds fewer than its 256 patterns.)
         let entries = if gptq_bytes(layout) { 0 } else { n * groups_n };
-        self.table.resize(entries * values * size, 0);
+        resize_exact(&mut self.table, entries * values * size, 0);
         for first in (0..entries).step_by(CHUNK) {
             let count = CHUNK.min(entries - first);
-            self.products.resize(count * values, 0.0);
+            resize_exact(&mut self.products, count * values, 0.0);
             let chunk = self.products.chunks_exact_mut(values);
             for (k, entry) in (first..).zip(chunk) {
                 let (local, g) = (k / groups_n, k % groups_n);
@@ -255,7 +253,7 @@ impl Band {
             };
             for block in (0..n).step_by(step) {
                 let count = step.min(n - block);
-                self.output.resize(count * inputs * size, 0);
+                resize_exact(&mut self.output, count * inputs * size, 0);
                 let rows = (block, count);
                 match (awq_stride, size) {
                     (Some(stride), 2) => {
@@ -279,7 +277,7 @@ impl Band {
             }
             return Ok(());
         }
-        self.output.resize(n * inputs * size, 0);
+        resize_exact(&mut self.output, n * inputs * size, 0);
         if size == 2 {
             band.decode::<2>(&mut self.output);
         } else {
@@ -367,7 +365,7 @@ impl Decode<'_> {
         }
         let inputs = self.layout.inputs as usize;
         let stride = inputs / 2 + 64;
-        columns.resize(self.n * stride, 0);
+        resize_exact(columns, self.n * stride, 0);
         awq_columns(
             (self.packed, self.band_words, self.skip / 8),
             (inputs, self.n),
@@ -424,7 +422,7 @@ impl Decode<'_> {
         // one cache set (4 KiB apart, they would).
         let stride = packed_rows * 4 + 64;
         let columns = &mut *scratch.columns;
-        columns.resize(DEALT * stride, 0);
+        resize_exact(columns, DEALT * stride, 0);
         let end = first + count;
         for block in (first..end).step_by(DEALT) {
             let width = DEALT.min(end - block);
