@@ -298,7 +298,9 @@ pub struct SaveArgs {
     #[arg(long)]
     pub weights_only: bool,
     /// Threads writing at once: shards in parallel, and the parts of a big shard (64 MiB
-    /// or more) among the threads no other shard needs.
+    /// or more) among the threads no other shard needs. A merge, dequantization or
+    /// quantization also splits each big weight among the cores (at most 8 threads); all
+    /// jobs together compute on no more threads than there are cores.
     #[arg(long, short, default_value_t = devmap::save::shards::DEFAULT_JOBS, value_name = "N")]
     pub jobs: usize,
     /// Skip the fsync of each shard before it is renamed into place: faster, like cp,

@@ -301,8 +301,10 @@ pub type Part<'a> =
 /// Splits `items` (rows, experts: units of `item_bytes` output bytes each, in order)
 /// into `threads` contiguous parts and runs `part(range, sink)` for each on a thread of
 /// its own, the sink writing that part's output in place in `dst` from `dst_offset`
-/// on: arithmetic-bound streams (LoRA merges, dequantization) use every core, each
-/// writer's output landing where the sequential stream would have put it.
+/// on: arithmetic-bound streams (LoRA merges, dequantization) use the cores, each
+/// part's output landing where the sequential stream would have put it. Each part runs
+/// holding one of the process's compute permits ([`super::compute`]), so the parts of
+/// every writer together run on no more threads than there are cores.
 pub fn write_parts_in_parallel(
     items: u64,
     item_bytes: u64,
@@ -317,11 +319,13 @@ pub fn write_parts_in_parallel(
             .map(|t| {
                 let range = (t * per).min(items)..((t + 1) * per).min(items);
                 scope.spawn(move || {
-                    let mut at = dst_offset + range.start * item_bytes;
-                    part(range, &mut |bytes: &[u8]| {
-                        dst.write_all_at(bytes, at)?;
-                        at += bytes.len() as u64;
-                        Ok(())
+                    super::compute::permits().run(|| {
+                        let mut at = dst_offset + range.start * item_bytes;
+                        part(range, &mut |bytes: &[u8]| {
+                            dst.write_all_at(bytes, at)?;
+                            at += bytes.len() as u64;
+                            Ok(())
+                        })
                     })
                 })
             })

@@ -275,6 +275,7 @@ fn write_as(
             })
             .collect()
     });
+    super::compute::release_scratch();
     // The first real error wins over the cancellations it caused in other workers.
     let mut cancelled = false;
     for r in results {

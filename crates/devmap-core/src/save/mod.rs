@@ -6,6 +6,7 @@ mod avx512;
 pub mod cast;
 pub mod check_written;
 mod commit;
+pub mod compute;
 pub mod copy;
 mod error;
 mod event;

@@ -399,7 +399,11 @@ impl Band {
         // groups of 32 or more), each pattern's output is made once and looked up.
         if (1usize << layout.bits) * 2 <= layout.group_width() {
             let mut output = std::mem::take(&mut self.output);
-            resize_exact(&mut output, n * layout.cols as usize * to.size() as usize, 0);
+            resize_exact(
+                &mut output,
+                n * layout.cols as usize * to.size() as usize,
+                0,
+            );
             if to.size() == 2 {
                 self.decode_by_table::<2>(layout, of, n, to, &mut output);
             } else {
@@ -458,7 +462,11 @@ impl Band {
             }
         }
         self.floats = floats;
-        resize_exact(&mut self.output, self.floats.len() / 4 * to.size() as usize, 0);
+        resize_exact(
+            &mut self.output,
+            self.floats.len() / 4 * to.size() as usize,
+            0,
+        );
         round_and_convert(
             &self.floats,
             layout.scale_dtype,

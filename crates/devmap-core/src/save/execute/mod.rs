@@ -21,8 +21,9 @@ use crate::model::checkpoint::{Checkpoint, InputKind, TensorId};
 use crate::types::DType;
 use crate::types::range::{ByteRange, FileId};
 
-/// Merged or dequantized-MXFP4 tensors at least this large are computed on every core
-/// when written to a file (the work is arithmetic, not I/O).
+/// Arithmetic recipes (merges, dequantization, quantization) of at least this many
+/// source bytes are split among threads when written to a file
+/// ([`super::compute::recipe_threads`]); smaller ones run on one.
 const PARALLEL_BYTES: u64 = 1 << 20;
 
 /// A reader of a recipe's bytes, handed each chunk in order.
@@ -31,8 +32,9 @@ type Feed<'s> = dyn FnMut(&[u8]) -> io::Result<()> + 's;
 /// Where a recipe's bytes go.
 pub enum Sink<'a> {
     /// Into a file at an offset (a tensor's place in a shard), with `report(n)` after
-    /// each `n` bytes. Copies use `copy_file_range` where the kernel can; merges and
-    /// MXFP4 experts are computed on every core, each part written in place.
+    /// each `n` bytes. Copies use `copy_file_range` where the kernel can; arithmetic
+    /// recipes are split among threads (sharing the cores with every other writer's,
+    /// `save::compute`), each part written in place.
     File {
         at: (&'a File, u64),
         report: &'a mut dyn FnMut(u64),
@@ -564,10 +566,11 @@ fn feed_of(sink: Sink<'_>) -> Box<Feed<'_>> {
     }
 }
 
-/// Threads for an arithmetic recipe of `len` source bytes: every core for a big one.
+/// Threads for an arithmetic recipe of `len` source bytes: the cores (at most eight)
+/// for a big one, one for a small one.
 fn threads_for(len: u64) -> u64 {
     if len >= PARALLEL_BYTES {
-        std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+        super::compute::recipe_threads()
     } else {
         1
     }

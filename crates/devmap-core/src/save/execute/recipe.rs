@@ -242,15 +242,15 @@ impl Recipe {
         match self.quant()? {
             Quant::PackedInt { .. } => Some((
                 crate::save::packed_int::BAND_BYTES,
-                "a band of packed rows, their scales and output per dequantizing writer",
+                "a band of packed rows, their scales and output per computing thread",
             )),
             Quant::Nvfp4 { .. } => Some((
                 crate::save::nvfp4::BAND_BYTES,
-                "a band of NVFP4 rows, their scales and output per dequantizing writer",
+                "a band of NVFP4 rows, their scales and output per computing thread",
             )),
             Quant::TransposedInt { .. } => Some((
                 crate::save::gptq::BAND_BYTES,
-                "a band of GPTQ/AWQ output rows, their scales, zero points and output per dequantizing writer",
+                "a band of GPTQ/AWQ output rows, their scales, zero points and output per computing thread",
             )),
             Quant::Fp8 { .. } | Quant::Mxfp4 { .. } => None,
         }
@@ -340,8 +340,9 @@ impl Recipe {
     }
 
     /// Whether several threads may write parts of one shard whose tensors all have
-    /// this recipe: I/O-bound recipes only (a merge, an MXFP4 or a packed integer
-    /// weight already computes on every core; FP8 dequantizes a tensor on one core).
+    /// this recipe: copies, casts and FP8 dequantization (whose parts divide the
+    /// writer's compute threads among them); a merge, an MXFP4 or a packed integer
+    /// weight already computes on the writer's threads.
     pub fn shares_a_shard(&self) -> bool {
         !self.merge
             && !matches!(

@@ -138,7 +138,11 @@ impl Band {
         }
         // Scales, checked finite.
         let size = layout.scale_dtype.size();
-        resize_exact(&mut self.scale_bytes, (layout.groups * n * size) as usize, 0);
+        resize_exact(
+            &mut self.scale_bytes,
+            (layout.groups * n * size) as usize,
+            0,
+        );
         for g in 0..layout.groups {
             let at = input.scales.1.offset + (g * layout.outputs + cols.start) * size;
             let dst = &mut self.scale_bytes[(g * n * size) as usize..((g + 1) * n * size) as usize];

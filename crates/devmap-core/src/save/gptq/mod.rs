@@ -360,8 +360,21 @@ fn stream_rows(
     cancel: &dyn Stop,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
+    // The band's buffers (a read band of up to 14 MiB) are kept for the next part.
+    super::compute::with_scratch(|band: &mut Band| {
+        stream_rows_into(band, input, groups, rows, to, (cancel, sink))
+    })
+}
+
+fn stream_rows_into(
+    band: &mut Band,
+    input: &TransposedInt<'_>,
+    groups: &Groups,
+    rows: std::ops::Range<u64>,
+    to: DType,
+    (cancel, sink): (&dyn Stop, &mut super::copy::Sink<'_>),
+) -> Result<(), CopyError> {
     let (read_step, step) = (read_rows(input.layout), band_rows(input.layout));
-    let mut band = Band::default();
     let mut r0 = rows.start;
     while r0 < rows.end {
         let r1 = (r0 + read_step).min(rows.end);

@@ -244,10 +244,17 @@ impl SavePlan {
         self.planned().filter(|t| t.merges()).count()
     }
 
-    /// The memory the save of this plan holds: a copy buffer per writer, a cast buffer
-    /// per writer when it casts, and for LoRA merges the largest adapter pair in f32
-    /// plus a block on every core. Never a shard, never a whole weight.
+    /// The memory the save of this plan holds on this machine: a copy buffer per
+    /// writer, a cast buffer per writer when it casts, and for arithmetic recipes
+    /// their working memory on each thread that computes (a band of rows; for LoRA
+    /// merges the largest adapter pair in f32 and a block). Never a shard, never a
+    /// whole weight.
     pub fn memory_need(&self, ckpt: &Checkpoint, jobs: usize) -> MemoryNeed {
+        self.memory_need_on(ckpt, jobs, crate::save::compute::cores())
+    }
+
+    /// [`SavePlan::memory_need`] on a machine of `cores` cores.
+    pub fn memory_need_on(&self, ckpt: &Checkpoint, jobs: usize, cores: u64) -> MemoryNeed {
         // A job per shard; the spare jobs also write when a shard is big enough to be
         // written in parts (see `save::writer`).
         let big = self
@@ -259,6 +266,12 @@ impl SavePlan {
         } else {
             jobs.clamp(1, self.shards.len().max(1))
         } as u64;
+        // Threads computing arithmetic recipes at once: a recipe's parts each hold
+        // one of the cores' permits (`save::compute`), and each writer runs one
+        // recipe at a time, split among at most `MOST_THREADS_A_RECIPE` threads.
+        let computing = cores
+            .min(writers * crate::save::compute::MOST_THREADS_A_RECIPE)
+            .max(1);
         let chunk = crate::save::copy::CHUNK as u64;
         let mut need = MemoryNeed {
             bytes: writers * chunk,
@@ -277,26 +290,27 @@ impl SavePlan {
         }
         let largest_scales = recipes().filter_map(|(_, r)| r.fp8_scales_len()).max();
         if let Some(scales) = largest_scales {
-            // A band of FP8 rows, its float32 values and its output, and the scales.
-            need.bytes += writers * (crate::save::fp8::BAND_BYTES + scales);
+            // A band of FP8 rows, its float32 values and its output on each computing
+            // thread, and the scales once a writer.
+            need.bytes += computing * crate::save::fp8::BAND_BYTES + writers * scales;
             need.parts
-                .push("a band of rows and the scales per dequantizing writer");
+                .push("a band of rows per computing thread and the scales per writer");
         }
         let largest_mxfp4 = recipes()
             .filter_map(|(_, r)| Some(r.mxfp4()?.memory()))
             .max();
         if let Some(bytes) = largest_mxfp4 {
-            need.bytes += writers * bytes;
+            need.bytes += computing * bytes;
             need.parts
-                .push("one expert's MXFP4 bytes and a band of rows per dequantizing writer");
+                .push("one expert's MXFP4 bytes and a band of rows per computing thread");
         }
-        // Each band-streaming dequantizer the save runs, once per writer.
+        // Each band-streaming dequantizer the save runs, once per computing thread.
         let mut bands: Vec<(u64, &'static str)> =
             recipes().filter_map(|(_, r)| r.band_memory()).collect();
         bands.sort_unstable();
         bands.dedup();
         for (bytes, what) in bands {
-            need.bytes += writers * bytes;
+            need.bytes += computing * bytes;
             need.parts.push(what);
         }
         let largest_pair = recipes()
@@ -313,10 +327,9 @@ impl SavePlan {
             })
             .max();
         if let Some(pair) = largest_pair {
-            let cores = std::thread::available_parallelism().map_or(1, usize::from) as u64;
-            need.bytes += cores * (pair + (1 << 20));
+            need.bytes += computing * (pair + (1 << 20));
             need.parts
-                .push("the largest adapter pair in f32 and a block per core");
+                .push("the largest adapter pair in f32 and a block per computing thread");
         }
         need
     }
