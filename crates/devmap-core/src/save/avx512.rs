@@ -97,31 +97,35 @@ macro_rules! transpose {
     };
 }
 
-/// Words `[rows, 16]` (`words`, row after row, `rows` from the slice) transposed a tile
-/// of 16 rows at a time ([`transpose!`]) into `columns`: column `k` of rows
-/// `r0..r0 + 16` goes to `columns[k · stride + 4 · r0..]`, for the first `width`
-/// columns. Returns the rows done (whole tiles).
+/// Rows of words (`rows`: row `t` at `rows[t · row_words..]`, `rows.len() / row_words`
+/// of them) transposed sixteen rows by sixteen columns at a time ([`transpose!`]) into
+/// `columns`: word `c` of row `t` goes to `columns[c · stride + 4 · t..]`. Each tile of
+/// columns takes every tile of rows before the next, so a column's words go out in
+/// one run. Returns the rows and the columns done (whole tiles of each).
 #[target_feature(enable = "avx512f")]
-pub(crate) fn transpose_words(
-    words: &[[u8; 4]],
-    width: usize,
+pub(crate) fn transpose_rows(
+    rows: &[[u8; 4]],
+    row_words: usize,
     (columns, stride): (&mut [u8], usize),
-) -> usize {
+) -> (usize, usize) {
     let rounds = transpose_rounds();
-    let tiles = words.len() / 256;
-    for tile in 0..tiles {
-        let r0 = tile * 16;
-        let mut m: [__m512i; 16] = std::array::from_fn(|t| {
-            let row = &words[(r0 + t) * 16..(r0 + t + 1) * 16];
-            vector(|k| i32::from_le_bytes(row[k]))
-        });
-        transpose!(m, rounds);
-        for (k, row) in m.iter().enumerate().take(width) {
-            let b = k * stride + r0 * 4;
-            store_512(*row, &mut columns[b..b + 64]);
+    let row_tiles = rows.len() / row_words.max(1) / 16;
+    let column_tiles = row_words / 16;
+    for c0 in (0..column_tiles).map(|c| c * 16) {
+        for r0 in (0..row_tiles).map(|r| r * 16) {
+            let mut m: [__m512i; 16] = std::array::from_fn(|t| {
+                let at = (r0 + t) * row_words + c0;
+                let row = &rows[at..at + 16];
+                vector(|k| i32::from_le_bytes(row[k]))
+            });
+            transpose!(m, rounds);
+            for (k, column) in m.iter().enumerate() {
+                let b = (c0 + k) * stride + r0 * 4;
+                store_512(*column, &mut columns[b..b + 64]);
+            }
         }
     }
-    tiles * 16
+    (row_tiles * 16, column_tiles * 16)
 }
 
 /// 8-bit values of one group with a float16 scale `s` (zero point `z`): `(q − z) · s`

@@ -2,7 +2,7 @@
 //! then output rows made a sub-band at a time through a table of every output a value
 //! can have, per group and column.
 
-use super::kernels::{awq_columns, byte_row, expand_rows, gather_dealt};
+use super::kernels::{awq_columns, byte_row, expand_rows, transpose_into_columns};
 use super::{Packing, TransposedInt, TransposedIntLayout, word};
 use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at, resize_exact};
 use crate::save::lookup::expand_by_input;
@@ -15,16 +15,15 @@ pub(super) type Emit<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), CopyError> + 
 /// One read band's inputs and a sub-band's output.
 #[derive(Default)]
 pub(super) struct Band {
-    /// The read band's words of every packed row, as read (little-endian): GPTQ's row
-    /// after row, or at 4 bits (`DEALT`) sixteen columns after sixteen, each row's
-    /// sixteen words after the last row's; AWQ's a sub-band after another, each row
-    /// after row. Either way the words a sub-band's rows are made from are read in
-    /// order, not a few dozen bytes of every row of a read band too large for the
-    /// cache.
+    /// The read band's words (little-endian): GPTQ's at 4 and 8 bits in columns, each
+    /// output row's packed words in input order ([`column_stride`] apart), other
+    /// widths row after row; AWQ's a sub-band after another, each row after row.
+    /// Either way the words a sub-band's rows are made from are read in order, not a
+    /// few dozen bytes of every row of a read band too large for the cache.
     packed: Vec<u8>,
     /// Words of the read band in a packed row.
     words_a_row: usize,
-    /// AWQ: one packed row's words of the read band, as read.
+    /// One packed row's words of the read band, as read (GPTQ: sixteen rows').
     row: Vec<u8>,
     /// Zero points, `[groups, band]`, unpacked.
     zeros: Vec<i32>,
@@ -71,27 +70,28 @@ impl Band {
         self.words_a_row = band_words as usize;
         resize_exact(&mut self.packed, (packed_rows * band_words * 4) as usize, 0);
         match layout.packing {
-            Packing::Gptq { .. } if gptq_dealt(layout) => {
-                // Each packed row's words dealt out to blocks of DEALT columns, the
-                // last one padded (the padding is never read: not cleared).
-                let blocks = (band_words as usize).div_ceil(DEALT);
-                let rows = packed_rows as usize;
-                resize_exact(&mut self.packed, blocks * rows * DEALT * 4, 0);
-                resize_exact(&mut self.row, (band_words * 4) as usize, 0);
-                for r in 0..rows {
-                    let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
-                    read_exact_at(input.qweight.0, &mut self.row, at)?;
-                    // Whole blocks as fixed-size copies (a few vector moves, not a
-                    // call each), then the last one's words.
-                    let (whole, last) = self.row.as_chunks::<{ DEALT * 4 }>();
-                    for (k, words) in whole.iter().enumerate() {
-                        let to = (k * rows + r) * DEALT * 4;
-                        self.packed[to..to + DEALT * 4].copy_from_slice(words);
+            Packing::Gptq { .. } if gptq_in_columns(layout) => {
+                // Each packed row's words transposed into the band's columns (an
+                // output row's packed words in input order), sixteen packed rows at
+                // a time: the gather the sub-bands need, done once, from rows just
+                // read, with no copy of the read band between.
+                let (rows, words) = (packed_rows as usize, band_words as usize);
+                let stride = column_stride(rows);
+                resize_exact(&mut self.packed, words * stride, 0);
+                resize_exact(&mut self.row, TILE_ROWS * words * 4, 0);
+                for r0 in (0..rows).step_by(TILE_ROWS) {
+                    let count = TILE_ROWS.min(rows - r0);
+                    let tile = self.row.chunks_exact_mut(words * 4).take(count);
+                    for (t, dst) in tile.enumerate() {
+                        let r = (r0 + t) as u64;
+                        let at = input.qweight.1.offset + (r * row_words + first_word) * 4;
+                        read_exact_at(input.qweight.0, dst, at)?;
                     }
-                    if !last.is_empty() {
-                        let to = (whole.len() * rows + r) * DEALT * 4;
-                        self.packed[to..to + last.len()].copy_from_slice(last);
-                    }
+                    transpose_into_columns(
+                        self.row.as_chunks::<4>().0,
+                        (words, count),
+                        (&mut self.packed[r0 * 4..], stride),
+                    );
                 }
             }
             Packing::Gptq { .. } => {
@@ -236,7 +236,7 @@ impl Band {
             params: (&self.zeros, &self.scales, read_n, skip),
         };
         // AWQ's 4-bit weights in order, transposed whole first, and GPTQ's at 4 bits are
-        // made and handed on a few rows at a time (GPTQ's whole dealt blocks), so the
+        // made and handed on a few rows at a time (GPTQ's whole blocks of rows), so the
         // write copies from the cache what was just made, and two threads' writes to
         // one file do not queue on its lock for whole sub-bands.
         let rows_a_block = (super::OUTPUT_BYTES as usize / (inputs * size)).max(1);
@@ -250,10 +250,10 @@ impl Band {
             rounded: &mut self.rounded,
             to,
         };
-        if awq_stride.is_some() || gptq_dealt(layout) {
+        if awq_stride.is_some() || gptq_in_columns(layout) {
             let step = match awq_stride {
                 Some(_) => rows_a_block,
-                None => rows_a_block.next_multiple_of(DEALT),
+                None => rows_a_block.next_multiple_of(BLOCK_ROWS),
             };
             for block in (0..n).step_by(step) {
                 let count = step.min(n - block);
@@ -291,13 +291,23 @@ impl Band {
     }
 }
 
-/// Columns a block of GPTQ's dealt words holds (`Band::packed`): a packed row's words
-/// for them are one cache line.
-pub(super) const DEALT: usize = 16;
+/// Output rows GPTQ's rows are made a block of at a time (`Decode::gptq_rows`), and
+/// what its sub-bands are whole blocks of.
+pub(super) const BLOCK_ROWS: usize = 16;
 
-/// Whether GPTQ's words are read dealt into blocks (`Band::packed`): at 4 and 8 bits,
+/// Packed rows read before their words are transposed into the band's columns.
+const TILE_ROWS: usize = 16;
+
+/// Bytes from one column of GPTQ's read band to the next (`Band::packed`): its packed
+/// rows' words, and a cache line, so a tile's sixteen stores (one a column) do not all
+/// fall in one cache set, as columns a multiple of 4 KiB apart would.
+fn column_stride(packed_rows: usize) -> usize {
+    packed_rows * 4 + 64
+}
+
+/// Whether GPTQ's words are read into the band's columns (`Band::packed`): at 4 and 8 bits,
 /// whose rows [`Decode::gptq_rows`] makes from them.
-fn gptq_dealt(layout: TransposedIntLayout) -> bool {
+fn gptq_in_columns(layout: TransposedIntLayout) -> bool {
     matches!(layout.packing, Packing::Gptq { .. }) && matches!(layout.bits, 4 | 8)
 }
 
@@ -420,21 +430,14 @@ impl Decode<'_> {
         let packed_rows = inputs / per_word;
         let words_a_group = (layout.group_size as usize / per_word).max(1);
         let (tables, _) = self.table.as_chunks::<SIZE>().0.as_chunks::<16>();
-        // Gathered a dealt block of DEALT output rows at a time, its words in order: a
-        // packed row's are one cache line. The gathered rows lie a cache line further
-        // apart than their length, so the stores of a packed row do not all fall in
-        // one cache set (4 KiB apart, they would).
-        let stride = packed_rows * 4 + 64;
-        let columns = &mut *scratch.columns;
-        resize_exact(columns, DEALT * stride, 0);
+        // Each output row's words lie in order in the read band's columns.
+        let stride = column_stride(packed_rows);
+        let bytes = self.packed.as_flattened();
         let end = first + count;
-        for block in (first..end).step_by(DEALT) {
-            let width = DEALT.min(end - block);
-            // (Sub-bands and their blocks start on dealt blocks.)
-            let dealt = (self.skip + block) / DEALT * packed_rows;
-            let words = &self.packed[dealt * DEALT..(dealt + packed_rows) * DEALT];
+        for block in (first..end).step_by(BLOCK_ROWS) {
+            let width = BLOCK_ROWS.min(end - block);
+            let columns = &bytes[(self.skip + block) * stride..];
             let output = &mut output[(block - first) * inputs * SIZE..];
-            gather_dealt(words, width, (columns, stride));
             if layout.bits == 8 {
                 let buffers = (
                     &mut *scratch.products,

@@ -2,7 +2,6 @@
 //! expansion of a row's nibbles through its group's 16 outputs (both compiled for
 //! AVX-512 and AVX2 too, chosen at run time).
 
-use super::band::DEALT;
 use crate::save::lookup::{dequantize_bytes, expand_nibbles, round_products};
 use crate::types::DType;
 
@@ -200,26 +199,34 @@ fn byte_products(
     }
 }
 
-/// A dealt block's words (`words`: each packed row's [`DEALT`] words, row after row)
-/// gathered into its first `width` output rows (`columns`, a row every `stride` bytes,
-/// packed row `r`'s word at byte `4r`). On AVX-512, sixteen packed rows at a time as a
-/// 16×16 transposition in registers (`avx512::transpose_words`); elsewhere word by
-/// word.
-/// Either way the same bytes move.
+/// `count` packed rows of a read band (`rows`: row `t`'s `row_words` words at
+/// `rows[t · row_words..]`) into the band's columns: word `c` of row `t` to
+/// `columns[c · stride + 4 · t..]`, so each output row's packed words lie in input
+/// order. Tiles of sixteen rows by sixteen columns by a register transposition on
+/// AVX-512; the columns and rows past the last whole tiles word by word.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
     "x86_64+avx2+fma",
     "aarch64+neon"
 ))]
-pub(super) fn gather_dealt(words: &[[u8; 4]], width: usize, (columns, stride): (&mut [u8], usize)) {
-    let rows = words.len() / DEALT;
-    let done = multiversion::target::match_target! {
-        "x86_64+avx512f" => crate::save::avx512::transpose_words(words, width, (columns, stride)),
-        _ => 0,
+pub(super) fn transpose_into_columns(
+    rows: &[[u8; 4]],
+    (row_words, count): (usize, usize),
+    (columns, stride): (&mut [u8], usize),
+) {
+    let rows = &rows[..row_words * count];
+    let (rows_done, columns_done) = multiversion::target::match_target! {
+        "x86_64+avx512f" => crate::save::avx512::transpose_rows(rows, row_words, (columns, stride)),
+        _ => (0, 0),
     };
-    for r in done..rows {
-        for (k, w) in words[r * DEALT..r * DEALT + width].iter().enumerate() {
-            let b = k * stride + r * 4;
+    for t in 0..count {
+        // The tiles' rows lack only the columns past the last tile.
+        let first = if t < rows_done { columns_done } else { 0 };
+        for (c, w) in rows[t * row_words + first..(t + 1) * row_words]
+            .iter()
+            .enumerate()
+        {
+            let b = (first + c) * stride + t * 4;
             columns[b..b + 4].copy_from_slice(w);
         }
     }

@@ -280,10 +280,10 @@ fn group_list(input: &TransposedInt<'_>) -> Result<Vec<u32>, CopyError> {
 }
 
 /// Output rows per sub-band (the output made at a time): whole words of columns, and
-/// for GPTQ whole blocks of its dealt words.
+/// for GPTQ whole blocks of rows (`band::BLOCK_ROWS`).
 fn band_rows(layout: TransposedIntLayout) -> u64 {
     let p = match layout.packing {
-        Packing::Gptq { .. } => band::DEALT as u64,
+        Packing::Gptq { .. } => band::BLOCK_ROWS as u64,
         Packing::Awq => layout.per_word().max(8),
     };
     let rows = ((BAND_ELEMENTS / layout.inputs.max(1)) / p * p).max(p);

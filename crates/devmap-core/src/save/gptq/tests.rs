@@ -118,10 +118,10 @@ fn group_of(i: usize, inputs: usize, act: bool) -> usize {
 #[test]
 fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
     // 8 outputs: one band; 1024: several sub-bands and read bands; 1000: a last read
-    // band that ends in half a block of GPTQ's dealt words. Groups of 8 values are
+    // band that ends in half a block of GPTQ's rows. Groups of 8 values are
     // computed value by value, groups of 32 through the table. 24 inputs: AWQ's last
     // eight input rows transposed on their own (16 at a time before). 144 inputs: GPTQ's
-    // gather takes whole tiles of 16 packed rows and the rows after them.
+    // transposition takes whole tiles of 16 packed rows and the rows after them.
     let packings = [
         Packing::Gptq { v1: true },
         Packing::Gptq { v1: false },
@@ -214,28 +214,27 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
     assert_eq!((word.wrapping_add(0x1111_1111) >> 4) & 0xF, 0);
 }
 
-/// Gathering a dealt block (16 words a packed row) into output rows moves each word to
-/// its row, whole tiles of 16 packed rows (a register transposition on AVX-512) and the
-/// rows after them alike, at every width a block can have.
+/// Packed rows transposed into the band's columns move each word to its column, whole
+/// tiles of 16 rows by 16 columns (a register transposition on AVX-512) and the rows
+/// and columns past them alike.
 #[test]
-fn dealt_words_gather_into_output_rows() {
-    for rows in [0, 5, 16, 37, 64] {
-        for width in [1, 7, 16] {
-            let words: Vec<[u8; 4]> = (0..rows * band::DEALT)
+fn packed_rows_transpose_into_columns() {
+    for count in [0, 5, 16, 37, 64] {
+        for row_words in [1, 7, 16, 37, 64] {
+            let words: Vec<[u8; 4]> = (0..count * row_words)
                 .map(|k| (k as u32).wrapping_mul(0x9E37_79B9).to_le_bytes())
                 .collect();
-            let stride = rows * 4 + 64;
-            let mut columns = vec![0u8; band::DEALT * stride];
-            kernels::gather_dealt(&words, width, (&mut columns, stride));
-            for k in 0..band::DEALT {
-                for r in 0..rows {
-                    let got = &columns[k * stride + r * 4..k * stride + r * 4 + 4];
-                    let want = if k < width {
-                        words[r * band::DEALT + k]
-                    } else {
-                        [0; 4]
-                    };
-                    assert_eq!(got, want, "{rows} rows, width {width}: row {k}, word {r}");
+            let stride = count * 4 + 64;
+            let mut columns = vec![0u8; row_words * stride];
+            kernels::transpose_into_columns(&words, (row_words, count), (&mut columns, stride));
+            for c in 0..row_words {
+                for t in 0..count {
+                    let got = &columns[c * stride + t * 4..c * stride + t * 4 + 4];
+                    assert_eq!(
+                        got,
+                        words[t * row_words + c],
+                        "{count} rows of {row_words}: column {c}, row {t}"
+                    );
                 }
             }
         }
