@@ -249,3 +249,39 @@ fn dequantizing_shards_two_at_a_time_stays_under_64_mib() {
         peak >> 20
     );
 }
+
+/// The memory the save dialog shows counts a band for each thread that computes at
+/// once: as many as there are cores, at most eight a writer. The plan of the test
+/// above (three GPTQ shards, two jobs) needs one band more on two cores than on one,
+/// and sixteen bands on a 64-core machine, not sixty-four.
+#[test]
+fn the_memory_need_counts_the_threads_that_compute() {
+    use devmap::save::shards::{DtypeChoice, SaveOptions};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("gptq");
+    gptq_model(&dir, 3);
+    let ckpt = devmap::model::load::load(&dir, &devmap::model::load::LoadOptions::default())
+        .expect("loads");
+    let mut options = SaveOptions::new(tmp.path().join("out"));
+    options.max_shard_size = 70_000_000;
+    options.dtype = DtypeChoice::To(DType::BF16);
+    let plan = devmap::save::shards::plan(&ckpt, &options).expect("plan");
+    assert_eq!(plan.shards.len(), 3);
+    let need = |cores| plan.memory_need_on(&ckpt, 2, cores);
+    let band = devmap::save::gptq::BAND_BYTES;
+    assert_eq!(need(2).bytes - need(1).bytes, band);
+    assert_eq!(need(64).bytes - need(1).bytes, 15 * band);
+    assert_eq!(
+        need(64).bytes,
+        need(16).bytes,
+        "eight threads a writer at most"
+    );
+    assert!(
+        need(2)
+            .parts
+            .iter()
+            .any(|p| p.contains("per computing thread")),
+        "{:?}",
+        need(2).parts
+    );
+}
