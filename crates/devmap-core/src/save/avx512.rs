@@ -1,6 +1,7 @@
 //! Kernels written with AVX-512 instructions (`std::arch`), for what the compiler does
-//! not vectorise from plain loops: a 16×16 transposition of words, and float16
-//! rounding by the conversion instructions. Each is called only from a
+//! not vectorise from plain loops: a 16×16 transposition of words, float16
+//! rounding by the conversion instructions, and 4-bit values looked up in a table of
+//! 16-bit outputs by a word permute. Each is called only from a
 //! `multiversion` function's AVX-512 version (`match_target!`), which has the
 //! features enabled, and does the part of its input that fills whole vectors: the
 //! caller's plain loop does the rest, the same bytes either way.
@@ -9,8 +10,9 @@ use std::arch::x86_64::{
     __m128i, __m256i, __m512, __m512i, _mm_extract_epi64, _mm_set_epi64x, _mm256_extracti128_si256,
     _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_cvtepi32_epi16,
     _mm512_cvtepi32_ps, _mm512_cvtepu8_epi32, _mm512_cvtph_ps, _mm512_cvtps_ph,
-    _mm512_extracti32x4_epi32, _mm512_mul_ps, _mm512_permutex2var_epi32, _mm512_set_epi32,
-    _mm512_set1_epi32, _mm512_set1_ps, _mm512_srli_epi32, _mm512_sub_epi32,
+    _mm512_extracti32x4_epi32, _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi32,
+    _mm512_permutexvar_epi16, _mm512_set_epi32, _mm512_set_epi64, _mm512_set1_epi32,
+    _mm512_set1_ps, _mm512_setzero_si512, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_sub_epi32,
 };
 
 /// Sixteen `i32`s as a vector, element `k` from `x(k)`.
@@ -37,30 +39,63 @@ fn vector(x: impl Fn(usize) -> i32) -> __m512i {
     )
 }
 
-/// A 128-bit vector's 16 bytes into `out`, little-endian.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn store_128(v: __m128i, out: &mut [u8]) {
-    out[..8].copy_from_slice(&_mm_extract_epi64::<0>(v).to_le_bytes());
-    out[8..16].copy_from_slice(&_mm_extract_epi64::<1>(v).to_le_bytes());
+/// A 128-bit vector's 16 bytes into `out` (a `&mut [u8]`), little-endian. A macro, as
+/// the stores below are, so it is always inlined: a function with `target_feature`
+/// cannot be `#[inline(always)]`, and LLVM left `store_512` out of line (a call, the
+/// vector spilled to the stack) once it had more callers.
+macro_rules! store_128 {
+    ($v:expr, $out:expr) => {{
+        let (v, out): (__m128i, &mut [u8]) = ($v, $out);
+        out[..8].copy_from_slice(&_mm_extract_epi64::<0>(v).to_le_bytes());
+        out[8..16].copy_from_slice(&_mm_extract_epi64::<1>(v).to_le_bytes());
+    }};
 }
 
-/// A vector's 64 bytes into `out`, little-endian.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn store_512(v: __m512i, out: &mut [u8]) {
-    store_128(_mm512_extracti32x4_epi32::<0>(v), &mut out[..16]);
-    store_128(_mm512_extracti32x4_epi32::<1>(v), &mut out[16..32]);
-    store_128(_mm512_extracti32x4_epi32::<2>(v), &mut out[32..48]);
-    store_128(_mm512_extracti32x4_epi32::<3>(v), &mut out[48..64]);
+/// Sixteen little-endian words (`&[[u8; 4]]`, at least 16) as a vector, word `k` in
+/// lane `k` (one 64-byte load once compiled).
+macro_rules! load_words {
+    ($words:expr) => {{
+        let w: &[[u8; 4]] = $words;
+        let lane = |k: usize| i32::from_le_bytes(w[k]);
+        _mm512_set_epi32(
+            lane(15),
+            lane(14),
+            lane(13),
+            lane(12),
+            lane(11),
+            lane(10),
+            lane(9),
+            lane(8),
+            lane(7),
+            lane(6),
+            lane(5),
+            lane(4),
+            lane(3),
+            lane(2),
+            lane(1),
+            lane(0),
+        )
+    }};
+}
+
+/// A vector's 64 bytes into `out`, little-endian (one 64-byte store once compiled).
+macro_rules! store_512 {
+    ($v:expr, $out:expr) => {{
+        let (v, out): (__m512i, &mut [u8]) = ($v, $out);
+        store_128!(_mm512_extracti32x4_epi32::<0>(v), &mut out[..16]);
+        store_128!(_mm512_extracti32x4_epi32::<1>(v), &mut out[16..32]);
+        store_128!(_mm512_extracti32x4_epi32::<2>(v), &mut out[32..48]);
+        store_128!(_mm512_extracti32x4_epi32::<3>(v), &mut out[48..64]);
+    }};
 }
 
 /// A 256-bit vector's 32 bytes into `out`, little-endian.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn store_256(v: __m256i, out: &mut [u8]) {
-    store_128(_mm256_extracti128_si256::<0>(v), &mut out[..16]);
-    store_128(_mm256_extracti128_si256::<1>(v), &mut out[16..32]);
+macro_rules! store_256 {
+    ($v:expr, $out:expr) => {{
+        let (v, out): (__m256i, &mut [u8]) = ($v, $out);
+        store_128!(_mm256_extracti128_si256::<0>(v), &mut out[..16]);
+        store_128!(_mm256_extracti128_si256::<1>(v), &mut out[16..32]);
+    }};
 }
 
 /// The permutes of [`transpose!`]'s four rounds (d = 8, 4, 2, 1): entry j < 16 takes
@@ -113,19 +148,56 @@ pub(crate) fn transpose_rows(
     let column_tiles = row_words / 16;
     for c0 in (0..column_tiles).map(|c| c * 16) {
         for r0 in (0..row_tiles).map(|r| r * 16) {
-            let mut m: [__m512i; 16] = std::array::from_fn(|t| {
+            // A loop, not `array::from_fn`: its closure was left out of line (a call a
+            // row of the tile).
+            let mut m = [_mm512_setzero_si512(); 16];
+            for (t, v) in m.iter_mut().enumerate() {
                 let at = (r0 + t) * row_words + c0;
-                let row = &rows[at..at + 16];
-                vector(|k| i32::from_le_bytes(row[k]))
-            });
+                *v = load_words!(&rows[at..at + 16]);
+            }
             transpose!(m, rounds);
             for (k, column) in m.iter().enumerate() {
                 let b = (c0 + k) * stride + r0 * 4;
-                store_512(*column, &mut columns[b..b + 64]);
+                store_512!(*column, &mut columns[b..b + 64]);
             }
         }
     }
     (row_tiles * 16, column_tiles * 16)
+}
+
+/// Each byte of `bytes` as two 2-byte outputs (`SIZE` 2; the low nibble's first),
+/// looked up in `table` by one word permute (`vpermw`) a 16-byte step: the bytes
+/// widened to 32-bit lanes, each lane's two nibbles made its two 16-bit indices, the
+/// 32 outputs stored as one vector. Returns the bytes done (whole sixteens; none for
+/// another `SIZE`).
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) fn expand_nibbles_words<const SIZE: usize>(
+    bytes: &[u8],
+    table: &[[u8; SIZE]; 16],
+    dst: &mut [u8],
+) -> usize {
+    if SIZE != 2 {
+        return 0;
+    }
+    // Four entries a 64-bit lane, the table in the vector's low 32 bytes.
+    let quad = |q: usize| {
+        let entry = |v: usize| u64::from(u16::from_le_bytes([table[v][0], table[v][1]]));
+        (entry(4 * q) | entry(4 * q + 1) << 16 | entry(4 * q + 2) << 32 | entry(4 * q + 3) << 48)
+            as i64
+    };
+    let outputs = _mm512_set_epi64(0, 0, 0, 0, quad(3), quad(2), quad(1), quad(0));
+    let (low, high) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(0xF0));
+    let (steps, _) = bytes.as_chunks::<16>();
+    for (step, out) in steps.iter().zip(dst.chunks_exact_mut(64)) {
+        let lanes = u128::from_le_bytes(*step);
+        let wide = _mm512_cvtepu8_epi32(_mm_set_epi64x((lanes >> 64) as i64, lanes as i64));
+        let indices = _mm512_or_si512(
+            _mm512_and_si512(wide, low),
+            _mm512_slli_epi32::<12>(_mm512_and_si512(wide, high)),
+        );
+        store_512!(_mm512_permutexvar_epi16(indices, outputs), out);
+    }
+    steps.len() * 16
 }
 
 /// 8-bit values of one group with a float16 scale `s` (zero point `z`): `(q − z) · s`
@@ -149,9 +221,9 @@ pub(crate) fn bytes_through_f16<const SIZE: usize>(
         let product = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, zero)), scale);
         let bits = through_f16::<SIZE>(product);
         if SIZE == 2 {
-            store_256(_mm512_cvtepi32_epi16(bits), out);
+            store_256!(_mm512_cvtepi32_epi16(bits), out);
         } else {
-            store_512(bits, out);
+            store_512!(bits, out);
         }
     }
     steps.len() * 16

@@ -467,6 +467,23 @@ mod tests {
         }
     }
 
+    /// [`crate::save::avx512::expand_nibbles_words`] and the plain loop after it, from
+    /// a caller compiled for AVX-512, as GPTQ's rows call it; true when that path ran.
+    #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw"))]
+    fn permuted(bytes: &[u8], table: &[[u8; 2]; 16], dst: &mut [u8]) -> bool {
+        multiversion::target::match_target! {
+            "x86_64+avx512f+avx512bw" => {
+                let done = crate::save::avx512::expand_nibbles_words(bytes, table, dst);
+                expand_nibbles(&bytes[done..], table, &mut dst[done * 4..]);
+                true
+            }
+            _ => {
+                expand_nibbles(bytes, table, dst);
+                false
+            }
+        }
+    }
+
     #[test]
     fn shuffled_expansion_writes_what_the_plain_one_writes() {
         let table: [[u8; 2]; 16] =
@@ -481,6 +498,12 @@ mod tests {
             assert_eq!(got, want, "{len} bytes");
             #[cfg(target_arch = "x86_64")]
             assert_eq!(ran, std::is_x86_feature_detected!("avx2"));
+            let _ = ran;
+            let mut got = vec![0u8; len * 4];
+            let ran = permuted(&bytes, &table, &mut got);
+            assert_eq!(got, want, "{len} bytes, by word permutes");
+            #[cfg(target_arch = "x86_64")]
+            assert_eq!(ran, std::is_x86_feature_detected!("avx512bw"));
             let _ = ran;
         }
     }

@@ -133,6 +133,10 @@ pub(super) fn expand_rows<const SIZE: usize>(
         for (g, (bytes, dst)) in runs.zip(dsts).enumerate() {
             let table = &tables[local * groups + g];
             multiversion::target::match_target! {
+                "x86_64+avx512f+avx512bw" => {
+                    let done = crate::save::avx512::expand_nibbles_words(bytes, table, dst);
+                    expand_nibbles(&bytes[done..], table, &mut dst[done * 2 * SIZE..]);
+                }
                 "x86_64+avx2" => crate::save::lookup::expand_nibbles_shuffled(bytes, table, dst),
                 _ => expand_nibbles(bytes, table, dst),
             }
