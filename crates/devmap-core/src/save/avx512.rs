@@ -15,48 +15,11 @@ use std::arch::x86_64::{
     _mm512_set1_ps, _mm512_setzero_si512, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_sub_epi32,
 };
 
-/// Sixteen `i32`s as a vector, element `k` from `x(k)`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn vector(x: impl Fn(usize) -> i32) -> __m512i {
-    _mm512_set_epi32(
-        x(15),
-        x(14),
-        x(13),
-        x(12),
-        x(11),
-        x(10),
-        x(9),
-        x(8),
-        x(7),
-        x(6),
-        x(5),
-        x(4),
-        x(3),
-        x(2),
-        x(1),
-        x(0),
-    )
-}
-
-/// A 128-bit vector's 16 bytes into `out` (a `&mut [u8]`), little-endian. A macro, as
-/// the stores below are, so it is always inlined: a function with `target_feature`
-/// cannot be `#[inline(always)]`, and LLVM left `store_512` out of line (a call, the
-/// vector spilled to the stack) once it had more callers.
-macro_rules! store_128 {
-    ($v:expr, $out:expr) => {{
-        let (v, out): (__m128i, &mut [u8]) = ($v, $out);
-        out[..8].copy_from_slice(&_mm_extract_epi64::<0>(v).to_le_bytes());
-        out[8..16].copy_from_slice(&_mm_extract_epi64::<1>(v).to_le_bytes());
-    }};
-}
-
-/// Sixteen little-endian words (`&[[u8; 4]]`, at least 16) as a vector, word `k` in
-/// lane `k` (one 64-byte load once compiled).
-macro_rules! load_words {
-    ($words:expr) => {{
-        let w: &[[u8; 4]] = $words;
-        let lane = |k: usize| i32::from_le_bytes(w[k]);
+/// Sixteen `i32`s as a vector, lane `k` from `$lane(k)` (a closure): the one place the
+/// sixteen lanes are spelled out, for [`vector`] and [`load_words!`] alike.
+macro_rules! lanes {
+    ($lane:expr) => {{
+        let lane = $lane;
         _mm512_set_epi32(
             lane(15),
             lane(14),
@@ -75,6 +38,35 @@ macro_rules! load_words {
             lane(1),
             lane(0),
         )
+    }};
+}
+
+/// Sixteen `i32`s as a vector, element `k` from `x(k)`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn vector(x: impl Fn(usize) -> i32) -> __m512i {
+    lanes!(x)
+}
+
+/// A 128-bit vector's 16 bytes into `out` (a `&mut [u8]`), little-endian. A macro, as
+/// the stores below are, so it is always inlined: a function with `target_feature`
+/// cannot be `#[inline(always)]`, and LLVM left `store_512` out of line (a call, the
+/// vector spilled to the stack) once it had more callers.
+macro_rules! store_128 {
+    ($v:expr, $out:expr) => {{
+        let (v, out): (__m128i, &mut [u8]) = ($v, $out);
+        out[..8].copy_from_slice(&_mm_extract_epi64::<0>(v).to_le_bytes());
+        out[8..16].copy_from_slice(&_mm_extract_epi64::<1>(v).to_le_bytes());
+    }};
+}
+
+/// Sixteen little-endian words (`&[[u8; 4]]`, at least 16) as a vector, word `k` in
+/// lane `k` (one 64-byte load once compiled; a macro, so no closure is left out of
+/// line).
+macro_rules! load_words {
+    ($words:expr) => {{
+        let w: &[[u8; 4]] = $words;
+        lanes!(|k: usize| i32::from_le_bytes(w[k]))
     }};
 }
 

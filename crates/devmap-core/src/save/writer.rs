@@ -414,8 +414,9 @@ fn copy_failed(
 /// A shard's tensors in the parts its threads write: consecutive runs of about equal
 /// bytes, as many as [`Shared::threads_per_shard`] allows — one part for a small shard,
 /// or one whose tensors a single stream must write (a live model's staged tensors) or
-/// that computes on every core already (merges, MXFP4). FP8 dequantization computes on
-/// one core a tensor, so its shards are split like copies.
+/// that splits each weight among threads already (merges, MXFP4, packed integers). FP8
+/// dequantization's shards are split like copies: every part's threads share the
+/// cores' permits (`save::compute`).
 fn parts_for_threads<'p>(
     shard: &'p ShardPlan,
     shared: &Shared<'_>,

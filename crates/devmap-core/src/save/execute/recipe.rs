@@ -340,9 +340,9 @@ impl Recipe {
     }
 
     /// Whether several threads may write parts of one shard whose tensors all have
-    /// this recipe: copies, casts and FP8 dequantization (whose parts divide the
-    /// writer's compute threads among them); a merge, an MXFP4 or a packed integer
-    /// weight already computes on the writer's threads.
+    /// this recipe: copies, casts and FP8 dequantization (each part's weights split
+    /// among threads that share the cores' permits, `save::compute`); a merge, an
+    /// MXFP4 or a packed integer weight already splits each weight among threads.
     pub fn shares_a_shard(&self) -> bool {
         !self.merge
             && !matches!(

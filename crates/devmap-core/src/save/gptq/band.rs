@@ -41,8 +41,8 @@ pub(super) struct Band {
     /// The table's products (a chunk of entries), exact in f32; 8-bit GPTQ's of an
     /// output row.
     products: Vec<f32>,
-    /// A sub-band's 4-bit values gathered in input order, an output row every stride
-    /// (kept between sub-bands rather than allocated for each).
+    /// AWQ: a sub-band's 4-bit values gathered in input order, an output row every
+    /// stride (kept between sub-bands rather than allocated for each).
     columns: Vec<u8>,
     pub(super) output: Vec<u8>,
 }
@@ -68,7 +68,8 @@ impl Band {
             ),
         };
         self.words_a_row = band_words as usize;
-        resize_exact(&mut self.packed, (packed_rows * band_words * 4) as usize, 0);
+        // GPTQ's columns are laid out apart; the rows as read take this much.
+        let as_read = (packed_rows * band_words * 4) as usize;
         match layout.packing {
             Packing::Gptq { .. } if gptq_in_columns(layout) => {
                 // Each packed row's words transposed into the band's columns (an
@@ -95,6 +96,7 @@ impl Band {
                 }
             }
             Packing::Gptq { .. } => {
+                resize_exact(&mut self.packed, as_read, 0);
                 for (r, dst) in self
                     .packed
                     .chunks_exact_mut((band_words * 4) as usize)
@@ -107,6 +109,7 @@ impl Band {
             Packing::Awq => {
                 // Each packed row's words are dealt out to the sub-bands' regions.
                 let sub = awq_sub_words(layout);
+                resize_exact(&mut self.packed, as_read, 0);
                 resize_exact(&mut self.row, (band_words * 4) as usize, 0);
                 let rows = packed_rows as usize;
                 for r in 0..rows {
