@@ -11,6 +11,18 @@ use devmap::types::DType;
 
 const LIMIT: u64 = 64 << 20;
 
+/// Runs `command` (devmap, or a command that runs it) asking devmap for its peak RSS,
+/// checks it succeeded, and returns the kernel-measured peak (VmHWM) in bytes.
+fn peak_rss_of(command: &mut Command) -> u64 {
+    let o = command
+        .env("DEVMAP_REPORT_PEAK_RSS", "1")
+        .output()
+        .expect("run devmap");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    common::peak_rss(&err)
+}
+
 #[test]
 fn one_big_shard_stays_under_64_mib() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -29,22 +41,15 @@ fn one_big_shard_stays_under_64_mib() {
     write_offload_dat(&dir.join("offload"), &offloaded).expect("offload");
 
     let out = tmp.path().join("out");
-    let o = Command::new(env!("CARGO_BIN_EXE_devmap"))
-        .args([
-            "save",
-            dir.to_str().expect("p"),
-            "--out",
-            out.to_str().expect("p"),
-            "--max-shard-size",
-            "100GB",
-            "--quiet",
-        ])
-        .env("DEVMAP_REPORT_PEAK_RSS", "1")
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
-    let peak = common::peak_rss(&err);
+    let peak = peak_rss_of(Command::new(env!("CARGO_BIN_EXE_devmap")).args([
+        "save",
+        dir.to_str().expect("p"),
+        "--out",
+        out.to_str().expect("p"),
+        "--max-shard-size",
+        "100GB",
+        "--quiet",
+    ]));
     let written = std::fs::metadata(out.join("model.safetensors"))
         .expect("shard")
         .len();
@@ -111,15 +116,11 @@ fn two_hundred_thousand_tensors_stay_within_a_bound_per_tensor() {
         ],
         vec!["inspect", dir.to_str().expect("p")],
     ] {
-        let o = Command::new(env!("CARGO_BIN_EXE_devmap"))
-            .args(&args)
-            .env("DEVMAP_REPORT_PEAK_RSS", "1")
-            .env("DEVMAP_PYTHON", "")
-            .output()
-            .expect("run");
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "{err}");
-        let peak = common::peak_rss(&err);
+        let peak = peak_rss_of(
+            Command::new(env!("CARGO_BIN_EXE_devmap"))
+                .args(&args)
+                .env("DEVMAP_PYTHON", ""),
+        );
         eprintln!(
             "{}: peak RSS {} MiB for {N} tensors ({} B a tensor past 64 MiB)",
             args[0],
@@ -212,24 +213,21 @@ fn dequantizing_shards_two_at_a_time_stays_under_64_mib() {
     let dir = tmp.path().join("gptq");
     gptq_model(&dir, 3);
     let out = tmp.path().join("out");
-    let o = Command::new("taskset")
-        .args(["-c", cpus, env!("CARGO_BIN_EXE_devmap"), "save"])
-        .args([dir.to_str().expect("p"), "--out", out.to_str().expect("p")])
-        .args([
-            "--dtype",
-            "bfloat16",
-            "--max-shard-size",
-            "70MB",
-            "--jobs",
-            "2",
-            "--quiet",
-        ])
-        .env("DEVMAP_REPORT_PEAK_RSS", "1")
-        .env("DEVMAP_PYTHON", "")
-        .output()
-        .expect("taskset (util-linux) runs devmap");
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
+    let peak = peak_rss_of(
+        Command::new("taskset")
+            .args(["-c", cpus, env!("CARGO_BIN_EXE_devmap"), "save"])
+            .args([dir.to_str().expect("p"), "--out", out.to_str().expect("p")])
+            .args([
+                "--dtype",
+                "bfloat16",
+                "--max-shard-size",
+                "70MB",
+                "--jobs",
+                "2",
+                "--quiet",
+            ])
+            .env("DEVMAP_PYTHON", ""),
+    );
     let shards = std::fs::read_dir(&out)
         .expect("out")
         .filter(|e| {
@@ -238,7 +236,6 @@ fn dequantizing_shards_two_at_a_time_stays_under_64_mib() {
         })
         .count();
     assert_eq!(shards, 3, "a shard a weight");
-    let peak = common::peak_rss(&err);
     eprintln!(
         "peak RSS {} MiB, 3 GPTQ shards on 2 jobs, {cpus}",
         peak >> 20
