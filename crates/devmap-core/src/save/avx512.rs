@@ -8,12 +8,15 @@
 
 use std::arch::x86_64::{
     __m128i, __m256i, __m512, __m512i, _mm_extract_epi64, _mm_set_epi64x, _mm256_extracti128_si256,
-    _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_cvtepi32_epi16,
-    _mm512_cvtepi32_ps, _mm512_cvtepu8_epi32, _mm512_cvtph_ps, _mm512_cvtps_ph,
-    _mm512_extracti32x4_epi32, _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi32,
-    _mm512_permutexvar_epi16, _mm512_set_epi32, _mm512_set_epi64, _mm512_set1_epi32,
-    _mm512_set1_ps, _mm512_setzero_si512, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_sub_epi32,
+    _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
+    _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps, _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32,
+    _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_extracti32x4_epi32, _mm512_mul_ps, _mm512_or_si512,
+    _mm512_permutex2var_epi32, _mm512_permutexvar_epi16, _mm512_set_epi32, _mm512_set_epi64,
+    _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_si512, _mm512_slli_epi32, _mm512_srli_epi32,
+    _mm512_srlv_epi32, _mm512_sub_epi32,
 };
+
+use crate::types::DType;
 
 /// Sixteen `i32`s as a vector, lane `k` from `$lane(k)` (a closure): the one place the
 /// sixteen lanes are spelled out, for [`vector`] and [`load_words!`] alike.
@@ -237,6 +240,177 @@ fn through_f16<const SIZE: usize>(product: __m512) -> __m512i {
         _mm512_srli_epi32::<16>(_mm512_add_epi32(value, half_ulp))
     } else {
         value
+    }
+}
+
+/// Where [`words_to_rows`] reads and writes: GPTQ's packed words as read (`packed`, a
+/// packed row every `row_words` words, the sixteen output columns from word `col`, a
+/// vector lane each); each input's group (`of`, one an input); the zero points and
+/// scales (`[groups, read_n]`, the lanes' first at `param_col`); and the sixteen output
+/// rows (`output`, `of.len()` values each).
+pub(crate) struct WordsToRows<'a> {
+    pub packed: &'a [[u8; 4]],
+    pub row_words: usize,
+    pub col: usize,
+    pub of: &'a [u32],
+    pub zeros: &'a [i32],
+    pub scales: &'a [f32],
+    pub read_n: usize,
+    pub param_col: usize,
+    pub output: &'a mut [u8],
+}
+
+/// The dtypes [`words_to_rows`] rounds through, as its constant parameters.
+const F16: u8 = 0;
+const BF16: u8 = 1;
+const F32: u8 = 2;
+
+/// GPTQ's packed words as read dequantized straight into sixteen output rows, 32
+/// inputs at a time: each input's values unpacked by a shift, `(q − z) · s` in f32 with
+/// its group's zero points and scales, rounded to the scale's dtype `sd` and converted
+/// to `to` ([`output_lanes`]); the 32 inputs' outputs paired into words (`SIZE` 2) or
+/// taken sixteen at a time (`SIZE` 4), and the 16×16 words transposed
+/// ([`transpose!`]), so each output row gets 64 bytes a store. No table, no
+/// transposition of the packed words: act order costs what order does. Returns the
+/// inputs done (whole 32s; none for other widths and dtypes). The widths and dtypes
+/// are made constants here, so the loop has no branch on them.
+#[target_feature(enable = "avx512f")]
+pub(crate) fn words_to_rows<const SIZE: usize>(
+    at: WordsToRows<'_>,
+    bits: u32,
+    (sd, to): (DType, DType),
+) -> usize {
+    let code = |d: DType| match d {
+        DType::F16 => Some(F16),
+        DType::BF16 => Some(BF16),
+        DType::F32 => Some(F32),
+        _ => None,
+    };
+    let (Some(sd), Some(to)) = (code(sd), code(to)) else {
+        return 0;
+    };
+    macro_rules! by_output {
+        ($bits:literal, $sd:ident) => {
+            match (SIZE, to) {
+                (2, BF16) => rows_of::<2, $bits, $sd, BF16>(at),
+                (2, F16) => rows_of::<2, $bits, $sd, F16>(at),
+                (4, F32) => rows_of::<4, $bits, $sd, F32>(at),
+                _ => 0,
+            }
+        };
+    }
+    macro_rules! by_scale {
+        ($bits:literal) => {
+            match sd {
+                F16 => by_output!($bits, F16),
+                BF16 => by_output!($bits, BF16),
+                _ => by_output!($bits, F32),
+            }
+        };
+    }
+    match bits {
+        4 => by_scale!(4),
+        8 => by_scale!(8),
+        _ => 0,
+    }
+}
+
+/// [`words_to_rows`] for one width and pair of dtypes.
+#[target_feature(enable = "avx512f")]
+fn rows_of<const SIZE: usize, const BITS: u32, const SD: u8, const TO: u8>(
+    at: WordsToRows<'_>,
+) -> usize {
+    let WordsToRows {
+        packed,
+        row_words,
+        col,
+        of,
+        zeros,
+        scales,
+        read_n,
+        param_col,
+        output,
+    } = at;
+    let inputs = of.len();
+    let per = (32 / BITS) as usize;
+    let mask = _mm512_set1_epi32(((1u64 << BITS) - 1) as i32);
+    let rounds = transpose_rounds();
+    let chunks = inputs / 32;
+    for i0 in (0..chunks).map(|c| c * 32) {
+        // The chunk's packed rows: four at 4 bits, eight at 8.
+        let mut words = [_mm512_setzero_si512(); 8];
+        for (r, w) in words.iter_mut().take(32 / per).enumerate() {
+            let at = (i0 / per + r) * row_words + col;
+            *w = load_words!(&packed[at..at + 16]);
+        }
+        // Input i's sixteen outputs, as the output's bits (low half for `SIZE` 2).
+        macro_rules! input {
+            ($i:expr) => {{
+                let i: usize = $i;
+                let shift = _mm512_set1_epi32(((i % per) as u32 * BITS) as i32);
+                let q = _mm512_and_si512(_mm512_srlv_epi32(words[(i - i0) / per], shift), mask);
+                let at = of[i] as usize * read_n + param_col;
+                let z: &[i32] = &zeros[at..at + 16];
+                let s: &[f32] = &scales[at..at + 16];
+                let zero = lanes!(|k: usize| z[k]);
+                let scale = _mm512_castsi512_ps(lanes!(|k: usize| s[k].to_bits() as i32));
+                let product = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, zero)), scale);
+                output_lanes::<SD, TO>(product)
+            }};
+        }
+        let mut m = [_mm512_setzero_si512(); 16];
+        if SIZE == 2 {
+            // Word p of a row: inputs 2p (low half) and 2p + 1.
+            for (p, v) in m.iter_mut().enumerate() {
+                let (low, high) = (input!(i0 + 2 * p), input!(i0 + 2 * p + 1));
+                *v = _mm512_or_si512(low, _mm512_slli_epi32::<16>(high));
+            }
+            transpose!(m, rounds);
+            for (k, row) in m.iter().enumerate() {
+                let b = (k * inputs + i0) * 2;
+                store_512!(*row, &mut output[b..b + 64]);
+            }
+        } else {
+            for half in [0, 16] {
+                for (t, v) in m.iter_mut().enumerate() {
+                    *v = input!(i0 + half + t);
+                }
+                transpose!(m, rounds);
+                for (k, row) in m.iter().enumerate() {
+                    let b = (k * inputs + i0 + half) * 4;
+                    store_512!(*row, &mut output[b..b + 64]);
+                }
+            }
+        }
+    }
+    chunks * 32
+}
+
+/// Exact f32 products rounded to the scale's dtype `SD` (float16 by the conversion
+/// instructions, bfloat16 to nearest even on the bits), then as `TO`'s bits: float32,
+/// or bfloat16 (on the bits) or float16 (`vcvtps2ph`) in each lane's low half. The
+/// products are finite or, past a dtype's range, infinite (never NaN: the scales are
+/// checked finite), which both roundings carry through.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn output_lanes<const SD: u8, const TO: u8>(product: __m512) -> __m512i {
+    let to_bf16 = |bits: __m512i| {
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
+        _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb))
+    };
+    // 0x08: to nearest even, exceptions suppressed.
+    let value = match SD {
+        F16 => _mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtps_ph::<0x08>(product))),
+        BF16 => _mm512_and_si512(
+            to_bf16(_mm512_castps_si512(product)),
+            _mm512_set1_epi32(0xFFFF_0000_u32 as i32),
+        ),
+        _ => _mm512_castps_si512(product),
+    };
+    match TO {
+        F16 => _mm512_cvtepu16_epi32(_mm512_cvtps_ph::<0x08>(_mm512_castsi512_ps(value))),
+        BF16 => _mm512_srli_epi32::<16>(to_bf16(value)),
+        _ => value,
     }
 }
 

@@ -45,6 +45,9 @@ pub(super) struct Band {
     /// stride (kept between sub-bands rather than allocated for each).
     columns: Vec<u8>,
     pub(super) output: Vec<u8>,
+    /// The weight's rows are made from its words as read
+    /// ([`super::direct::rows_from_words`]): GPTQ's read band is kept as read.
+    pub(super) from_words: bool,
 }
 
 impl Band {
@@ -71,6 +74,13 @@ impl Band {
         // GPTQ's columns are laid out apart; the rows as read take this much.
         let as_read = (packed_rows * band_words * 4) as usize;
         match layout.packing {
+            Packing::Gptq { .. } if self.from_words => {
+                let rows = packed_rows as usize;
+                let at =
+                    |r: usize| input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
+                let buffers = (&mut self.packed, &mut self.row);
+                super::direct::read_in_blocks(input.qweight.0, buffers, (rows, at), n as usize)?;
+            }
             Packing::Gptq { .. } if gptq_in_columns(layout) => {
                 // Each packed row's words transposed into the band's columns (an
                 // output row's packed words in input order), sixteen packed rows at
@@ -193,7 +203,11 @@ impl Band {
         // the cache between the passes.
         const CHUNK: usize = 2048;
         // (8-bit GPTQ computes each value: a group holds fewer than its 256 patterns.)
-        let entries = if gptq_bytes(layout) { 0 } else { n * groups_n };
+        let entries = if gptq_bytes(layout) || self.from_words {
+            0
+        } else {
+            n * groups_n
+        };
         resize_exact(&mut self.table, entries * values * size, 0);
         for first in (0..entries).step_by(CHUNK) {
             let count = CHUNK.min(entries - first);
@@ -243,6 +257,20 @@ impl Band {
         // write copies from the cache what was just made, and two threads' writes to
         // one file do not queue on its lock for whole sub-bands.
         let rows_a_block = (super::OUTPUT_BYTES as usize / (inputs * size)).max(1);
+        if self.from_words {
+            let step = rows_a_block.next_multiple_of(BLOCK_ROWS);
+            for block in (0..n).step_by(step) {
+                let count = step.min(n - block);
+                resize_exact(&mut self.output, count * inputs * size, 0);
+                if size == 2 {
+                    band.rows_from_words::<2>(to, (block, count), &mut self.output);
+                } else {
+                    band.rows_from_words::<4>(to, (block, count), &mut self.output);
+                }
+                emit(cols.start + block as u64, &mut self.output)?;
+            }
+            return Ok(());
+        }
         let awq_stride = band
             .awq_in_order()
             .then(|| band.awq_transpose(&mut self.columns));

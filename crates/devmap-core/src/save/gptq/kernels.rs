@@ -235,3 +235,48 @@ pub(super) fn transpose_into_columns(
         }
     }
 }
+
+/// Whether this CPU runs [`words_to_rows`]' vector kernel (AVX-512): where it does not,
+/// GPTQ's 8-bit and act-order weights take the band's columns instead.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub(super) fn words_to_rows_in_vectors() -> bool {
+    multiversion::target::match_target! {
+        "x86_64+avx512f" => true,
+        _ => false,
+    }
+}
+
+/// Sixteen output rows from GPTQ's packed words as read, 32 inputs at a time by the
+/// AVX-512 kernel ([`crate::save::avx512::words_to_rows`], whose `WordsToRows` says
+/// what `words`, `of`, `params` and `output` hold). Returns the inputs done (none where
+/// the CPU lacks AVX-512); the caller does the rest.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub(super) fn words_to_rows<const SIZE: usize>(
+    (packed, row_words, col): (&[[u8; 4]], usize, usize),
+    (bits, of): (u32, &[u32]),
+    (zeros, scales, read_n, param_col): (&[i32], &[f32], usize, usize),
+    dtypes: (DType, DType),
+    output: &mut [u8],
+) -> usize {
+    multiversion::target::match_target! {
+        "x86_64+avx512f" => {
+            let at = crate::save::avx512::WordsToRows {
+                packed, row_words, col, of, zeros, scales, read_n, param_col, output,
+            };
+            crate::save::avx512::words_to_rows::<SIZE>(at, bits, dtypes)
+        }
+        _ => {
+            let _ = (packed, row_words, col, bits, of, zeros, scales, read_n, param_col);
+            let _ = (dtypes, output);
+            0
+        }
+    }
+}

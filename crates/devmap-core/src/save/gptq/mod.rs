@@ -23,6 +23,7 @@
 
 mod band;
 mod decode;
+mod direct;
 mod kernels;
 #[cfg(test)]
 mod tests;
@@ -375,6 +376,7 @@ fn stream_rows_into(
     (cancel, sink): (&dyn Stop, &mut super::copy::Sink<'_>),
 ) -> Result<(), CopyError> {
     let (read_step, step) = (read_rows(input.layout), band_rows(input.layout));
+    band.from_words = direct::rows_from_words(input.layout, groups, to);
     let mut r0 = rows.start;
     while r0 < rows.end {
         let r1 = (r0 + read_step).min(rows.end);

@@ -143,7 +143,11 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
         .flat_map(|p| [(p, 4, false), (p, 4, true), (p, 8, false), (p, 8, true)])
         .filter(|&(p, bits, act)| p != Packing::Awq || (bits, act) == (4, false))
         .flat_map(|(p, bits, act)| sizes.map(|size| (p, bits, size, act)));
-    for (packing, bits, (inputs, outputs), act) in cases {
+    // Each case twice on a CPU with the vector kernel: 4 and 8-bit act order made from
+    // the words as read (`direct`), then through the band's columns.
+    let cases = cases.flat_map(|case| [(case, false), (case, true)]);
+    for ((packing, bits, (inputs, outputs), act), columns_only) in cases {
+        direct::COLUMNS_ONLY.set(columns_only);
         let (qweight, qzeros, scales, expected) = case(packing, bits, (inputs, outputs), act);
         let (w, wr) = file_of(&qweight);
         let (z, zr) = file_of(&qzeros);
@@ -181,7 +185,7 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
             .collect();
         assert_eq!(
             got, expected,
-            "{packing:?} {bits} bits {inputs} × {outputs}, act order {act}"
+            "{packing:?} {bits} bits {inputs} × {outputs}, act order {act}, columns only {columns_only}"
         );
         // Two-byte outputs (the kernels' other element size): the same values rounded.
         let mut halves = Vec::new();
