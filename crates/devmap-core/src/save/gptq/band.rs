@@ -127,7 +127,7 @@ impl Band {
                     read_exact_at(input.qweight.0, &mut self.row, at)?;
                     for (k, words) in self.row.chunks(sub * 4).enumerate() {
                         let to = k * sub * 4 * rows + r * words.len();
-                        self.packed[to..to + words.len()].copy_from_slice(words);
+                        copy_in_lines(&mut self.packed[to..to + words.len()], words);
                     }
                 }
             }
@@ -319,6 +319,21 @@ impl Band {
             band.decode::<4>(&mut self.output);
         }
         emit(cols.start, &mut self.output)
+    }
+}
+
+/// `src` into `dst` (as long): 64 bytes at a time as arrays, each one vector move, then
+/// the bytes past them. A `copy_from_slice` of a length known only at run time is a
+/// call to `memmove`, whose cost, paid for each 64 or 128 bytes dealt out of a read
+/// band, was 4% of an AWQ save.
+fn copy_in_lines(dst: &mut [u8], src: &[u8]) {
+    let (lines, rest) = src.as_chunks::<64>();
+    let (to, to_rest) = dst.as_chunks_mut::<64>();
+    for (d, s) in to.iter_mut().zip(lines) {
+        *d = *s;
+    }
+    if !rest.is_empty() {
+        to_rest.copy_from_slice(rest);
     }
 }
 
