@@ -291,6 +291,15 @@ pub(crate) fn resize_exact<T: Clone>(buffer: &mut Vec<T>, len: usize, value: T) 
     buffer.resize(len, value);
 }
 
+/// `buffer` grown ([`resize_exact`]) to hold `len` bytes from a 64-byte boundary (a
+/// cache line): where they start in it. A large `Vec` starts 16 bytes into its pages
+/// (the allocator's header), so each 64-byte vector load or store of a band kept from
+/// the buffer's start would straddle two cache lines.
+pub(crate) fn line_aligned(buffer: &mut Vec<u8>, len: usize) -> usize {
+    resize_exact(buffer, len + 63, 0);
+    buffer.as_ptr().align_offset(64).min(63)
+}
+
 /// Where output goes: a function handed each finished piece in order.
 pub type Sink<'a> = dyn FnMut(&[u8]) -> io::Result<()> + 'a;
 

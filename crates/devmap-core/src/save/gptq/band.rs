@@ -4,7 +4,9 @@
 
 use super::kernels::{awq_columns, byte_row, expand_rows, transpose_into_columns};
 use super::{Packing, TransposedInt, TransposedIntLayout, word};
-use crate::save::copy::{CopyError, invalid_data as invalid, read_exact_at, resize_exact};
+use crate::save::copy::{
+    CopyError, invalid_data as invalid, line_aligned, read_exact_at, resize_exact,
+};
 use crate::save::lookup::expand_by_input;
 use crate::types::DType;
 
@@ -21,6 +23,8 @@ pub(super) struct Band {
     /// Either way the words a sub-band's rows are made from are read in order, not a
     /// few dozen bytes of every row of a read band too large for the cache.
     packed: Vec<u8>,
+    /// Where the read band starts in `packed`: a cache line's boundary.
+    start: usize,
     /// Words of the read band in a packed row.
     words_a_row: usize,
     /// One packed row's words of the read band, as read (GPTQ: sixteen rows').
@@ -78,7 +82,10 @@ impl Band {
                 let rows = packed_rows as usize;
                 let at =
                     |r: usize| input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
-                let buffers = (&mut self.packed, &mut self.row);
+                let len = super::direct::blocks_bytes(rows, n as usize);
+                self.start = line_aligned(&mut self.packed, len);
+                let packed = &mut self.packed[self.start..self.start + len];
+                let buffers = (packed, &mut self.row);
                 super::direct::read_in_blocks(input.qweight.0, buffers, (rows, at), n as usize)?;
             }
             Packing::Gptq { .. } if gptq_in_columns(layout) => {
@@ -88,7 +95,8 @@ impl Band {
                 // read, with no copy of the read band between.
                 let (rows, words) = (packed_rows as usize, band_words as usize);
                 let stride = column_stride(rows);
-                resize_exact(&mut self.packed, words * stride, 0);
+                self.start = line_aligned(&mut self.packed, words * stride);
+                let packed = &mut self.packed[self.start..];
                 resize_exact(&mut self.row, TILE_ROWS * words * 4, 0);
                 for r0 in (0..rows).step_by(TILE_ROWS) {
                     let count = TILE_ROWS.min(rows - r0);
@@ -101,14 +109,13 @@ impl Band {
                     transpose_into_columns(
                         self.row.as_chunks::<4>().0,
                         (words, count),
-                        (&mut self.packed[r0 * 4..], stride),
+                        (&mut packed[r0 * 4..], stride),
                     );
                 }
             }
             Packing::Gptq { .. } => {
-                resize_exact(&mut self.packed, as_read, 0);
-                for (r, dst) in self
-                    .packed
+                self.start = line_aligned(&mut self.packed, as_read);
+                for (r, dst) in self.packed[self.start..self.start + as_read]
                     .chunks_exact_mut((band_words * 4) as usize)
                     .enumerate()
                 {
@@ -119,7 +126,7 @@ impl Band {
             Packing::Awq => {
                 // Each packed row's words are dealt out to the sub-bands' regions.
                 let sub = awq_sub_words(layout);
-                resize_exact(&mut self.packed, as_read, 0);
+                self.start = line_aligned(&mut self.packed, as_read);
                 resize_exact(&mut self.row, (band_words * 4) as usize, 0);
                 let rows = packed_rows as usize;
                 for r in 0..rows {
@@ -127,6 +134,7 @@ impl Band {
                     read_exact_at(input.qweight.0, &mut self.row, at)?;
                     for (k, words) in self.row.chunks(sub * 4).enumerate() {
                         let to = k * sub * 4 * rows + r * words.len();
+                        let to = self.start + to;
                         copy_in_lines(&mut self.packed[to..to + words.len()], words);
                     }
                 }
@@ -230,7 +238,7 @@ impl Band {
                 &mut self.table[at..at + count * values * size],
             );
         }
-        let words = self.packed.as_chunks::<4>().0;
+        let words = self.packed[self.start..].as_chunks::<4>().0;
         let (packed, band_words, words_skip) = match layout.packing {
             Packing::Gptq { .. } => (words, self.words_a_row, skip),
             // The sub-band's own region: its words of each row, row after row.
@@ -261,13 +269,13 @@ impl Band {
             let step = rows_a_block.next_multiple_of(BLOCK_ROWS);
             for block in (0..n).step_by(step) {
                 let count = step.min(n - block);
-                resize_exact(&mut self.output, count * inputs * size, 0);
+                let output = line_slice(&mut self.output, count * inputs * size);
                 if size == 2 {
-                    band.rows_from_words::<2>(to, (block, count), &mut self.output);
+                    band.rows_from_words::<2>(to, (block, count), output);
                 } else {
-                    band.rows_from_words::<4>(to, (block, count), &mut self.output);
+                    band.rows_from_words::<4>(to, (block, count), output);
                 }
-                emit(cols.start + block as u64, &mut self.output)?;
+                emit(cols.start + block as u64, output)?;
             }
             return Ok(());
         }
@@ -288,38 +296,45 @@ impl Band {
             };
             for block in (0..n).step_by(step) {
                 let count = step.min(n - block);
-                resize_exact(&mut self.output, count * inputs * size, 0);
+                let output = line_slice(&mut self.output, count * inputs * size);
                 let rows = (block, count);
                 match (awq_stride, size) {
                     (Some(stride), 2) => {
                         band.expand::<2>(
                             (&scratch.columns[block * stride..], stride),
                             rows,
-                            &mut self.output,
+                            output,
                         );
                     }
                     (Some(stride), _) => {
                         band.expand::<4>(
                             (&scratch.columns[block * stride..], stride),
                             rows,
-                            &mut self.output,
+                            output,
                         );
                     }
-                    (None, 2) => band.gptq_rows::<2>(&mut scratch, rows, &mut self.output),
-                    (None, _) => band.gptq_rows::<4>(&mut scratch, rows, &mut self.output),
+                    (None, 2) => band.gptq_rows::<2>(&mut scratch, rows, output),
+                    (None, _) => band.gptq_rows::<4>(&mut scratch, rows, output),
                 }
-                emit(cols.start + block as u64, &mut self.output)?;
+                emit(cols.start + block as u64, output)?;
             }
             return Ok(());
         }
-        resize_exact(&mut self.output, n * inputs * size, 0);
+        let output = line_slice(&mut self.output, n * inputs * size);
         if size == 2 {
-            band.decode::<2>(&mut self.output);
+            band.decode::<2>(output);
         } else {
-            band.decode::<4>(&mut self.output);
+            band.decode::<4>(output);
         }
-        emit(cols.start, &mut self.output)
+        emit(cols.start, output)
     }
+}
+
+/// `len` bytes of `buffer` from a cache line's boundary ([`line_aligned`]), so the
+/// kernels' 64-byte stores of output rows fall each in one line.
+fn line_slice(buffer: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    let start = line_aligned(buffer, len);
+    &mut buffer[start..start + len]
 }
 
 /// `src` into `dst` (as long): 64 bytes at a time as arrays, each one vector move, then

@@ -17,6 +17,11 @@ use crate::types::DType;
 /// columns in a block.
 const LANES: usize = 16;
 
+/// The bytes [`read_in_blocks`] lays `words` columns of `rows` packed rows out in.
+pub(super) fn blocks_bytes(rows: usize, words: usize) -> usize {
+    words.div_ceil(LANES) * rows * LANES * 4
+}
+
 /// Reads `words` columns of each of `rows` packed rows (row `r`'s at byte `at(r)` of
 /// `src`, one read each, into `row`) into `packed` in blocks of sixteen columns: block
 /// `b`'s words of every packed row in a run, 64 bytes a row (fewer words in a last,
@@ -25,12 +30,11 @@ const LANES: usize = 16;
 /// blocks itself cost more: the kernel's copy slows on buffers of 64 bytes.)
 pub(super) fn read_in_blocks(
     src: &File,
-    (packed, row): (&mut Vec<u8>, &mut Vec<u8>),
+    (packed, row): (&mut [u8], &mut Vec<u8>),
     (rows, at): (usize, impl Fn(usize) -> u64),
     words: usize,
 ) -> Result<(), CopyError> {
     let region = rows * LANES * 4;
-    resize_exact(packed, words.div_ceil(LANES) * region, 0);
     resize_exact(row, words * 4, 0);
     for r in 0..rows {
         read_exact_at(src, row, at(r))?;
