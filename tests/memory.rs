@@ -138,8 +138,11 @@ fn two_hundred_thousand_tensors_stay_within_a_bound_per_tensor() {
 /// A GPTQ checkpoint of `weights` 4-bit weights of 8,192 inputs and 4,096 outputs
 /// (16 MiB packed each: a full 14 MiB read band, and a second band), words from a
 /// cheap hash, groups of 128 in order.
-fn gptq_model(dir: &std::path::Path, weights: u64) {
-    let (inputs, outputs, groups) = (8192u64, 4096u64, 64u64);
+/// `weights` 4-bit weights of 8,192 inputs, GPTQ's layout (4,096 outputs, 16 MiB
+/// packed each) or (`awq`) AWQ's (8,192 outputs, 32 MiB each: more than the 28 MiB
+/// read band its threads share, so two such bands at once would cross the limit).
+fn packed_model(dir: &std::path::Path, weights: u64, awq: bool) {
+    let (inputs, outputs, groups) = (8192u64, if awq { 8192 } else { 4096 }, 64u64);
     let words = |n: u64, seed: u64| -> Vec<u8> {
         (0..n)
             .flat_map(|k| {
@@ -154,7 +157,11 @@ fn gptq_model(dir: &std::path::Path, weights: u64) {
             FixtureTensor {
                 name: format!("{m}.qweight"),
                 dtype: DType::I32,
-                shape: vec![inputs / 8, outputs],
+                shape: if awq {
+                    vec![inputs, outputs / 8]
+                } else {
+                    vec![inputs / 8, outputs]
+                },
                 data: words(inputs / 8 * outputs, w),
             },
             FixtureTensor {
@@ -171,15 +178,17 @@ fn gptq_model(dir: &std::path::Path, weights: u64) {
                     .flat_map(|k| half::f16::from_f32(0.001 + (k % 97) as f32 * 1e-4).to_le_bytes())
                     .collect(),
             },
-            FixtureTensor {
+        ]);
+        if !awq {
+            tensors.push(FixtureTensor {
                 name: format!("{m}.g_idx"),
                 dtype: DType::I32,
                 shape: vec![inputs],
                 data: (0..inputs)
                     .flat_map(|i| ((i / 128) as i32).to_le_bytes())
                     .collect(),
-            },
-        ]);
+            });
+        }
     }
     std::fs::create_dir_all(dir).expect("mkdir");
     write_safetensors(
@@ -191,8 +200,13 @@ fn gptq_model(dir: &std::path::Path, weights: u64) {
         &dir.join("config.json"),
         &serde_json::json!({
             "architectures": ["ToyForCausalLM"],
-            "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
-                "desc_act": false, "sym": false, "checkpoint_format": "gptq"},
+            "quantization_config": if awq {
+                serde_json::json!({"quant_method": "awq", "bits": 4, "group_size": 128,
+                    "zero_point": true, "version": "gemm"})
+            } else {
+                serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": 128,
+                    "desc_act": false, "sym": false, "checkpoint_format": "gptq"})
+            },
         }),
     )
     .expect("config");
@@ -205,13 +219,22 @@ fn gptq_model(dir: &std::path::Path, weights: u64) {
 /// once on two cores, 69 MiB here (87 MiB at the benchmark's sizes). The bands are
 /// kept for the next thread, not freed (`save::compute::with_scratch`): glibc keeps what
 /// a finished thread freed in that thread's arena.
+/// AWQ's threads share one read band (`save::gptq::shared`), held with their permits:
+/// the second job's weight waits for them rather than holding a second band.
 #[test]
 fn dequantizing_shards_two_at_a_time_stays_under_64_mib() {
+    for awq in [false, true] {
+        dequantize_three_shards_on_two_jobs(awq);
+    }
+}
+
+fn dequantize_three_shards_on_two_jobs(awq: bool) {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let cpus = if cores >= 2 { "0-1" } else { "0" };
     let tmp = tempfile::tempdir().expect("tmp");
-    let dir = tmp.path().join("gptq");
-    gptq_model(&dir, 3);
+    let dir = tmp.path().join("packed");
+    packed_model(&dir, 3, awq);
+    let format = if awq { "AWQ" } else { "GPTQ" };
     let out = tmp.path().join("out");
     let peak = peak_rss_of(
         Command::new("taskset")
@@ -237,12 +260,12 @@ fn dequantizing_shards_two_at_a_time_stays_under_64_mib() {
         .count();
     assert_eq!(shards, 3, "a shard a weight");
     eprintln!(
-        "peak RSS {} MiB, 3 GPTQ shards on 2 jobs, {cpus}",
+        "peak RSS {} MiB, 3 {format} shards on 2 jobs, {cpus}",
         peak >> 20
     );
     assert!(
         peak < LIMIT,
-        "peak RSS {} MiB >= 64 MiB dequantizing 3 shards on 2 jobs",
+        "peak RSS {} MiB >= 64 MiB dequantizing 3 {format} shards on 2 jobs",
         peak >> 20
     );
 }
@@ -256,7 +279,7 @@ fn the_memory_need_counts_the_threads_that_compute() {
     use devmap::save::shards::{DtypeChoice, SaveOptions};
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("gptq");
-    gptq_model(&dir, 3);
+    packed_model(&dir, 3, false);
     let ckpt = devmap::model::load::load(&dir, &devmap::model::load::LoadOptions::default())
         .expect("loads");
     let mut options = SaveOptions::new(tmp.path().join("out"));

@@ -33,6 +33,7 @@ pub fn recipe_threads() -> u64 {
 pub struct Permits {
     free: Mutex<u64>,
     returned: Condvar,
+    total: u64,
 }
 
 impl Permits {
@@ -40,34 +41,45 @@ impl Permits {
         Permits {
             free: Mutex::new(count),
             returned: Condvar::new(),
+            total: count,
         }
     }
 
     /// Runs `work` holding a permit, waiting for one first. A panic in `work` gives
     /// the permit back too.
     pub fn run<T>(&self, work: impl FnOnce() -> T) -> T {
+        self.run_holding(1, work)
+    }
+
+    /// Runs `work` holding `count` permits (at most all), taken at once when that many
+    /// are free: for work whose threads share memory, such as AWQ's shared read band,
+    /// held while its threads come and go. (Taken together, never one by one, so two
+    /// such works cannot each hold a part and wait for the rest.)
+    pub fn run_holding<T>(&self, count: u64, work: impl FnOnce() -> T) -> T {
+        let count = count.clamp(1, self.total.max(1));
         {
             let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-            while *free == 0 {
+            while *free < count {
                 free = self
                     .returned
                     .wait(free)
                     .unwrap_or_else(PoisonError::into_inner);
             }
-            *free -= 1;
+            *free -= count;
         }
-        let _back = GiveBack(self);
+        let _back = GiveBack(self, count);
         work()
     }
 }
 
-/// Gives a permit back when dropped (after the work, or while a panic unwinds).
-struct GiveBack<'a>(&'a Permits);
+/// Gives permits back when dropped (after the work, or while a panic unwinds).
+struct GiveBack<'a>(&'a Permits, u64);
 
 impl Drop for GiveBack<'_> {
     fn drop(&mut self) {
-        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-        self.0.returned.notify_one();
+        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += self.1;
+        // Every waiter looks: one may need several.
+        self.0.returned.notify_all();
     }
 }
 

@@ -2,11 +2,9 @@
 //! then output rows made a sub-band at a time through a table of every output a value
 //! can have, per group and column.
 
-use super::kernels::{awq_columns, byte_row, expand_rows, transpose_into_columns};
-use super::{Packing, TransposedInt, TransposedIntLayout, word};
-use crate::save::copy::{
-    CopyError, invalid_data as invalid, line_aligned, read_exact_at, resize_exact,
-};
+use super::kernels::{awq_columns, byte_row, expand_rows};
+use super::{Packing, TransposedInt, TransposedIntLayout};
+use crate::save::copy::{CopyError, line_aligned, resize_exact};
 use crate::save::lookup::expand_by_input;
 use crate::types::DType;
 
@@ -14,28 +12,69 @@ use crate::types::DType;
 /// merge may change before they are written).
 pub(super) type Emit<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), CopyError> + 'a;
 
-/// One read band's inputs and a sub-band's output.
+/// One read band's inputs and a sub-band's output: what a thread streaming a weight
+/// alone holds.
 #[derive(Default)]
 pub(super) struct Band {
+    pub(super) shared: Shared,
+    pub(super) work: Work,
+}
+
+impl Band {
+    /// Reads output columns `cols` of every packed row, zero point and scale.
+    pub(super) fn read(
+        &mut self,
+        input: &TransposedInt<'_>,
+        cols: std::ops::Range<u64>,
+    ) -> Result<(), CopyError> {
+        self.shared.read(input, cols, &mut self.work.row)
+    }
+
+    /// [`Work::dequantize`] from this band's reads.
+    pub(super) fn dequantize(
+        &mut self,
+        layout: TransposedIntLayout,
+        groups: &Groups,
+        cols: (u64, std::ops::Range<u64>),
+        to: DType,
+        emit: &mut Emit<'_>,
+    ) -> Result<(), CopyError> {
+        self.work
+            .dequantize(&self.shared, layout, groups, cols, to, emit)
+    }
+}
+
+/// A read band: the packed words, zero points and scales of its output columns (which
+/// the threads of an AWQ weight share: `super::shared`).
+#[derive(Default)]
+pub(super) struct Shared {
     /// The read band's words (little-endian): GPTQ's at 4 and 8 bits in columns, each
     /// output row's packed words in input order ([`column_stride`] apart), other
     /// widths row after row; AWQ's a sub-band after another, each row after row.
     /// Either way the words a sub-band's rows are made from are read in order, not a
     /// few dozen bytes of every row of a read band too large for the cache.
-    packed: Vec<u8>,
+    pub(super) packed: Vec<u8>,
     /// Where the read band starts in `packed`: a cache line's boundary.
-    start: usize,
+    pub(super) start: usize,
     /// Words of the read band in a packed row.
-    words_a_row: usize,
-    /// One packed row's words of the read band, as read (GPTQ: sixteen rows').
-    row: Vec<u8>,
+    pub(super) words_a_row: usize,
     /// Zero points, `[groups, band]`, unpacked.
-    zeros: Vec<i32>,
-    zero_words: Vec<u8>,
+    pub(super) zeros: Vec<i32>,
+    pub(super) zero_words: Vec<u8>,
     /// Scales, `[groups, band]`, as f32.
-    scales: Vec<f32>,
-    scale_bytes: Vec<u8>,
-    wide: Vec<u8>,
+    pub(super) scales: Vec<f32>,
+    pub(super) scale_bytes: Vec<u8>,
+    pub(super) wide: Vec<u8>,
+    /// The weight's rows are made from its words as read
+    /// ([`super::direct::rows_from_words`]): GPTQ's read band is kept as read.
+    pub(super) from_words: bool,
+}
+
+/// A thread's buffers for reading rows and making a sub-band's output.
+#[derive(Default)]
+pub(super) struct Work {
+    /// One packed row's words of the read band, as read (GPTQ: sixteen rows').
+    pub(super) row: Vec<u8>,
     /// The output of each of the `2^bits` values, per group and column of the
     /// sub-band (`(q − z) · s` is one of 16, or 256, for a group and column), as f32
     /// bytes, rounded to the scale's dtype, and converted.
@@ -48,147 +87,16 @@ pub(super) struct Band {
     /// AWQ: a sub-band's 4-bit values gathered in input order, an output row every
     /// stride (kept between sub-bands rather than allocated for each).
     columns: Vec<u8>,
-    pub(super) output: Vec<u8>,
-    /// The weight's rows are made from its words as read
-    /// ([`super::direct::rows_from_words`]): GPTQ's read band is kept as read.
-    pub(super) from_words: bool,
+    output: Vec<u8>,
 }
 
-impl Band {
-    /// Reads output columns `cols` of every packed row, zero point and scale.
-    pub(super) fn read(
-        &mut self,
-        input: &TransposedInt<'_>,
-        cols: std::ops::Range<u64>,
-    ) -> Result<(), CopyError> {
-        let layout = input.layout;
-        let p = layout.per_word();
-        let n = cols.end - cols.start;
-        // Words of the band in a packed row, and the first.
-        let (row_words, band_words, first_word, packed_rows) = match layout.packing {
-            Packing::Gptq { .. } => (layout.outputs, n, cols.start, layout.inputs / p),
-            Packing::Awq => (
-                layout.outputs / p,
-                n.div_ceil(p),
-                cols.start / p,
-                layout.inputs,
-            ),
-        };
-        self.words_a_row = band_words as usize;
-        // GPTQ's columns are laid out apart; the rows as read take this much.
-        let as_read = (packed_rows * band_words * 4) as usize;
-        match layout.packing {
-            Packing::Gptq { .. } if self.from_words => {
-                let rows = packed_rows as usize;
-                let at =
-                    |r: usize| input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
-                let len = super::direct::blocks_bytes(rows, n as usize);
-                self.start = line_aligned(&mut self.packed, len);
-                let packed = &mut self.packed[self.start..self.start + len];
-                let buffers = (packed, &mut self.row);
-                super::direct::read_in_blocks(input.qweight.0, buffers, (rows, at), n as usize)?;
-            }
-            Packing::Gptq { .. } if gptq_in_columns(layout) => {
-                // Each packed row's words transposed into the band's columns (an
-                // output row's packed words in input order), sixteen packed rows at
-                // a time: the gather the sub-bands need, done once, from rows just
-                // read, with no copy of the read band between.
-                let (rows, words) = (packed_rows as usize, band_words as usize);
-                let stride = column_stride(rows);
-                self.start = line_aligned(&mut self.packed, words * stride);
-                let packed = &mut self.packed[self.start..];
-                resize_exact(&mut self.row, TILE_ROWS * words * 4, 0);
-                for r0 in (0..rows).step_by(TILE_ROWS) {
-                    let count = TILE_ROWS.min(rows - r0);
-                    let tile = self.row.chunks_exact_mut(words * 4).take(count);
-                    for (t, dst) in tile.enumerate() {
-                        let r = (r0 + t) as u64;
-                        let at = input.qweight.1.offset + (r * row_words + first_word) * 4;
-                        read_exact_at(input.qweight.0, dst, at)?;
-                    }
-                    transpose_into_columns(
-                        self.row.as_chunks::<4>().0,
-                        (words, count),
-                        (&mut packed[r0 * 4..], stride),
-                    );
-                }
-            }
-            Packing::Gptq { .. } => {
-                self.start = line_aligned(&mut self.packed, as_read);
-                for (r, dst) in self.packed[self.start..self.start + as_read]
-                    .chunks_exact_mut((band_words * 4) as usize)
-                    .enumerate()
-                {
-                    let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
-                    read_exact_at(input.qweight.0, dst, at)?;
-                }
-            }
-            Packing::Awq => {
-                // Each packed row's words are dealt out to the sub-bands' regions.
-                let sub = awq_sub_words(layout);
-                self.start = line_aligned(&mut self.packed, as_read);
-                resize_exact(&mut self.row, (band_words * 4) as usize, 0);
-                let rows = packed_rows as usize;
-                for r in 0..rows {
-                    let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
-                    read_exact_at(input.qweight.0, &mut self.row, at)?;
-                    for (k, words) in self.row.chunks(sub * 4).enumerate() {
-                        let to = k * sub * 4 * rows + r * words.len();
-                        let to = self.start + to;
-                        copy_in_lines(&mut self.packed[to..to + words.len()], words);
-                    }
-                }
-            }
-        }
-        // Zero points: their words for the band's columns, a group at a time.
-        let zero_row = layout.outputs / p;
-        let zero_words = n.div_ceil(p);
-        resize_exact(&mut self.zero_words, (zero_words * 4) as usize, 0);
-        self.zeros.clear();
-        let carry = layout.zero_carry();
-        let mask = (1u32 << layout.bits) - 1;
-        for g in 0..layout.groups {
-            let at = input.qzeros.1.offset + (g * zero_row + cols.start / p) * 4;
-            read_exact_at(input.qzeros.0, &mut self.zero_words, at)?;
-            for o in cols.clone() {
-                let w = word(&self.zero_words, ((o - cols.start) / p) as usize).wrapping_add(carry);
-                let slot = layout.column_slot(o);
-                self.zeros
-                    .push(((w >> (slot * u32::from(layout.bits))) & mask) as i32);
-            }
-        }
-        // Scales, checked finite.
-        let size = layout.scale_dtype.size();
-        resize_exact(
-            &mut self.scale_bytes,
-            (layout.groups * n * size) as usize,
-            0,
-        );
-        for g in 0..layout.groups {
-            let at = input.scales.1.offset + (g * layout.outputs + cols.start) * size;
-            let dst = &mut self.scale_bytes[(g * n * size) as usize..((g + 1) * n * size) as usize];
-            read_exact_at(input.scales.0, dst, at)?;
-        }
-        if let Some(bad) = crate::save::packed_int::widen_scales(
-            layout.scale_dtype,
-            &self.scale_bytes,
-            &mut self.wide,
-            &mut self.scales,
-        ) {
-            let (g, o) = (bad as u64 / n, cols.start + bad as u64 % n);
-            return Err(invalid(format!(
-                "the scales of `{}` hold {} at [{g}, {o}]: the weight cannot be dequantized",
-                input.name, self.scales[bad]
-            )));
-        }
-        Ok(())
-    }
-
-    /// Output rows `cols` (of the read band starting at `first`) of every input column,
-    /// handed to `emit` (the first row's index, and the rows) a few rows at a time
-    /// (AWQ's 4-bit weights in order, GPTQ's 4-bit weights) or all at once.
+impl Work {
+    /// Output rows `cols` (of the read band `read`, starting at `first`) of every input
+    /// column, handed to `emit` (the first row's index, and the rows) a few rows at a
+    /// time (AWQ's 4-bit weights in order, GPTQ's 4-bit weights) or all at once.
     pub(super) fn dequantize(
         &mut self,
+        read: &Shared,
         layout: TransposedIntLayout,
         groups: &Groups,
         (first, cols): (u64, std::ops::Range<u64>),
@@ -196,7 +104,7 @@ impl Band {
         emit: &mut Emit<'_>,
     ) -> Result<(), CopyError> {
         let n = (cols.end - cols.start) as usize;
-        let read_n = self.zeros.len() / layout.groups as usize;
+        let read_n = read.zeros.len() / layout.groups as usize;
         let skip = (cols.start - first) as usize;
         let inputs = layout.inputs as usize;
         let size = to.size() as usize;
@@ -211,7 +119,7 @@ impl Band {
         // the cache between the passes.
         const CHUNK: usize = 2048;
         // (8-bit GPTQ computes each value: a group holds fewer than its 256 patterns.)
-        let entries = if gptq_bytes(layout) || self.from_words {
+        let entries = if gptq_bytes(layout) || read.from_words {
             0
         } else {
             n * groups_n
@@ -224,7 +132,7 @@ impl Band {
             for (k, entry) in (first..).zip(chunk) {
                 let (local, g) = (k / groups_n, k % groups_n);
                 let at = g * read_n + skip + local;
-                let (z, s) = (self.zeros[at], self.scales[at]);
+                let (z, s) = (read.zeros[at], read.scales[at]);
                 for (v, product) in entry.iter_mut().enumerate() {
                     *product = (v as i32 - z) as f32 * s;
                 }
@@ -238,9 +146,9 @@ impl Band {
                 &mut self.table[at..at + count * values * size],
             );
         }
-        let words = self.packed[self.start..].as_chunks::<4>().0;
+        let words = read.packed[read.start..].as_chunks::<4>().0;
         let (packed, band_words, words_skip) = match layout.packing {
-            Packing::Gptq { .. } => (words, self.words_a_row, skip),
+            Packing::Gptq { .. } => (words, read.words_a_row, skip),
             // The sub-band's own region: its words of each row, row after row.
             Packing::Awq => {
                 // (AWQ's packed rows are the input rows.)
@@ -258,14 +166,14 @@ impl Band {
             skip: words_skip,
             n,
             table: &self.table,
-            params: (&self.zeros, &self.scales, read_n, skip),
+            params: (&read.zeros, &read.scales, read_n, skip),
         };
         // AWQ's 4-bit weights in order, transposed whole first, and GPTQ's at 4 bits are
         // made and handed on a few rows at a time (GPTQ's whole blocks of rows), so the
         // write copies from the cache what was just made, and two threads' writes to
         // one file do not queue on its lock for whole sub-bands.
         let rows_a_block = (super::OUTPUT_BYTES as usize / (inputs * size)).max(1);
-        if self.from_words {
+        if read.from_words {
             let step = rows_a_block.next_multiple_of(BLOCK_ROWS);
             for block in (0..n).step_by(step) {
                 let count = step.min(n - block);
@@ -341,7 +249,7 @@ fn line_slice(buffer: &mut Vec<u8>, len: usize) -> &mut [u8] {
 /// the bytes past them. A `copy_from_slice` of a length known only at run time is a
 /// call to `memmove`, whose cost, paid for each 64 or 128 bytes dealt out of a read
 /// band, was 4% of an AWQ save.
-fn copy_in_lines(dst: &mut [u8], src: &[u8]) {
+pub(super) fn copy_in_lines(dst: &mut [u8], src: &[u8]) {
     let (lines, rest) = src.as_chunks::<64>();
     let (to, to_rest) = dst.as_chunks_mut::<64>();
     for (d, s) in to.iter_mut().zip(lines) {
@@ -357,18 +265,18 @@ fn copy_in_lines(dst: &mut [u8], src: &[u8]) {
 pub(super) const BLOCK_ROWS: usize = 16;
 
 /// Packed rows read before their words are transposed into the band's columns.
-const TILE_ROWS: usize = 16;
+pub(super) const TILE_ROWS: usize = 16;
 
 /// Bytes from one column of GPTQ's read band to the next (`Band::packed`): its packed
 /// rows' words, and a cache line, so a tile's sixteen stores (one a column) do not all
 /// fall in one cache set, as columns a multiple of 4 KiB apart would.
-fn column_stride(packed_rows: usize) -> usize {
+pub(super) fn column_stride(packed_rows: usize) -> usize {
     packed_rows * 4 + 64
 }
 
 /// Whether GPTQ's words are read into the band's columns (`Band::packed`): at 4 and 8 bits,
 /// whose rows [`Decode::gptq_rows`] makes from them.
-fn gptq_in_columns(layout: TransposedIntLayout) -> bool {
+pub(super) fn gptq_in_columns(layout: TransposedIntLayout) -> bool {
     matches!(layout.packing, Packing::Gptq { .. }) && matches!(layout.bits, 4 | 8)
 }
 
@@ -389,7 +297,7 @@ struct Scratch<'a> {
 }
 
 /// AWQ's words of a whole sub-band in a packed row (a word holds eight columns).
-fn awq_sub_words(layout: TransposedIntLayout) -> usize {
+pub(super) fn awq_sub_words(layout: TransposedIntLayout) -> usize {
     (super::band_rows(layout) / layout.per_word()) as usize
 }
 

@@ -25,6 +25,8 @@ mod band;
 mod decode;
 mod direct;
 mod kernels;
+mod read;
+mod shared;
 #[cfg(test)]
 mod tests;
 
@@ -338,6 +340,10 @@ pub fn write_in_parallel(
     check_sizes(input)?;
     let groups = groups_of(input)?;
     let layout = input.layout;
+    if layout.packing == Packing::Awq && threads > 1 {
+        shared::write_awq(input, &groups, to, (dst, dst_offset), threads, cancel)?;
+        return Ok(layout.elements() * to.size());
+    }
     let unit = read_rows(layout);
     let units = layout.outputs.div_ceil(unit);
     super::copy::write_parts_in_parallel(
@@ -376,7 +382,7 @@ fn stream_rows_into(
     (cancel, sink): (&dyn Stop, &mut super::copy::Sink<'_>),
 ) -> Result<(), CopyError> {
     let (read_step, step) = (read_rows(input.layout), band_rows(input.layout));
-    band.from_words = direct::rows_from_words(input.layout, groups, to);
+    band.shared.from_words = direct::rows_from_words(input.layout, groups, to);
     let mut r0 = rows.start;
     while r0 < rows.end {
         let r1 = (r0 + read_step).min(rows.end);

@@ -1,0 +1,232 @@
+//! AWQ weights made by threads that share one read band. AWQ packs a word along the
+//! output columns (`[in, out/8]`), so a band of output rows reads an eighth of a byte
+//! a row and input: a 28,672-input weight's 14 MiB band is 1,024 output rows, 512
+//! bytes a read, where each read costs what a page-long one nearly does (a system call
+//! and a page look-up: 0.9 µs at 512 bytes, 1.3 at 4 KiB here). Two threads each with
+//! a band of their own read half as long as one band of both their memory would. So
+//! the threads read one band together (each a share of its packed rows), then make
+//! its sub-bands together (each a share of them), band after band: twice the read
+//! length in the same memory, and the memory no longer grows with the threads.
+
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+
+use super::band::{Groups, Shared, Work, awq_sub_words, copy_in_lines};
+use super::{TransposedInt, TransposedIntLayout, band_rows};
+use crate::save::copy::{CopyError, Stop, line_aligned, read_exact_at, resize_exact};
+use crate::types::DType;
+
+/// Bands a shared read band holds the memory of (each a thread's `READ_BYTES`).
+const SHARED_BANDS: u64 = 2;
+
+/// Output rows of a shared read band: as many sub-bands as `SHARED_BANDS` read bands'
+/// bytes hold.
+fn shared_rows(layout: TransposedIntLayout) -> u64 {
+    let band = band_rows(layout);
+    let row_bytes = (layout.inputs * u64::from(layout.bits)).div_ceil(8).max(1);
+    band * (SHARED_BANDS * super::READ_BYTES / row_bytes / band).max(1)
+}
+
+/// A read band's AWQ words laid out for its sub-bands: region `k` (every `region`
+/// bytes) holds sub-band `k`'s words of each packed row, `widths[k]` bytes a row.
+pub(super) struct Regions<'a> {
+    bytes: &'a mut [u8],
+    region: usize,
+    widths: Vec<usize>,
+}
+
+impl Shared {
+    /// Makes room for `n` output columns' words of `rows` packed rows, laid out for
+    /// the sub-bands (AWQ).
+    pub(super) fn awq_regions(
+        &mut self,
+        layout: TransposedIntLayout,
+        n: u64,
+        rows: usize,
+    ) -> Regions<'_> {
+        let band_words = n.div_ceil(layout.per_word()) as usize;
+        let sub = awq_sub_words(layout);
+        self.words_a_row = band_words;
+        let len = rows * band_words * 4;
+        self.start = line_aligned(&mut self.packed, len);
+        let widths = (0..band_words.div_ceil(sub))
+            .map(|k| sub.min(band_words - k * sub) * 4)
+            .collect();
+        Regions {
+            bytes: &mut self.packed[self.start..self.start + len],
+            region: sub * 4 * rows,
+            widths,
+        }
+    }
+}
+
+impl<'a> Regions<'a> {
+    /// The regions' rows cut at `parts` (contiguous ranges of packed rows from the
+    /// first, in order): for each part, its rows' bytes in each region.
+    pub(super) fn split(self, parts: &[Range<usize>]) -> Vec<Vec<&'a mut [u8]>> {
+        let mut out: Vec<Vec<&'a mut [u8]>> = parts.iter().map(|_| Vec::new()).collect();
+        let rows: usize = parts.iter().map(|r| r.end - r.start).sum();
+        let mut rest = self.bytes;
+        for &width in &self.widths {
+            let len = self.region.min(rest.len());
+            let (region, after) = std::mem::take(&mut rest).split_at_mut(len);
+            rest = after;
+            let mut region = &mut region[..width * rows];
+            for (pieces, part) in out.iter_mut().zip(parts) {
+                let (mine, after) =
+                    std::mem::take(&mut region).split_at_mut((part.end - part.start) * width);
+                pieces.push(mine);
+                region = after;
+            }
+        }
+        out
+    }
+}
+
+/// Reads output columns `cols` of packed rows `rows` of an AWQ weight, each into `row`
+/// first, then dealt out to the sub-bands' regions (`pieces`: the rows' bytes in each,
+/// [`Regions::split`]).
+pub(super) fn read_awq_rows(
+    input: &TransposedInt<'_>,
+    cols: Range<u64>,
+    (rows, mut pieces): (Range<usize>, Vec<&mut [u8]>),
+    row: &mut Vec<u8>,
+) -> Result<(), CopyError> {
+    let layout = input.layout;
+    let p = layout.per_word();
+    let (row_words, first_word) = (layout.outputs / p, cols.start / p);
+    let band_words = (cols.end - cols.start).div_ceil(p) as usize;
+    let sub = awq_sub_words(layout);
+    resize_exact(row, band_words * 4, 0);
+    for r in rows.clone() {
+        let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
+        read_exact_at(input.qweight.0, row, at)?;
+        let local = r - rows.start;
+        for (words, piece) in row.chunks(sub * 4).zip(pieces.iter_mut()) {
+            let to = local * words.len();
+            copy_in_lines(&mut piece[to..to + words.len()], words);
+        }
+    }
+    Ok(())
+}
+
+/// An AWQ weight written by `threads` threads sharing each read band (see the module's
+/// note), its rows at their place in `dst` from `dst_offset` on.
+pub(super) fn write_awq(
+    input: &TransposedInt<'_>,
+    groups: &Groups,
+    to: DType,
+    (dst, dst_offset): (&File, u64),
+    threads: u64,
+    cancel: &(dyn Stop + Sync),
+) -> Result<(), CopyError> {
+    // The band is held by one writer at a time a core pair: its threads' permits are
+    // taken for as long as it lives, and it is kept for the next weight.
+    let permits = crate::save::compute::permits();
+    permits.run_holding(threads, || {
+        crate::save::compute::with_scratch(|kept: &mut SharedBand| {
+            write_awq_with(
+                kept,
+                input,
+                (groups, to),
+                (dst, dst_offset),
+                threads,
+                cancel,
+            )
+        })
+    })
+}
+
+/// A shared read band and its threads' buffers, kept between weights.
+#[derive(Default)]
+struct SharedBand {
+    shared: Shared,
+    works: Vec<Work>,
+}
+
+/// [`write_awq`] in the kept band.
+fn write_awq_with(
+    kept: &mut SharedBand,
+    input: &TransposedInt<'_>,
+    (groups, to): (&Groups, DType),
+    (dst, dst_offset): (&File, u64),
+    threads: u64,
+    cancel: &(dyn Stop + Sync),
+) -> Result<(), CopyError> {
+    let layout = input.layout;
+    let threads = threads.max(1) as usize;
+    let (read_step, step) = (shared_rows(layout), band_rows(layout));
+    let row_bytes = layout.inputs * to.size();
+    let SharedBand { shared, works } = kept;
+    works.resize_with(threads, Work::default);
+    let rows = layout.inputs as usize;
+    let per = rows.div_ceil(threads);
+    let parts: Vec<Range<usize>> = (0..threads)
+        .map(|t| (t * per).min(rows)..((t + 1) * per).min(rows))
+        .collect();
+    let mut r0 = 0;
+    while r0 < layout.outputs {
+        if cancel.stop() {
+            return Err(CopyError::Cancelled);
+        }
+        let cols = r0..(r0 + read_step).min(layout.outputs);
+        shared.read_params(input, cols.clone())?;
+        // Each thread reads its share of the packed rows.
+        let pieces = shared
+            .awq_regions(layout, cols.end - cols.start, rows)
+            .split(&parts);
+        let reads = pieces.into_iter().zip(&parts).zip(works.iter_mut());
+        join_all(reads.map(|((pieces, part), work)| {
+            let cols = cols.clone();
+            move || read_awq_rows(input, cols, (part.clone(), pieces), &mut work.row)
+        }))?;
+        // Each thread makes its share of the sub-bands.
+        let subs = (cols.end - cols.start).div_ceil(step);
+        let per_thread = subs.div_ceil(threads as u64);
+        let shared = &*shared;
+        join_all(works.iter_mut().enumerate().map(|(t, work)| {
+            let cols = cols.clone();
+            move || {
+                let first = (cols.start + t as u64 * per_thread * step).min(cols.end);
+                let last = (first + per_thread * step).min(cols.end);
+                let mut o0 = first;
+                while o0 < last {
+                    if cancel.stop() {
+                        return Err(CopyError::Cancelled);
+                    }
+                    let o1 = (o0 + step).min(last);
+                    let band = (cols.start, o0..o1);
+                    work.dequantize(shared, layout, groups, band, to, &mut |first, rows| {
+                        if let Some(merge) = input.merge {
+                            merge.merge(first as usize, to, rows)?;
+                        }
+                        dst.write_all_at(rows, dst_offset + first * row_bytes)
+                            .map_err(CopyError::Io)
+                    })?;
+                    o0 = o1;
+                }
+                Ok(())
+            }
+        }))?;
+        r0 = cols.end;
+    }
+    Ok(())
+}
+
+/// Runs each job on a thread of its own (the caller holds their permits) and waits
+/// for all: the first error, if any.
+fn join_all<F>(jobs: impl Iterator<Item = F>) -> Result<(), CopyError>
+where
+    F: FnOnce() -> Result<(), CopyError> + Send,
+{
+    std::thread::scope(|scope| {
+        let running: Vec<_> = jobs.map(|job| scope.spawn(job)).collect();
+        // Every thread joined before the first error is returned.
+        let results: Vec<Result<(), CopyError>> = running
+            .into_iter()
+            .map(|r| r.join().unwrap_or(Err(CopyError::Cancelled)))
+            .collect();
+        results.into_iter().collect()
+    })
+}
