@@ -121,8 +121,9 @@ pub(super) fn write_awq(
     threads: u64,
     cancel: &(dyn Stop + Sync),
 ) -> Result<(), CopyError> {
-    // The band is held by one writer at a time a core pair: its threads' permits are
-    // taken for as long as it lives, and it is kept for the next weight.
+    // The threads' permits are taken together for as long as the band lives, so no
+    // more bands live at once than the cores hold threads for (two jobs on two cores:
+    // one band, the second job's weight waiting); the band is kept for the next weight.
     let permits = crate::save::compute::permits();
     permits.run_holding(threads, || {
         crate::save::compute::with_scratch(|kept: &mut SharedBand| {
