@@ -305,3 +305,40 @@ fn the_memory_need_counts_the_threads_that_compute() {
         need(2).parts
     );
 }
+
+/// `verify --against` recomputes each dequantized weight through the kernels a save
+/// uses, which keep their bands for the next weight (`save::compute::with_scratch`);
+/// like a save, it frees them when done, so a process that goes on (a Python session)
+/// holds none.
+#[test]
+fn verify_against_frees_the_bands_it_kept() {
+    use devmap::model::{LoadOptions, load};
+    use devmap::save::compute::kept_scratch;
+    use devmap::save::shards::DtypeChoice;
+    use devmap::save::{Reporter, SaveOptions, prepare, write};
+    use devmap::verify::{Progress, SaveReference, verify};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("gptq");
+    packed_model(&dir, 1, false);
+    let ckpt = load(&dir, &LoadOptions::default()).expect("load");
+    let out = tmp.path().join("out");
+    let options = SaveOptions {
+        dtype: DtypeChoice::To(DType::BF16),
+        ..SaveOptions::new(out.clone())
+    };
+    let plan = prepare(&ckpt, &options).expect("plan");
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    write(
+        &ckpt,
+        &plan,
+        &options,
+        &cancel,
+        &Reporter::new(None, &cancel),
+    )
+    .expect("save");
+    assert_eq!(kept_scratch(), 0, "the save freed its bands");
+    let expected = SaveReference::new(&ckpt, &options).expect("expected");
+    let report = verify(&out, Some(&expected), false, &Progress::default()).expect("verify");
+    assert_eq!(report.compared, 1, "the weight was recomputed and compared");
+    assert_eq!(kept_scratch(), 0, "verify --against freed its bands");
+}

@@ -104,10 +104,20 @@ pub fn with_scratch<T: Any + Send + Default, R>(work: impl FnOnce(&mut T) -> R) 
     SCRATCH.with(work)
 }
 
-/// Frees the kept working memory (at the end of a save: a process that goes on, such
-/// as a Python session, does not hold a band a core).
+/// Frees the kept working memory (at the end of a save, and of `verify --against`'s
+/// recomputation: a process that goes on, such as a Python session, does not hold a
+/// band a core).
 pub fn release_scratch() {
     SCRATCH.clear();
+}
+
+/// How many kept values the process holds now (bands no thread is using).
+pub fn kept_scratch() -> usize {
+    SCRATCH
+        .kept
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .len()
 }
 
 /// Kept values of any type, one list.

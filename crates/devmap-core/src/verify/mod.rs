@@ -433,6 +433,8 @@ fn hash_expected(
         };
         hashes.push(hashed(outcome, &expected.name(p), &what, &mut findings)?);
     }
+    // The bands the recipes kept (GPTQ/AWQ's, up to 28 MiB) go, as at a save's end.
+    crate::save::compute::release_scratch();
     Ok((hashes, findings))
 }
 
