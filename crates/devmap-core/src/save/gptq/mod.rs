@@ -177,15 +177,6 @@ pub struct TransposedInt<'a> {
     pub merge: Option<&'a super::lora_kernel::RowMerger>,
 }
 
-fn word(bytes: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([
-        bytes[i * 4],
-        bytes[i * 4 + 1],
-        bytes[i * 4 + 2],
-        bytes[i * 4 + 3],
-    ])
-}
-
 /// Checks the stored sizes against the layout before anything is read.
 fn check_sizes(input: &TransposedInt<'_>) -> Result<(), CopyError> {
     let (layout, name) = (input.layout, input.name);

@@ -4,7 +4,7 @@
 
 use super::band::{Shared, TILE_ROWS, column_stride, gptq_in_columns};
 use super::kernels::transpose_into_columns;
-use super::{Packing, TransposedInt, word};
+use super::{Packing, TransposedInt};
 use crate::save::copy::{
     CopyError, invalid_data as invalid, line_aligned, read_exact_at, resize_exact,
 };
@@ -106,17 +106,26 @@ impl Shared {
         let zero_row = layout.outputs / p;
         let zero_words = n.div_ceil(p);
         resize_exact(&mut self.zero_words, (zero_words * 4) as usize, 0);
-        self.zeros.clear();
+        resize_exact(&mut self.zeros, (layout.groups * n) as usize, 0);
         let carry = layout.zero_carry();
         let mask = (1u32 << layout.bits) - 1;
-        for g in 0..layout.groups {
+        // Where column `o`'s value sits in its word depends on `o mod p` alone, and a
+        // band is whole words of columns (its rows are a multiple of the sub-band's,
+        // which is of a word's, and the weight's outputs are whole words: `check`):
+        // each word's values at once.
+        debug_assert!(cols.start.is_multiple_of(p) && n.is_multiple_of(p));
+        let shifts: Vec<u32> = (0..p)
+            .map(|j| layout.column_slot(j) * u32::from(layout.bits))
+            .collect();
+        for (g, zeros) in (0..layout.groups).zip(self.zeros.chunks_exact_mut(n as usize)) {
             let at = input.qzeros.1.offset + (g * zero_row + cols.start / p) * 4;
             read_exact_at(input.qzeros.0, &mut self.zero_words, at)?;
-            for o in cols.clone() {
-                let w = word(&self.zero_words, ((o - cols.start) / p) as usize).wrapping_add(carry);
-                let slot = layout.column_slot(o);
-                self.zeros
-                    .push(((w >> (slot * u32::from(layout.bits))) & mask) as i32);
+            let words = self.zero_words.as_chunks::<4>().0;
+            for (w, values) in words.iter().zip(zeros.chunks_mut(p as usize)) {
+                let w = u32::from_le_bytes(*w).wrapping_add(carry);
+                for (z, &shift) in values.iter_mut().zip(&shifts) {
+                    *z = ((w >> shift) & mask) as i32;
+                }
             }
         }
         // Scales, checked finite.
