@@ -347,6 +347,19 @@ fn hash_expected(
     pairs: &[(usize, &crate::save::shards::PlannedTensor)],
     progress: &Progress,
 ) -> Result<(Vec<Option<u128>>, Vec<Finding>), VerifyError> {
+    let hashed = hash_each(expected, pairs, progress);
+    // The bands the recipes kept (GPTQ/AWQ's, up to 28 MiB) go, as at a save's end,
+    // whether or not every tensor was hashed.
+    crate::save::compute::release_scratch();
+    hashed
+}
+
+/// Each expected tensor's hash, recomputed through the save's own recipes.
+fn hash_each(
+    expected: &SaveReference,
+    pairs: &[(usize, &crate::save::shards::PlannedTensor)],
+    progress: &Progress,
+) -> Result<(Vec<Option<u128>>, Vec<Finding>), VerifyError> {
     use crate::model::checkpoint::InputKind;
     use crate::save::execute;
     let ckpt = expected.ckpt;
@@ -433,8 +446,6 @@ fn hash_expected(
         };
         hashes.push(hashed(outcome, &expected.name(p), &what, &mut findings)?);
     }
-    // The bands the recipes kept (GPTQ/AWQ's, up to 28 MiB) go, as at a save's end.
-    crate::save::compute::release_scratch();
     Ok((hashes, findings))
 }
 
