@@ -64,8 +64,9 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 # side_by_side RUNS PREP_A RUN_A PREP_B RUN_B: the two commands (shell functions taking
 # no arguments) RUNS times, alternating, each after its PREP, so a drift of the
 # machine's speed reaches both alike; prints "seconds_a peak_rss_kib_a seconds_b
-# ratio": the medians of each one's seconds (to the millisecond) and of the runs'
-# ratios a / b.
+# ratio least most": the medians of each one's seconds (to the millisecond) and of the
+# runs' ratios a / b, then the least and the most of those ratios (on a shared host
+# their spread can be wider than a change being measured).
 side_by_side() {
     local runs=$1 prep_a=$2 run_a=$3 prep_b=$4 run_b=$5
     local i a b rss_a
@@ -83,7 +84,7 @@ side_by_side() {
             for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (x[j] < x[i]) { t = x[i]; x[i] = x[j]; x[j] = t }
             return x[int((n + 1) / 2)]
         }
-        END { printf "%.3f %d %.3f %.2f\n", med(a), med(r), med(b), med(q) }'
+        END { m = med(q); printf "%.3f %d %.3f %.2f %.2f %.2f\n", med(a), med(r), med(b), m, q[1], q[NR] }'
 }
 
 # timed_ms CMD...: as `timed`, the seconds to the millisecond (from the clock around

@@ -113,9 +113,9 @@ rm -rf "$WORK/$FORMAT-src"; cp -r "$OUT" "$WORK/$FORMAT-src"
 export DEVMAP MODEL OUT WORK FORMAT
 run_save() { "$DEVMAP" save "$MODEL" --out "$OUT" --dtype bfloat16 --no-fsync -q; }
 run_cp() { cp "$WORK/$FORMAT-src/"*.safetensors "$WORK/$FORMAT-cp/"; }
-read -r d rss c r < <(side_by_side "$RUNS" prepare_save run_save prepare_cp run_cp)
-echo "| run | seconds (median of $RUNS, alternating) | vs cp (median of the runs' ratios) | peak RSS (MiB) |"
+read -r d rss c r lo hi < <(side_by_side "$RUNS" prepare_save run_save prepare_cp run_cp)
+echo "| run | seconds (median of $RUNS, alternating) | vs cp (median of the runs' ratios; least–most) | peak RSS (MiB) |"
 echo "| --- | ---: | ---: | ---: |"
 echo "| cp of the $((OUT_BYTES / 1048576)) MiB output | $c | 1.00 | — |"
-echo "| devmap save --dtype bfloat16 ($SIZE_MB MiB $FORMAT in) | $d | $r | $((rss / 1024)) |"
+echo "| devmap save --dtype bfloat16 ($SIZE_MB MiB $FORMAT in) | $d | $r ($lo–$hi) | $((rss / 1024)) |"
 rm -rf "$WORK/$FORMAT-cp" "$WORK/$FORMAT-src"

@@ -22,17 +22,17 @@ warm() { rm -rf "$OUT" "$PEER" "$CP"; cat "$ACTOR"/*.pt > /dev/null; }
 run_devmap() { "$DEVMAP" save "$ACTOR" --out "$OUT" --no-fsync -q; }
 run_peer() { "$PY" scripts/peers/verl_peer.py merge "$ACTOR" "$PEER"; }
 export -f run_devmap run_peer
-read -r d drss p r < <(side_by_side "$RUNS" warm run_devmap warm run_peer)
+read -r d drss p r _ _ < <(side_by_side "$RUNS" warm run_devmap warm run_peer)
 read -r _ prss < <(warm; timed_ms bash -c run_peer)
 warm; run_devmap
 cp_once() { rm -rf "$CP"; mkdir -p "$CP"; }
 run_cp() { cp "$OUT"/*.safetensors "$CP/"; }
-read -r d2 _ c rc < <(side_by_side "$RUNS" warm run_devmap cp_once run_cp)
+read -r d2 _ c rc lo hi < <(side_by_side "$RUNS" warm run_devmap cp_once run_cp)
 BYTES=$(du -cb "$OUT"/*.safetensors | tail -1 | cut -f1)
 echo "| run ($WORLD rank files, $((BYTES / 1048576)) MiB out) | seconds (median of $RUNS, alternating) | vs cp | peak RSS (MiB) |"
 echo "| --- | ---: | ---: | ---: |"
 echo "| cp of devmap's output | $c | 1.00 | — |"
-echo "| devmap save --no-fsync | $d2 | $rc | $((drss / 1024)) |"
+echo "| devmap save --no-fsync | $d2 | $rc ($lo–$hi) | $((drss / 1024)) |"
 echo "| verl's merger (torch.load, torch.cat, save_file) | $p | $(ratio "$p" "$c") | $((prss / 1024)) |"
 echo "(devmap against the merger, side by side: $d s vs $p s, devmap / merger = $r)"
 rm -rf "$OUT" "$PEER" "$CP"
