@@ -323,28 +323,36 @@ pub fn write_parts_in_parallel(
 ) -> Result<(), CopyError> {
     let threads = threads.clamp(1, items.max(1));
     let per = items.div_ceil(threads);
-    let results: Vec<Result<(), CopyError>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let range = (t * per).min(items)..((t + 1) * per).min(items);
-                scope.spawn(move || {
-                    super::compute::permits().run(|| {
-                        let mut at = dst_offset + range.start * item_bytes;
-                        part(range, &mut |bytes: &[u8]| {
-                            dst.write_all_at(bytes, at)?;
-                            at += bytes.len() as u64;
-                            Ok(())
-                        })
-                    })
+    join_all((0..threads).map(|t| {
+        let range = (t * per).min(items)..((t + 1) * per).min(items);
+        move || {
+            super::compute::permits().run(|| {
+                let mut at = dst_offset + range.start * item_bytes;
+                part(range, &mut |bytes: &[u8]| {
+                    dst.write_all_at(bytes, at)?;
+                    at += bytes.len() as u64;
+                    Ok(())
                 })
             })
-            .collect();
-        workers
+        }
+    }))
+}
+
+/// Runs each job on a thread of its own and waits for all of them: the first error,
+/// if any, once every thread has been joined (a thread that panicked counts as
+/// cancelled).
+pub(crate) fn join_all<F>(jobs: impl Iterator<Item = F>) -> Result<(), CopyError>
+where
+    F: FnOnce() -> Result<(), CopyError> + Send,
+{
+    std::thread::scope(|scope| {
+        let running: Vec<_> = jobs.map(|job| scope.spawn(job)).collect();
+        let results: Vec<Result<(), CopyError>> = running
             .into_iter()
-            .map(|w| w.join().unwrap_or(Err(CopyError::Cancelled)))
-            .collect()
-    });
-    results.into_iter().collect()
+            .map(|r| r.join().unwrap_or(Err(CopyError::Cancelled)))
+            .collect();
+        results.into_iter().collect()
+    })
 }
 
 #[cfg(test)]

@@ -29,19 +29,6 @@ impl Band {
     ) -> Result<(), CopyError> {
         self.shared.read(input, cols, &mut self.work.row)
     }
-
-    /// [`Work::dequantize`] from this band's reads.
-    pub(super) fn dequantize(
-        &mut self,
-        layout: TransposedIntLayout,
-        groups: &Groups,
-        cols: (u64, std::ops::Range<u64>),
-        to: DType,
-        emit: &mut Emit<'_>,
-    ) -> Result<(), CopyError> {
-        self.work
-            .dequantize(&self.shared, layout, groups, cols, to, emit)
-    }
 }
 
 /// A read band: the packed words, zero points and scales of its output columns (which

@@ -6,7 +6,7 @@
 
 use std::fs::File;
 
-use super::band::{Decode, Groups};
+use super::band::{Decode, Groups, copy_in_lines};
 use super::kernels::{words_to_rows, words_to_rows_in_vectors};
 use super::{Packing, TransposedIntLayout};
 use crate::save::copy::{CopyError, read_exact_at, resize_exact};
@@ -38,20 +38,9 @@ pub(super) fn read_in_blocks(
     resize_exact(row, words * 4, 0);
     for r in 0..rows {
         read_exact_at(src, row, at(r))?;
-        let mut blocks = packed.chunks_exact_mut(region);
         let at = r * LANES * 4;
-        // Whole blocks a 64-byte array at a time (one vector move, not a call to
-        // `memmove` for 64 bytes), then the last block's words.
-        let (whole, rest) = row.as_chunks::<{ LANES * 4 }>();
-        // (`whole` first: a zip takes from its first iterator first, and must not take
-        // the last block when the whole ones are done.)
-        for (run, block) in whole.iter().zip(blocks.by_ref()) {
-            if let Some(dst) = block.get_mut(at..).and_then(|b| b.first_chunk_mut()) {
-                *dst = *run;
-            }
-        }
-        if let Some(block) = blocks.next() {
-            block[at..at + rest.len()].copy_from_slice(rest);
+        for (run, block) in row.chunks(LANES * 4).zip(packed.chunks_exact_mut(region)) {
+            copy_in_lines(&mut block[at..at + run.len()], run);
         }
     }
     Ok(())

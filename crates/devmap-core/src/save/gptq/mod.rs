@@ -293,6 +293,12 @@ fn band_rows(layout: TransposedIntLayout) -> u64 {
 /// reads at 8 bits for a 28,672-input weight, 4 KB at 4. (The output goes out a few
 /// rows at a time, so the read band has the room a sub-band's output took.)
 fn read_rows(layout: TransposedIntLayout) -> u64 {
+    read_rows_in(layout, READ_BYTES)
+}
+
+/// [`read_rows`] for a read band of `bytes` of packed words (AWQ's shared band holds
+/// two bands' bytes: `shared.rs`).
+fn read_rows_in(layout: TransposedIntLayout, bytes: u64) -> u64 {
     let band = band_rows(layout);
     // Packed bytes per output row.
     let row_bytes = (layout.inputs * u64::from(layout.bits)).div_ceil(8).max(1);
@@ -301,8 +307,8 @@ fn read_rows(layout: TransposedIntLayout) -> u64 {
         // reads took an 8-bit save from 2.13x to 1.86x cp (AMD EPYC VM), and 4 KB
         // reads instead of 1 KB a 4-bit one from 740 to 680 ms of CPU (47 MiB peak,
         // where it was 22).
-        Packing::Gptq { .. } => band * (READ_BYTES / row_bytes / band).max(4),
-        Packing::Awq => band * (READ_BYTES / row_bytes / band).max(1),
+        Packing::Gptq { .. } => band * (bytes / row_bytes / band).max(4),
+        Packing::Awq => band * (bytes / row_bytes / band).max(1),
     }
 }
 
@@ -372,33 +378,54 @@ fn stream_rows_into(
     to: DType,
     (cancel, sink): (&dyn Stop, &mut super::copy::Sink<'_>),
 ) -> Result<(), CopyError> {
-    let (read_step, step) = (read_rows(input.layout), band_rows(input.layout));
+    let read_step = read_rows(input.layout);
     band.shared.from_words = direct::rows_from_words(input.layout, groups, to);
     let mut r0 = rows.start;
     while r0 < rows.end {
         let r1 = (r0 + read_step).min(rows.end);
         band.read(input, r0..r1)?;
-        let mut o0 = r0;
-        while o0 < r1 {
-            if cancel.stop() {
-                return Err(CopyError::Cancelled);
-            }
-            let o1 = (o0 + step).min(r1);
-            band.dequantize(
-                input.layout,
-                groups,
-                (r0, o0..o1),
-                to,
-                &mut |first, rows| {
-                    if let Some(merge) = input.merge {
-                        merge.merge(first as usize, to, rows)?;
-                    }
-                    sink(rows).map_err(CopyError::Io)
-                },
-            )?;
-            o0 = o1;
-        }
+        let Band { shared, work } = &mut *band;
+        make_rows(
+            (work, shared),
+            input,
+            groups,
+            (r0, r0..r1),
+            to,
+            cancel,
+            &mut |_, rows| sink(rows),
+        )?;
         r0 = r1;
+    }
+    Ok(())
+}
+
+/// Output rows `rows` of the read band `read` (whose first row is `first`), a sub-band
+/// at a time in `work`'s buffers, LoRA merges applied, handed to `write` (the first
+/// row's index, and the rows); stops between sub-bands when asked.
+fn make_rows(
+    (work, read): (&mut band::Work, &band::Shared),
+    input: &TransposedInt<'_>,
+    groups: &Groups,
+    (first, rows): (u64, std::ops::Range<u64>),
+    to: DType,
+    cancel: &dyn Stop,
+    write: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+) -> Result<(), CopyError> {
+    let step = band_rows(input.layout);
+    let mut o0 = rows.start;
+    while o0 < rows.end {
+        if cancel.stop() {
+            return Err(CopyError::Cancelled);
+        }
+        let o1 = (o0 + step).min(rows.end);
+        let band = (first, o0..o1);
+        work.dequantize(read, input.layout, groups, band, to, &mut |at, rows| {
+            if let Some(merge) = input.merge {
+                merge.merge(at as usize, to, rows)?;
+            }
+            write(at, rows).map_err(CopyError::Io)
+        })?;
+        o0 = o1;
     }
     Ok(())
 }

@@ -34,15 +34,16 @@ impl Shared {
         self.words_a_row = band_words as usize;
         // GPTQ's columns are laid out apart; the rows as read take this much.
         let as_read = (packed_rows * band_words * 4) as usize;
+        // Where packed row `r`'s words of the band start.
+        let at = |r: u64| input.qweight.1.offset + (r * row_words + first_word) * 4;
         match layout.packing {
             Packing::Gptq { .. } if self.from_words => {
                 let rows = packed_rows as usize;
-                let at =
-                    |r: usize| input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
                 let len = super::direct::blocks_bytes(rows, n as usize);
                 self.start = line_aligned(&mut self.packed, len);
                 let packed = &mut self.packed[self.start..self.start + len];
                 let buffers = (packed, &mut *row);
+                let at = |r: usize| at(r as u64);
                 super::direct::read_in_blocks(input.qweight.0, buffers, (rows, at), n as usize)?;
             }
             Packing::Gptq { .. } if gptq_in_columns(layout) => {
@@ -59,9 +60,7 @@ impl Shared {
                     let count = TILE_ROWS.min(rows - r0);
                     let tile = row.chunks_exact_mut(words * 4).take(count);
                     for (t, dst) in tile.enumerate() {
-                        let r = (r0 + t) as u64;
-                        let at = input.qweight.1.offset + (r * row_words + first_word) * 4;
-                        read_exact_at(input.qweight.0, dst, at)?;
+                        read_exact_at(input.qweight.0, dst, at((r0 + t) as u64))?;
                     }
                     transpose_into_columns(
                         row.as_chunks::<4>().0,
@@ -76,15 +75,16 @@ impl Shared {
                     .chunks_exact_mut((band_words * 4) as usize)
                     .enumerate()
                 {
-                    let at = input.qweight.1.offset + (r as u64 * row_words + first_word) * 4;
-                    read_exact_at(input.qweight.0, dst, at)?;
+                    read_exact_at(input.qweight.0, dst, at(r as u64))?;
                 }
             }
             Packing::Awq => {
                 // Each packed row's words are dealt out to the sub-bands' regions.
                 let rows = packed_rows as usize;
-                let all_rows = std::iter::once(0..rows).collect::<Vec<_>>();
-                let mut parts = self.awq_regions(layout, n, rows).split(&all_rows);
+                let all_rows = 0..rows;
+                let mut parts = self
+                    .awq_regions(layout, n, rows)
+                    .split(std::slice::from_ref(&all_rows));
                 let pieces = parts.pop().unwrap_or_default();
                 super::shared::read_awq_rows(input, cols.clone(), (0..rows, pieces), row)?;
             }

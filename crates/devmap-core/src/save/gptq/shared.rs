@@ -13,20 +13,12 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
 use super::band::{Groups, Shared, Work, awq_sub_words, copy_in_lines};
-use super::{TransposedInt, TransposedIntLayout, band_rows};
-use crate::save::copy::{CopyError, Stop, line_aligned, read_exact_at, resize_exact};
+use super::{TransposedInt, TransposedIntLayout, band_rows, make_rows, read_rows_in};
+use crate::save::copy::{CopyError, Stop, join_all, line_aligned, read_exact_at, resize_exact};
 use crate::types::DType;
 
 /// Bands a shared read band holds the memory of (each a thread's `READ_BYTES`).
 const SHARED_BANDS: u64 = 2;
-
-/// Output rows of a shared read band: as many sub-bands as `SHARED_BANDS` read bands'
-/// bytes hold.
-fn shared_rows(layout: TransposedIntLayout) -> u64 {
-    let band = band_rows(layout);
-    let row_bytes = (layout.inputs * u64::from(layout.bits)).div_ceil(8).max(1);
-    band * (SHARED_BANDS * super::READ_BYTES / row_bytes / band).max(1)
-}
 
 /// A read band's AWQ words laid out for its sub-bands: region `k` (every `region`
 /// bytes) holds sub-band `k`'s words of each packed row, `widths[k]` bytes a row.
@@ -157,7 +149,8 @@ fn write_awq_with(
 ) -> Result<(), CopyError> {
     let layout = input.layout;
     let threads = threads.max(1) as usize;
-    let (read_step, step) = (shared_rows(layout), band_rows(layout));
+    let read_step = read_rows_in(layout, SHARED_BANDS * super::READ_BYTES);
+    let step = band_rows(layout);
     let row_bytes = layout.inputs * to.size();
     let SharedBand { shared, works } = kept;
     works.resize_with(threads, Work::default);
@@ -191,43 +184,19 @@ fn write_awq_with(
             move || {
                 let first = (cols.start + t as u64 * per_thread * step).min(cols.end);
                 let last = (first + per_thread * step).min(cols.end);
-                let mut o0 = first;
-                while o0 < last {
-                    if cancel.stop() {
-                        return Err(CopyError::Cancelled);
-                    }
-                    let o1 = (o0 + step).min(last);
-                    let band = (cols.start, o0..o1);
-                    work.dequantize(shared, layout, groups, band, to, &mut |first, rows| {
-                        if let Some(merge) = input.merge {
-                            merge.merge(first as usize, to, rows)?;
-                        }
-                        dst.write_all_at(rows, dst_offset + first * row_bytes)
-                            .map_err(CopyError::Io)
-                    })?;
-                    o0 = o1;
-                }
-                Ok(())
+                let mine = (cols.start, first..last);
+                make_rows(
+                    (work, shared),
+                    input,
+                    groups,
+                    mine,
+                    to,
+                    cancel,
+                    &mut |at, rows| dst.write_all_at(rows, dst_offset + at * row_bytes),
+                )
             }
         }))?;
         r0 = cols.end;
     }
     Ok(())
-}
-
-/// Runs each job on a thread of its own (the caller holds their permits) and waits
-/// for all: the first error, if any.
-fn join_all<F>(jobs: impl Iterator<Item = F>) -> Result<(), CopyError>
-where
-    F: FnOnce() -> Result<(), CopyError> + Send,
-{
-    std::thread::scope(|scope| {
-        let running: Vec<_> = jobs.map(|job| scope.spawn(job)).collect();
-        // Every thread joined before the first error is returned.
-        let results: Vec<Result<(), CopyError>> = running
-            .into_iter()
-            .map(|r| r.join().unwrap_or(Err(CopyError::Cancelled)))
-            .collect();
-        results.into_iter().collect()
-    })
 }
