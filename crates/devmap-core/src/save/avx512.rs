@@ -1,7 +1,8 @@
 //! Kernels written with AVX-512 instructions (`std::arch`), for what the compiler does
 //! not vectorise from plain loops: a 16×16 transposition of words, float16
 //! rounding by the conversion instructions, and 4-bit values looked up in a table of
-//! 16-bit outputs by a word permute. Each is called only from a
+//! 16-bit outputs by a word permute (GPTQ's a row at a time, AWQ's two rows of a
+//! packed word at a time). Each is called only from a
 //! `multiversion` function's AVX-512 version (`match_target!`), which has the
 //! features enabled, and does the part of its input that fills whole vectors: the
 //! caller's plain loop does the rest, the same bytes either way.
@@ -10,10 +11,10 @@ use std::arch::x86_64::{
     __m128i, __m256i, __m512, __m512i, _mm_extract_epi64, _mm_set_epi64x, _mm256_extracti128_si256,
     _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
     _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps, _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32,
-    _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_extracti32x4_epi32, _mm512_mul_ps, _mm512_or_si512,
-    _mm512_permutex2var_epi32, _mm512_permutexvar_epi16, _mm512_set_epi32, _mm512_set_epi64,
-    _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_si512, _mm512_slli_epi32, _mm512_srli_epi32,
-    _mm512_srlv_epi32, _mm512_sub_epi32,
+    _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_extracti32x4_epi32, _mm512_extracti64x4_epi64,
+    _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi32, _mm512_permutexvar_epi16,
+    _mm512_set_epi32, _mm512_set_epi64, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_si512,
+    _mm512_slli_epi32, _mm512_srl_epi16, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_sub_epi32,
 };
 
 use crate::types::DType;
@@ -127,20 +128,21 @@ macro_rules! transpose {
     };
 }
 
-/// Rows of words (`rows`: row `t` at `rows[t · row_words..]`, `rows.len() / row_words`
-/// of them) transposed sixteen rows by sixteen columns at a time ([`transpose!`]) into
-/// `columns`: word `c` of row `t` goes to `columns[c · stride + 4 · t..]`. Each tile of
-/// columns takes every tile of rows before the next, so a column's words go out in
-/// one run. Returns the rows and the columns done (whole tiles of each).
+/// `count` rows of words (`rows`: row `t` at `rows[t · row_words..]`), their first
+/// `words` columns transposed sixteen rows by sixteen columns at a time
+/// ([`transpose!`]) into `columns`: word `c` of row `t` goes to
+/// `columns[c · stride + 4 · t..]`. Each tile of columns takes every tile of rows
+/// before the next, so a column's words go out in one run. Returns the rows and the
+/// columns done (whole tiles of each).
 #[target_feature(enable = "avx512f")]
 pub(crate) fn transpose_rows(
     rows: &[[u8; 4]],
-    row_words: usize,
+    (row_words, words, count): (usize, usize, usize),
     (columns, stride): (&mut [u8], usize),
 ) -> (usize, usize) {
     let rounds = transpose_rounds();
-    let row_tiles = rows.len() / row_words.max(1) / 16;
-    let column_tiles = row_words / 16;
+    let row_tiles = count / 16;
+    let column_tiles = words.min(row_words) / 16;
     for c0 in (0..column_tiles).map(|c| c * 16) {
         for r0 in (0..row_tiles).map(|r| r * 16) {
             // A loop, not `array::from_fn`: its closure was left out of line (a call a
@@ -412,6 +414,70 @@ fn output_lanes<const SD: u8, const TO: u8>(product: __m512) -> __m512i {
         BF16 => _mm512_srli_epi32::<16>(to_bf16(value)),
         _ => value,
     }
+}
+
+/// AWQ's eight output rows of one packed word at 4 bits (`SIZE` 2): `words` holds the
+/// word of each input in input order, its nibble `s` row `column_at[s]`'s value; row
+/// `c`'s 16 outputs in group `g` are `tables[c · groups + g]`. Sixteen inputs a step:
+/// their words' 16-bit halves gathered by a word permute, low halves (nibbles 0–3)
+/// first, so each shift by 4·s puts nibble `s` in the first sixteen lanes and nibble
+/// `s + 4` in the last; each lane masked to its nibble (plus 16 in the last sixteen)
+/// indexes a vector of the two rows' tables (`vpermw`), and each half of the result
+/// is 32 bytes of one row. Rows go to `rows` (row `c` at `c · inputs · 2`). Returns
+/// the inputs done: whole sixteens (none when a group is not whole sixteens).
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) fn awq_word_rows(
+    words: &[[u8; 4]],
+    (tables, groups, group): (&[[[u8; 2]; 16]], usize, usize),
+    column_at: [usize; 8],
+    rows: &mut [u8],
+) -> usize {
+    if group == 0 || !group.is_multiple_of(16) {
+        return 0;
+    }
+    let inputs = words.len();
+    // Word m of the permuted vector: the low half of input m (m < 16), else the high
+    // half of input m − 16.
+    let half = |m: usize| (if m < 16 { 2 * m } else { 2 * (m - 16) + 1 }) as i32;
+    let halves = vector(|k| half(2 * k) | half(2 * k + 1) << 16);
+    let nibble = _mm512_set1_epi32(0x000F_000F);
+    let second = vector(|k| if k < 8 { 0 } else { 0x0010_0010 });
+    // The two rows' tables of nibbles s and s + 4 in one vector, 16 entries each.
+    let pair = |g: usize, s: usize| {
+        let (a, b) = (
+            &tables[column_at[s] * groups + g],
+            &tables[column_at[s + 4] * groups + g],
+        );
+        let entry = |t: &[[u8; 2]; 16], v: usize| i32::from(u16::from_le_bytes(t[v]));
+        vector(|k| {
+            let t = if k < 8 { a } else { b };
+            let v = 2 * (k % 8);
+            entry(t, v) | entry(t, v + 1) << 16
+        })
+    };
+    let steps = inputs / 16;
+    // A pair of rows at a time over every input: two output runs and one input run
+    // in flight (the eight rows at once, a multiple of 4 KiB apart, contended for the
+    // same cache sets and stalled the stores).
+    let shifts = [0, 4, 8, 12].map(|b| _mm_set_epi64x(0, b));
+    for (s, shift) in shifts.into_iter().enumerate() {
+        let mut table = _mm512_setzero_si512();
+        let (a, b) = (column_at[s] * inputs, column_at[s + 4] * inputs);
+        for step in 0..steps {
+            let i0 = step * 16;
+            if i0.is_multiple_of(group) {
+                table = pair(i0 / group, s);
+            }
+            let v = _mm512_permutexvar_epi16(halves, load_words!(&words[i0..i0 + 16]));
+            let x = _mm512_srl_epi16(v, shift);
+            let index = _mm512_or_si512(_mm512_and_si512(x, nibble), second);
+            let out = _mm512_permutexvar_epi16(index, table);
+            let (a, b) = ((a + i0) * 2, (b + i0) * 2);
+            store_256!(_mm512_extracti64x4_epi64::<0>(out), &mut rows[a..a + 32]);
+            store_256!(_mm512_extracti64x4_epi64::<1>(out), &mut rows[b..b + 32]);
+        }
+    }
+    steps * 16
 }
 
 #[cfg(test)]

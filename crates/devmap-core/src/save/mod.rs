@@ -13,6 +13,7 @@ mod event;
 pub mod execute;
 pub mod fp8;
 pub mod gptq;
+mod hand_off;
 mod job;
 pub(crate) mod lookup;
 pub mod lora_kernel;

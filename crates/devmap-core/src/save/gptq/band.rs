@@ -10,7 +10,20 @@ use crate::types::DType;
 
 /// Where finished output rows go: the first row's index, and the rows (which a LoRA
 /// merge may change before they are written).
-pub(super) type Emit<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), CopyError> + 'a;
+pub(super) type Emit<'a> = dyn FnMut(u64, Made<'_>) -> Result<(), CopyError> + 'a;
+
+/// Output rows made in `buffer[range]`. Whoever they are handed to may take the
+/// buffer, leaving another in its place (`save::hand_off`).
+pub(super) struct Made<'a> {
+    pub(super) buffer: &'a mut Vec<u8>,
+    pub(super) range: std::ops::Range<usize>,
+}
+
+impl Made<'_> {
+    pub(super) fn rows(&mut self) -> &mut [u8] {
+        &mut self.buffer[self.range.clone()]
+    }
+}
 
 /// One read band's inputs and a sub-band's output: what a thread streaming a weight
 /// alone holds.
@@ -45,6 +58,17 @@ pub(super) struct Shared {
     pub(super) start: usize,
     /// Words of the read band in a packed row.
     pub(super) words_a_row: usize,
+    /// The band's zero points and scales.
+    pub(super) params: Params,
+    /// The weight's rows are made from its words as read
+    /// ([`super::direct::rows_from_words`]): GPTQ's read band is kept as read.
+    pub(super) from_words: bool,
+}
+
+/// A read band's zero points and scales, unpacked and widened (read apart from its
+/// packed words: AWQ's threads read these while they read those).
+#[derive(Default)]
+pub(super) struct Params {
     /// Zero points, `[groups, band]`, unpacked.
     pub(super) zeros: Vec<i32>,
     pub(super) zero_words: Vec<u8>,
@@ -52,9 +76,6 @@ pub(super) struct Shared {
     pub(super) scales: Vec<f32>,
     pub(super) scale_bytes: Vec<u8>,
     pub(super) wide: Vec<u8>,
-    /// The weight's rows are made from its words as read
-    /// ([`super::direct::rows_from_words`]): GPTQ's read band is kept as read.
-    pub(super) from_words: bool,
 }
 
 /// A thread's buffers for reading rows and making a sub-band's output.
@@ -91,7 +112,7 @@ impl Work {
         emit: &mut Emit<'_>,
     ) -> Result<(), CopyError> {
         let n = (cols.end - cols.start) as usize;
-        let read_n = read.zeros.len() / layout.groups as usize;
+        let read_n = read.params.zeros.len() / layout.groups as usize;
         let skip = (cols.start - first) as usize;
         let inputs = layout.inputs as usize;
         let size = to.size() as usize;
@@ -102,29 +123,40 @@ impl Work {
         // (an output row's tables together, as the row is made group after group).
         // (A group holds many values a pattern: 4 bits in groups of 32 or more.)
         let groups_n = layout.groups as usize;
-        // Made a chunk of entries at a time, so the floats and their rounding stay in
-        // the cache between the passes.
+        // Made a few columns' entries at a time, so the floats and their rounding
+        // stay in the cache between the passes.
         const CHUNK: usize = 2048;
+        let columns_a_chunk = (CHUNK / groups_n.max(1)).max(1);
         // (8-bit GPTQ computes each value: a group holds fewer than its 256 patterns.)
-        let entries = if gptq_bytes(layout) || read.from_words {
+        let table_columns = if gptq_bytes(layout) || read.from_words {
             0
         } else {
-            n * groups_n
+            n
         };
-        resize_exact(&mut self.table, entries * values * size, 0);
-        for first in (0..entries).step_by(CHUNK) {
-            let count = CHUNK.min(entries - first);
+        let (zeros, scales) = (&read.params.zeros, &read.params.scales);
+        resize_exact(&mut self.table, table_columns * groups_n * values * size, 0);
+        for l0 in (0..table_columns).step_by(columns_a_chunk) {
+            let columns = columns_a_chunk.min(table_columns - l0);
+            let count = columns * groups_n;
             resize_exact(&mut self.products, count * values, 0.0);
-            let chunk = self.products.chunks_exact_mut(values);
-            for (k, entry) in (first..).zip(chunk) {
-                let (local, g) = (k / groups_n, k % groups_n);
-                let at = g * read_n + skip + local;
-                let (z, s) = (read.zeros[at], read.scales[at]);
-                for (v, product) in entry.iter_mut().enumerate() {
-                    *product = (v as i32 - z) as f32 * s;
+            // A group's zero points and scales of the chunk's columns lie side by
+            // side (`[groups, read_n]`): read so, group after group, each column's
+            // entry `groups_n` entries from the next (read down the columns, a group
+            // apart, the loads missed the cache: a twentieth of an AWQ save).
+            for g in 0..groups_n {
+                let at = g * read_n + skip + l0;
+                let params = zeros[at..at + columns]
+                    .iter()
+                    .zip(&scales[at..at + columns]);
+                for (local, (&z, &s)) in params.enumerate() {
+                    let entry = (local * groups_n + g) * values;
+                    for (v, product) in self.products[entry..entry + values].iter_mut().enumerate()
+                    {
+                        *product = (v as i32 - z) as f32 * s;
+                    }
                 }
             }
-            let at = first * values * size;
+            let at = l0 * groups_n * values * size;
             crate::save::lookup::round_products(
                 &self.products,
                 layout.scale_dtype,
@@ -153,26 +185,43 @@ impl Work {
             skip: words_skip,
             n,
             table: &self.table,
-            params: (&read.zeros, &read.scales, read_n, skip),
+            params: (&read.params.zeros, &read.params.scales, read_n, skip),
         };
         // AWQ's 4-bit weights in order, transposed whole first, and GPTQ's at 4 bits are
         // made and handed on a few rows at a time (GPTQ's whole blocks of rows), so the
         // write copies from the cache what was just made, and two threads' writes to
         // one file do not queue on its lock for whole sub-bands.
         let rows_a_block = (super::OUTPUT_BYTES as usize / (inputs * size)).max(1);
+        // Where the blocks go: `n` rows of `inputs · size` bytes, from output row
+        // `cols.start` on.
+        let rows = (n, inputs * size, cols.start);
         if read.from_words {
             let step = rows_a_block.next_multiple_of(BLOCK_ROWS);
-            for block in (0..n).step_by(step) {
-                let count = step.min(n - block);
-                let output = line_slice(&mut self.output, count * inputs * size);
-                if size == 2 {
-                    band.rows_from_words::<2>(to, (block, count), output);
-                } else {
-                    band.rows_from_words::<4>(to, (block, count), output);
-                }
-                emit(cols.start + block as u64, output)?;
-            }
-            return Ok(());
+            return in_blocks(
+                &mut self.output,
+                (rows, step),
+                emit,
+                &mut |block, output| {
+                    if size == 2 {
+                        band.rows_from_words::<2>(to, block, output);
+                    } else {
+                        band.rows_from_words::<4>(to, block, output);
+                    }
+                },
+            );
+        }
+        // AWQ at 4 bits in order, on AVX-512: a packed word's eight rows at a time,
+        // from that word of every input (`streams.rs`).
+        if size == 2 && band.awq_streams(&mut self.columns) {
+            let (step, streams) = ((rows_a_block / 8).max(1) * 8, &self.columns);
+            return in_blocks(
+                &mut self.output,
+                (rows, step),
+                emit,
+                &mut |block, output| {
+                    band.rows_from_streams::<2>(streams, block, output);
+                },
+            );
         }
         let awq_stride = band
             .awq_in_order()
@@ -189,47 +238,76 @@ impl Work {
                 Some(_) => rows_a_block,
                 None => rows_a_block.next_multiple_of(BLOCK_ROWS),
             };
-            for block in (0..n).step_by(step) {
-                let count = step.min(n - block);
-                let output = line_slice(&mut self.output, count * inputs * size);
-                let rows = (block, count);
-                match (awq_stride, size) {
-                    (Some(stride), 2) => {
-                        band.expand::<2>(
-                            (&scratch.columns[block * stride..], stride),
-                            rows,
-                            output,
-                        );
+            return in_blocks(
+                &mut self.output,
+                (rows, step),
+                emit,
+                &mut |block, output| {
+                    let first = block.0;
+                    match (awq_stride, size) {
+                        (Some(stride), 2) => {
+                            let columns = (&scratch.columns[first * stride..], stride);
+                            band.expand::<2>(columns, block, output);
+                        }
+                        (Some(stride), _) => {
+                            let columns = (&scratch.columns[first * stride..], stride);
+                            band.expand::<4>(columns, block, output);
+                        }
+                        (None, 2) => band.gptq_rows::<2>(&mut scratch, block, output),
+                        (None, _) => band.gptq_rows::<4>(&mut scratch, block, output),
                     }
-                    (Some(stride), _) => {
-                        band.expand::<4>(
-                            (&scratch.columns[block * stride..], stride),
-                            rows,
-                            output,
-                        );
-                    }
-                    (None, 2) => band.gptq_rows::<2>(&mut scratch, rows, output),
-                    (None, _) => band.gptq_rows::<4>(&mut scratch, rows, output),
-                }
-                emit(cols.start + block as u64, output)?;
-            }
-            return Ok(());
+                },
+            );
         }
-        let output = line_slice(&mut self.output, n * inputs * size);
+        let range = line_range(&mut self.output, n * inputs * size);
+        let output = &mut self.output[range.clone()];
         if size == 2 {
             band.decode::<2>(output);
         } else {
             band.decode::<4>(output);
         }
-        emit(cols.start, output)
+        emit(
+            cols.start,
+            Made {
+                buffer: &mut self.output,
+                range,
+            },
+        )
     }
 }
 
-/// `len` bytes of `buffer` from a cache line's boundary ([`line_aligned`]), so the
-/// kernels' 64-byte stores of output rows fall each in one line.
-fn line_slice(buffer: &mut Vec<u8>, len: usize) -> &mut [u8] {
+/// Makes a block of output rows: its first row and count, and its bytes.
+type MakeBlock<'a> = dyn FnMut((usize, usize), &mut [u8]) + 'a;
+
+/// Output rows `0..n` made `step` at a time by `make` into `output` (from a cache
+/// line's boundary, `row_bytes` a row), each block handed to `emit` as row `first` +
+/// its first.
+fn in_blocks(
+    output: &mut Vec<u8>,
+    ((n, row_bytes, first), step): ((usize, usize, u64), usize),
+    emit: &mut Emit<'_>,
+    make: &mut MakeBlock<'_>,
+) -> Result<(), CopyError> {
+    for block in (0..n).step_by(step) {
+        let count = step.min(n - block);
+        let range = line_range(output, count * row_bytes);
+        make((block, count), &mut output[range.clone()]);
+        emit(
+            first + block as u64,
+            Made {
+                buffer: output,
+                range,
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// Where `len` bytes of `buffer` from a cache line's boundary are ([`line_aligned`]),
+/// so the kernels' 64-byte stores of output rows fall each in one line.
+fn line_range(buffer: &mut Vec<u8>, len: usize) -> std::ops::Range<usize> {
     let start = line_aligned(buffer, len);
-    &mut buffer[start..start + len]
+    start..start + len
 }
 
 /// `src` into `dst` (as long): 64 bytes at a time as arrays, each one vector move, then
@@ -315,7 +393,7 @@ pub(super) struct Decode<'a> {
 impl Decode<'_> {
     /// Whether the sub-band is AWQ's at 4 bits with the groups in order and whole
     /// 8×8 blocks, which [`Decode::awq_transpose`] and [`Decode::expand`] make.
-    fn awq_in_order(&self) -> bool {
+    pub(super) fn awq_in_order(&self) -> bool {
         self.layout.packing == Packing::Awq
             && self.layout.bits == 4
             && self.groups.in_order
@@ -324,15 +402,20 @@ impl Decode<'_> {
             && self.skip.is_multiple_of(8)
     }
 
-    /// AWQ at 4 bits with the groups in order: each 8×8 block of values (eight input
-    /// rows' words for eight output columns) transposed into the output rows' nibbles
-    /// in input order, into `columns`, an output row every (returned) stride.
-    fn awq_transpose(&self, columns: &mut Vec<u8>) -> usize {
-        // Which column of its eight each nibble of a word holds.
+    /// Which of its eight output columns each nibble of an AWQ word holds.
+    pub(super) fn column_at(&self) -> [usize; 8] {
         let mut column_at = [0usize; 8];
         for c in 0..8u64 {
             column_at[self.layout.column_slot(c) as usize] = c as usize;
         }
+        column_at
+    }
+
+    /// AWQ at 4 bits with the groups in order: each 8×8 block of values (eight input
+    /// rows' words for eight output columns) transposed into the output rows' nibbles
+    /// in input order, into `columns`, an output row every (returned) stride.
+    fn awq_transpose(&self, columns: &mut Vec<u8>) -> usize {
+        let column_at = self.column_at();
         let inputs = self.layout.inputs as usize;
         let stride = inputs / 2 + 64;
         resize_exact(columns, self.n * stride, 0);

@@ -204,10 +204,11 @@ fn byte_products(
 }
 
 /// `count` packed rows of a read band (`rows`: row `t`'s `row_words` words at
-/// `rows[t · row_words..]`) into the band's columns: word `c` of row `t` to
-/// `columns[c · stride + 4 · t..]`, so each output row's packed words lie in input
-/// order. Tiles of sixteen rows by sixteen columns by a register transposition on
-/// AVX-512; the columns and rows past the last whole tiles word by word.
+/// `rows[t · row_words..]`), their first `words` words, into the band's columns: word
+/// `c` of row `t` to `columns[c · stride + 4 · t..]`, so each output row's packed words
+/// lie in input order. Tiles of sixteen rows by sixteen columns by a register
+/// transposition on AVX-512; the columns and rows past the last whole tiles word by
+/// word.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
     "x86_64+avx2+fma",
@@ -215,23 +216,65 @@ fn byte_products(
 ))]
 pub(super) fn transpose_into_columns(
     rows: &[[u8; 4]],
-    (row_words, count): (usize, usize),
+    (row_words, words, count): (usize, usize, usize),
     (columns, stride): (&mut [u8], usize),
 ) {
-    let rows = &rows[..row_words * count];
+    let words = words.min(row_words);
     let (rows_done, columns_done) = multiversion::target::match_target! {
-        "x86_64+avx512f" => crate::save::avx512::transpose_rows(rows, row_words, (columns, stride)),
+        "x86_64+avx512f" => {
+            let shape = (row_words, words, count);
+            crate::save::avx512::transpose_rows(rows, shape, (columns, stride))
+        }
         _ => (0, 0),
     };
     for t in 0..count {
         // The tiles' rows lack only the columns past the last tile.
         let first = if t < rows_done { columns_done } else { 0 };
-        for (c, w) in rows[t * row_words + first..(t + 1) * row_words]
+        for (c, w) in rows[t * row_words + first..t * row_words + words]
             .iter()
             .enumerate()
         {
             let b = (first + c) * stride + t * 4;
             columns[b..b + 4].copy_from_slice(w);
+        }
+    }
+}
+
+/// AWQ at 4 bits: the eight output rows of one packed word (`rows`, row `c` at
+/// `c · inputs · SIZE`) from its word of each input (`words`, in input order, nibble
+/// `s` row `column_at[s]`'s), each value looked up in its row's table of its group
+/// (`tables[c · groups + g]`). Two rows a word permute on AVX-512 (bfloat16 and
+/// float16: [`crate::save::avx512::awq_word_rows`]); the inputs past its whole
+/// sixteens, and other CPUs, value by value.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub(super) fn awq_word_rows<const SIZE: usize>(
+    words: &[[u8; 4]],
+    (tables, groups, group): (&[[[u8; SIZE]; 16]], usize, usize),
+    column_at: [usize; 8],
+    rows: &mut [u8],
+) {
+    let done = multiversion::target::match_target! {
+        "x86_64+avx512f+avx512bw" => match (tables.as_flattened().as_flattened(), SIZE) {
+            (flat, 2) => {
+                let (two, _) = flat.as_chunks::<2>();
+                let (tables_of_two, _) = two.as_chunks::<16>();
+                crate::save::avx512::awq_word_rows(words, (tables_of_two, groups, group), column_at, rows)
+            }
+            _ => 0,
+        },
+        _ => 0,
+    };
+    let inputs = words.len();
+    for (i, word) in words.iter().enumerate().skip(done) {
+        let (w, g) = (u32::from_le_bytes(*word), i / group);
+        for (s, &c) in column_at.iter().enumerate() {
+            let value = ((w >> (4 * s)) & 0xF) as usize;
+            let at = (c * inputs + i) * SIZE;
+            rows[at..at + SIZE].copy_from_slice(&tables[c * groups + g][value]);
         }
     }
 }

@@ -27,6 +27,7 @@ mod direct;
 mod kernels;
 mod read;
 mod shared;
+mod streams;
 #[cfg(test)]
 mod tests;
 
@@ -392,7 +393,7 @@ fn stream_rows_into(
             (r0, r0..r1),
             to,
             cancel,
-            &mut |_, rows| sink(rows),
+            &mut |_, mut made| sink(made.rows()),
         )?;
         r0 = r1;
     }
@@ -409,7 +410,7 @@ fn make_rows(
     (first, rows): (u64, std::ops::Range<u64>),
     to: DType,
     cancel: &dyn Stop,
-    write: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+    write: &mut dyn FnMut(u64, band::Made<'_>) -> io::Result<()>,
 ) -> Result<(), CopyError> {
     let step = band_rows(input.layout);
     let mut o0 = rows.start;
@@ -419,11 +420,11 @@ fn make_rows(
         }
         let o1 = (o0 + step).min(rows.end);
         let band = (first, o0..o1);
-        work.dequantize(read, input.layout, groups, band, to, &mut |at, rows| {
+        work.dequantize(read, input.layout, groups, band, to, &mut |at, mut made| {
             if let Some(merge) = input.merge {
-                merge.merge(at as usize, to, rows)?;
+                merge.merge(at as usize, to, made.rows())?;
             }
-            write(at, rows).map_err(CopyError::Io)
+            write(at, made).map_err(CopyError::Io)
         })?;
         o0 = o1;
     }

@@ -2,7 +2,7 @@
 //! columns, laid out for the kernels (GPTQ's in columns or blocks, AWQ's dealt to the
 //! sub-bands), and the band's zero points and scales, checked finite.
 
-use super::band::{Shared, TILE_ROWS, column_stride, gptq_in_columns};
+use super::band::{Params, Shared, TILE_ROWS, column_stride, gptq_in_columns};
 use super::kernels::transpose_into_columns;
 use super::{Packing, TransposedInt};
 use crate::save::copy::{
@@ -64,7 +64,7 @@ impl Shared {
                     }
                     transpose_into_columns(
                         row.as_chunks::<4>().0,
-                        (words, count),
+                        (words, words, count),
                         (&mut packed[r0 * 4..], stride),
                     );
                 }
@@ -89,12 +89,14 @@ impl Shared {
                 super::shared::read_awq_rows(input, cols.clone(), (0..rows, pieces), row)?;
             }
         }
-        self.read_params(input, cols)
+        self.params.read(input, cols)
     }
+}
 
+impl Params {
     /// Reads the zero points and scales of output columns `cols` (the scales checked
     /// finite).
-    pub(super) fn read_params(
+    pub(super) fn read(
         &mut self,
         input: &TransposedInt<'_>,
         cols: std::ops::Range<u64>,

@@ -202,15 +202,18 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
             halves, want,
             "{packing:?} {bits} bits {inputs} × {outputs} in bfloat16"
         );
-        // The same bytes from threads writing their bands in place.
-        let dst = tempfile::tempfile().expect("tmp");
-        write_in_parallel(&input, DType::F32, (&dst, 0), 3, &NeverStop).expect("written");
-        let mut written = vec![0u8; out.len()];
-        crate::save::copy::read_exact_at(&dst, &mut written, 0).expect("read back");
-        assert_eq!(
-            written, out,
-            "{packing:?} {bits} bits × {outputs} in parallel"
-        );
+        // The same bytes from threads writing their bands in place (AWQ's threads
+        // handing their rows to whichever is writing), in both sizes.
+        for (to, want) in [(DType::F32, &out), (DType::BF16, &halves)] {
+            let dst = tempfile::tempfile().expect("tmp");
+            write_in_parallel(&input, to, (&dst, 0), 3, &NeverStop).expect("written");
+            let mut written = vec![0u8; want.len()];
+            crate::save::copy::read_exact_at(&dst, &mut written, 0).expect("read back");
+            assert_eq!(
+                &written, want,
+                "{packing:?} {bits} bits × {outputs} in parallel, {to:?}"
+            );
+        }
     }
     // v1's carry: zero point 0 is stored as 15, whose +1 carries into column 1.
     let (_, qzeros, _, _) = case(Packing::Gptq { v1: true }, 4, (16, 8), false);
@@ -230,7 +233,8 @@ fn packed_rows_transpose_into_columns() {
                 .collect();
             let stride = count * 4 + 64;
             let mut columns = vec![0u8; row_words * stride];
-            kernels::transpose_into_columns(&words, (row_words, count), (&mut columns, stride));
+            let shape = (row_words, row_words, count);
+            kernels::transpose_into_columns(&words, shape, (&mut columns, stride));
             for c in 0..row_words {
                 for t in 0..count {
                     let got = &columns[c * stride + t * 4..c * stride + t * 4 + 4];
