@@ -133,7 +133,7 @@ pub(super) fn write_awq(
 }
 
 /// A shared read band, its threads' buffers and the spare output buffers of their
-/// hand-offs (two a thread), kept between weights.
+/// hand-offs (one a thread), kept between weights.
 #[derive(Default)]
 struct SharedBand {
     shared: Shared,
@@ -161,7 +161,7 @@ fn write_awq_with(
         spares,
     } = kept;
     works.resize_with(threads, Work::default);
-    spares.resize_with(threads * 2, Vec::new);
+    spares.resize_with(threads, Vec::new);
     let rows = layout.inputs as usize;
     let per = rows.div_ceil(threads);
     let parts: Vec<Range<usize>> = (0..threads)
