@@ -3,7 +3,7 @@
 //! thread whose write finds it taken spins on it while the other copies
 //! (`rwsem_spin_on_owner`: 12% of an AWQ save's samples, two threads on the AMD EPYC
 //! VM) — time it could have spent making its next rows. Here a thread hands its
-//! finished block over instead: when no other thread is writing, it writes it (and
+//! finished block over instead: when no other thread is writing, it writes it (then
 //! whatever others queued); when one is, it queues the block, takes a free buffer in
 //! its place and goes on, and the writing thread writes the block too. A thread waits
 //! only when every spare buffer is queued.
@@ -50,15 +50,25 @@ impl<'f> HandOff<'f> {
     }
 
     /// Hands over `buffer[range]`, to be written at `offset`: written now when no
-    /// other thread is writing; else queued, and `buffer` replaced by a spare (waiting
-    /// for the writer only when none is free). An error is the write's, of this block
-    /// or of one another thread queued.
+    /// other thread is writing (first, while the cache holds it, then what others
+    /// queued); else queued, and `buffer` replaced by a spare (waiting for the writer
+    /// only when none is free). An error is the write's, of this block or of one
+    /// another thread queued.
     pub(crate) fn hand(
         &self,
         offset: u64,
         buffer: &mut Vec<u8>,
         range: Range<usize>,
     ) -> io::Result<()> {
+        let writing = match self.writing.try_lock() {
+            Ok(writing) => Some(writing),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        };
+        if let Some(_writing) = writing {
+            self.dst.write_all_at(&buffer[range], offset)?;
+            return self.write_queued();
+        }
         let spare = lock(&self.free).pop();
         let Some(spare) = spare else {
             // Every spare is queued: write them, and this block, in turn.
@@ -66,22 +76,15 @@ impl<'f> HandOff<'f> {
             self.write_queued()?;
             return self.dst.write_all_at(&buffer[range], offset);
         };
+        // The writing thread writes it (or the next hand-over or flush does, if it
+        // had just looked at the queue).
         let buffer = std::mem::replace(buffer, spare);
         lock(&self.queued).push_back(Block {
             offset,
             buffer,
             range,
         });
-        match self.writing.try_lock() {
-            Ok(_writing) => self.write_queued(),
-            Err(TryLockError::Poisoned(poisoned)) => {
-                let _writing = poisoned.into_inner();
-                self.write_queued()
-            }
-            // The writing thread writes it (or the next hand-over or flush does, if
-            // it had just looked at the queue).
-            Err(TryLockError::WouldBlock) => Ok(()),
-        }
+        Ok(())
     }
 
     /// Writes every queued block, waiting for the thread that is writing: each thread
@@ -168,6 +171,42 @@ mod tests {
             }
             drop(file);
         }
+    }
+
+    /// A block handed over while another thread writes is queued, its buffer swapped
+    /// for a spare; with no spare left the next one waits for the writer, then writes
+    /// the queued block and its own.
+    #[test]
+    fn a_block_handed_over_during_a_write_is_queued_then_written() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("out");
+        let file = std::fs::File::create(&path).expect("create");
+        let hand_off = HandOff::new(&file, vec![Vec::with_capacity(3)]);
+        let writing = hand_off.writing.lock().expect("the writer's turn");
+        let mut buffer = vec![7u8; 8];
+        hand_off.hand(8, &mut buffer, 0..8).expect("queued");
+        assert_eq!(buffer.capacity(), 3, "the spare in its place");
+        assert_eq!(
+            std::fs::read(&path).expect("read").len(),
+            0,
+            "nothing written yet"
+        );
+        std::thread::scope(|scope| {
+            let second = scope.spawn(|| {
+                let mut second = vec![9u8; 8];
+                hand_off.hand(0, &mut second, 0..8)
+            });
+            // (Released once the second hand-over is likely waiting; if it is not yet,
+            // it finds no writer and writes both blocks all the same.)
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(writing);
+            second.join().expect("joined").expect("written");
+        });
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            [[9u8; 8], [7; 8]].concat()
+        );
+        assert_eq!(hand_off.into_buffers().len(), 1, "the queued buffer freed");
     }
 
     /// A write that fails is reported by the thread that wrote it, and the buffers
