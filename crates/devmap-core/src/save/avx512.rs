@@ -128,21 +128,20 @@ macro_rules! transpose {
     };
 }
 
-/// `count` rows of words (`rows`: row `t` at `rows[t · row_words..]`), their first
-/// `words` columns transposed sixteen rows by sixteen columns at a time
-/// ([`transpose!`]) into `columns`: word `c` of row `t` goes to
-/// `columns[c · stride + 4 · t..]`. Each tile of columns takes every tile of rows
-/// before the next, so a column's words go out in one run. Returns the rows and the
-/// columns done (whole tiles of each).
+/// Rows of words (`rows`: row `t` at `rows[t · row_words..]`, `rows.len() / row_words`
+/// of them) transposed sixteen rows by sixteen columns at a time ([`transpose!`]) into
+/// `columns`: word `c` of row `t` goes to `columns[c · stride + 4 · t..]`. Each tile of
+/// columns takes every tile of rows before the next, so a column's words go out in
+/// one run. Returns the rows and the columns done (whole tiles of each).
 #[target_feature(enable = "avx512f")]
 pub(crate) fn transpose_rows(
     rows: &[[u8; 4]],
-    (row_words, words, count): (usize, usize, usize),
+    row_words: usize,
     (columns, stride): (&mut [u8], usize),
 ) -> (usize, usize) {
     let rounds = transpose_rounds();
-    let row_tiles = count / 16;
-    let column_tiles = words.min(row_words) / 16;
+    let row_tiles = rows.len() / row_words.max(1) / 16;
+    let column_tiles = row_words / 16;
     for c0 in (0..column_tiles).map(|c| c * 16) {
         for r0 in (0..row_tiles).map(|r| r * 16) {
             // A loop, not `array::from_fn`: its closure was left out of line (a call a

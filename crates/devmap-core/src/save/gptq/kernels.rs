@@ -204,11 +204,10 @@ fn byte_products(
 }
 
 /// `count` packed rows of a read band (`rows`: row `t`'s `row_words` words at
-/// `rows[t · row_words..]`), their first `words` words, into the band's columns: word
-/// `c` of row `t` to `columns[c · stride + 4 · t..]`, so each output row's packed words
-/// lie in input order. Tiles of sixteen rows by sixteen columns by a register
-/// transposition on AVX-512; the columns and rows past the last whole tiles word by
-/// word.
+/// `rows[t · row_words..]`) into the band's columns: word `c` of row `t` to
+/// `columns[c · stride + 4 · t..]`, so each output row's packed words lie in input
+/// order. Tiles of sixteen rows by sixteen columns by a register transposition on
+/// AVX-512; the columns and rows past the last whole tiles word by word.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
     "x86_64+avx2+fma",
@@ -216,21 +215,18 @@ fn byte_products(
 ))]
 pub(super) fn transpose_into_columns(
     rows: &[[u8; 4]],
-    (row_words, words, count): (usize, usize, usize),
+    (row_words, count): (usize, usize),
     (columns, stride): (&mut [u8], usize),
 ) {
-    let words = words.min(row_words);
+    let rows = &rows[..row_words * count];
     let (rows_done, columns_done) = multiversion::target::match_target! {
-        "x86_64+avx512f" => {
-            let shape = (row_words, words, count);
-            crate::save::avx512::transpose_rows(rows, shape, (columns, stride))
-        }
+        "x86_64+avx512f" => crate::save::avx512::transpose_rows(rows, row_words, (columns, stride)),
         _ => (0, 0),
     };
     for t in 0..count {
         // The tiles' rows lack only the columns past the last tile.
         let first = if t < rows_done { columns_done } else { 0 };
-        for (c, w) in rows[t * row_words + first..t * row_words + words]
+        for (c, w) in rows[t * row_words + first..(t + 1) * row_words]
             .iter()
             .enumerate()
         {

@@ -64,7 +64,7 @@ impl Shared {
                     }
                     transpose_into_columns(
                         row.as_chunks::<4>().0,
-                        (words, words, count),
+                        (words, count),
                         (&mut packed[r0 * 4..], stride),
                     );
                 }

@@ -4,15 +4,16 @@
 //! ([`crate::save::avx512::awq_word_rows`]). The 8×8 nibble transposition this
 //! replaces ([`Decode::awq_transpose`]) took a seventh of an AWQ save.
 
-use super::band::Decode;
+use super::band::{Decode, column_stride};
 use super::kernels::{awq_word_rows, transpose_into_columns, words_to_rows_in_vectors};
 use crate::save::copy::resize_exact;
 
 impl Decode<'_> {
     /// The sub-band's region (its `band_words` words of each input, input after
-    /// input) transposed into `streams`, word `j` of every input in a run, by 16×16
-    /// register tiles. False, nothing done, where the sub-band is not AWQ's at 4 bits
-    /// in order, the CPU lacks AVX-512, or a test asks for the columns' path.
+    /// input) transposed into `streams`, word `j` of every input in a run (a cache line
+    /// between runs, as between GPTQ's columns: [`column_stride`]), by 16×16 register
+    /// tiles. False, nothing done, where the sub-band is not AWQ's at 4 bits in order,
+    /// the CPU lacks AVX-512, or a test asks for the columns' path.
     pub(super) fn awq_streams(&self, streams: &mut Vec<u8>) -> bool {
         #[cfg(test)]
         if super::direct::COLUMNS_ONLY.with(std::cell::Cell::get) {
@@ -22,9 +23,9 @@ impl Decode<'_> {
             return false;
         }
         let inputs = self.layout.inputs as usize;
-        let stride = stream_stride(inputs);
+        let stride = column_stride(inputs);
         resize_exact(streams, self.band_words * stride, 0);
-        let shape = (self.band_words, self.band_words, inputs);
+        let shape = (self.band_words, inputs);
         transpose_into_columns(self.packed, shape, (streams, stride));
         true
     }
@@ -43,7 +44,7 @@ impl Decode<'_> {
         let (tables, _) = self.table.as_chunks::<SIZE>().0.as_chunks::<16>();
         let column_at = self.column_at();
         let row_bytes = inputs * SIZE;
-        let stride = stream_stride(inputs);
+        let stride = column_stride(inputs);
         for j in first / 8..(first + count) / 8 {
             let words = streams[j * stride..j * stride + inputs * 4]
                 .as_chunks::<4>()
@@ -54,11 +55,4 @@ impl Decode<'_> {
             awq_word_rows::<SIZE>(words, (tables, groups, group), column_at, rows);
         }
     }
-}
-
-/// Bytes from one of [`Decode::awq_streams`]' runs to the next: a cache line past the
-/// run, so the sixteen runs a tile of the transposition stores into are not all a
-/// multiple of 4 KiB apart (the same cache sets: the stores stalled).
-fn stream_stride(inputs: usize) -> usize {
-    inputs * 4 + 64
 }

@@ -233,8 +233,7 @@ fn packed_rows_transpose_into_columns() {
                 .collect();
             let stride = count * 4 + 64;
             let mut columns = vec![0u8; row_words * stride];
-            let shape = (row_words, row_words, count);
-            kernels::transpose_into_columns(&words, shape, (&mut columns, stride));
+            kernels::transpose_into_columns(&words, (row_words, count), (&mut columns, stride));
             for c in 0..row_words {
                 for t in 0..count {
                     let got = &columns[c * stride + t * 4..c * stride + t * 4 + 4];
