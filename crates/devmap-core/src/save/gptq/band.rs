@@ -65,8 +65,7 @@ pub(super) struct Shared {
     pub(super) from_words: bool,
 }
 
-/// A read band's zero points and scales, unpacked and widened (read apart from its
-/// packed words: AWQ's threads read these while they read those).
+/// A read band's zero points and scales, unpacked and widened (`read.rs`).
 #[derive(Default)]
 pub(super) struct Params {
     /// Zero points, `[groups, band]`, unpacked.

@@ -5,8 +5,9 @@
 //! and a page look-up: 0.9 µs at 512 bytes, 1.3 at 4 KiB here). Two threads each with
 //! a band of their own read half as long as one band of both their memory would. So
 //! the threads read one band together (each a share of its packed rows), then make
-//! its sub-bands together (each a share of them), band after band: twice the read
-//! length in the same memory, and the memory no longer grows with the threads.
+//! its sub-bands together (taking them in turn, each handing its rows to whichever
+//! thread is writing: `save::hand_off`), band after band: twice the read length in the
+//! same memory, and the memory no longer grows with the threads.
 
 use std::fs::File;
 use std::ops::Range;
@@ -173,8 +174,8 @@ fn write_awq_with(
             return Err(CopyError::Cancelled);
         }
         let cols = r0..(r0 + read_step).min(layout.outputs);
-        // (Read by one thread before the rows: read by the first beside its share of
-        // the rows, they made the save slower, 0.52 s against 0.49.)
+        // The zero points and scales, by this thread before the rows (read by one
+        // thread beside its share of the rows, they made the save slower).
         shared.params.read(input, cols.clone())?;
         // Each thread reads its share of the packed rows.
         let pieces = shared
