@@ -13,6 +13,7 @@ use devmap::types::DType;
 
 pub mod hub_server;
 pub mod journey;
+pub mod zygote;
 
 /// A tensor as read back from a saved checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,7 +328,14 @@ pub fn python_with(module: &str) -> Result<PathBuf, String> {
 
 /// A Python with torch, transformers and accelerate: `DEVMAP_HF_PYTHON`, the venv
 /// `.ci/run` makes (`~/.cache/devmap/venv-hf`), the repo's `.venv-hf`, or `python3`.
+/// Found once a test binary: the check imports torch and transformers (about 4 s of a
+/// core), and the real-library tests ask for it some fifty times.
 pub fn hf_python() -> Result<PathBuf, String> {
+    static FOUND: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    FOUND.get_or_init(find_hf_python).clone()
+}
+
+fn find_hf_python() -> Result<PathBuf, String> {
     let candidates: Vec<PathBuf> = std::env::var_os("DEVMAP_HF_PYTHON")
         .map(PathBuf::from)
         .into_iter()
@@ -369,20 +377,9 @@ pub fn run_hf_script_with(
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/python")
         .join(script);
-    let o = Command::new(py)
-        .arg(path)
-        .arg(env!("CARGO_BIN_EXE_devmap"))
-        .env("HF_HUB_OFFLINE", "1")
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .expect("python");
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    eprintln!("{out}");
-    (
-        o.status.success(),
-        out,
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let ran = zygote::run_script(&py, &path, &[env!("CARGO_BIN_EXE_devmap").into()], env);
+    eprintln!("{}", ran.stdout);
+    (ran.ok, ran.stdout, ran.stderr)
 }
 
 /// [`run_hf_script`] with the devmap Python package importable (built here, or the

@@ -20,7 +20,8 @@ import subprocess
 import sys
 
 if os.environ.get("MALLOC_ARENA_MAX") != "1":
-    # One arena, so mallinfo2 sees every allocation: set before the interpreter starts.
+    # One arena, so mallinfo2 sees every allocation: set before the interpreter starts
+    # (tests/real/transformers_plan.rs sets it, so the script starts in a fresh one).
     os.environ["MALLOC_ARENA_MAX"] = "1"
     os.execv(sys.executable, [sys.executable, *sys.argv])
 

@@ -121,7 +121,9 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
     // band that ends in half a block of GPTQ's rows. Groups of 8 values are
     // computed value by value, groups of 32 through the table. 24 inputs: AWQ's last
     // eight input rows transposed on their own (16 at a time before). 144 inputs: GPTQ's
-    // transposition takes whole tiles of 16 packed rows and the rows after them.
+    // transposition takes whole tiles of 16 packed rows and the rows after them. AWQ's
+    // packed rows of 1,024 outputs are read several whole at a time, of 2,048 a band's
+    // words at a time (`shared.rs`).
     let packings = [
         Packing::Gptq { v1: true },
         Packing::Gptq { v1: false },
@@ -135,6 +137,7 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
         (64, 1024),
         (64, 1000),
         (144, 1000),
+        (16, 2048),
     ];
     // GPTQ also with act order (desc_act: each input row's group from g_idx), and at 8
     // bits (four values a word: groups of 4 and 32 values, each computed).
