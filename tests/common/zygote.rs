@@ -47,7 +47,7 @@ fn zygote(python: &Path) -> Option<&'static Zygote> {
             }
             start(python)
                 .map_err(|why| {
-                    eprintln!("the script zygote did not start ({why}): fresh interpreters")
+                    eprintln!("the script zygote did not start ({why}): fresh interpreters");
                 })
                 .ok()
         })
@@ -156,13 +156,11 @@ fn run_forked(
         String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
     };
     let (stdout, mut stderr) = (read(&stdout), read(&stderr));
-    let ok = match answer.trim().strip_prefix("exit ") {
-        Some(code) => code == "0",
-        None => {
-            // The child died before it could answer (a signal): a failure, said so.
-            stderr.push_str("\n(the script's forked interpreter ended without an exit status)\n");
-            false
-        }
-    };
+    let status = answer.trim().strip_prefix("exit ");
+    if status.is_none() {
+        // The child died before it could answer (a signal): a failure, said so.
+        stderr.push_str("\n(the script's forked interpreter ended without an exit status)\n");
+    }
+    let ok = status == Some("0");
     Ok(Ran { ok, stdout, stderr })
 }

@@ -116,7 +116,7 @@ pub(super) fn read_awq_rows(
     } else {
         (1, 0)
     };
-    let read_bytes = if at_once > 1 {
+    let read_bytes = if whole {
         row_bytes as usize
     } else {
         band_words * 4
