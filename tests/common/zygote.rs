@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 
-/// A running zygote: where it listens, and the pipe whose closing ends it.
+/// A running zygote: where it listens (a folder it removes when it leaves), and the
+/// pipe whose closing ends it.
 struct Zygote {
     socket: PathBuf,
     _stdin: Mutex<ChildStdin>,
     _child: Mutex<Child>,
-    _dir: tempfile::TempDir,
 }
 
 /// What a script wrote and how it ended.
@@ -80,11 +80,12 @@ fn start(python: &Path) -> Result<Zygote, String> {
         let _ = child.kill();
         return Err(format!("it said {line:?}"));
     }
+    // The zygote removes the folder when it leaves: a static is never dropped.
+    let _ = dir.keep();
     Ok(Zygote {
         socket,
         _stdin: Mutex::new(stdin),
         _child: Mutex::new(child),
-        _dir: dir,
     })
 }
 

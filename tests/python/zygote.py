@@ -11,7 +11,7 @@ working folder and environment, and the files for its stdout and stderr. The chi
 runs the script as `python script args…` would (`__main__`, its folder first on
 `sys.path`, atexit handlers run) and answers `exit N` on the connection. The zygote
 stays single-threaded (no lock held by another thread at a fork), and leaves when its
-stdin closes: the test process has exited.
+stdin closes (the test process has exited), removing its socket and the socket's folder.
 
 Usage: python zygote.py SOCKET (prints `ready` once it listens)
 """
@@ -110,6 +110,15 @@ def main():
     selector.register(server, selectors.EVENT_READ, "server")
     selector.register(sys.stdin, selectors.EVENT_READ, "stdin")
     print("ready", flush=True)
+    try:
+        serve(server, selector)
+    finally:
+        # The folder is the zygote's to remove (the test process never drops it).
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
+
+
+def serve(server, selector):
     while True:
         for key, _ in selector.select():
             if key.data == "stdin":
@@ -124,9 +133,15 @@ def main():
             sys.stdout.flush()
             sys.stderr.flush()
             if os.fork() == 0:
-                selector.close()
-                server.close()
-                run_child(connection, request)
+                # The child never returns into the loop (nor into main's clean-up).
+                try:
+                    selector.close()
+                    server.close()
+                    run_child(connection, request)
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(1)
             connection.close()
 
 

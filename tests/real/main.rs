@@ -37,3 +37,4 @@ mod transformers_plan;
 mod verify;
 mod verify_expects;
 mod verl;
+mod zygote;
