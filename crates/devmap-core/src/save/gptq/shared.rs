@@ -106,29 +106,23 @@ pub(super) fn read_awq_rows(
     let band_words = (cols.end - cols.start).div_ceil(p) as usize;
     let sub = awq_sub_words(layout);
     let row_bytes = row_words * 4;
-    // Rows read at once, and where the band's words start in each.
+    // Rows read at once, the bytes read of each, where a read starts in its first
+    // packed row, and where the band's words start in each row read.
     let whole = row_bytes <= WHOLE_ROW_BYTES || band_words as u64 == row_words;
-    let (at_once, skip) = if whole {
-        (
-            (WHOLE_ROWS_READ / row_bytes).max(1) as usize,
-            first_word as usize * 4,
-        )
+    let (at_once, read_bytes, read_from, band_at) = if whole {
+        let at_once = (WHOLE_ROWS_READ / row_bytes).max(1) as usize;
+        (at_once, row_bytes as usize, 0, first_word as usize * 4)
     } else {
-        (1, 0)
-    };
-    let read_bytes = if whole {
-        row_bytes as usize
-    } else {
-        band_words * 4
+        (1, band_words * 4, first_word * 4, 0)
     };
     resize_exact(row, at_once * read_bytes, 0);
     for r0 in rows.clone().step_by(at_once) {
         let count = at_once.min(rows.end - r0);
         let read = &mut row[..count * read_bytes];
-        let at = input.qweight.1.offset + r0 as u64 * row_bytes + (first_word * 4 - skip as u64);
+        let at = input.qweight.1.offset + r0 as u64 * row_bytes + read_from;
         read_exact_at(input.qweight.0, read, at)?;
-        for (t, whole) in read.chunks_exact(read_bytes).enumerate() {
-            let words = &whole[skip..skip + band_words * 4];
+        for (t, row_read) in read.chunks_exact(read_bytes).enumerate() {
+            let words = &row_read[band_at..band_at + band_words * 4];
             let local = r0 + t - rows.start;
             for (words, piece) in words.chunks(sub * 4).zip(pieces.iter_mut()) {
                 let to = local * words.len();
