@@ -29,7 +29,7 @@ pub struct Ran {
     pub stderr: String,
 }
 
-/// The environment the zygote starts with, and every script gets.
+/// The environment the zygote starts with, and every script gets (forked or fresh).
 fn base_env() -> Vec<(OsString, OsString)> {
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
         .filter(|(k, _)| k != "HF_HUB_OFFLINE")
@@ -107,7 +107,8 @@ pub fn run_script(
     let o = Command::new(python)
         .arg(script)
         .args(args)
-        .env("HF_HUB_OFFLINE", "1")
+        .env_clear()
+        .envs(base_env())
         .envs(extra.iter().map(|(k, v)| (k, v)))
         .output()
         .expect("python");
