@@ -6,11 +6,12 @@
 # a global scale); FORMAT=modelopt: the same values in ModelOpt's layout (`M.weight`,
 # `weight_scale`, `weight_scale_2`); FORMAT=gptq / FORMAT=awq: GPTQ (v1, groups of 128, g_idx) and AWQ
 # GEMM 4-bit, stored transposed; FORMAT=gptq-act: GPTQ with desc_act (g_idx of a
-# random input order); FORMAT=gptq8: GPTQ at 8 bits (four values a word); FORMAT=int4-act: the int4 checkpoint in activation order
+# random input order); FORMAT=gptq8: GPTQ at 8 bits (four values a word); FORMAT=gptq8-act:
+# GPTQ at 8 bits with desc_act; FORMAT=int4-act: the int4 checkpoint in activation order
 # (`actorder: group`, a weight_g_idx of a random column order). The checkpoint: SIZE_MB of packed weights of
 # Llama-70B's MLP geometry (8,192 × 28,672 and back); the output is four times that in
 # bfloat16.
-# Usage: [RUNS=3] [FORMAT=int4|int4-act|nvfp4|modelopt|gptq|gptq8|gptq-act|awq] scripts/bench_packed_int.sh [SIZE_MB=256] [WORKDIR=target/bench]
+# Usage: [RUNS=3] [FORMAT=int4|int4-act|nvfp4|modelopt|gptq|gptq8|gptq-act|gptq8-act|awq] scripts/bench_packed_int.sh [SIZE_MB=256] [WORKDIR=target/bench]
 source "$(dirname "$0")/bench_lib.sh"
 SIZE_MB=${1:-256}
 WORK=${2:-target/bench}
@@ -36,11 +37,11 @@ tensors, total, i = {}, 0, 0
 while total < size_mb * 2**20:
     rows, cols = shapes[i % 2]
     name = f"model.layers.{i // 2}.mlp.{'up' if i % 2 == 0 else 'down'}_proj"
-    if fmt in ("gptq", "gptq8", "gptq-act", "awq"):
+    if fmt in ("gptq", "gptq8", "gptq-act", "gptq8-act", "awq"):
         # The weight [rows=out, cols=in] stored transposed: GPTQ packs down the input
         # rows ([in/8, out]; [in/4, out] at 8 bits), AWQ along the output columns
         # ([in, out/8]).
-        per = 4 if fmt == "gptq8" else 8
+        per = 4 if fmt.startswith("gptq8") else 8
         shape = (cols, rows // 8) if fmt == "awq" else (cols // per, rows)
         packed = rng.integers(-2**31, 2**31, size=shape, dtype=np.int64).astype(np.int32)
         groups = cols // 128
@@ -50,7 +51,7 @@ while total < size_mb * 2**20:
         tensors[name + ".scales"] = (torch.rand(groups, rows) * 0.01 + 0.001).to(torch.float16)
         if fmt in ("gptq", "gptq8"):
             tensors[name + ".g_idx"] = torch.arange(cols, dtype=torch.int32) // 128
-        if fmt == "gptq-act":
+        if fmt in ("gptq-act", "gptq8-act"):
             # desc_act: inputs quantized in a permuted order, each input's group its
             # place in that order // 128.
             order = torch.from_numpy(rng.permutation(cols))
@@ -89,8 +90,8 @@ if fmt == "nvfp4":
     quantization = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}
 if fmt == "modelopt":
     quantization = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
-if fmt in ("gptq", "gptq8", "gptq-act"):
-    quantization = {"quant_method": "gptq", "bits": 8 if fmt == "gptq8" else 4, "group_size": 128, "desc_act": fmt == "gptq-act",
+if fmt in ("gptq", "gptq8", "gptq-act", "gptq8-act"):
+    quantization = {"quant_method": "gptq", "bits": 8 if fmt.startswith("gptq8") else 4, "group_size": 128, "desc_act": fmt.endswith("-act"),
                     "sym": False, "checkpoint_format": "gptq"}
 if fmt == "awq":
     quantization = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
