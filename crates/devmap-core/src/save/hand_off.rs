@@ -38,8 +38,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl<'f> HandOff<'f> {
-    /// Writes into `dst`, with `spares` to take in place of queued buffers (one a
-    /// thread lets each thread make a block while another writes).
+    /// Writes into `dst`, with `spares` to take in place of queued buffers: how many
+    /// blocks the threads that make rows may run ahead of the one writing (one a thread
+    /// lets each make a block while another writes; GPTQ's and AWQ's callers bring six
+    /// a thread, as a sub-band starts with rows-free work: `gptq::shared`).
     pub(crate) fn new(dst: &'f File, spares: Vec<Vec<u8>>) -> Self {
         HandOff {
             dst,

@@ -126,14 +126,26 @@ pub(crate) fn widen_scales(
     wide: &mut Vec<u8>,
     scales: &mut Vec<f32>,
 ) -> Option<usize> {
+    scales.clear();
+    widen_scales_onto(dtype, bytes, wide, scales)
+}
+
+/// [`widen_scales`] appending to `scales`; the index among those appended of the first
+/// that is not finite, if one is not.
+pub(crate) fn widen_scales_onto(
+    dtype: DType,
+    bytes: &[u8],
+    wide: &mut Vec<u8>,
+    scales: &mut Vec<f32>,
+) -> Option<usize> {
     resize_exact(wide, bytes.len() / dtype.size() as usize * 4, 0);
     super::cast::cast(dtype, DType::F32, bytes, wide);
-    scales.clear();
+    let from = scales.len();
     scales.extend(
         wide.chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
     );
-    scales.iter().position(|s| !s.is_finite())
+    scales[from..].iter().position(|s| !s.is_finite())
 }
 
 /// Bit `at` of a little-endian run of I32 words, `bits` wide: the value there.

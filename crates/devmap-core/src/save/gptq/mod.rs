@@ -33,10 +33,12 @@ mod tests;
 
 use std::fs::File;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use band::{Band, Groups};
 
 use super::copy::{CopyError, Stop, invalid_data as invalid, read_exact_at};
+use super::hand_off::HandOff;
 use crate::types::DType;
 use crate::types::range::ByteRange;
 
@@ -326,8 +328,9 @@ pub fn stream(
     stream_rows(input, &groups, 0..input.layout.outputs, to, cancel, sink)
 }
 
-/// [`stream`] with the bands split among `threads` threads, each writing its rows at
-/// their place in `dst` from `dst_offset` on. Returns the bytes written.
+/// [`stream`] on `threads` threads, each taking the next read band (AWQ's threads
+/// share each band instead: `shared.rs`) and handing its rows to whichever thread is
+/// writing, to their place in `dst` from `dst_offset` on. Returns the bytes written.
 pub fn write_in_parallel(
     input: &TransposedInt<'_>,
     to: DType,
@@ -342,18 +345,37 @@ pub fn write_in_parallel(
         shared::write_awq(input, &groups, to, (dst, dst_offset), threads, cancel)?;
         return Ok(layout.elements() * to.size());
     }
+    // Each thread reads a band of its own, the next one not taken, and hands its rows
+    // to whichever thread is writing (`save::hand_off`): one thread's band is read
+    // while the other's rows are written, and no thread spins on the file's lock.
     let unit = read_rows(layout);
     let units = layout.outputs.div_ceil(unit);
-    super::copy::write_parts_in_parallel(
-        units,
-        unit * layout.inputs * to.size(),
-        threads,
-        (dst, dst_offset),
-        &|range, sink| {
-            let rows = range.start * unit..(range.end * unit).min(layout.outputs);
-            stream_rows(input, &groups, rows, to, cancel, sink)
-        },
-    )?;
+    let threads = threads.clamp(1, units.max(1)) as usize;
+    let row_bytes = layout.inputs * to.size();
+    let next = AtomicU64::new(0);
+    let hand_off = HandOff::new(dst, vec![Vec::new(); threads * shared::SPARES_A_THREAD]);
+    let made = super::copy::join_all((0..threads).map(|_| {
+        let (groups, hand_off, next) = (&groups, &hand_off, &next);
+        move || {
+            super::compute::permits().run(|| {
+                super::compute::with_scratch(|band: &mut Band| {
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        if k >= units {
+                            return Ok(());
+                        }
+                        let rows = k * unit..((k + 1) * unit).min(layout.outputs);
+                        let write = &mut |at: u64, made: band::Made<'_>| {
+                            hand_off.hand(dst_offset + at * row_bytes, made.buffer, made.range)
+                        };
+                        stream_rows_into(band, input, groups, rows, to, cancel, write)?;
+                    }
+                })
+            })?;
+            hand_off.flush().map_err(CopyError::Io)
+        }
+    }));
+    made?;
     Ok(layout.elements() * to.size())
 }
 
@@ -365,19 +387,24 @@ fn stream_rows(
     cancel: &dyn Stop,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), CopyError> {
-    // The band's buffers (a read band of up to 14 MiB) are kept for the next part.
+    // The band's buffers (a read band of up to 14 MiB) are kept for the next weight.
     super::compute::with_scratch(|band: &mut Band| {
-        stream_rows_into(band, input, groups, rows, to, (cancel, sink))
+        stream_rows_into(band, input, groups, rows, to, cancel, &mut |_, mut made| {
+            sink(made.rows())
+        })
     })
 }
 
+/// Output rows `rows`, a read band at a time in `band`, each sub-band's rows handed to
+/// `write` (the first row's index, and the rows made).
 fn stream_rows_into(
     band: &mut Band,
     input: &TransposedInt<'_>,
     groups: &Groups,
     rows: std::ops::Range<u64>,
     to: DType,
-    (cancel, sink): (&dyn Stop, &mut super::copy::Sink<'_>),
+    cancel: &dyn Stop,
+    write: &mut dyn FnMut(u64, band::Made<'_>) -> io::Result<()>,
 ) -> Result<(), CopyError> {
     let read_step = read_rows(input.layout);
     band.shared.from_words = direct::rows_from_words(input.layout, groups, to);
@@ -393,7 +420,7 @@ fn stream_rows_into(
             (r0, r0..r1),
             to,
             cancel,
-            &mut |_, mut made| sink(made.rows()),
+            &mut *write,
         )?;
         r0 = r1;
     }

@@ -130,29 +130,30 @@ impl Params {
                 }
             }
         }
-        // Scales, checked finite.
+        // Scales, checked finite, a group's at a time: the stored bytes and their
+        // float32 bytes are a group row long (a read band's whole were 2.6 MiB of an
+        // AWQ save's peak, room its hand-off's spare buffers now take: `shared.rs`).
         let size = layout.scale_dtype.size();
-        resize_exact(
-            &mut self.scale_bytes,
-            (layout.groups * n * size) as usize,
-            0,
-        );
+        self.scales.clear();
+        self.scales.reserve_exact((layout.groups * n) as usize);
+        resize_exact(&mut self.scale_bytes, (n * size) as usize, 0);
         for g in 0..layout.groups {
             let at = input.scales.1.offset + (g * layout.outputs + cols.start) * size;
-            let dst = &mut self.scale_bytes[(g * n * size) as usize..((g + 1) * n * size) as usize];
-            read_exact_at(input.scales.0, dst, at)?;
-        }
-        if let Some(bad) = crate::save::packed_int::widen_scales(
-            layout.scale_dtype,
-            &self.scale_bytes,
-            &mut self.wide,
-            &mut self.scales,
-        ) {
-            let (g, o) = (bad as u64 / n, cols.start + bad as u64 % n);
-            return Err(invalid(format!(
-                "the scales of `{}` hold {} at [{g}, {o}]: the weight cannot be dequantized",
-                input.name, self.scales[bad]
-            )));
+            read_exact_at(input.scales.0, &mut self.scale_bytes, at)?;
+            let from = self.scales.len();
+            if let Some(bad) = crate::save::packed_int::widen_scales_onto(
+                layout.scale_dtype,
+                &self.scale_bytes,
+                &mut self.wide,
+                &mut self.scales,
+            ) {
+                let o = cols.start + bad as u64;
+                return Err(invalid(format!(
+                    "the scales of `{}` hold {} at [{g}, {o}]: the weight cannot be dequantized",
+                    input.name,
+                    self.scales[from + bad]
+                )));
+            }
         }
         Ok(())
     }

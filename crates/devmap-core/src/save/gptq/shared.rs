@@ -22,6 +22,16 @@ use crate::types::DType;
 /// Bands a shared read band holds the memory of (each a thread's `READ_BYTES`).
 const SHARED_BANDS: u64 = 2;
 
+/// Spare output buffers a thread brings to the hand-off (each a block of at most
+/// `OUTPUT_BYTES`): how far a thread that makes rows can run ahead of the one that
+/// writes them. A sub-band starts with its transposition and table, no rows made; with
+/// one spare a thread, the writer then often had nothing queued, and a thread with a
+/// block ready often waited for the writer (16 ms of a band's 31 ms make, the two
+/// threads together). Six a thread took an AWQ save's make phases from 340–359 ms to
+/// 273–303 (AMD EPYC VM, instrumented side by side), for 5 MiB, which reading the
+/// scales a group row at a time gave back (`read.rs`).
+pub(super) const SPARES_A_THREAD: usize = if cfg!(test) { 2 } else { 6 };
+
 /// A read band's AWQ words laid out for its sub-bands: region `k` (every `region`
 /// bytes) holds sub-band `k`'s words of each packed row, `widths[k]` bytes a row.
 pub(super) struct Regions<'a> {
@@ -162,7 +172,7 @@ pub(super) fn write_awq(
 }
 
 /// A shared read band, its threads' buffers and the spare output buffers of their
-/// hand-offs (one a thread), kept between weights.
+/// hand-offs ([`SPARES_A_THREAD`] a thread), kept between weights.
 #[derive(Default)]
 struct SharedBand {
     shared: Shared,
@@ -190,7 +200,7 @@ fn write_awq_with(
         spares,
     } = kept;
     works.resize_with(threads, Work::default);
-    spares.resize_with(threads, Vec::new);
+    spares.resize_with(threads * SPARES_A_THREAD, Vec::new);
     let rows = layout.inputs as usize;
     let per = rows.div_ceil(threads);
     let parts: Vec<Range<usize>> = (0..threads)

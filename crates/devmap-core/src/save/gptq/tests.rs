@@ -224,6 +224,65 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
     assert_eq!((word.wrapping_add(0x1111_1111) >> 4) & 0xF, 0);
 }
 
+/// A scale that is not finite is refused naming its group and output column, wherever
+/// the column falls among the read bands (the scales are widened a group row at a
+/// time), alone and from threads; nothing is handed on from a read band holding it.
+#[test]
+fn a_scale_that_is_not_finite_is_named_by_group_and_column() {
+    for packing in [Packing::Gptq { v1: true }, Packing::Awq] {
+        for (column, bits) in [(5usize, 0x7E00u16), (700, 0x7C00), (1023, 0xFC00)] {
+            let (inputs, outputs) = (64, 1024);
+            let (qweight, qzeros, mut scales, _) = case(packing, 4, (inputs, outputs), false);
+            let at = (outputs + column) * 2;
+            scales[at..at + 2].copy_from_slice(&bits.to_le_bytes());
+            let (w, wr) = file_of(&qweight);
+            let (z, zr) = file_of(&qzeros);
+            let (s, sr) = file_of(&scales);
+            let input = TransposedInt {
+                name: "m.qweight",
+                qweight: (w.as_file(), wr),
+                qzeros: (z.as_file(), zr),
+                scales: (s.as_file(), sr),
+                g_idx: None,
+                layout: TransposedIntLayout {
+                    inputs: inputs as u64,
+                    outputs: outputs as u64,
+                    bits: 4,
+                    groups: groups_of(inputs) as u64,
+                    group_size: (inputs / groups_of(inputs)) as u64,
+                    packing,
+                    scale_dtype: DType::F16,
+                },
+                merge: None,
+            };
+            let value = half::f16::from_bits(bits).to_f32();
+            let want = format!("hold {value} at [1, {column}]");
+            let mut rows = 0;
+            let err = stream(&input, DType::BF16, &NeverStop, &mut |b| {
+                rows += b.len() / (inputs * 2);
+                Ok(())
+            })
+            .err()
+            .map(|e| format!("{e:?}"))
+            .unwrap_or_default();
+            assert!(err.contains(&want), "{packing:?} column {column}: {err}");
+            assert!(
+                rows <= column,
+                "{packing:?}: {rows} rows handed on before column {column}'s band was refused"
+            );
+            let dst = tempfile::tempfile().expect("tmp");
+            let err = write_in_parallel(&input, DType::BF16, (&dst, 0), 3, &NeverStop)
+                .err()
+                .map(|e| format!("{e:?}"))
+                .unwrap_or_default();
+            assert!(
+                err.contains(&want),
+                "{packing:?} column {column}, threads: {err}"
+            );
+        }
+    }
+}
+
 /// Packed rows transposed into the band's columns move each word to its column, whole
 /// tiles of 16 rows by 16 columns (a register transposition on AVX-512) and the rows
 /// and columns past them alike.
