@@ -108,24 +108,61 @@ fn transpose_rounds() -> [(__m512i, __m512i); 4] {
     [indices(8), indices(4), indices(2), indices(1)]
 }
 
+/// One two-source permute pair of [`transpose!`]: vectors `$a` and `$b` of `$m` become
+/// the permutes `$low` and `$high` of the two.
+macro_rules! permute_pair {
+    ($m:expr, $a:literal, $b:literal, $low:expr, $high:expr) => {{
+        let (x, y) = ($m[$a], $m[$b]);
+        $m[$a] = _mm512_permutex2var_epi32(x, $low, y);
+        $m[$b] = _mm512_permutex2var_epi32(x, $high, y);
+    }};
+}
+
 /// 16 vectors of 16 `u32`s (`$m`, an array) transposed in place (vector `k` becomes
 /// what was element `k` of each), with [`transpose_rounds`]' permutes (`$rounds`): four
 /// rounds of two-source permutes; in each pair of vectors `a` and `a + d` (bit `d` of
 /// `a` clear), `a`'s elements with bit `d` of their index set trade places with
 /// `a + d`'s without. A macro, so it is inlined into the kernel that calls it (a
 /// function with AVX-512 enabled cannot be marked always-inline, and one call a tile
-/// of the 16 vectors through memory cost a tenth of the run).
+/// of the 16 vectors through memory cost a tenth of the run); and the 32 pairs written
+/// out with constant indices, so `$m` lives in registers (as loops over the rounds
+/// and pairs, the compiler kept the array on the stack: a load and a store a permute).
 macro_rules! transpose {
-    ($m:expr, $rounds:expr) => {
-        for (round, &(low, high)) in $rounds.iter().enumerate() {
-            let d = 8 >> round;
-            for a in (0..16).filter(|a| a & d == 0) {
-                let (x, y) = ($m[a], $m[a + d]);
-                $m[a] = _mm512_permutex2var_epi32(x, low, y);
-                $m[a + d] = _mm512_permutex2var_epi32(x, high, y);
-            }
-        }
-    };
+    ($m:expr, $rounds:expr) => {{
+        let [(l8, h8), (l4, h4), (l2, h2), (l1, h1)] = $rounds;
+        permute_pair!($m, 0, 8, l8, h8);
+        permute_pair!($m, 1, 9, l8, h8);
+        permute_pair!($m, 2, 10, l8, h8);
+        permute_pair!($m, 3, 11, l8, h8);
+        permute_pair!($m, 4, 12, l8, h8);
+        permute_pair!($m, 5, 13, l8, h8);
+        permute_pair!($m, 6, 14, l8, h8);
+        permute_pair!($m, 7, 15, l8, h8);
+        permute_pair!($m, 0, 4, l4, h4);
+        permute_pair!($m, 1, 5, l4, h4);
+        permute_pair!($m, 2, 6, l4, h4);
+        permute_pair!($m, 3, 7, l4, h4);
+        permute_pair!($m, 8, 12, l4, h4);
+        permute_pair!($m, 9, 13, l4, h4);
+        permute_pair!($m, 10, 14, l4, h4);
+        permute_pair!($m, 11, 15, l4, h4);
+        permute_pair!($m, 0, 2, l2, h2);
+        permute_pair!($m, 1, 3, l2, h2);
+        permute_pair!($m, 4, 6, l2, h2);
+        permute_pair!($m, 5, 7, l2, h2);
+        permute_pair!($m, 8, 10, l2, h2);
+        permute_pair!($m, 9, 11, l2, h2);
+        permute_pair!($m, 12, 14, l2, h2);
+        permute_pair!($m, 13, 15, l2, h2);
+        permute_pair!($m, 0, 1, l1, h1);
+        permute_pair!($m, 2, 3, l1, h1);
+        permute_pair!($m, 4, 5, l1, h1);
+        permute_pair!($m, 6, 7, l1, h1);
+        permute_pair!($m, 8, 9, l1, h1);
+        permute_pair!($m, 10, 11, l1, h1);
+        permute_pair!($m, 12, 13, l1, h1);
+        permute_pair!($m, 14, 15, l1, h1);
+    }};
 }
 
 /// Rows of words (`rows`: row `t` at `rows[t · row_words..]`, `rows.len() / row_words`
