@@ -368,7 +368,12 @@ pub fn write_in_parallel(
                         let write = &mut |at: u64, made: band::Made<'_>| {
                             hand_off.hand(dst_offset + at * row_bytes, made.buffer, made.range)
                         };
-                        stream_rows_into(band, input, groups, rows, to, cancel, write)?;
+                        let made = stream_rows_into(band, input, groups, rows, to, cancel, write);
+                        if made.is_err() {
+                            // The save fails: the other threads take no further band.
+                            next.store(units, Ordering::Relaxed);
+                            return made;
+                        }
                     }
                 })
             })?;
