@@ -11,7 +11,7 @@ impl Stop for NeverStop {
     }
 }
 
-fn file_of(words: &[u8]) -> (tempfile::NamedTempFile, ByteRange) {
+fn file_of(words: &[u8]) -> Stored {
     let mut f = tempfile::NamedTempFile::new().expect("tmp");
     f.write_all(words).expect("write");
     let range = ByteRange {
@@ -20,6 +20,36 @@ fn file_of(words: &[u8]) -> (tempfile::NamedTempFile, ByteRange) {
         len: words.len() as u64,
     };
     (f, range)
+}
+
+/// A stored file and the range its bytes take.
+type Stored = (tempfile::NamedTempFile, ByteRange);
+
+/// The weight a [`case`] of this geometry stored, read from its files (its words, zero
+/// points and scales; act order's `g_idx`), the scales float16, in `groups_of` groups.
+fn weight<'a>(
+    [w, z, s]: &'a [Stored; 3],
+    g_idx: Option<&'a Stored>,
+    (packing, bits): (Packing, u32),
+    (inputs, outputs): (usize, usize),
+) -> TransposedInt<'a> {
+    TransposedInt {
+        name: "m.qweight",
+        qweight: (w.0.as_file(), w.1),
+        qzeros: (z.0.as_file(), z.1),
+        scales: (s.0.as_file(), s.1),
+        g_idx: g_idx.map(|g| (g.0.as_file(), g.1)),
+        layout: TransposedIntLayout {
+            inputs: inputs as u64,
+            outputs: outputs as u64,
+            bits: bits as u8,
+            groups: groups_of(inputs) as u64,
+            group_size: (inputs / groups_of(inputs)) as u64,
+            packing,
+            scale_dtype: DType::F16,
+        },
+        merge: None,
+    }
 }
 
 fn le(words: &[u32]) -> Vec<u8> {
@@ -152,30 +182,13 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
     for ((packing, bits, (inputs, outputs), act), columns_only) in cases {
         direct::COLUMNS_ONLY.set(columns_only);
         let (qweight, qzeros, scales, expected) = case(packing, bits, (inputs, outputs), act);
-        let (w, wr) = file_of(&qweight);
-        let (z, zr) = file_of(&qzeros);
-        let (s, sr) = file_of(&scales);
+        let files = [&qweight, &qzeros, &scales].map(|bytes| file_of(bytes));
         let g_idx: Vec<u8> = (0..inputs)
             .flat_map(|i| (group_of(i, inputs, act) as i32).to_le_bytes())
             .collect();
-        let (g, gr) = file_of(&g_idx);
-        let input = TransposedInt {
-            name: "m.qweight",
-            qweight: (w.as_file(), wr),
-            qzeros: (z.as_file(), zr),
-            scales: (s.as_file(), sr),
-            g_idx: act.then(|| (g.as_file(), gr)),
-            layout: TransposedIntLayout {
-                inputs: inputs as u64,
-                outputs: outputs as u64,
-                bits: bits as u8,
-                groups: groups_of(inputs) as u64,
-                group_size: (inputs / groups_of(inputs)) as u64,
-                packing,
-                scale_dtype: DType::F16,
-            },
-            merge: None,
-        };
+        let g_idx = file_of(&g_idx);
+        let g_idx = act.then_some(&g_idx);
+        let input = weight(&files, g_idx, (packing, bits), (inputs, outputs));
         let mut out = Vec::new();
         stream(&input, DType::F32, &NeverStop, &mut |b| {
             out.extend_from_slice(b);
@@ -235,26 +248,8 @@ fn a_scale_that_is_not_finite_is_named_by_group_and_column() {
             let (qweight, qzeros, mut scales, _) = case(packing, 4, (inputs, outputs), false);
             let at = (outputs + column) * 2;
             scales[at..at + 2].copy_from_slice(&bits.to_le_bytes());
-            let (w, wr) = file_of(&qweight);
-            let (z, zr) = file_of(&qzeros);
-            let (s, sr) = file_of(&scales);
-            let input = TransposedInt {
-                name: "m.qweight",
-                qweight: (w.as_file(), wr),
-                qzeros: (z.as_file(), zr),
-                scales: (s.as_file(), sr),
-                g_idx: None,
-                layout: TransposedIntLayout {
-                    inputs: inputs as u64,
-                    outputs: outputs as u64,
-                    bits: 4,
-                    groups: groups_of(inputs) as u64,
-                    group_size: (inputs / groups_of(inputs)) as u64,
-                    packing,
-                    scale_dtype: DType::F16,
-                },
-                merge: None,
-            };
+            let files = [&qweight, &qzeros, &scales].map(|bytes| file_of(bytes));
+            let input = weight(&files, None, (packing, 4), (inputs, outputs));
             let value = half::f16::from_bits(bits).to_f32();
             let want = format!("hold {value} at [1, {column}]");
             let mut rows = 0;
