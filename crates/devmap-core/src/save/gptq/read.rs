@@ -132,7 +132,8 @@ impl Params {
         }
         // Scales, checked finite, a group's at a time: the stored bytes and their
         // float32 bytes are a group row long (a read band's whole were 2.6 MiB of an
-        // AWQ save's peak, room its hand-off's spare buffers now take: `shared.rs`).
+        // AWQ save's peak, half the room its hand-off's spare buffers now take:
+        // `shared.rs`).
         let size = layout.scale_dtype.size();
         self.scales.clear();
         self.scales.reserve_exact((layout.groups * n) as usize);

@@ -28,8 +28,9 @@ const SHARED_BANDS: u64 = 2;
 /// one spare a thread, the writer then often had nothing queued, and a thread with a
 /// block ready often waited for the writer (16 ms of a band's 31 ms make, the two
 /// threads together). Six a thread took an AWQ save's make phases from 340–359 ms to
-/// 273–303 (AMD EPYC VM, instrumented side by side), for 5 MiB, which reading the
-/// scales a group row at a time gave back (`read.rs`).
+/// 273–303 (AMD EPYC VM, instrumented side by side), for 5 MiB, of which reading the
+/// scales a group row at a time gave back 2.6 (`read.rs`): the AWQ bench's peak went
+/// from 55 to 56–60 MiB.
 pub(super) const SPARES_A_THREAD: usize = if cfg!(test) { 2 } else { 6 };
 
 /// A read band's AWQ words laid out for its sub-bands: region `k` (every `region`
