@@ -95,6 +95,9 @@ pub(super) struct Work {
     /// stride (kept between sub-bands rather than allocated for each).
     columns: Vec<u8>,
     output: Vec<u8>,
+    /// GPTQ's rows made from its words: the zero points and scales of sixteen output
+    /// rows, `[groups, 16]` ([`super::direct`]).
+    block_params: super::direct::BlockParams,
 }
 
 impl Work {
@@ -196,15 +199,16 @@ impl Work {
         let rows = (n, inputs * size, cols.start);
         if read.from_words {
             let step = rows_a_block.next_multiple_of(BLOCK_ROWS);
+            let params = &mut self.block_params;
             return in_blocks(
                 &mut self.output,
                 (rows, step),
                 emit,
                 &mut |block, output| {
                     if size == 2 {
-                        band.rows_from_words::<2>(to, block, output);
+                        band.rows_from_words::<2>(to, block, params, output);
                     } else {
-                        band.rows_from_words::<4>(to, block, output);
+                        band.rows_from_words::<4>(to, block, params, output);
                     }
                 },
             );

@@ -55,7 +55,10 @@ thread_local! {
 
 /// Whether a weight's rows are made from its words as read: GPTQ at 8 bits or at 4 in
 /// act order (4 bits in order look a group's 16 outputs up faster), the dtypes the
-/// kernel rounds to, on a CPU that runs it.
+/// kernel rounds to, on a CPU that runs it. (8 bits in order took the band's columns
+/// until this path gathered each block's zero points and scales: transposing the words
+/// into the columns and computing each value from there cost 1,800 samples of a save
+/// where dealing the words and this kernel cost 1,400; Xeon VM.)
 pub(super) fn rows_from_words(layout: TransposedIntLayout, groups: &Groups, to: DType) -> bool {
     #[cfg(test)]
     if COLUMNS_ONLY.with(std::cell::Cell::get) {
@@ -64,21 +67,49 @@ pub(super) fn rows_from_words(layout: TransposedIntLayout, groups: &Groups, to: 
     let float = |d: DType| matches!(d, DType::F16 | DType::BF16 | DType::F32);
     matches!(layout.packing, Packing::Gptq { .. })
         && matches!(layout.bits, 4 | 8)
-        && !groups.in_order
+        && (layout.bits == 8 || !groups.in_order)
         && float(layout.scale_dtype)
         && float(to)
         && words_to_rows_in_vectors()
 }
 
+/// The zero points and scales of sixteen output rows, `[groups, 16]`: what the vector
+/// kernel loads for each input, by its group. In the read band's `[groups, read_n]` a
+/// group's are `read_n` apart, 2 KiB for a band of 512 rows: every group's fell in the
+/// same two sets of the first-level cache, so in act order, where each input has a
+/// group of its own, nearly every load missed it.
+#[derive(Default)]
+pub(super) struct BlockParams {
+    zeros: Vec<i32>,
+    scales: Vec<f32>,
+}
+
+impl BlockParams {
+    /// Columns `col..col + LANES` of every group of `zeros` and `scales` (`[groups,
+    /// read_n]`).
+    fn gather(&mut self, (zeros, scales, read_n): (&[i32], &[f32], usize), col: usize) {
+        let groups = zeros.len() / read_n.max(1);
+        self.zeros.clear();
+        self.scales.clear();
+        for g in 0..groups {
+            let at = g * read_n + col;
+            self.zeros.extend_from_slice(&zeros[at..at + LANES]);
+            self.scales.extend_from_slice(&scales[at..at + LANES]);
+        }
+    }
+}
+
 impl Decode<'_> {
     /// Output rows `first..first + count` of the sub-band from the read band's packed
     /// rows as read, into `output` (`count` rows of `SIZE`-byte elements of `to`): whole
-    /// sixteens of rows 32 inputs at a time by the vector kernel, the rest value by value
-    /// (the same arithmetic: [`output_bits`] of each product).
+    /// sixteens of rows 32 inputs at a time by the vector kernel (their zero points and
+    /// scales gathered into `block` first), the rest value by value (the same
+    /// arithmetic: [`output_bits`] of each product).
     pub(super) fn rows_from_words<const SIZE: usize>(
         &self,
         to: DType,
         (first, count): (usize, usize),
+        block_params: &mut BlockParams,
         output: &mut [u8],
     ) {
         let layout = self.layout;
@@ -99,10 +130,12 @@ impl Decode<'_> {
             // The block's first column in the read band (and among its parameters).
             let col = self.skip + block;
             let done = if width == LANES && col.is_multiple_of(LANES) {
+                block_params.gather((zeros, scales, read_n), col);
+                let params = (&block_params.zeros[..], &block_params.scales[..], LANES, 0);
                 words_to_rows::<SIZE>(
                     (&self.packed[col / LANES * region..], LANES, 0),
                     (bits, of),
-                    (zeros, scales, read_n, col),
+                    params,
                     (sd, to),
                     out,
                 )
