@@ -176,8 +176,8 @@ fn gptq_and_awq_words_unpack_to_the_weight_transposed() {
         .flat_map(|p| [(p, 4, false), (p, 4, true), (p, 8, false), (p, 8, true)])
         .filter(|&(p, bits, act)| p != Packing::Awq || (bits, act) == (4, false))
         .flat_map(|(p, bits, act)| sizes.map(|size| (p, bits, size, act)));
-    // Each case twice on a CPU with the vector kernel: 4 and 8-bit act order made from
-    // the words as read (`direct`), then through the band's columns.
+    // Each case twice on a CPU with the vector kernel: 8-bit, and 4-bit act order, made
+    // from the words as read (`direct`), then through the band's columns.
     let cases = cases.flat_map(|case| [(case, false), (case, true)]);
     for ((packing, bits, (inputs, outputs), act), columns_only) in cases {
         direct::COLUMNS_ONLY.set(columns_only);
