@@ -22,19 +22,23 @@ pub(super) fn blocks_bytes(rows: usize, words: usize) -> usize {
     words.div_ceil(LANES) * rows * LANES * 4
 }
 
-/// Packed rows read before their words are dealt to the blocks.
+/// Packed rows read before their words are dealt to the blocks, and the bytes they
+/// may take at most (a band of few packed rows has long ones: sixteen would be most of
+/// the band again; in unit tests a few hundred bytes, so both counts are met).
 const TILE_ROWS: usize = 16;
+const TILE_BYTES: usize = if cfg!(test) { 512 } else { 256 << 10 };
 
 /// Reads `words` columns of each of `rows` packed rows (row `r`'s at byte `at(r)` of
-/// `src`, one read each, sixteen rows into `row`) into `packed` in blocks of sixteen
-/// columns: block `b`'s words of every packed row in a run, 64 bytes a row (fewer words
-/// in a last, partial block), so the kernel reads each block's rows in order, not 64
-/// bytes of every packed row of a read band too large for the cache. Sixteen rows are
-/// read, then dealt, a block's 1 KiB at a time: dealt after each read, an 8-bit save
-/// spent 150 samples in the next read's first step (`fdget`) and 13 so, 6% less CPU
-/// in all (Xeon VM; a read that follows stores to 32 lines apart waits for them, it
-/// seems). (A `preadv` dealing the row to the blocks itself cost more: the kernel's
-/// copy slows on buffers of 64 bytes, 3.7 times the samples in that copy.)
+/// `src`, one read each, into `row`) into `packed` in blocks of sixteen columns: block
+/// `b`'s words of every packed row in a run, 64 bytes a row (fewer words in a last,
+/// partial block), so the kernel reads each block's rows in order, not 64 bytes of
+/// every packed row of a read band too large for the cache. Sixteen rows are read
+/// (fewer where they are long), then dealt, a block's 1 KiB at a time: dealt after each
+/// read, an 8-bit save spent 150 samples in the next read's first step (`fdget`) and
+/// 13 so, 6% less CPU in all (Xeon VM; a read that follows stores to 32 lines apart
+/// waits for them, it seems). (A `preadv` dealing the row to the blocks itself cost
+/// more: the kernel's copy slows on buffers of 64 bytes, 3.7 times the samples in that
+/// copy.)
 pub(super) fn read_in_blocks(
     src: &File,
     (packed, row): (&mut [u8], &mut Vec<u8>),
@@ -43,9 +47,10 @@ pub(super) fn read_in_blocks(
 ) -> Result<(), CopyError> {
     let region = rows * LANES * 4;
     let row_bytes = words * 4;
-    resize_exact(row, TILE_ROWS * row_bytes, 0);
-    for r0 in (0..rows).step_by(TILE_ROWS) {
-        let count = TILE_ROWS.min(rows - r0);
+    let tile_rows = (TILE_BYTES / row_bytes.max(1)).clamp(1, TILE_ROWS);
+    resize_exact(row, tile_rows * row_bytes, 0);
+    for r0 in (0..rows).step_by(tile_rows) {
+        let count = tile_rows.min(rows - r0);
         for (t, dst) in row.chunks_exact_mut(row_bytes).take(count).enumerate() {
             read_exact_at(src, dst, at(r0 + t))?;
         }
