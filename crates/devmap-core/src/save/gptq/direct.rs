@@ -123,7 +123,7 @@ impl Decode<'_> {
     /// Output rows `first..first + count` of the sub-band from the read band's packed
     /// rows as read, into `output` (`count` rows of `SIZE`-byte elements of `to`): whole
     /// sixteens of rows 32 inputs at a time by the vector kernel (their zero points and
-    /// scales gathered into `block` first), the rest value by value (the same
+    /// scales gathered into `block_params` first), the rest value by value (the same
     /// arithmetic: [`output_bits`] of each product).
     pub(super) fn rows_from_words<const SIZE: usize>(
         &self,
