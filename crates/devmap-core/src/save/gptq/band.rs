@@ -332,7 +332,9 @@ pub(super) fn copy_in_lines(dst: &mut [u8], src: &[u8]) {
 /// what its sub-bands are whole blocks of.
 pub(super) const BLOCK_ROWS: usize = 16;
 
-/// Packed rows read before their words are transposed into the band's columns.
+/// Packed rows read before their words are laid out for the kernels: transposed into
+/// the band's columns (`read.rs`), or dealt to the blocks of sixteen columns
+/// (`direct::read_in_blocks`, fewer where the rows are long).
 pub(super) const TILE_ROWS: usize = 16;
 
 /// Bytes from one column of GPTQ's read band to the next (`Band::packed`): its packed

@@ -6,7 +6,7 @@
 
 use std::fs::File;
 
-use super::band::{Decode, Groups, copy_in_lines};
+use super::band::{Decode, Groups, TILE_ROWS, copy_in_lines};
 use super::kernels::{words_to_rows, words_to_rows_in_vectors};
 use super::{Packing, TransposedIntLayout};
 use crate::save::copy::{CopyError, read_exact_at, resize_exact};
@@ -22,10 +22,10 @@ pub(super) fn blocks_bytes(rows: usize, words: usize) -> usize {
     words.div_ceil(LANES) * rows * LANES * 4
 }
 
-/// Packed rows read before their words are dealt to the blocks, and the bytes they
-/// may take at most (a band of few packed rows has long ones: sixteen would be most of
-/// the band again; in unit tests a few hundred bytes, so both counts are met).
-const TILE_ROWS: usize = 16;
+/// The bytes the packed rows read before they are dealt to the blocks may take at most
+/// ([`TILE_ROWS`] of them where they fit): a band of few packed rows has long ones, and
+/// sixteen would be most of the band again. In unit tests a few hundred bytes, so both
+/// counts are met.
 const TILE_BYTES: usize = if cfg!(test) { 512 } else { 256 << 10 };
 
 /// Reads `words` columns of each of `rows` packed rows (row `r`'s at byte `at(r)` of
